@@ -1,0 +1,102 @@
+//! Command-line interface: the clap derive types. Parsing only; the work is
+//! done by [`crate::run`].
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::analyze::StepSpec;
+use crate::synth::Pattern;
+
+pub const EXIT_CODES: &str = "Exit codes: 0 success, 1 error (bad input, a trace that failed), 2 usage error, 3 a CI gate tripped.";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "fragscope",
+    version,
+    about = "GPU memory fragmentation: record, replay, measure, diagnose",
+    long_about = "fragscope replays the allocation timeline of a GPU program (an eBPF trace of CUDA calls, \
+                  a PyTorch memory snapshot or a synthetic trace), measures fragmentation at every timestep \
+                  and writes metric tables and reports.",
+    after_help = EXIT_CODES
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    /// Log more to stderr (-v info, -vv debug); RUST_LOG overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Generate a realistic synthetic trace from a simulated best-fit allocator.
+    Synth(SynthArgs),
+    /// Replay traces and compute fragmentation metrics, reports and summaries.
+    Analyze(AnalyzeArgs),
+}
+
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    parse_size::Config::new()
+        .with_binary()
+        .parse_size(s)
+        .map_err(|e| format!("`{s}`: {e} (examples: 4096, 4KiB, 80GiB)"))
+}
+
+fn parse_count(s: &str) -> Result<u64, String> {
+    parse_size::Config::new()
+        .with_decimal()
+        .parse_size(s)
+        .map_err(|e| format!("`{s}`: {e} (examples: 20000, 100k, 10M)"))
+}
+
+#[derive(Debug, Args)]
+pub struct SynthArgs {
+    /// Workload to simulate.
+    #[arg(long, value_enum)]
+    pub pattern: Pattern,
+    /// Number of events to write (accepts 100k, 10M).
+    #[arg(long, value_parser = parse_count, default_value = "100k")]
+    pub events: u64,
+    /// Random seed; the same seed gives the same trace.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Device memory of each simulated GPU.
+    #[arg(long, value_parser = parse_bytes, default_value = "80GiB")]
+    pub capacity: u64,
+    /// Rows per Parquet part file.
+    #[arg(long, value_parser = parse_count, default_value = "1M")]
+    pub rows_per_part: u64,
+    /// Output trace directory (must not already hold a trace).
+    #[arg(short, long)]
+    pub output: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct AnalyzeArgs {
+    /// Trace directories, or directories of trace directories.
+    #[arg(required = true)]
+    pub traces: Vec<PathBuf>,
+    /// Output directory (one trace: its files; several: one folder each plus summaries).
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Timestep: `auto` (about 1000 equal-duration steps), a duration (10ms) or an event count (5000ev).
+    #[arg(long, default_value = "auto")]
+    pub step: StepSpec,
+    /// Traces analysed in parallel (default: number of cores).
+    #[arg(short, long)]
+    pub jobs: Option<usize>,
+    /// Page size P of the unusable-free-space index (power of two).
+    #[arg(long, value_parser = parse_bytes, default_value = "4KiB")]
+    pub page_size: u64,
+    /// Blocks up to this size count as small allocations.
+    #[arg(long, value_parser = parse_bytes, default_value = "4MiB")]
+    pub small_threshold: u64,
+    /// Free ranges up to this size are alignment slack, not gaps.
+    #[arg(long, value_parser = parse_bytes, default_value = "1KiB")]
+    pub min_gap: u64,
+    /// Recompute every metric from the full live set at each row (the
+    /// reference implementation's method; slow, for verification).
+    #[arg(long)]
+    pub brute_force: bool,
+}

@@ -1,0 +1,213 @@
+//! Events: the vocabulary shared by every producer (`synth`, and later
+//! `record` and `import`) and the analyser. One event is one row of a trace
+//! (see [`crate::trace`]); in memory the analyser holds them column-wise in
+//! [`Events`].
+
+use std::fmt;
+
+/// CUDA's out-of-memory return code (`cudaErrorMemoryAllocation` = 2 in the
+/// runtime, `CUDA_ERROR_OUT_OF_MEMORY` = 2 in the driver).
+pub const CUDA_ERROR_OUT_OF_MEMORY: i32 = 2;
+
+macro_rules! kinds {
+    ($($variant:ident => $name:literal),* $(,)?) => {
+        /// What an event is. The names are the public `kind` column values.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        #[repr(u8)]
+        pub enum EventKind { $($variant),* }
+
+        impl EventKind {
+            /// Every kind, in code order.
+            pub const ALL: &'static [EventKind] = &[$(EventKind::$variant),*];
+
+            /// The `kind` column value.
+            pub fn name(self) -> &'static str {
+                match self { $(EventKind::$variant => $name),* }
+            }
+
+            /// Parses a `kind` column value.
+            pub fn from_name(name: &str) -> Option<EventKind> {
+                match name { $($name => Some(EventKind::$variant),)* _ => None }
+            }
+        }
+    };
+}
+
+kinds! {
+    Alloc => "alloc",
+    Free => "free",
+    AllocAsync => "alloc_async",
+    FreeAsync => "free_async",
+    AllocManaged => "alloc_managed",
+    AllocHost => "alloc_host",
+    FreeHost => "free_host",
+    BlockAlloc => "block_alloc",
+    BlockFree => "block_free",
+    BlockFreeRequested => "block_free_requested",
+    SegmentAlloc => "segment_alloc",
+    SegmentFree => "segment_free",
+    SegmentMap => "segment_map",
+    SegmentUnmap => "segment_unmap",
+    Memcpy => "memcpy",
+    MemcpyAsync => "memcpy_async",
+    Launch => "launch",
+    Oom => "oom",
+}
+
+impl EventKind {
+    /// A successful event of this kind creates a block in device memory
+    /// (the device view of SPEC §3). Host allocations live in another
+    /// address space and are not part of it.
+    pub fn is_device_alloc(self) -> bool {
+        matches!(
+            self,
+            EventKind::Alloc | EventKind::AllocAsync | EventKind::AllocManaged
+        )
+    }
+
+    /// A successful event of this kind releases a device block.
+    pub fn is_device_free(self) -> bool {
+        matches!(self, EventKind::Free | EventKind::FreeAsync)
+    }
+
+    /// Any allocation request, device or host, whose failure is reported
+    /// through `ret`.
+    pub fn is_alloc_request(self) -> bool {
+        self.is_device_alloc() || self == EventKind::AllocHost
+    }
+}
+
+impl fmt::Display for EventKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One event, as producers build it before writing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Event {
+    pub ts_ns: u64,
+    pub duration_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub kind: EventKind,
+    pub addr: u64,
+    pub size: u64,
+    pub ret: i32,
+    pub device: Option<i32>,
+    pub stream: Option<u64>,
+}
+
+impl Event {
+    /// A failed device allocation with CUDA's out-of-memory code, or an
+    /// explicit `oom` event: the instants the OOM diagnosis looks at.
+    pub fn is_oom(&self) -> bool {
+        self.kind == EventKind::Oom
+            || (self.kind.is_device_alloc() && self.ret == CUDA_ERROR_OUT_OF_MEMORY)
+    }
+}
+
+/// The columns the analyser replays, in time order. `kind` is `None` for a
+/// kind name this version does not know (counted, then ignored).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Events {
+    pub ts_ns: Vec<u64>,
+    pub pid: Vec<u32>,
+    pub kind: Vec<Option<EventKind>>,
+    pub addr: Vec<u64>,
+    pub size: Vec<u64>,
+    pub ret: Vec<i32>,
+}
+
+impl Events {
+    pub fn len(&self) -> usize {
+        self.ts_ns.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ts_ns.is_empty()
+    }
+
+    pub fn push(&mut self, e: &Event) {
+        self.ts_ns.push(e.ts_ns);
+        self.pid.push(e.pid);
+        self.kind.push(Some(e.kind));
+        self.addr.push(e.addr);
+        self.size.push(e.size);
+        self.ret.push(e.ret);
+    }
+
+    /// Row `i` as an [`Event`] (fields the analyser does not load are zero).
+    pub fn get(&self, i: usize) -> Option<Event> {
+        Some(Event {
+            ts_ns: self.ts_ns[i],
+            duration_ns: 0,
+            pid: self.pid[i],
+            tid: 0,
+            kind: self.kind[i]?,
+            addr: self.addr[i],
+            size: self.size[i],
+            ret: self.ret[i],
+            device: None,
+            stream: None,
+        })
+    }
+
+    /// Counts rows whose timestamp is smaller than the row before, then
+    /// sorts stably by timestamp (so equal timestamps keep file order).
+    /// Returns the count of out-of-order rows.
+    pub fn sort_by_time(&mut self) -> u64 {
+        let out_of_order = self.ts_ns.windows(2).filter(|w| w[1] < w[0]).count() as u64;
+        if out_of_order == 0 {
+            return 0;
+        }
+        let mut order: Vec<u32> = (0..self.len() as u32).collect();
+        order.sort_by_key(|&i| self.ts_ns[i as usize]);
+        fn permute<T: Copy>(v: &mut Vec<T>, order: &[u32]) {
+            *v = order.iter().map(|&i| v[i as usize]).collect();
+        }
+        permute(&mut self.ts_ns, &order);
+        permute(&mut self.pid, &order);
+        permute(&mut self.kind, &order);
+        permute(&mut self.addr, &order);
+        permute(&mut self.size, &order);
+        permute(&mut self.ret, &order);
+        out_of_order
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kind_names_round_trip() {
+        for &k in EventKind::ALL {
+            assert_eq!(EventKind::from_name(k.name()), Some(k));
+        }
+        assert_eq!(EventKind::ALL.len(), 18);
+        assert_eq!(EventKind::from_name("cudaMalloc"), None);
+    }
+
+    #[test]
+    fn sorting_counts_and_keeps_ties_in_order() {
+        let mut ev = Events::default();
+        for (ts, addr) in [(5, 1), (3, 2), (3, 3), (9, 4), (1, 5)] {
+            ev.push(&Event {
+                ts_ns: ts,
+                duration_ns: 0,
+                pid: 1,
+                tid: 1,
+                kind: EventKind::Alloc,
+                addr,
+                size: 1,
+                ret: 0,
+                device: None,
+                stream: None,
+            });
+        }
+        assert_eq!(ev.sort_by_time(), 2);
+        assert_eq!(ev.ts_ns, vec![1, 3, 3, 5, 9]);
+        assert_eq!(ev.addr, vec![5, 2, 3, 1, 4]);
+    }
+}

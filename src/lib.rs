@@ -1,0 +1,177 @@
+//! fragscope: GPU memory fragmentation from allocation traces.
+//!
+//! The data flow is the architecture: producers write a trace
+//! ([`synth`]; `record` and `import` to come) → [`trace`] loads it →
+//! [`replay`] applies its [`event`]s → [`metrics`] per timestep
+//! ([`analyze`]) → [`report`].
+
+pub mod analyze;
+pub mod cli;
+pub mod event;
+pub mod metrics;
+pub mod replay;
+pub mod report;
+pub mod synth;
+pub mod trace;
+
+use std::collections::HashMap;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use rayon::prelude::*;
+
+use crate::analyze::Options;
+use crate::cli::{AnalyzeArgs, Cli, Command, SynthArgs};
+use crate::metrics::MetricsConfig;
+use crate::report::{Summary, SummaryRow};
+
+/// Process exit codes.
+pub mod exit {
+    pub const OK: u8 = 0;
+    pub const ERROR: u8 = 1;
+    pub const GATE: u8 = 3;
+}
+
+/// Runs a parsed command line; returns the exit code.
+pub fn run(cli: Cli) -> Result<u8> {
+    match cli.command {
+        Command::Synth(args) => run_synth(&args),
+        Command::Analyze(args) => run_analyze(&args),
+    }
+}
+
+fn run_synth(args: &SynthArgs) -> Result<u8> {
+    let cfg = synth::SynthConfig {
+        pattern: args.pattern,
+        events: args.events,
+        seed: args.seed,
+        capacity: args.capacity,
+        rows_per_part: args.rows_per_part.clamp(1, usize::MAX as u64) as usize,
+    };
+    anyhow::ensure!(
+        args.capacity >= 64 << 20,
+        "--capacity must be at least 64MiB"
+    );
+    let meta = synth::synth(&cfg, &args.output)?;
+    let total: u64 = meta.event_counts.values().sum();
+    println!(
+        "{}: {} events ({} pattern, seed {}) in {} part{}",
+        args.output.display(),
+        total,
+        args.pattern.name(),
+        args.seed,
+        meta.parts,
+        if meta.parts == 1 { "" } else { "s" }
+    );
+    Ok(exit::OK)
+}
+
+fn run_analyze(args: &AnalyzeArgs) -> Result<u8> {
+    let opts = Options {
+        metrics: MetricsConfig {
+            page_size: args.page_size,
+            small_threshold: args.small_threshold,
+            min_gap: args.min_gap,
+        },
+        step: args.step,
+        brute_force: args.brute_force,
+    };
+    opts.metrics.validate()?;
+    let (traces, batch) = analyze::discover(&args.traces)?;
+    if !batch {
+        let a = analyze::analyze_path(&traces[0], &opts)?;
+        report::write_trace_outputs(&a, &args.output)?;
+        print!("{}", report::stdout_summary(&a, &args.output));
+        return Ok(exit::OK);
+    }
+    std::fs::create_dir_all(&args.output)
+        .with_context(|| format!("cannot create {}", args.output.display()))?;
+    let names = unique_names(&traces);
+    let jobs = args
+        .jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(jobs).build()?;
+    let bar = indicatif::ProgressBar::new(traces.len() as u64);
+    if !std::io::stderr().is_terminal() {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} traces {elapsed} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let rows: Vec<SummaryRow> = pool.install(|| {
+        traces
+            .par_iter()
+            .zip(names.par_iter())
+            .map(|(path, name)| {
+                let result = analyze_one(path, &args.output.join(name), &opts);
+                bar.inc(1);
+                match result {
+                    Ok(s) => (name.clone(), Ok(s)),
+                    Err(e) => {
+                        let msg = format!("{e:#}");
+                        tracing::error!("{msg}");
+                        (name.clone(), Err(msg))
+                    }
+                }
+            })
+            .collect()
+    });
+    bar.finish_and_clear();
+    report::write_batch_summary(&rows, &args.output)?;
+    let failed = rows.iter().filter(|r| r.1.is_err()).count();
+    println!(
+        "{} traces analysed, {} failed; summary in {}",
+        rows.len() - failed,
+        failed,
+        args.output.join("summary.md").display()
+    );
+    Ok(if failed > 0 { exit::ERROR } else { exit::OK })
+}
+
+/// Analyses one trace of a batch into `out`, through a staging folder so a
+/// failed trace leaves no half-written folder.
+fn analyze_one(path: &Path, out: &Path, opts: &Options) -> Result<Summary> {
+    let a = analyze::analyze_path(path, opts)?;
+    let staging = out.with_file_name(format!(
+        ".{}.partial",
+        out.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    ));
+    let _ = std::fs::remove_dir_all(&staging);
+    let written = report::write_trace_outputs(&a, &staging).and_then(|()| {
+        if out.exists() {
+            std::fs::remove_dir_all(out)
+                .with_context(|| format!("cannot replace {}", out.display()))?;
+        }
+        std::fs::rename(&staging, out).with_context(|| format!("cannot write {}", out.display()))
+    });
+    if written.is_err() {
+        let _ = std::fs::remove_dir_all(&staging);
+    }
+    written?;
+    Ok(Summary::of(&a))
+}
+
+/// Output folder names: the trace directory's name, suffixed when two
+/// traces share one.
+fn unique_names(traces: &[PathBuf]) -> Vec<String> {
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    traces
+        .iter()
+        .map(|p| {
+            let base = p
+                .canonicalize()
+                .ok()
+                .and_then(|c| c.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .or_else(|| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .unwrap_or_else(|| "trace".into());
+            let n = seen.entry(base.clone()).or_insert(0);
+            *n += 1;
+            if *n == 1 { base } else { format!("{base}-{n}") }
+        })
+        .collect()
+}

@@ -1,0 +1,453 @@
+//! Replay (SPEC §3, device view): applies events in time order to the set of
+//! live blocks of each process and keeps, incrementally, the sufficient
+//! statistics of the metrics ([`crate::metrics`]). A fold: [`Replay::new`],
+//! [`Replay::apply`] per event, [`Replay::metrics`] whenever a row is
+//! wanted, [`Replay::finish`] for the anomaly counts.
+//!
+//! Addresses are per process, so every process has its own state keyed by
+//! address. The arenas are the process's *footprint regions*: the union of
+//! every range it successfully allocated anywhere in the trace, merged into
+//! maximal disjoint regions ([`Footprint`], built by a first pass). Address
+//! space between regions was never used and is never a gap.
+//!
+//! Anomalies are counted, never fatal:
+//! - a free of an address that is not live and was never allocated earlier
+//!   in the trace (`unknown_free`: it was allocated before recording began,
+//!   its size is unknown, so it cannot be placed),
+//! - a free of an address that was allocated earlier and is no longer live
+//!   (`double_free`),
+//! - an allocation overlapping live blocks (`overlap`): the device cannot
+//!   hand out memory twice, so the overlapped blocks were freed by calls the
+//!   trace lost; they are removed and the new block is placed,
+//! - rows out of time order (`out_of_order`, counted by the loader, which
+//!   then sorts stably),
+//! - kind names this version does not know (`unknown_kind`).
+
+use std::collections::BTreeMap;
+
+use ahash::AHashMap;
+use serde::Serialize;
+
+use crate::event::{Event, Events};
+use crate::metrics::{BlockStats, GapSet, Metrics, MetricsConfig};
+
+/// Anomaly counts of one replay.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Anomalies {
+    pub unknown_free: u64,
+    pub double_free: u64,
+    pub overlap: u64,
+    pub out_of_order: u64,
+    pub unknown_kind: u64,
+}
+
+impl Anomalies {
+    pub fn total(&self) -> u64 {
+        self.unknown_free + self.double_free + self.overlap + self.out_of_order + self.unknown_kind
+    }
+}
+
+/// Per process: its footprint regions, and for each address the time of its
+/// first successful allocation (to tell a double free from a free of a block
+/// allocated before the trace began).
+#[derive(Clone, Debug, Default)]
+pub struct Footprint {
+    procs: AHashMap<u32, ProcFootprint>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct ProcFootprint {
+    regions: Vec<(u64, u64)>,
+    first_alloc: AHashMap<u64, u64>,
+}
+
+impl Footprint {
+    /// One pass over the (time-sorted) events.
+    pub fn build(events: &Events) -> Footprint {
+        // For each start address: the largest end and the first time.
+        let mut per_pid: AHashMap<u32, AHashMap<u64, (u64, u64)>> = AHashMap::new();
+        let mut last_pid = u32::MAX;
+        let mut current: Option<&mut AHashMap<u64, (u64, u64)>> = None;
+        for i in 0..events.len() {
+            let Some(kind) = events.kind[i] else { continue };
+            if !kind.is_device_alloc() || events.ret[i] != 0 {
+                continue;
+            }
+            let (addr, size) = (events.addr[i], events.size[i]);
+            let Some(end) = addr.checked_add(size) else {
+                continue;
+            };
+            if addr == 0 || size == 0 {
+                continue;
+            }
+            let pid = events.pid[i];
+            if pid != last_pid || current.is_none() {
+                last_pid = pid;
+                current = Some(per_pid.entry(pid).or_default());
+            }
+            let Some(map) = current.as_deref_mut() else {
+                continue;
+            };
+            let ts = events.ts_ns[i];
+            map.entry(addr)
+                .and_modify(|e| e.0 = e.0.max(end))
+                .or_insert((end, ts));
+        }
+        let procs = per_pid
+            .into_iter()
+            .map(|(pid, starts)| {
+                let mut ranges: Vec<(u64, u64)> =
+                    starts.iter().map(|(&a, &(end, _))| (a, end)).collect();
+                ranges.sort_unstable();
+                let regions = merge_ranges(ranges);
+                let first_alloc = starts.into_iter().map(|(a, (_, ts))| (a, ts)).collect();
+                (
+                    pid,
+                    ProcFootprint {
+                        regions,
+                        first_alloc,
+                    },
+                )
+            })
+            .collect();
+        Footprint { procs }
+    }
+
+    /// The regions of `pid`, sorted and disjoint.
+    pub fn regions(&self, pid: u32) -> &[(u64, u64)] {
+        self.procs.get(&pid).map_or(&[], |p| &p.regions)
+    }
+}
+
+/// Merges sorted ranges into maximal disjoint regions (touching ranges
+/// merge too).
+fn merge_ranges(sorted: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for (start, end) in sorted {
+        match out.last_mut() {
+            Some(last) if start <= last.1 => last.1 = last.1.max(end),
+            _ => out.push((start, end)),
+        }
+    }
+    out
+}
+
+/// The live state of one process.
+#[derive(Clone, Debug, Default)]
+struct Proc {
+    live: BTreeMap<u64, u64>,
+    blocks: BlockStats,
+    gaps: GapSet,
+    span: u64,
+}
+
+/// The replay fold over a whole trace (all processes).
+#[derive(Debug)]
+pub struct Replay<'f> {
+    cfg: MetricsConfig,
+    footprint: &'f Footprint,
+    procs: AHashMap<u32, Proc>,
+    anomalies: Anomalies,
+}
+
+impl<'f> Replay<'f> {
+    pub fn new(cfg: MetricsConfig, footprint: &'f Footprint) -> Self {
+        Replay {
+            cfg,
+            footprint,
+            procs: AHashMap::new(),
+            anomalies: Anomalies::default(),
+        }
+    }
+
+    /// Applies one event. Events must come in time order.
+    pub fn apply(&mut self, e: &Event) {
+        let kind = e.kind;
+        if e.ret != 0 || !(kind.is_device_alloc() || kind.is_device_free()) {
+            return;
+        }
+        let cfg = self.cfg;
+        let fp = self.footprint.procs.get(&e.pid);
+        let proc = self.procs.entry(e.pid).or_default();
+        if kind.is_device_alloc() {
+            let Some(fp) = fp else { return };
+            if e.addr == 0 || e.size == 0 || e.addr.checked_add(e.size).is_none() {
+                return;
+            }
+            if proc.evict_overlapping(e.addr, e.size, &fp.regions, &cfg) {
+                self.anomalies.overlap += 1;
+            }
+            proc.insert(e.addr, e.size, &fp.regions, &cfg);
+        } else if e.addr != 0 {
+            let regions = fp.map_or(&[][..], |f| &f.regions);
+            if proc.remove(e.addr, regions, &cfg).is_none() {
+                match fp.and_then(|f| f.first_alloc.get(&e.addr)) {
+                    Some(&first) if first < e.ts_ns => self.anomalies.double_free += 1,
+                    _ => self.anomalies.unknown_free += 1,
+                }
+            }
+        }
+    }
+
+    /// Counts a row the loader could not turn into an event.
+    pub fn note_unknown_kind(&mut self) {
+        self.anomalies.unknown_kind += 1;
+    }
+
+    /// The metrics of `pid` in the current state.
+    pub fn metrics(&self, pid: u32) -> Metrics {
+        match self.procs.get(&pid) {
+            Some(p) => Metrics::compute(&p.blocks, p.span, &p.gaps, &self.cfg),
+            None => Metrics::default(),
+        }
+    }
+
+    /// The same numbers recomputed from the full live set (slow; the
+    /// reference approach, for verification and the benchmark baseline).
+    pub fn metrics_from_scratch(&self, pid: u32) -> Metrics {
+        let blocks = self.live_blocks(pid);
+        crate::metrics::from_scratch(&blocks, self.footprint.regions(pid), &self.cfg)
+    }
+
+    /// Live blocks of `pid` as (address, size), sorted by address.
+    pub fn live_blocks(&self, pid: u32) -> Vec<(u64, u64)> {
+        self.procs
+            .get(&pid)
+            .map_or_else(Vec::new, |p| p.live.iter().map(|(&a, &s)| (a, s)).collect())
+    }
+
+    /// Live bytes of `pid`.
+    pub fn live_bytes(&self, pid: u32) -> u64 {
+        self.procs.get(&pid).map_or(0, |p| p.blocks.bytes)
+    }
+
+    pub fn anomalies(&self) -> Anomalies {
+        self.anomalies
+    }
+
+    /// Ends the fold.
+    pub fn finish(self) -> Anomalies {
+        self.anomalies
+    }
+}
+
+impl Proc {
+    /// Neighbours of `addr` (exclusive) that lie in the region containing it.
+    fn neighbours(
+        &self,
+        addr: u64,
+        region: (u64, u64),
+    ) -> (Option<(u64, u64)>, Option<(u64, u64)>) {
+        let pred = self
+            .live
+            .range(..addr)
+            .next_back()
+            .filter(|(a, _)| **a >= region.0);
+        let succ = self
+            .live
+            .range(addr + 1..)
+            .next()
+            .filter(|(a, _)| **a < region.1);
+        (
+            pred.map(|(&a, &s)| (a, a + s)),
+            succ.map(|(&a, &s)| (a, a + s)),
+        )
+    }
+
+    fn add_gap(&mut self, g: u64, cfg: &MetricsConfig) {
+        if cfg.is_gap(g) {
+            self.gaps.insert(g);
+        }
+    }
+
+    fn remove_gap(&mut self, g: u64, cfg: &MetricsConfig) {
+        if cfg.is_gap(g) {
+            self.gaps.remove(g);
+        }
+    }
+
+    /// Removes every live block overlapping [addr, addr+size); true if any.
+    fn evict_overlapping(
+        &mut self,
+        addr: u64,
+        size: u64,
+        regions: &[(u64, u64)],
+        cfg: &MetricsConfig,
+    ) -> bool {
+        let end = addr + size;
+        let mut any = false;
+        while let Some((&a, &s)) = self.live.range(..end).next_back() {
+            if a + s <= addr {
+                break;
+            }
+            self.remove(a, regions, cfg);
+            any = true;
+        }
+        any
+    }
+
+    /// Places a block; it must not overlap a live one and must lie in a
+    /// footprint region.
+    fn insert(&mut self, addr: u64, size: u64, regions: &[(u64, u64)], cfg: &MetricsConfig) {
+        let region = region_of(regions, addr);
+        let end = addr + size;
+        match self.neighbours(addr, region) {
+            (Some((_, p_end)), Some((q_start, _))) => {
+                self.remove_gap(q_start - p_end, cfg);
+                self.add_gap(addr - p_end, cfg);
+                self.add_gap(q_start - end, cfg);
+            }
+            (Some((_, p_end)), None) => {
+                self.add_gap(addr - p_end, cfg);
+                self.span += end - p_end;
+            }
+            (None, Some((q_start, _))) => {
+                self.add_gap(q_start - end, cfg);
+                self.span += q_start - addr;
+            }
+            (None, None) => self.span += size,
+        }
+        self.live.insert(addr, size);
+        self.blocks.add(size, cfg);
+    }
+
+    /// Removes the live block starting at `addr`; its size, or None.
+    fn remove(&mut self, addr: u64, regions: &[(u64, u64)], cfg: &MetricsConfig) -> Option<u64> {
+        let size = self.live.remove(&addr)?;
+        let end = addr + size;
+        let region = region_of(regions, addr);
+        match self.neighbours(addr, region) {
+            (Some((_, p_end)), Some((q_start, _))) => {
+                self.remove_gap(addr - p_end, cfg);
+                self.remove_gap(q_start - end, cfg);
+                self.add_gap(q_start - p_end, cfg);
+            }
+            (Some((_, p_end)), None) => {
+                self.remove_gap(addr - p_end, cfg);
+                self.span -= end - p_end;
+            }
+            (None, Some((q_start, _))) => {
+                self.remove_gap(q_start - end, cfg);
+                self.span -= q_start - addr;
+            }
+            (None, None) => self.span -= size,
+        }
+        self.blocks.remove(size, cfg);
+        Some(size)
+    }
+}
+
+/// The region holding `addr`. Every successfully allocated address lies in
+/// one; a block that somehow does not gets a region of its own.
+fn region_of(regions: &[(u64, u64)], addr: u64) -> (u64, u64) {
+    let i = regions.partition_point(|&(start, _)| start <= addr);
+    match i.checked_sub(1).map(|i| regions[i]) {
+        Some(r) if addr < r.1 => r,
+        _ => (addr, addr.saturating_add(1)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::EventKind;
+
+    fn ev(ts: u64, pid: u32, kind: EventKind, addr: u64, size: u64) -> Event {
+        Event {
+            ts_ns: ts,
+            duration_ns: 0,
+            pid,
+            tid: pid,
+            kind,
+            addr,
+            size,
+            ret: 0,
+            device: None,
+            stream: None,
+        }
+    }
+
+    fn events(list: &[Event]) -> Events {
+        let mut ev = Events::default();
+        for e in list {
+            ev.push(e);
+        }
+        ev
+    }
+
+    #[test]
+    fn regions_merge_touching_and_overlapping_ranges() {
+        let merged = merge_ranges(vec![(0, 10), (10, 20), (15, 30), (40, 50)]);
+        assert_eq!(merged, vec![(0, 30), (40, 50)]);
+    }
+
+    #[test]
+    fn free_fills_the_hole_and_anomalies_are_counted() {
+        use EventKind::*;
+        let list = [
+            // One early allocation makes 0x10000..0x31000 a single region.
+            ev(0, 7, Alloc, 0x10000, 0x21000),
+            ev(0, 7, Free, 0x10000, 0),
+            ev(1, 7, Alloc, 0x10000, 0x1000),
+            ev(2, 7, Alloc, 0x20000, 0x1000),
+            ev(3, 7, Alloc, 0x30000, 0x1000),
+            ev(4, 7, Free, 0x20000, 0),
+            ev(5, 7, Free, 0x20000, 0),       // double free
+            ev(6, 7, Free, 0x99000, 0),       // unknown
+            ev(7, 7, Alloc, 0x30800, 0x1000), // overlaps the block at 0x30000
+        ];
+        let evs = events(&list);
+        let fp = Footprint::build(&evs);
+        let mut r = Replay::new(MetricsConfig::default(), &fp);
+        for e in &list[..5] {
+            r.apply(e);
+        }
+        let m = r.metrics(7);
+        assert_eq!(
+            (m.gap_count, m.largest_gap, m.span_bytes),
+            (2, 0xf000, 0x21000)
+        );
+        r.apply(&list[5]);
+        let m = r.metrics(7);
+        assert_eq!((m.gap_count, m.largest_gap, m.live_blocks), (1, 0x1f000, 2));
+        for e in &list[6..] {
+            r.apply(e);
+        }
+        assert_eq!(r.live_blocks(7), vec![(0x10000, 0x1000), (0x30800, 0x1000)]);
+        let a = r.finish();
+        assert_eq!((a.double_free, a.unknown_free, a.overlap), (1, 1, 1));
+    }
+
+    #[test]
+    fn blocks_in_separate_regions_have_no_gap_between_them() {
+        use EventKind::*;
+        let list = [
+            ev(1, 7, Alloc, 0x10000, 0x1000),
+            ev(2, 7, Alloc, 0x20000, 0x1000),
+        ];
+        let evs = events(&list);
+        let fp = Footprint::build(&evs);
+        assert_eq!(fp.regions(7), &[(0x10000, 0x11000), (0x20000, 0x21000)]);
+        let mut r = Replay::new(MetricsConfig::default(), &fp);
+        list.iter().for_each(|e| r.apply(e));
+        let m = r.metrics(7);
+        assert_eq!((m.gap_count, m.span_bytes, m.utilization), (0, 0x2000, 1.0));
+    }
+
+    #[test]
+    fn processes_are_separate_address_spaces() {
+        use EventKind::*;
+        let list = [
+            ev(1, 1, Alloc, 0x10000, 0x1000),
+            ev(2, 2, Alloc, 0x10000, 0x2000),
+            ev(3, 1, Free, 0x10000, 0),
+        ];
+        let evs = events(&list);
+        let fp = Footprint::build(&evs);
+        let mut r = Replay::new(MetricsConfig::default(), &fp);
+        list.iter().for_each(|e| r.apply(e));
+        assert_eq!(r.metrics(1).live_blocks, 0);
+        assert_eq!(r.metrics(2).live_bytes, 0x2000);
+        assert_eq!(r.finish().total(), 0);
+    }
+}

@@ -1,0 +1,549 @@
+//! The trace on disk (SPEC §2): the contract between producers (`synth`,
+//! `record`, `import`) and the analyser. A trace is a directory of
+//! `events-NNNNN.parquet` parts, each a complete Parquet file, plus
+//! `trace.json` ([`TraceMeta`]). [`TraceWriter`] writes one (arrow +
+//! parquet, zstd); [`Trace::open`] validates one and [`Trace::load_events`]
+//! reads its parts with a polars lazy scan.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use arrow_array::types::Int32Type;
+use arrow_array::{
+    ArrayRef, DictionaryArray, Int32Array, RecordBatch, StringArray, UInt32Array, UInt64Array,
+};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use parquet::arrow::ArrowWriter;
+use parquet::arrow::arrow_reader::ArrowReaderMetadata;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+use serde::{Deserialize, Serialize};
+
+use crate::event::{Event, EventKind, Events};
+
+/// Version of the on-disk format; bumped on incompatible changes.
+pub const FORMAT_VERSION: u32 = 1;
+pub const META_FILE: &str = "trace.json";
+
+/// Where a trace came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Source {
+    Ebpf,
+    PytorchSnapshot,
+    Synthetic,
+}
+
+impl Source {
+    pub fn name(self) -> &'static str {
+        match self {
+            Source::Ebpf => "ebpf",
+            Source::PytorchSnapshot => "pytorch-snapshot",
+            Source::Synthetic => "synthetic",
+        }
+    }
+}
+
+/// `trace.json`. Unknown fields are ignored, missing optional ones default,
+/// so older and newer producers stay readable.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TraceMeta {
+    pub format_version: u32,
+    pub tool_version: String,
+    pub source: Source,
+    #[serde(default)]
+    pub host: String,
+    /// Wall-clock time of the first event, ns since the Unix epoch.
+    #[serde(default)]
+    pub start_wall_ns: Option<u64>,
+    /// Add to `ts_ns` to get wall-clock ns since the epoch.
+    #[serde(default)]
+    pub mono_to_wall_offset_ns: Option<i64>,
+    #[serde(default)]
+    pub pids: Vec<u32>,
+    #[serde(default)]
+    pub command: Vec<String>,
+    #[serde(default)]
+    pub libraries: Vec<String>,
+    #[serde(default)]
+    pub event_counts: BTreeMap<String, u64>,
+    #[serde(default)]
+    pub lost_events: u64,
+    /// Device memory capacity in bytes, when the producer knows it.
+    #[serde(default)]
+    pub capacity_bytes: Option<u64>,
+    #[serde(default)]
+    pub parts: u32,
+    /// Producer-specific details (synth: pattern, seed, events).
+    #[serde(default)]
+    pub details: serde_json::Value,
+}
+
+impl TraceMeta {
+    pub fn new(source: Source) -> TraceMeta {
+        TraceMeta {
+            format_version: FORMAT_VERSION,
+            tool_version: env!("CARGO_PKG_VERSION").to_string(),
+            source,
+            host: fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_string())
+                .unwrap_or_default(),
+            start_wall_ns: None,
+            mono_to_wall_offset_ns: None,
+            pids: Vec::new(),
+            command: Vec::new(),
+            libraries: Vec::new(),
+            event_counts: BTreeMap::new(),
+            lost_events: 0,
+            capacity_bytes: None,
+            parts: 0,
+            details: serde_json::Value::Null,
+        }
+    }
+}
+
+/// The Arrow schema of an events part: the public column contract.
+pub fn events_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("ts_ns", DataType::UInt64, false),
+        Field::new("duration_ns", DataType::UInt64, false),
+        Field::new("pid", DataType::UInt32, false),
+        Field::new("tid", DataType::UInt32, false),
+        Field::new(
+            "kind",
+            DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
+            false,
+        ),
+        Field::new("addr", DataType::UInt64, false),
+        Field::new("size", DataType::UInt64, false),
+        Field::new("ret", DataType::Int32, false),
+        Field::new("device", DataType::Int32, true),
+        Field::new("stream", DataType::UInt64, true),
+    ]))
+}
+
+fn part_name(index: u32) -> String {
+    format!("events-{index:05}.parquet")
+}
+
+/// Writes a trace directory part by part. Each part is a complete Parquet
+/// file once its `rows_per_part` rows are in; `trace.json` is written last,
+/// atomically, by [`TraceWriter::finish`].
+pub struct TraceWriter {
+    dir: PathBuf,
+    meta: TraceMeta,
+    rows_per_part: usize,
+    buf: Vec<Event>,
+    counts: [u64; EventKind::ALL.len()],
+    pids: std::collections::BTreeSet<u32>,
+}
+
+impl TraceWriter {
+    /// Creates `dir` (and parents). Refuses a directory that already holds
+    /// a trace, so a second run never mixes parts of two recordings.
+    pub fn create(dir: &Path, meta: TraceMeta, rows_per_part: usize) -> Result<TraceWriter> {
+        fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create trace directory {}", dir.display()))?;
+        let occupied = fs::read_dir(dir)
+            .with_context(|| format!("cannot read {}", dir.display()))?
+            .filter_map(|e| e.ok())
+            .any(|e| is_part_name(&e.file_name().to_string_lossy()) || e.file_name() == META_FILE);
+        if occupied {
+            bail!(
+                "{} already holds a trace; remove it or choose another output directory",
+                dir.display()
+            );
+        }
+        Ok(TraceWriter {
+            dir: dir.to_path_buf(),
+            meta,
+            rows_per_part: rows_per_part.max(1),
+            buf: Vec::with_capacity(rows_per_part.clamp(1, 1 << 20)),
+            counts: [0; EventKind::ALL.len()],
+            pids: Default::default(),
+        })
+    }
+
+    pub fn push(&mut self, e: Event) -> Result<()> {
+        self.counts[e.kind as usize] += 1;
+        self.pids.insert(e.pid);
+        self.buf.push(e);
+        if self.buf.len() >= self.rows_per_part {
+            self.flush_part()?;
+        }
+        Ok(())
+    }
+
+    /// Writes the buffered rows as the next complete part.
+    pub fn flush_part(&mut self) -> Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let path = self.dir.join(part_name(self.meta.parts));
+        write_part(&path, &self.buf).with_context(|| format!("cannot write {}", path.display()))?;
+        self.meta.parts += 1;
+        self.buf.clear();
+        Ok(())
+    }
+
+    /// Flushes the last part and writes `trace.json`.
+    pub fn finish(mut self) -> Result<TraceMeta> {
+        self.flush_part()?;
+        self.meta.event_counts = EventKind::ALL
+            .iter()
+            .filter(|k| self.counts[**k as usize] > 0)
+            .map(|k| (k.name().to_string(), self.counts[*k as usize]))
+            .collect();
+        self.meta.pids = self.pids.iter().copied().collect();
+        let json = serde_json::to_vec_pretty(&self.meta)?;
+        write_atomic(&self.dir.join(META_FILE), &json)?;
+        Ok(self.meta)
+    }
+}
+
+fn write_part(path: &Path, rows: &[Event]) -> Result<()> {
+    let dictionary: Arc<StringArray> =
+        Arc::new(EventKind::ALL.iter().map(|k| Some(k.name())).collect());
+    let keys = Int32Array::from_iter_values(rows.iter().map(|e| e.kind as i32));
+    let kind = DictionaryArray::<Int32Type>::try_new(keys, dictionary)?;
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(UInt64Array::from_iter_values(rows.iter().map(|e| e.ts_ns))),
+        Arc::new(UInt64Array::from_iter_values(
+            rows.iter().map(|e| e.duration_ns),
+        )),
+        Arc::new(UInt32Array::from_iter_values(rows.iter().map(|e| e.pid))),
+        Arc::new(UInt32Array::from_iter_values(rows.iter().map(|e| e.tid))),
+        Arc::new(kind),
+        Arc::new(UInt64Array::from_iter_values(rows.iter().map(|e| e.addr))),
+        Arc::new(UInt64Array::from_iter_values(rows.iter().map(|e| e.size))),
+        Arc::new(Int32Array::from_iter_values(rows.iter().map(|e| e.ret))),
+        Arc::new(Int32Array::from_iter(rows.iter().map(|e| e.device))),
+        Arc::new(UInt64Array::from_iter(rows.iter().map(|e| e.stream))),
+    ];
+    let batch = RecordBatch::try_new(events_schema(), columns)?;
+    let props = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
+        .build();
+    let tmp = path.with_extension("parquet.tmp");
+    let file = File::create(&tmp)?;
+    let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(props))?;
+    writer.write(&batch)?;
+    writer.close()?;
+    fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename, so the
+/// file is either absent or complete.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_file_name(format!(
+        ".{}.tmp",
+        path.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    ));
+    fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
+    fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+fn is_part_name(name: &str) -> bool {
+    name.strip_prefix("events-")
+        .and_then(|r| r.strip_suffix(".parquet"))
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// A column the analyser needs, and the Arrow types it accepts.
+struct Required {
+    name: &'static str,
+    what: &'static str,
+    ok: fn(&DataType) -> bool,
+}
+
+fn is_integer(t: &DataType) -> bool {
+    t.is_integer()
+}
+
+fn is_text(t: &DataType) -> bool {
+    match t {
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => true,
+        DataType::Dictionary(k, v) => k.is_integer() && is_text(v),
+        _ => false,
+    }
+}
+
+const REQUIRED: &[Required] = &[
+    Required {
+        name: "ts_ns",
+        what: "an integer (UInt64)",
+        ok: is_integer,
+    },
+    Required {
+        name: "pid",
+        what: "an integer (UInt32)",
+        ok: is_integer,
+    },
+    Required {
+        name: "kind",
+        what: "a string (Utf8 or dictionary)",
+        ok: is_text,
+    },
+    Required {
+        name: "addr",
+        what: "an integer (UInt64)",
+        ok: is_integer,
+    },
+    Required {
+        name: "size",
+        what: "an integer (UInt64)",
+        ok: is_integer,
+    },
+    Required {
+        name: "ret",
+        what: "an integer (Int32)",
+        ok: is_integer,
+    },
+];
+
+/// A validated trace directory, ready to load.
+#[derive(Clone, Debug)]
+pub struct Trace {
+    pub dir: PathBuf,
+    pub name: String,
+    /// `None` when `trace.json` is missing (a recorder killed before it
+    /// could write it); the parts are still analysed.
+    pub meta: Option<TraceMeta>,
+    pub parts: Vec<PathBuf>,
+    /// Parts left out, with the reason (only ever the last one, unfinished).
+    pub skipped: Vec<(PathBuf, String)>,
+}
+
+impl Trace {
+    /// Whether `dir` looks like a trace directory (has parts or trace.json).
+    pub fn is_trace_dir(dir: &Path) -> bool {
+        dir.join(META_FILE).is_file()
+            || fs::read_dir(dir)
+                .map(|rd| {
+                    rd.filter_map(|e| e.ok())
+                        .any(|e| is_part_name(&e.file_name().to_string_lossy()))
+                })
+                .unwrap_or(false)
+    }
+
+    /// Checks the directory, `trace.json`, and the footer and schema of
+    /// every part. A last part without a valid footer is skipped with a
+    /// warning (an interrupted recorder leaves one); any other bad part is
+    /// an error naming it.
+    pub fn open(dir: &Path) -> Result<Trace> {
+        let md = fs::metadata(dir).with_context(|| format!("{}: no such trace", dir.display()))?;
+        if !md.is_dir() {
+            bail!(
+                "{} is not a trace directory (expected a directory of events-NNNNN.parquet parts)",
+                dir.display()
+            );
+        }
+        let meta_path = dir.join(META_FILE);
+        let meta = match fs::read(&meta_path) {
+            Ok(bytes) => Some(parse_meta(&meta_path, &bytes)?),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => {
+                return Err(e).with_context(|| format!("cannot read {}", meta_path.display()));
+            }
+        };
+        let mut parts: Vec<PathBuf> = fs::read_dir(dir)
+            .with_context(|| format!("cannot read {}", dir.display()))?
+            .filter_map(|e| e.ok())
+            .filter(|e| is_part_name(&e.file_name().to_string_lossy()))
+            .map(|e| e.path())
+            .collect();
+        parts.sort();
+        if parts.is_empty() {
+            bail!(
+                "{}: no events-NNNNN.parquet parts: not a trace, or an empty one",
+                dir.display()
+            );
+        }
+        let mut skipped = Vec::new();
+        let last = parts.len() - 1;
+        let mut good = Vec::with_capacity(parts.len());
+        for (i, part) in parts.into_iter().enumerate() {
+            match check_part(&part) {
+                Ok(()) => good.push(part),
+                Err(PartError::Footer(why)) if i == last => {
+                    tracing::warn!(
+                        "skipping {}: {why} (an interrupted recording leaves such a last part)",
+                        part.display()
+                    );
+                    skipped.push((part, why));
+                }
+                Err(PartError::Footer(why)) => {
+                    bail!("{}: not a valid Parquet file: {why}", part.display())
+                }
+                Err(PartError::Schema(why)) => bail!("{}: {why}", part.display()),
+            }
+        }
+        if good.is_empty() {
+            bail!(
+                "{}: no readable events part (the only part is unfinished)",
+                dir.display()
+            );
+        }
+        let name = dir
+            .canonicalize()
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| dir.display().to_string());
+        Ok(Trace {
+            dir: dir.to_path_buf(),
+            name,
+            meta,
+            parts: good,
+            skipped,
+        })
+    }
+
+    pub fn source(&self) -> Option<Source> {
+        self.meta.as_ref().map(|m| m.source)
+    }
+
+    /// Reads the replay columns of every part (polars lazy scan), maps
+    /// `kind` to [`EventKind`] and sorts by time. Returns the events and the
+    /// number of rows that were out of time order.
+    pub fn load_events(&self) -> Result<(Events, u64)> {
+        let mut events = match scan(&self.parts) {
+            Ok(ev) => ev,
+            Err(e) => {
+                // Name the part at fault: retry them one by one.
+                for part in &self.parts {
+                    if let Err(pe) = scan(std::slice::from_ref(part)) {
+                        return Err(pe)
+                            .with_context(|| format!("{}: cannot read events", part.display()));
+                    }
+                }
+                return Err(e)
+                    .with_context(|| format!("{}: cannot read events", self.dir.display()));
+            }
+        };
+        let out_of_order = events.sort_by_time();
+        Ok((events, out_of_order))
+    }
+}
+
+fn parse_meta(path: &Path, bytes: &[u8]) -> Result<TraceMeta> {
+    let meta: TraceMeta = serde_json::from_slice(bytes)
+        .with_context(|| format!("{}: not a valid trace.json", path.display()))?;
+    if meta.format_version > FORMAT_VERSION {
+        bail!(
+            "{}: trace format version {} is newer than this fragscope understands ({}); upgrade fragscope",
+            path.display(),
+            meta.format_version,
+            FORMAT_VERSION
+        );
+    }
+    Ok(meta)
+}
+
+enum PartError {
+    Footer(String),
+    Schema(String),
+}
+
+fn check_part(path: &Path) -> std::result::Result<(), PartError> {
+    let file = File::open(path).map_err(|e| PartError::Footer(format!("cannot open: {e}")))?;
+    let md = ArrowReaderMetadata::load(&file, Default::default())
+        .map_err(|e| PartError::Footer(e.to_string()))?;
+    let schema = md.schema();
+    for req in REQUIRED {
+        match schema.field_with_name(req.name) {
+            Err(_) => {
+                return Err(PartError::Schema(format!(
+                    "missing required column `{}` (a trace needs ts_ns, pid, kind, addr, size, ret)",
+                    req.name
+                )));
+            }
+            Ok(f) if !(req.ok)(f.data_type()) => {
+                return Err(PartError::Schema(format!(
+                    "column `{}` has type {}, expected {}",
+                    req.name,
+                    f.data_type(),
+                    req.what
+                )));
+            }
+            Ok(_) => {}
+        }
+    }
+    Ok(())
+}
+
+fn scan(parts: &[PathBuf]) -> Result<Events> {
+    use polars::prelude::*;
+
+    let paths: Vec<PlRefPath> = parts
+        .iter()
+        .map(|p| PlRefPath::new(p.to_string_lossy().as_ref()))
+        .collect();
+    let args = ScanArgsParquet {
+        rechunk: true,
+        glob: false,
+        ..Default::default()
+    };
+    let lf = LazyFrame::scan_parquet_files(paths.into_iter().collect(), args)?;
+    // kind → code (255 = unknown) without materialising strings.
+    let mut code = lit(NULL).cast(DataType::UInt32);
+    for k in EventKind::ALL.iter().rev() {
+        code = when(col("kind").eq(lit(k.name())))
+            .then(lit(*k as u32).strict_cast(DataType::UInt32))
+            .otherwise(code);
+    }
+    let df = lf
+        .select([
+            col("ts_ns").strict_cast(DataType::UInt64),
+            col("pid").strict_cast(DataType::UInt32),
+            code.fill_null(lit(255u32).strict_cast(DataType::UInt32))
+                .alias("kind"),
+            col("addr").strict_cast(DataType::UInt64),
+            col("size").strict_cast(DataType::UInt64),
+            col("ret").strict_cast(DataType::Int32),
+        ])
+        .collect()?;
+    fn column<T: PolarsNumericType>(df: &DataFrame, name: &str) -> Result<Vec<T::Native>> {
+        let s = df.column(name)?.as_materialized_series();
+        let ca = s.unpack::<T>()?;
+        if ca.null_count() > 0 {
+            bail!(
+                "column `{name}` has {} null values; it must not be null",
+                ca.null_count()
+            );
+        }
+        Ok(ca.into_no_null_iter().collect())
+    }
+    let kinds: Vec<u32> = column::<UInt32Type>(&df, "kind")?;
+    Ok(Events {
+        ts_ns: column::<UInt64Type>(&df, "ts_ns")?,
+        pid: column::<UInt32Type>(&df, "pid")?,
+        kind: kinds
+            .into_iter()
+            .map(|c| EventKind::ALL.get(c as usize).copied())
+            .collect(),
+        addr: column::<UInt64Type>(&df, "addr")?,
+        size: column::<UInt64Type>(&df, "size")?,
+        ret: column::<Int32Type>(&df, "ret")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn part_names() {
+        assert!(is_part_name("events-00000.parquet"));
+        assert!(is_part_name("events-12.parquet"));
+        assert!(!is_part_name("events-.parquet"));
+        assert!(!is_part_name("events-0a.parquet"));
+        assert!(!is_part_name("events-00000.parquet.tmp"));
+    }
+}

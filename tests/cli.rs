@@ -1,0 +1,489 @@
+//! The command line end to end: synth → analyze, batch mode with a corrupt
+//! trace among good ones, and every bad input the trace issue lists.
+
+use std::fs;
+use std::path::Path;
+
+use assert_cmd::Command;
+use polars::prelude::*;
+use predicates::prelude::*;
+
+fn fragscope() -> Command {
+    Command::cargo_bin("fragscope").unwrap()
+}
+
+fn synth(dir: &Path, pattern: &str, events: u64, seed: u64, rows_per_part: u64) {
+    fragscope()
+        .args([
+            "synth",
+            "--pattern",
+            pattern,
+            "--events",
+            &events.to_string(),
+            "--seed",
+            &seed.to_string(),
+        ])
+        .args(["--rows-per-part", &rows_per_part.to_string(), "-o"])
+        .arg(dir)
+        .assert()
+        .success();
+}
+
+fn read_parquet(path: &Path) -> DataFrame {
+    let file = fs::File::open(path).unwrap();
+    ParquetReader::new(file).finish().unwrap()
+}
+
+fn report(dir: &Path) -> serde_json::Value {
+    serde_json::from_slice(&fs::read(dir.join("report.json")).unwrap()).unwrap()
+}
+
+const COLUMNS: &[&str] = &[
+    "step",
+    "t_ns",
+    "pid",
+    "external_fragmentation",
+    "kernel_unusable_index",
+    "small_alloc_ratio",
+    "size_cv",
+    "large_gap_ratio",
+    "utilization",
+    "score",
+    "live_bytes",
+    "live_blocks",
+    "gap_count",
+    "largest_gap",
+    "span_bytes",
+];
+
+#[test]
+fn synth_then_analyze_writes_metrics_and_reports() {
+    let tmp = tempfile::tempdir().unwrap();
+    let trace = tmp.path().join("training");
+    synth(&trace, "training", 30_000, 7, 10_000);
+    assert!(trace.join("events-00002.parquet").is_file());
+    assert!(trace.join("trace.json").is_file());
+    let out = tmp.path().join("out");
+    fragscope()
+        .args(["analyze"])
+        .arg(&trace)
+        .arg("-o")
+        .arg(&out)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(
+            "training: 30000 events, 1 process",
+        ));
+    let df = read_parquet(&out.join("metrics.parquet"));
+    for c in COLUMNS {
+        assert!(df.column(c).is_ok(), "metrics.parquet lacks {c}");
+    }
+    // 1000 auto steps, one process, no OOMs in training.
+    assert_eq!(df.height(), 1000);
+    let score = df.column("score").unwrap().f64().unwrap();
+    assert!(
+        score
+            .into_no_null_iter()
+            .all(|s| (0.0..=100.0).contains(&s))
+    );
+    let t = df.column("t_ns").unwrap().u64().unwrap();
+    let t: Vec<u64> = t.into_no_null_iter().collect();
+    assert!(
+        t.windows(2).all(|w| w[0] < w[1]),
+        "t_ns strictly increasing"
+    );
+    // Training allocates weights: something is live at the end.
+    let live = df.column("live_bytes").unwrap().u64().unwrap();
+    assert!(live.get(999).unwrap() > 1 << 30);
+
+    let r = report(&out);
+    assert_eq!(r["format_version"], 1);
+    assert_eq!(r["trace"]["name"], "training");
+    assert_eq!(r["trace"]["source"], "synthetic");
+    assert_eq!(r["events"]["total"], 30_000);
+    let kinds = r["events"]["by_kind"].as_object().unwrap();
+    assert_eq!(
+        kinds.values().map(|v| v.as_u64().unwrap()).sum::<u64>(),
+        30_000
+    );
+    assert!(kinds["alloc"].as_u64().unwrap() > 1000);
+    assert_eq!(r["anomalies"]["unknown_free"], 0);
+    assert_eq!(r["anomalies"]["double_free"], 0);
+    let summary = &r["summary"];
+    assert!(summary["peak_live_bytes"].as_u64().unwrap() >= live.max().unwrap());
+    for k in ["final", "mean", "p95", "max"] {
+        assert!(summary["score"][k].is_number(), "summary.score.{k}");
+    }
+    let md = fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.starts_with("# fragscope report: training"));
+}
+
+#[test]
+fn synth_is_deterministic_per_seed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let read = |name: &str, seed: u64| {
+        let dir = tmp.path().join(name);
+        synth(&dir, "fragmenting", 5000, seed, 100_000);
+        fs::read(dir.join("events-00000.parquet")).unwrap()
+    };
+    assert_eq!(read("a", 3), read("b", 3));
+    assert_ne!(read("c", 3), read("d", 4));
+}
+
+#[test]
+fn fragmenting_ends_in_oom_rows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let trace = tmp.path().join("frag");
+    synth(&trace, "fragmenting", 40_000, 1, 1_000_000);
+    let out = tmp.path().join("out");
+    fragscope()
+        .arg("analyze")
+        .arg(&trace)
+        .arg("-o")
+        .arg(&out)
+        .assert()
+        .success();
+    let df = read_parquet(&out.join("metrics.parquet"));
+    let at_oom = df.column("at_oom").unwrap().bool().unwrap();
+    let ooms = at_oom.sum().unwrap_or(0) as usize;
+    let r = report(&out);
+    assert!(ooms > 0, "the fragmenting pattern must fail allocations");
+    assert_eq!(r["events"]["ooms"].as_u64().unwrap() as usize, ooms);
+    assert_eq!(df.height(), 1000 + ooms);
+}
+
+#[test]
+fn step_by_event_count_and_duration() {
+    let tmp = tempfile::tempdir().unwrap();
+    let trace = tmp.path().join("steady");
+    synth(&trace, "steady", 2_050, 1, 1_000_000);
+    let out = tmp.path().join("ev");
+    fragscope()
+        .arg("analyze")
+        .arg(&trace)
+        .args(["--step", "100ev", "-o"])
+        .arg(&out)
+        .assert()
+        .success();
+    assert_eq!(read_parquet(&out.join("metrics.parquet")).height(), 21);
+    let out = tmp.path().join("dur");
+    fragscope()
+        .arg("analyze")
+        .arg(&trace)
+        .args(["--step", "1ms", "-o"])
+        .arg(&out)
+        .assert()
+        .success();
+    let df = read_parquet(&out.join("metrics.parquet"));
+    let t: Vec<u64> = df
+        .column("t_ns")
+        .unwrap()
+        .u64()
+        .unwrap()
+        .into_no_null_iter()
+        .collect();
+    assert!(
+        t.windows(2)
+            .take(t.len().saturating_sub(2))
+            .all(|w| w[1] - w[0] == 1_000_000)
+    );
+    fragscope()
+        .arg("analyze")
+        .arg(&trace)
+        .args(["--step", "fortnightly", "-o"])
+        .arg(tmp.path().join("x"))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("expected a duration"));
+}
+
+#[test]
+fn multi_process_traces_get_rows_per_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    let trace = tmp.path().join("multi");
+    synth(&trace, "multi", 40_000, 2, 1_000_000);
+    let out = tmp.path().join("out");
+    fragscope()
+        .arg("analyze")
+        .arg(&trace)
+        .arg("-o")
+        .arg(&out)
+        .assert()
+        .success();
+    let r = report(&out);
+    assert_eq!(r["processes"].as_array().unwrap().len(), 4);
+    let df = read_parquet(&out.join("metrics.parquet"));
+    let pids = df
+        .column("pid")
+        .unwrap()
+        .as_materialized_series()
+        .n_unique()
+        .unwrap();
+    assert_eq!(pids, 4);
+}
+
+#[test]
+fn batch_with_a_corrupt_trace_completes_the_others() {
+    let tmp = tempfile::tempdir().unwrap();
+    let traces = tmp.path().join("runs");
+    synth(&traces.join("good-a"), "steady", 3000, 1, 1000);
+    synth(&traces.join("good-b"), "leak", 3000, 2, 1000);
+    let bad = traces.join("bad");
+    synth(&bad, "steady", 3000, 3, 1000);
+    // Corrupt a part that is not the last one: a real error, not a crash leftover.
+    fs::write(bad.join("events-00001.parquet"), b"this is not parquet").unwrap();
+    let out = tmp.path().join("out");
+    fragscope()
+        .arg("analyze")
+        .arg(&traces)
+        .args(["--jobs", "2", "-o"])
+        .arg(&out)
+        .assert()
+        .code(1)
+        .stdout(predicate::str::contains("2 traces analysed, 1 failed"))
+        .stderr(predicate::str::contains("events-00001.parquet"));
+    assert!(out.join("good-a/report.json").is_file());
+    assert!(out.join("good-b/metrics.parquet").is_file());
+    assert!(
+        !out.join("bad").exists(),
+        "no half-written output for the failed trace"
+    );
+    let summary = read_parquet(&out.join("summary.parquet"));
+    assert_eq!(summary.height(), 3);
+    let status: Vec<&str> = summary
+        .column("status")
+        .unwrap()
+        .str()
+        .unwrap()
+        .iter()
+        .flatten()
+        .collect();
+    assert_eq!(status.iter().filter(|s| **s == "error").count(), 1);
+    let csv = fs::read_to_string(out.join("summary.csv")).unwrap();
+    assert!(csv.contains("bad,error,"));
+    let md = fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(md.contains("| bad | **error**"));
+}
+
+fn analyze_fails(trace: &Path, out: &Path, message: &str) {
+    fragscope()
+        .arg("analyze")
+        .arg(trace)
+        .arg("-o")
+        .arg(out)
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains(message))
+        .stderr(predicate::str::contains("panicked").not());
+    assert!(!out.join("report.json").exists());
+}
+
+#[test]
+fn bad_inputs_get_clear_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+
+    analyze_fails(&tmp.path().join("nope"), &out, "nope: no such trace");
+
+    let empty = tmp.path().join("empty");
+    fs::create_dir(&empty).unwrap();
+    analyze_fails(&empty, &out, "neither a trace");
+
+    let file = tmp.path().join("file.parquet");
+    fs::write(&file, b"PAR1 garbage").unwrap();
+    analyze_fails(&file, &out, "is not a trace directory");
+
+    // A single part that is not Parquet: skipped as an unfinished last part,
+    // and then nothing is left.
+    let junk = tmp.path().join("junk");
+    fs::create_dir(&junk).unwrap();
+    fs::write(junk.join("events-00000.parquet"), vec![7u8; 4096]).unwrap();
+    analyze_fails(&junk, &out, "no readable events part");
+
+    // A truncated part that is not the last one.
+    let trunc = tmp.path().join("trunc");
+    synth(&trunc, "steady", 3000, 1, 1000);
+    let p = trunc.join("events-00000.parquet");
+    let bytes = fs::read(&p).unwrap();
+    fs::write(&p, &bytes[..bytes.len() / 2]).unwrap();
+    analyze_fails(
+        &trunc,
+        &out,
+        "events-00000.parquet: not a valid Parquet file",
+    );
+
+    // A corrupt trace.json.
+    let meta = tmp.path().join("meta");
+    synth(&meta, "steady", 1000, 1, 1000);
+    fs::write(meta.join("trace.json"), b"{ not json").unwrap();
+    analyze_fails(&meta, &out, "trace.json: not a valid trace.json");
+}
+
+/// Writes a one-part trace with a custom schema.
+fn write_custom(dir: &Path, fields: Vec<(&str, arrow_array::ArrayRef)>) {
+    use std::sync::Arc;
+    fs::create_dir_all(dir).unwrap();
+    let schema = Arc::new(arrow_schema::Schema::new(
+        fields
+            .iter()
+            .map(|(n, a)| arrow_schema::Field::new(*n, a.data_type().clone(), true))
+            .collect::<Vec<_>>(),
+    ));
+    let batch = arrow_array::RecordBatch::try_new(
+        schema.clone(),
+        fields.into_iter().map(|f| f.1).collect(),
+    )
+    .unwrap();
+    let file = fs::File::create(dir.join("events-00000.parquet")).unwrap();
+    let mut w = parquet::arrow::ArrowWriter::try_new(file, schema, None).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+}
+
+#[test]
+fn schema_is_checked_and_minimal_traces_are_accepted() {
+    use arrow_array::{ArrayRef, Int32Array, Int64Array, StringArray, UInt32Array, UInt64Array};
+    use std::sync::Arc;
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let ts: ArrayRef = Arc::new(UInt64Array::from(vec![1, 2, 3, 4]));
+    let pid: ArrayRef = Arc::new(UInt32Array::from(vec![9, 9, 9, 9]));
+    let kind: ArrayRef = Arc::new(StringArray::from(vec![
+        "alloc",
+        "alloc",
+        "free",
+        "cudaMagic",
+    ]));
+    let addr: ArrayRef = Arc::new(UInt64Array::from(vec![0x10000, 0x30000, 0x10000, 0]));
+    let size: ArrayRef = Arc::new(UInt64Array::from(vec![0x1000, 0x1000, 0, 0]));
+    let ret: ArrayRef = Arc::new(Int32Array::from(vec![0, 0, 0, 0]));
+
+    let missing = tmp.path().join("missing");
+    write_custom(
+        &missing,
+        vec![
+            ("ts_ns", ts.clone()),
+            ("pid", pid.clone()),
+            ("kind", kind.clone()),
+            ("size", size.clone()),
+            ("ret", ret.clone()),
+        ],
+    );
+    analyze_fails(&missing, &out, "missing required column `addr`");
+
+    let wrong = tmp.path().join("wrong");
+    let text_ts: ArrayRef = Arc::new(StringArray::from(vec!["a", "b", "c", "d"]));
+    write_custom(
+        &wrong,
+        vec![
+            ("ts_ns", text_ts),
+            ("pid", pid.clone()),
+            ("kind", kind.clone()),
+            ("addr", addr.clone()),
+            ("size", size.clone()),
+            ("ret", ret.clone()),
+        ],
+    );
+    analyze_fails(
+        &wrong,
+        &out,
+        "column `ts_ns` has type Utf8, expected an integer",
+    );
+
+    // Only the required columns, plain strings, other integer widths, an
+    // unknown extra column and an unknown kind: accepted.
+    let minimal = tmp.path().join("minimal");
+    let extra: ArrayRef = Arc::new(Int64Array::from(vec![5, 6, 7, 8]));
+    let ts64: ArrayRef = Arc::new(Int64Array::from(vec![1, 2, 3, 4]));
+    write_custom(
+        &minimal,
+        vec![
+            ("ts_ns", ts64),
+            ("pid", pid),
+            ("kind", kind),
+            ("addr", addr),
+            ("size", size),
+            ("ret", ret),
+            ("vendor_extra", extra),
+        ],
+    );
+    fragscope()
+        .arg("analyze")
+        .arg(&minimal)
+        .arg("-o")
+        .arg(&out)
+        .assert()
+        .success();
+    let r = report(&out);
+    assert_eq!(r["trace"]["has_metadata"], false);
+    assert_eq!(r["anomalies"]["unknown_kind"], 1);
+    assert_eq!(r["processes"][0]["final"]["live_bytes"], 0x1000);
+}
+
+#[test]
+fn an_unfinished_last_part_is_skipped_with_a_warning() {
+    let tmp = tempfile::tempdir().unwrap();
+    let trace = tmp.path().join("killed");
+    synth(&trace, "training", 5000, 1, 1000);
+    fs::remove_file(trace.join("trace.json")).unwrap();
+    let last = trace.join("events-00004.parquet");
+    let bytes = fs::read(&last).unwrap();
+    fs::write(&last, &bytes[..bytes.len() - 100]).unwrap();
+    let out = tmp.path().join("out");
+    fragscope()
+        .arg("analyze")
+        .arg(&trace)
+        .arg("-o")
+        .arg(&out)
+        .assert()
+        .success()
+        .stderr(
+            predicate::str::contains("skipping")
+                .and(predicate::str::contains("events-00004.parquet")),
+        );
+    let r = report(&out);
+    assert_eq!(r["events"]["total"], 4000);
+    assert_eq!(r["trace"]["skipped_parts"].as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn brute_force_mode_gives_the_same_rows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let trace = tmp.path().join("frag");
+    synth(&trace, "fragmenting", 20_000, 5, 1_000_000);
+    let fast = tmp.path().join("fast");
+    let slow = tmp.path().join("slow");
+    fragscope()
+        .arg("analyze")
+        .arg(&trace)
+        .args(["--step", "50ev", "-o"])
+        .arg(&fast)
+        .assert()
+        .success();
+    fragscope()
+        .arg("analyze")
+        .arg(&trace)
+        .args(["--step", "50ev", "--brute-force", "-o"])
+        .arg(&slow)
+        .assert()
+        .success();
+    let a = read_parquet(&fast.join("metrics.parquet"));
+    let b = read_parquet(&slow.join("metrics.parquet"));
+    assert_eq!(a.height(), b.height());
+    for c in ["live_bytes", "gap_count", "largest_gap", "span_bytes"] {
+        assert!(
+            a.column(c)
+                .unwrap()
+                .as_materialized_series()
+                .equals(b.column(c).unwrap().as_materialized_series()),
+            "{c}"
+        );
+    }
+    let sa = a.column("score").unwrap().f64().unwrap();
+    let sb = b.column("score").unwrap().f64().unwrap();
+    assert!(
+        sa.into_no_null_iter()
+            .zip(sb.into_no_null_iter())
+            .all(|(x, y)| (x - y).abs() < 1e-9)
+    );
+}
