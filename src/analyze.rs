@@ -13,12 +13,11 @@
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
-use ahash::AHashSet;
 use anyhow::{Context, Result, bail};
 
-use crate::event::{Event, Events};
+use crate::event::Events;
 use crate::metrics::{Metrics, MetricsConfig};
-use crate::replay::{Anomalies, Footprint, Replay};
+use crate::replay::{Anomalies, Footprint, Peak, Replay};
 use crate::trace::Trace;
 
 /// How the trace is cut into timesteps.
@@ -47,18 +46,12 @@ impl FromStr for StepSpec {
         if let Some(n) = s.strip_suffix("ev") {
             return match n.trim().parse::<u64>() {
                 Ok(n) if n > 0 => Ok(StepSpec::Events(n)),
-                _ => Err(format!(
-                    "`{s}`: expected a positive event count such as 5000ev"
-                )),
+                _ => Err(format!("`{s}`: expected a positive event count such as 5000ev")),
             };
         }
         match humantime::parse_duration(s) {
-            Ok(d) if d.as_nanos() > 0 => {
-                Ok(StepSpec::Duration(d.as_nanos().min(u64::MAX as u128) as u64))
-            }
-            _ => Err(format!(
-                "`{s}`: expected a duration (10ms, 1s, 500us) or an event count (5000ev)"
-            )),
+            Ok(d) if d.as_nanos() > 0 => Ok(StepSpec::Duration(d.as_nanos().min(u64::MAX as u128) as u64)),
+            _ => Err(format!("`{s}`: expected a duration (10ms, 1s, 500us) or an event count (5000ev)")),
         }
     }
 }
@@ -67,11 +60,7 @@ impl std::fmt::Display for StepSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             StepSpec::Auto => write!(f, "auto"),
-            StepSpec::Duration(ns) => write!(
-                f,
-                "{}",
-                humantime::format_duration(std::time::Duration::from_nanos(*ns))
-            ),
+            StepSpec::Duration(ns) => write!(f, "{}", humantime::format_duration(std::time::Duration::from_nanos(*ns))),
             StepSpec::Events(n) => write!(f, "{n}ev"),
         }
     }
@@ -87,9 +76,7 @@ pub fn step_bounds(spec: StepSpec, ts: &[u64]) -> Result<Vec<(usize, u64)>> {
     let by_time = |d: u64, count: u64| -> Vec<(usize, u64)> {
         (1..=count)
             .map(|k| {
-                let t = t0
-                    .saturating_add(k.saturating_mul(d))
-                    .min(t1.max(t0 + d.min(1)));
+                let t = t0.saturating_add(k.saturating_mul(d)).min(t1.max(t0 + d.min(1)));
                 let t = if k == count { t1 } else { t };
                 (ts.partition_point(|&x| x <= t), t)
             })
@@ -105,18 +92,14 @@ pub fn step_bounds(spec: StepSpec, ts: &[u64]) -> Result<Vec<(usize, u64)>> {
         StepSpec::Duration(d) => {
             let count = (t1 - t0).div_ceil(d).max(1);
             if count > MAX_STEPS {
-                bail!(
-                    "--step {spec} gives {count} steps over this trace (limit {MAX_STEPS}); choose a longer step"
-                );
+                bail!("--step {spec} gives {count} steps over this trace (limit {MAX_STEPS}); choose a longer step");
             }
             by_time(d, count)
         }
         StepSpec::Events(e) => {
             let count = (n as u64).div_ceil(e);
             if count > MAX_STEPS {
-                bail!(
-                    "--step {spec} gives {count} steps over this trace (limit {MAX_STEPS}); choose a longer step"
-                );
+                bail!("--step {spec} gives {count} steps over this trace (limit {MAX_STEPS}); choose a longer step");
             }
             (1..=count)
                 .map(|k| {
@@ -156,14 +139,6 @@ pub struct OomEvent {
     pub metrics: Metrics,
 }
 
-/// Per-process figures that rows at step boundaries would miss.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct ProcessPeak {
-    pub pid: u32,
-    pub peak_live_bytes: u64,
-    pub peak_t_ns: u64,
-}
-
 /// Everything `analyze` computed for one trace.
 #[derive(Clone, Debug)]
 pub struct Analysis {
@@ -177,7 +152,7 @@ pub struct Analysis {
     pub rows: Vec<Row>,
     pub ooms: Vec<OomEvent>,
     pub anomalies: Anomalies,
-    pub peaks: Vec<ProcessPeak>,
+    pub peaks: Vec<Peak>,
     /// Peak of the live bytes summed over processes.
     pub peak_live_total: u64,
     pub options: Options,
@@ -185,21 +160,23 @@ pub struct Analysis {
 
 /// Loads and analyses one trace directory.
 pub fn analyze_path(dir: &Path, opts: &Options) -> Result<Analysis> {
+    let start = std::time::Instant::now();
     let trace = Trace::open(dir)?;
     let (events, out_of_order) = trace.load_events()?;
-    analyze_events(trace, &events, out_of_order, opts)
+    tracing::info!("{}: loaded {} events in {:.3} s", trace.name, events.len(), start.elapsed().as_secs_f64());
+    let start = std::time::Instant::now();
+    let analysis = analyze_events(trace, &events, out_of_order, opts)?;
+    tracing::info!("{}: replayed in {:.3} s", analysis.trace.name, start.elapsed().as_secs_f64());
+    Ok(analysis)
 }
 
 /// Replays time-sorted `events` and produces the rows.
-pub fn analyze_events(
-    trace: Trace,
-    events: &Events,
-    out_of_order: u64,
-    opts: &Options,
-) -> Result<Analysis> {
+pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &Options) -> Result<Analysis> {
     opts.metrics.validate()?;
     let bounds = step_bounds(opts.step, &events.ts_ns)?;
+    let start = std::time::Instant::now();
     let footprint = Footprint::build(events);
+    tracing::debug!("footprint in {:.3} s", start.elapsed().as_secs_f64());
     let mut replay = Replay::new(opts.metrics, &footprint);
 
     let mut counts = [0u64; crate::event::EventKind::ALL.len()];
@@ -207,19 +184,10 @@ pub fn analyze_events(
     let mut failed_allocs = 0u64;
     let mut rows = Vec::with_capacity(bounds.len() + 16);
     let mut ooms = Vec::new();
-    // Processes with device memory activity, in order of first appearance.
-    let mut active: Vec<u32> = Vec::new();
-    let mut seen: AHashSet<u32> = AHashSet::new();
-    let mut peaks: Vec<ProcessPeak> = Vec::new();
-    let mut peak_total = 0u64;
-    let mut live_total = 0u64;
+    let mut pids: Vec<u32> = Vec::new();
 
     let row_metrics = |replay: &Replay, pid: u32| {
-        if opts.brute_force {
-            replay.metrics_from_scratch(pid)
-        } else {
-            replay.metrics(pid)
-        }
+        if opts.brute_force { replay.metrics_from_scratch(pid) } else { replay.metrics(pid) }
     };
 
     let mut i = 0usize;
@@ -231,57 +199,29 @@ pub fn analyze_events(
                 continue;
             };
             counts[e.kind as usize] += 1;
-            let device = e.kind.is_device_alloc() || e.kind.is_device_free() || e.is_oom();
-            if device && seen.insert(e.pid) {
-                active.push(e.pid);
-                peaks.push(ProcessPeak {
-                    pid: e.pid,
-                    ..Default::default()
-                });
-            }
-            if e.kind.is_alloc_request() && e.ret != 0 {
+            replay.apply(&e);
+            if e.ret != 0 && e.kind.is_alloc_request() {
                 failed_allocs += 1;
             }
             if e.is_oom() {
                 let metrics = row_metrics(&replay, e.pid);
-                rows.push(Row {
-                    step: step as u32,
-                    t_ns: e.ts_ns,
-                    pid: e.pid,
-                    at_oom: true,
-                    metrics,
-                });
-                ooms.push(OomEvent {
-                    t_ns: e.ts_ns,
-                    pid: e.pid,
-                    requested: e.size,
-                    metrics,
-                });
-            }
-            if device {
-                track_peak(
-                    &mut replay,
-                    &e,
-                    &mut peaks,
-                    &mut live_total,
-                    &mut peak_total,
-                );
+                rows.push(Row { step: step as u32, t_ns: e.ts_ns, pid: e.pid, at_oom: true, metrics });
+                ooms.push(OomEvent { t_ns: e.ts_ns, pid: e.pid, requested: e.size, metrics });
             }
             i += 1;
         }
-        for &pid in &active {
-            rows.push(Row {
-                step: step as u32,
-                t_ns,
-                pid,
-                at_oom: false,
-                metrics: row_metrics(&replay, pid),
-            });
+        if pids.len() != replay.pids().count() {
+            pids = replay.pids().collect();
+        }
+        for &pid in &pids {
+            rows.push(Row { step: step as u32, t_ns, pid, at_oom: false, metrics: row_metrics(&replay, pid) });
         }
     }
     for _ in 0..unknown_kind {
         replay.note_unknown_kind();
     }
+    let peaks = replay.peaks();
+    let peak_total = replay.peak_total();
     let mut anomalies = replay.finish();
     anomalies.out_of_order = out_of_order;
 
@@ -307,29 +247,6 @@ pub fn analyze_events(
     })
 }
 
-/// Applies a device event and keeps exact peaks (between step rows too).
-fn track_peak(
-    replay: &mut Replay,
-    e: &Event,
-    peaks: &mut [ProcessPeak],
-    live_total: &mut u64,
-    peak_total: &mut u64,
-) {
-    let before = replay.live_bytes(e.pid);
-    replay.apply(e);
-    let after = replay.live_bytes(e.pid);
-    *live_total = *live_total + after - before;
-    if after > before {
-        *peak_total = (*peak_total).max(*live_total);
-        if let Some(p) = peaks.iter_mut().rev().find(|p| p.pid == e.pid)
-            && after > p.peak_live_bytes
-        {
-            p.peak_live_bytes = after;
-            p.peak_t_ns = e.ts_ns;
-        }
-    }
-}
-
 /// The traces named on the command line: trace directories, or
 /// directories of trace directories. `batch` is true when the output should
 /// be one folder per trace plus a summary.
@@ -345,10 +262,7 @@ pub fn discover(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, bool)> {
                 .filter(|s| s.is_dir() && Trace::is_trace_dir(s))
                 .collect();
             if subs.is_empty() {
-                bail!(
-                    "{}: neither a trace (no events-NNNNN.parquet) nor a directory of traces",
-                    p.display()
-                );
+                bail!("{}: neither a trace (no events-NNNNN.parquet) nor a directory of traces", p.display());
             }
             subs.sort();
             found.extend(subs);

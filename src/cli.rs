@@ -8,7 +8,8 @@ use clap::{Args, Parser, Subcommand};
 use crate::analyze::StepSpec;
 use crate::synth::Pattern;
 
-pub const EXIT_CODES: &str = "Exit codes: 0 success, 1 error (bad input, a trace that failed), 2 usage error, 3 a CI gate tripped.";
+pub const EXIT_CODES: &str =
+    "Exit codes: 0 success, 1 error (bad input, a trace that failed), 2 usage error, 3 a CI gate tripped.";
 
 #[derive(Debug, Parser)]
 #[command(

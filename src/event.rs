@@ -59,10 +59,7 @@ impl EventKind {
     /// (the device view of SPEC §3). Host allocations live in another
     /// address space and are not part of it.
     pub fn is_device_alloc(self) -> bool {
-        matches!(
-            self,
-            EventKind::Alloc | EventKind::AllocAsync | EventKind::AllocManaged
-        )
+        matches!(self, EventKind::Alloc | EventKind::AllocAsync | EventKind::AllocManaged)
     }
 
     /// A successful event of this kind releases a device block.
@@ -102,8 +99,7 @@ impl Event {
     /// A failed device allocation with CUDA's out-of-memory code, or an
     /// explicit `oom` event: the instants the OOM diagnosis looks at.
     pub fn is_oom(&self) -> bool {
-        self.kind == EventKind::Oom
-            || (self.kind.is_device_alloc() && self.ret == CUDA_ERROR_OUT_OF_MEMORY)
+        self.kind == EventKind::Oom || (self.kind.is_device_alloc() && self.ret == CUDA_ERROR_OUT_OF_MEMORY)
     }
 }
 

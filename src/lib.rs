@@ -49,10 +49,7 @@ fn run_synth(args: &SynthArgs) -> Result<u8> {
         capacity: args.capacity,
         rows_per_part: args.rows_per_part.clamp(1, usize::MAX as u64) as usize,
     };
-    anyhow::ensure!(
-        args.capacity >= 64 << 20,
-        "--capacity must be at least 64MiB"
-    );
+    anyhow::ensure!(args.capacity >= 64 << 20, "--capacity must be at least 64MiB");
     let meta = synth::synth(&cfg, &args.output)?;
     let total: u64 = meta.event_counts.values().sum();
     println!(
@@ -85,13 +82,9 @@ fn run_analyze(args: &AnalyzeArgs) -> Result<u8> {
         print!("{}", report::stdout_summary(&a, &args.output));
         return Ok(exit::OK);
     }
-    std::fs::create_dir_all(&args.output)
-        .with_context(|| format!("cannot create {}", args.output.display()))?;
+    std::fs::create_dir_all(&args.output).with_context(|| format!("cannot create {}", args.output.display()))?;
     let names = unique_names(&traces);
-    let jobs = args
-        .jobs
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-        .max(1);
+    let jobs = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
     let pool = rayon::ThreadPoolBuilder::new().num_threads(jobs).build()?;
     let bar = indicatif::ProgressBar::new(traces.len() as u64);
     if !std::io::stderr().is_terminal() {
@@ -137,15 +130,12 @@ fn analyze_one(path: &Path, out: &Path, opts: &Options) -> Result<Summary> {
     let a = analyze::analyze_path(path, opts)?;
     let staging = out.with_file_name(format!(
         ".{}.partial",
-        out.file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default()
+        out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
     ));
     let _ = std::fs::remove_dir_all(&staging);
     let written = report::write_trace_outputs(&a, &staging).and_then(|()| {
         if out.exists() {
-            std::fs::remove_dir_all(out)
-                .with_context(|| format!("cannot replace {}", out.display()))?;
+            std::fs::remove_dir_all(out).with_context(|| format!("cannot replace {}", out.display()))?;
         }
         std::fs::rename(&staging, out).with_context(|| format!("cannot write {}", out.display()))
     });

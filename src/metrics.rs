@@ -24,21 +24,14 @@ pub struct MetricsConfig {
 
 impl Default for MetricsConfig {
     fn default() -> Self {
-        MetricsConfig {
-            page_size: 4096,
-            small_threshold: 4 << 20,
-            min_gap: 1024,
-        }
+        MetricsConfig { page_size: 4096, small_threshold: 4 << 20, min_gap: 1024 }
     }
 }
 
 impl MetricsConfig {
     pub fn validate(&self) -> Result<()> {
         if !self.page_size.is_power_of_two() {
-            bail!(
-                "--page-size must be a power of two (got {})",
-                self.page_size
-            );
+            bail!("--page-size must be a power of two (got {})", self.page_size);
         }
         Ok(())
     }
@@ -99,10 +92,7 @@ impl BlockStats {
         }
         let n = u128::from(self.count);
         let sum = u128::from(self.bytes);
-        match n
-            .checked_mul(self.sum_sq)
-            .and_then(|a| a.checked_sub(sum * sum))
-        {
+        match n.checked_mul(self.sum_sq).and_then(|a| a.checked_sub(sum * sum)) {
             Some(num) => (num as f64).sqrt() / sum as f64,
             None => {
                 let mean = self.bytes as f64 / self.count as f64;
@@ -133,29 +123,16 @@ pub fn target_block(blocks: &BlockStats, page_size: u64) -> u64 {
     // The smallest power of two ≥ the real mean is the smallest one ≥ its
     // ceiling, since powers of two are integers.
     let avg_ceil = blocks.bytes.div_ceil(blocks.count).max(1);
-    avg_ceil
-        .checked_next_power_of_two()
-        .and_then(|p| p.checked_mul(2))
-        .unwrap_or(1 << 63)
-        .max(page_size)
+    avg_ceil.checked_next_power_of_two().and_then(|p| p.checked_mul(2)).unwrap_or(1 << 63).max(page_size)
 }
 
 impl Metrics {
     /// The metrics of SPEC §4 from the block sums, the summed arena span and
     /// the gaps.
-    pub fn compute<G: GapQuery + ?Sized>(
-        blocks: &BlockStats,
-        span: u64,
-        gaps: &G,
-        cfg: &MetricsConfig,
-    ) -> Metrics {
+    pub fn compute<G: GapQuery + ?Sized>(blocks: &BlockStats, span: u64, gaps: &G, cfg: &MetricsConfig) -> Metrics {
         let g = gaps.sum();
         let count = gaps.count();
-        let external = if span == 0 {
-            0.0
-        } else {
-            g as f64 / span as f64
-        };
+        let external = if span == 0 { 0.0 } else { g as f64 / span as f64 };
 
         let target = target_block(blocks, cfg.page_size);
         let free_pages = g.div_ceil(cfg.page_size);
@@ -169,11 +146,7 @@ impl Metrics {
             (1.0 - (suitable as f64 / theoretical as f64).min(1.0)).powf(0.25)
         };
 
-        let small = if blocks.count == 0 {
-            0.0
-        } else {
-            blocks.small as f64 / blocks.count as f64
-        };
+        let small = if blocks.count == 0 { 0.0 } else { blocks.small as f64 / blocks.count as f64 };
         let cv = blocks.cv();
         // gap > 2·(G / count)  ⇔  gap > ⌊2G / count⌋ for integer gaps.
         let large = if g == 0 {
@@ -182,11 +155,7 @@ impl Metrics {
             let threshold = (2 * u128::from(g) / u128::from(count)) as u64;
             gaps.sum_above(threshold) as f64 / g as f64
         };
-        let utilization = if span == 0 {
-            0.0
-        } else {
-            blocks.bytes as f64 / span as f64
-        };
+        let utilization = if span == 0 { 0.0 } else { blocks.bytes as f64 / span as f64 };
         let score = score(external, unusable, small, cv, large);
         Metrics {
             external_fragmentation: external,
@@ -208,10 +177,8 @@ impl Metrics {
 /// The weighted score of SPEC §4, clamped to [0, 100]. Unlike the reference
 /// C++ code, K is not divided by 10 first: its weight is the stated 15 %.
 pub fn score(external: f64, unusable: f64, small: f64, cv: f64, large: f64) -> f64 {
-    let s = 50.0 * (2.0 * external).min(1.0)
-        + 15.0 * unusable
-        + 10.0 * (0.6 * small + 0.4 * cv.min(1.0))
-        + 25.0 * large;
+    let s =
+        50.0 * (2.0 * external).min(1.0) + 15.0 * unusable + 10.0 * (0.6 * small + 0.4 * cv.min(1.0)) + 25.0 * large;
     s.clamp(0.0, 100.0)
 }
 
@@ -252,13 +219,7 @@ fn bucket(g: u64) -> usize {
 
 impl Default for GapSet {
     fn default() -> Self {
-        GapSet {
-            count: 0,
-            sum: 0,
-            shift_sums: [0; 64],
-            bucket_sum: Box::new([0; BUCKETS]),
-            sorted: BTreeMap::new(),
-        }
+        GapSet { count: 0, sum: 0, shift_sums: [0; 64], bucket_sum: Box::new([0; BUCKETS]), sorted: BTreeMap::new() }
     }
 }
 
@@ -302,9 +263,7 @@ impl GapSet {
 
     /// Every gap, smallest first.
     pub fn iter(&self) -> impl Iterator<Item = u64> + '_ {
-        self.sorted
-            .iter()
-            .flat_map(|(&g, &n)| std::iter::repeat_n(g, n as usize))
+        self.sorted.iter().flat_map(|(&g, &n)| std::iter::repeat_n(g, n as usize))
     }
 }
 
@@ -368,9 +327,7 @@ pub fn from_scratch(blocks: &[(u64, u64)], regions: &[(u64, u64)], cfg: &Metrics
     let mut arena: Option<(u64, u64)> = None;
     for &(addr, size) in blocks {
         stats.add(size, cfg);
-        let r = regions
-            .partition_point(|&(start, _)| start <= addr)
-            .wrapping_sub(1);
+        let r = regions.partition_point(|&(start, _)| start <= addr).wrapping_sub(1);
         match arena {
             Some((lo, hi)) if r == region => {
                 if cfg.is_gap(addr - hi) {
@@ -454,12 +411,7 @@ mod tests {
         // Four 64 KiB blocks, gaps 8 KiB, 8 KiB, 512 KiB: T = 128 KiB.
         let cfg = MetricsConfig::default();
         let b = 64 * KIB;
-        let blocks = [
-            (0, b),
-            (b + 8 * KIB, b),
-            (2 * b + 16 * KIB, b),
-            (3 * b + 528 * KIB, b),
-        ];
+        let blocks = [(0, b), (b + 8 * KIB, b), (2 * b + 16 * KIB, b), (3 * b + 528 * KIB, b)];
         let end = 4 * b + 528 * KIB;
         let m = from_scratch(&blocks, &[(0, end)], &cfg);
         let g = 528 * KIB;
@@ -487,11 +439,7 @@ mod tests {
     #[test]
     fn gaps_at_or_below_threshold_are_slack() {
         let cfg = MetricsConfig::default();
-        let blocks = [
-            (0, 4096),
-            (4096 + 1024, 4096),
-            (2 * 4096 + 1024 + 1025, 4096),
-        ];
+        let blocks = [(0, 4096), (4096 + 1024, 4096), (2 * 4096 + 1024 + 1025, 4096)];
         let m = from_scratch(&blocks, &[(0, 1 << 20)], &cfg);
         assert_eq!(m.gap_count, 1);
         assert_eq!(m.largest_gap, 1025);
@@ -524,18 +472,7 @@ mod tests {
     #[test]
     fn gap_set_answers_like_a_list() {
         let mut set = GapSet::default();
-        let values = [
-            5000u64,
-            5000,
-            7,
-            1 << 20,
-            3 << 20,
-            123_456,
-            1 << 20,
-            999_999,
-            8,
-            9,
-        ];
+        let values = [5000u64, 5000, 7, 1 << 20, 3 << 20, 123_456, 1 << 20, 999_999, 8, 9];
         for &v in &values {
             set.insert(v);
         }
@@ -544,11 +481,7 @@ mod tests {
         let list: Vec<u64> = set.iter().collect();
         assert_eq!(list.len(), values.len() - 2);
         for t in [0, 6, 7, 8, 4999, 5000, 123_455, 123_456, 1 << 20, u64::MAX] {
-            assert_eq!(
-                set.sum_above(t),
-                list.as_slice().sum_above(t),
-                "threshold {t}"
-            );
+            assert_eq!(set.sum_above(t), list.as_slice().sum_above(t), "threshold {t}");
         }
         for s in 0..64 {
             assert_eq!(set.sum_div_pow2(s), list.as_slice().sum_div_pow2(s));

@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
 use ahash::AHashMap;
 use serde::Serialize;
 
-use crate::event::{Event, Events};
+use crate::event::{Event, EventKind, Events};
 use crate::metrics::{BlockStats, GapSet, Metrics, MetricsConfig};
 
 /// Anomaly counts of one replay.
@@ -89,25 +89,16 @@ impl Footprint {
                 continue;
             };
             let ts = events.ts_ns[i];
-            map.entry(addr)
-                .and_modify(|e| e.0 = e.0.max(end))
-                .or_insert((end, ts));
+            map.entry(addr).and_modify(|e| e.0 = e.0.max(end)).or_insert((end, ts));
         }
         let procs = per_pid
             .into_iter()
             .map(|(pid, starts)| {
-                let mut ranges: Vec<(u64, u64)> =
-                    starts.iter().map(|(&a, &(end, _))| (a, end)).collect();
+                let mut ranges: Vec<(u64, u64)> = starts.iter().map(|(&a, &(end, _))| (a, end)).collect();
                 ranges.sort_unstable();
                 let regions = merge_ranges(ranges);
                 let first_alloc = starts.into_iter().map(|(a, (_, ts))| (a, ts)).collect();
-                (
-                    pid,
-                    ProcFootprint {
-                        regions,
-                        first_alloc,
-                    },
-                )
+                (pid, ProcFootprint { regions, first_alloc })
             })
             .collect();
         Footprint { procs }
@@ -133,12 +124,24 @@ fn merge_ranges(sorted: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
 }
 
 /// The live state of one process.
-#[derive(Clone, Debug, Default)]
-struct Proc {
+#[derive(Clone, Debug)]
+struct Proc<'f> {
+    pid: u32,
+    footprint: Option<&'f ProcFootprint>,
     live: BTreeMap<u64, u64>,
     blocks: BlockStats,
     gaps: GapSet,
     span: u64,
+    peak_bytes: u64,
+    peak_t_ns: u64,
+}
+
+/// Exact peak of one process's live bytes (between rows too).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Peak {
+    pub pid: u32,
+    pub bytes: u64,
+    pub t_ns: u64,
 }
 
 /// The replay fold over a whole trace (all processes).
@@ -146,8 +149,13 @@ struct Proc {
 pub struct Replay<'f> {
     cfg: MetricsConfig,
     footprint: &'f Footprint,
-    procs: AHashMap<u32, Proc>,
+    /// In order of first device-memory event.
+    procs: Vec<Proc<'f>>,
+    index: AHashMap<u32, usize>,
+    last: Option<(u32, usize)>,
     anomalies: Anomalies,
+    live_total: u64,
+    peak_total: u64,
 }
 
 impl<'f> Replay<'f> {
@@ -155,29 +163,70 @@ impl<'f> Replay<'f> {
         Replay {
             cfg,
             footprint,
-            procs: AHashMap::new(),
+            procs: Vec::new(),
+            index: AHashMap::new(),
+            last: None,
             anomalies: Anomalies::default(),
+            live_total: 0,
+            peak_total: 0,
         }
     }
 
-    /// Applies one event. Events must come in time order.
+    fn proc_index(&mut self, pid: u32) -> usize {
+        if let Some((p, i)) = self.last
+            && p == pid
+        {
+            return i;
+        }
+        let i = match self.index.get(&pid) {
+            Some(&i) => i,
+            None => {
+                self.procs.push(Proc {
+                    pid,
+                    footprint: self.footprint.procs.get(&pid),
+                    live: BTreeMap::new(),
+                    blocks: BlockStats::default(),
+                    gaps: GapSet::default(),
+                    span: 0,
+                    peak_bytes: 0,
+                    peak_t_ns: 0,
+                });
+                self.index.insert(pid, self.procs.len() - 1);
+                self.procs.len() - 1
+            }
+        };
+        self.last = Some((pid, i));
+        i
+    }
+
+    /// Applies one event. Events must come in time order. A process joins
+    /// the replay at its first device-memory event (allocation, free or
+    /// OOM, failed or not).
     pub fn apply(&mut self, e: &Event) {
         let kind = e.kind;
-        if e.ret != 0 || !(kind.is_device_alloc() || kind.is_device_free()) {
+        if !(kind.is_device_alloc() || kind.is_device_free() || kind == EventKind::Oom) {
+            return;
+        }
+        let i = self.proc_index(e.pid);
+        if e.ret != 0 || kind == EventKind::Oom {
             return;
         }
         let cfg = self.cfg;
-        let fp = self.footprint.procs.get(&e.pid);
-        let proc = self.procs.entry(e.pid).or_default();
+        let proc = &mut self.procs[i];
+        let fp = proc.footprint;
+        let before = proc.blocks.bytes;
         if kind.is_device_alloc() {
             let Some(fp) = fp else { return };
             if e.addr == 0 || e.size == 0 || e.addr.checked_add(e.size).is_none() {
                 return;
             }
-            if proc.evict_overlapping(e.addr, e.size, &fp.regions, &cfg) {
+            if proc.place(e.addr, e.size, &fp.regions, &cfg) {
                 self.anomalies.overlap += 1;
             }
-            proc.insert(e.addr, e.size, &fp.regions, &cfg);
+            if proc.blocks.bytes > proc.peak_bytes {
+                proc.peak_bytes = proc.blocks.bytes;
+                proc.peak_t_ns = e.ts_ns;
+            }
         } else if e.addr != 0 {
             let regions = fp.map_or(&[][..], |f| &f.regions);
             if proc.remove(e.addr, regions, &cfg).is_none() {
@@ -187,6 +236,27 @@ impl<'f> Replay<'f> {
                 }
             }
         }
+        self.live_total = self.live_total + proc.blocks.bytes - before;
+        self.peak_total = self.peak_total.max(self.live_total);
+    }
+
+    /// Processes seen so far, in order of their first device-memory event.
+    pub fn pids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.procs.iter().map(|p| p.pid)
+    }
+
+    /// Exact peaks per process, in the order of [`Replay::pids`].
+    pub fn peaks(&self) -> Vec<Peak> {
+        self.procs.iter().map(|p| Peak { pid: p.pid, bytes: p.peak_bytes, t_ns: p.peak_t_ns }).collect()
+    }
+
+    /// Exact peak of the live bytes summed over processes.
+    pub fn peak_total(&self) -> u64 {
+        self.peak_total
+    }
+
+    fn proc(&self, pid: u32) -> Option<&Proc<'f>> {
+        self.index.get(&pid).map(|&i| &self.procs[i])
     }
 
     /// Counts a row the loader could not turn into an event.
@@ -196,7 +266,7 @@ impl<'f> Replay<'f> {
 
     /// The metrics of `pid` in the current state.
     pub fn metrics(&self, pid: u32) -> Metrics {
-        match self.procs.get(&pid) {
+        match self.proc(pid) {
             Some(p) => Metrics::compute(&p.blocks, p.span, &p.gaps, &self.cfg),
             None => Metrics::default(),
         }
@@ -211,14 +281,12 @@ impl<'f> Replay<'f> {
 
     /// Live blocks of `pid` as (address, size), sorted by address.
     pub fn live_blocks(&self, pid: u32) -> Vec<(u64, u64)> {
-        self.procs
-            .get(&pid)
-            .map_or_else(Vec::new, |p| p.live.iter().map(|(&a, &s)| (a, s)).collect())
+        self.proc(pid).map_or_else(Vec::new, |p| p.live.iter().map(|(&a, &s)| (a, s)).collect())
     }
 
     /// Live bytes of `pid`.
     pub fn live_bytes(&self, pid: u32) -> u64 {
-        self.procs.get(&pid).map_or(0, |p| p.blocks.bytes)
+        self.proc(pid).map_or(0, |p| p.blocks.bytes)
     }
 
     pub fn anomalies(&self) -> Anomalies {
@@ -231,27 +299,12 @@ impl<'f> Replay<'f> {
     }
 }
 
-impl Proc {
+impl Proc<'_> {
     /// Neighbours of `addr` (exclusive) that lie in the region containing it.
-    fn neighbours(
-        &self,
-        addr: u64,
-        region: (u64, u64),
-    ) -> (Option<(u64, u64)>, Option<(u64, u64)>) {
-        let pred = self
-            .live
-            .range(..addr)
-            .next_back()
-            .filter(|(a, _)| **a >= region.0);
-        let succ = self
-            .live
-            .range(addr + 1..)
-            .next()
-            .filter(|(a, _)| **a < region.1);
-        (
-            pred.map(|(&a, &s)| (a, a + s)),
-            succ.map(|(&a, &s)| (a, a + s)),
-        )
+    fn neighbours(&self, addr: u64, region: (u64, u64)) -> (Option<(u64, u64)>, Option<(u64, u64)>) {
+        let pred = self.live.range(..addr).next_back().filter(|(a, _)| **a >= region.0);
+        let succ = self.live.range(addr + 1..).next().filter(|(a, _)| **a < region.1);
+        (pred.map(|(&a, &s)| (a, a + s)), succ.map(|(&a, &s)| (a, a + s)))
     }
 
     fn add_gap(&mut self, g: u64, cfg: &MetricsConfig) {
@@ -266,42 +319,36 @@ impl Proc {
         }
     }
 
-    /// Removes every live block overlapping [addr, addr+size); true if any.
-    fn evict_overlapping(
-        &mut self,
-        addr: u64,
-        size: u64,
-        regions: &[(u64, u64)],
-        cfg: &MetricsConfig,
-    ) -> bool {
-        let end = addr + size;
-        let mut any = false;
-        while let Some((&a, &s)) = self.live.range(..end).next_back() {
-            if a + s <= addr {
-                break;
-            }
-            self.remove(a, regions, cfg);
-            any = true;
-        }
-        any
-    }
-
-    /// Places a block; it must not overlap a live one and must lie in a
-    /// footprint region.
-    fn insert(&mut self, addr: u64, size: u64, regions: &[(u64, u64)], cfg: &MetricsConfig) {
+    /// Places a block inside a footprint region, first removing the live
+    /// blocks it overlaps (true if there were any). The predecessor is the
+    /// last block starting before the new block's end once nothing overlaps,
+    /// so the overlap check and the neighbour search share one descent.
+    fn place(&mut self, addr: u64, size: u64, regions: &[(u64, u64)], cfg: &MetricsConfig) -> bool {
         let region = region_of(regions, addr);
         let end = addr + size;
-        match self.neighbours(addr, region) {
-            (Some((_, p_end)), Some((q_start, _))) => {
+        let mut evicted = false;
+        let pred = loop {
+            match self.live.range(..end).next_back() {
+                Some((&a, &s)) if a + s > addr => {
+                    self.remove(a, regions, cfg);
+                    evicted = true;
+                }
+                Some((&a, &s)) if a >= region.0 => break Some(a + s),
+                _ => break None,
+            }
+        };
+        let succ = self.live.range(end..).next().filter(|(a, _)| **a < region.1).map(|(&a, _)| a);
+        match (pred, succ) {
+            (Some(p_end), Some(q_start)) => {
                 self.remove_gap(q_start - p_end, cfg);
                 self.add_gap(addr - p_end, cfg);
                 self.add_gap(q_start - end, cfg);
             }
-            (Some((_, p_end)), None) => {
+            (Some(p_end), None) => {
                 self.add_gap(addr - p_end, cfg);
                 self.span += end - p_end;
             }
-            (None, Some((q_start, _))) => {
+            (None, Some(q_start)) => {
                 self.add_gap(q_start - end, cfg);
                 self.span += q_start - addr;
             }
@@ -309,6 +356,7 @@ impl Proc {
         }
         self.live.insert(addr, size);
         self.blocks.add(size, cfg);
+        evicted
     }
 
     /// Removes the live block starting at `addr`; its size, or None.
@@ -350,21 +398,9 @@ fn region_of(regions: &[(u64, u64)], addr: u64) -> (u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::EventKind;
 
     fn ev(ts: u64, pid: u32, kind: EventKind, addr: u64, size: u64) -> Event {
-        Event {
-            ts_ns: ts,
-            duration_ns: 0,
-            pid,
-            tid: pid,
-            kind,
-            addr,
-            size,
-            ret: 0,
-            device: None,
-            stream: None,
-        }
+        Event { ts_ns: ts, duration_ns: 0, pid, tid: pid, kind, addr, size, ret: 0, device: None, stream: None }
     }
 
     fn events(list: &[Event]) -> Events {
@@ -403,10 +439,7 @@ mod tests {
             r.apply(e);
         }
         let m = r.metrics(7);
-        assert_eq!(
-            (m.gap_count, m.largest_gap, m.span_bytes),
-            (2, 0xf000, 0x21000)
-        );
+        assert_eq!((m.gap_count, m.largest_gap, m.span_bytes), (2, 0xf000, 0x21000));
         r.apply(&list[5]);
         let m = r.metrics(7);
         assert_eq!((m.gap_count, m.largest_gap, m.live_blocks), (1, 0x1f000, 2));
@@ -421,10 +454,7 @@ mod tests {
     #[test]
     fn blocks_in_separate_regions_have_no_gap_between_them() {
         use EventKind::*;
-        let list = [
-            ev(1, 7, Alloc, 0x10000, 0x1000),
-            ev(2, 7, Alloc, 0x20000, 0x1000),
-        ];
+        let list = [ev(1, 7, Alloc, 0x10000, 0x1000), ev(2, 7, Alloc, 0x20000, 0x1000)];
         let evs = events(&list);
         let fp = Footprint::build(&evs);
         assert_eq!(fp.regions(7), &[(0x10000, 0x11000), (0x20000, 0x21000)]);
@@ -437,11 +467,7 @@ mod tests {
     #[test]
     fn processes_are_separate_address_spaces() {
         use EventKind::*;
-        let list = [
-            ev(1, 1, Alloc, 0x10000, 0x1000),
-            ev(2, 2, Alloc, 0x10000, 0x2000),
-            ev(3, 1, Free, 0x10000, 0),
-        ];
+        let list = [ev(1, 1, Alloc, 0x10000, 0x1000), ev(2, 2, Alloc, 0x10000, 0x2000), ev(3, 1, Free, 0x10000, 0)];
         let evs = events(&list);
         let fp = Footprint::build(&evs);
         let mut r = Replay::new(MetricsConfig::default(), &fp);

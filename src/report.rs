@@ -100,10 +100,7 @@ fn combined_scores(rows: &[Row]) -> Vec<f64> {
 }
 
 fn process_scores(rows: &[Row], pid: u32) -> Vec<f64> {
-    rows.iter()
-        .filter(|r| r.pid == pid && !r.at_oom)
-        .map(|r| r.metrics.score)
-        .collect()
+    rows.iter().filter(|r| r.pid == pid && !r.at_oom).map(|r| r.metrics.score).collect()
 }
 
 /// Human-readable bytes: 1.50 GiB.
@@ -115,11 +112,7 @@ pub fn bytes(n: u64) -> String {
         v /= 1024.0;
         u += 1;
     }
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.2} {}", UNITS[u])
-    }
+    if u == 0 { format!("{n} B") } else { format!("{v:.2} {}", UNITS[u]) }
 }
 
 /// Writes `metrics.parquet`, `report.json` and `report.md` into `out`.
@@ -127,10 +120,7 @@ pub fn write_trace_outputs(a: &Analysis, out: &Path) -> Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     write_metrics(&a.rows, &out.join("metrics.parquet"))?;
     let report = report_json(a);
-    write_atomic(
-        &out.join("report.json"),
-        &serde_json::to_vec_pretty(&report)?,
-    )?;
+    write_atomic(&out.join("report.json"), &serde_json::to_vec_pretty(&report)?)?;
     write_atomic(&out.join("report.md"), report_md(a).as_bytes())?;
     Ok(())
 }
@@ -139,31 +129,13 @@ fn write_metrics(rows: &[Row], path: &Path) -> Result<()> {
     let f = |get: fn(&Row) -> f64| rows.iter().map(get).collect::<Vec<f64>>();
     let u = |get: fn(&Row) -> u64| rows.iter().map(get).collect::<Vec<u64>>();
     let mut df = DataFrame::new_infer_height(vec![
-        Column::new(
-            "step".into(),
-            rows.iter().map(|r| r.step).collect::<Vec<u32>>(),
-        ),
+        Column::new("step".into(), rows.iter().map(|r| r.step).collect::<Vec<u32>>()),
         Column::new("t_ns".into(), u(|r| r.t_ns)),
-        Column::new(
-            "pid".into(),
-            rows.iter().map(|r| r.pid).collect::<Vec<u32>>(),
-        ),
-        Column::new(
-            "at_oom".into(),
-            rows.iter().map(|r| r.at_oom).collect::<Vec<bool>>(),
-        ),
-        Column::new(
-            "external_fragmentation".into(),
-            f(|r| r.metrics.external_fragmentation),
-        ),
-        Column::new(
-            "kernel_unusable_index".into(),
-            f(|r| r.metrics.kernel_unusable_index),
-        ),
-        Column::new(
-            "small_alloc_ratio".into(),
-            f(|r| r.metrics.small_alloc_ratio),
-        ),
+        Column::new("pid".into(), rows.iter().map(|r| r.pid).collect::<Vec<u32>>()),
+        Column::new("at_oom".into(), rows.iter().map(|r| r.at_oom).collect::<Vec<bool>>()),
+        Column::new("external_fragmentation".into(), f(|r| r.metrics.external_fragmentation)),
+        Column::new("kernel_unusable_index".into(), f(|r| r.metrics.kernel_unusable_index)),
+        Column::new("small_alloc_ratio".into(), f(|r| r.metrics.small_alloc_ratio)),
         Column::new("size_cv".into(), f(|r| r.metrics.size_cv)),
         Column::new("large_gap_ratio".into(), f(|r| r.metrics.large_gap_ratio)),
         Column::new("utilization".into(), f(|r| r.metrics.utilization)),
@@ -221,8 +193,8 @@ pub fn report_json(a: &Analysis) -> serde_json::Value {
         .map(|p| {
             json!({
                 "pid": p.pid,
-                "peak_live_bytes": p.peak_live_bytes,
-                "peak_t_ns": p.peak_t_ns,
+                "peak_live_bytes": p.bytes,
+                "peak_t_ns": p.t_ns,
                 "score": ScoreStats::of(&process_scores(&a.rows, p.pid)).json(),
                 "ooms": a.ooms.iter().filter(|o| o.pid == p.pid).count(),
                 "final": last_row(a, p.pid).map(|r| metrics_json(&r.metrics)),
@@ -288,19 +260,8 @@ pub fn report_md(a: &Analysis) -> String {
     let _ = writeln!(md, "| trace | |\n|---|---|");
     let _ = writeln!(md, "| source | {} |", s.source);
     let _ = writeln!(md, "| events | {} over {:.3} s |", s.events, s.duration_s);
-    let _ = writeln!(
-        md,
-        "| steps | {} ({}), {} rows |",
-        a.step_count,
-        a.options.step,
-        a.rows.len()
-    );
-    let _ = writeln!(
-        md,
-        "| parts | {} read, {} skipped |",
-        a.trace.parts.len(),
-        a.trace.skipped.len()
-    );
+    let _ = writeln!(md, "| steps | {} ({}), {} rows |", a.step_count, a.options.step, a.rows.len());
+    let _ = writeln!(md, "| parts | {} read, {} skipped |", a.trace.parts.len(), a.trace.skipped.len());
     if let Some(m) = &a.trace.meta {
         if m.lost_events > 0 {
             let _ = writeln!(
@@ -313,17 +274,11 @@ pub fn report_md(a: &Analysis) -> String {
             let _ = writeln!(md, "| capacity | {} |", bytes(c));
         }
     } else {
-        let _ = writeln!(
-            md,
-            "| metadata | trace.json missing (interrupted recording?) |"
-        );
+        let _ = writeln!(md, "| metadata | trace.json missing (interrupted recording?) |");
     }
 
     let _ = writeln!(md, "\n## Processes\n");
-    let _ = writeln!(
-        md,
-        "| pid | peak live | score final | mean | p95 | max | E | K | S | C | L | U | OOMs |"
-    );
+    let _ = writeln!(md, "| pid | peak live | score final | mean | p95 | max | E | K | S | C | L | U | OOMs |");
     let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for p in &a.peaks {
         let st = ScoreStats::of(&process_scores(&a.rows, p.pid));
@@ -332,7 +287,7 @@ pub fn report_md(a: &Analysis) -> String {
             md,
             "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {} |",
             p.pid,
-            bytes(p.peak_live_bytes),
+            bytes(p.bytes),
             st.final_,
             st.mean,
             st.p95,
@@ -369,26 +324,10 @@ pub fn report_md(a: &Analysis) -> String {
                 an.unknown_free,
                 "free of an address never allocated in the trace (allocated before recording?)",
             ),
-            (
-                "double_free",
-                an.double_free,
-                "free of an address already freed",
-            ),
-            (
-                "overlap",
-                an.overlap,
-                "allocation overlapping live blocks (their frees were lost)",
-            ),
-            (
-                "out_of_order",
-                an.out_of_order,
-                "rows out of time order (sorted before replay)",
-            ),
-            (
-                "unknown_kind",
-                an.unknown_kind,
-                "rows with a kind this version does not know (ignored)",
-            ),
+            ("double_free", an.double_free, "free of an address already freed"),
+            ("overlap", an.overlap, "allocation overlapping live blocks (their frees were lost)"),
+            ("out_of_order", an.out_of_order, "rows out of time order (sorted before replay)"),
+            ("unknown_kind", an.unknown_kind, "rows with a kind this version does not know (ignored)"),
         ] {
             if n > 0 {
                 let _ = writeln!(md, "| {name} | {n} — {why} |");
@@ -432,38 +371,18 @@ pub fn write_batch_summary(rows: &[SummaryRow], out: &Path) -> Result<()> {
         let key = |r: &SummaryRow| r.1.as_ref().map_or(f64::INFINITY, |s| s.score.p95);
         key(b).total_cmp(&key(a)).then_with(|| a.0.cmp(&b.0))
     });
-    let ok = |f: fn(&Summary) -> f64| {
-        rows.iter()
-            .map(|r| r.1.as_ref().ok().map(f))
-            .collect::<Vec<Option<f64>>>()
-    };
-    let oku = |f: fn(&Summary) -> u64| {
-        rows.iter()
-            .map(|r| r.1.as_ref().ok().map(f))
-            .collect::<Vec<Option<u64>>>()
-    };
+    let ok = |f: fn(&Summary) -> f64| rows.iter().map(|r| r.1.as_ref().ok().map(f)).collect::<Vec<Option<f64>>>();
+    let oku = |f: fn(&Summary) -> u64| rows.iter().map(|r| r.1.as_ref().ok().map(f)).collect::<Vec<Option<u64>>>();
     let mut df = DataFrame::new_infer_height(vec![
-        Column::new(
-            "trace".into(),
-            rows.iter().map(|r| r.0.clone()).collect::<Vec<String>>(),
-        ),
+        Column::new("trace".into(), rows.iter().map(|r| r.0.clone()).collect::<Vec<String>>()),
         Column::new(
             "status".into(),
-            rows.iter()
-                .map(|r| if r.1.is_ok() { "ok" } else { "error" })
-                .collect::<Vec<&str>>(),
+            rows.iter().map(|r| if r.1.is_ok() { "ok" } else { "error" }).collect::<Vec<&str>>(),
         ),
-        Column::new(
-            "error".into(),
-            rows.iter()
-                .map(|r| r.1.as_ref().err().cloned())
-                .collect::<Vec<Option<String>>>(),
-        ),
+        Column::new("error".into(), rows.iter().map(|r| r.1.as_ref().err().cloned()).collect::<Vec<Option<String>>>()),
         Column::new(
             "source".into(),
-            rows.iter()
-                .map(|r| r.1.as_ref().ok().map(|s| s.source.clone()))
-                .collect::<Vec<Option<String>>>(),
+            rows.iter().map(|r| r.1.as_ref().ok().map(|s| s.source.clone())).collect::<Vec<Option<String>>>(),
         ),
         Column::new("events".into(), oku(|s| s.events)),
         Column::new("processes".into(), oku(|s| s.processes as u64)),
@@ -495,12 +414,8 @@ pub fn write_batch_summary(rows: &[SummaryRow], out: &Path) -> Result<()> {
         "ooms",
         "anomalies",
     ])?;
-    let mut md = String::from(
-        "# fragscope batch summary\n\nWorst first (by p95 score); failed traces on top.\n\n",
-    );
-    md.push_str(
-        "| trace | status | events | peak live | score final | p95 | max | OOMs | anomalies |\n",
-    );
+    let mut md = String::from("# fragscope batch summary\n\nWorst first (by p95 score); failed traces on top.\n\n");
+    md.push_str("| trace | status | events | peak live | score final | p95 | max | OOMs | anomalies |\n");
     md.push_str("|---|---|---|---|---|---|---|---|---|\n");
     for (name, r) in rows.iter().map(|r| (&r.0, &r.1)) {
         match r {
@@ -537,11 +452,8 @@ pub fn write_batch_summary(rows: &[SummaryRow], out: &Path) -> Result<()> {
                 let mut rec = vec![name.clone(), "error".into(), e.clone()];
                 rec.resize(14, String::new());
                 csv.write_record(rec)?;
-                let _ = writeln!(
-                    md,
-                    "| {name} | **error**: {} | | | | | | | |",
-                    e.replace('|', "\\|").replace('\n', " ")
-                );
+                let _ =
+                    writeln!(md, "| {name} | **error**: {} | | | | | | | |", e.replace('|', "\\|").replace('\n', " "));
             }
         }
     }

@@ -75,12 +75,7 @@ pub struct SynthConfig {
 pub fn synth(cfg: &SynthConfig, dir: &Path) -> Result<TraceMeta> {
     let mut meta = TraceMeta::new(Source::Synthetic);
     meta.capacity_bytes = Some(cfg.capacity);
-    meta.command = vec![
-        "fragscope".into(),
-        "synth".into(),
-        "--pattern".into(),
-        cfg.pattern.name().into(),
-    ];
+    meta.command = vec!["fragscope".into(), "synth".into(), "--pattern".into(), cfg.pattern.name().into()];
     meta.details = serde_json::json!({
         "pattern": cfg.pattern.name(),
         "seed": cfg.seed,
@@ -97,17 +92,8 @@ pub fn synth(cfg: &SynthConfig, dir: &Path) -> Result<TraceMeta> {
         _ => (cfg.events / 2000).clamp(12, 3000) as usize,
     };
     let budget = cfg.events.div_ceil(iterations as u64 * nprocs).max(1) as usize;
-    let mut procs: Vec<Proc> = (0..nprocs)
-        .map(|i| {
-            Proc::new(
-                cfg.pattern,
-                4100 + i as u32 * 17,
-                capacity,
-                iterations,
-                &mut rng,
-            )
-        })
-        .collect();
+    let mut procs: Vec<Proc> =
+        (0..nprocs).map(|i| Proc::new(cfg.pattern, 4100 + i as u32 * 17, capacity, iterations, &mut rng)).collect();
     let mut written = 0u64;
     let mut clock = 1_000_000_000u64;
     let mut round: Vec<Event> = Vec::new();
@@ -115,12 +101,7 @@ pub fn synth(cfg: &SynthConfig, dir: &Path) -> Result<TraceMeta> {
         round.clear();
         let mut round_end = clock;
         for p in procs.iter_mut() {
-            let mut em = Emitter {
-                events: &mut round,
-                ts: clock,
-                pid: p.pid,
-                rng: &mut rng,
-            };
+            let mut em = Emitter { events: &mut round, ts: clock, pid: p.pid, rng: &mut rng };
             p.iteration(it, budget, &mut em);
             round_end = round_end.max(em.ts);
         }
@@ -148,20 +129,13 @@ pub struct Heap {
 
 impl Heap {
     pub fn new(base: u64, capacity: u64) -> Heap {
-        let mut h = Heap {
-            by_addr: BTreeMap::new(),
-            by_size: BTreeSet::new(),
-        };
+        let mut h = Heap { by_addr: BTreeMap::new(), by_size: BTreeSet::new() };
         h.insert_free(base, capacity);
         h
     }
 
     pub fn round(size: u64) -> u64 {
-        if size <= MIB {
-            size.max(1).next_multiple_of(512)
-        } else {
-            size.next_multiple_of(2 * MIB)
-        }
+        if size <= MIB { size.max(1).next_multiple_of(512) } else { size.next_multiple_of(2 * MIB) }
     }
 
     fn insert_free(&mut self, addr: u64, size: u64) {
@@ -244,13 +218,7 @@ struct Proc {
 }
 
 impl Proc {
-    fn new(
-        pattern: Pattern,
-        pid: u32,
-        capacity: u64,
-        iterations: usize,
-        rng: &mut Pcg64Mcg,
-    ) -> Proc {
+    fn new(pattern: Pattern, pid: u32, capacity: u64, iterations: usize, rng: &mut Pcg64Mcg) -> Proc {
         // Typical CUDA device addresses; each process has its own space.
         let base = 0x7f00_0000_0000u64;
         let weights = match pattern {
@@ -333,9 +301,7 @@ impl Proc {
             Pattern::Leak => {
                 self.steady_step(em, 24);
                 // Leak about 1.5 % of capacity over the run, in 1–4 MiB blocks.
-                let per_iter =
-                    (self.capacity as f64 * 0.015 / self.iterations as f64 / (2.5 * MIB as f64))
-                        .max(1.0);
+                let per_iter = (self.capacity as f64 * 0.015 / self.iterations as f64 / (2.5 * MIB as f64)).max(1.0);
                 for _ in 0..per_iter.round() as usize {
                     let size = em.rng.random_range(MIB..4 * MIB);
                     if let Some(b) = self.alloc(em, size) {
@@ -442,8 +408,8 @@ impl Proc {
     fn fragmenting_step(&mut self, it: usize, progress: f64, em: &mut Emitter) {
         let capacity = self.capacity as f64;
         let target = capacity / 120.0 * (1.0 + 5.0 * progress);
-        let mut live: u64 = self.carry.iter().map(|c| c.1).sum::<u64>()
-            + self.persistent.iter().map(|p| p.1).sum::<u64>();
+        let mut live: u64 =
+            self.carry.iter().map(|c| c.1).sum::<u64>() + self.persistent.iter().map(|p| p.1).sum::<u64>();
         for n in 0..8 {
             let size = (target * em.rng.random_range(0.5..1.5)) as u64;
             if n > 0 && (live + size) as f64 > 0.6 * capacity {

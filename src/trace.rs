@@ -12,9 +12,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use arrow_array::types::Int32Type;
-use arrow_array::{
-    ArrayRef, DictionaryArray, Int32Array, RecordBatch, StringArray, UInt32Array, UInt64Array,
-};
+use arrow_array::{ArrayRef, DictionaryArray, Int32Array, RecordBatch, StringArray, UInt32Array, UInt64Array};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::ArrowReaderMetadata;
@@ -88,9 +86,7 @@ impl TraceMeta {
             format_version: FORMAT_VERSION,
             tool_version: env!("CARGO_PKG_VERSION").to_string(),
             source,
-            host: fs::read_to_string("/proc/sys/kernel/hostname")
-                .map(|h| h.trim().to_string())
-                .unwrap_or_default(),
+            host: fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default(),
             start_wall_ns: None,
             mono_to_wall_offset_ns: None,
             pids: Vec::new(),
@@ -112,11 +108,7 @@ pub fn events_schema() -> SchemaRef {
         Field::new("duration_ns", DataType::UInt64, false),
         Field::new("pid", DataType::UInt32, false),
         Field::new("tid", DataType::UInt32, false),
-        Field::new(
-            "kind",
-            DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
-            false,
-        ),
+        Field::new("kind", DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)), false),
         Field::new("addr", DataType::UInt64, false),
         Field::new("size", DataType::UInt64, false),
         Field::new("ret", DataType::Int32, false),
@@ -145,17 +137,13 @@ impl TraceWriter {
     /// Creates `dir` (and parents). Refuses a directory that already holds
     /// a trace, so a second run never mixes parts of two recordings.
     pub fn create(dir: &Path, meta: TraceMeta, rows_per_part: usize) -> Result<TraceWriter> {
-        fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create trace directory {}", dir.display()))?;
+        fs::create_dir_all(dir).with_context(|| format!("cannot create trace directory {}", dir.display()))?;
         let occupied = fs::read_dir(dir)
             .with_context(|| format!("cannot read {}", dir.display()))?
             .filter_map(|e| e.ok())
             .any(|e| is_part_name(&e.file_name().to_string_lossy()) || e.file_name() == META_FILE);
         if occupied {
-            bail!(
-                "{} already holds a trace; remove it or choose another output directory",
-                dir.display()
-            );
+            bail!("{} already holds a trace; remove it or choose another output directory", dir.display());
         }
         Ok(TraceWriter {
             dir: dir.to_path_buf(),
@@ -205,15 +193,12 @@ impl TraceWriter {
 }
 
 fn write_part(path: &Path, rows: &[Event]) -> Result<()> {
-    let dictionary: Arc<StringArray> =
-        Arc::new(EventKind::ALL.iter().map(|k| Some(k.name())).collect());
+    let dictionary: Arc<StringArray> = Arc::new(EventKind::ALL.iter().map(|k| Some(k.name())).collect());
     let keys = Int32Array::from_iter_values(rows.iter().map(|e| e.kind as i32));
     let kind = DictionaryArray::<Int32Type>::try_new(keys, dictionary)?;
     let columns: Vec<ArrayRef> = vec![
         Arc::new(UInt64Array::from_iter_values(rows.iter().map(|e| e.ts_ns))),
-        Arc::new(UInt64Array::from_iter_values(
-            rows.iter().map(|e| e.duration_ns),
-        )),
+        Arc::new(UInt64Array::from_iter_values(rows.iter().map(|e| e.duration_ns))),
         Arc::new(UInt32Array::from_iter_values(rows.iter().map(|e| e.pid))),
         Arc::new(UInt32Array::from_iter_values(rows.iter().map(|e| e.tid))),
         Arc::new(kind),
@@ -224,9 +209,7 @@ fn write_part(path: &Path, rows: &[Event]) -> Result<()> {
         Arc::new(UInt64Array::from_iter(rows.iter().map(|e| e.stream))),
     ];
     let batch = RecordBatch::try_new(events_schema(), columns)?;
-    let props = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
-        .build();
+    let props = WriterProperties::builder().set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?)).build();
     let tmp = path.with_extension("parquet.tmp");
     let file = File::create(&tmp)?;
     let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(props))?;
@@ -241,9 +224,7 @@ fn write_part(path: &Path, rows: &[Event]) -> Result<()> {
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = path.with_file_name(format!(
         ".{}.tmp",
-        path.file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default()
+        path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
     ));
     fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
     fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
@@ -276,36 +257,12 @@ fn is_text(t: &DataType) -> bool {
 }
 
 const REQUIRED: &[Required] = &[
-    Required {
-        name: "ts_ns",
-        what: "an integer (UInt64)",
-        ok: is_integer,
-    },
-    Required {
-        name: "pid",
-        what: "an integer (UInt32)",
-        ok: is_integer,
-    },
-    Required {
-        name: "kind",
-        what: "a string (Utf8 or dictionary)",
-        ok: is_text,
-    },
-    Required {
-        name: "addr",
-        what: "an integer (UInt64)",
-        ok: is_integer,
-    },
-    Required {
-        name: "size",
-        what: "an integer (UInt64)",
-        ok: is_integer,
-    },
-    Required {
-        name: "ret",
-        what: "an integer (Int32)",
-        ok: is_integer,
-    },
+    Required { name: "ts_ns", what: "an integer (UInt64)", ok: is_integer },
+    Required { name: "pid", what: "an integer (UInt32)", ok: is_integer },
+    Required { name: "kind", what: "a string (Utf8 or dictionary)", ok: is_text },
+    Required { name: "addr", what: "an integer (UInt64)", ok: is_integer },
+    Required { name: "size", what: "an integer (UInt64)", ok: is_integer },
+    Required { name: "ret", what: "an integer (Int32)", ok: is_integer },
 ];
 
 /// A validated trace directory, ready to load.
@@ -326,10 +283,7 @@ impl Trace {
     pub fn is_trace_dir(dir: &Path) -> bool {
         dir.join(META_FILE).is_file()
             || fs::read_dir(dir)
-                .map(|rd| {
-                    rd.filter_map(|e| e.ok())
-                        .any(|e| is_part_name(&e.file_name().to_string_lossy()))
-                })
+                .map(|rd| rd.filter_map(|e| e.ok()).any(|e| is_part_name(&e.file_name().to_string_lossy())))
                 .unwrap_or(false)
     }
 
@@ -340,10 +294,7 @@ impl Trace {
     pub fn open(dir: &Path) -> Result<Trace> {
         let md = fs::metadata(dir).with_context(|| format!("{}: no such trace", dir.display()))?;
         if !md.is_dir() {
-            bail!(
-                "{} is not a trace directory (expected a directory of events-NNNNN.parquet parts)",
-                dir.display()
-            );
+            bail!("{} is not a trace directory (expected a directory of events-NNNNN.parquet parts)", dir.display());
         }
         let meta_path = dir.join(META_FILE);
         let meta = match fs::read(&meta_path) {
@@ -361,10 +312,7 @@ impl Trace {
             .collect();
         parts.sort();
         if parts.is_empty() {
-            bail!(
-                "{}: no events-NNNNN.parquet parts: not a trace, or an empty one",
-                dir.display()
-            );
+            bail!("{}: no events-NNNNN.parquet parts: not a trace, or an empty one", dir.display());
         }
         let mut skipped = Vec::new();
         let last = parts.len() - 1;
@@ -386,23 +334,14 @@ impl Trace {
             }
         }
         if good.is_empty() {
-            bail!(
-                "{}: no readable events part (the only part is unfinished)",
-                dir.display()
-            );
+            bail!("{}: no readable events part (the only part is unfinished)", dir.display());
         }
         let name = dir
             .canonicalize()
             .ok()
             .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
             .unwrap_or_else(|| dir.display().to_string());
-        Ok(Trace {
-            dir: dir.to_path_buf(),
-            name,
-            meta,
-            parts: good,
-            skipped,
-        })
+        Ok(Trace { dir: dir.to_path_buf(), name, meta, parts: good, skipped })
     }
 
     pub fn source(&self) -> Option<Source> {
@@ -419,12 +358,10 @@ impl Trace {
                 // Name the part at fault: retry them one by one.
                 for part in &self.parts {
                     if let Err(pe) = scan(std::slice::from_ref(part)) {
-                        return Err(pe)
-                            .with_context(|| format!("{}: cannot read events", part.display()));
+                        return Err(pe).with_context(|| format!("{}: cannot read events", part.display()));
                     }
                 }
-                return Err(e)
-                    .with_context(|| format!("{}: cannot read events", self.dir.display()));
+                return Err(e).with_context(|| format!("{}: cannot read events", self.dir.display()));
             }
         };
         let out_of_order = events.sort_by_time();
@@ -433,8 +370,8 @@ impl Trace {
 }
 
 fn parse_meta(path: &Path, bytes: &[u8]) -> Result<TraceMeta> {
-    let meta: TraceMeta = serde_json::from_slice(bytes)
-        .with_context(|| format!("{}: not a valid trace.json", path.display()))?;
+    let meta: TraceMeta =
+        serde_json::from_slice(bytes).with_context(|| format!("{}: not a valid trace.json", path.display()))?;
     if meta.format_version > FORMAT_VERSION {
         bail!(
             "{}: trace format version {} is newer than this fragscope understands ({}); upgrade fragscope",
@@ -453,8 +390,7 @@ enum PartError {
 
 fn check_part(path: &Path) -> std::result::Result<(), PartError> {
     let file = File::open(path).map_err(|e| PartError::Footer(format!("cannot open: {e}")))?;
-    let md = ArrowReaderMetadata::load(&file, Default::default())
-        .map_err(|e| PartError::Footer(e.to_string()))?;
+    let md = ArrowReaderMetadata::load(&file, Default::default()).map_err(|e| PartError::Footer(e.to_string()))?;
     let schema = md.schema();
     for req in REQUIRED {
         match schema.field_with_name(req.name) {
@@ -481,57 +417,84 @@ fn check_part(path: &Path) -> std::result::Result<(), PartError> {
 fn scan(parts: &[PathBuf]) -> Result<Events> {
     use polars::prelude::*;
 
-    let paths: Vec<PlRefPath> = parts
-        .iter()
-        .map(|p| PlRefPath::new(p.to_string_lossy().as_ref()))
-        .collect();
-    let args = ScanArgsParquet {
-        rechunk: true,
-        glob: false,
-        ..Default::default()
-    };
+    let paths: Vec<PlRefPath> = parts.iter().map(|p| PlRefPath::new(p.to_string_lossy().as_ref())).collect();
+    let args = ScanArgsParquet { rechunk: true, glob: false, ..Default::default() };
+    let started = std::time::Instant::now();
     let lf = LazyFrame::scan_parquet_files(paths.into_iter().collect(), args)?;
-    // kind → code (255 = unknown) without materialising strings.
-    let mut code = lit(NULL).cast(DataType::UInt32);
-    for k in EventKind::ALL.iter().rev() {
-        code = when(col("kind").eq(lit(k.name())))
-            .then(lit(*k as u32).strict_cast(DataType::UInt32))
-            .otherwise(code);
-    }
     let df = lf
         .select([
             col("ts_ns").strict_cast(DataType::UInt64),
             col("pid").strict_cast(DataType::UInt32),
-            code.fill_null(lit(255u32).strict_cast(DataType::UInt32))
-                .alias("kind"),
+            col("kind"),
             col("addr").strict_cast(DataType::UInt64),
             col("size").strict_cast(DataType::UInt64),
             col("ret").strict_cast(DataType::Int32),
         ])
         .collect()?;
+    tracing::debug!("polars collect in {:.3} s", started.elapsed().as_secs_f64());
     fn column<T: PolarsNumericType>(df: &DataFrame, name: &str) -> Result<Vec<T::Native>> {
         let s = df.column(name)?.as_materialized_series();
         let ca = s.unpack::<T>()?;
         if ca.null_count() > 0 {
-            bail!(
-                "column `{name}` has {} null values; it must not be null",
-                ca.null_count()
-            );
+            bail!("column `{name}` has {} null values; it must not be null", ca.null_count());
         }
-        Ok(ca.into_no_null_iter().collect())
+        let mut out = Vec::with_capacity(ca.len());
+        for chunk in ca.downcast_iter() {
+            out.extend_from_slice(chunk.values().as_slice());
+        }
+        Ok(out)
     }
-    let kinds: Vec<u32> = column::<UInt32Type>(&df, "kind")?;
     Ok(Events {
         ts_ns: column::<UInt64Type>(&df, "ts_ns")?,
         pid: column::<UInt32Type>(&df, "pid")?,
-        kind: kinds
-            .into_iter()
-            .map(|c| EventKind::ALL.get(c as usize).copied())
-            .collect(),
+        kind: kinds(df.column("kind")?.as_materialized_series())?,
         addr: column::<UInt64Type>(&df, "addr")?,
         size: column::<UInt64Type>(&df, "size")?,
         ret: column::<Int32Type>(&df, "ret")?,
     })
+}
+
+/// Maps the `kind` column to [`EventKind`]s (None for unknown names and
+/// nulls). A dictionary column (what fragscope writes) is mapped through its
+/// few distinct values and their codes, never materialising 10 million
+/// strings; a plain string column is matched row by row.
+fn kinds(s: &polars::prelude::Series) -> Result<Vec<Option<EventKind>>> {
+    use polars::prelude::*;
+    if matches!(s.dtype(), DataType::Categorical(..) | DataType::Enum(..)) {
+        let unique = s.unique()?;
+        let names = unique.cast(&DataType::String)?;
+        let codes = unique.to_physical_repr().cast(&DataType::UInt32)?;
+        let pairs: Vec<(u32, EventKind)> = names
+            .str()?
+            .iter()
+            .zip(codes.u32()?.iter())
+            .filter_map(|(name, code)| Some((code?, EventKind::from_name(name?)?)))
+            .collect();
+        let physical = s.to_physical_repr().cast(&DataType::UInt32)?;
+        let physical = physical.u32()?;
+        let max = pairs.iter().map(|p| p.0).max().unwrap_or(0) as usize;
+        let mut out = Vec::with_capacity(physical.len());
+        if max < 1 << 20 {
+            let mut table = vec![None; max + 1];
+            for (code, kind) in pairs {
+                table[code as usize] = Some(kind);
+            }
+            for chunk in physical.downcast_iter() {
+                match chunk.validity() {
+                    None => out.extend(chunk.values().iter().map(|&c| table.get(c as usize).copied().flatten())),
+                    Some(_) => {
+                        out.extend(chunk.iter().map(|c| c.and_then(|&c| table.get(c as usize).copied().flatten())))
+                    }
+                }
+            }
+        } else {
+            let table: ahash::AHashMap<u32, EventKind> = pairs.into_iter().collect();
+            out.extend(physical.iter().map(|c| c.and_then(|c| table.get(&c).copied())));
+        }
+        return Ok(out);
+    }
+    let strings = s.cast(&DataType::String)?;
+    Ok(strings.str()?.iter().map(|v| v.and_then(EventKind::from_name)).collect())
 }
 
 #[cfg(test)]

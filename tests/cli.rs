@@ -14,15 +14,7 @@ fn fragscope() -> Command {
 
 fn synth(dir: &Path, pattern: &str, events: u64, seed: u64, rows_per_part: u64) {
     fragscope()
-        .args([
-            "synth",
-            "--pattern",
-            pattern,
-            "--events",
-            &events.to_string(),
-            "--seed",
-            &seed.to_string(),
-        ])
+        .args(["synth", "--pattern", pattern, "--events", &events.to_string(), "--seed", &seed.to_string()])
         .args(["--rows-per-part", &rows_per_part.to_string(), "-o"])
         .arg(dir)
         .assert()
@@ -71,9 +63,7 @@ fn synth_then_analyze_writes_metrics_and_reports() {
         .arg(&out)
         .assert()
         .success()
-        .stdout(predicate::str::contains(
-            "training: 30000 events, 1 process",
-        ));
+        .stdout(predicate::str::contains("training: 30000 events, 1 process"));
     let df = read_parquet(&out.join("metrics.parquet"));
     for c in COLUMNS {
         assert!(df.column(c).is_ok(), "metrics.parquet lacks {c}");
@@ -81,17 +71,10 @@ fn synth_then_analyze_writes_metrics_and_reports() {
     // 1000 auto steps, one process, no OOMs in training.
     assert_eq!(df.height(), 1000);
     let score = df.column("score").unwrap().f64().unwrap();
-    assert!(
-        score
-            .into_no_null_iter()
-            .all(|s| (0.0..=100.0).contains(&s))
-    );
+    assert!(score.into_no_null_iter().all(|s| (0.0..=100.0).contains(&s)));
     let t = df.column("t_ns").unwrap().u64().unwrap();
     let t: Vec<u64> = t.into_no_null_iter().collect();
-    assert!(
-        t.windows(2).all(|w| w[0] < w[1]),
-        "t_ns strictly increasing"
-    );
+    assert!(t.windows(2).all(|w| w[0] < w[1]), "t_ns strictly increasing");
     // Training allocates weights: something is live at the end.
     let live = df.column("live_bytes").unwrap().u64().unwrap();
     assert!(live.get(999).unwrap() > 1 << 30);
@@ -102,10 +85,7 @@ fn synth_then_analyze_writes_metrics_and_reports() {
     assert_eq!(r["trace"]["source"], "synthetic");
     assert_eq!(r["events"]["total"], 30_000);
     let kinds = r["events"]["by_kind"].as_object().unwrap();
-    assert_eq!(
-        kinds.values().map(|v| v.as_u64().unwrap()).sum::<u64>(),
-        30_000
-    );
+    assert_eq!(kinds.values().map(|v| v.as_u64().unwrap()).sum::<u64>(), 30_000);
     assert!(kinds["alloc"].as_u64().unwrap() > 1000);
     assert_eq!(r["anomalies"]["unknown_free"], 0);
     assert_eq!(r["anomalies"]["double_free"], 0);
@@ -136,13 +116,7 @@ fn fragmenting_ends_in_oom_rows() {
     let trace = tmp.path().join("frag");
     synth(&trace, "fragmenting", 40_000, 1, 1_000_000);
     let out = tmp.path().join("out");
-    fragscope()
-        .arg("analyze")
-        .arg(&trace)
-        .arg("-o")
-        .arg(&out)
-        .assert()
-        .success();
+    fragscope().arg("analyze").arg(&trace).arg("-o").arg(&out).assert().success();
     let df = read_parquet(&out.join("metrics.parquet"));
     let at_oom = df.column("at_oom").unwrap().bool().unwrap();
     let ooms = at_oom.sum().unwrap_or(0) as usize;
@@ -158,35 +132,13 @@ fn step_by_event_count_and_duration() {
     let trace = tmp.path().join("steady");
     synth(&trace, "steady", 2_050, 1, 1_000_000);
     let out = tmp.path().join("ev");
-    fragscope()
-        .arg("analyze")
-        .arg(&trace)
-        .args(["--step", "100ev", "-o"])
-        .arg(&out)
-        .assert()
-        .success();
+    fragscope().arg("analyze").arg(&trace).args(["--step", "100ev", "-o"]).arg(&out).assert().success();
     assert_eq!(read_parquet(&out.join("metrics.parquet")).height(), 21);
     let out = tmp.path().join("dur");
-    fragscope()
-        .arg("analyze")
-        .arg(&trace)
-        .args(["--step", "1ms", "-o"])
-        .arg(&out)
-        .assert()
-        .success();
+    fragscope().arg("analyze").arg(&trace).args(["--step", "1ms", "-o"]).arg(&out).assert().success();
     let df = read_parquet(&out.join("metrics.parquet"));
-    let t: Vec<u64> = df
-        .column("t_ns")
-        .unwrap()
-        .u64()
-        .unwrap()
-        .into_no_null_iter()
-        .collect();
-    assert!(
-        t.windows(2)
-            .take(t.len().saturating_sub(2))
-            .all(|w| w[1] - w[0] == 1_000_000)
-    );
+    let t: Vec<u64> = df.column("t_ns").unwrap().u64().unwrap().into_no_null_iter().collect();
+    assert!(t.windows(2).take(t.len().saturating_sub(2)).all(|w| w[1] - w[0] == 1_000_000));
     fragscope()
         .arg("analyze")
         .arg(&trace)
@@ -203,22 +155,11 @@ fn multi_process_traces_get_rows_per_process() {
     let trace = tmp.path().join("multi");
     synth(&trace, "multi", 40_000, 2, 1_000_000);
     let out = tmp.path().join("out");
-    fragscope()
-        .arg("analyze")
-        .arg(&trace)
-        .arg("-o")
-        .arg(&out)
-        .assert()
-        .success();
+    fragscope().arg("analyze").arg(&trace).arg("-o").arg(&out).assert().success();
     let r = report(&out);
     assert_eq!(r["processes"].as_array().unwrap().len(), 4);
     let df = read_parquet(&out.join("metrics.parquet"));
-    let pids = df
-        .column("pid")
-        .unwrap()
-        .as_materialized_series()
-        .n_unique()
-        .unwrap();
+    let pids = df.column("pid").unwrap().as_materialized_series().n_unique().unwrap();
     assert_eq!(pids, 4);
 }
 
@@ -244,20 +185,10 @@ fn batch_with_a_corrupt_trace_completes_the_others() {
         .stderr(predicate::str::contains("events-00001.parquet"));
     assert!(out.join("good-a/report.json").is_file());
     assert!(out.join("good-b/metrics.parquet").is_file());
-    assert!(
-        !out.join("bad").exists(),
-        "no half-written output for the failed trace"
-    );
+    assert!(!out.join("bad").exists(), "no half-written output for the failed trace");
     let summary = read_parquet(&out.join("summary.parquet"));
     assert_eq!(summary.height(), 3);
-    let status: Vec<&str> = summary
-        .column("status")
-        .unwrap()
-        .str()
-        .unwrap()
-        .iter()
-        .flatten()
-        .collect();
+    let status: Vec<&str> = summary.column("status").unwrap().str().unwrap().iter().flatten().collect();
     assert_eq!(status.iter().filter(|s| **s == "error").count(), 1);
     let csv = fs::read_to_string(out.join("summary.csv")).unwrap();
     assert!(csv.contains("bad,error,"));
@@ -306,11 +237,7 @@ fn bad_inputs_get_clear_errors() {
     let p = trunc.join("events-00000.parquet");
     let bytes = fs::read(&p).unwrap();
     fs::write(&p, &bytes[..bytes.len() / 2]).unwrap();
-    analyze_fails(
-        &trunc,
-        &out,
-        "events-00000.parquet: not a valid Parquet file",
-    );
+    analyze_fails(&trunc, &out, "events-00000.parquet: not a valid Parquet file");
 
     // A corrupt trace.json.
     let meta = tmp.path().join("meta");
@@ -324,16 +251,9 @@ fn write_custom(dir: &Path, fields: Vec<(&str, arrow_array::ArrayRef)>) {
     use std::sync::Arc;
     fs::create_dir_all(dir).unwrap();
     let schema = Arc::new(arrow_schema::Schema::new(
-        fields
-            .iter()
-            .map(|(n, a)| arrow_schema::Field::new(*n, a.data_type().clone(), true))
-            .collect::<Vec<_>>(),
+        fields.iter().map(|(n, a)| arrow_schema::Field::new(*n, a.data_type().clone(), true)).collect::<Vec<_>>(),
     ));
-    let batch = arrow_array::RecordBatch::try_new(
-        schema.clone(),
-        fields.into_iter().map(|f| f.1).collect(),
-    )
-    .unwrap();
+    let batch = arrow_array::RecordBatch::try_new(schema.clone(), fields.into_iter().map(|f| f.1).collect()).unwrap();
     let file = fs::File::create(dir.join("events-00000.parquet")).unwrap();
     let mut w = parquet::arrow::ArrowWriter::try_new(file, schema, None).unwrap();
     w.write(&batch).unwrap();
@@ -348,12 +268,7 @@ fn schema_is_checked_and_minimal_traces_are_accepted() {
     let out = tmp.path().join("out");
     let ts: ArrayRef = Arc::new(UInt64Array::from(vec![1, 2, 3, 4]));
     let pid: ArrayRef = Arc::new(UInt32Array::from(vec![9, 9, 9, 9]));
-    let kind: ArrayRef = Arc::new(StringArray::from(vec![
-        "alloc",
-        "alloc",
-        "free",
-        "cudaMagic",
-    ]));
+    let kind: ArrayRef = Arc::new(StringArray::from(vec!["alloc", "alloc", "free", "cudaMagic"]));
     let addr: ArrayRef = Arc::new(UInt64Array::from(vec![0x10000, 0x30000, 0x10000, 0]));
     let size: ArrayRef = Arc::new(UInt64Array::from(vec![0x1000, 0x1000, 0, 0]));
     let ret: ArrayRef = Arc::new(Int32Array::from(vec![0, 0, 0, 0]));
@@ -384,11 +299,7 @@ fn schema_is_checked_and_minimal_traces_are_accepted() {
             ("ret", ret.clone()),
         ],
     );
-    analyze_fails(
-        &wrong,
-        &out,
-        "column `ts_ns` has type Utf8, expected an integer",
-    );
+    analyze_fails(&wrong, &out, "column `ts_ns` has type Utf8, expected an integer");
 
     // Only the required columns, plain strings, other integer widths, an
     // unknown extra column and an unknown kind: accepted.
@@ -407,13 +318,7 @@ fn schema_is_checked_and_minimal_traces_are_accepted() {
             ("vendor_extra", extra),
         ],
     );
-    fragscope()
-        .arg("analyze")
-        .arg(&minimal)
-        .arg("-o")
-        .arg(&out)
-        .assert()
-        .success();
+    fragscope().arg("analyze").arg(&minimal).arg("-o").arg(&out).assert().success();
     let r = report(&out);
     assert_eq!(r["trace"]["has_metadata"], false);
     assert_eq!(r["anomalies"]["unknown_kind"], 1);
@@ -437,10 +342,7 @@ fn an_unfinished_last_part_is_skipped_with_a_warning() {
         .arg(&out)
         .assert()
         .success()
-        .stderr(
-            predicate::str::contains("skipping")
-                .and(predicate::str::contains("events-00004.parquet")),
-        );
+        .stderr(predicate::str::contains("skipping").and(predicate::str::contains("events-00004.parquet")));
     let r = report(&out);
     assert_eq!(r["events"]["total"], 4000);
     assert_eq!(r["trace"]["skipped_parts"].as_array().unwrap().len(), 1);
@@ -453,13 +355,7 @@ fn brute_force_mode_gives_the_same_rows() {
     synth(&trace, "fragmenting", 20_000, 5, 1_000_000);
     let fast = tmp.path().join("fast");
     let slow = tmp.path().join("slow");
-    fragscope()
-        .arg("analyze")
-        .arg(&trace)
-        .args(["--step", "50ev", "-o"])
-        .arg(&fast)
-        .assert()
-        .success();
+    fragscope().arg("analyze").arg(&trace).args(["--step", "50ev", "-o"]).arg(&fast).assert().success();
     fragscope()
         .arg("analyze")
         .arg(&trace)
@@ -472,18 +368,11 @@ fn brute_force_mode_gives_the_same_rows() {
     assert_eq!(a.height(), b.height());
     for c in ["live_bytes", "gap_count", "largest_gap", "span_bytes"] {
         assert!(
-            a.column(c)
-                .unwrap()
-                .as_materialized_series()
-                .equals(b.column(c).unwrap().as_materialized_series()),
+            a.column(c).unwrap().as_materialized_series().equals(b.column(c).unwrap().as_materialized_series()),
             "{c}"
         );
     }
     let sa = a.column("score").unwrap().f64().unwrap();
     let sb = b.column("score").unwrap().f64().unwrap();
-    assert!(
-        sa.into_no_null_iter()
-            .zip(sb.into_no_null_iter())
-            .all(|(x, y)| (x - y).abs() < 1e-9)
-    );
+    assert!(sa.into_no_null_iter().zip(sb.into_no_null_iter()).all(|(x, y)| (x - y).abs() < 1e-9));
 }

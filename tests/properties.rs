@@ -20,22 +20,14 @@ fn to_events(ops: &[(bool, u32, u64, u64)]) -> Vec<Event> {
         .enumerate()
         .map(|(i, &(is_alloc, pid, slot, units))| {
             // Two windows 1 TiB apart: two footprint regions at least.
-            let window = if slot % 2 == 0 {
-                0x7f00_0000_0000
-            } else {
-                0x7f00_0000_0000 + (1 << 40)
-            };
+            let window = if slot % 2 == 0 { 0x7f00_0000_0000 } else { 0x7f00_0000_0000 + (1 << 40) };
             let addr = window + (slot / 2) * 0x800;
             Event {
                 ts_ns: i as u64 * 10,
                 duration_ns: 0,
                 pid,
                 tid: pid,
-                kind: if is_alloc {
-                    EventKind::Alloc
-                } else {
-                    EventKind::Free
-                },
+                kind: if is_alloc { EventKind::Alloc } else { EventKind::Free },
                 addr,
                 size: if is_alloc { units * 0x500 } else { 0 },
                 ret: 0,
