@@ -22,6 +22,10 @@ use crate::event::{CUDA_ERROR_OUT_OF_MEMORY, Event, EventKind};
 use crate::trace::{Source, TraceMeta, TraceWriter};
 
 const KIB: u64 = 1 << 10;
+/// Layers of the simulated model (training, multi) and the activations each
+/// saves for backward: thousands of live tensors, as in large-model training.
+const LAYERS: usize = 80;
+const ACTIVATIONS_PER_LAYER: usize = 12;
 const MIB: u64 = 1 << 20;
 
 /// The workloads `synth` can generate.
@@ -224,12 +228,13 @@ impl Proc {
         let weights = match pattern {
             Pattern::Training | Pattern::Multi => {
                 let scale = capacity as f64 / (80u64 << 30) as f64;
-                (0..160)
+                // An 80-layer model: 9 parameter tensors per layer.
+                (0..LAYERS * 9)
                     .map(|i| {
-                        if i % 5 == 4 {
+                        if i % 9 >= 7 {
                             rng.random_range(KIB..256 * KIB) // biases, norms
                         } else {
-                            ((rng.random_range(2.0f64..64.0)) * MIB as f64 * scale) as u64
+                            ((rng.random_range(1.0f64..24.0)) * MIB as f64 * scale) as u64
                         }
                     })
                     .collect()
@@ -350,9 +355,9 @@ impl Proc {
         let scale = self.capacity as f64 / (80u64 << 30) as f64;
         // Forward: per layer activations kept for backward, temporaries freed.
         let mut activations = Vec::new();
-        for _layer in 0..48 {
-            for _ in 0..3 {
-                let size = (em.rng.random_range(8.0f64..96.0) * MIB as f64 * scale) as u64;
+        for _layer in 0..LAYERS {
+            for _ in 0..ACTIVATIONS_PER_LAYER {
+                let size = (em.rng.random_range(4.0f64..40.0) * MIB as f64 * scale) as u64;
                 if let Some(b) = self.alloc(em, size) {
                     activations.push(b);
                 }
@@ -367,14 +372,14 @@ impl Proc {
         // Backward: gradients appear, activations go in reverse order.
         let mut grads = Vec::new();
         let weights = self.weights.clone();
-        let per_layer = weights.len().div_ceil(48);
+        let per_layer = weights.len().div_ceil(LAYERS);
         for (layer, chunk) in weights.chunks(per_layer).enumerate().rev() {
             for &w in chunk {
                 if let Some(b) = self.alloc(em, w) {
                     grads.push(b);
                 }
             }
-            for _ in 0..3 {
+            for _ in 0..ACTIVATIONS_PER_LAYER {
                 if let Some(b) = activations.pop() {
                     em.emit(EventKind::Launch, 0x5555_3000 + layer as u64, 0, 0);
                     self.free(em, b);
