@@ -5,6 +5,10 @@ use std::time::Instant;
 
 use polars::prelude::*;
 
+// The same allocator as the fragscope binary, so the floor is comparable.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> anyhow::Result<()> {
     let dir = std::env::args().nth(1).ok_or_else(|| anyhow::anyhow!("usage: scan_floor TRACE_DIR"))?;
     let start = Instant::now();

@@ -16,7 +16,10 @@ use std::str::FromStr;
 use anyhow::{Context, Result, bail};
 
 use crate::event::Events;
+use crate::leak::LeakReport;
 use crate::metrics::{Metrics, MetricsConfig};
+use crate::oom::OomDiagnosis;
+use crate::predict::{PredictConfig, Prediction, Risk};
 use crate::replay::{Anomalies, Footprint, Peak, Replay};
 use crate::trace::Trace;
 
@@ -116,27 +119,35 @@ pub fn step_bounds(spec: StepSpec, ts: &[u64]) -> Result<Vec<(usize, u64)>> {
 pub struct Options {
     pub metrics: MetricsConfig,
     pub step: StepSpec,
-    /// Recompute every metric from the full live set at each row (slow).
+    /// The reference method: recompute every metric from the sorted live
+    /// set at each row (slow; the benchmark baseline).
     pub brute_force: bool,
+    /// Device memory capacity for the OOM diagnosis; overrides the trace's.
+    pub capacity: Option<u64>,
+    pub predict: PredictConfig,
 }
 
-/// One metric row.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// One metric row, with the online backtest's view at that step (regular
+/// rows only, once there is enough data).
+#[derive(Clone, Debug, PartialEq)]
 pub struct Row {
     pub step: u32,
     pub t_ns: u64,
     pub pid: u32,
     pub at_oom: bool,
     pub metrics: Metrics,
+    pub forecast: Option<Vec<f64>>,
+    pub risk_online: Option<Risk>,
 }
 
-/// An OOM event and the state it saw.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct OomEvent {
-    pub t_ns: u64,
+/// The prediction of one process and when it first warned.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProcessPrediction {
     pub pid: u32,
-    pub requested: u64,
-    pub metrics: Metrics,
+    pub prediction: Prediction,
+    /// Steps and seconds between the first online risk ≥ high and the
+    /// process's first OOM (None: no OOM, or no warning before it).
+    pub lead_time: Option<(u32, f64)>,
 }
 
 /// Everything `analyze` computed for one trace.
@@ -150,7 +161,11 @@ pub struct Analysis {
     pub last_ts: u64,
     pub step_count: usize,
     pub rows: Vec<Row>,
-    pub ooms: Vec<OomEvent>,
+    pub ooms: Vec<OomDiagnosis>,
+    pub predictions: Vec<ProcessPrediction>,
+    pub leaks: Vec<LeakReport>,
+    /// The capacity the OOM diagnosis used, if any.
+    pub capacity: Option<u64>,
     pub anomalies: Anomalies,
     pub peaks: Vec<Peak>,
     /// Peak of the live bytes summed over processes.
@@ -173,11 +188,16 @@ pub fn analyze_path(dir: &Path, opts: &Options) -> Result<Analysis> {
 /// Replays time-sorted `events` and produces the rows.
 pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &Options) -> Result<Analysis> {
     opts.metrics.validate()?;
+    let capacity = opts.capacity.or_else(|| trace.meta.as_ref().and_then(|m| m.capacity_bytes));
     let bounds = step_bounds(opts.step, &events.ts_ns)?;
     let start = std::time::Instant::now();
     let footprint = Footprint::build(events);
     tracing::debug!("footprint in {:.3} s", start.elapsed().as_secs_f64());
-    let mut replay = Replay::new(opts.metrics, &footprint);
+    let mut replay = if opts.brute_force {
+        Replay::reference(opts.metrics, &footprint)
+    } else {
+        Replay::new(opts.metrics, &footprint)
+    };
 
     let mut counts = [0u64; crate::event::EventKind::ALL.len()];
     let mut unknown_kind = 0u64;
@@ -185,10 +205,6 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     let mut rows = Vec::with_capacity(bounds.len() + 16);
     let mut ooms = Vec::new();
     let mut pids: Vec<u32> = Vec::new();
-
-    let row_metrics = |replay: &Replay, pid: u32| {
-        if opts.brute_force { replay.metrics_from_scratch(pid) } else { replay.metrics(pid) }
-    };
 
     let mut i = 0usize;
     for (step, &(end, t_ns)) in bounds.iter().enumerate() {
@@ -204,9 +220,27 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
                 failed_allocs += 1;
             }
             if e.is_oom() {
-                let metrics = row_metrics(&replay, e.pid);
-                rows.push(Row { step: step as u32, t_ns: e.ts_ns, pid: e.pid, at_oom: true, metrics });
-                ooms.push(OomEvent { t_ns: e.ts_ns, pid: e.pid, requested: e.size, metrics });
+                let metrics = replay.metrics(e.pid);
+                rows.push(Row {
+                    step: step as u32,
+                    t_ns: e.ts_ns,
+                    pid: e.pid,
+                    at_oom: true,
+                    metrics,
+                    forecast: None,
+                    risk_online: None,
+                });
+                let (live_total, gaps_total) = pids_now(&replay);
+                ooms.push(crate::oom::diagnose(
+                    e.ts_ns,
+                    e.pid,
+                    e.size,
+                    capacity,
+                    live_total,
+                    gaps_total,
+                    metrics.largest_gap,
+                    &replay.live_blocks(e.pid),
+                ));
             }
             i += 1;
         }
@@ -214,7 +248,8 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
             pids = replay.pids().collect();
         }
         for &pid in &pids {
-            rows.push(Row { step: step as u32, t_ns, pid, at_oom: false, metrics: row_metrics(&replay, pid) });
+            let metrics = replay.metrics(pid);
+            rows.push(Row { step: step as u32, t_ns, pid, at_oom: false, metrics, forecast: None, risk_online: None });
         }
     }
     for _ in 0..unknown_kind {
@@ -222,6 +257,18 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     }
     let peaks = replay.peaks();
     let peak_total = replay.peak_total();
+    let started = std::time::Instant::now();
+    let predictions: Vec<ProcessPrediction> =
+        peaks.iter().map(|p| predict_process(p.pid, &mut rows, &ooms, &opts.predict)).collect();
+    tracing::debug!("predictor and backtest in {:.3} s", started.elapsed().as_secs_f64());
+    let leaks = peaks
+        .iter()
+        .map(|p| {
+            let series: Vec<(u64, u64)> =
+                rows.iter().filter(|r| r.pid == p.pid && !r.at_oom).map(|r| (r.t_ns, r.metrics.live_bytes)).collect();
+            crate::leak::detect(p.pid, &series, &replay.live_blocks(p.pid), p.bytes)
+        })
+        .collect();
     let mut anomalies = replay.finish();
     anomalies.out_of_order = out_of_order;
 
@@ -240,11 +287,59 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         step_count: bounds.len(),
         rows,
         ooms,
+        predictions,
+        leaks,
+        capacity,
         anomalies,
         peaks,
         peak_live_total: peak_total,
         options: *opts,
     })
+}
+
+/// Live bytes and gap bytes summed over every process: the device's view.
+fn pids_now(replay: &Replay) -> (u64, u64) {
+    replay
+        .pids()
+        .map(|p| replay.metrics(p))
+        .fold((0, 0), |(l, g), m| (l + m.live_bytes, g + (m.span_bytes - m.live_bytes).min(m.span_bytes)))
+}
+
+/// Runs the predictor and the online backtest on one process's regular
+/// rows, writes the backtest into those rows, and measures the warning lead
+/// time before the process's first OOM.
+fn predict_process(pid: u32, rows: &mut [Row], ooms: &[OomDiagnosis], cfg: &PredictConfig) -> ProcessPrediction {
+    let idx: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].pid == pid && !rows[i].at_oom).collect();
+    let series: Vec<crate::predict::Step> = idx
+        .iter()
+        .map(|&i| {
+            let m = &rows[i].metrics;
+            [
+                m.external_fragmentation,
+                m.kernel_unusable_index,
+                m.small_alloc_ratio,
+                m.size_cv,
+                m.large_gap_ratio,
+                m.utilization,
+                m.score,
+            ]
+        })
+        .collect();
+    let prediction = crate::predict::predict(&series, cfg);
+    let backtest = crate::predict::backtest(&series, cfg);
+    for (k, &i) in idx.iter().enumerate() {
+        rows[i].forecast = backtest.forecasts[k].clone();
+        rows[i].risk_online = backtest.risk[k];
+    }
+    let lead_time = ooms.iter().find(|o| o.pid == pid).and_then(|first| {
+        let oom_step = rows.iter().find(|r| r.at_oom && r.pid == pid && r.t_ns == first.t_ns)?.step;
+        idx.iter()
+            .map(|&i| &rows[i])
+            .take_while(|r| r.t_ns < first.t_ns)
+            .find(|r| r.risk_online.is_some_and(|risk| risk >= Risk::High))
+            .map(|r| (oom_step.saturating_sub(r.step), (first.t_ns - r.t_ns) as f64 / 1e9))
+    });
+    ProcessPrediction { pid, prediction, lead_time }
 }
 
 /// The traces named on the command line: trace directories, or

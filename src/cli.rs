@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::analyze::StepSpec;
+use crate::predict::Risk;
 use crate::synth::Pattern;
 
 pub const EXIT_CODES: &str =
@@ -100,4 +101,60 @@ pub struct AnalyzeArgs {
     /// reference implementation's method; slow, for verification).
     #[arg(long)]
     pub brute_force: bool,
+    /// Device memory capacity for the OOM diagnosis (e.g. 80GiB); default:
+    /// the trace's own (synthetic traces and snapshots carry it), else unknown.
+    #[arg(long, value_parser = parse_bytes)]
+    pub capacity: Option<u64>,
+    #[command(flatten)]
+    pub predict: PredictArgs,
+    #[command(flatten)]
+    pub gates: GateArgs,
+}
+
+/// Predictor settings (SPEC §6).
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Predictor")]
+pub struct PredictArgs {
+    /// Window W: steps of history the model sees.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub window: u64,
+    /// Horizon H: steps forecast.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub horizon: u64,
+    /// Gradient-descent learning rate.
+    #[arg(long, default_value_t = 0.01)]
+    pub learning_rate: f64,
+    /// Steps over which the trend (score slope) is fitted.
+    #[arg(long, default_value_t = 20)]
+    pub trend_window: usize,
+    /// Cross-validation origins (evenly spaced).
+    #[arg(long, default_value_t = 50)]
+    pub cv_origins: usize,
+    /// The online backtest retrains every this many steps.
+    #[arg(long, default_value_t = 10)]
+    pub retrain_every: usize,
+    /// Warn of deterioration when a forecast exceeds the current score by this much...
+    #[arg(long, default_value_t = 5.0)]
+    pub deterioration: f64,
+    /// ...and the confidence exceeds this.
+    #[arg(long, default_value_t = 0.6)]
+    pub min_confidence: f64,
+    /// Warn when two consecutive forecasts jump by more than this.
+    #[arg(long, default_value_t = 10.0)]
+    pub sharp_jump: f64,
+    /// Warn of a clear trend when |slope| exceeds this (points per step).
+    #[arg(long, default_value_t = 0.3)]
+    pub clear_trend: f64,
+}
+
+/// CI gates: exit code 3 when tripped.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "CI gates (exit code 3)")]
+pub struct GateArgs {
+    /// Fail when any trace's forecast risk is at or above this level.
+    #[arg(long, value_enum)]
+    pub fail_on: Option<Risk>,
+    /// Fail when any trace's final score exceeds this.
+    #[arg(long)]
+    pub max_score: Option<f64>,
 }

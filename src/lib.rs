@@ -3,12 +3,15 @@
 //! The data flow is the architecture: producers write a trace
 //! ([`synth`]; `record` and `import` to come) → [`trace`] loads it →
 //! [`replay`] applies its [`event`]s → [`metrics`] per timestep
-//! ([`analyze`]) → [`report`].
+//! ([`analyze`]) → [`predict`], [`oom`], [`leak`] → [`report`].
 
 pub mod analyze;
 pub mod cli;
 pub mod event;
+pub mod leak;
 pub mod metrics;
+pub mod oom;
+pub mod predict;
 pub mod replay;
 pub mod report;
 pub mod synth;
@@ -65,6 +68,7 @@ fn run_synth(args: &SynthArgs) -> Result<u8> {
 }
 
 fn run_analyze(args: &AnalyzeArgs) -> Result<u8> {
+    let p = &args.predict;
     let opts = Options {
         metrics: MetricsConfig {
             page_size: args.page_size,
@@ -73,6 +77,20 @@ fn run_analyze(args: &AnalyzeArgs) -> Result<u8> {
         },
         step: args.step,
         brute_force: args.brute_force,
+        capacity: args.capacity,
+        predict: predict::PredictConfig {
+            window: p.window as usize,
+            horizon: p.horizon as usize,
+            learning_rate: p.learning_rate,
+            trend_window: p.trend_window,
+            cv_origins: p.cv_origins,
+            retrain_every: p.retrain_every,
+            deterioration: p.deterioration,
+            min_confidence: p.min_confidence,
+            sharp_jump: p.sharp_jump,
+            clear_trend: p.clear_trend,
+            ..predict::PredictConfig::default()
+        },
     };
     opts.metrics.validate()?;
     let (traces, batch) = analyze::discover(&args.traces)?;
@@ -80,7 +98,7 @@ fn run_analyze(args: &AnalyzeArgs) -> Result<u8> {
         let a = analyze::analyze_path(&traces[0], &opts)?;
         report::write_trace_outputs(&a, &args.output)?;
         print!("{}", report::stdout_summary(&a, &args.output));
-        return Ok(exit::OK);
+        return Ok(gate(&[(a.trace.name.clone(), Ok(Summary::of(&a)))], &args.gates));
     }
     std::fs::create_dir_all(&args.output).with_context(|| format!("cannot create {}", args.output.display()))?;
     let names = unique_names(&traces);
@@ -121,7 +139,31 @@ fn run_analyze(args: &AnalyzeArgs) -> Result<u8> {
         failed,
         args.output.join("summary.md").display()
     );
-    Ok(if failed > 0 { exit::ERROR } else { exit::OK })
+    if failed > 0 {
+        return Ok(exit::ERROR);
+    }
+    Ok(gate(&rows, &args.gates))
+}
+
+/// Applies the CI gates to analysed traces; prints each trip on stderr.
+fn gate(rows: &[SummaryRow], gates: &cli::GateArgs) -> u8 {
+    let mut tripped = false;
+    for (name, s) in rows {
+        let Ok(s) = s else { continue };
+        if let (Some(level), Some(risk)) = (gates.fail_on, s.risk)
+            && risk >= level
+        {
+            eprintln!("gate: {name}: forecast risk {} is at or above --fail-on {}", risk.name(), level.name());
+            tripped = true;
+        }
+        if let Some(max) = gates.max_score
+            && s.score.final_ > max
+        {
+            eprintln!("gate: {name}: final score {:.1} exceeds --max-score {max}", s.score.final_);
+            tripped = true;
+        }
+    }
+    if tripped { exit::GATE } else { exit::OK }
 }
 
 /// Analyses one trace of a batch into `out`, through a staging folder so a

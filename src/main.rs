@@ -3,6 +3,12 @@ use std::process::ExitCode;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
+// Polars allocates and frees large buffers all the time; mimalloc reuses
+// them instead of returning every one to the kernel (as glibc does for
+// large blocks) and zeroing fresh pages again (polars recommends it).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = fragscope::cli::Cli::parse();
     let default = match cli.verbose {

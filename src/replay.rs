@@ -128,6 +128,8 @@ fn merge_ranges(sorted: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
 struct Proc<'f> {
     pid: u32,
     footprint: Option<&'f ProcFootprint>,
+    /// Reference mode only: the live blocks, unordered.
+    hashed: AHashMap<u64, u64>,
     live: BTreeMap<u64, u64>,
     blocks: BlockStats,
     gaps: GapSet,
@@ -156,6 +158,7 @@ pub struct Replay<'f> {
     anomalies: Anomalies,
     live_total: u64,
     peak_total: u64,
+    reference: bool,
 }
 
 impl<'f> Replay<'f> {
@@ -169,7 +172,18 @@ impl<'f> Replay<'f> {
             anomalies: Anomalies::default(),
             live_total: 0,
             peak_total: 0,
+            reference: false,
         }
+    }
+
+    /// The reference implementation's method, as a baseline: live blocks
+    /// in a hash map only, and at every row [`Replay::metrics`] collects
+    /// them, sorts them by address and recomputes every metric from
+    /// scratch. Allocations overlapping live blocks are not detected (the
+    /// reference does not); on traces without such anomalies the rows equal
+    /// the incremental ones.
+    pub fn reference(cfg: MetricsConfig, footprint: &'f Footprint) -> Self {
+        Replay { reference: true, ..Replay::new(cfg, footprint) }
     }
 
     fn proc_index(&mut self, pid: u32) -> usize {
@@ -184,6 +198,7 @@ impl<'f> Replay<'f> {
                 self.procs.push(Proc {
                     pid,
                     footprint: self.footprint.procs.get(&pid),
+                    hashed: AHashMap::new(),
                     live: BTreeMap::new(),
                     blocks: BlockStats::default(),
                     gaps: GapSet::default(),
@@ -215,17 +230,31 @@ impl<'f> Replay<'f> {
         let proc = &mut self.procs[i];
         let fp = proc.footprint;
         let before = proc.blocks.bytes;
-        if kind.is_device_alloc() {
+        if self.reference {
+            if kind.is_device_alloc() {
+                if e.addr == 0 || e.size == 0 || e.addr.checked_add(e.size).is_none() {
+                    return;
+                }
+                if let Some(old) = proc.hashed.insert(e.addr, e.size) {
+                    proc.blocks.remove(old, &cfg);
+                }
+                proc.blocks.add(e.size, &cfg);
+            } else if e.addr != 0 {
+                match proc.hashed.remove(&e.addr) {
+                    Some(size) => proc.blocks.remove(size, &cfg),
+                    None => match fp.and_then(|f| f.first_alloc.get(&e.addr)) {
+                        Some(&first) if first < e.ts_ns => self.anomalies.double_free += 1,
+                        _ => self.anomalies.unknown_free += 1,
+                    },
+                }
+            }
+        } else if kind.is_device_alloc() {
             let Some(fp) = fp else { return };
             if e.addr == 0 || e.size == 0 || e.addr.checked_add(e.size).is_none() {
                 return;
             }
             if proc.place(e.addr, e.size, &fp.regions, &cfg) {
                 self.anomalies.overlap += 1;
-            }
-            if proc.blocks.bytes > proc.peak_bytes {
-                proc.peak_bytes = proc.blocks.bytes;
-                proc.peak_t_ns = e.ts_ns;
             }
         } else if e.addr != 0 {
             let regions = fp.map_or(&[][..], |f| &f.regions);
@@ -235,6 +264,10 @@ impl<'f> Replay<'f> {
                     _ => self.anomalies.unknown_free += 1,
                 }
             }
+        }
+        if proc.blocks.bytes > proc.peak_bytes {
+            proc.peak_bytes = proc.blocks.bytes;
+            proc.peak_t_ns = e.ts_ns;
         }
         self.live_total = self.live_total + proc.blocks.bytes - before;
         self.peak_total = self.peak_total.max(self.live_total);
@@ -266,17 +299,16 @@ impl<'f> Replay<'f> {
 
     /// The metrics of `pid` in the current state.
     pub fn metrics(&self, pid: u32) -> Metrics {
+        if self.reference {
+            let mut blocks: Vec<(u64, u64)> =
+                self.proc(pid).map_or_else(Vec::new, |p| p.hashed.iter().map(|(&a, &s)| (a, s)).collect());
+            blocks.sort_unstable();
+            return crate::metrics::from_scratch(&blocks, self.footprint.regions(pid), &self.cfg);
+        }
         match self.proc(pid) {
             Some(p) => Metrics::compute(&p.blocks, p.span, &p.gaps, &self.cfg),
             None => Metrics::default(),
         }
-    }
-
-    /// The same numbers recomputed from the full live set (slow; the
-    /// reference approach, for verification and the benchmark baseline).
-    pub fn metrics_from_scratch(&self, pid: u32) -> Metrics {
-        let blocks = self.live_blocks(pid);
-        crate::metrics::from_scratch(&blocks, self.footprint.regions(pid), &self.cfg)
     }
 
     /// Live blocks of `pid` as (address, size), sorted by address.

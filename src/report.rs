@@ -13,7 +13,9 @@ use polars::prelude::*;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::analyze::{Analysis, Row};
+use crate::analyze::{Analysis, ProcessPrediction, Row};
+use crate::oom::OomClass;
+use crate::predict::Risk;
 use crate::trace::{FORMAT_VERSION, write_atomic};
 
 /// Score statistics over a process's step rows (OOM rows excluded).
@@ -64,6 +66,12 @@ pub struct Summary {
     pub score: ScoreStats,
     pub ooms: u64,
     pub anomalies: u64,
+    /// The highest forecast risk over processes (None: insufficient data).
+    pub risk: Option<Risk>,
+    /// OOM counts per class, most frequent first.
+    pub oom_classes: Vec<(OomClass, u64)>,
+    pub leaking: bool,
+    pub leaked_bytes: i64,
 }
 
 impl Summary {
@@ -80,8 +88,27 @@ impl Summary {
             score: ScoreStats::of(&scores),
             ooms: a.ooms.len() as u64,
             anomalies: a.anomalies.total(),
+            risk: a.predictions.iter().filter_map(|p| p.prediction.risk).max(),
+            oom_classes: oom_classes(a),
+            leaking: a.leaks.iter().any(|l| l.leaking == Some(true)),
+            leaked_bytes: a.leaks.iter().filter(|l| l.leaking == Some(true)).map(|l| l.growth_bytes).sum(),
         }
     }
+}
+
+fn oom_classes(a: &Analysis) -> Vec<(OomClass, u64)> {
+    let mut counts: std::collections::BTreeMap<OomClass, u64> = Default::default();
+    for o in &a.ooms {
+        *counts.entry(o.class).or_default() += 1;
+    }
+    let mut v: Vec<(OomClass, u64)> = counts.into_iter().collect();
+    v.sort_by(|x, y| y.1.cmp(&x.1).then(x.0.cmp(&y.0)));
+    v
+}
+
+/// The prediction of the process with the highest risk (the first on ties).
+fn headline(a: &Analysis) -> Option<&ProcessPrediction> {
+    a.predictions.iter().reduce(|best, p| if p.prediction.risk > best.prediction.risk { p } else { best })
 }
 
 /// Per step, the highest score over processes.
@@ -118,14 +145,14 @@ pub fn bytes(n: u64) -> String {
 /// Writes `metrics.parquet`, `report.json` and `report.md` into `out`.
 pub fn write_trace_outputs(a: &Analysis, out: &Path) -> Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
-    write_metrics(&a.rows, &out.join("metrics.parquet"))?;
+    write_metrics(&a.rows, a.options.predict.horizon, &out.join("metrics.parquet"))?;
     let report = report_json(a);
     write_atomic(&out.join("report.json"), &serde_json::to_vec_pretty(&report)?)?;
     write_atomic(&out.join("report.md"), report_md(a).as_bytes())?;
     Ok(())
 }
 
-fn write_metrics(rows: &[Row], path: &Path) -> Result<()> {
+fn write_metrics(rows: &[Row], horizon: usize, path: &Path) -> Result<()> {
     let f = |get: fn(&Row) -> f64| rows.iter().map(get).collect::<Vec<f64>>();
     let u = |get: fn(&Row) -> u64| rows.iter().map(get).collect::<Vec<u64>>();
     let mut df = DataFrame::new_infer_height(vec![
@@ -146,6 +173,13 @@ fn write_metrics(rows: &[Row], path: &Path) -> Result<()> {
         Column::new("largest_gap".into(), u(|r| r.metrics.largest_gap)),
         Column::new("span_bytes".into(), u(|r| r.metrics.span_bytes)),
     ])?;
+    for k in 0..horizon {
+        let values: Vec<Option<f64>> =
+            rows.iter().map(|r| r.forecast.as_ref().and_then(|f| f.get(k).copied())).collect();
+        df.with_column(Column::new(format!("forecast_{}", k + 1).into(), values))?;
+    }
+    let risk: Vec<Option<&str>> = rows.iter().map(|r| r.risk_online.map(Risk::name)).collect();
+    df.with_column(Column::new("risk_online".into(), risk))?;
     write_parquet(&mut df, path)
 }
 
@@ -197,6 +231,7 @@ pub fn report_json(a: &Analysis) -> serde_json::Value {
                 "peak_t_ns": p.t_ns,
                 "score": ScoreStats::of(&process_scores(&a.rows, p.pid)).json(),
                 "ooms": a.ooms.iter().filter(|o| o.pid == p.pid).count(),
+                "risk": a.predictions.iter().find(|q| q.pid == p.pid).and_then(|q| q.prediction.risk).map(Risk::name),
                 "final": last_row(a, p.pid).map(|r| metrics_json(&r.metrics)),
             })
         })
@@ -234,8 +269,60 @@ pub fn report_json(a: &Analysis) -> serde_json::Value {
             "processes": s.processes,
             "peak_live_bytes": s.peak_live_bytes,
             "score": s.score.json(),
+            "risk": s.risk.map(Risk::name),
+            "leaking": s.leaking,
         },
         "processes": processes,
+        "prediction": headline(a).map(prediction_json),
+        "ooms": a.ooms.iter().map(|o| json!({
+            "t_ns": o.t_ns,
+            "pid": o.pid,
+            "requested": o.requested,
+            "device_free": o.device_free,
+            "largest_free": o.largest_free,
+            "largest_gap": o.largest_gap,
+            "live_bytes": o.live_bytes,
+            "class": o.class.name(),
+            "top_blocks": o.top_blocks.iter().map(|b| json!({"addr": b.0, "size": b.1})).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "oom_classes": s.oom_classes.iter().map(|(c, n)| (c.name().to_string(), json!(n))).collect::<serde_json::Map<String, serde_json::Value>>(),
+        "capacity_bytes": a.capacity,
+        "leaks": a.leaks.iter().map(|l| json!({
+            "pid": l.pid,
+            "leaking": l.leaking,
+            "floor_early_bytes": l.floor_early_bytes,
+            "floor_late_bytes": l.floor_late_bytes,
+            "growth_bytes": l.growth_bytes,
+            "rate_bytes_per_s": r6(l.rate_bytes_per_s),
+            "live_at_end_bytes": l.live_at_end_bytes,
+            "live_at_end_blocks": l.live_at_end_blocks,
+            "by_size": l.by_size,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn prediction_json(p: &ProcessPrediction) -> serde_json::Value {
+    let pr = &p.prediction;
+    json!({
+        "pid": p.pid,
+        "window": pr.window,
+        "horizon": pr.horizon,
+        "status": if pr.forecast.is_some() { "ok" } else { "insufficient data" },
+        "current": r6(pr.current),
+        "forecast": pr.forecast.as_ref().map(|f| f.iter().map(|v| r6(*v)).collect::<Vec<_>>()),
+        "confidence": pr.confidence.map(r6),
+        "trend": r6(pr.trend),
+        "risk": pr.risk.map(Risk::name),
+        "warnings": pr.warnings,
+        "cv_mae": pr.cv_mae.map(|c| json!({
+            "model": r6(c.model),
+            "persistence": r6(c.persistence),
+            "ols": if c.ols.is_finite() { json!(r6(c.ols)) } else { serde_json::Value::Null },
+            "origins": c.origins,
+            "ols_origins": c.ols_origins,
+        })),
+        "lead_time_steps": p.lead_time.map(|l| l.0),
+        "lead_time_s": p.lead_time.map(|l| r6(l.1)),
     })
 }
 
@@ -244,9 +331,10 @@ pub fn report_md(a: &Analysis) -> String {
     let s = Summary::of(a);
     let mut md = String::new();
     let _ = writeln!(md, "# fragscope report: {}\n", s.name);
+    md.push_str(&verdict_md(a, &s));
     let _ = writeln!(
         md,
-        "**Fragmentation score now {:.1} / 100** (mean {:.1}, p95 {:.1}, max {:.1}) · peak live {} · {} OOM{} · {} process{}\n",
+        "Fragmentation score now {:.1} / 100 (mean {:.1}, p95 {:.1}, max {:.1}) · peak live {} · {} OOM{} · {} process{}.\n",
         s.score.final_,
         s.score.mean,
         s.score.p95,
@@ -334,6 +422,260 @@ pub fn report_md(a: &Analysis) -> String {
             }
         }
     }
+    md.push_str(&prediction_md(a));
+    md.push_str(&ooms_md(a));
+    md.push_str(&leaks_md(a));
+    md.push_str(&advice_md(a, &s));
+    md
+}
+
+fn plural(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// What the dominant OOM class means, in one sentence.
+fn oom_sentence(class: OomClass) -> &'static str {
+    match class {
+        OomClass::Fragmentation => "enough memory was free, but no single free range could hold the request",
+        OomClass::Capacity => "the requests exceeded the free device memory",
+        OomClass::AllocatorPolicy => "a free range large enough existed, but the allocator did not use it",
+        OomClass::Unknown => "the device capacity is unknown: pass --capacity to classify them",
+    }
+}
+
+/// The verdict: risk, score and forecast, OOM causes, leak — first thing.
+fn verdict_md(a: &Analysis, s: &Summary) -> String {
+    let mut md = String::new();
+    match headline(a) {
+        Some(p) if p.prediction.forecast.is_some() => {
+            let pr = &p.prediction;
+            let f = pr.forecast.as_deref().unwrap_or_default();
+            let forecast: Vec<String> = f.iter().map(|v| format!("{v:.1}")).collect();
+            let _ = writeln!(
+                md,
+                "**Risk: {}** — fragmentation score {:.1} now, forecast {} over the next {} (confidence {:.2}, trend {:+.2} per step).\n",
+                pr.risk.map_or("unknown", Risk::name).to_uppercase(),
+                pr.current,
+                forecast.join(" → "),
+                plural(pr.horizon as u64, "step", "steps"),
+                pr.confidence.unwrap_or(0.0),
+                pr.trend,
+            );
+        }
+        _ => {
+            let _ = writeln!(
+                md,
+                "**Risk: insufficient data** — too few steps for the predictor (it needs window + horizon + 1).\n"
+            );
+        }
+    }
+    if let Some((class, _)) = s.oom_classes.first() {
+        let parts: Vec<String> =
+            s.oom_classes.iter().map(|(c, n)| format!("{n} {}", c.name().replace('_', " "))).collect();
+        let _ =
+            writeln!(md, "**{}: {}** — {}.\n", plural(s.ooms, "OOM", "OOMs"), parts.join(", "), oom_sentence(*class));
+    } else {
+        let _ = writeln!(md, "No OOM in this trace.\n");
+    }
+    if s.leaking {
+        let _ = writeln!(
+            md,
+            "**Leak**: the floor of live memory rose by {} and never came back.\n",
+            bytes(s.leaked_bytes.max(0) as u64)
+        );
+    }
+    md
+}
+
+fn prediction_md(a: &Analysis) -> String {
+    let mut md = String::from("\n## Prediction\n\n");
+    let Some(p) = headline(a) else {
+        md.push_str("No process with device memory activity.\n");
+        return md;
+    };
+    let pr = &p.prediction;
+    if a.predictions.len() > 1 {
+        let _ = writeln!(md, "Process {} (the highest risk of {}).\n", p.pid, a.predictions.len());
+    }
+    if pr.forecast.is_none() {
+        let _ = writeln!(
+            md,
+            "Insufficient data: {} steps, the model needs at least {}.",
+            a.step_count,
+            pr.window + pr.horizon + 1
+        );
+        return md;
+    }
+    let _ = writeln!(md, "| | |\n|---|---|");
+    let _ = writeln!(md, "| window / horizon | {} / {} steps |", pr.window, pr.horizon);
+    if let Some(cv) = pr.cv_mae {
+        let _ = writeln!(
+            md,
+            "| cross-validated MAE (score points) | model {:.2} · persistence {:.2} · OLS {} ({} origins) |",
+            cv.model,
+            cv.persistence,
+            if cv.ols.is_finite() {
+                format!("{:.2} ({} origins)", cv.ols, cv.ols_origins)
+            } else {
+                "could not be fitted".into()
+            },
+            cv.origins
+        );
+    }
+    let _ = writeln!(md, "| confidence | {:.2} |", pr.confidence.unwrap_or(0.0));
+    let _ = writeln!(md, "| trend | {:+.3} points per step |", pr.trend);
+    match p.lead_time {
+        Some((steps, secs)) => {
+            let _ = writeln!(
+                md,
+                "| warning lead time | risk reached high {} ({secs:.3} s) before the first OOM |",
+                plural(steps as u64, "step", "steps")
+            );
+        }
+        None if a.ooms.iter().any(|o| o.pid == p.pid) => {
+            let _ =
+                writeln!(md, "| warning lead time | none: the online risk did not reach high before the first OOM |");
+        }
+        None => {}
+    }
+    if let Some(cv) = pr.cv_mae {
+        let best_baseline = cv.persistence.min(if cv.ols.is_finite() { cv.ols } else { f64::INFINITY });
+        if cv.model > best_baseline {
+            let _ = writeln!(
+                md,
+                "\nThe model does **not** beat the best baseline here (MAE {:.2} vs {:.2}): read the forecast with that in mind.",
+                cv.model, best_baseline
+            );
+        }
+    }
+    if !pr.warnings.is_empty() {
+        md.push_str("\nWarnings:\n\n");
+        for w in &pr.warnings {
+            let _ = writeln!(md, "- {w}");
+        }
+    }
+    md
+}
+
+fn ooms_md(a: &Analysis) -> String {
+    if a.ooms.is_empty() {
+        return String::new();
+    }
+    let mut md = String::from("\n## OOMs\n\n");
+    if a.capacity.is_none() {
+        md.push_str("Device capacity unknown (pass `--capacity`): free memory and classes cannot be computed.\n\n");
+    }
+    md.push_str(
+        "| time (s) | pid | requested | device free | largest free range | class |\n|---|---|---|---|---|---|\n",
+    );
+    let shown = 20;
+    for o in a.ooms.iter().take(shown) {
+        let _ = writeln!(
+            md,
+            "| {:.6} | {} | {} | {} | {} | {} |",
+            (o.t_ns - a.first_ts) as f64 / 1e9,
+            o.pid,
+            bytes(o.requested),
+            o.device_free.map_or("unknown".into(), bytes),
+            o.largest_free.map_or("unknown".into(), bytes),
+            o.class.name()
+        );
+    }
+    if a.ooms.len() > shown {
+        let _ = writeln!(md, "\n… and {} more (all in report.json).", a.ooms.len() - shown);
+    }
+    let first = &a.ooms[0];
+    md.push_str("\nLargest live blocks at the first OOM:\n\n| address | size |\n|---|---|\n");
+    for (addr, size) in &first.top_blocks {
+        let _ = writeln!(md, "| {addr:#x} | {} |", bytes(*size));
+    }
+    md
+}
+
+fn leaks_md(a: &Analysis) -> String {
+    let mut md = String::from("\n## Leaks\n\n");
+    md.push_str(
+        "| pid | verdict | floor (2nd quarter → last quarter) | growth rate | alive at end |\n|---|---|---|---|---|\n",
+    );
+    for l in &a.leaks {
+        let verdict = match l.leaking {
+            Some(true) => "**leaking**",
+            Some(false) => "no leak",
+            None => "too few steps",
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {verdict} | {} → {} | {}/s | {} in {} |",
+            l.pid,
+            bytes(l.floor_early_bytes),
+            bytes(l.floor_late_bytes),
+            bytes(l.rate_bytes_per_s.max(0.0) as u64),
+            bytes(l.live_at_end_bytes),
+            plural(l.live_at_end_blocks, "block", "blocks")
+        );
+    }
+    if let Some(l) = a.leaks.iter().find(|l| l.leaking == Some(true)) {
+        let _ = writeln!(
+            md,
+            "\nBlocks alive at the end in process {}, by size:\n\n| size | blocks | bytes |\n|---|---|---|",
+            l.pid
+        );
+        for g in &l.by_size {
+            let _ = writeln!(md, "| {} | {} | {} |", bytes(g.size), g.count, bytes(g.bytes));
+        }
+    }
+    md
+}
+
+/// Advice that follows from the numbers.
+fn advice_md(a: &Analysis, s: &Summary) -> String {
+    let mut items: Vec<String> = Vec::new();
+    let frag: Vec<_> = a.ooms.iter().filter(|o| o.class == OomClass::Fragmentation).collect();
+    if let Some(o) = frag.first() {
+        let free = o.device_free.unwrap_or(0);
+        let largest = o.largest_free.unwrap_or(0);
+        if a.trace.source() == Some(crate::trace::Source::PytorchSnapshot) {
+            items.push(format!(
+                "Fragmentation OOMs: a request of {} failed with {} free but at most {} contiguous. Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` so segments grow in place instead of leaving holes, or `max_split_size_mb:{}` so blocks larger than that are never split.",
+                bytes(o.requested),
+                bytes(free),
+                bytes(largest),
+                (largest >> 20).max(20)
+            ));
+        } else {
+            items.push(format!(
+                "Fragmentation OOMs: a request of {} failed with {} free but at most {} contiguous. Allocate long-lived buffers first and together, reuse buffers of equal size, or use a pooling allocator that can map physical memory into a fresh range (CUDA's stream-ordered pools, or VMM-based expandable segments).",
+                bytes(o.requested),
+                bytes(free),
+                bytes(largest)
+            ));
+        }
+    }
+    if let Some(o) = a.ooms.iter().find(|o| o.class == OomClass::Capacity) {
+        items.push(format!(
+            "Capacity OOMs: a request of {} met only {} free; live memory peaked at {}{}. Defragmenting will not help: reduce the batch, checkpoint activations or offload.",
+            bytes(o.requested),
+            bytes(o.device_free.unwrap_or(0)),
+            bytes(s.peak_live_bytes),
+            a.capacity.map_or(String::new(), |c| format!(" of {}", bytes(c)))
+        ));
+    }
+    if s.leaking {
+        items.push(format!(
+            "Live memory that never returns to its floor grew by {}: look at the blocks alive at the end (Leaks).",
+            bytes(s.leaked_bytes.max(0) as u64)
+        ));
+    }
+    if a.ooms.is_empty() && s.risk >= Some(Risk::High) {
+        items.push("No OOM yet, but the forecast risk is high: the free space is scattered in gaps; a larger request will not find room.".into());
+    }
+    if items.is_empty() {
+        return String::new();
+    }
+    let mut md = String::from("\n## Advice\n\n");
+    for i in items {
+        let _ = writeln!(md, "- {i}");
+    }
     md
 }
 
@@ -341,13 +683,14 @@ pub fn report_md(a: &Analysis) -> String {
 pub fn stdout_summary(a: &Analysis, out: &Path) -> String {
     let s = Summary::of(a);
     format!(
-        "{}: {} events, {} process{}, {:.3} s, {} steps\n  score final {:.1}, mean {:.1}, p95 {:.1}, max {:.1}; peak live {}; {} OOM{}; {} anomal{}\n  wrote {}\n",
+        "{}: {} events, {} process{}, {:.3} s, {} steps; risk {}\n  score final {:.1}, mean {:.1}, p95 {:.1}, max {:.1}; peak live {}; {} OOM{}; {} anomal{}\n  wrote {}\n",
         s.name,
         s.events,
         s.processes,
         if s.processes == 1 { "" } else { "es" },
         s.duration_s,
         a.step_count,
+        s.risk.map_or("insufficient data", Risk::name),
         s.score.final_,
         s.score.mean,
         s.score.p95,

@@ -1,0 +1,123 @@
+//! OOM diagnosis (SPEC §5): for each failed allocation, was it capacity
+//! (the request exceeded the free device memory), fragmentation (enough
+//! memory was free, but no single free range could hold it) or the
+//! allocator's policy (a free range was large enough)?
+//!
+//! Free device memory F: for `oom` events that carry it, that value; for
+//! eBPF and synthetic traces, capacity − live bytes of every process at that
+//! instant, when the capacity is known (`--capacity`, or `capacity_bytes`
+//! in `trace.json`); otherwise unknown, and the class says so. Largest free
+//! range M: the largest gap inside the process's arenas, or the free memory
+//! outside every arena (F − all gaps) taken as one range — an upper bound,
+//! so an OOM is called fragmentation only when even that could not help.
+
+use serde::Serialize;
+
+/// Why an allocation failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OomClass {
+    Capacity,
+    Fragmentation,
+    AllocatorPolicy,
+    /// The free device memory is unknown (no capacity given).
+    Unknown,
+}
+
+impl OomClass {
+    pub fn name(self) -> &'static str {
+        match self {
+            OomClass::Capacity => "capacity",
+            OomClass::Fragmentation => "fragmentation",
+            OomClass::AllocatorPolicy => "allocator_policy",
+            OomClass::Unknown => "unknown",
+        }
+    }
+
+    /// Classifies a request of `requested` bytes.
+    pub fn of(requested: u64, device_free: Option<u64>, largest_free: Option<u64>) -> OomClass {
+        match (device_free, largest_free) {
+            (Some(f), _) if requested > f => OomClass::Capacity,
+            (Some(_), Some(m)) if requested > m => OomClass::Fragmentation,
+            (Some(_), Some(_)) => OomClass::AllocatorPolicy,
+            _ => OomClass::Unknown,
+        }
+    }
+}
+
+/// One failed allocation and the state it saw.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct OomDiagnosis {
+    pub t_ns: u64,
+    pub pid: u32,
+    pub requested: u64,
+    pub device_free: Option<u64>,
+    pub largest_free: Option<u64>,
+    /// Largest gap inside the process's arenas.
+    pub largest_gap: u64,
+    pub live_bytes: u64,
+    pub class: OomClass,
+    /// The ten largest live blocks of the process, (address, size).
+    pub top_blocks: Vec<(u64, u64)>,
+}
+
+/// Diagnoses a failed request. `live_total` and `gaps_total` are summed
+/// over every process (they share the device); `largest_gap` and
+/// `live_blocks` are the failing process's.
+pub fn diagnose(
+    t_ns: u64,
+    pid: u32,
+    requested: u64,
+    capacity: Option<u64>,
+    live_total: u64,
+    gaps_total: u64,
+    largest_gap: u64,
+    live_blocks: &[(u64, u64)],
+) -> OomDiagnosis {
+    let device_free = capacity.map(|c| c.saturating_sub(live_total));
+    let largest_free = device_free.map(|f| largest_gap.max(f.saturating_sub(gaps_total)));
+    let mut top: Vec<(u64, u64)> = live_blocks.to_vec();
+    top.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    top.truncate(10);
+    OomDiagnosis {
+        t_ns,
+        pid,
+        requested,
+        device_free,
+        largest_free,
+        largest_gap,
+        live_bytes: live_blocks.iter().map(|b| b.1).sum(),
+        class: OomClass::of(requested, device_free, largest_free),
+        top_blocks: top,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn classes() {
+        assert_eq!(OomClass::of(5 * GIB, Some(4 * GIB), Some(4 * GIB)), OomClass::Capacity);
+        assert_eq!(OomClass::of(3 * GIB, Some(4 * GIB), Some(2 * GIB)), OomClass::Fragmentation);
+        assert_eq!(OomClass::of(GIB, Some(4 * GIB), Some(2 * GIB)), OomClass::AllocatorPolicy);
+        assert_eq!(OomClass::of(GIB, None, None), OomClass::Unknown);
+    }
+
+    #[test]
+    fn free_space_outside_the_arenas_counts_as_one_range() {
+        // 10 GiB device, 6 GiB live, 3 GiB of gaps (largest 1 GiB) → 1 GiB
+        // free outside the arenas; a 1.5 GiB request is fragmentation.
+        let blocks = [(0, 2 * GIB), (3 * GIB, 4 * GIB)];
+        let d = diagnose(7, 1, 3 * GIB / 2, Some(10 * GIB), 6 * GIB, 3 * GIB, GIB, &blocks);
+        assert_eq!(d.device_free, Some(4 * GIB));
+        assert_eq!(d.largest_free, Some(GIB));
+        assert_eq!(d.class, OomClass::Fragmentation);
+        assert_eq!(d.top_blocks[0], (3 * GIB, 4 * GIB));
+        // Without a capacity nothing can be said.
+        let d = diagnose(7, 1, GIB, None, 6 * GIB, 3 * GIB, GIB, &blocks);
+        assert_eq!((d.class, d.device_free), (OomClass::Unknown, None));
+    }
+}
