@@ -132,36 +132,62 @@ pub struct FittedGradientDescent {
     pub final_loss: f64,
 }
 
-impl<D: Data<Elem = f64>> Fit<ArrayBase<D, Ix2>, Array1<f64>, linfa::Error> for GradientDescent {
-    type Object = FittedGradientDescent;
+/// Sufficient statistics of a least-squares problem: XᵀX, Xᵀy, Σx, Σy,
+/// Σy² and n. The mean squared error and its gradient depend on the data
+/// only through these.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GramStats {
+    pub n: f64,
+    pub gram: Array2<f64>,
+    pub xty: Array1<f64>,
+    pub sx: Array1<f64>,
+    pub sy: f64,
+    pub syy: f64,
+}
 
-    fn fit(&self, dataset: &DatasetBase<ArrayBase<D, Ix2>, Array1<f64>>) -> Result<Self::Object, linfa::Error> {
-        let x = dataset.records();
-        let y = dataset.targets();
-        let (n, d) = x.dim();
-        if n == 0 || y.len() != n {
-            return Err(linfa::Error::NotEnoughSamples);
+impl GramStats {
+    pub fn of<D: Data<Elem = f64>>(x: &ArrayBase<D, Ix2>, y: &Array1<f64>) -> GramStats {
+        GramStats {
+            n: x.nrows() as f64,
+            gram: x.t().dot(x),
+            xty: x.t().dot(y),
+            sx: x.sum_axis(ndarray::Axis(0)),
+            sy: y.sum(),
+            syy: y.dot(y),
         }
-        let nf = n as f64;
-        let gram = x.t().dot(x);
-        let xty = x.t().dot(y);
-        let sx = x.sum_axis(ndarray::Axis(0));
-        let sy = y.sum();
-        let syy = y.dot(y);
-        let loss = |w: &Array1<f64>, b: f64| {
-            let aw = gram.dot(w);
-            (w.dot(&aw) + 2.0 * b * sx.dot(w) - 2.0 * xty.dot(w) + nf * b * b - 2.0 * b * sy + syy) / nf
-        };
+    }
+}
+
+impl GradientDescent {
+    /// Trains from the sufficient statistics. Each iteration evaluates the
+    /// loss of the current parameters (for early stopping) and the
+    /// gradient from the same A·w, then updates.
+    pub fn fit_stats(&self, st: &GramStats) -> FittedGradientDescent {
+        let (n, d) = (st.n, st.sx.len());
         let mut w = Array1::<f64>::zeros(d);
         let mut b = 0.0;
-        let mut best = loss(&w, b);
-        let mut since_best = 0;
+        let (mut best, mut since_best) = (f64::INFINITY, 0);
         let (mut iterations, mut stopped_early, mut clipped, mut clamped) = (0, false, 0, false);
-        for _ in 0..self.max_iterations {
-            iterations += 1;
+        let loss = loop {
+            let aw = st.gram.dot(&w);
+            let sxw = st.sx.dot(&w);
+            let loss = (w.dot(&aw) + 2.0 * b * sxw - 2.0 * st.xty.dot(&w) + n * b * b - 2.0 * b * st.sy + st.syy) / n;
+            if loss < best {
+                best = loss;
+                since_best = 0;
+            } else {
+                since_best += 1;
+                if since_best >= self.patience {
+                    stopped_early = true;
+                    break loss;
+                }
+            }
+            if iterations == self.max_iterations {
+                break loss;
+            }
             // ∂/∂w = (2/n)(XᵀX w + b Σx − Xᵀy); ∂/∂b = (2/n)(Σxᵀw + n b − Σy).
-            let mut gw = (gram.dot(&w) + &(&sx * b) - &xty) * (2.0 / nf);
-            let mut gb = (sx.dot(&w) + nf * b - sy) * (2.0 / nf);
+            let mut gw = (aw + &(&st.sx * b) - &st.xty) * (2.0 / n);
+            let mut gb = (sxw + n * b - st.sy) * (2.0 / n);
             let norm = (gw.dot(&gw) + gb * gb).sqrt();
             if norm > self.max_gradient_norm {
                 let scale = self.max_gradient_norm / norm;
@@ -177,27 +203,21 @@ impl<D: Data<Elem = f64>> Fit<ArrayBase<D, Ix2>, Array1<f64>, linfa::Error> for 
             let nb = b - self.learning_rate * gb;
             clamped |= nb.abs() > self.clamp;
             b = nb.clamp(-self.clamp, self.clamp);
-            let l = loss(&w, b);
-            if l < best {
-                best = l;
-                since_best = 0;
-            } else {
-                since_best += 1;
-                if since_best >= self.patience {
-                    stopped_early = true;
-                    break;
-                }
-            }
+            iterations += 1;
+        };
+        FittedGradientDescent { final_loss: loss, weights: w, bias: b, iterations, stopped_early, clipped, clamped }
+    }
+}
+
+impl<D: Data<Elem = f64>> Fit<ArrayBase<D, Ix2>, Array1<f64>, linfa::Error> for GradientDescent {
+    type Object = FittedGradientDescent;
+
+    fn fit(&self, dataset: &DatasetBase<ArrayBase<D, Ix2>, Array1<f64>>) -> Result<Self::Object, linfa::Error> {
+        let (x, y) = (dataset.records(), dataset.targets());
+        if x.nrows() == 0 || y.len() != x.nrows() {
+            return Err(linfa::Error::NotEnoughSamples);
         }
-        Ok(FittedGradientDescent {
-            final_loss: loss(&w, b),
-            weights: w,
-            bias: b,
-            iterations,
-            stopped_early,
-            clipped,
-            clamped,
-        })
+        Ok(self.fit_stats(&GramStats::of(x, y)))
     }
 }
 
@@ -246,6 +266,103 @@ enum Learner {
     LeastSquares,
 }
 
+/// OLS baseline training sets are cut to their latest samples beyond this
+/// (solving it costs O(n·d²) at every origin).
+const OLS_MAX_SAMPLES: usize = 5000;
+
+/// Raw (not normalised) sufficient statistics of the windowed samples,
+/// accumulated as the training range grows: a sample enters once, in
+/// origin order, so the cross-validation and the backtest, whose training
+/// sets are growing prefixes, pay O(d²) per sample once instead of per
+/// training. The statistics of the z-scored problem follow algebraically.
+struct Accumulator<'s> {
+    series: &'s [Step],
+    w: usize,
+    h: usize,
+    next: usize,
+    n: f64,
+    s: Array2<f64>,
+    sx: Array1<f64>,
+    sy: Vec<f64>,
+    sxy: Array2<f64>,
+    syy: Vec<f64>,
+}
+
+impl<'s> Accumulator<'s> {
+    fn new(series: &'s [Step], w: usize, h: usize) -> Self {
+        let d = COLUMNS * w;
+        Accumulator {
+            series,
+            w,
+            h,
+            next: w - 1,
+            n: 0.0,
+            s: Array2::zeros((d, d)),
+            sx: Array1::zeros(d),
+            sy: vec![0.0; h],
+            sxy: Array2::zeros((h, d)),
+            syy: vec![0.0; h],
+        }
+    }
+
+    /// Adds every sample whose targets lie at or before `upto`.
+    fn advance(&mut self, upto: usize) {
+        let d = COLUMNS * self.w;
+        let mut x = vec![0.0; d];
+        while self.next + self.h <= upto && self.next + self.h < self.series.len() {
+            let t = self.next;
+            for (j, step) in self.series[t + 1 - self.w..=t].iter().enumerate() {
+                x[j * COLUMNS..(j + 1) * COLUMNS].copy_from_slice(step);
+            }
+            for a in 0..d {
+                self.sx[a] += x[a];
+                for b in a..d {
+                    self.s[[a, b]] += x[a] * x[b];
+                }
+            }
+            for k in 0..self.h {
+                let y = self.series[t + 1 + k][COLUMNS - 1];
+                self.sy[k] += y;
+                self.syy[k] += y * y;
+                for a in 0..d {
+                    self.sxy[[k, a]] += y * x[a];
+                }
+            }
+            self.n += 1.0;
+            self.next += 1;
+        }
+    }
+
+    /// The statistics of the z-scored problem for horizon step `k` (0-based).
+    fn normalized(&self, norm: &Normalizer, k: usize) -> GramStats {
+        let d = COLUMNS * self.w;
+        let n = self.n;
+        let (mu, sd): (Vec<f64>, Vec<f64>) = (0..d).map(|a| (norm.mean[a % COLUMNS], norm.std[a % COLUMNS])).unzip();
+        let (ms, ss) = (norm.mean[COLUMNS - 1], norm.std[COLUMNS - 1]);
+        let mut gram = Array2::zeros((d, d));
+        for a in 0..d {
+            for b in a..d {
+                let v =
+                    (self.s[[a, b]] - mu[a] * self.sx[b] - mu[b] * self.sx[a] + n * mu[a] * mu[b]) / (sd[a] * sd[b]);
+                gram[[a, b]] = v;
+                gram[[b, a]] = v;
+            }
+        }
+        let xty = (0..d)
+            .map(|a| (self.sxy[[k, a]] - mu[a] * self.sy[k] - ms * self.sx[a] + n * mu[a] * ms) / (sd[a] * ss))
+            .collect();
+        let sx = (0..d).map(|a| (self.sx[a] - n * mu[a]) / sd[a]).collect();
+        GramStats {
+            n,
+            gram,
+            xty,
+            sx,
+            sy: (self.sy[k] - n * ms) / ss,
+            syy: (self.syy[k] - 2.0 * ms * self.sy[k] + n * ms * ms) / (ss * ss),
+        }
+    }
+}
+
 /// H fitted models and the normalisation they were trained with.
 struct Forecaster {
     norm: Normalizer,
@@ -255,42 +372,60 @@ struct Forecaster {
 impl Forecaster {
     /// Trains on the samples whose targets all lie at or before `upto`
     /// (an index into `series`), with normalisation fitted on `series[..=upto]`.
-    /// None if fewer than `min_samples` such samples exist.
+    /// None if there are too few such samples.
     fn train(series: &[Step], upto: usize, cfg: &PredictConfig, learner: Learner) -> Option<Forecaster> {
+        match learner {
+            Learner::GradientDescent => {
+                let mut acc = Accumulator::new(series, cfg.window, cfg.horizon);
+                Forecaster::train_gd(&mut acc, upto, cfg)
+            }
+            Learner::LeastSquares => Forecaster::train_ols(series, upto, cfg),
+        }
+    }
+
+    /// Gradient descent from an accumulator (advanced to `upto` here).
+    fn train_gd(acc: &mut Accumulator, upto: usize, cfg: &PredictConfig) -> Option<Forecaster> {
+        if cfg.window == 0 || upto + 1 > acc.series.len() {
+            return None;
+        }
+        acc.advance(upto);
+        if (acc.n as usize) < min_samples(cfg) {
+            return None;
+        }
+        let norm = Normalizer::fit(&acc.series[..=upto]);
+        let gd = GradientDescent {
+            learning_rate: cfg.learning_rate,
+            max_iterations: cfg.max_iterations,
+            patience: cfg.patience,
+            ..GradientDescent::default()
+        };
+        let models = (0..cfg.horizon)
+            .map(|k| {
+                let fitted = gd.fit_stats(&acc.normalized(&norm, k));
+                Box::new(move |x: &Array2<f64>| fitted.predict(x)[0]) as Box<dyn Fn(&Array2<f64>) -> f64>
+            })
+            .collect();
+        Some(Forecaster { norm, models })
+    }
+
+    /// Ordinary least squares (linfa-linear) on the materialised samples.
+    fn train_ols(series: &[Step], upto: usize, cfg: &PredictConfig) -> Option<Forecaster> {
         let (w, h) = (cfg.window, cfg.horizon);
         let last_origin = upto.checked_sub(h)?;
         let first = w - 1;
-        // OLS is only well determined with clearly more samples than inputs.
-        let needed = match learner {
-            Learner::GradientDescent => min_samples(cfg),
-            Learner::LeastSquares => 2 * (COLUMNS * w + 1),
-        };
-        if last_origin < first || last_origin - first + 1 < needed {
+        // Well determined only with clearly more samples than parameters.
+        if last_origin < first || last_origin - first + 1 < 2 * (COLUMNS * w + 1) {
             return None;
         }
         let norm = Normalizer::fit(&series[..=upto]);
+        let first = first.max((last_origin + 1).saturating_sub(OLS_MAX_SAMPLES));
         let origins: Vec<usize> = (first..=last_origin).collect();
         let x = design(series, &origins, &norm, w);
         let mut models: Vec<Box<dyn Fn(&Array2<f64>) -> f64>> = Vec::with_capacity(h);
         for k in 1..=h {
             let y: Array1<f64> = origins.iter().map(|&t| norm.apply(&series[t + k], COLUMNS - 1)).collect();
-            let ds = Dataset::new(x.clone(), y);
-            match learner {
-                Learner::GradientDescent => {
-                    let gd = GradientDescent {
-                        learning_rate: cfg.learning_rate,
-                        max_iterations: cfg.max_iterations,
-                        patience: cfg.patience,
-                        ..GradientDescent::default()
-                    };
-                    let fitted = gd.fit(&ds).ok()?;
-                    models.push(Box::new(move |x| fitted.predict(x)[0]));
-                }
-                Learner::LeastSquares => {
-                    let fitted = LinearRegression::new().fit(&ds).ok()?;
-                    models.push(Box::new(move |x| fitted.predict(x)[0]));
-                }
-            }
+            let fitted = LinearRegression::new().fit(&Dataset::new(x.clone(), y)).ok()?;
+            models.push(Box::new(move |x| fitted.predict(x)[0]));
         }
         Some(Forecaster { norm, models })
     }
@@ -351,8 +486,9 @@ pub fn cross_validate(series: &[Step], cfg: &PredictConfig) -> Option<CvMae> {
     let origins: Vec<usize> =
         (0..count).map(|i| if count == 1 { last } else { first + i * (last - first) / (count - 1) }).collect();
     let (mut model, mut persistence, mut ols, mut m, mut mo, mut ols_origins) = (0.0, 0.0, 0.0, 0usize, 0usize, 0usize);
+    let mut acc = Accumulator::new(series, w, h);
     for &t in &origins {
-        let gd = Forecaster::train(series, t, cfg, Learner::GradientDescent)?;
+        let gd = Forecaster::train_gd(&mut acc, t, cfg)?;
         let ls = Forecaster::train(series, t, cfg, Learner::LeastSquares);
         let f = gd.forecast(series, t, w);
         let fo = ls.map(|l| l.forecast(series, t, w)).filter(|fo| fo.iter().all(|v| v.is_finite()));
@@ -461,22 +597,30 @@ pub fn predict(series: &[Step], cfg: &PredictConfig) -> Prediction {
     p
 }
 
+/// Steps between retrainings of the online backtest: `retrain_every`, but
+/// at most about 200 retrainings over the series (long series with fine
+/// steps would otherwise retrain tens of thousands of times).
+pub fn retrain_interval(cfg: &PredictConfig, steps: usize) -> usize {
+    cfg.retrain_every.max(steps.div_ceil(200)).max(1)
+}
+
 /// The online backtest: at each step t, the forecast from a model trained
-/// on data up to the last retraining point ≤ t (every `retrain_every`
-/// steps), using only steps ≤ t.
+/// on data up to the last retraining point ≤ t (see [`retrain_interval`]),
+/// using only steps ≤ t.
 pub fn backtest(series: &[Step], cfg: &PredictConfig) -> Backtest {
     let n = series.len();
     let mut out = Backtest { forecasts: vec![None; n], risk: vec![None; n] };
     if cfg.window == 0 || cfg.horizon == 0 {
         return out;
     }
-    let every = cfg.retrain_every.max(1);
+    let every = retrain_interval(cfg, n);
+    let mut acc = Accumulator::new(series, cfg.window, cfg.horizon);
     let mut model: Option<Forecaster> = None;
     for t in 0..n {
-        if t % every == 0 || model.is_none() {
-            if let Some(m) = Forecaster::train(series, t, cfg, Learner::GradientDescent) {
-                model = Some(m);
-            }
+        if (t % every == 0 || model.is_none())
+            && let Some(m) = Forecaster::train_gd(&mut acc, t, cfg)
+        {
+            model = Some(m);
         }
         if let Some(m) = &model {
             let f: Vec<f64> = m.forecast(series, t, cfg.window).into_iter().map(|v| v.clamp(0.0, 100.0)).collect();
