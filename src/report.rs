@@ -511,15 +511,15 @@ fn prediction_md(a: &Analysis) -> String {
     if let Some(cv) = pr.cv_mae {
         let _ = writeln!(
             md,
-            "| cross-validated MAE (score points) | model {:.2} · persistence {:.2} · OLS {} ({} origins) |",
+            "| cross-validated MAE (score points, {} origins) | model {:.2} · persistence {:.2} · OLS {} |",
+            cv.origins,
             cv.model,
             cv.persistence,
             if cv.ols.is_finite() {
-                format!("{:.2} ({} origins)", cv.ols, cv.ols_origins)
+                format!("{:.2} (fitted at {} origins)", cv.ols, cv.ols_origins)
             } else {
                 "could not be fitted".into()
-            },
-            cv.origins
+            }
         );
     }
     let _ = writeln!(md, "| confidence | {:.2} |", pr.confidence.unwrap_or(0.0));
