@@ -125,6 +125,8 @@ pub struct Options {
     /// Device memory capacity for the OOM diagnosis; overrides the trace's.
     pub capacity: Option<u64>,
     pub predict: PredictConfig,
+    /// None: no pictures (`--no-plots`).
+    pub plot: Option<crate::plot::PlotConfig>,
 }
 
 /// One metric row, with the online backtest's view at that step (regular
@@ -166,6 +168,8 @@ pub struct Analysis {
     pub leaks: Vec<LeakReport>,
     /// The capacity the OOM diagnosis used, if any.
     pub capacity: Option<u64>,
+    /// Rendered pictures: (file name, RGB pixels, width, height).
+    pub images: Vec<(String, Vec<u8>, u32, u32)>,
     pub anomalies: Anomalies,
     pub peaks: Vec<Peak>,
     /// Peak of the live bytes summed over processes.
@@ -277,7 +281,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         .filter(|k| counts[**k as usize] > 0)
         .map(|k| (k.name().to_string(), counts[*k as usize]))
         .collect();
-    Ok(Analysis {
+    let mut analysis = Analysis {
         trace,
         events: events.len() as u64,
         counts_by_kind,
@@ -294,7 +298,22 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         peaks,
         peak_live_total: peak_total,
         options: *opts,
-    })
+        images: Vec::new(),
+    };
+    if let Some(pc) = &opts.plot
+        && !analysis.peaks.is_empty()
+    {
+        let started = std::time::Instant::now();
+        let lives = crate::plot::lifetimes(events);
+        let (mdtp, _) = crate::plot::render_mdtp(&analysis, &lives, &footprint, pc)?;
+        let timeline = crate::plot::render_timeline(&analysis, pc)?;
+        analysis.images = vec![
+            ("mdtp.png".into(), mdtp, pc.width, pc.height),
+            ("timeline.png".into(), timeline, pc.width, pc.height),
+        ];
+        tracing::debug!("plots in {:.3} s", started.elapsed().as_secs_f64());
+    }
+    Ok(analysis)
 }
 
 /// Live bytes and gap bytes summed over every process: the device's view.

@@ -109,6 +109,61 @@ pub struct AnalyzeArgs {
     pub predict: PredictArgs,
     #[command(flatten)]
     pub gates: GateArgs,
+    #[command(flatten)]
+    pub plots: PlotArgs,
+}
+
+/// Pictures: mdtp.png and timeline.png.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Plots")]
+pub struct PlotArgs {
+    /// Do not draw mdtp.png and timeline.png.
+    #[arg(long)]
+    pub no_plots: bool,
+    /// Image size in pixels, WIDTHxHEIGHT.
+    #[arg(long, default_value = "1600x900", value_parser = parse_size_px)]
+    pub size: (u32, u32),
+    /// Time window of the MDTP, relative to the trace start (e.g. 1s..2.5s).
+    #[arg(long, value_parser = parse_time_window)]
+    pub time_window: Option<(u64, u64)>,
+    /// Address window of the MDTP, in collapsed offset (e.g. 0..4GiB).
+    #[arg(long, value_parser = parse_addr_window)]
+    pub addr_window: Option<(u64, u64)>,
+    /// Draw only this process.
+    #[arg(long)]
+    pub pid: Option<u32>,
+}
+
+fn parse_size_px(s: &str) -> Result<(u32, u32), String> {
+    let (w, h) = s.split_once(['x', 'X']).ok_or_else(|| format!("`{s}`: expected WIDTHxHEIGHT, e.g. 1600x900"))?;
+    match (w.trim().parse::<u32>(), h.trim().parse::<u32>()) {
+        (Ok(w), Ok(h)) if (200..=20_000).contains(&w) && (150..=20_000).contains(&h) => Ok((w, h)),
+        _ => Err(format!("`{s}`: expected WIDTHxHEIGHT between 200x150 and 20000x20000")),
+    }
+}
+
+fn parse_window<F: Fn(&str) -> Result<u64, String>>(s: &str, one: F) -> Result<(u64, u64), String> {
+    let (a, b) = s.split_once("..").ok_or_else(|| format!("`{s}`: expected START..END"))?;
+    let (a, b) = (one(a.trim())?, one(b.trim())?);
+    if b <= a {
+        return Err(format!("`{s}`: the end must be after the start"));
+    }
+    Ok((a, b))
+}
+
+fn parse_time_window(s: &str) -> Result<(u64, u64), String> {
+    parse_window(s, |v| {
+        if v == "0" {
+            return Ok(0);
+        }
+        humantime::parse_duration(v)
+            .map(|d| d.as_nanos().min(u64::MAX as u128) as u64)
+            .map_err(|e| format!("`{v}`: {e} (examples: 0s, 250ms, 1.5s)"))
+    })
+}
+
+fn parse_addr_window(s: &str) -> Result<(u64, u64), String> {
+    parse_window(s, parse_bytes)
 }
 
 /// Predictor settings (SPEC §6).

@@ -3,7 +3,7 @@
 //! The data flow is the architecture: producers write a trace
 //! ([`synth`]; `record` and `import` to come) → [`trace`] loads it →
 //! [`replay`] applies its [`event`]s → [`metrics`] per timestep
-//! ([`analyze`]) → [`predict`], [`oom`], [`leak`] → [`report`].
+//! ([`analyze`]) → [`predict`], [`oom`], [`leak`] → [`plot`], [`report`].
 
 pub mod analyze;
 pub mod cli;
@@ -11,6 +11,7 @@ pub mod event;
 pub mod leak;
 pub mod metrics;
 pub mod oom;
+pub mod plot;
 pub mod predict;
 pub mod replay;
 pub mod report;
@@ -91,6 +92,13 @@ fn run_analyze(args: &AnalyzeArgs) -> Result<u8> {
             clear_trend: p.clear_trend,
             ..predict::PredictConfig::default()
         },
+        plot: (!args.plots.no_plots).then_some(plot::PlotConfig {
+            width: args.plots.size.0,
+            height: args.plots.size.1,
+            time_window: args.plots.time_window,
+            addr_window: args.plots.addr_window,
+            pid: args.plots.pid,
+        }),
     };
     opts.metrics.validate()?;
     let (traces, batch) = analyze::discover(&args.traces)?;

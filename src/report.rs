@@ -149,6 +149,9 @@ pub fn write_trace_outputs(a: &Analysis, out: &Path) -> Result<()> {
     let report = report_json(a);
     write_atomic(&out.join("report.json"), &serde_json::to_vec_pretty(&report)?)?;
     write_atomic(&out.join("report.md"), report_md(a).as_bytes())?;
+    for (name, pixels, w, h) in &a.images {
+        crate::plot::write_png(pixels, *w, *h, &out.join(name))?;
+    }
     Ok(())
 }
 

@@ -1,0 +1,522 @@
+//! The pictures (SPEC §7): `mdtp.png`, the Memory Distribution Timeline
+//! Plot — x = time, y = address offset within the process's collapsed
+//! footprint, every block a rectangle from its allocation to its free,
+//! coloured by size on a log scale (light → dark blue), free space white —
+//! and `timeline.png`, the metrics over time.
+//!
+//! Blocks are rasterised straight into the pixel buffer, not drawn one
+//! call each: per pixel row, a difference array over the columns collects
+//! each block's coverage (the fraction of the row's bytes it covers) and
+//! colour, and one prefix-sum pass resolves it, so a block costs O(rows it
+//! spans) whatever its duration. A block thinner than a row shades the
+//! pixel by its coverage; a block shorter than a column still gets one
+//! column. plotters draws the axes, labels, legend and the timeline.
+
+use std::path::Path;
+
+use ahash::AHashMap;
+use anyhow::{Context, Result, anyhow, bail};
+use plotters::prelude::*;
+
+use crate::analyze::Analysis;
+use crate::event::Events;
+use crate::predict::Risk;
+use crate::replay::Footprint;
+use crate::report::bytes;
+
+const FONT: &str = "sans-serif";
+
+/// Registers the bundled DejaVu Sans once (plotters' ab_glyph backend has
+/// no system font lookup; bundling keeps plots identical everywhere).
+fn fonts() -> Result<()> {
+    static ONCE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let ok =
+        *ONCE.get_or_init(|| plotters::style::register_font(FONT, FontStyle::Normal, dejavu::sans::regular()).is_ok());
+    if ok { Ok(()) } else { bail!("cannot load the bundled plot font") }
+}
+
+/// What to draw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlotConfig {
+    pub width: u32,
+    pub height: u32,
+    /// Time window, ns relative to the first event.
+    pub time_window: Option<(u64, u64)>,
+    /// Address window, bytes of collapsed offset.
+    pub addr_window: Option<(u64, u64)>,
+    /// Only this process (default: one panel per process).
+    pub pid: Option<u32>,
+}
+
+impl Default for PlotConfig {
+    fn default() -> Self {
+        PlotConfig { width: 1600, height: 900, time_window: None, addr_window: None, pid: None }
+    }
+}
+
+/// One block's life. `end` is the trace's last timestamp for blocks alive
+/// at the end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lifetime {
+    pub pid: u32,
+    pub addr: u64,
+    pub size: u64,
+    pub start: u64,
+    pub end: u64,
+}
+
+/// Block lifetimes from time-sorted events (device view: successful
+/// allocations until their free; an allocation at a live address closes
+/// the old block).
+pub fn lifetimes(events: &Events) -> Vec<Lifetime> {
+    let mut open: AHashMap<(u32, u64), (u64, u64)> = AHashMap::new();
+    let mut out = Vec::new();
+    let last = events.ts_ns.last().copied().unwrap_or(0);
+    for i in 0..events.len() {
+        let Some(kind) = events.kind[i] else { continue };
+        if events.ret[i] != 0 || events.addr[i] == 0 {
+            continue;
+        }
+        let (pid, addr, ts) = (events.pid[i], events.addr[i], events.ts_ns[i]);
+        if kind.is_device_alloc() && events.size[i] > 0 {
+            if let Some((size, start)) = open.insert((pid, addr), (events.size[i], ts)) {
+                out.push(Lifetime { pid, addr, size, start, end: ts });
+            }
+        } else if kind.is_device_free()
+            && let Some((size, start)) = open.remove(&(pid, addr))
+        {
+            out.push(Lifetime { pid, addr, size, start, end: ts });
+        }
+    }
+    out.extend(open.into_iter().map(|((pid, addr), (size, start))| Lifetime { pid, addr, size, start, end: last }));
+    out
+}
+
+/// Address → offset in the collapsed footprint (regions laid end to end).
+struct Collapse {
+    regions: Vec<(u64, u64, u64)>, // start, end, offset of start
+    total: u64,
+}
+
+impl Collapse {
+    fn new(regions: &[(u64, u64)]) -> Collapse {
+        let mut off = 0;
+        let regions = regions
+            .iter()
+            .map(|&(s, e)| {
+                let r = (s, e, off);
+                off += e - s;
+                r
+            })
+            .collect();
+        Collapse { regions, total: off }
+    }
+
+    fn offset(&self, addr: u64) -> Option<u64> {
+        let i = self.regions.partition_point(|r| r.0 <= addr).checked_sub(1)?;
+        let (s, e, off) = self.regions[i];
+        (addr < e).then(|| off + addr - s)
+    }
+}
+
+/// The light → dark blue ramp, t in [0, 1].
+pub fn size_colour(t: f64) -> [f64; 3] {
+    let (light, dark) = ([198.0, 219.0, 239.0], [8.0, 48.0, 107.0]);
+    let t = t.clamp(0.0, 1.0);
+    [0, 1, 2].map(|c| light[c] + (dark[c] - light[c]) * t)
+}
+
+/// Where a panel's plot area lies in the image and what it shows: for tests
+/// and for mapping (time, offset) to pixels.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PanelGeometry {
+    pub pid: u32,
+    /// Pixel columns [x0, x1) and rows [y0, y1) of the plot area.
+    pub x0: i32,
+    pub x1: i32,
+    pub y0: i32,
+    pub y1: i32,
+    /// Absolute ns at the left and right edges.
+    pub t0: u64,
+    pub t1: u64,
+    /// Collapsed offsets at the bottom and top edges.
+    pub o0: u64,
+    pub o1: u64,
+}
+
+impl PanelGeometry {
+    /// The pixel showing time `t` and offset `o`.
+    pub fn pixel(&self, t: u64, o: u64) -> (u32, u32) {
+        let fx = (t.saturating_sub(self.t0)) as f64 / (self.t1 - self.t0).max(1) as f64;
+        let fy = (o.saturating_sub(self.o0)) as f64 / (self.o1 - self.o0).max(1) as f64;
+        let x = self.x0 + ((self.x1 - self.x0) as f64 * fx).floor().min((self.x1 - self.x0 - 1) as f64) as i32;
+        let y = self.y1 - 1 - ((self.y1 - self.y0) as f64 * fy).floor().min((self.y1 - self.y0 - 1) as f64) as i32;
+        (x as u32, y as u32)
+    }
+}
+
+/// Human time for axis labels.
+fn time_label(ns: f64) -> String {
+    let a = ns.abs();
+    if a >= 1e9 {
+        format!("{:.2} s", ns / 1e9)
+    } else if a >= 1e6 {
+        format!("{:.1} ms", ns / 1e6)
+    } else if a >= 1e3 {
+        format!("{:.0} µs", ns / 1e3)
+    } else {
+        format!("{ns:.0} ns")
+    }
+}
+
+/// Renders the MDTP into an RGB buffer; returns the buffer and the panels.
+pub fn render_mdtp(
+    a: &Analysis,
+    lives: &[Lifetime],
+    footprint: &Footprint,
+    cfg: &PlotConfig,
+) -> Result<(Vec<u8>, Vec<PanelGeometry>)> {
+    fonts()?;
+    let (w, h) = (cfg.width, cfg.height);
+    if w < 200 || h < 150 {
+        bail!("--size {w}x{h} is too small for a plot (at least 200x150)");
+    }
+    let pids: Vec<u32> = match cfg.pid {
+        Some(p) => {
+            if !a.peaks.iter().any(|q| q.pid == p) {
+                bail!("--pid {p}: no such process with device memory in this trace");
+            }
+            vec![p]
+        }
+        None => a.peaks.iter().map(|p| p.pid).collect(),
+    };
+    let (t_first, t_last) = (a.first_ts, a.last_ts.max(a.first_ts + 1));
+    let (t0, t1) = match cfg.time_window {
+        Some((s, e)) => (t_first + s, t_first + e.max(s + 1)),
+        None => (t_first, t_last),
+    };
+    let (min_size, max_size) = lives.iter().fold((u64::MAX, 0), |(lo, hi), l| (lo.min(l.size), hi.max(l.size)));
+    let (lmin, lmax) = ((min_size.max(1) as f64).log2(), (max_size.max(1) as f64).log2());
+    let mut buf = vec![255u8; (w * h * 3) as usize];
+    let mut panels = Vec::new();
+    {
+        let root = BitMapBackend::with_buffer(&mut buf, (w, h)).into_drawing_area();
+        let s = crate::report::Summary::of(a);
+        let title = format!(
+            "{} — peak live {}, score {:.1}, {} OOM{}",
+            a.trace.name,
+            bytes(s.peak_live_bytes),
+            s.score.final_,
+            s.ooms,
+            if s.ooms == 1 { "" } else { "s" }
+        );
+        let root = root.titled(&title, (FONT, 22)).map_err(|e| anyhow!("{e}"))?;
+        let areas = root.split_evenly((pids.len().max(1), 1));
+        for (area, &pid) in areas.iter().zip(&pids) {
+            let collapse = Collapse::new(footprint.regions(pid));
+            let (o0, o1) = match cfg.addr_window {
+                Some((s, e)) => (s, e.max(s + 1)),
+                None => (0, collapse.total.max(1)),
+            };
+            let mut chart = ChartBuilder::on(area)
+                .margin(8)
+                .margin_right(130)
+                .caption(format!("process {pid}"), (FONT, 15))
+                .x_label_area_size(36)
+                .y_label_area_size(84)
+                .build_cartesian_2d(0f64..(t1 - t0) as f64, o0 as f64..o1 as f64)
+                .map_err(|e| anyhow!("{e}"))?;
+            chart
+                .configure_mesh()
+                .disable_mesh()
+                .x_desc("time")
+                .y_desc("address offset (collapsed)")
+                .label_style((FONT, 13))
+                .x_label_formatter(&|v| time_label(*v))
+                .y_label_formatter(&|v| bytes(v.max(0.0) as u64))
+                .draw()
+                .map_err(|e| anyhow!("{e}"))?;
+            let (xr, yr) = chart.plotting_area().get_pixel_range();
+            panels.push(PanelGeometry { pid, x0: xr.start, x1: xr.end, y0: yr.start, y1: yr.end, t0, t1, o0, o1 });
+            // Size legend in the right margin: the ramp with its ends.
+            let (lx, ly) = (xr.end + 20, yr.start);
+            let steps = 40;
+            for i in 0..steps {
+                let c = size_colour(1.0 - i as f64 / (steps - 1) as f64);
+                let y = ly + i * 4;
+                area.draw(&Rectangle::new(
+                    [
+                        (lx - area.get_base_pixel().0, y - area.get_base_pixel().1),
+                        (lx + 16 - area.get_base_pixel().0, y + 4 - area.get_base_pixel().1),
+                    ],
+                    RGBColor(c[0] as u8, c[1] as u8, c[2] as u8).filled(),
+                ))
+                .map_err(|e| anyhow!("{e}"))?;
+            }
+            let (bx, by) = area.get_base_pixel();
+            let style = TextStyle::from((FONT, 12).into_font()).color(&BLACK);
+            let _ = area.draw_text(&format!("≥ {}", bytes(max_size)), &style, (lx + 20 - bx, ly - by));
+            let _ = area.draw_text(
+                &format!("{}", bytes(min_size.min(max_size))),
+                &style,
+                (lx + 20 - bx, ly + steps * 4 - 12 - by),
+            );
+            let _ = area.draw_text("block size", &style, (lx - bx, ly + steps * 4 + 6 - by));
+        }
+        root.present().map_err(|e| anyhow!("{e}"))?;
+    }
+    for p in &panels {
+        let collapse = Collapse::new(footprint.regions(p.pid));
+        raster_panel(&mut buf, w, p, &collapse, lives, (lmin, lmax));
+        oom_marks(&mut buf, w, p, a);
+    }
+    Ok((buf, panels))
+}
+
+fn raster_panel(
+    buf: &mut [u8],
+    width: u32,
+    p: &PanelGeometry,
+    collapse: &Collapse,
+    lives: &[Lifetime],
+    log: (f64, f64),
+) {
+    let cols = (p.x1 - p.x0).max(1) as usize;
+    let rows = (p.y1 - p.y0).max(1) as usize;
+    let ns_per_col = (p.t1 - p.t0) as f64 / cols as f64;
+    let bytes_per_row = (p.o1 - p.o0) as f64 / rows as f64;
+    // Per row, difference arrays of coverage and coverage-weighted colour.
+    let mut acc = vec![[0f32; 4]; rows * (cols + 1)];
+    for l in lives.iter().filter(|l| l.pid == p.pid) {
+        if l.end < p.t0 || l.start > p.t1 {
+            continue;
+        }
+        let Some(o) = collapse.offset(l.addr) else { continue };
+        let (lo, hi) = (o.max(p.o0), (o + l.size).min(p.o1));
+        if lo >= hi {
+            continue;
+        }
+        let c0 = ((l.start.max(p.t0) - p.t0) as f64 / ns_per_col) as usize;
+        let c1 = (((l.end.min(p.t1) - p.t0) as f64 / ns_per_col).ceil() as usize).max(c0 + 1).min(cols);
+        let c0 = c0.min(cols - 1);
+        let t = if log.1 > log.0 { ((l.size as f64).log2() - log.0) / (log.1 - log.0) } else { 1.0 };
+        let colour = size_colour(t);
+        let (r0, r1) = ((lo - p.o0) as f64 / bytes_per_row, (hi - p.o0) as f64 / bytes_per_row);
+        let mut r = r0.floor() as usize;
+        while (r as f64) < r1 && r < rows {
+            let cov = (r1.min(r as f64 + 1.0) - r0.max(r as f64)) as f32;
+            let add = [cov, cov * colour[0] as f32, cov * colour[1] as f32, cov * colour[2] as f32];
+            let base = r * (cols + 1);
+            for k in 0..4 {
+                acc[base + c0][k] += add[k];
+                acc[base + c1][k] -= add[k];
+            }
+            r += 1;
+        }
+    }
+    for r in 0..rows {
+        let mut run = [0f32; 4];
+        let y = p.y1 - 1 - r as i32; // offsets grow upwards
+        for c in 0..cols {
+            let d = acc[r * (cols + 1) + c];
+            for k in 0..4 {
+                run[k] += d[k];
+            }
+            let cov = run[0].clamp(0.0, 1.0);
+            let px = ((y as u32 * width + (p.x0 as u32 + c as u32)) * 3) as usize;
+            if run[0] > 1e-6 {
+                for k in 0..3 {
+                    let colour = run[k + 1] / run[0];
+                    buf[px + k] = (255.0 * (1.0 - cov) + colour * cov).round().clamp(0.0, 255.0) as u8;
+                }
+            } else {
+                buf[px..px + 3].copy_from_slice(&[255, 255, 255]);
+            }
+        }
+    }
+    // Thin grey separators where collapsed regions meet, over free space
+    // only, so they never hide a block.
+    for &(_, _, off) in collapse.regions.iter().skip(1) {
+        if off > p.o0 && off < p.o1 {
+            let r = ((off - p.o0) as f64 / bytes_per_row) as i32;
+            let y = p.y1 - 1 - r;
+            for c in 0..cols {
+                let px = ((y as u32 * width + p.x0 as u32 + c as u32) * 3) as usize;
+                if buf[px..px + 3] == [255, 255, 255] {
+                    buf[px..px + 3].copy_from_slice(&[150, 150, 150]);
+                }
+            }
+        }
+    }
+}
+
+/// OOM instants: a red line, and the failed request's size as a red bar at
+/// the top of the plot, to compare with the holes around it.
+fn oom_marks(buf: &mut [u8], width: u32, p: &PanelGeometry, a: &Analysis) {
+    let rows = (p.y1 - p.y0).max(1) as f64;
+    let bytes_per_row = (p.o1 - p.o0) as f64 / rows;
+    for o in a.ooms.iter().filter(|o| o.pid == p.pid && o.t_ns >= p.t0 && o.t_ns <= p.t1) {
+        let (x, _) = p.pixel(o.t_ns, p.o0);
+        for y in p.y0..p.y1 {
+            let px = ((y as u32 * width + x) * 3) as usize;
+            buf[px..px + 3].copy_from_slice(&[220, 0, 0]);
+        }
+        let bar = ((o.requested as f64 / bytes_per_row).ceil() as i32).clamp(2, p.y1 - p.y0);
+        for y in p.y0..p.y0 + bar {
+            for dx in 0..3 {
+                let xx = (x as i32 + dx - 1).clamp(p.x0, p.x1 - 1) as u32;
+                let px = ((y as u32 * width + xx) * 3) as usize;
+                buf[px..px + 3].copy_from_slice(&[255, 0, 0]);
+            }
+        }
+    }
+}
+
+/// Writes an RGB buffer as PNG through a temporary file.
+pub fn write_png(buf: &[u8], w: u32, h: u32, path: &Path) -> Result<()> {
+    let img = image::RgbImage::from_raw(w, h, buf.to_vec()).ok_or_else(|| anyhow!("internal: bad image buffer"))?;
+    let tmp = path.with_extension("png.tmp");
+    img.save_with_format(&tmp, image::ImageFormat::Png).with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+/// Renders the timeline: live bytes; score and its weighted components;
+/// the online forecast; risk bands; OOM markers.
+pub fn render_timeline(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u8>> {
+    fonts()?;
+    let (w, h) = (cfg.width, cfg.height);
+    let mut buf = vec![255u8; (w * h * 3) as usize];
+    {
+        let root = BitMapBackend::with_buffer(&mut buf, (w, h)).into_drawing_area();
+        let root =
+            root.titled(&format!("{} — metrics over time", a.trace.name), (FONT, 22)).map_err(|e| anyhow!("{e}"))?;
+        let panels = root.split_evenly((3, 1));
+        let t0 = a.first_ts;
+        let span = (a.last_ts.max(t0 + 1) - t0) as f64;
+        let pid = cfg.pid.or_else(|| {
+            a.predictions.iter().reduce(|b, p| if p.prediction.risk > b.prediction.risk { p } else { b }).map(|p| p.pid)
+        });
+        let rows: Vec<&crate::analyze::Row> = a.rows.iter().filter(|r| !r.at_oom && Some(r.pid) == pid).collect();
+        let x = |r: &crate::analyze::Row| (r.t_ns - t0) as f64;
+        let ooms: Vec<f64> = a.ooms.iter().map(|o| (o.t_ns - t0) as f64).collect();
+        let err = |e: DrawingAreaErrorKind<_>| anyhow!("{e}");
+
+        // 1. Live bytes.
+        let max_live = rows.iter().map(|r| r.metrics.live_bytes).max().unwrap_or(1).max(1) as f64;
+        let mut c = ChartBuilder::on(&panels[0])
+            .margin(8)
+            .x_label_area_size(30)
+            .y_label_area_size(84)
+            .build_cartesian_2d(0f64..span, 0f64..max_live * 1.05)
+            .map_err(err)?;
+        c.configure_mesh()
+            .label_style((FONT, 12))
+            .y_desc("live")
+            .x_label_formatter(&|v| time_label(*v))
+            .y_label_formatter(&|v| bytes(v.max(0.0) as u64))
+            .draw()
+            .map_err(err)?;
+        c.draw_series(LineSeries::new(rows.iter().map(|r| (x(r), r.metrics.live_bytes as f64)), BLUE.stroke_width(2)))
+            .map_err(err)?
+            .label(format!("live bytes (process {})", pid.unwrap_or(0)))
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], BLUE));
+        for &o in &ooms {
+            c.draw_series(std::iter::once(PathElement::new(vec![(o, 0.0), (o, max_live * 1.05)], RED))).map_err(err)?;
+        }
+        c.configure_series_labels()
+            .label_font((FONT, 12))
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(err)?;
+
+        // 2. Score and its weighted components, risk bands behind.
+        let mut c = ChartBuilder::on(&panels[1])
+            .margin(8)
+            .x_label_area_size(30)
+            .y_label_area_size(84)
+            .build_cartesian_2d(0f64..span, 0f64..100f64)
+            .map_err(err)?;
+        c.configure_mesh()
+            .label_style((FONT, 12))
+            .y_desc("score")
+            .x_label_formatter(&|v| time_label(*v))
+            .draw()
+            .map_err(err)?;
+        for (lo, hi, colour) in [(70.0, 80.0, RGBColor(255, 224, 178)), (80.0, 100.0, RGBColor(255, 205, 210))] {
+            c.draw_series(std::iter::once(Rectangle::new([(0.0, lo), (span, hi)], colour.mix(0.6).filled())))
+                .map_err(err)?;
+        }
+        let names = ["fragmentation (50·2E)", "unusable index (15·K)", "allocation mix (10·…)", "large gaps (25·L)"];
+        let colours = [RGBColor(31, 119, 180), RGBColor(255, 127, 14), RGBColor(44, 160, 44), RGBColor(148, 103, 189)];
+        for (k, (name, colour)) in names.iter().zip(colours).enumerate() {
+            c.draw_series(LineSeries::new(
+                rows.iter().map(|r| (x(r), crate::metrics::score_components(&r.metrics)[k])),
+                colour.stroke_width(1),
+            ))
+            .map_err(err)?
+            .label(*name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], colour));
+        }
+        c.draw_series(LineSeries::new(rows.iter().map(|r| (x(r), r.metrics.score)), BLACK.stroke_width(2)))
+            .map_err(err)?
+            .label("score")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], BLACK));
+        for &o in &ooms {
+            c.draw_series(std::iter::once(PathElement::new(vec![(o, 0.0), (o, 100.0)], RED))).map_err(err)?;
+        }
+        c.configure_series_labels()
+            .label_font((FONT, 12))
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(err)?;
+
+        // 3. Online forecast against the score, online risk shaded.
+        let mut c = ChartBuilder::on(&panels[2])
+            .margin(8)
+            .x_label_area_size(30)
+            .y_label_area_size(84)
+            .build_cartesian_2d(0f64..span, 0f64..100f64)
+            .map_err(err)?;
+        c.configure_mesh()
+            .label_style((FONT, 12))
+            .y_desc("forecast")
+            .x_desc("time")
+            .x_label_formatter(&|v| time_label(*v))
+            .draw()
+            .map_err(err)?;
+        for pair in rows.windows(2) {
+            let colour = match pair[0].risk_online {
+                Some(Risk::Critical) => RGBColor(255, 205, 210),
+                Some(Risk::High) => RGBColor(255, 224, 178),
+                _ => continue,
+            };
+            c.draw_series(std::iter::once(Rectangle::new([(x(pair[0]), 0.0), (x(pair[1]), 100.0)], colour.filled())))
+                .map_err(err)?;
+        }
+        c.draw_series(LineSeries::new(rows.iter().map(|r| (x(r), r.metrics.score)), BLACK.stroke_width(1)))
+            .map_err(err)?
+            .label("score")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], BLACK));
+        c.draw_series(LineSeries::new(
+            rows.iter().filter_map(|r| Some((x(r), *r.forecast.as_ref()?.first()?))),
+            MAGENTA.stroke_width(1),
+        ))
+        .map_err(err)?
+        .label("online forecast, next step (risk high/critical shaded)")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], MAGENTA));
+        for &o in &ooms {
+            c.draw_series(std::iter::once(PathElement::new(vec![(o, 0.0), (o, 100.0)], RED))).map_err(err)?;
+        }
+        c.configure_series_labels()
+            .label_font((FONT, 12))
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(err)?;
+        root.present().map_err(|e| anyhow!("{e}"))?;
+    }
+    Ok(buf)
+}
