@@ -381,6 +381,71 @@ pub fn write_png(buf: &[u8], w: u32, h: u32, path: &Path) -> Result<()> {
     Ok(())
 }
 
+type Panel<'a, 'b> = ChartContext<
+    'a,
+    BitMapBackend<'b>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+fn draw_err<E: std::error::Error + Send + Sync>(e: DrawingAreaErrorKind<E>) -> anyhow::Error {
+    anyhow!("cannot draw the plot: {e}")
+}
+
+/// One timeline panel over the whole trace: axes, labels, `y` range.
+fn timeline_panel<'a, 'b>(
+    area: &'a DrawingArea<BitMapBackend<'b>, plotters::coord::Shift>,
+    span: f64,
+    y: std::ops::Range<f64>,
+    y_desc: &str,
+    y_fmt: &dyn Fn(&f64) -> String,
+    last: bool,
+) -> Result<Panel<'a, 'b>> {
+    let mut c = ChartBuilder::on(area)
+        .margin(8)
+        .x_label_area_size(30)
+        .y_label_area_size(84)
+        .build_cartesian_2d(0f64..span, y)
+        .map_err(draw_err)?;
+    c.configure_mesh()
+        .label_style((FONT, 12))
+        .y_desc(y_desc)
+        .x_desc(if last { "time" } else { "" })
+        .x_label_formatter(&|v| time_label(*v))
+        .y_label_formatter(y_fmt)
+        .draw()
+        .map_err(draw_err)?;
+    Ok(c)
+}
+
+/// A line series with its legend entry.
+fn line<'a, 'b>(
+    c: &mut Panel<'a, 'b>,
+    points: Vec<(f64, f64)>,
+    colour: RGBColor,
+    width: u32,
+    label: &str,
+) -> Result<()> {
+    c.draw_series(LineSeries::new(points, colour.stroke_width(width)))
+        .map_err(draw_err)?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], colour));
+    Ok(())
+}
+
+/// OOM markers across the panel, then the legend.
+fn finish_panel<'a, 'b: 'a>(c: &mut Panel<'a, 'b>, ooms: &[f64], top: f64) -> Result<()> {
+    for &o in ooms {
+        c.draw_series(std::iter::once(PathElement::new(vec![(o, 0.0), (o, top)], RED))).map_err(draw_err)?;
+    }
+    c.configure_series_labels()
+        .label_font((FONT, 12))
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(draw_err)?;
+    Ok(())
+}
+
 /// Renders the timeline: live bytes; score and its weighted components;
 /// the online forecast; risk bands; OOM markers.
 pub fn render_timeline(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u8>> {
@@ -389,8 +454,7 @@ pub fn render_timeline(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u8>> {
     let mut buf = vec![255u8; (w * h * 3) as usize];
     {
         let root = BitMapBackend::with_buffer(&mut buf, (w, h)).into_drawing_area();
-        let root =
-            root.titled(&format!("{} — metrics over time", a.trace.name), (FONT, 22)).map_err(|e| anyhow!("{e}"))?;
+        let root = root.titled(&format!("{} — metrics over time", a.trace.name), (FONT, 22)).map_err(draw_err)?;
         let panels = root.split_evenly((3, 1));
         let t0 = a.first_ts;
         let span = (a.last_ts.max(t0 + 1) - t0) as f64;
@@ -399,94 +463,34 @@ pub fn render_timeline(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u8>> {
         });
         let rows: Vec<&crate::analyze::Row> = a.rows.iter().filter(|r| !r.at_oom && Some(r.pid) == pid).collect();
         let x = |r: &crate::analyze::Row| (r.t_ns - t0) as f64;
-        let ooms: Vec<f64> = a.ooms.iter().map(|o| (o.t_ns - t0) as f64).collect();
-        let err = |e: DrawingAreaErrorKind<_>| anyhow!("{e}");
+        let ooms: Vec<f64> = a.ooms.iter().filter(|o| Some(o.pid) == pid).map(|o| (o.t_ns - t0) as f64).collect();
+        let plain = |v: &f64| format!("{v:.0}");
+        let score: Vec<(f64, f64)> = rows.iter().map(|r| (x(r), r.metrics.score)).collect();
 
         // 1. Live bytes.
-        let max_live = rows.iter().map(|r| r.metrics.live_bytes).max().unwrap_or(1).max(1) as f64;
-        let mut c = ChartBuilder::on(&panels[0])
-            .margin(8)
-            .x_label_area_size(30)
-            .y_label_area_size(84)
-            .build_cartesian_2d(0f64..span, 0f64..max_live * 1.05)
-            .map_err(err)?;
-        c.configure_mesh()
-            .label_style((FONT, 12))
-            .y_desc("live")
-            .x_label_formatter(&|v| time_label(*v))
-            .y_label_formatter(&|v| bytes(v.max(0.0) as u64))
-            .draw()
-            .map_err(err)?;
-        c.draw_series(LineSeries::new(rows.iter().map(|r| (x(r), r.metrics.live_bytes as f64)), BLUE.stroke_width(2)))
-            .map_err(err)?
-            .label(format!("live bytes (process {})", pid.unwrap_or(0)))
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], BLUE));
-        for &o in &ooms {
-            c.draw_series(std::iter::once(PathElement::new(vec![(o, 0.0), (o, max_live * 1.05)], RED))).map_err(err)?;
-        }
-        c.configure_series_labels()
-            .label_font((FONT, 12))
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?;
+        let top = rows.iter().map(|r| r.metrics.live_bytes).max().unwrap_or(1).max(1) as f64 * 1.05;
+        let mut c = timeline_panel(&panels[0], span, 0.0..top, "live", &|v| bytes(v.max(0.0) as u64), false)?;
+        let live = rows.iter().map(|r| (x(r), r.metrics.live_bytes as f64)).collect();
+        line(&mut c, live, BLUE, 2, &format!("live bytes (process {})", pid.unwrap_or(0)))?;
+        finish_panel(&mut c, &ooms, top)?;
 
         // 2. Score and its weighted components, risk bands behind.
-        let mut c = ChartBuilder::on(&panels[1])
-            .margin(8)
-            .x_label_area_size(30)
-            .y_label_area_size(84)
-            .build_cartesian_2d(0f64..span, 0f64..100f64)
-            .map_err(err)?;
-        c.configure_mesh()
-            .label_style((FONT, 12))
-            .y_desc("score")
-            .x_label_formatter(&|v| time_label(*v))
-            .draw()
-            .map_err(err)?;
+        let mut c = timeline_panel(&panels[1], span, 0.0..100.0, "score", &plain, false)?;
         for (lo, hi, colour) in [(70.0, 80.0, RGBColor(255, 224, 178)), (80.0, 100.0, RGBColor(255, 205, 210))] {
             c.draw_series(std::iter::once(Rectangle::new([(0.0, lo), (span, hi)], colour.mix(0.6).filled())))
-                .map_err(err)?;
+                .map_err(draw_err)?;
         }
         let names = ["fragmentation (50·2E)", "unusable index (15·K)", "allocation mix (10·…)", "large gaps (25·L)"];
         let colours = [RGBColor(31, 119, 180), RGBColor(255, 127, 14), RGBColor(44, 160, 44), RGBColor(148, 103, 189)];
         for (k, (name, colour)) in names.iter().zip(colours).enumerate() {
-            c.draw_series(LineSeries::new(
-                rows.iter().map(|r| (x(r), crate::metrics::score_components(&r.metrics)[k])),
-                colour.stroke_width(1),
-            ))
-            .map_err(err)?
-            .label(*name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], colour));
+            let points = rows.iter().map(|r| (x(r), crate::metrics::score_components(&r.metrics)[k])).collect();
+            line(&mut c, points, colour, 1, name)?;
         }
-        c.draw_series(LineSeries::new(rows.iter().map(|r| (x(r), r.metrics.score)), BLACK.stroke_width(2)))
-            .map_err(err)?
-            .label("score")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], BLACK));
-        for &o in &ooms {
-            c.draw_series(std::iter::once(PathElement::new(vec![(o, 0.0), (o, 100.0)], RED))).map_err(err)?;
-        }
-        c.configure_series_labels()
-            .label_font((FONT, 12))
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?;
+        line(&mut c, score.clone(), BLACK, 2, "score")?;
+        finish_panel(&mut c, &ooms, 100.0)?;
 
         // 3. Online forecast against the score, online risk shaded.
-        let mut c = ChartBuilder::on(&panels[2])
-            .margin(8)
-            .x_label_area_size(30)
-            .y_label_area_size(84)
-            .build_cartesian_2d(0f64..span, 0f64..100f64)
-            .map_err(err)?;
-        c.configure_mesh()
-            .label_style((FONT, 12))
-            .y_desc("forecast")
-            .x_desc("time")
-            .x_label_formatter(&|v| time_label(*v))
-            .draw()
-            .map_err(err)?;
+        let mut c = timeline_panel(&panels[2], span, 0.0..100.0, "forecast", &plain, true)?;
         for pair in rows.windows(2) {
             let colour = match pair[0].risk_online {
                 Some(Risk::Critical) => RGBColor(255, 205, 210),
@@ -494,29 +498,13 @@ pub fn render_timeline(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u8>> {
                 _ => continue,
             };
             c.draw_series(std::iter::once(Rectangle::new([(x(pair[0]), 0.0), (x(pair[1]), 100.0)], colour.filled())))
-                .map_err(err)?;
+                .map_err(draw_err)?;
         }
-        c.draw_series(LineSeries::new(rows.iter().map(|r| (x(r), r.metrics.score)), BLACK.stroke_width(1)))
-            .map_err(err)?
-            .label("score")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], BLACK));
-        c.draw_series(LineSeries::new(
-            rows.iter().filter_map(|r| Some((x(r), *r.forecast.as_ref()?.first()?))),
-            MAGENTA.stroke_width(1),
-        ))
-        .map_err(err)?
-        .label("online forecast, next step (risk high/critical shaded)")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], MAGENTA));
-        for &o in &ooms {
-            c.draw_series(std::iter::once(PathElement::new(vec![(o, 0.0), (o, 100.0)], RED))).map_err(err)?;
-        }
-        c.configure_series_labels()
-            .label_font((FONT, 12))
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?;
-        root.present().map_err(|e| anyhow!("{e}"))?;
+        line(&mut c, score, BLACK, 1, "score")?;
+        let forecast = rows.iter().filter_map(|r| Some((x(r), *r.forecast.as_ref()?.first()?))).collect();
+        line(&mut c, forecast, MAGENTA, 1, "online forecast, next step (risk high/critical shaded)")?;
+        finish_panel(&mut c, &ooms, 100.0)?;
+        root.present().map_err(draw_err)?;
     }
     Ok(buf)
 }
