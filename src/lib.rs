@@ -11,6 +11,7 @@ pub mod event;
 pub mod leak;
 pub mod metrics;
 pub mod oom;
+pub mod pickle;
 pub mod plot;
 pub mod predict;
 pub mod replay;
