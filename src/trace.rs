@@ -294,6 +294,17 @@ impl Trace {
     pub fn open(dir: &Path) -> Result<Trace> {
         let md = fs::metadata(dir).with_context(|| format!("{}: no such trace", dir.display()))?;
         if !md.is_dir() {
+            let mut head = [0u8; 2];
+            let pickled = File::open(dir).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head)).is_ok()
+                && head[0] == 0x80
+                && (2..=5).contains(&head[1]);
+            if pickled {
+                bail!(
+                    "{} looks like a PyTorch memory snapshot (a pickle); this version of fragscope cannot import \
+                     snapshots yet (`fragscope import` is in progress) — analyze takes trace directories",
+                    dir.display()
+                );
+            }
             bail!("{} is not a trace directory (expected a directory of events-NNNNN.parquet parts)", dir.display());
         }
         let meta_path = dir.join(META_FILE);

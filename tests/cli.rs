@@ -220,6 +220,10 @@ fn bad_inputs_get_clear_errors() {
     fs::create_dir(&empty).unwrap();
     analyze_fails(&empty, &out, "neither a trace");
 
+    let snapshot = tmp.path().join("snap.pickle");
+    fs::write(&snapshot, b"\x80\x04}\x94.").unwrap();
+    analyze_fails(&snapshot, &out, "looks like a PyTorch memory snapshot");
+
     let file = tmp.path().join("file.parquet");
     fs::write(&file, b"PAR1 garbage").unwrap();
     analyze_fails(&file, &out, "is not a trace directory");
