@@ -234,7 +234,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
                     forecast: None,
                     risk_online: None,
                 });
-                let (live_total, gaps_total) = pids_now(&replay);
+                let (live_total, gaps_total) = pids_now(&mut replay);
                 ooms.push(crate::oom::diagnose(
                     e.ts_ns,
                     e.pid,
@@ -316,10 +316,11 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     Ok(analysis)
 }
 
-/// Live bytes and gap bytes summed over every process: the device's view.
-fn pids_now(replay: &Replay) -> (u64, u64) {
-    replay
-        .pids()
+/// Live bytes, and free bytes inside the arenas (span − live: gaps and
+/// alignment slack), summed over every process: the device's view.
+fn pids_now(replay: &mut Replay) -> (u64, u64) {
+    let pids: Vec<u32> = replay.pids().collect();
+    pids.into_iter()
         .map(|p| replay.metrics(p))
         .fold((0, 0), |(l, g), m| (l + m.live_bytes, g + (m.span_bytes - m.live_bytes).min(m.span_bytes)))
 }

@@ -130,6 +130,8 @@ struct Proc<'f> {
     footprint: Option<&'f ProcFootprint>,
     /// Reference mode only: the live blocks, unordered.
     hashed: AHashMap<u64, u64>,
+    /// New blocks not yet in `live`, sorted by address (see `Proc::alloc`).
+    pending: Vec<(u64, u64)>,
     live: BTreeMap<u64, u64>,
     blocks: BlockStats,
     gaps: GapSet,
@@ -199,6 +201,7 @@ impl<'f> Replay<'f> {
                     pid,
                     footprint: self.footprint.procs.get(&pid),
                     hashed: AHashMap::new(),
+                    pending: Vec::new(),
                     live: BTreeMap::new(),
                     blocks: BlockStats::default(),
                     gaps: GapSet::default(),
@@ -253,12 +256,12 @@ impl<'f> Replay<'f> {
             if e.addr == 0 || e.size == 0 || e.addr.checked_add(e.size).is_none() {
                 return;
             }
-            if proc.place(e.addr, e.size, &fp.regions, &cfg) {
+            if proc.alloc(e.addr, e.size, &fp.regions, &cfg) {
                 self.anomalies.overlap += 1;
             }
         } else if e.addr != 0 {
             let regions = fp.map_or(&[][..], |f| &f.regions);
-            if proc.remove(e.addr, regions, &cfg).is_none() {
+            if proc.free(e.addr, regions, &cfg).is_none() {
                 match fp.and_then(|f| f.first_alloc.get(&e.addr)) {
                     Some(&first) if first < e.ts_ns => self.anomalies.double_free += 1,
                     _ => self.anomalies.unknown_free += 1,
@@ -297,8 +300,20 @@ impl<'f> Replay<'f> {
         self.anomalies.unknown_kind += 1;
     }
 
+    /// Places the pending blocks of `pid` (before a row is computed).
+    fn flush(&mut self, pid: u32) {
+        if let Some(&i) = self.index.get(&pid) {
+            let proc = &mut self.procs[i];
+            if !proc.pending.is_empty() {
+                let regions = proc.footprint.map_or(&[][..], |f| &f.regions);
+                proc.flush(regions, &self.cfg);
+            }
+        }
+    }
+
     /// The metrics of `pid` in the current state.
-    pub fn metrics(&self, pid: u32) -> Metrics {
+    pub fn metrics(&mut self, pid: u32) -> Metrics {
+        self.flush(pid);
         if self.reference {
             let mut blocks: Vec<(u64, u64)> =
                 self.proc(pid).map_or_else(Vec::new, |p| p.hashed.iter().map(|(&a, &s)| (a, s)).collect());
@@ -312,7 +327,8 @@ impl<'f> Replay<'f> {
     }
 
     /// Live blocks of `pid` as (address, size), sorted by address.
-    pub fn live_blocks(&self, pid: u32) -> Vec<(u64, u64)> {
+    pub fn live_blocks(&mut self, pid: u32) -> Vec<(u64, u64)> {
+        self.flush(pid);
         self.proc(pid).map_or_else(Vec::new, |p| p.live.iter().map(|(&a, &s)| (a, s)).collect())
     }
 
@@ -330,6 +346,9 @@ impl<'f> Replay<'f> {
         self.anomalies
     }
 }
+
+/// Pending blocks are placed in the ordered structures beyond this many.
+const PENDING_MAX: usize = 64;
 
 impl Proc<'_> {
     /// Neighbours of `addr` (exclusive) that lie in the region containing it.
@@ -351,24 +370,62 @@ impl Proc<'_> {
         }
     }
 
-    /// Places a block inside a footprint region, first removing the live
-    /// blocks it overlaps (true if there were any). The predecessor is the
-    /// last block starting before the new block's end once nothing overlaps,
-    /// so the overlap check and the neighbour search share one descent.
-    fn place(&mut self, addr: u64, size: u64, regions: &[(u64, u64)], cfg: &MetricsConfig) -> bool {
-        let region = region_of(regions, addr);
+    /// A new block: removes the live blocks it overlaps (true if any), then
+    /// holds it as pending. Pending blocks (address-sorted, disjoint from
+    /// each other and from the placed ones) enter the ordered structures
+    /// only at [`Proc::flush`]: a temporary freed before that never costs a
+    /// tree update.
+    fn alloc(&mut self, addr: u64, size: u64, regions: &[(u64, u64)], cfg: &MetricsConfig) -> bool {
         let end = addr + size;
         let mut evicted = false;
-        let pred = loop {
-            match self.live.range(..end).next_back() {
-                Some((&a, &s)) if a + s > addr => {
-                    self.remove(a, regions, cfg);
-                    evicted = true;
-                }
-                Some((&a, &s)) if a >= region.0 => break Some(a + s),
-                _ => break None,
+        let first = self.pending.partition_point(|p| p.0 + p.1 <= addr);
+        while first < self.pending.len() && self.pending[first].0 < end {
+            let (_, s) = self.pending.remove(first);
+            self.blocks.remove(s, cfg);
+            evicted = true;
+        }
+        while let Some((&a, &s)) = self.live.range(..end).next_back() {
+            if a + s <= addr {
+                break;
             }
+            self.unplace(a, regions, cfg);
+            self.blocks.remove(s, cfg);
+            evicted = true;
+        }
+        self.pending.insert(first, (addr, size));
+        self.blocks.add(size, cfg);
+        if self.pending.len() > PENDING_MAX {
+            self.flush(regions, cfg);
+        }
+        evicted
+    }
+
+    /// Frees the block starting at `addr`; its size, or None if not live.
+    fn free(&mut self, addr: u64, regions: &[(u64, u64)], cfg: &MetricsConfig) -> Option<u64> {
+        let size = match self.pending.binary_search_by_key(&addr, |p| p.0) {
+            Ok(i) => self.pending.remove(i).1,
+            Err(_) => self.unplace(addr, regions, cfg)?,
         };
+        self.blocks.remove(size, cfg);
+        Some(size)
+    }
+
+    /// Places every pending block in the ordered structures.
+    fn flush(&mut self, regions: &[(u64, u64)], cfg: &MetricsConfig) {
+        let pending = std::mem::take(&mut self.pending);
+        for &(addr, size) in &pending {
+            self.place(addr, size, regions, cfg);
+        }
+        self.pending = pending;
+        self.pending.clear();
+    }
+
+    /// Puts a block that overlaps nothing into the ordered map, the gaps and
+    /// the span. Its predecessor is the last block starting before its end.
+    fn place(&mut self, addr: u64, size: u64, regions: &[(u64, u64)], cfg: &MetricsConfig) {
+        let region = region_of(regions, addr);
+        let end = addr + size;
+        let pred = self.live.range(..end).next_back().filter(|(a, _)| **a >= region.0).map(|(&a, &s)| a + s);
         let succ = self.live.range(end..).next().filter(|(a, _)| **a < region.1).map(|(&a, _)| a);
         match (pred, succ) {
             (Some(p_end), Some(q_start)) => {
@@ -387,12 +444,11 @@ impl Proc<'_> {
             (None, None) => self.span += size,
         }
         self.live.insert(addr, size);
-        self.blocks.add(size, cfg);
-        evicted
     }
 
-    /// Removes the live block starting at `addr`; its size, or None.
-    fn remove(&mut self, addr: u64, regions: &[(u64, u64)], cfg: &MetricsConfig) -> Option<u64> {
+    /// Takes the placed block starting at `addr` out of the ordered map,
+    /// the gaps and the span; its size, or None.
+    fn unplace(&mut self, addr: u64, regions: &[(u64, u64)], cfg: &MetricsConfig) -> Option<u64> {
         let size = self.live.remove(&addr)?;
         let end = addr + size;
         let region = region_of(regions, addr);
@@ -412,7 +468,6 @@ impl Proc<'_> {
             }
             (None, None) => self.span -= size,
         }
-        self.blocks.remove(size, cfg);
         Some(size)
     }
 }
