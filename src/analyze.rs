@@ -334,15 +334,8 @@ fn predict_process(pid: u32, rows: &mut [Row], ooms: &[OomDiagnosis], cfg: &Pred
         .iter()
         .map(|&i| {
             let m = &rows[i].metrics;
-            [
-                m.external_fragmentation,
-                m.kernel_unusable_index,
-                m.small_alloc_ratio,
-                m.size_cv,
-                m.large_gap_ratio,
-                m.utilization,
-                m.score,
-            ]
+            let [e, k, s, c, l, u] = m.features();
+            [e, k, s, c, l, u, m.score]
         })
         .collect();
     let prediction = crate::predict::predict(&series, cfg);

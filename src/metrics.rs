@@ -127,6 +127,18 @@ pub fn target_block(blocks: &BlockStats, page_size: u64) -> u64 {
 }
 
 impl Metrics {
+    /// The six features of SPEC §6, in its order: E, K, S, C, L, U.
+    pub fn features(&self) -> [f64; 6] {
+        [
+            self.external_fragmentation,
+            self.kernel_unusable_index,
+            self.small_alloc_ratio,
+            self.size_cv,
+            self.large_gap_ratio,
+            self.utilization,
+        ]
+    }
+
     /// The metrics of SPEC §4 from the block sums, the summed arena span and
     /// the gaps.
     pub fn compute<G: GapQuery + ?Sized>(blocks: &BlockStats, span: u64, gaps: &G, cfg: &MetricsConfig) -> Metrics {

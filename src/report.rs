@@ -374,6 +374,7 @@ pub fn report_md(a: &Analysis) -> String {
     for p in &a.peaks {
         let st = ScoreStats::of(&process_scores(&a.rows, p.pid));
         let m = last_row(a, p.pid).map(|r| r.metrics).unwrap_or_default();
+        let [e, k, small, cv, l, u] = m.features();
         let _ = writeln!(
             md,
             "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {} |",
@@ -383,12 +384,12 @@ pub fn report_md(a: &Analysis) -> String {
             st.mean,
             st.p95,
             st.max,
-            m.external_fragmentation,
-            m.kernel_unusable_index,
-            m.small_alloc_ratio,
-            m.size_cv,
-            m.large_gap_ratio,
-            m.utilization,
+            e,
+            k,
+            small,
+            cv,
+            l,
+            u,
             a.ooms.iter().filter(|o| o.pid == p.pid).count()
         );
     }

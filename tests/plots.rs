@@ -40,6 +40,14 @@ fn write_trace(dir: &Path) {
     w.finish().unwrap();
 }
 
+/// The analysis (without plots), events and footprint of a trace.
+fn analysed(dir: &Path) -> (fragscope::analyze::Analysis, fragscope::event::Events, Footprint) {
+    let a = analyze_path(dir, &Options { plot: None, ..Options::default() }).unwrap();
+    let (events, _) = Trace::open(dir).unwrap().load_events().unwrap();
+    let fp = Footprint::build(&events);
+    (a, events, fp)
+}
+
 fn rgb(buf: &[u8], width: u32, (x, y): (u32, u32)) -> [u8; 3] {
     let i = ((y * width + x) * 3) as usize;
     [buf[i], buf[i + 1], buf[i + 2]]
@@ -54,10 +62,7 @@ fn mdtp_pixels_show_holes_sizes_ooms_and_coverage() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("t");
     write_trace(&dir);
-    let opts = Options { plot: None, ..Options::default() };
-    let a = analyze_path(&dir, &opts).unwrap();
-    let (events, _) = Trace::open(&dir).unwrap().load_events().unwrap();
-    let fp = Footprint::build(&events);
+    let (a, events, fp) = analysed(&dir);
     let cfg = PlotConfig { width: 800, height: 600, ..PlotConfig::default() };
     let (buf, panels) = render_mdtp(&a, &lifetimes(&events), &fp, &cfg).unwrap();
     assert_eq!(buf.len(), 800 * 600 * 3);
@@ -144,10 +149,7 @@ fn windows_restrict_the_view() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("t");
     write_trace(&dir);
-    let opts = Options { plot: None, ..Options::default() };
-    let a = analyze_path(&dir, &opts).unwrap();
-    let (events, _) = Trace::open(&dir).unwrap().load_events().unwrap();
-    let fp = Footprint::build(&events);
+    let (a, events, fp) = analysed(&dir);
     let cfg = PlotConfig {
         width: 800,
         height: 600,
