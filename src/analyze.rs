@@ -20,7 +20,7 @@ use crate::leak::LeakReport;
 use crate::metrics::{Metrics, MetricsConfig};
 use crate::oom::OomDiagnosis;
 use crate::predict::{PredictConfig, Prediction, Risk};
-use crate::replay::{Anomalies, Footprint, Peak, Replay};
+use crate::replay::{AllocatorFigures, Anomalies, Footprint, Peak, Replay};
 use crate::trace::Trace;
 
 /// How the trace is cut into timesteps.
@@ -127,6 +127,8 @@ pub struct Options {
     pub predict: PredictConfig,
     /// None: no pictures (`--no-plots`).
     pub plot: Option<crate::plot::PlotConfig>,
+    /// PyTorch snapshots: analyse only this device.
+    pub device: Option<u32>,
 }
 
 /// One metric row, with the online backtest's view at that step (regular
@@ -140,6 +142,9 @@ pub struct Row {
     pub metrics: Metrics,
     pub forecast: Option<Vec<f64>>,
     pub risk_online: Option<Risk>,
+    /// Allocator view only: reserved, allocated and requested bytes and
+    /// PyTorch's fragmentation figure.
+    pub alloc: Option<AllocatorFigures>,
 }
 
 /// The prediction of one process and when it first warned.
@@ -175,11 +180,41 @@ pub struct Analysis {
     /// Peak of the live bytes summed over processes.
     pub peak_live_total: u64,
     pub options: Options,
+    /// The allocator view (PyTorch snapshots: one series per device, the
+    /// `pid` fields hold the device index) rather than the device view.
+    pub allocator_view: bool,
+}
+
+impl Analysis {
+    /// What a series is: a process (device view) or a device (allocator view).
+    pub fn unit(&self) -> &'static str {
+        if self.allocator_view { "device" } else { "pid" }
+    }
 }
 
 /// Loads and analyses one trace directory.
 pub fn analyze_path(dir: &Path, opts: &Options) -> Result<Analysis> {
     let start = std::time::Instant::now();
+    if crate::snapshot::looks_like_pickle(dir) {
+        let converted = crate::snapshot::convert_file(dir, opts.device)?;
+        let mut events = Events::default();
+        for e in &converted.events {
+            events.push(e);
+        }
+        let out_of_order = events.sort_by_time();
+        let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
+        let trace = Trace {
+            dir: dir.to_path_buf(),
+            name,
+            meta: Some(converted.meta),
+            parts: Vec::new(),
+            skipped: Vec::new(),
+            pytorch_columns: true,
+            stacks: Some(std::sync::Arc::new(converted.stacks)),
+        };
+        tracing::info!("{}: imported {} events in {:.3} s", trace.name, events.len(), start.elapsed().as_secs_f64());
+        return analyze_events(trace, &events, out_of_order, opts);
+    }
     let trace = Trace::open(dir)?;
     let (events, out_of_order) = trace.load_events()?;
     tracing::info!("{}: loaded {} events in {:.3} s", trace.name, events.len(), start.elapsed().as_secs_f64());
@@ -197,11 +232,16 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     let start = std::time::Instant::now();
     let footprint = Footprint::build(events);
     tracing::debug!("footprint in {:.3} s", start.elapsed().as_secs_f64());
-    let mut replay = if opts.brute_force {
+    use crate::event::EventKind::{BlockAlloc, SegmentAlloc, SegmentMap};
+    let allocator_view = events.kind.iter().any(|k| matches!(k, Some(BlockAlloc | SegmentAlloc | SegmentMap)));
+    let mut replay = if allocator_view {
+        Replay::allocator(opts.metrics, &footprint)
+    } else if opts.brute_force {
         Replay::reference(opts.metrics, &footprint)
     } else {
         Replay::new(opts.metrics, &footprint)
     };
+    let stacks = trace.stacks.clone();
 
     let mut counts = [0u64; crate::event::EventKind::ALL.len()];
     let mut unknown_kind = 0u64;
@@ -225,6 +265,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
             }
             if e.is_oom() {
                 let metrics = replay.metrics(e.pid);
+                let alloc = replay.allocator_figures(e.pid);
                 rows.push(Row {
                     step: step as u32,
                     t_ns: e.ts_ns,
@@ -233,18 +274,51 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
                     metrics,
                     forecast: None,
                     risk_online: None,
+                    alloc,
                 });
-                let (live_total, gaps_total) = pids_now(&mut replay);
-                ooms.push(crate::oom::diagnose(
-                    e.ts_ns,
-                    e.pid,
-                    e.size,
-                    capacity,
-                    live_total,
-                    gaps_total,
-                    metrics.largest_gap,
-                    &replay.live_blocks(e.pid),
-                ));
+                let mut diagnosis = match (allocator_view, e.extra.device_free) {
+                    // A device of its own: free = CUDA's free memory plus
+                    // what the segments hold unused; the CUDA free memory
+                    // counts as one range (cudaMalloc maps it contiguously).
+                    (true, Some(free)) => crate::oom::diagnose(
+                        e.ts_ns,
+                        e.pid,
+                        e.size,
+                        Some(free.saturating_add(metrics.span_bytes)),
+                        metrics.live_bytes,
+                        metrics.span_bytes.saturating_sub(metrics.live_bytes),
+                        metrics.largest_gap,
+                        &replay.live_blocks(e.pid),
+                    ),
+                    (true, None) => crate::oom::diagnose(
+                        e.ts_ns,
+                        e.pid,
+                        e.size,
+                        None,
+                        metrics.live_bytes,
+                        0,
+                        metrics.largest_gap,
+                        &replay.live_blocks(e.pid),
+                    ),
+                    (false, _) => {
+                        let (live_total, gaps_total) = pids_now(&mut replay);
+                        crate::oom::diagnose(
+                            e.ts_ns,
+                            e.pid,
+                            e.size,
+                            capacity,
+                            live_total,
+                            gaps_total,
+                            metrics.largest_gap,
+                            &replay.live_blocks(e.pid),
+                        )
+                    }
+                };
+                if let Some(st) = &stacks {
+                    diagnosis.request_site = e.extra.stack.and_then(|id| crate::sites::call_site(st, id));
+                    diagnosis.top_sites = crate::sites::top_sites(st, &replay.live_blocks_detailed(e.pid), 10);
+                }
+                ooms.push(diagnosis);
             }
             i += 1;
         }
@@ -253,7 +327,17 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         }
         for &pid in &pids {
             let metrics = replay.metrics(pid);
-            rows.push(Row { step: step as u32, t_ns, pid, at_oom: false, metrics, forecast: None, risk_online: None });
+            let alloc = replay.allocator_figures(pid);
+            rows.push(Row {
+                step: step as u32,
+                t_ns,
+                pid,
+                at_oom: false,
+                metrics,
+                forecast: None,
+                risk_online: None,
+                alloc,
+            });
         }
     }
     for _ in 0..unknown_kind {
@@ -270,7 +354,11 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         .map(|p| {
             let series: Vec<(u64, u64)> =
                 rows.iter().filter(|r| r.pid == p.pid && !r.at_oom).map(|r| (r.t_ns, r.metrics.live_bytes)).collect();
-            crate::leak::detect(p.pid, &series, &replay.live_blocks(p.pid), p.bytes)
+            let mut leak = crate::leak::detect(p.pid, &series, &replay.live_blocks(p.pid), p.bytes);
+            if let Some(st) = &stacks {
+                leak.top_sites = crate::sites::top_sites(st, &replay.live_blocks_detailed(p.pid), 10);
+            }
+            leak
         })
         .collect();
     let mut anomalies = replay.finish();
@@ -299,6 +387,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         peak_live_total: peak_total,
         options: *opts,
         images: Vec::new(),
+        allocator_view,
     };
     if let Some(pc) = &opts.plot
         && !analysis.peaks.is_empty()

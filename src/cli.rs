@@ -36,6 +36,20 @@ pub enum Command {
     Synth(SynthArgs),
     /// Replay traces and compute fragmentation metrics, reports and summaries.
     Analyze(AnalyzeArgs),
+    /// Convert a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot) into a trace.
+    Import(ImportArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    /// The snapshot pickle.
+    pub snapshot: PathBuf,
+    /// Output trace directory (must not already hold a trace).
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Import only this CUDA device (default: every device).
+    #[arg(long)]
+    pub device: Option<u32>,
 }
 
 fn parse_bytes(s: &str) -> Result<u64, String> {
@@ -76,9 +90,13 @@ pub struct SynthArgs {
 
 #[derive(Debug, Args)]
 pub struct AnalyzeArgs {
-    /// Trace directories, or directories of trace directories.
+    /// Trace directories, PyTorch snapshot pickles, or directories of them.
     #[arg(required = true)]
     pub traces: Vec<PathBuf>,
+    /// PyTorch snapshots: analyse only this CUDA device (default: every
+    /// device, each as its own series).
+    #[arg(long)]
+    pub device: Option<u32>,
     /// Output directory (one trace: its files; several: one folder each plus summaries).
     #[arg(short, long)]
     pub output: PathBuf,

@@ -93,6 +93,19 @@ pub struct Event {
     pub ret: i32,
     pub device: Option<i32>,
     pub stream: Option<u64>,
+    pub extra: Extra,
+}
+
+/// Columns only PyTorch snapshots fill (SPEC §2, kind-specific columns);
+/// `None` for other producers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Extra {
+    /// The size the program asked for (the block may be larger).
+    pub requested: Option<u64>,
+    /// Row of the trace's stack table (`stacks.parquet`).
+    pub stack: Option<u32>,
+    /// `oom` only: the device's free memory CUDA reported.
+    pub device_free: Option<u64>,
 }
 
 impl Event {
@@ -113,7 +126,16 @@ pub struct Events {
     pub addr: Vec<u64>,
     pub size: Vec<u64>,
     pub ret: Vec<i32>,
+    /// The PyTorch columns, loaded only for traces that have them (then as
+    /// long as the others; empty otherwise). Nulls are `u64::MAX` /
+    /// `u32::MAX`.
+    pub requested: Vec<u64>,
+    pub stack: Vec<u32>,
+    pub device_free: Vec<u64>,
 }
+
+/// The null of the `stack` column in memory.
+pub const NO_STACK: u32 = u32::MAX;
 
 impl Events {
     pub fn len(&self) -> usize {
@@ -131,6 +153,20 @@ impl Events {
         self.addr.push(e.addr);
         self.size.push(e.size);
         self.ret.push(e.ret);
+        if e.extra != Extra::default() || self.has_extra() {
+            let n = self.ts_ns.len() - 1;
+            self.requested.resize(n, u64::MAX);
+            self.stack.resize(n, NO_STACK);
+            self.device_free.resize(n, u64::MAX);
+            self.requested.push(e.extra.requested.unwrap_or(u64::MAX));
+            self.stack.push(e.extra.stack.unwrap_or(NO_STACK));
+            self.device_free.push(e.extra.device_free.unwrap_or(u64::MAX));
+        }
+    }
+
+    /// Whether the PyTorch columns are present.
+    pub fn has_extra(&self) -> bool {
+        !self.requested.is_empty()
     }
 
     /// Row `i` as an [`Event`] (fields the analyser does not load are zero).
@@ -146,6 +182,16 @@ impl Events {
             ret: self.ret[i],
             device: None,
             stream: None,
+            extra: if self.has_extra() {
+                let opt = |v: u64| (v != u64::MAX).then_some(v);
+                Extra {
+                    requested: opt(self.requested[i]),
+                    stack: (self.stack[i] != NO_STACK).then_some(self.stack[i]),
+                    device_free: opt(self.device_free[i]),
+                }
+            } else {
+                Extra::default()
+            },
         })
     }
 
@@ -168,6 +214,11 @@ impl Events {
         permute(&mut self.addr, &order);
         permute(&mut self.size, &order);
         permute(&mut self.ret, &order);
+        if self.has_extra() {
+            permute(&mut self.requested, &order);
+            permute(&mut self.stack, &order);
+            permute(&mut self.device_free, &order);
+        }
         out_of_order
     }
 }
@@ -200,6 +251,7 @@ mod tests {
                 ret: 0,
                 device: None,
                 stream: None,
+                extra: Extra::default(),
             });
         }
         assert_eq!(ev.sort_by_time(), 2);

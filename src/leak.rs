@@ -32,6 +32,9 @@ pub struct LeakReport {
     pub live_at_end_blocks: u64,
     /// Largest groups first (by bytes), at most ten.
     pub by_size: Vec<SizeGroup>,
+    /// Live bytes at the end by call site, largest first (traces with
+    /// stacks).
+    pub top_sites: Vec<crate::sites::SiteBytes>,
 }
 
 /// `series` is (t_ns, live bytes) at each step of the process; `live` its
@@ -57,6 +60,7 @@ pub fn detect(pid: u32, series: &[(u64, u64)], live: &[(u64, u64)], peak: u64) -
         live_at_end_bytes: live.iter().map(|b| b.1).sum(),
         live_at_end_blocks: live.len() as u64,
         by_size,
+        top_sites: Vec::new(),
     };
     let n = series.len();
     if n < 8 {

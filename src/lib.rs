@@ -16,6 +16,8 @@ pub mod plot;
 pub mod predict;
 pub mod replay;
 pub mod report;
+pub mod sites;
+pub mod snapshot;
 pub mod synth;
 pub mod trace;
 
@@ -43,7 +45,55 @@ pub fn run(cli: Cli) -> Result<u8> {
     match cli.command {
         Command::Synth(args) => run_synth(&args),
         Command::Analyze(args) => run_analyze(&args),
+        Command::Import(args) => run_import(&args),
     }
+}
+
+fn run_import(args: &cli::ImportArgs) -> Result<u8> {
+    let started = std::time::Instant::now();
+    let c = snapshot::import(&args.snapshot, &args.output, args.device)?;
+    let total: u64 = c.meta.event_counts.values().sum();
+    println!(
+        "{}: {} events from {} ({} device(s), {} stacks) in {:.2} s",
+        args.output.display(),
+        total,
+        args.snapshot.display(),
+        c.reconstructions.len(),
+        c.stacks.stacks.len(),
+        started.elapsed().as_secs_f64()
+    );
+    for r in &c.reconstructions {
+        let fc = &r.final_check;
+        println!(
+            "device {}: {} trace entries; before the first: {} segments, {} blocks; final state {}",
+            r.device,
+            r.entries,
+            r.initial_segments,
+            r.initial_blocks,
+            if fc.exact() {
+                format!(
+                    "matches the snapshot ({} blocks, {} segment bytes)",
+                    fc.blocks_expected, fc.segment_bytes_expected
+                )
+            } else {
+                format!(
+                    "DIFFERS from the snapshot: {} blocks missing, {} unexpected, {} of another size; segment bytes {} vs {}",
+                    fc.blocks_missing,
+                    fc.blocks_unexpected,
+                    fc.blocks_size_mismatch,
+                    fc.segment_bytes_replayed,
+                    fc.segment_bytes_expected
+                )
+            }
+        );
+        if r.inconsistent_entries > 0 {
+            eprintln!(
+                "warning: device {}: {} trace entries contradict the state and were skipped",
+                r.device, r.inconsistent_entries
+            );
+        }
+    }
+    Ok(exit::OK)
 }
 
 fn run_synth(args: &SynthArgs) -> Result<u8> {
@@ -100,6 +150,7 @@ fn run_analyze(args: &AnalyzeArgs) -> Result<u8> {
             addr_window: args.plots.addr_window,
             pid: args.plots.pid,
         }),
+        device: args.device,
     };
     opts.metrics.validate()?;
     let (traces, batch) = analyze::discover(&args.traces)?;

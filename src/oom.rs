@@ -59,6 +59,11 @@ pub struct OomDiagnosis {
     pub class: OomClass,
     /// The ten largest live blocks of the process, (address, size).
     pub top_blocks: Vec<(u64, u64)>,
+    /// Where the failed request came from (traces with stacks).
+    pub request_site: Option<String>,
+    /// Live bytes by call site at that instant, largest first (traces
+    /// with stacks).
+    pub top_sites: Vec<crate::sites::SiteBytes>,
 }
 
 /// Diagnoses a failed request. `live_total` and `gaps_total` are summed
@@ -89,6 +94,8 @@ pub fn diagnose(
         live_bytes: live_blocks.iter().map(|b| b.1).sum(),
         class: OomClass::of(requested, device_free, largest_free),
         top_blocks: top,
+        request_site: None,
+        top_sites: Vec::new(),
     }
 }
 

@@ -39,12 +39,38 @@ pub struct Anomalies {
     pub overlap: u64,
     pub out_of_order: u64,
     pub unknown_kind: u64,
+    /// Allocator view: blocks outside every live segment, and live blocks
+    /// a segment free or unmap took away.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub outside_segment: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Anomalies {
     pub fn total(&self) -> u64 {
-        self.unknown_free + self.double_free + self.overlap + self.out_of_order + self.unknown_kind
+        self.unknown_free
+            + self.double_free
+            + self.overlap
+            + self.out_of_order
+            + self.unknown_kind
+            + self.outside_segment
     }
+}
+
+/// Allocator-view figures of one instant (SPEC §3, §4).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct AllocatorFigures {
+    /// Σ live segment sizes (the metrics' span).
+    pub reserved_bytes: u64,
+    /// Σ active block sizes (the metrics' live bytes).
+    pub allocated_bytes: u64,
+    /// Σ requested sizes of the active blocks.
+    pub requested_bytes: u64,
+    /// PyTorch's figure: Σ(free range)² / (Σ segment size)².
+    pub pytorch_fragmentation: f64,
 }
 
 /// Per process: its footprint regions, and for each address the time of its
@@ -70,7 +96,9 @@ impl Footprint {
         let mut current: Option<&mut AHashMap<u64, (u64, u64)>> = None;
         for i in 0..events.len() {
             let Some(kind) = events.kind[i] else { continue };
-            if !kind.is_device_alloc() || events.ret[i] != 0 {
+            let covers = kind.is_device_alloc()
+                || matches!(kind, EventKind::BlockAlloc | EventKind::SegmentAlloc | EventKind::SegmentMap);
+            if !covers || events.ret[i] != 0 {
                 continue;
             }
             let (addr, size) = (events.addr[i], events.size[i]);
@@ -88,7 +116,7 @@ impl Footprint {
             let Some(map) = current.as_deref_mut() else {
                 continue;
             };
-            let ts = events.ts_ns[i];
+            let ts = if kind.is_device_alloc() || kind == EventKind::BlockAlloc { events.ts_ns[i] } else { u64::MAX };
             map.entry(addr).and_modify(|e| e.0 = e.0.max(end)).or_insert((end, ts));
         }
         let procs = per_pid
@@ -97,7 +125,8 @@ impl Footprint {
                 let mut ranges: Vec<(u64, u64)> = starts.iter().map(|(&a, &(end, _))| (a, end)).collect();
                 ranges.sort_unstable();
                 let regions = merge_ranges(ranges);
-                let first_alloc = starts.into_iter().map(|(a, (_, ts))| (a, ts)).collect();
+                let first_alloc =
+                    starts.into_iter().filter(|s| s.1.1 != u64::MAX).map(|(a, (_, ts))| (a, ts)).collect();
                 (pid, ProcFootprint { regions, first_alloc })
             })
             .collect();
@@ -138,6 +167,13 @@ struct Proc<'f> {
     span: u64,
     peak_bytes: u64,
     peak_t_ns: u64,
+    /// Allocator view only: the live segments (start → end, expandable),
+    /// requested size and stack of each live block, Σ requested, and
+    /// Σ(free range)² over every free range (gaps or not).
+    segments: BTreeMap<u64, (u64, bool)>,
+    block_info: AHashMap<u64, (u64, u32)>,
+    requested: u64,
+    free_sq: u128,
 }
 
 /// Exact peak of one process's live bytes (between rows too).
@@ -161,6 +197,7 @@ pub struct Replay<'f> {
     live_total: u64,
     peak_total: u64,
     reference: bool,
+    allocator: bool,
 }
 
 impl<'f> Replay<'f> {
@@ -175,7 +212,21 @@ impl<'f> Replay<'f> {
             live_total: 0,
             peak_total: 0,
             reference: false,
+            allocator: false,
         }
+    }
+
+    /// The allocator view (PyTorch snapshots): arenas are the live
+    /// segments, whole, so their free head and tail are gaps too; blocks
+    /// come from `block_alloc`/`block_free`, segments from
+    /// `segment_alloc/free/map/unmap`. Mapped pages join the expandable
+    /// segment they extend.
+    pub fn allocator(cfg: MetricsConfig, footprint: &'f Footprint) -> Self {
+        Replay { allocator: true, ..Replay::new(cfg, footprint) }
+    }
+
+    pub fn is_allocator(&self) -> bool {
+        self.allocator
     }
 
     /// The reference implementation's method, as a baseline: live blocks
@@ -208,6 +259,10 @@ impl<'f> Replay<'f> {
                     span: 0,
                     peak_bytes: 0,
                     peak_t_ns: 0,
+                    segments: BTreeMap::new(),
+                    block_info: AHashMap::new(),
+                    requested: 0,
+                    free_sq: 0,
                 });
                 self.index.insert(pid, self.procs.len() - 1);
                 self.procs.len() - 1
@@ -221,6 +276,9 @@ impl<'f> Replay<'f> {
     /// the replay at its first device-memory event (allocation, free or
     /// OOM, failed or not).
     pub fn apply(&mut self, e: &Event) {
+        if self.allocator {
+            return self.apply_allocator(e);
+        }
         let kind = e.kind;
         if !(kind.is_device_alloc() || kind.is_device_free() || kind == EventKind::Oom) {
             return;
@@ -274,6 +332,82 @@ impl<'f> Replay<'f> {
         }
         self.live_total = self.live_total + proc.blocks.bytes - before;
         self.peak_total = self.peak_total.max(self.live_total);
+    }
+
+    fn apply_allocator(&mut self, e: &Event) {
+        use EventKind::*;
+        let kind = e.kind;
+        if !matches!(kind, BlockAlloc | BlockFree | SegmentAlloc | SegmentFree | SegmentMap | SegmentUnmap | Oom) {
+            return;
+        }
+        let i = self.proc_index(e.pid);
+        if e.ret != 0 || kind == Oom {
+            return;
+        }
+        let cfg = self.cfg;
+        let proc = &mut self.procs[i];
+        let before = proc.blocks.bytes;
+        let end = e.addr.saturating_add(e.size);
+        match kind {
+            BlockAlloc if e.size > 0 => {
+                let requested = e.extra.requested.unwrap_or(e.size);
+                let stack = e.extra.stack.unwrap_or(crate::event::NO_STACK);
+                let (overlapped, outside) = proc.block_alloc(e.addr, e.size, requested, stack, &cfg);
+                self.anomalies.overlap += u64::from(overlapped);
+                self.anomalies.outside_segment += u64::from(outside);
+            }
+            BlockFree => {
+                if !proc.block_free(e.addr, &cfg) {
+                    match self.footprint.procs.get(&e.pid).and_then(|f| f.first_alloc.get(&e.addr)) {
+                        Some(&first) if first < e.ts_ns => self.anomalies.double_free += 1,
+                        _ => self.anomalies.unknown_free += 1,
+                    }
+                }
+            }
+            SegmentAlloc => proc.segment_add(e.addr, end, false, &cfg),
+            SegmentMap => proc.segment_add(e.addr, end, true, &cfg),
+            SegmentFree | SegmentUnmap => self.anomalies.outside_segment += proc.segment_remove(e.addr, end, &cfg),
+            _ => {}
+        }
+        if proc.blocks.bytes > proc.peak_bytes {
+            proc.peak_bytes = proc.blocks.bytes;
+            proc.peak_t_ns = e.ts_ns;
+        }
+        self.live_total = self.live_total + proc.blocks.bytes - before;
+        self.peak_total = self.peak_total.max(self.live_total);
+    }
+
+    /// Allocator view: the figures of `pid` now (None in the device view).
+    pub fn allocator_figures(&self, pid: u32) -> Option<AllocatorFigures> {
+        if !self.allocator {
+            return None;
+        }
+        let p = self.proc(pid)?;
+        let reserved = p.span;
+        Some(AllocatorFigures {
+            reserved_bytes: reserved,
+            allocated_bytes: p.blocks.bytes,
+            requested_bytes: p.requested,
+            pytorch_fragmentation: if reserved == 0 {
+                0.0
+            } else {
+                p.free_sq as f64 / (reserved as f64 * reserved as f64)
+            },
+        })
+    }
+
+    /// Allocator view: live blocks of `pid` as (address, size, requested,
+    /// stack id), sorted by address.
+    pub fn live_blocks_detailed(&mut self, pid: u32) -> Vec<(u64, u64, u64, u32)> {
+        let blocks = self.live_blocks(pid);
+        let Some(p) = self.proc(pid) else { return Vec::new() };
+        blocks
+            .into_iter()
+            .map(|(a, s)| {
+                let (r, st) = p.block_info.get(&a).copied().unwrap_or((s, crate::event::NO_STACK));
+                (a, s, r, st)
+            })
+            .collect()
     }
 
     /// Processes seen so far, in order of their first device-memory event.
@@ -472,6 +606,149 @@ impl Proc<'_> {
     }
 }
 
+/// The allocator view's operations. Free ranges are the spaces between
+/// consecutive live blocks of a segment and its free head and tail (all of
+/// them enter `free_sq`; those above the minimum gap enter `gaps`).
+impl Proc<'_> {
+    fn add_free(&mut self, g: u64, cfg: &MetricsConfig) {
+        self.free_sq += u128::from(g) * u128::from(g);
+        self.add_gap(g, cfg);
+    }
+
+    fn remove_free(&mut self, g: u64, cfg: &MetricsConfig) {
+        self.free_sq -= u128::from(g) * u128::from(g);
+        self.remove_gap(g, cfg);
+    }
+
+    /// The free ranges of [s, e) given the live blocks inside it.
+    fn free_ranges(&self, s: u64, e: u64) -> Vec<u64> {
+        let mut out = Vec::new();
+        let mut prev = s;
+        for (&a, &size) in self.live.range(s..e) {
+            out.push(a.saturating_sub(prev));
+            prev = prev.max(a + size);
+        }
+        out.push(e.saturating_sub(prev));
+        out
+    }
+
+    /// The live segment holding `addr`.
+    fn segment_of(&self, addr: u64) -> Option<(u64, u64)> {
+        self.segments.range(..=addr).next_back().map(|(&s, &(e, _))| (s, e)).filter(|&(_, e)| addr < e)
+    }
+
+    fn segment_add(&mut self, a: u64, b: u64, expandable: bool, cfg: &MetricsConfig) {
+        if b <= a {
+            return;
+        }
+        let (mut s, mut e) = (a, b);
+        if expandable {
+            if let Some((&ps, &(pe, true))) = self.segments.range(..a).next_back()
+                && pe == a
+            {
+                for g in self.free_ranges(ps, pe) {
+                    self.remove_free(g, cfg);
+                }
+                self.segments.remove(&ps);
+                s = ps;
+            }
+            if let Some(&(ne, true)) = self.segments.get(&b) {
+                for g in self.free_ranges(b, ne) {
+                    self.remove_free(g, cfg);
+                }
+                self.segments.remove(&b);
+                e = ne;
+            }
+        }
+        self.segments.insert(s, (e, expandable));
+        for g in self.free_ranges(s, e) {
+            self.add_free(g, cfg);
+        }
+        self.span += b - a;
+    }
+
+    /// Removes [a, b) from the segment holding it; returns how many live
+    /// blocks it took away (an anomaly: PyTorch frees only empty memory).
+    fn segment_remove(&mut self, a: u64, b: u64, cfg: &MetricsConfig) -> u64 {
+        let Some((s, e)) = self.segment_of(a) else { return 0 };
+        let b = b.min(e);
+        let expandable = self.segments.get(&s).is_some_and(|x| x.1);
+        for g in self.free_ranges(s, e) {
+            self.remove_free(g, cfg);
+        }
+        self.segments.remove(&s);
+        let doomed: Vec<(u64, u64)> = self.live.range(a..b).map(|(&x, &y)| (x, y)).collect();
+        for &(addr, size) in &doomed {
+            self.live.remove(&addr);
+            self.blocks.remove(size, cfg);
+            if let Some((r, _)) = self.block_info.remove(&addr) {
+                self.requested -= r;
+            }
+        }
+        for (ps, pe) in [(s, a), (b, e)] {
+            if pe > ps {
+                self.segments.insert(ps, (pe, expandable));
+                for g in self.free_ranges(ps, pe) {
+                    self.add_free(g, cfg);
+                }
+            }
+        }
+        self.span -= b - a;
+        doomed.len() as u64
+    }
+
+    /// The end of the live block (or segment start) before `addr` and the
+    /// start of the live block (or segment end) after `end`, within [s, e).
+    fn free_bounds(&self, addr: u64, end: u64, s: u64, e: u64) -> (u64, u64) {
+        let pred = self.live.range(s..addr).next_back().map_or(s, |(&a, &size)| a + size);
+        let succ = self.live.range(end..e).next().map_or(e, |(&a, _)| a);
+        (pred, succ)
+    }
+
+    /// Places a block; returns (overlapped live blocks, outside every segment).
+    fn block_alloc(&mut self, addr: u64, size: u64, requested: u64, stack: u32, cfg: &MetricsConfig) -> (bool, bool) {
+        let end = addr.saturating_add(size);
+        let mut overlapped = false;
+        while let Some((&a, &s)) = self.live.range(..end).next_back() {
+            if a + s <= addr {
+                break;
+            }
+            self.block_free(a, cfg);
+            overlapped = true;
+        }
+        let seg = self.segment_of(addr);
+        if let Some((s, e)) = seg {
+            let end = end.min(e);
+            let (pred, succ) = self.free_bounds(addr, end, s, e);
+            self.remove_free(succ - pred, cfg);
+            self.add_free(addr - pred, cfg);
+            self.add_free(succ - end, cfg);
+        }
+        self.live.insert(addr, size);
+        self.blocks.add(size, cfg);
+        self.block_info.insert(addr, (requested, stack));
+        self.requested += requested;
+        (overlapped, seg.is_none())
+    }
+
+    /// Frees the live block at `addr`; false if there is none.
+    fn block_free(&mut self, addr: u64, cfg: &MetricsConfig) -> bool {
+        let Some(size) = self.live.remove(&addr) else { return false };
+        self.blocks.remove(size, cfg);
+        if let Some((r, _)) = self.block_info.remove(&addr) {
+            self.requested -= r;
+        }
+        if let Some((s, e)) = self.segment_of(addr) {
+            let end = addr.saturating_add(size).min(e);
+            let (pred, succ) = self.free_bounds(addr, end, s, e);
+            self.remove_free(addr - pred, cfg);
+            self.remove_free(succ - end, cfg);
+            self.add_free(succ - pred, cfg);
+        }
+        true
+    }
+}
+
 /// The region holding `addr`. Every successfully allocated address lies in
 /// one; a block that somehow does not gets a region of its own.
 fn region_of(regions: &[(u64, u64)], addr: u64) -> (u64, u64) {
@@ -487,7 +764,19 @@ mod tests {
     use super::*;
 
     fn ev(ts: u64, pid: u32, kind: EventKind, addr: u64, size: u64) -> Event {
-        Event { ts_ns: ts, duration_ns: 0, pid, tid: pid, kind, addr, size, ret: 0, device: None, stream: None }
+        Event {
+            ts_ns: ts,
+            duration_ns: 0,
+            pid,
+            tid: pid,
+            kind,
+            addr,
+            size,
+            ret: 0,
+            device: None,
+            stream: None,
+            extra: Default::default(),
+        }
     }
 
     fn events(list: &[Event]) -> Events {

@@ -201,6 +201,7 @@ impl Emitter<'_> {
             ret,
             device: Some(0),
             stream: (kind == EventKind::Launch || kind == EventKind::MemcpyAsync).then_some(0x5000),
+            extra: Default::default(),
         });
         self.ts += duration;
     }

@@ -114,6 +114,9 @@ pub fn events_schema() -> SchemaRef {
         Field::new("ret", DataType::Int32, false),
         Field::new("device", DataType::Int32, true),
         Field::new("stream", DataType::UInt64, true),
+        Field::new("requested_size", DataType::UInt64, true),
+        Field::new("stack_id", DataType::UInt32, true),
+        Field::new("device_free", DataType::UInt64, true),
     ]))
 }
 
@@ -153,6 +156,13 @@ impl TraceWriter {
             counts: [0; EventKind::ALL.len()],
             pids: Default::default(),
         })
+    }
+
+    /// Writes the stack table (`stacks.parquet`) the events' `stack_id`
+    /// refers to.
+    pub fn write_stacks(&self, stacks: &Stacks) -> Result<()> {
+        let path = self.dir.join(STACKS_FILE);
+        write_stacks(&path, stacks).with_context(|| format!("cannot write {}", path.display()))
     }
 
     pub fn push(&mut self, e: Event) -> Result<()> {
@@ -207,6 +217,9 @@ fn write_part(path: &Path, rows: &[Event]) -> Result<()> {
         Arc::new(Int32Array::from_iter_values(rows.iter().map(|e| e.ret))),
         Arc::new(Int32Array::from_iter(rows.iter().map(|e| e.device))),
         Arc::new(UInt64Array::from_iter(rows.iter().map(|e| e.stream))),
+        Arc::new(UInt64Array::from_iter(rows.iter().map(|e| e.extra.requested))),
+        Arc::new(UInt32Array::from_iter(rows.iter().map(|e| e.extra.stack))),
+        Arc::new(UInt64Array::from_iter(rows.iter().map(|e| e.extra.device_free))),
     ];
     let batch = RecordBatch::try_new(events_schema(), columns)?;
     let props = WriterProperties::builder().set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?)).build();
@@ -217,6 +230,108 @@ fn write_part(path: &Path, rows: &[Event]) -> Result<()> {
     writer.close()?;
     fs::rename(&tmp, path)?;
     Ok(())
+}
+
+/// File name of the stack table.
+pub const STACKS_FILE: &str = "stacks.parquet";
+
+/// One frame of a call stack, as PyTorch records it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Frame {
+    pub filename: String,
+    pub line: i64,
+    pub name: String,
+}
+
+/// The stack table of a trace: distinct frames, and stacks as lists of
+/// frame indices, innermost frame first. On disk (`stacks.parquet`) one row
+/// per (stack, depth): `stack_id, depth, filename, line, name`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Stacks {
+    pub frames: Vec<Frame>,
+    pub stacks: Vec<Vec<u32>>,
+}
+
+impl Stacks {
+    /// Frames of stack `id`, innermost first (empty for an unknown id).
+    pub fn frames_of(&self, id: u32) -> impl Iterator<Item = &Frame> {
+        self.stacks.get(id as usize).into_iter().flatten().filter_map(|&f| self.frames.get(f as usize))
+    }
+}
+
+fn write_stacks(path: &Path, stacks: &Stacks) -> Result<()> {
+    let rows = stacks.stacks.iter().enumerate().flat_map(|(id, s)| s.iter().enumerate().map(move |(d, &f)| (id, d, f)));
+    let rows: Vec<(usize, usize, u32)> = rows.collect();
+    let frame = |f: u32| &stacks.frames[f as usize];
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("stack_id", DataType::UInt32, false),
+        Field::new("depth", DataType::UInt32, false),
+        Field::new("filename", DataType::Utf8, false),
+        Field::new("line", DataType::Int64, false),
+        Field::new("name", DataType::Utf8, false),
+    ]));
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(UInt32Array::from_iter_values(rows.iter().map(|r| r.0 as u32))),
+        Arc::new(UInt32Array::from_iter_values(rows.iter().map(|r| r.1 as u32))),
+        Arc::new(StringArray::from_iter_values(rows.iter().map(|r| frame(r.2).filename.as_str()))),
+        Arc::new(arrow_array::Int64Array::from_iter_values(rows.iter().map(|r| frame(r.2).line))),
+        Arc::new(StringArray::from_iter_values(rows.iter().map(|r| frame(r.2).name.as_str()))),
+    ];
+    let batch = RecordBatch::try_new(schema, columns)?;
+    let props = WriterProperties::builder().set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?)).build();
+    let tmp = path.with_extension("parquet.tmp");
+    let mut writer = ArrowWriter::try_new(File::create(&tmp)?, batch.schema(), Some(props))?;
+    writer.write(&batch)?;
+    writer.close()?;
+    fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+/// Reads `stacks.parquet` back into a [`Stacks`].
+pub fn read_stacks(path: &Path) -> Result<Stacks> {
+    use arrow_array::Array;
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{Int64Type, UInt32Type};
+    let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+        .and_then(|b| b.build())
+        .with_context(|| format!("{}: not a valid Parquet file", path.display()))?;
+    let mut out = Stacks::default();
+    let mut index: ahash::AHashMap<Frame, u32> = ahash::AHashMap::new();
+    for batch in reader {
+        let batch = batch.with_context(|| format!("{}: cannot read", path.display()))?;
+        let column = |name: &str| {
+            batch.column_by_name(name).cloned().with_context(|| format!("{}: no `{name}` column", path.display()))
+        };
+        let (id, line) = (column("stack_id")?, column("line")?);
+        let (filename, name) = (column("filename")?, column("name")?);
+        let bad = || anyhow::anyhow!("{}: a column has an unexpected type", path.display());
+        let id = id.as_primitive_opt::<UInt32Type>().ok_or_else(bad)?;
+        let line = line.as_primitive_opt::<Int64Type>().ok_or_else(bad)?;
+        let filename = filename.as_string_opt::<i32>().ok_or_else(bad)?;
+        let name = name.as_string_opt::<i32>().ok_or_else(bad)?;
+        for i in 0..batch.num_rows() {
+            if id.is_null(i) {
+                bail!("{}: null stack_id in row {i}", path.display());
+            }
+            let frame =
+                Frame { filename: filename.value(i).to_string(), line: line.value(i), name: name.value(i).to_string() };
+            let next = out.frames.len() as u32;
+            let f = *index.entry(frame.clone()).or_insert_with(|| {
+                out.frames.push(frame);
+                next
+            });
+            let sid = id.value(i) as usize;
+            if sid > 50_000_000 {
+                bail!("{}: stack_id {sid} is implausibly large", path.display());
+            }
+            if out.stacks.len() <= sid {
+                out.stacks.resize(sid + 1, Vec::new());
+            }
+            out.stacks[sid].push(f);
+        }
+    }
+    Ok(out)
 }
 
 /// Writes `bytes` to `path` through a temporary file and a rename, so the
@@ -276,6 +391,11 @@ pub struct Trace {
     pub parts: Vec<PathBuf>,
     /// Parts left out, with the reason (only ever the last one, unfinished).
     pub skipped: Vec<(PathBuf, String)>,
+    /// Every part has the PyTorch columns (`requested_size`, `stack_id`,
+    /// `device_free`).
+    pub pytorch_columns: bool,
+    /// The stack table, for traces that have one.
+    pub stacks: Option<Arc<Stacks>>,
 }
 
 impl Trace {
@@ -294,14 +414,10 @@ impl Trace {
     pub fn open(dir: &Path) -> Result<Trace> {
         let md = fs::metadata(dir).with_context(|| format!("{}: no such trace", dir.display()))?;
         if !md.is_dir() {
-            let mut head = [0u8; 2];
-            let pickled = File::open(dir).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head)).is_ok()
-                && head[0] == 0x80
-                && (2..=5).contains(&head[1]);
-            if pickled {
+            if crate::snapshot::looks_like_pickle(dir) {
                 bail!(
-                    "{} looks like a PyTorch memory snapshot (a pickle); this version of fragscope cannot import \
-                     snapshots yet (`fragscope import` is in progress) — analyze takes trace directories",
+                    "{} looks like a PyTorch memory snapshot (a pickle), not a trace directory: \
+                     `fragscope import` converts it, `fragscope analyze` takes it as it is",
                     dir.display()
                 );
             }
@@ -328,9 +444,13 @@ impl Trace {
         let mut skipped = Vec::new();
         let last = parts.len() - 1;
         let mut good = Vec::with_capacity(parts.len());
+        let mut pytorch_columns = true;
         for (i, part) in parts.into_iter().enumerate() {
             match check_part(&part) {
-                Ok(()) => good.push(part),
+                Ok(has) => {
+                    pytorch_columns &= has;
+                    good.push(part)
+                }
                 Err(PartError::Footer(why)) if i == last => {
                     tracing::warn!(
                         "skipping {}: {why} (an interrupted recording leaves such a last part)",
@@ -352,7 +472,9 @@ impl Trace {
             .ok()
             .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
             .unwrap_or_else(|| dir.display().to_string());
-        Ok(Trace { dir: dir.to_path_buf(), name, meta, parts: good, skipped })
+        let stacks_path = dir.join(STACKS_FILE);
+        let stacks = if stacks_path.is_file() { Some(Arc::new(read_stacks(&stacks_path)?)) } else { None };
+        Ok(Trace { dir: dir.to_path_buf(), name, meta, parts: good, skipped, pytorch_columns, stacks })
     }
 
     pub fn source(&self) -> Option<Source> {
@@ -363,12 +485,12 @@ impl Trace {
     /// `kind` to [`EventKind`] and sorts by time. Returns the events and the
     /// number of rows that were out of time order.
     pub fn load_events(&self) -> Result<(Events, u64)> {
-        let mut events = match scan(&self.parts) {
+        let mut events = match scan(&self.parts, self.pytorch_columns) {
             Ok(ev) => ev,
             Err(e) => {
                 // Name the part at fault: retry them one by one.
                 for part in &self.parts {
-                    if let Err(pe) = scan(std::slice::from_ref(part)) {
+                    if let Err(pe) = scan(std::slice::from_ref(part), self.pytorch_columns) {
                         return Err(pe).with_context(|| format!("{}: cannot read events", part.display()));
                     }
                 }
@@ -399,7 +521,8 @@ enum PartError {
     Schema(String),
 }
 
-fn check_part(path: &Path) -> std::result::Result<(), PartError> {
+/// Checks a part; Ok(true) when it has the PyTorch columns.
+fn check_part(path: &Path) -> std::result::Result<bool, PartError> {
     let file = File::open(path).map_err(|e| PartError::Footer(format!("cannot open: {e}")))?;
     let md = ArrowReaderMetadata::load(&file, Default::default()).map_err(|e| PartError::Footer(e.to_string()))?;
     let schema = md.schema();
@@ -422,26 +545,34 @@ fn check_part(path: &Path) -> std::result::Result<(), PartError> {
             Ok(_) => {}
         }
     }
-    Ok(())
+    Ok(PYTORCH_COLUMNS.iter().all(|c| schema.field_with_name(c).is_ok_and(|f| f.data_type().is_integer())))
 }
 
-fn scan(parts: &[PathBuf]) -> Result<Events> {
+const PYTORCH_COLUMNS: [&str; 3] = ["requested_size", "stack_id", "device_free"];
+
+fn scan(parts: &[PathBuf], pytorch_columns: bool) -> Result<Events> {
     use polars::prelude::*;
 
     let paths: Vec<PlRefPath> = parts.iter().map(|p| PlRefPath::new(p.to_string_lossy().as_ref())).collect();
     let args = ScanArgsParquet { rechunk: true, glob: false, ..Default::default() };
     let started = std::time::Instant::now();
     let lf = LazyFrame::scan_parquet_files(paths.into_iter().collect(), args)?;
-    let df = lf
-        .select([
-            col("ts_ns").strict_cast(DataType::UInt64),
-            col("pid").strict_cast(DataType::UInt32),
-            col("kind"),
-            col("addr").strict_cast(DataType::UInt64),
-            col("size").strict_cast(DataType::UInt64),
-            col("ret").strict_cast(DataType::Int32),
-        ])
-        .collect()?;
+    let mut select = vec![
+        col("ts_ns").strict_cast(DataType::UInt64),
+        col("pid").strict_cast(DataType::UInt32),
+        col("kind"),
+        col("addr").strict_cast(DataType::UInt64),
+        col("size").strict_cast(DataType::UInt64),
+        col("ret").strict_cast(DataType::Int32),
+    ];
+    if pytorch_columns {
+        select.extend([
+            col("requested_size").strict_cast(DataType::UInt64).fill_null(lit(u64::MAX)),
+            col("stack_id").strict_cast(DataType::UInt32).fill_null(lit(crate::event::NO_STACK)),
+            col("device_free").strict_cast(DataType::UInt64).fill_null(lit(u64::MAX)),
+        ]);
+    }
+    let df = lf.select(select).collect()?;
     tracing::debug!("polars collect in {:.3} s", started.elapsed().as_secs_f64());
     // Columns in select order; each numeric one is taken without a copy
     // when polars holds its buffer alone (a copy would touch 80 MB of fresh
@@ -451,14 +582,27 @@ fn scan(parts: &[PathBuf]) -> Result<Events> {
     let ts_ns = take_vec::<UInt64Type>(next()?, "ts_ns")?;
     let pid = take_vec::<UInt32Type>(next()?, "pid")?;
     let kind = kinds(&next()?)?;
-    Ok(Events {
+    let mut events = Events {
         ts_ns,
         pid,
         kind,
         addr: take_vec::<UInt64Type>(next()?, "addr")?,
         size: take_vec::<UInt64Type>(next()?, "size")?,
         ret: take_vec::<Int32Type>(next()?, "ret")?,
-    })
+        ..Events::default()
+    };
+    if pytorch_columns {
+        events.requested = take_vec::<UInt64Type>(next()?, "requested_size")?;
+        events.stack = take_vec::<UInt32Type>(next()?, "stack_id")?;
+        events.device_free = take_vec::<UInt64Type>(next()?, "device_free")?;
+        if events.requested.iter().all(|&r| r == u64::MAX) {
+            // Columns present but empty (synth writes nulls): not a PyTorch trace.
+            events.requested.clear();
+            events.stack.clear();
+            events.device_free.clear();
+        }
+    }
+    Ok(events)
 }
 
 /// The values of a numeric column without nulls, as a Vec.

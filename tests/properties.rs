@@ -33,6 +33,7 @@ fn to_events(ops: &[(bool, u32, u64, u64)]) -> Vec<Event> {
                 ret: 0,
                 device: None,
                 stream: None,
+                extra: Default::default(),
             }
         })
         .collect()

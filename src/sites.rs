@@ -1,0 +1,71 @@
+//! Call sites: naming where memory was allocated, from a trace's stack
+//! table (PyTorch snapshots; `record --stacks` later).
+//!
+//! A call site is the innermost frame that belongs to the program rather
+//! than to the framework, written `file:line:function` with the file's base
+//! name (as PyTorch's `_memory_viz.py` writes frames). Framework frames are
+//! the C/C++ ones (no `.py` file: the allocator, ATen, the interpreter) and
+//! Python files of torch itself or of installed packages (`site-packages`,
+//! `dist-packages`). When a stack has none of the program's frames, the
+//! innermost Python frame names it, then the innermost frame.
+
+use ahash::AHashMap;
+use serde::Serialize;
+
+use crate::event::NO_STACK;
+use crate::trace::{Frame, Stacks};
+
+/// Live bytes attributed to one call site.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SiteBytes {
+    pub site: String,
+    pub bytes: u64,
+    pub blocks: u64,
+}
+
+fn is_python(f: &Frame) -> bool {
+    f.filename.ends_with(".py")
+}
+
+fn is_framework_python(f: &Frame) -> bool {
+    let p = &f.filename;
+    p.contains("/torch/") || p.starts_with("torch/") || p.contains("site-packages/") || p.contains("dist-packages/")
+}
+
+/// `file:line:function`, the file by its base name.
+pub fn format_frame(f: &Frame) -> String {
+    let file = f.filename.rsplit('/').next().unwrap_or(&f.filename);
+    format!("{file}:{}:{}", f.line, f.name)
+}
+
+/// The call site of stack `id` (None for an unknown or empty stack).
+pub fn call_site(stacks: &Stacks, id: u32) -> Option<String> {
+    if id == NO_STACK {
+        return None;
+    }
+    let frames: Vec<&Frame> = stacks.frames_of(id).collect();
+    frames
+        .iter()
+        .find(|f| is_python(f) && !is_framework_python(f))
+        .or_else(|| frames.iter().find(|f| is_python(f)))
+        .or_else(|| frames.first())
+        .map(|f| format_frame(f))
+}
+
+/// Live bytes by call site, the `n` largest; `blocks` are (address, size,
+/// requested, stack id). Blocks without a stack count as `<unknown>`.
+pub fn top_sites(stacks: &Stacks, blocks: &[(u64, u64, u64, u32)], n: usize) -> Vec<SiteBytes> {
+    let mut names: AHashMap<u32, Option<String>> = AHashMap::new();
+    let mut by_site: AHashMap<String, (u64, u64)> = AHashMap::new();
+    for &(_, size, _, stack) in blocks {
+        let name = names.entry(stack).or_insert_with(|| call_site(stacks, stack)).clone();
+        let e = by_site.entry(name.unwrap_or_else(|| "<unknown>".into())).or_default();
+        e.0 += size;
+        e.1 += 1;
+    }
+    let mut out: Vec<SiteBytes> =
+        by_site.into_iter().map(|(site, (bytes, blocks))| SiteBytes { site, bytes, blocks }).collect();
+    out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.site.cmp(&b.site)));
+    out.truncate(n);
+    out
+}

@@ -1,0 +1,841 @@
+//! PyTorch CUDA memory snapshots (SPEC §8): from the pickle to a trace.
+//!
+//! Three steps:
+//! 1. [`Snapshot::from_value`] reads the plain data [`crate::pickle`] parsed
+//!    into typed segments, blocks and trace entries. Frames are interned as
+//!    they are met: a frame dict or frame list shared through the memo is
+//!    looked up by identity first, by content second, so a stack shared a
+//!    hundred thousand times costs one table row.
+//! 2. [`reconstruct`] undoes each device's trace backwards from the final
+//!    segments and blocks (the trace is a ring buffer that may have dropped
+//!    its start), giving the state before the first entry.
+//! 3. It then replays the entries forwards from that state, emitting
+//!    events, and checks that the replay ends exactly at the snapshot's
+//!    final state; every difference is counted in [`Reconstruction`].
+//!
+//! Block sizes. Trace entries carry the *requested* size, not the size of
+//! the block the allocator handed out. A block still alive at the end has its
+//! real size in the snapshot, and the replay uses it. For the others the
+//! size follows the caching allocator's rules: the request rounded up to
+//! 512 bytes, and the rest of the free block taken too when it would be too
+//! small to split off (< 512 B in the small pool, ≤ 1 MiB in the large
+//! pool, i.e. for requests above 1 MiB). `max_split_size` settings are not
+//! modelled. On blocks whose real size is known the rule is checked, and
+//! the agreement is reported (`sizes_checked`, `sizes_agreed`).
+
+use std::path::Path;
+use std::rc::Rc;
+
+use ahash::AHashMap;
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+
+use crate::event::{Event, EventKind, Extra};
+use crate::pickle::Value;
+use crate::trace::{Frame, Stacks};
+
+/// PyTorch's block granularity (`kMinBlockSize`).
+const MIN_BLOCK: u64 = 512;
+/// Requests up to this size use the small pool (`kSmallSize`).
+const SMALL_SIZE: u64 = 1 << 20;
+
+/// A block's state in the snapshot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockState {
+    ActiveAllocated,
+    ActivePendingFree,
+    Inactive,
+}
+
+impl BlockState {
+    fn parse(s: &str) -> Option<BlockState> {
+        match s {
+            "active_allocated" => Some(BlockState::ActiveAllocated),
+            "active_pending_free" | "active_awaiting_free" => Some(BlockState::ActivePendingFree),
+            "inactive" => Some(BlockState::Inactive),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BlockState::ActiveAllocated => "active_allocated",
+            BlockState::ActivePendingFree => "active_pending_free",
+            BlockState::Inactive => "inactive",
+        }
+    }
+
+    /// Holds memory the program has not given back yet.
+    pub fn is_live(self) -> bool {
+        self != BlockState::Inactive
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Block {
+    pub address: u64,
+    pub size: u64,
+    pub requested: u64,
+    pub state: BlockState,
+    pub stack: Option<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Segment {
+    pub device: u32,
+    pub address: u64,
+    pub total_size: u64,
+    pub stream: u64,
+    pub segment_type: String,
+    pub is_expandable: bool,
+    pub blocks: Vec<Block>,
+}
+
+/// A trace entry's action.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    Alloc,
+    FreeRequested,
+    FreeCompleted,
+    SegmentAlloc,
+    SegmentFree,
+    SegmentMap,
+    SegmentUnmap,
+    Snapshot,
+    Oom,
+}
+
+impl Action {
+    fn parse(s: &str) -> Option<Action> {
+        Some(match s {
+            "alloc" => Action::Alloc,
+            "free_requested" => Action::FreeRequested,
+            // Before free_requested/free_completed existed, a free was `free`.
+            "free_completed" | "free" => Action::FreeCompleted,
+            "segment_alloc" => Action::SegmentAlloc,
+            "segment_free" => Action::SegmentFree,
+            "segment_map" => Action::SegmentMap,
+            "segment_unmap" => Action::SegmentUnmap,
+            "snapshot" => Action::Snapshot,
+            "oom" => Action::Oom,
+            _ => return None,
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Entry {
+    pub action: Action,
+    pub addr: u64,
+    /// Requested size (alloc and frees), segment size, or the failed request (oom).
+    pub size: u64,
+    pub stream: u64,
+    pub time_us: Option<i64>,
+    pub stack: Option<u32>,
+    pub device_free: Option<u64>,
+}
+
+/// A snapshot, typed.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    pub segments: Vec<Segment>,
+    /// One list per device index.
+    pub traces: Vec<Vec<Entry>>,
+    pub allocator_settings: serde_json::Value,
+    pub stacks: Stacks,
+    /// The file was a bare list of segments (the oldest layout).
+    pub bare_list: bool,
+    /// Blocks that had `history` instead of `frames` (an old layout).
+    pub legacy_history_blocks: u64,
+    /// Blocks without `address` (placed by accumulating sizes).
+    pub blocks_without_address: u64,
+    /// Entries with an action this version does not know (ignored).
+    pub unknown_actions: u64,
+}
+
+/// Turns the memo's shared frame dicts and lists into table ids.
+#[derive(Default)]
+struct Interner {
+    frame_by_ptr: AHashMap<usize, u32>,
+    frame_by_value: AHashMap<Frame, u32>,
+    stack_by_ptr: AHashMap<usize, u32>,
+    stack_by_value: AHashMap<Vec<u32>, u32>,
+    stacks: Stacks,
+    /// Keeps interned objects alive so their addresses stay unique keys.
+    keep: Vec<Value>,
+}
+
+impl Interner {
+    fn frame(&mut self, v: &Value) -> Result<u32> {
+        let ptr = identity(v);
+        if let Some(&id) = ptr.and_then(|p| self.frame_by_ptr.get(&p)) {
+            return Ok(id);
+        }
+        let text = |k: &str| v.get(k).and_then(|x| x.as_str().map(str::to_string)).unwrap_or_default();
+        let line = v.get("line").and_then(|x| x.as_int()).unwrap_or(0);
+        let frame = Frame {
+            filename: text("filename"),
+            line: line.clamp(i64::MIN as i128, i64::MAX as i128) as i64,
+            name: text("name"),
+        };
+        let next = self.stacks.frames.len() as u32;
+        let id = *self.frame_by_value.entry(frame.clone()).or_insert_with(|| {
+            self.stacks.frames.push(frame);
+            next
+        });
+        if let Some(p) = ptr {
+            self.frame_by_ptr.insert(p, id);
+            self.keep.push(v.clone());
+        }
+        Ok(id)
+    }
+
+    /// The stack id of a frame list (None for an empty or absent one).
+    fn stack(&mut self, v: Option<&Value>) -> Result<Option<u32>> {
+        let Some(v) = v else { return Ok(None) };
+        let ptr = identity(v);
+        if let Some(&id) = ptr.and_then(|p| self.stack_by_ptr.get(&p)) {
+            return Ok(Some(id));
+        }
+        let frames: Vec<u32> = match v {
+            Value::List(l) => l.borrow().iter().map(|f| self.frame(f)).collect::<Result<_>>()?,
+            Value::Tuple(t) => t.iter().map(|f| self.frame(f)).collect::<Result<_>>()?,
+            Value::None => return Ok(None),
+            _ => bail!("`frames` is not a list"),
+        };
+        if frames.is_empty() {
+            return Ok(None);
+        }
+        let next = self.stacks.stacks.len() as u32;
+        let id = *self.stack_by_value.entry(frames.clone()).or_insert_with(|| {
+            self.stacks.stacks.push(frames);
+            next
+        });
+        if let Some(p) = ptr {
+            self.stack_by_ptr.insert(p, id);
+            self.keep.push(v.clone());
+        }
+        Ok(Some(id))
+    }
+}
+
+/// The address of a shared object, for identity lookups.
+fn identity(v: &Value) -> Option<usize> {
+    match v {
+        Value::List(l) => Some(Rc::as_ptr(l) as *const u8 as usize),
+        Value::Dict(d) => Some(Rc::as_ptr(d) as *const u8 as usize),
+        Value::Tuple(t) => Some(Rc::as_ptr(t) as *const u8 as usize),
+        _ => None,
+    }
+}
+
+/// Runs `f` over the items of a list or tuple.
+fn each(v: &Value, what: &str, mut f: impl FnMut(usize, &Value) -> Result<()>) -> Result<()> {
+    match v {
+        Value::List(l) => l.borrow().iter().enumerate().try_for_each(|(i, x)| f(i, x)),
+        Value::Tuple(t) => t.iter().enumerate().try_for_each(|(i, x)| f(i, x)),
+        _ => bail!("{what} is not a list"),
+    }
+}
+
+fn uint(v: &Value, key: &str) -> Result<Option<u64>> {
+    match v.get(key) {
+        None | Some(Value::None) => Ok(None),
+        Some(x) => match x.as_int() {
+            Some(i) if (0..=u64::MAX as i128).contains(&i) => Ok(Some(i as u64)),
+            Some(i) => bail!("`{key}` = {i} is out of range"),
+            None => bail!("`{key}` is not an integer"),
+        },
+    }
+}
+
+fn need(v: &Value, key: &str) -> Result<u64> {
+    uint(v, key)?.with_context(|| format!("missing `{key}`"))
+}
+
+impl Snapshot {
+    /// Reads and parses a snapshot file.
+    pub fn read(path: &Path) -> Result<Snapshot> {
+        let data = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let value =
+            crate::pickle::parse(&data).with_context(|| format!("{}: not a readable snapshot", path.display()))?;
+        drop(data);
+        Snapshot::from_value(&value).with_context(|| format!("{}: not a PyTorch memory snapshot", path.display()))
+    }
+
+    /// Types the parsed pickle.
+    pub fn from_value(v: &Value) -> Result<Snapshot> {
+        let mut snap = Snapshot::default();
+        let mut interner = Interner::default();
+        let segments = match v {
+            Value::List(_) | Value::Tuple(_) => {
+                snap.bare_list = true;
+                v.clone()
+            }
+            Value::Dict(_) => v.get("segments").context("no `segments` key at the top level")?,
+            _ => bail!("the top level is neither a dict nor a list of segments"),
+        };
+        each(&segments, "`segments`", |i, s| {
+            let seg = snap.segment(s, &mut interner).with_context(|| format!("segment {i}"))?;
+            snap.segments.push(seg);
+            Ok(())
+        })?;
+        if let Some(traces) = v.get("device_traces") {
+            each(&traces, "`device_traces`", |d, list| {
+                let mut entries = Vec::new();
+                each(list, "a device trace", |i, e| {
+                    match snap.entry(e, &mut interner).with_context(|| format!("device {d}, trace entry {i}"))? {
+                        Some(entry) => entries.push(entry),
+                        None => snap.unknown_actions += 1,
+                    }
+                    Ok(())
+                })?;
+                snap.traces.push(entries);
+                Ok(())
+            })?;
+        }
+        if let Some(s) = v.get("allocator_settings") {
+            snap.allocator_settings = to_json(&s, 0);
+        }
+        snap.stacks = std::mem::take(&mut interner.stacks);
+        Ok(snap)
+    }
+
+    fn segment(&mut self, s: &Value, interner: &mut Interner) -> Result<Segment> {
+        let address = need(s, "address")?;
+        let total_size = need(s, "total_size")?;
+        let device = uint(s, "device")?.unwrap_or(0);
+        anyhow::ensure!(device < 1 << 16, "`device` = {device} is not a device index");
+        let mut blocks = Vec::new();
+        let mut offset = address;
+        if let Some(list) = s.get("blocks") {
+            each(&list, "`blocks`", |j, b| {
+                let block = self.block(b, offset, interner).with_context(|| format!("block {j}"))?;
+                offset = block.address.saturating_add(block.size);
+                blocks.push(block);
+                Ok(())
+            })?;
+        }
+        Ok(Segment {
+            device: device as u32,
+            address,
+            total_size,
+            stream: uint(s, "stream")?.unwrap_or(0),
+            segment_type: s.get("segment_type").and_then(|t| t.as_str().map(str::to_string)).unwrap_or_default(),
+            is_expandable: matches!(s.get("is_expandable"), Some(Value::Bool(true))),
+            blocks,
+        })
+    }
+
+    fn block(&mut self, b: &Value, offset: u64, interner: &mut Interner) -> Result<Block> {
+        let size = need(b, "size")?;
+        let address = match uint(b, "address")? {
+            Some(a) => a,
+            None => {
+                self.blocks_without_address += 1;
+                offset
+            }
+        };
+        let state = b.get("state").context("missing `state`")?;
+        let state =
+            state.as_str().and_then(BlockState::parse).with_context(|| format!("unknown block state {state:?}"))?;
+        let (stack, requested) = if b.get("frames").is_some() {
+            (interner.stack(b.get("frames").as_ref())?, uint(b, "requested_size")?.unwrap_or(size))
+        } else if let Some(history) = b.get("history") {
+            // Old layout: the first history record holds the allocation.
+            self.legacy_history_blocks += 1;
+            let first = history.items().and_then(|h| h.into_iter().next());
+            match first {
+                Some(h) => (interner.stack(h.get("frames").as_ref())?, uint(&h, "real_size")?.unwrap_or(size)),
+                None => (None, size),
+            }
+        } else {
+            (None, uint(b, "requested_size")?.unwrap_or(size))
+        };
+        Ok(Block { address, size, requested, state, stack })
+    }
+
+    fn entry(&mut self, e: &Value, interner: &mut Interner) -> Result<Option<Entry>> {
+        let action = e.get("action").context("missing `action`")?;
+        let Some(action) = action.as_str().and_then(Action::parse) else { return Ok(None) };
+        let time_us = match e.get("time_us") {
+            Some(t) => Some(t.as_int().context("`time_us` is not an integer")?.clamp(0, i64::MAX as i128) as i64),
+            None => None,
+        };
+        Ok(Some(Entry {
+            action,
+            addr: if action == Action::Oom { uint(e, "addr")?.unwrap_or(0) } else { need(e, "addr")? },
+            size: uint(e, "size")?.unwrap_or(0),
+            stream: uint(e, "stream")?.unwrap_or(0),
+            time_us,
+            stack: interner.stack(e.get("frames").as_ref())?,
+            device_free: uint(e, "device_free")?,
+        }))
+    }
+
+    /// Device indices present in the segments or the traces.
+    pub fn devices(&self) -> Vec<u32> {
+        let mut d: Vec<u32> = self.segments.iter().map(|s| s.device).collect();
+        d.extend((0..self.traces.len() as u32).filter(|&i| !self.traces[i as usize].is_empty()));
+        d.sort_unstable();
+        d.dedup();
+        d
+    }
+}
+
+/// Plain data to JSON (allocator settings), depth-limited.
+fn to_json(v: &Value, depth: usize) -> serde_json::Value {
+    use serde_json::Value as J;
+    if depth > 16 {
+        return J::Null;
+    }
+    match v {
+        Value::None => J::Null,
+        Value::Bool(b) => J::Bool(*b),
+        Value::Int(i) => i64::try_from(*i).map(J::from).unwrap_or_else(|_| J::String(i.to_string())),
+        Value::Float(f) => serde_json::Number::from_f64(*f).map_or(J::Null, J::Number),
+        Value::Str(s) => J::String(s.to_string()),
+        Value::List(_) | Value::Tuple(_) => {
+            J::Array(v.items().unwrap_or_default().iter().map(|x| to_json(x, depth + 1)).collect())
+        }
+        Value::Dict(d) => J::Object(
+            d.borrow()
+                .iter()
+                .map(|(k, x)| {
+                    let key = k.as_str().map(str::to_string).unwrap_or_else(|| format!("{:?}", to_json(k, depth + 1)));
+                    (key, to_json(x, depth + 1))
+                })
+                .collect(),
+        ),
+    }
+}
+
+/// What the reconstruction found for one device.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Reconstruction {
+    pub device: u32,
+    pub entries: u64,
+    /// Blocks and segments alive before the first trace entry.
+    pub initial_blocks: u64,
+    pub initial_segments: u64,
+    /// Entries that contradict the state (e.g. alloc of a block that is not
+    /// alive after it, free of one already free): counted and skipped.
+    pub inconsistent_entries: u64,
+    /// Blocks whose size the allocator rule gave, checked against the real
+    /// size where the snapshot knows it.
+    pub sizes_checked: u64,
+    pub sizes_agreed: u64,
+    /// The forward replay's end state against the snapshot.
+    pub final_check: FinalCheck,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct FinalCheck {
+    pub blocks_expected: u64,
+    pub blocks_missing: u64,
+    pub blocks_unexpected: u64,
+    pub blocks_size_mismatch: u64,
+    pub segments_expected: u64,
+    pub segment_bytes_expected: u64,
+    pub segment_bytes_replayed: u64,
+    pub segment_ranges_mismatch: u64,
+}
+
+impl FinalCheck {
+    pub fn exact(&self) -> bool {
+        self.blocks_missing == 0
+            && self.blocks_unexpected == 0
+            && self.blocks_size_mismatch == 0
+            && self.segment_ranges_mismatch == 0
+            && self.segment_bytes_expected == self.segment_bytes_replayed
+    }
+}
+
+/// A live block during reconstruction.
+#[derive(Clone, Copy, Debug)]
+struct LiveBlock {
+    /// The real size, when the snapshot knows it.
+    size: Option<u64>,
+    requested: u64,
+    stack: Option<u32>,
+    stream: u64,
+}
+
+/// Address ranges of segments (start → (end, expandable, stream)).
+type Ranges = std::collections::BTreeMap<u64, (u64, bool, u64)>;
+
+/// Adds [a, b) to the ranges. Mapped pages (`merge`) join an adjacent
+/// expandable range; a cudaMalloc'ed segment stays on its own.
+fn add_range(r: &mut Ranges, a: u64, b: u64, expandable: bool, stream: u64, merge: bool) {
+    let (mut a, mut b) = (a, b);
+    if merge {
+        if let Some((&s, &(e, true, _))) = r.range(..=a).next_back()
+            && e == a
+        {
+            r.remove(&s);
+            a = s;
+        }
+        if let Some(&(e, true, _)) = r.get(&b) {
+            r.remove(&b);
+            b = e;
+        }
+    }
+    r.insert(a, (b, expandable, stream));
+}
+
+/// Removes [a, b) from the range containing it; false if none does.
+fn remove_range(r: &mut Ranges, a: u64, b: u64) -> bool {
+    let Some((&s, &(e, x, st))) = r.range(..=a).next_back() else { return false };
+    if b > e {
+        return false;
+    }
+    r.remove(&s);
+    if s < a {
+        r.insert(s, (a, x, st));
+    }
+    if b < e {
+        r.insert(b, (e, x, st));
+    }
+    true
+}
+
+/// The size the caching allocator gives a request placed at `addr`, where
+/// the free space runs up to `free_end`.
+fn block_size_rule(requested: u64, addr: u64, free_end: u64) -> u64 {
+    let rounded = requested.max(1).div_ceil(MIN_BLOCK) * MIN_BLOCK;
+    let room = free_end.saturating_sub(addr);
+    if room <= rounded {
+        return rounded.min(room.max(rounded.min(room)));
+    }
+    let rest = room - rounded;
+    let unsplit = if requested > SMALL_SIZE { rest <= SMALL_SIZE } else { rest < MIN_BLOCK };
+    if unsplit { room } else { rounded }
+}
+
+/// The events of one device: the reconstructed initial state at the first
+/// entry's time, then every entry. `t0_ns` is the time given to the initial
+/// state when the device's trace is empty.
+pub fn reconstruct(snap: &Snapshot, device: u32, t0_ns: u64, out: &mut Vec<Event>) -> Reconstruction {
+    let entries: &[Entry] = snap.traces.get(device as usize).map_or(&[], |t| t.as_slice());
+    let mut rec = Reconstruction { device, entries: entries.len() as u64, ..Default::default() };
+    let segs: Vec<&Segment> = snap.segments.iter().filter(|s| s.device == device).collect();
+
+    // The final state.
+    let mut ranges = Ranges::new();
+    let mut live: AHashMap<u64, LiveBlock> = AHashMap::new();
+    for s in &segs {
+        ranges.insert(s.address, (s.address.saturating_add(s.total_size), s.is_expandable, s.stream));
+        for b in s.blocks.iter().filter(|b| b.state.is_live()) {
+            live.insert(
+                b.address,
+                LiveBlock { size: Some(b.size), requested: b.requested, stack: b.stack, stream: s.stream },
+            );
+        }
+    }
+    let final_ranges = ranges.clone();
+    let final_live = live.clone();
+
+    // Backwards: undo each entry. `known[i]` is the real size of the block
+    // an alloc entry created, when that block is still alive at the end.
+    let mut known: Vec<Option<u64>> = vec![None; entries.len()];
+    for (i, e) in entries.iter().enumerate().rev() {
+        match e.action {
+            Action::Alloc => match live.remove(&e.addr) {
+                Some(b) => known[i] = b.size,
+                None => rec.inconsistent_entries += 1,
+            },
+            Action::FreeCompleted => {
+                let b = LiveBlock { size: None, requested: e.size, stack: e.stack, stream: e.stream };
+                if live.insert(e.addr, b).is_some() {
+                    rec.inconsistent_entries += 1;
+                }
+            }
+            Action::SegmentAlloc | Action::SegmentMap => {
+                if !remove_range(&mut ranges, e.addr, e.addr.saturating_add(e.size)) {
+                    rec.inconsistent_entries += 1;
+                }
+            }
+            Action::SegmentFree => {
+                add_range(&mut ranges, e.addr, e.addr.saturating_add(e.size), false, e.stream, false)
+            }
+            Action::SegmentUnmap => add_range(&mut ranges, e.addr, e.addr.saturating_add(e.size), true, e.stream, true),
+            Action::FreeRequested | Action::Snapshot | Action::Oom => {}
+        }
+    }
+
+    // Forwards, emitting events.
+    let with_time = !entries.is_empty() && entries.iter().all(|e| e.time_us.is_some());
+    let ts_of = |i: usize| -> u64 {
+        if with_time { (entries[i].time_us.unwrap_or(0) as u64).saturating_mul(1000) } else { t0_ns + i as u64 }
+    };
+    let t_start = if entries.is_empty() { t0_ns } else { ts_of(0) };
+    let pid = device;
+    let ev = |ts: u64, kind: EventKind, addr: u64, size: u64, stream: u64, extra: Extra| Event {
+        ts_ns: ts,
+        duration_ns: 0,
+        pid,
+        tid: 0,
+        kind,
+        addr,
+        size,
+        ret: 0,
+        device: Some(device as i32),
+        stream: Some(stream),
+        extra,
+    };
+    rec.initial_segments = ranges.len() as u64;
+    for (&a, &(b, expandable, stream)) in &ranges {
+        let kind = if expandable { EventKind::SegmentMap } else { EventKind::SegmentAlloc };
+        out.push(ev(t_start, kind, a, b - a, stream, Extra::default()));
+    }
+    // Live blocks by address, for the free space after a new block.
+    let mut placed: std::collections::BTreeMap<u64, LiveBlock> = std::collections::BTreeMap::new();
+    let free_end = |placed: &std::collections::BTreeMap<u64, LiveBlock>, ranges: &Ranges, addr: u64| -> u64 {
+        let seg_end = ranges.range(..=addr).next_back().map_or(addr, |(_, &(e, _, _))| e);
+        let next = placed.range(addr + 1..).next().map_or(u64::MAX, |(&a, _)| a);
+        seg_end.min(next).max(addr)
+    };
+    let mut initial: Vec<(u64, LiveBlock)> = live.into_iter().collect();
+    initial.sort_unstable_by_key(|p| p.0);
+    rec.initial_blocks = initial.len() as u64;
+    for (addr, mut b) in initial.into_iter().rev() {
+        let size = b.size.unwrap_or_else(|| block_size_rule(b.requested, addr, free_end(&placed, &ranges, addr)));
+        b.size = Some(size);
+        placed.insert(addr, b);
+    }
+    for (&addr, b) in &placed {
+        let extra = Extra { requested: Some(b.requested), stack: b.stack, device_free: None };
+        out.push(ev(t_start, EventKind::BlockAlloc, addr, b.size.unwrap_or(0), b.stream, extra));
+    }
+    for (i, e) in entries.iter().enumerate() {
+        let ts = ts_of(i);
+        let end = e.addr.saturating_add(e.size);
+        match e.action {
+            Action::Alloc => {
+                if placed.contains_key(&e.addr) {
+                    continue; // counted as inconsistent on the way back
+                }
+                let rule = block_size_rule(e.size, e.addr, free_end(&placed, &ranges, e.addr));
+                let size = match known[i] {
+                    Some(real) => {
+                        rec.sizes_checked += 1;
+                        rec.sizes_agreed += u64::from(real == rule);
+                        real
+                    }
+                    None => rule,
+                };
+                placed.insert(
+                    e.addr,
+                    LiveBlock { size: Some(size), requested: e.size, stack: e.stack, stream: e.stream },
+                );
+                let extra = Extra { requested: Some(e.size), stack: e.stack, device_free: None };
+                out.push(ev(ts, EventKind::BlockAlloc, e.addr, size, e.stream, extra));
+            }
+            Action::FreeRequested | Action::FreeCompleted => {
+                let Some(b) = placed.get(&e.addr).copied() else { continue };
+                let kind = if e.action == Action::FreeCompleted {
+                    placed.remove(&e.addr);
+                    EventKind::BlockFree
+                } else {
+                    EventKind::BlockFreeRequested
+                };
+                let extra = Extra { requested: Some(e.size), stack: e.stack, device_free: None };
+                out.push(ev(ts, kind, e.addr, b.size.unwrap_or(0), e.stream, extra));
+            }
+            Action::SegmentAlloc => {
+                add_range(&mut ranges, e.addr, end, false, e.stream, false);
+                out.push(ev(ts, EventKind::SegmentAlloc, e.addr, e.size, e.stream, Extra::default()));
+            }
+            Action::SegmentMap => {
+                add_range(&mut ranges, e.addr, end, true, e.stream, true);
+                out.push(ev(ts, EventKind::SegmentMap, e.addr, e.size, e.stream, Extra::default()));
+            }
+            Action::SegmentFree | Action::SegmentUnmap => {
+                if remove_range(&mut ranges, e.addr, end) {
+                    let kind =
+                        if e.action == Action::SegmentFree { EventKind::SegmentFree } else { EventKind::SegmentUnmap };
+                    out.push(ev(ts, kind, e.addr, e.size, e.stream, Extra::default()));
+                }
+            }
+            Action::Oom => {
+                let extra = Extra { requested: Some(e.size), stack: e.stack, device_free: e.device_free };
+                out.push(ev(ts, EventKind::Oom, 0, e.size, e.stream, extra));
+            }
+            Action::Snapshot => {}
+        }
+    }
+
+    // The end state against the snapshot.
+    let fc = &mut rec.final_check;
+    fc.blocks_expected = final_live.len() as u64;
+    for (addr, b) in &final_live {
+        match placed.get(addr) {
+            None => fc.blocks_missing += 1,
+            Some(p) if p.size != b.size || p.requested != b.requested => fc.blocks_size_mismatch += 1,
+            Some(_) => {}
+        }
+    }
+    fc.blocks_unexpected = placed.keys().filter(|a| !final_live.contains_key(a)).count() as u64;
+    fc.segments_expected = segs.len() as u64;
+    fc.segment_bytes_expected = segs.iter().map(|s| s.total_size).sum();
+    fc.segment_bytes_replayed = ranges.iter().map(|(a, (b, _, _))| b - a).sum();
+    let flat = |r: &Ranges| -> Vec<(u64, u64)> { r.iter().map(|(&a, &(b, _, _))| (a, b)).collect() };
+    let (want, got) = (flat(&final_ranges), flat(&ranges));
+    fc.segment_ranges_mismatch = want.iter().filter(|r| !got.contains(r)).count() as u64
+        + got.iter().filter(|r| !want.contains(r)).count() as u64;
+    rec
+}
+
+/// PyTorch's `_memory_viz.py` segment summary totals for the final state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Totals {
+    pub segments: u64,
+    pub reserved: u64,
+    /// Σ requested size of active_allocated blocks.
+    pub allocated: u64,
+    /// reserved − allocated; `free_internal` of it is rounding inside
+    /// active blocks, the rest is free blocks (pending frees included, as
+    /// PyTorch counts them).
+    pub free: u64,
+    pub free_internal: u64,
+    pub free_external: u64,
+}
+
+impl Totals {
+    pub fn of<'a>(segments: impl IntoIterator<Item = &'a Segment>) -> Totals {
+        let mut t = Totals::default();
+        for s in segments {
+            t.segments += 1;
+            t.reserved += s.total_size;
+            for b in &s.blocks {
+                if b.state == BlockState::ActiveAllocated {
+                    t.allocated += b.requested;
+                    t.free_internal += b.size.saturating_sub(b.requested);
+                } else {
+                    t.free_external += b.size;
+                }
+            }
+        }
+        t.free = t.reserved.saturating_sub(t.allocated);
+        t
+    }
+}
+
+/// A snapshot converted to events, with what the conversion found.
+#[derive(Debug)]
+pub struct Converted {
+    /// Every device's events, in time order.
+    pub events: Vec<Event>,
+    pub meta: crate::trace::TraceMeta,
+    pub stacks: Stacks,
+    pub reconstructions: Vec<Reconstruction>,
+}
+
+/// Reads `path` and converts the selected device (default: all).
+pub fn convert_file(path: &Path, device: Option<u32>) -> Result<Converted> {
+    let file_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    let snap = Snapshot::read(path)?;
+    convert(snap, device, &path.display().to_string(), file_bytes)
+        .with_context(|| format!("{}: cannot convert the snapshot", path.display()))
+}
+
+/// Converts a typed snapshot: reconstruction and events per device, and the
+/// trace metadata (SPEC §2: device count, allocator settings, final segment
+/// table; plus the reconstruction's checks and PyTorch's totals).
+pub fn convert(snap: Snapshot, device: Option<u32>, source: &str, file_bytes: u64) -> Result<Converted> {
+    let all = snap.devices();
+    let devices: Vec<u32> = match device {
+        Some(d) if all.contains(&d) => vec![d],
+        Some(d) => bail!("device {d} is not in this snapshot (it has device(s) {all:?})"),
+        None => all.clone(),
+    };
+    let timed =
+        |d: u32| snap.traces.get(d as usize).is_some_and(|t| !t.is_empty() && t.iter().all(|e| e.time_us.is_some()));
+    let t0 = devices
+        .iter()
+        .filter(|&&d| timed(d))
+        .filter_map(|&d| snap.traces[d as usize][0].time_us)
+        .min()
+        .map_or(0, |t| (t as u64).saturating_mul(1000));
+    let untimed: Vec<u32> = devices
+        .iter()
+        .copied()
+        .filter(|&d| !timed(d) && snap.traces.get(d as usize).is_some_and(|t| !t.is_empty()))
+        .collect();
+    let mut events = Vec::new();
+    let mut reconstructions = Vec::new();
+    for &d in &devices {
+        reconstructions.push(reconstruct(&snap, d, t0, &mut events));
+    }
+    events.sort_by_key(|e| e.ts_ns);
+
+    let mut meta = crate::trace::TraceMeta::new(crate::trace::Source::PytorchSnapshot);
+    meta.host = String::new();
+    let segments: Vec<&Segment> = snap.segments.iter().filter(|s| devices.contains(&s.device)).collect();
+    let totals: serde_json::Map<String, serde_json::Value> = devices
+        .iter()
+        .map(|&d| {
+            let t = Totals::of(segments.iter().copied().filter(|s| s.device == d));
+            (d.to_string(), serde_json::to_value(t).unwrap_or_default())
+        })
+        .collect();
+    let table: Vec<serde_json::Value> = segments
+        .iter()
+        .map(|s| {
+            let active = |st: BlockState| s.blocks.iter().filter(|b| b.state == st).map(|b| b.size).sum::<u64>();
+            serde_json::json!({
+                "device": s.device,
+                "address": s.address,
+                "total_size": s.total_size,
+                "stream": s.stream,
+                "segment_type": s.segment_type,
+                "is_expandable": s.is_expandable,
+                "blocks": s.blocks.len(),
+                "active_allocated_bytes": active(BlockState::ActiveAllocated),
+                "active_pending_free_bytes": active(BlockState::ActivePendingFree),
+            })
+        })
+        .collect();
+    meta.details = serde_json::json!({
+        "snapshot": source,
+        "file_bytes": file_bytes,
+        "layout": if snap.bare_list { "bare list of segments" } else { "dict" },
+        "devices": devices,
+        "device_count": snap.traces.len().max(all.iter().map(|&d| d as usize + 1).max().unwrap_or(0)),
+        "allocator_settings": snap.allocator_settings,
+        "time_source": if untimed.is_empty() { "time_us".to_string() } else {
+            format!("event order (device(s) {untimed:?} have trace entries without time_us: 1 ns per entry)")
+        },
+        "legacy_history_blocks": snap.legacy_history_blocks,
+        "blocks_without_address": snap.blocks_without_address,
+        "unknown_actions": snap.unknown_actions,
+        "stacks": snap.stacks.stacks.len(),
+        "frames": snap.stacks.frames.len(),
+        "totals": totals,
+        "reconstruction": reconstructions,
+        "segments": table,
+    });
+    Ok(Converted { events, meta, stacks: snap.stacks, reconstructions })
+}
+
+/// `fragscope import`: writes the converted snapshot as a trace directory.
+pub fn import(path: &Path, out: &Path, device: Option<u32>) -> Result<Converted> {
+    let converted = convert_file(path, device)?;
+    let mut writer = crate::trace::TraceWriter::create(out, converted.meta.clone(), 1 << 20)?;
+    writer.write_stacks(&converted.stacks)?;
+    for e in &converted.events {
+        writer.push(*e)?;
+    }
+    let meta = writer.finish()?;
+    Ok(Converted { meta, ..converted })
+}
+
+/// Whether `path` is a file that starts like a pickle (protocol 2–5).
+pub fn looks_like_pickle(path: &Path) -> bool {
+    let mut head = [0u8; 2];
+    std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head)).is_ok()
+        && head[0] == 0x80
+        && (2..=5).contains(&head[1])
+}
