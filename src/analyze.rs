@@ -183,6 +183,9 @@ pub struct Analysis {
     /// The allocator view (PyTorch snapshots: one series per device, the
     /// `pid` fields hold the device index) rather than the device view.
     pub allocator_view: bool,
+    /// Folded stacks of live memory at the end and the peak (traces with
+    /// stacks), for flamegraph.folded and flamegraph.svg.
+    pub flamegraph: Option<String>,
 }
 
 impl Analysis {
@@ -388,6 +391,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         options: *opts,
         images: Vec::new(),
         allocator_view,
+        flamegraph: stacks.as_ref().map(|st| crate::flame::folded(events, st)),
     };
     if let Some(pc) = &opts.plot
         && !analysis.peaks.is_empty()

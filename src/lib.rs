@@ -8,6 +8,7 @@
 pub mod analyze;
 pub mod cli;
 pub mod event;
+pub mod flame;
 pub mod leak;
 pub mod metrics;
 pub mod oom;

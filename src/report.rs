@@ -152,6 +152,14 @@ pub fn write_trace_outputs(a: &Analysis, out: &Path) -> Result<()> {
     for (name, pixels, w, h) in &a.images {
         crate::plot::write_png(pixels, *w, *h, &out.join(name))?;
     }
+    if let Some(folded) = &a.flamegraph {
+        write_atomic(&out.join("flamegraph.folded"), folded.as_bytes())?;
+        let title = format!("{}: live memory by stack (end, peak)", a.trace.name);
+        let svg = crate::flame::svg(folded, &title).context("cannot render flamegraph.svg")?;
+        if !svg.is_empty() {
+            write_atomic(&out.join("flamegraph.svg"), &svg)?;
+        }
+    }
     Ok(())
 }
 
@@ -183,6 +191,20 @@ fn write_metrics(rows: &[Row], horizon: usize, path: &Path) -> Result<()> {
     }
     let risk: Vec<Option<&str>> = rows.iter().map(|r| r.risk_online.map(Risk::name)).collect();
     df.with_column(Column::new("risk_online".into(), risk))?;
+    if rows.iter().any(|r| r.alloc.is_some()) {
+        let a = |get: fn(&crate::replay::AllocatorFigures) -> u64| -> Vec<Option<u64>> {
+            rows.iter().map(|r| r.alloc.as_ref().map(get)).collect()
+        };
+        df.with_column(Column::new("reserved_bytes".into(), a(|x| x.reserved_bytes)))?;
+        df.with_column(Column::new("allocated_bytes".into(), a(|x| x.allocated_bytes)))?;
+        df.with_column(Column::new("requested_bytes".into(), a(|x| x.requested_bytes)))?;
+        df.with_column(Column::new(
+            "internal_fragmentation_bytes".into(),
+            a(|x| x.allocated_bytes.saturating_sub(x.requested_bytes)),
+        ))?;
+        let pt: Vec<Option<f64>> = rows.iter().map(|r| r.alloc.map(|x| x.pytorch_fragmentation)).collect();
+        df.with_column(Column::new("pytorch_fragmentation".into(), pt))?;
+    }
     write_parquet(&mut df, path)
 }
 
@@ -239,7 +261,7 @@ pub fn report_json(a: &Analysis) -> serde_json::Value {
             })
         })
         .collect();
-    json!({
+    let mut report = json!({
         "format_version": FORMAT_VERSION,
         "tool_version": env!("CARGO_PKG_VERSION"),
         "trace": {
@@ -301,6 +323,52 @@ pub fn report_json(a: &Analysis) -> serde_json::Value {
             "live_at_end_blocks": l.live_at_end_blocks,
             "by_size": l.by_size,
         })).collect::<Vec<_>>(),
+    });
+    if a.allocator_view {
+        report["view"] = json!("allocator");
+        report["allocator"] = allocator_json(a);
+        for (o, j) in a.ooms.iter().zip(report["ooms"].as_array_mut().into_iter().flatten()) {
+            j["request_site"] = json!(o.request_site);
+            j["top_sites"] = json!(o.top_sites);
+        }
+        for (l, j) in a.leaks.iter().zip(report["leaks"].as_array_mut().into_iter().flatten()) {
+            j["top_sites"] = json!(l.top_sites);
+        }
+    }
+    report
+}
+
+/// The allocator view's figures per device at the end, and what the
+/// snapshot import recorded (PyTorch's totals, the reconstruction check).
+fn allocator_json(a: &Analysis) -> serde_json::Value {
+    let devices: Vec<_> = a
+        .peaks
+        .iter()
+        .map(|p| {
+            let f = last_row(a, p.pid).and_then(|r| r.alloc).unwrap_or_default();
+            json!({
+                "device": p.pid,
+                "reserved_bytes": f.reserved_bytes,
+                "allocated_bytes": f.allocated_bytes,
+                "requested_bytes": f.requested_bytes,
+                "internal_fragmentation_bytes": f.allocated_bytes.saturating_sub(f.requested_bytes),
+                "pytorch_fragmentation": r6(f.pytorch_fragmentation),
+                "peak_reserved_bytes": a.rows.iter().filter(|r| r.pid == p.pid).filter_map(|r| r.alloc).map(|x| x.reserved_bytes).max(),
+            })
+        })
+        .collect();
+    let details = a.trace.meta.as_ref().map(|m| &m.details);
+    let pick = |k: &str| details.and_then(|d| d.get(k)).cloned().unwrap_or(serde_json::Value::Null);
+    json!({
+        "devices": devices,
+        "snapshot": {
+            "file": pick("snapshot"),
+            "layout": pick("layout"),
+            "time_source": pick("time_source"),
+            "allocator_settings": pick("allocator_settings"),
+            "totals": pick("totals"),
+            "reconstruction": pick("reconstruction"),
+        },
     })
 }
 
@@ -337,7 +405,7 @@ pub fn report_md(a: &Analysis) -> String {
     md.push_str(&verdict_md(a, &s));
     let _ = writeln!(
         md,
-        "Fragmentation score now {:.1} / 100 (mean {:.1}, p95 {:.1}, max {:.1}) · peak live {} · {} OOM{} · {} process{}.\n",
+        "Fragmentation score now {:.1} / 100 (mean {:.1}, p95 {:.1}, max {:.1}) · peak live {} · {} OOM{} · {}{}.\n",
         s.score.final_,
         s.score.mean,
         s.score.p95,
@@ -346,7 +414,12 @@ pub fn report_md(a: &Analysis) -> String {
         s.ooms,
         if s.ooms == 1 { "" } else { "s" },
         s.processes,
-        if s.processes == 1 { "" } else { "es" },
+        match (a.allocator_view, s.processes == 1) {
+            (true, true) => " device",
+            (true, false) => " devices",
+            (false, true) => " process",
+            (false, false) => " processes",
+        },
     );
     let _ = writeln!(md, "| trace | |\n|---|---|");
     let _ = writeln!(md, "| source | {} |", s.source);
@@ -368,8 +441,9 @@ pub fn report_md(a: &Analysis) -> String {
         let _ = writeln!(md, "| metadata | trace.json missing (interrupted recording?) |");
     }
 
-    let _ = writeln!(md, "\n## Processes\n");
-    let _ = writeln!(md, "| pid | peak live | score final | mean | p95 | max | E | K | S | C | L | U | OOMs |");
+    let _ = writeln!(md, "\n## {}\n", if a.allocator_view { "Devices" } else { "Processes" });
+    let _ =
+        writeln!(md, "| {} | peak live | score final | mean | p95 | max | E | K | S | C | L | U | OOMs |", a.unit());
     let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for p in &a.peaks {
         let st = ScoreStats::of(&process_scores(&a.rows, p.pid));
@@ -404,6 +478,9 @@ pub fn report_md(a: &Analysis) -> String {
     }
     let _ = writeln!(md, "| failed allocations | {} |", a.failed_allocs);
 
+    if a.allocator_view {
+        md.push_str(&allocator_md(a));
+    }
     let an = &a.anomalies;
     let _ = writeln!(md, "\n## Anomalies\n");
     if an.total() == 0 {
@@ -420,6 +497,11 @@ pub fn report_md(a: &Analysis) -> String {
             ("overlap", an.overlap, "allocation overlapping live blocks (their frees were lost)"),
             ("out_of_order", an.out_of_order, "rows out of time order (sorted before replay)"),
             ("unknown_kind", an.unknown_kind, "rows with a kind this version does not know (ignored)"),
+            (
+                "outside_segment",
+                an.outside_segment,
+                "blocks outside every live segment, or taken away by a segment free",
+            ),
         ] {
             if n > 0 {
                 let _ = writeln!(md, "| {name} | {n} — {why} |");
@@ -430,6 +512,82 @@ pub fn report_md(a: &Analysis) -> String {
     md.push_str(&ooms_md(a));
     md.push_str(&leaks_md(a));
     md.push_str(&advice_md(a, &s));
+    md
+}
+
+/// The allocator view: PyTorch's own figures per device, and how the
+/// snapshot import went.
+fn allocator_md(a: &Analysis) -> String {
+    let mut md = String::from("\n## PyTorch allocator\n\n");
+    md.push_str(
+        "At the end of the trace, per device (the totals `_memory_viz.py segsum` prints for the snapshot):\n\n",
+    );
+    md.push_str("| device | segments | reserved | allocated (requested) | free | of which internal | PyTorch fragmentation Σgap²/Σseg² |\n|---|---|---|---|---|---|---|\n");
+    let details = a.trace.meta.as_ref().map(|m| &m.details);
+    for p in &a.peaks {
+        let f = last_row(a, p.pid).and_then(|r| r.alloc).unwrap_or_default();
+        let totals = details.and_then(|d| d.get("totals")).and_then(|t| t.get(p.pid.to_string()));
+        let n = |k: &str| totals.and_then(|t| t.get(k)).and_then(|v| v.as_u64());
+        let free = n("free").unwrap_or(f.reserved_bytes.saturating_sub(f.requested_bytes));
+        let internal = n("free_internal").unwrap_or(f.allocated_bytes.saturating_sub(f.requested_bytes));
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} ({:.1} %) | {:.3e} |",
+            p.pid,
+            n("segments").map_or("?".into(), |x| x.to_string()),
+            bytes(n("reserved").unwrap_or(f.reserved_bytes)),
+            bytes(n("allocated").unwrap_or(f.requested_bytes)),
+            bytes(free),
+            bytes(internal),
+            if free == 0 { 0.0 } else { 100.0 * internal as f64 / free as f64 },
+            f.pytorch_fragmentation
+        );
+    }
+    if let Some(recs) = details.and_then(|d| d.get("reconstruction")).and_then(|r| r.as_array()) {
+        md.push_str("\nImport: the trace was undone backwards from the final state, then replayed forwards.\n\n");
+        md.push_str("| device | trace entries | alive before the first (segments, blocks) | final state | block sizes by rule, checked |\n|---|---|---|---|---|\n");
+        for r in recs {
+            let g = |k: &str| r.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
+            let fc = r.get("final_check");
+            let f = |k: &str| fc.and_then(|x| x.get(k)).and_then(|v| v.as_u64()).unwrap_or(0);
+            let exact =
+                f("blocks_missing") + f("blocks_unexpected") + f("blocks_size_mismatch") + f("segment_ranges_mismatch")
+                    == 0
+                    && f("segment_bytes_expected") == f("segment_bytes_replayed");
+            let verdict = if exact {
+                format!("matches the snapshot ({} live blocks)", f("blocks_expected"))
+            } else {
+                format!(
+                    "**differs**: {} blocks missing, {} unexpected, {} of another size, {} segment ranges differ",
+                    f("blocks_missing"),
+                    f("blocks_unexpected"),
+                    f("blocks_size_mismatch"),
+                    f("segment_ranges_mismatch")
+                )
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {}{} | {}, {} | {} | {} of {} agreed |",
+                g("device"),
+                g("entries"),
+                if g("inconsistent_entries") > 0 {
+                    format!(" ({} contradicted the state)", g("inconsistent_entries"))
+                } else {
+                    String::new()
+                },
+                g("initial_segments"),
+                g("initial_blocks"),
+                verdict,
+                g("sizes_agreed"),
+                g("sizes_checked")
+            );
+        }
+    }
+    if let Some(ts) = details.and_then(|d| d.get("time_source")).and_then(|v| v.as_str())
+        && ts != "time_us"
+    {
+        let _ = writeln!(md, "\nTime: {ts}.");
+    }
     md
 }
 
@@ -572,6 +730,9 @@ fn ooms_md(a: &Analysis) -> String {
     md.push_str(
         "| time (s) | pid | requested | device free | largest free range | class |\n|---|---|---|---|---|---|\n",
     );
+    if a.allocator_view {
+        md = md.replace("| pid |", "| device |");
+    }
     let shown = 20;
     for o in a.ooms.iter().take(shown) {
         let _ = writeln!(
@@ -589,6 +750,15 @@ fn ooms_md(a: &Analysis) -> String {
         let _ = writeln!(md, "\n… and {} more (all in report.json).", a.ooms.len() - shown);
     }
     let first = &a.ooms[0];
+    if let Some(site) = &first.request_site {
+        let _ = writeln!(md, "\nThe first failed request came from `{site}`.");
+    }
+    if !first.top_sites.is_empty() {
+        md.push_str("\nLive memory by call site at the first OOM:\n\n| call site | bytes | blocks |\n|---|---|---|\n");
+        for t in &first.top_sites {
+            let _ = writeln!(md, "| `{}` | {} | {} |", t.site, bytes(t.bytes), t.blocks);
+        }
+    }
     md.push_str("\nLargest live blocks at the first OOM:\n\n| address | size |\n|---|---|\n");
     for (addr, size) in &first.top_blocks {
         let _ = writeln!(md, "| {addr:#x} | {} |", bytes(*size));
@@ -601,6 +771,9 @@ fn leaks_md(a: &Analysis) -> String {
     md.push_str(
         "| pid | verdict | floor (2nd quarter → last quarter) | growth rate | alive at end |\n|---|---|---|---|---|\n",
     );
+    if a.allocator_view {
+        md = md.replace("| pid |", "| device |");
+    }
     for l in &a.leaks {
         let verdict = match l.leaking {
             Some(true) => "**leaking**",
@@ -621,11 +794,18 @@ fn leaks_md(a: &Analysis) -> String {
     if let Some(l) = a.leaks.iter().find(|l| l.leaking == Some(true)) {
         let _ = writeln!(
             md,
-            "\nBlocks alive at the end in process {}, by size:\n\n| size | blocks | bytes |\n|---|---|---|",
+            "\nBlocks alive at the end in {} {}, by size:\n\n| size | blocks | bytes |\n|---|---|---|",
+            if a.allocator_view { "device" } else { "process" },
             l.pid
         );
         for g in &l.by_size {
             let _ = writeln!(md, "| {} | {} | {} |", bytes(g.size), g.count, bytes(g.bytes));
+        }
+        if !l.top_sites.is_empty() {
+            md.push_str("\nBy call site:\n\n| call site | bytes | blocks |\n|---|---|---|\n");
+            for t in &l.top_sites {
+                let _ = writeln!(md, "| `{}` | {} | {} |", t.site, bytes(t.bytes), t.blocks);
+            }
         }
     }
     md
@@ -687,11 +867,16 @@ fn advice_md(a: &Analysis, s: &Summary) -> String {
 pub fn stdout_summary(a: &Analysis, out: &Path) -> String {
     let s = Summary::of(a);
     format!(
-        "{}: {} events, {} process{}, {:.3} s, {} steps; risk {}\n  score final {:.1}, mean {:.1}, p95 {:.1}, max {:.1}; peak live {}; {} OOM{}; {} anomal{}\n  wrote {}\n",
+        "{}: {} events, {} {}, {:.3} s, {} steps; risk {}\n  score final {:.1}, mean {:.1}, p95 {:.1}, max {:.1}; peak live {}; {} OOM{}; {} anomal{}\n  wrote {}\n",
         s.name,
         s.events,
         s.processes,
-        if s.processes == 1 { "" } else { "es" },
+        match (a.allocator_view, s.processes == 1) {
+            (true, true) => "device",
+            (true, false) => "devices",
+            (false, true) => "process",
+            (false, false) => "processes",
+        },
         s.duration_s,
         a.step_count,
         s.risk.map_or("insufficient data", Risk::name),

@@ -15,6 +15,10 @@ use serde::Serialize;
 use crate::event::NO_STACK;
 use crate::trace::{Frame, Stacks};
 
+/// The site of blocks without a recorded stack (e.g. allocated before
+/// PyTorch started recording history).
+pub const NO_SITE: &str = "<no stack recorded>";
+
 /// Live bytes attributed to one call site.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct SiteBytes {
@@ -53,13 +57,13 @@ pub fn call_site(stacks: &Stacks, id: u32) -> Option<String> {
 }
 
 /// Live bytes by call site, the `n` largest; `blocks` are (address, size,
-/// requested, stack id). Blocks without a stack count as `<unknown>`.
+/// requested, stack id). Blocks without a stack count as [`NO_SITE`].
 pub fn top_sites(stacks: &Stacks, blocks: &[(u64, u64, u64, u32)], n: usize) -> Vec<SiteBytes> {
     let mut names: AHashMap<u32, Option<String>> = AHashMap::new();
     let mut by_site: AHashMap<String, (u64, u64)> = AHashMap::new();
     for &(_, size, _, stack) in blocks {
         let name = names.entry(stack).or_insert_with(|| call_site(stacks, stack)).clone();
-        let e = by_site.entry(name.unwrap_or_else(|| "<unknown>".into())).or_default();
+        let e = by_site.entry(name.unwrap_or_else(|| NO_SITE.into())).or_default();
         e.0 += size;
         e.1 += 1;
     }

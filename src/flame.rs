@@ -1,0 +1,157 @@
+//! Memory flamegraphs of traces with stacks (PyTorch snapshots): live bytes
+//! by call stack at the end of the trace and at the peak of live memory.
+//!
+//! `flamegraph.folded` is Brendan Gregg's folded format, one line per
+//! block: `end;<frames> BYTES` and `peak;<frames> BYTES`, frames outermost
+//! first, written `file:line:function` and filtered like PyTorch's
+//! `_memory_viz.py memory` (unwinder, interpreter-loop and dispatcher frames
+//! dropped), so its lines carry the same stacks; the first component is the
+//! instant instead of the stream. Blocks without a stack show as
+//! `<non-python>`, as there. The byte count is the block's size (what the
+//! allocator holds for it). `flamegraph.svg` is rendered from it by
+//! `inferno`, offline.
+
+use std::fmt::Write as _;
+
+use ahash::AHashMap;
+use anyhow::Result;
+
+use crate::event::{EventKind, Events, NO_STACK};
+use crate::trace::{Frame, Stacks};
+
+/// Function-name fragments of frames left out of flamegraphs.
+const OMIT_NAMES: &[&str] = &[
+    "unwind::unwind",
+    "CapturedTraceback::gather",
+    "gather_with_cpp",
+    "_start",
+    "__libc_start_main",
+    "PyEval_",
+    "PyObject_",
+    "PyFunction_",
+];
+/// File-name fragments of frames left out of flamegraphs.
+const OMIT_FILES: &[&str] = &[
+    "core/boxing",
+    "/Register",
+    "/Redispatch",
+    "pythonrun.c",
+    "Modules/main.c",
+    "Objects/call.c",
+    "Objects/methodobject.c",
+    "pycore_ceval.h",
+    "ceval.c",
+    "cpython/abstract.h",
+];
+
+fn keep(f: &Frame) -> bool {
+    !OMIT_NAMES.iter().any(|o| f.name.contains(o)) && !OMIT_FILES.iter().any(|o| f.filename.contains(o))
+}
+
+/// The folded stack of `id`, outermost frame first; `;` inside names (C++
+/// templates rarely have them) would split frames, so they become `,`.
+fn folded_stack(stacks: &Stacks, id: u32, cache: &mut AHashMap<u32, String>) -> String {
+    cache
+        .entry(id)
+        .or_insert_with(|| {
+            let frames: Vec<String> = if id == NO_STACK {
+                Vec::new()
+            } else {
+                let mut v: Vec<String> = stacks
+                    .frames_of(id)
+                    .filter(|f| keep(f))
+                    .map(|f| crate::sites::format_frame(f).replace(';', ","))
+                    .collect();
+                v.reverse();
+                v
+            };
+            if frames.is_empty() { "<non-python>".to_string() } else { frames.join(";") }
+        })
+        .clone()
+}
+
+/// The folded lines for the live blocks of every series at the end and at
+/// each series' peak (the first instant its live bytes were highest). One
+/// pass finds the peaks, a second collects the blocks alive then.
+pub fn folded(events: &Events, stacks: &Stacks) -> String {
+    let is_alloc = |k: EventKind| k.is_device_alloc() || k == EventKind::BlockAlloc;
+    let is_free = |k: EventKind| k.is_device_free() || k == EventKind::BlockFree;
+    let stack_of = |i: usize| events.stack.get(i).copied().unwrap_or(NO_STACK);
+    // Pass 1: index of each series' peak.
+    let mut live: AHashMap<(u32, u64), u64> = AHashMap::new();
+    let mut bytes: AHashMap<u32, (u64, u64, usize)> = AHashMap::new(); // now, peak, index
+    for i in 0..events.len() {
+        let Some(k) = events.kind[i] else { continue };
+        let (pid, addr) = (events.pid[i], events.addr[i]);
+        if events.ret[i] != 0 {
+            continue;
+        }
+        let b = bytes.entry(pid).or_insert((0, 0, usize::MAX));
+        if is_alloc(k) && events.size[i] > 0 {
+            if let Some(old) = live.insert((pid, addr), events.size[i]) {
+                b.0 -= old;
+            }
+            b.0 += events.size[i];
+            if b.0 > b.1 {
+                b.1 = b.0;
+                b.2 = i;
+            }
+        } else if is_free(k)
+            && let Some(old) = live.remove(&(pid, addr))
+        {
+            b.0 -= old;
+        }
+    }
+    // Pass 2: the blocks alive at each peak, then at the end.
+    let mut out = String::new();
+    let mut cache = AHashMap::new();
+    let mut alive: AHashMap<(u32, u64), (u64, u32)> = AHashMap::new();
+    let mut peaks: Vec<(usize, u32)> = bytes.iter().filter(|b| b.1.2 != usize::MAX).map(|(&p, b)| (b.2, p)).collect();
+    peaks.sort_unstable();
+    let mut next_peak = 0;
+    let mut emit = |out: &mut String, label: &str, pid: Option<u32>, alive: &AHashMap<(u32, u64), (u64, u32)>| {
+        let mut lines: AHashMap<String, u64> = AHashMap::new();
+        for (&(p, _), &(size, stack)) in alive {
+            if pid.is_none_or(|q| q == p) {
+                let prefix = if bytes.len() > 1 { format!("{label};device_{p}") } else { label.to_string() };
+                *lines.entry(format!("{prefix};{}", folded_stack(stacks, stack, &mut cache))).or_default() += size;
+            }
+        }
+        let mut lines: Vec<(String, u64)> = lines.into_iter().collect();
+        lines.sort_unstable();
+        for (l, n) in lines {
+            let _ = writeln!(out, "{l} {n}");
+        }
+    };
+    for i in 0..events.len() {
+        if let Some(k) = events.kind[i]
+            && events.ret[i] == 0
+        {
+            let key = (events.pid[i], events.addr[i]);
+            if is_alloc(k) && events.size[i] > 0 {
+                alive.insert(key, (events.size[i], stack_of(i)));
+            } else if is_free(k) {
+                alive.remove(&key);
+            }
+        }
+        while next_peak < peaks.len() && peaks[next_peak].0 == i {
+            emit(&mut out, "peak", Some(peaks[next_peak].1), &alive);
+            next_peak += 1;
+        }
+    }
+    emit(&mut out, "end", None, &alive);
+    out
+}
+
+/// Renders folded lines as an SVG flamegraph (bytes as the count).
+pub fn svg(folded: &str, title: &str) -> Result<Vec<u8>> {
+    let mut opts = inferno::flamegraph::Options::default();
+    opts.title = title.to_string();
+    opts.count_name = "bytes".to_string();
+    let mut out = Vec::new();
+    if folded.trim().is_empty() {
+        return Ok(out);
+    }
+    inferno::flamegraph::from_lines(&mut opts, folded.lines(), &mut out)?;
+    Ok(out)
+}
