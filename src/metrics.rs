@@ -362,6 +362,39 @@ pub fn from_scratch(blocks: &[(u64, u64)], regions: &[(u64, u64)], cfg: &Metrics
     Metrics::compute(&stats, span, gaps.as_slice(), cfg)
 }
 
+/// The allocator view's metrics from scratch (the reference the
+/// incremental replay is tested against): `blocks` sorted by address,
+/// `segments` sorted and disjoint. Free ranges are the spaces between
+/// consecutive blocks starting inside a segment, and its free head and
+/// tail; also returns Σ(free range)² over all of them.
+pub fn from_scratch_allocator(blocks: &[(u64, u64)], segments: &[(u64, u64)], cfg: &MetricsConfig) -> (Metrics, u128) {
+    let mut stats = BlockStats::default();
+    for &(_, size) in blocks {
+        stats.add(size, cfg);
+    }
+    let mut gaps = Vec::new();
+    let mut free_sq = 0u128;
+    let mut span = 0;
+    for &(s, e) in segments {
+        span += e - s;
+        let mut prev = s;
+        let first = blocks.partition_point(|b| b.0 < s);
+        let mut ranges = Vec::new();
+        for &(a, size) in blocks[first..].iter().take_while(|b| b.0 < e) {
+            ranges.push(a.saturating_sub(prev));
+            prev = prev.max(a + size);
+        }
+        ranges.push(e.saturating_sub(prev));
+        for g in ranges {
+            free_sq += u128::from(g) * u128::from(g);
+            if cfg.is_gap(g) {
+                gaps.push(g);
+            }
+        }
+    }
+    (Metrics::compute(&stats, span, gaps.as_slice(), cfg), free_sq)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -567,9 +567,9 @@ fn scan(parts: &[PathBuf], pytorch_columns: bool) -> Result<Events> {
     ];
     if pytorch_columns {
         select.extend([
-            col("requested_size").strict_cast(DataType::UInt64).fill_null(lit(u64::MAX)),
-            col("stack_id").strict_cast(DataType::UInt32).fill_null(lit(crate::event::NO_STACK)),
-            col("device_free").strict_cast(DataType::UInt64).fill_null(lit(u64::MAX)),
+            col("requested_size").strict_cast(DataType::UInt64),
+            col("stack_id").strict_cast(DataType::UInt32),
+            col("device_free").strict_cast(DataType::UInt64),
         ]);
     }
     let df = lf.select(select).collect()?;
@@ -592,9 +592,9 @@ fn scan(parts: &[PathBuf], pytorch_columns: bool) -> Result<Events> {
         ..Events::default()
     };
     if pytorch_columns {
-        events.requested = take_vec::<UInt64Type>(next()?, "requested_size")?;
-        events.stack = take_vec::<UInt32Type>(next()?, "stack_id")?;
-        events.device_free = take_vec::<UInt64Type>(next()?, "device_free")?;
+        events.requested = take_nullable::<UInt64Type>(next()?, u64::MAX)?;
+        events.stack = take_nullable::<UInt32Type>(next()?, crate::event::NO_STACK)?;
+        events.device_free = take_nullable::<UInt64Type>(next()?, u64::MAX)?;
         if events.requested.iter().all(|&r| r == u64::MAX) {
             // Columns present but empty (synth writes nulls): not a PyTorch trace.
             events.requested.clear();
@@ -625,6 +625,15 @@ fn take_vec<T: polars::prelude::PolarsNumericType>(s: polars::prelude::Series, n
         }
     }
     Ok(out)
+}
+
+/// The values of a nullable numeric column, nulls replaced by `null`.
+fn take_nullable<T: polars::prelude::PolarsNumericType>(
+    s: polars::prelude::Series,
+    null: T::Native,
+) -> Result<Vec<T::Native>> {
+    let ca = s.unpack::<T>()?;
+    Ok(ca.iter().map(|v| v.unwrap_or(null)).collect())
 }
 
 /// Maps the `kind` column to [`EventKind`]s (None for unknown names and

@@ -222,7 +222,7 @@ fn bad_inputs_get_clear_errors() {
 
     let snapshot = tmp.path().join("snap.pickle");
     fs::write(&snapshot, b"\x80\x04}\x94.").unwrap();
-    analyze_fails(&snapshot, &out, "looks like a PyTorch memory snapshot");
+    analyze_fails(&snapshot, &out, "snap.pickle: not a PyTorch memory snapshot: no `segments` key");
 
     let file = tmp.path().join("file.parquet");
     fs::write(&file, b"PAR1 garbage").unwrap();

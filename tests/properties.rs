@@ -181,3 +181,143 @@ proptest! {
         prop_assert_eq!((a.overlap, a.double_free, a.unknown_free), (model.overlap, model.double_free, model.unknown_free));
     }
 }
+
+/// Allocator-view operations on four segment slots 1 MiB apart: cudaMalloc
+/// segments, expandable ones grown and shrunk by mapping pages, and blocks
+/// at random addresses (inside segments, outside them, overlapping).
+#[derive(Clone, Debug)]
+enum AllocOp {
+    Segment { slot: u64, pages: u64 },
+    SegmentFree { slot: u64 },
+    Map { slot: u64, pages: u64 },
+    Unmap { slot: u64, pages: u64 },
+    Block { at: u64, units: u64 },
+    Free { pick: usize },
+}
+
+fn alloc_ops() -> impl Strategy<Value = Vec<AllocOp>> {
+    let op = prop_oneof![
+        (0u64..4, 1u64..40).prop_map(|(slot, pages)| AllocOp::Segment { slot, pages }),
+        (0u64..4).prop_map(|slot| AllocOp::SegmentFree { slot }),
+        (0u64..4, 1u64..20).prop_map(|(slot, pages)| AllocOp::Map { slot, pages }),
+        (0u64..4, 1u64..20).prop_map(|(slot, pages)| AllocOp::Unmap { slot, pages }),
+        (0u64..1024, 1u64..64).prop_map(|(at, units)| AllocOp::Block { at, units }),
+        (0u64..1024, 1u64..64).prop_map(|(at, units)| AllocOp::Block { at, units }),
+        any::<usize>().prop_map(|pick| AllocOp::Free { pick }),
+    ];
+    prop::collection::vec(op, 1..200)
+}
+
+const SLOT: u64 = 1 << 20;
+const PAGE: u64 = 4096;
+const BASE: u64 = 0x7f00_0000_0000;
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// The allocator view's incremental gaps, span and Σ(free range)² equal
+    /// a recomputation from a naive model's segments and blocks after every
+    /// event.
+    #[test]
+    fn allocator_view_equals_brute_force(ops in alloc_ops(), min_gap in prop::sample::select(vec![0u64, 1024])) {
+        use std::collections::BTreeMap;
+        let cfg = MetricsConfig { min_gap, ..MetricsConfig::default() };
+        // The model: slot → (start, end, expandable); blocks by address.
+        let mut segs: BTreeMap<u64, (u64, u64, bool)> = BTreeMap::new();
+        let mut blocks: BTreeMap<u64, u64> = BTreeMap::new();
+        let mut events = Vec::new();
+        let mut ts = 0;
+        let mut ev = |kind: EventKind, addr: u64, size: u64| {
+            ts += 1;
+            Event { ts_ns: ts, duration_ns: 0, pid: 0, tid: 0, kind, addr, size, ret: 0, device: Some(0), stream: Some(0),
+                extra: fragscope::event::Extra { requested: Some(size / 2 + 1), stack: None, device_free: None } }
+        };
+        let mut list = Vec::new();
+        for op in &ops {
+            match *op {
+                AllocOp::Segment { slot, pages } if !segs.contains_key(&slot) => {
+                    let s = BASE + slot * SLOT;
+                    segs.insert(slot, (s, s + pages * PAGE, false));
+                    list.push(ev(EventKind::SegmentAlloc, s, pages * PAGE));
+                }
+                AllocOp::SegmentFree { slot } if segs.get(&slot).is_some_and(|x| !x.2) => {
+                    let (s, e, _) = segs.remove(&slot).unwrap();
+                    blocks.retain(|&a, _| !(s..e).contains(&a));
+                    list.push(ev(EventKind::SegmentFree, s, e - s));
+                }
+                AllocOp::Map { slot, pages } => {
+                    let s = BASE + slot * SLOT;
+                    match segs.get_mut(&slot) {
+                        None => {
+                            segs.insert(slot, (s, s + pages * PAGE, true));
+                            list.push(ev(EventKind::SegmentMap, s, pages * PAGE));
+                        }
+                        Some(x) if x.2 && x.1 + pages * PAGE <= s + SLOT - PAGE => {
+                            let at = x.1;
+                            x.1 += pages * PAGE;
+                            list.push(ev(EventKind::SegmentMap, at, pages * PAGE));
+                        }
+                        _ => {}
+                    }
+                }
+                AllocOp::Unmap { slot, pages } => {
+                    if let Some(x) = segs.get_mut(&slot)
+                        && x.2
+                    {
+                        let len = (pages * PAGE).min(x.1 - x.0);
+                        let at = x.1 - len;
+                        blocks.retain(|&a, _| !(at..x.1).contains(&a));
+                        x.1 = at;
+                        if x.1 == x.0 {
+                            segs.remove(&slot);
+                        }
+                        list.push(ev(EventKind::SegmentUnmap, at, len));
+                    }
+                }
+                AllocOp::Block { at, units } => {
+                    let addr = BASE + at * 4096 + (at % 3) * 512;
+                    let size = units * 1536;
+                    let end = addr + size;
+                    blocks.retain(|&a, &mut s| a + s <= addr || a >= end);
+                    blocks.insert(addr, size);
+                    list.push(ev(EventKind::BlockAlloc, addr, size));
+                }
+                AllocOp::Free { pick } if !blocks.is_empty() => {
+                    let addr = *blocks.keys().nth(pick % blocks.len()).unwrap();
+                    blocks.remove(&addr);
+                    list.push(ev(EventKind::BlockFree, addr, 0));
+                }
+                _ => {}
+            }
+            let seg_list: Vec<(u64, u64)> = segs.values().map(|x| (x.0, x.1)).collect();
+            let block_list: Vec<(u64, u64)> = blocks.iter().map(|(&a, &s)| (a, s)).collect();
+            events.push((list.len(), seg_list, block_list));
+        }
+        let mut all = Events::default();
+        list.iter().for_each(|e| all.push(e));
+        let fp = Footprint::build(&all);
+        let mut replay = Replay::allocator(cfg, &fp);
+        let mut applied = 0;
+        for (upto, seg_list, block_list) in &events {
+            while applied < *upto {
+                replay.apply(&list[applied]);
+                applied += 1;
+            }
+            if applied == 0 {
+                continue;
+            }
+            prop_assert_eq!(replay.live_blocks(0), block_list.clone());
+            let fast = replay.metrics(0);
+            let figures = replay.allocator_figures(0).unwrap();
+            let (slow, free_sq) = fragscope::metrics::from_scratch_allocator(block_list, seg_list, &cfg);
+            prop_assert_eq!((fast.gap_count, fast.largest_gap, fast.span_bytes, fast.live_bytes),
+                (slow.gap_count, slow.largest_gap, slow.span_bytes, slow.live_bytes));
+            prop_assert!((fast.score - slow.score).abs() < 1e-9, "{} vs {}", fast.score, slow.score);
+            let span = slow.span_bytes as f64;
+            let pt = if span == 0.0 { 0.0 } else { free_sq as f64 / (span * span) };
+            prop_assert!((figures.pytorch_fragmentation - pt).abs() < 1e-12);
+            let requested: u64 = block_list.iter().map(|b| b.1 / 2 + 1).sum();
+            prop_assert_eq!(figures.requested_bytes, requested);
+        }
+    }
+}

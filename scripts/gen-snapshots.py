@@ -1,0 +1,381 @@
+#!/usr/bin/env python3
+"""Writes PyTorch-style CUDA memory snapshots for fragscope's tests and
+benchmarks, with the expected answers beside them.
+
+    python3 scripts/gen-snapshots.py OUT_DIR            # the test cases
+    python3 scripts/gen-snapshots.py OUT_DIR --big MB   # one large snapshot
+
+A small model of PyTorch's caching allocator produces them, so the final
+segments and blocks are consistent with the trace: requests are rounded to
+512 bytes; requests up to 1 MiB use 2 MiB small-pool segments, larger ones
+20 MiB segments (or the request rounded to 2 MiB above 10 MiB); a free block
+is split only when the rest is at least 512 bytes (small pool) or more than
+1 MiB (large pool); frees merge neighbouring free blocks; when a new segment
+does not fit in the device, empty cached segments are released and, failing
+that, the request is an `oom` entry carrying the device's free memory.
+
+For each case NAME it writes NAME.pickle and NAME.expected.json: the totals
+`_memory_viz.py segsum` would print (computed here from the snapshot dict,
+independently of fragscope), the final segment table, and for every OOM the
+class SPEC §5 gives it from the allocator state at that instant.
+
+Only the standard library is used.
+"""
+
+import json
+import os
+import pickle
+import random
+import sys
+
+MiB = 1 << 20
+SMALL = MiB
+MIN_BLOCK = 512
+
+
+def round_size(n):
+    return max(1, (n + MIN_BLOCK - 1) // MIN_BLOCK) * MIN_BLOCK
+
+
+def segment_size(req):
+    if req <= SMALL:
+        return 2 * MiB
+    if req < 10 * MiB:
+        return 20 * MiB
+    return (req + 2 * MiB - 1) // (2 * MiB) * (2 * MiB)
+
+
+class Device:
+    def __init__(self, index, capacity, sites, expandable=False, time_us=True, rng=None):
+        self.index = index
+        self.capacity = capacity
+        self.sites = sites
+        self.expandable = expandable
+        self.time_us = time_us
+        self.rng = rng or random.Random(index)
+        self.segments = []  # dicts: address, size, stream, pool, expandable, blocks
+        self.trace = []
+        self.next_addr = 0x7F0000000000 + (index << 40)
+        self.clock = 1_748_729_391_000_000 + index * 17
+        self.ooms = []
+
+    def reserved(self):
+        return sum(s["size"] for s in self.segments)
+
+    def entry(self, action, **kw):
+        self.clock += self.rng.randint(1, 40)
+        e = {"action": action}
+        e.update(kw)
+        if self.time_us:
+            e["time_us"] = self.clock
+        self.trace.append(e)
+        return e
+
+    def new_segment(self, size, stream, pool):
+        if self.reserved() + size > self.capacity:
+            self.empty_cache()
+        if self.reserved() + size > self.capacity:
+            return None
+        seg = {"address": self.next_addr, "size": size, "stream": stream, "pool": pool, "expandable": False,
+               "blocks": [{"address": self.next_addr, "size": size, "requested": 0, "state": "inactive",
+                           "frames": []}]}
+        self.next_addr += size + 64 * MiB  # cudaMalloc leaves holes between segments
+        self.segments.append(seg)
+        self.entry("segment_alloc", addr=seg["address"], size=size, stream=stream)
+        return seg
+
+    def grow_expandable(self, need, stream):
+        """Maps pages at the end of the stream's expandable segment."""
+        seg = next((s for s in self.segments if s["expandable"] and s["stream"] == stream), None)
+        pages = (need + 2 * MiB - 1) // (2 * MiB) * (2 * MiB)
+        if self.reserved() + pages > self.capacity:
+            return None
+        if seg is None:
+            seg = {"address": self.next_addr, "size": 0, "stream": stream, "pool": "large", "expandable": True,
+                   "blocks": []}
+            self.next_addr += 1 << 36
+            self.segments.append(seg)
+        addr = seg["address"] + seg["size"]
+        seg["size"] += pages
+        last = seg["blocks"][-1] if seg["blocks"] else None
+        if last is not None and last["state"] == "inactive":
+            last["size"] += pages
+        else:
+            seg["blocks"].append({"address": addr, "size": pages, "requested": 0, "state": "inactive", "frames": []})
+        self.entry("segment_map", addr=addr, size=pages, stream=stream)
+        return seg
+
+    def empty_cache(self):
+        for seg in list(self.segments):
+            if seg["expandable"]:
+                last = seg["blocks"][-1] if seg["blocks"] else None
+                if last is not None and last["state"] == "inactive":
+                    seg["size"] -= last["size"]
+                    seg["blocks"].pop()
+                    self.entry("segment_unmap", addr=last["address"], size=last["size"], stream=seg["stream"])
+                    if seg["size"] == 0:
+                        self.segments.remove(seg)
+                continue
+            if all(b["state"] == "inactive" for b in seg["blocks"]):
+                self.segments.remove(seg)
+                self.entry("segment_free", addr=seg["address"], size=seg["size"], stream=seg["stream"])
+
+    def find_free(self, rounded, stream, pool):
+        best = None
+        for seg in self.segments:
+            if seg["stream"] != stream or seg["pool"] != pool:
+                continue
+            for i, b in enumerate(seg["blocks"]):
+                if b["state"] == "inactive" and b["size"] >= rounded:
+                    if best is None or b["size"] < best[0]["blocks"][best[1]]["size"]:
+                        best = (seg, i)
+        return best
+
+    def malloc(self, req, stream=0):
+        rounded = round_size(req)
+        pool = "small" if req <= SMALL else "large"
+        if self.expandable and pool == "large":
+            found = self.find_free(rounded, stream, pool)
+            if found is None:
+                seg = self.grow_expandable(rounded, stream)
+                if seg is None:
+                    self.empty_cache()
+                    seg = self.grow_expandable(rounded, stream)
+                found = self.find_free(rounded, stream, pool) if seg else None
+        else:
+            found = self.find_free(rounded, stream, pool)
+            if found is None:
+                seg = self.new_segment(segment_size(req), stream, pool)
+                found = (seg, 0) if seg else None
+        site = self.rng.choice(self.sites)
+        if found is None:
+            self.record_oom(req, stream, site)
+            return None
+        seg, i = found
+        b = seg["blocks"][i]
+        rest = b["size"] - rounded
+        split = rest >= MIN_BLOCK if pool == "small" else rest > SMALL
+        if split:
+            seg["blocks"].insert(i + 1, {"address": b["address"] + rounded, "size": rest, "requested": 0,
+                                         "state": "inactive", "frames": []})
+            b["size"] = rounded
+        b["state"] = "active_allocated"
+        b["requested"] = req
+        b["frames"] = site
+        self.entry("alloc", addr=b["address"], size=req, stream=stream, frames=site)
+        return b["address"]
+
+    def record_oom(self, req, stream, site):
+        device_free = self.capacity - self.reserved()
+        free_blocks = [b["size"] for s in self.segments for b in s["blocks"] if b["state"] != "active_allocated"]
+        total_free = device_free + sum(free_blocks)
+        largest = max([device_free] + free_blocks)
+        cls = "capacity" if req > total_free else ("fragmentation" if req > largest else "allocator_policy")
+        self.entry("oom", size=req, device_free=device_free, stream=stream, frames=site)
+        self.ooms.append({"requested": req, "device_free": device_free, "class": cls})
+
+    def free(self, addr):
+        for seg in self.segments:
+            for i, b in enumerate(seg["blocks"]):
+                if b["address"] == addr and b["state"] == "active_allocated":
+                    self.entry("free_requested", addr=addr, size=b["requested"], stream=seg["stream"], frames=b["frames"])
+                    self.entry("free_completed", addr=addr, size=b["requested"], stream=seg["stream"], frames=b["frames"])
+                    b["state"] = "inactive"
+                    b["requested"] = 0
+                    b["frames"] = []
+                    # merge with free neighbours
+                    if i + 1 < len(seg["blocks"]) and seg["blocks"][i + 1]["state"] == "inactive":
+                        b["size"] += seg["blocks"].pop(i + 1)["size"]
+                    if i > 0 and seg["blocks"][i - 1]["state"] == "inactive":
+                        prev = seg["blocks"][i - 1]
+                        prev["size"] += b["size"]
+                        seg["blocks"].pop(i)
+                    return True
+        raise AssertionError("free of an unknown block")
+
+    def snapshot_segments(self, legacy_history=False, drop_addresses=False):
+        out = []
+        for s in sorted(self.segments, key=lambda s: s["address"]):
+            blocks = []
+            for b in s["blocks"]:
+                blk = {"size": b["size"], "state": b["state"]}
+                if not drop_addresses:
+                    blk["address"] = b["address"]
+                if legacy_history:
+                    if b["state"] == "active_allocated":
+                        blk["history"] = [{"addr": b["address"], "real_size": b["requested"], "frames": b["frames"]}]
+                else:
+                    blk["requested_size"] = b["requested"] if b["state"] != "inactive" else 0
+                    blk["frames"] = b["frames"]
+                blocks.append(blk)
+            active = sum(b["size"] for b in s["blocks"] if b["state"] != "inactive")
+            out.append({
+                "device": self.index, "address": s["address"], "total_size": s["size"],
+                "allocated_size": active, "active_size": active,
+                "requested_size": sum(b["requested"] for b in s["blocks"]),
+                "stream": s["stream"], "segment_type": s["pool"], "segment_pool_id": (0, 0),
+                "is_expandable": s["expandable"], "frames": [], "blocks": blocks,
+            })
+        return out
+
+
+def make_sites(n=6):
+    """Frame lists shared between entries, as PyTorch's memo shares them."""
+    cpp = [{"name": "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc", "filename": "CUDACachingAllocator.cpp", "line": 0},
+           {"name": "at::detail::empty_cuda", "filename": "??", "line": 0}]
+    torch = {"name": "_call_impl", "filename": "/env/lib/python3.12/site-packages/torch/nn/modules/module.py", "line": 1750}
+    main = {"name": "<module>", "filename": "/work/train.py", "line": 90}
+    sites = []
+    for i in range(n):
+        user = {"name": f"layer{i}", "filename": "/work/model.py", "line": 10 + 7 * i}
+        sites.append(cpp + [user, torch, main])
+    return sites
+
+
+def totals(segments):
+    """What _memory_viz.py segsum reports, from the snapshot's own dicts."""
+    t = {"segments": 0, "reserved": 0, "allocated": 0, "free_internal": 0, "free_external": 0}
+    for s in segments:
+        t["segments"] += 1
+        t["reserved"] += s["total_size"]
+        for b in s["blocks"]:
+            if b["state"] == "active_allocated":
+                req = b["history"][0]["real_size"] if "history" in b else b.get("requested_size", b["size"])
+                t["allocated"] += req
+                t["free_internal"] += b["size"] - req
+            else:
+                t["free_external"] += b["size"]
+    t["free"] = t["reserved"] - t["allocated"]
+    return t
+
+
+def workload(dev, steps, streams=(0,), rng=None, churn=0.5):
+    rng = rng or dev.rng
+    live = []
+    sizes = [300, 4096, 70_000, 600_000, 3 * MiB + 17, 9 * MiB, 25 * MiB + 100]
+    for _ in range(steps):
+        if live and rng.random() < churn:
+            dev.free(live.pop(rng.randrange(len(live))))
+        else:
+            a = dev.malloc(rng.choice(sizes) + rng.randint(0, 4000), stream=rng.choice(streams))
+            if a is not None:
+                live.append(a)
+        if rng.random() < 0.02:
+            dev.empty_cache()
+    return live
+
+
+def write_case(out, name, snapshot, devices, protocol=4, extra=None):
+    with open(os.path.join(out, name + ".pickle"), "wb") as f:
+        pickle.dump(snapshot, f, protocol=protocol)
+    segs = snapshot if isinstance(snapshot, list) else snapshot["segments"]
+    expected = {
+        "devices": {str(d.index): totals([s for s in segs if s["device"] == d.index]) for d in devices},
+        "segments": sorted([s["device"], s["address"], s["total_size"]] for s in segs),
+        "ooms": [o for d in devices for o in d.ooms],
+        "entries": {str(d.index): len(d.trace) for d in devices},
+    }
+    expected.update(extra or {})
+    with open(os.path.join(out, name + ".expected.json"), "w") as f:
+        json.dump(expected, f, indent=1, sort_keys=True)
+
+
+def snapshot_of(devices, **kw):
+    segs = [s for d in devices for s in d.snapshot_segments(**kw)]
+    n = max(d.index for d in devices) + 1
+    traces = [[] for _ in range(n)]
+    for d in devices:
+        traces[d.index] = d.trace
+    return {"segments": segs, "device_traces": traces,
+            "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1,
+                                   "expandable_segments": any(d.expandable for d in devices)}}
+
+
+def cases(out):
+    sites = make_sites()
+    # basic: one device, one stream, segments released now and then.
+    d = Device(0, 4 << 30, sites, rng=random.Random(1))
+    workload(d, 3000)
+    snap = snapshot_of([d])
+    write_case(out, "basic", snap, [d])
+    write_case(out, "proto5", snap, [d], protocol=5)
+    write_case(out, "proto2", snap, [d], protocol=2)
+
+    # oom: a small device, fragmentation OOMs (large requests among holes)
+    # and capacity ones.
+    d = Device(0, 200 * MiB, sites, rng=random.Random(2))
+    live = workload(d, 400, churn=0.3)
+    for a in live[::2]:
+        d.free(a)
+    d.malloc(30 * MiB)
+    d.malloc(150 * MiB)
+    d.malloc(900 * MiB)
+    write_case(out, "oom", snapshot_of([d]), [d])
+
+    # expandable segments: segment_map / segment_unmap.
+    d = Device(0, 2 << 30, sites, expandable=True, rng=random.Random(3))
+    workload(d, 2000)
+    write_case(out, "expandable", snapshot_of([d]), [d])
+
+    # two devices, several streams.
+    d0 = Device(0, 2 << 30, sites, rng=random.Random(4))
+    d1 = Device(1, 2 << 30, sites, rng=random.Random(5))
+    workload(d0, 1500, streams=(0, 7, 9))
+    workload(d1, 1500, streams=(0, 3))
+    write_case(out, "two_devices", snapshot_of([d0, d1]), [d0, d1])
+
+    # ring buffer: the trace lost its first 60 % (blocks allocated then are
+    # alive or freed later without their alloc in the trace).
+    d = Device(0, 4 << 30, sites, rng=random.Random(6))
+    workload(d, 3000, churn=0.45)
+    snap = snapshot_of([d])
+    dropped = len(d.trace) * 6 // 10
+    snap["device_traces"][0] = d.trace[dropped:]
+    write_case(out, "ring", snap, [d], extra={"entries": {"0": len(d.trace) - dropped}})
+
+    # no time_us in the entries.
+    d = Device(0, 1 << 30, sites, time_us=False, rng=random.Random(7))
+    workload(d, 500)
+    write_case(out, "no_time", snapshot_of([d]), [d])
+
+    # legacy layouts: a bare list of segments; blocks with history and
+    # without addresses.
+    d = Device(0, 1 << 30, sites, rng=random.Random(8))
+    workload(d, 800)
+    write_case(out, "legacy_list", d.snapshot_segments(), [d], protocol=2, extra={"entries": {"0": 0}})
+    legacy = {"segments": d.snapshot_segments(legacy_history=True, drop_addresses=True),
+              "device_traces": [d.trace]}
+    write_case(out, "legacy_history", legacy, [d], protocol=2)
+
+
+def big(out, megabytes):
+    """One large snapshot: a long training-like trace with shared frames."""
+    sites = make_sites(200)
+    d = Device(0, 70 << 30, sites, rng=random.Random(11))
+    live = []
+    rng = d.rng
+    target = megabytes * MiB
+    # about 75 bytes of pickle per entry with shared frames
+    step = 0
+    while len(d.trace) * 75 < target:
+        step += 1
+        for _ in range(200):
+            a = d.malloc(rng.choice([512, 8192, 262_144, 2 * MiB + 5, 24 * MiB]) + rng.randint(0, 512))
+            if a is not None:
+                live.append(a)
+        while len(live) > 300:
+            d.free(live.pop(rng.randrange(len(live))))
+    path = os.path.join(out, f"big-{megabytes}MB.pickle")
+    with open(path, "wb") as f:
+        pickle.dump(snapshot_of([d]), f, protocol=4)
+    print(f"{path}: {os.path.getsize(path)} bytes, {len(d.trace)} trace entries")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    os.makedirs(sys.argv[1], exist_ok=True)
+    if len(sys.argv) >= 4 and sys.argv[2] == "--big":
+        big(sys.argv[1], int(sys.argv[3]))
+    else:
+        cases(sys.argv[1])
