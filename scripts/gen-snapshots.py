@@ -349,26 +349,65 @@ def cases(out):
 
 
 def big(out, megabytes):
-    """One large snapshot: a long training-like trace with shared frames."""
+    """One large snapshot, fast: a training-like loop over size classes, each
+    with its own 2 MiB-aligned segments cut into equal slots (exact sizes, so
+    the import's size rule holds), 200 shared call sites, time_us, and
+    segment growth over the run. About 58 bytes of pickle per entry."""
+    rng = random.Random(11)
     sites = make_sites(200)
-    d = Device(0, 70 << 30, sites, rng=random.Random(11))
+    classes = [512, 8192, 262_144, 2 * MiB + 512, 24 * MiB]
+    per_seg = {c: max(1, (20 * MiB) // c) for c in classes}
+    seg_len = {c: per_seg[c] * c for c in classes}
+    segments = []  # [address, class, slots: list of None | (requested, site)]
+    free_slots = {c: [] for c in classes}
+    trace = []
+    clock = 1_748_729_391_000_000
+    addr = 0x7F0000000000
     live = []
-    rng = d.rng
     target = megabytes * MiB
-    # about 75 bytes of pickle per entry with shared frames
-    step = 0
-    while len(d.trace) * 75 < target:
-        step += 1
-        for _ in range(200):
-            a = d.malloc(rng.choice([512, 8192, 262_144, 2 * MiB + 5, 24 * MiB]) + rng.randint(0, 512))
-            if a is not None:
-                live.append(a)
-        while len(live) > 300:
-            d.free(live.pop(rng.randrange(len(live))))
+    while len(trace) * 58 < target:
+        c = rng.choice(classes)
+        if not free_slots[c]:
+            segments.append([addr, c, [None] * per_seg[c]])
+            clock += 3
+            trace.append({"action": "segment_alloc", "addr": addr, "size": seg_len[c], "stream": 0, "time_us": clock})
+            free_slots[c] = [(len(segments) - 1, i) for i in reversed(range(per_seg[c]))]
+            addr += (seg_len[c] + 4 * MiB) // (2 * MiB) * (2 * MiB)
+        si, slot = free_slots[c].pop()
+        site = sites[rng.randrange(len(sites))]
+        segments[si][2][slot] = site
+        clock += rng.randint(1, 9)
+        trace.append({"action": "alloc", "addr": segments[si][0] + slot * c, "size": c, "stream": 0,
+                      "time_us": clock, "frames": site})
+        live.append((si, slot))
+        if len(live) > 3000 or rng.random() < 0.45:
+            si, slot = live.pop(rng.randrange(len(live)))
+            seg = segments[si]
+            site = seg[2][slot]
+            seg[2][slot] = None
+            a = seg[0] + slot * seg[1]
+            for action in ("free_requested", "free_completed"):
+                clock += 1
+                trace.append({"action": action, "addr": a, "size": seg[1], "stream": 0, "time_us": clock,
+                              "frames": site})
+            free_slots[seg[1]].append((si, slot))
+    out_segs = []
+    for a, c, slots in segments:
+        blocks = []
+        for i, site in enumerate(slots):
+            b = {"address": a + i * c, "size": c, "requested_size": c if site else 0,
+                 "state": "active_allocated" if site else "inactive", "frames": site or []}
+            if blocks and not site and blocks[-1]["state"] == "inactive":
+                blocks[-1]["size"] += c
+            else:
+                blocks.append(b)
+        out_segs.append({"device": 0, "address": a, "total_size": len(slots) * c, "stream": 0,
+                         "segment_type": "small" if c <= SMALL else "large", "is_expandable": False,
+                         "frames": [], "blocks": blocks})
     path = os.path.join(out, f"big-{megabytes}MB.pickle")
     with open(path, "wb") as f:
-        pickle.dump(snapshot_of([d]), f, protocol=4)
-    print(f"{path}: {os.path.getsize(path)} bytes, {len(d.trace)} trace entries")
+        pickle.dump({"segments": out_segs, "device_traces": [trace]}, f, protocol=4)
+    print(f"{path}: {os.path.getsize(path)} bytes, {len(trace)} trace entries, {len(out_segs)} segments")
 
 
 if __name__ == "__main__":

@@ -199,11 +199,11 @@ impl Analysis {
 pub fn analyze_path(dir: &Path, opts: &Options) -> Result<Analysis> {
     let start = std::time::Instant::now();
     if crate::snapshot::looks_like_pickle(dir) {
-        let converted = crate::snapshot::convert_file(dir, opts.device)?;
         let mut events = Events::default();
-        for e in &converted.events {
-            events.push(e);
-        }
+        let converted = crate::snapshot::convert_file(dir, opts.device, &mut |e| {
+            events.push(&e);
+            Ok(())
+        })?;
         let out_of_order = events.sort_by_time();
         let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
         let trace = Trace {

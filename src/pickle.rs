@@ -10,6 +10,15 @@
 //! the stream claims against the bytes that are really there, so a hostile
 //! or truncated file gives an error, never a panic or a huge allocation.
 //!
+//! Memory. A pickler memoises every object it writes, so a naive reader
+//! keeps every trace entry alive through its memo. This one streams the
+//! file twice through a small buffer: the first pass only notes which memo
+//! slots are ever read back (`BINGET`), the second keeps just those. And
+//! [`parse_stream`] hands every item appended to a list to a hook, which may
+//! consume it (the snapshot reader turns trace entries into 40-byte structs
+//! there), so millions of entry dicts never exist at once. Values are 16
+//! bytes.
+//!
 //! Written by hand because no maintained crate reads pickles without also
 //! being able to construct arbitrary objects (serde-pickle resolves some
 //! globals) or without deep-copying memoised objects.
@@ -36,19 +45,24 @@ pub enum PickleError {
     Malformed { offset: usize, why: String },
     #[error("pickle nests deeper than {MAX_DEPTH} levels at byte {offset}")]
     TooDeep { offset: usize },
+    #[error("cannot read the pickle at byte {offset}: {why}")]
+    Io { offset: usize, why: String },
 }
 
 /// A pickled value. Lists and dicts are shared (`Rc`) because the memo
 /// hands out the same object many times; dicts keep insertion order.
+/// Integers hold the signed 64-bit range, and `UInt` the unsigned values
+/// above it (device addresses ≥ 2^63 occur); larger ones are refused.
 #[derive(Clone, Debug)]
 pub enum Value {
     None,
     Bool(bool),
-    Int(i128),
+    Int(i64),
+    UInt(u64),
     Float(f64),
-    Str(Rc<str>),
+    Str(Rc<String>),
     List(Rc<RefCell<Vec<Value>>>),
-    Tuple(Rc<[Value]>),
+    Tuple(Rc<Vec<Value>>),
     Dict(Rc<RefCell<Vec<(Value, Value)>>>),
 }
 
@@ -65,7 +79,8 @@ impl Value {
 
     pub fn as_int(&self) -> Option<i128> {
         match self {
-            Value::Int(i) => Some(*i),
+            Value::Int(i) => Some(i128::from(*i)),
+            Value::UInt(u) => Some(i128::from(*u)),
             Value::Bool(b) => Some(i128::from(*b)),
             _ => None,
         }
@@ -100,25 +115,43 @@ impl Value {
 }
 
 /// Dropping is iterative: a hostile file nesting a million lists must not
-/// overflow the stack when its value goes away.
+/// overflow the stack when its value goes away. Only containers this value
+/// owns alone are queued (so dropping a dict of numbers and shared handles
+/// allocates nothing).
 impl Drop for Value {
     fn drop(&mut self) {
-        fn detach(v: &mut Value, work: &mut Vec<Value>) {
+        fn unique_container(v: &Value) -> bool {
             match v {
-                Value::List(l) if Rc::strong_count(l) == 1 => work.append(&mut l.borrow_mut()),
+                Value::List(l) => Rc::strong_count(l) == 1,
+                Value::Dict(d) => Rc::strong_count(d) == 1,
+                Value::Tuple(t) => Rc::strong_count(t) == 1,
+                _ => false,
+            }
+        }
+        fn detach(v: &mut Value, work: &mut Vec<Value>) {
+            let mut keep = |x: Value| {
+                if unique_container(&x) {
+                    work.push(x);
+                }
+            };
+            match v {
+                Value::List(l) if Rc::strong_count(l) == 1 => l.borrow_mut().drain(..).for_each(&mut keep),
                 Value::Dict(d) if Rc::strong_count(d) == 1 => {
                     for (k, x) in d.borrow_mut().drain(..) {
-                        work.push(k);
-                        work.push(x);
+                        keep(k);
+                        keep(x);
                     }
                 }
                 Value::Tuple(t) => {
                     if let Some(items) = Rc::get_mut(t) {
-                        work.extend(items.iter_mut().map(|x| std::mem::replace(x, Value::None)));
+                        items.drain(..).for_each(&mut keep);
                     }
                 }
                 _ => {}
             }
+        }
+        if !unique_container(self) {
+            return;
         }
         let mut work = Vec::new();
         detach(self, &mut work);
@@ -161,24 +194,72 @@ fn opcode_name(code: u8) -> &'static str {
     }
 }
 
-struct Reader<'a> {
-    data: &'a [u8],
+/// A buffered reader over any byte source whose length is known, so that
+/// every length the stream claims is checked against what is left before
+/// anything is allocated.
+struct Input<R: std::io::Read> {
+    src: R,
+    buf: Box<[u8]>,
+    start: usize,
+    end: usize,
+    /// Byte offset of `buf[start]` in the stream.
     pos: usize,
+    len: usize,
 }
 
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], PickleError> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.data.len()).ok_or(PickleError::Truncated {
-            what,
-            offset: self.pos,
-            needed: n - (self.data.len() - self.pos).min(n),
-        })?;
-        let s = &self.data[self.pos..end];
-        self.pos = end;
+const BUF: usize = 1 << 16;
+
+impl<R: std::io::Read> Input<R> {
+    fn new(src: R, len: usize) -> Self {
+        Input { src, buf: vec![0; BUF].into_boxed_slice(), start: 0, end: 0, pos: 0, len }
+    }
+
+    fn truncated(&self, what: &'static str, n: usize) -> PickleError {
+        PickleError::Truncated { what, offset: self.pos, needed: n - (self.len - self.pos).min(n) }
+    }
+
+    fn fill(&mut self, what: &'static str, n: usize) -> Result<(), PickleError> {
+        if self.pos.checked_add(n).is_none_or(|e| e > self.len) {
+            return Err(self.truncated(what, n));
+        }
+        if self.end - self.start >= n {
+            return Ok(());
+        }
+        self.buf.copy_within(self.start..self.end, 0);
+        self.end -= self.start;
+        self.start = 0;
+        if n > self.buf.len() {
+            let mut bigger = vec![0; n.next_power_of_two()].into_boxed_slice();
+            bigger[..self.end].copy_from_slice(&self.buf[..self.end]);
+            self.buf = bigger;
+        }
+        while self.end < n {
+            match self.src.read(&mut self.buf[self.end..]) {
+                Ok(0) => return Err(self.truncated(what, n)),
+                Ok(k) => self.end += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(PickleError::Io { offset: self.pos, why: e.to_string() }),
+            }
+        }
+        Ok(())
+    }
+
+    /// The next `n` bytes (valid until the next call).
+    fn take(&mut self, n: usize, what: &'static str) -> Result<&[u8], PickleError> {
+        self.fill(what, n)?;
+        let s = &self.buf[self.start..self.start + n];
+        self.start += n;
+        self.pos += n;
         Ok(s)
     }
 
     fn u8(&mut self, what: &'static str) -> Result<u8, PickleError> {
+        if self.start < self.end {
+            let b = self.buf[self.start];
+            self.start += 1;
+            self.pos += 1;
+            return Ok(b);
+        }
         Ok(self.take(1, what)?[0])
     }
 
@@ -191,20 +272,100 @@ impl<'a> Reader<'a> {
         let b = self.take(4, what)?;
         Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     }
+
+    fn skip(&mut self, n: usize, what: &'static str) -> Result<(), PickleError> {
+        let mut left = n;
+        while left > 0 {
+            let k = left.min(BUF);
+            self.take(k, what)?;
+            left -= k;
+        }
+        Ok(())
+    }
 }
 
-/// Parses a whole pickle held in memory (a read file or a memory map).
+/// Pass one: the memo slots that are ever read back. Stops quietly at the
+/// first thing it does not understand; pass two reports it.
+fn fetched_memo<R: std::io::Read>(input: &mut Input<R>) -> Vec<u64> {
+    let mut bits: Vec<u64> = Vec::new();
+    let mut note = |i: u32| {
+        let (w, b) = ((i / 64) as usize, i % 64);
+        if bits.len() <= w {
+            bits.resize(w + 1, 0);
+        }
+        bits[w] |= 1 << b;
+    };
+    loop {
+        let Ok(code) = input.u8("") else { break };
+        let step = match code {
+            0x80 | b'K' | b'q' => input.skip(1, ""),
+            0x95 | b'G' => input.skip(8, ""),
+            b'M' => input.skip(2, ""),
+            b'J' | b'r' => input.skip(4, ""),
+            b'h' => input.u8("").map(|i| note(u32::from(i))),
+            b'j' => input.u32("").map(&mut note),
+            0x8c | 0x8a => input.u8("").and_then(|n| input.skip(usize::from(n), "")),
+            b'X' => input.u32("").and_then(|n| input.skip(n as usize, "")),
+            0x94
+            | b'('
+            | b'}'
+            | b']'
+            | b')'
+            | b'd'
+            | b'u'
+            | b's'
+            | b'l'
+            | b'a'
+            | b'e'
+            | b't'
+            | 0x85..=0x87
+            | b'N'
+            | 0x88
+            | 0x89 => Ok(()),
+            _ => break, // STOP, or an opcode pass two will refuse
+        };
+        if step.is_err() {
+            break;
+        }
+    }
+    bits
+}
+
+/// What a list hook decides for an item being appended: keep it (possibly
+/// replaced) or drop it (the hook consumed it).
+pub type Hook<'h> = &'h mut dyn FnMut(usize, Value) -> Result<Option<Value>, String>;
+
+/// Parses a whole pickle held in memory.
 pub fn parse(data: &[u8]) -> Result<Value, PickleError> {
-    let mut r = Reader { data, pos: 0 };
+    parse_stream(|| Ok(data), data.len(), &mut |_, v| Ok(Some(v)))
+}
+
+/// Parses a pickle of `len` bytes that `open` can read from the start
+/// (twice: see the module documentation). `hook(list, item)` sees every
+/// item appended to a list (`list` identifies the list: the address of its
+/// shared cell, stable while it lives).
+pub fn parse_stream<R: std::io::Read>(
+    mut open: impl FnMut() -> std::io::Result<R>,
+    len: usize,
+    hook: Hook<'_>,
+) -> Result<Value, PickleError> {
+    let io = |e: std::io::Error| PickleError::Io { offset: 0, why: e.to_string() };
+    let fetched = fetched_memo(&mut Input::new(open().map_err(io)?, len));
+    let wanted = |i: u32| fetched.get((i / 64) as usize).is_some_and(|w| w & (1 << (i % 64)) != 0);
+    let mut r = Input::new(open().map_err(io)?, len);
     let mut stack: Vec<Value> = Vec::new();
     let mut marks: Vec<usize> = Vec::new();
     let mut memo: AHashMap<u32, Value> = AHashMap::new();
+    let mut memo_len: u32 = 0;
     let malformed = |offset: usize, why: &str| PickleError::Malformed { offset, why: why.to_string() };
     loop {
         let at = r.pos;
-        let code = match r.take(1, "an opcode") {
-            Ok(b) => b[0],
-            Err(_) => return Err(PickleError::Truncated { what: "the STOP opcode", offset: at, needed: 1 }),
+        let code = match r.u8("an opcode") {
+            Ok(b) => b,
+            Err(PickleError::Truncated { .. }) => {
+                return Err(PickleError::Truncated { what: "the STOP opcode", offset: at, needed: 1 });
+            }
+            Err(e) => return Err(e),
         };
         let pop = |stack: &mut Vec<Value>| stack.pop().ok_or_else(|| malformed(at, "stack underflow"));
         let pop_mark = |stack: &mut Vec<Value>, marks: &mut Vec<usize>| -> Result<Vec<Value>, PickleError> {
@@ -224,23 +385,29 @@ pub fn parse(data: &[u8]) -> Result<Value, PickleError> {
             0x95 => {
                 let b = r.take(8, "FRAME's length")?;
                 let n = u64::from_le_bytes(b.try_into().unwrap_or([0; 8]));
-                if n > (data.len() - r.pos) as u64 {
+                if n > (r.len - r.pos) as u64 {
                     return Err(PickleError::Truncated {
                         what: "a FRAME",
                         offset: at,
-                        needed: (n - (data.len() - r.pos) as u64) as usize,
+                        needed: (n - (r.len - r.pos) as u64) as usize,
                     });
                 }
             }
-            0x94 => {
-                let top = stack.last().ok_or_else(|| malformed(at, "MEMOIZE on an empty stack"))?.clone();
-                let idx = memo.len() as u32;
-                memo.insert(idx, top);
-            }
-            b'q' | b'r' => {
-                let idx = if code == b'q' { u32::from(r.u8("BINPUT's index")?) } else { r.u32("LONG_BINPUT's index")? };
-                let top = stack.last().ok_or_else(|| malformed(at, "PUT on an empty stack"))?.clone();
-                memo.insert(idx, top);
+            0x94 | b'q' | b'r' => {
+                let idx = match code {
+                    0x94 => memo_len,
+                    b'q' => u32::from(r.u8("BINPUT's index")?),
+                    _ => r.u32("LONG_BINPUT's index")?,
+                };
+                // MEMOIZE numbers objects by the memo's size; picklers
+                // write PUT indices in the same sequence.
+                if idx == memo_len {
+                    memo_len = memo_len.saturating_add(1);
+                }
+                let top = stack.last().ok_or_else(|| malformed(at, "memoising on an empty stack"))?;
+                if wanted(idx) {
+                    memo.insert(idx, top.clone());
+                }
             }
             b'h' | b'j' => {
                 let idx = if code == b'h' { u32::from(r.u8("BINGET's index")?) } else { r.u32("LONG_BINGET's index")? };
@@ -255,24 +422,32 @@ pub fn parse(data: &[u8]) -> Result<Value, PickleError> {
             }
             b'}' => stack.push(Value::Dict(Rc::new(RefCell::new(Vec::new())))),
             b']' => stack.push(Value::List(Rc::new(RefCell::new(Vec::new())))),
-            b')' => stack.push(Value::Tuple(Rc::from(Vec::new()))),
+            b')' => stack.push(Value::Tuple(Rc::new(Vec::new()))),
             b'd' | b'u' => {
-                let items = pop_mark(&mut stack, &mut marks)?;
-                if items.len() % 2 != 0 {
+                let m = marks.pop().ok_or_else(|| malformed(at, "no MARK to pop to"))?;
+                if m > stack.len() {
+                    return Err(malformed(at, "MARK above the stack"));
+                }
+                if (stack.len() - m) % 2 != 0 {
                     return Err(malformed(at, "odd number of items for a dict"));
                 }
-                let mut pairs = Vec::with_capacity(items.len() / 2);
-                let mut it = items.into_iter();
-                while let (Some(k), Some(v)) = (it.next(), it.next()) {
-                    pairs.push((k, v));
-                }
-                if code == b'd' {
-                    stack.push(Value::Dict(Rc::new(RefCell::new(pairs))));
+                let target = if code == b'd' {
+                    Rc::new(RefCell::new(Vec::with_capacity((stack.len() - m) / 2)))
                 } else {
-                    match stack.last() {
-                        Some(Value::Dict(d)) => d.borrow_mut().extend(pairs),
+                    match m.checked_sub(1).map(|i| &stack[i]) {
+                        Some(Value::Dict(d)) => Rc::clone(d),
                         _ => return Err(malformed(at, "SETITEMS on something that is not a dict")),
                     }
+                };
+                {
+                    let mut pairs = target.borrow_mut();
+                    let mut it = stack.drain(m..);
+                    while let (Some(k), Some(v)) = (it.next(), it.next()) {
+                        pairs.push((k, v));
+                    }
+                }
+                if code == b'd' {
+                    stack.push(Value::Dict(target));
                 }
             }
             b's' => {
@@ -285,25 +460,29 @@ pub fn parse(data: &[u8]) -> Result<Value, PickleError> {
             }
             b'l' => {
                 let items = pop_mark(&mut stack, &mut marks)?;
-                stack.push(Value::List(Rc::new(RefCell::new(items))));
+                let list = Rc::new(RefCell::new(Vec::with_capacity(items.len())));
+                append(&list, items.into_iter(), hook).map_err(|why| malformed(at, &why))?;
+                stack.push(Value::List(list));
             }
-            b'a' => {
-                let v = pop(&mut stack)?;
-                match stack.last() {
-                    Some(Value::List(l)) => l.borrow_mut().push(v),
+            b'a' | b'e' => {
+                let m = if code == b'a' {
+                    stack.len().checked_sub(1).ok_or_else(|| malformed(at, "stack underflow"))?
+                } else {
+                    let m = marks.pop().ok_or_else(|| malformed(at, "no MARK to pop to"))?;
+                    if m > stack.len() {
+                        return Err(malformed(at, "MARK above the stack"));
+                    }
+                    m
+                };
+                let list = match m.checked_sub(1).map(|i| &stack[i]) {
+                    Some(Value::List(l)) => Rc::clone(l),
                     _ => return Err(malformed(at, "APPEND to something that is not a list")),
-                }
-            }
-            b'e' => {
-                let items = pop_mark(&mut stack, &mut marks)?;
-                match stack.last() {
-                    Some(Value::List(l)) => l.borrow_mut().extend(items),
-                    _ => return Err(malformed(at, "APPENDS to something that is not a list")),
-                }
+                };
+                append(&list, stack.drain(m..), hook).map_err(|why| malformed(at, &why))?;
             }
             b't' => {
                 let items = pop_mark(&mut stack, &mut marks)?;
-                stack.push(Value::Tuple(Rc::from(items)));
+                stack.push(Value::Tuple(Rc::new(items)));
             }
             0x85..=0x87 => {
                 let n = usize::from(code - 0x84);
@@ -311,7 +490,7 @@ pub fn parse(data: &[u8]) -> Result<Value, PickleError> {
                     return Err(malformed(at, "stack underflow"));
                 }
                 let items = stack.split_off(stack.len() - n);
-                stack.push(Value::Tuple(Rc::from(items)));
+                stack.push(Value::Tuple(Rc::new(items)));
             }
             0x8c | b'X' => {
                 let n = if code == 0x8c {
@@ -321,23 +500,28 @@ pub fn parse(data: &[u8]) -> Result<Value, PickleError> {
                 };
                 let bytes = r.take(n, "a string")?;
                 let s = std::str::from_utf8(bytes).map_err(|e| malformed(at, &format!("string is not UTF-8: {e}")))?;
-                stack.push(Value::Str(Rc::from(s)));
+                stack.push(Value::Str(Rc::new(s.to_string())));
             }
             b'J' => {
                 let b = r.take(4, "BININT")?;
-                stack.push(Value::Int(i128::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]]))));
+                stack.push(Value::Int(i64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]]))));
             }
-            b'K' => stack.push(Value::Int(i128::from(r.u8("BININT1")?))),
-            b'M' => stack.push(Value::Int(i128::from(r.u16("BININT2")?))),
+            b'K' => stack.push(Value::Int(i64::from(r.u8("BININT1")?))),
+            b'M' => stack.push(Value::Int(i64::from(r.u16("BININT2")?))),
             0x8a => {
                 let n = usize::from(r.u8("LONG1's length")?);
-                if n > 16 {
-                    return Err(malformed(at, &format!("integer of {n} bytes; at most 16 are supported")));
+                if n > 9 {
+                    return Err(malformed(at, &format!("integer of {n} bytes; snapshots use at most 9")));
                 }
                 let b = r.take(n, "LONG1's bytes")?;
                 let mut buf = [if b.last().is_some_and(|x| x & 0x80 != 0) { 0xff } else { 0 }; 16];
                 buf[..n].copy_from_slice(b);
-                stack.push(Value::Int(i128::from_le_bytes(buf)));
+                let v = i128::from_le_bytes(buf);
+                stack.push(match (i64::try_from(v), u64::try_from(v)) {
+                    (Ok(i), _) => Value::Int(i),
+                    (_, Ok(u)) => Value::UInt(u),
+                    _ => return Err(malformed(at, &format!("integer {v} is outside the 64-bit range"))),
+                });
             }
             b'N' => stack.push(Value::None),
             0x88 => stack.push(Value::Bool(true)),
@@ -353,6 +537,18 @@ pub fn parse(data: &[u8]) -> Result<Value, PickleError> {
             _ => return Err(PickleError::Unsupported { code, name: opcode_name(code), offset: at }),
         }
     }
+}
+
+/// Appends `items` to `list`, through the hook.
+fn append(list: &Rc<RefCell<Vec<Value>>>, items: impl Iterator<Item = Value>, hook: Hook<'_>) -> Result<(), String> {
+    let id = Rc::as_ptr(list) as *const u8 as usize;
+    let mut l = list.borrow_mut();
+    for v in items {
+        if let Some(v) = hook(id, v)? {
+            l.push(v);
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -412,9 +608,13 @@ mod tests {
 
     #[test]
     fn long1_up_to_nine_bytes_and_negative() {
-        // 2^64 + 5 in 9 bytes; −2 in 1 byte.
+        // 2^64 − 5 in 9 bytes (a sign byte of 0); −2 in 1 byte.
+        let p = [0x80, 4, 0x8a, 9, 0xfb, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, b'.'];
+        assert_eq!(parse(&p).unwrap().as_int(), Some((1i128 << 64) - 5));
+        assert!(matches!(parse(&p).unwrap(), Value::UInt(_)));
+        // 2^64 + 5 does not fit any field of a snapshot: refused.
         let p = [0x80, 4, 0x8a, 9, 5, 0, 0, 0, 0, 0, 0, 0, 1, b'.'];
-        assert_eq!(parse(&p).unwrap().as_int(), Some((1i128 << 64) + 5));
+        assert!(parse(&p).unwrap_err().to_string().contains("outside the 64-bit range"));
         assert_eq!(parse(&[0x80, 4, 0x8a, 1, 0xfe, b'.']).unwrap().as_int(), Some(-2));
         assert_eq!(parse(&[0x80, 4, 0x8a, 0, b'.']).unwrap().as_int(), Some(0));
     }
@@ -427,6 +627,32 @@ mod tests {
         let items = v.items().unwrap();
         assert_eq!(items.len(), 3);
         assert!(items[0].same_object(&items[1]) && items[1].same_object(&items[2]));
+    }
+
+    #[test]
+    fn only_memo_slots_read_back_are_kept_and_hooks_see_appends() {
+        // [x, x, [5]] in protocol 4: x = [1] is memoised and fetched; the
+        // outer list and [5] are memoised and never fetched.
+        let p = [
+            0x80, 4, b']', 0x94, b']', 0x94, b'K', 1, b'a', b'a', b'h', 1, b'a', b']', 0x94, b'K', 5, b'a', b'a', b'.',
+        ];
+        let bits = fetched_memo(&mut Input::new(&p[..], p.len()));
+        assert_eq!(bits, vec![0b10]);
+        // A hook that consumes every integer 5 and doubles the others.
+        let mut seen = Vec::new();
+        let v = parse_stream(|| Ok(&p[..]), p.len(), &mut |list, v| {
+            seen.push(list);
+            Ok(match v.as_int() {
+                Some(5) => None,
+                Some(i) => Some(Value::Int(i as i64 * 2)),
+                None => Some(v),
+            })
+        })
+        .unwrap();
+        let items = v.items().unwrap();
+        assert_eq!(items[0].items().unwrap()[0].as_int(), Some(2));
+        assert!(items[2].items().unwrap().is_empty());
+        assert_eq!(seen.len(), 5);
     }
 
     #[test]

@@ -30,7 +30,7 @@ use ahash::AHashMap;
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
-use crate::event::{Event, EventKind, Extra};
+use crate::event::{Event, EventKind, Extra, NO_STACK};
 use crate::pickle::Value;
 use crate::trace::{Frame, Stacks};
 
@@ -125,16 +125,38 @@ impl Action {
     }
 }
 
+/// A trace entry, packed in 40 bytes: a big snapshot has millions.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Entry {
     pub action: Action,
-    pub addr: u64,
+    /// The address; for `oom`, the device's free memory (`u64::MAX` when
+    /// the entry has none), as oom entries have no address.
+    addr: u64,
     /// Requested size (alloc and frees), segment size, or the failed request (oom).
     pub size: u64,
     pub stream: u64,
-    pub time_us: Option<i64>,
-    pub stack: Option<u32>,
-    pub device_free: Option<u64>,
+    /// `i64::MIN` when absent.
+    time_us: i64,
+    /// `NO_STACK` when absent.
+    stack: u32,
+}
+
+impl Entry {
+    pub fn addr(&self) -> u64 {
+        if self.action == Action::Oom { 0 } else { self.addr }
+    }
+
+    pub fn time_us(&self) -> Option<i64> {
+        (self.time_us != i64::MIN).then_some(self.time_us)
+    }
+
+    pub fn stack(&self) -> Option<u32> {
+        (self.stack != NO_STACK).then_some(self.stack)
+    }
+
+    pub fn device_free(&self) -> Option<u64> {
+        (self.action == Action::Oom && self.addr != u64::MAX).then_some(self.addr)
+    }
 }
 
 /// A snapshot, typed.
@@ -258,17 +280,46 @@ fn need(v: &Value, key: &str) -> Result<u64> {
 impl Snapshot {
     /// Reads and parses a snapshot file.
     pub fn read(path: &Path) -> Result<Snapshot> {
-        let data = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-        let value =
-            crate::pickle::parse(&data).with_context(|| format!("{}: not a readable snapshot", path.display()))?;
-        drop(data);
-        Snapshot::from_value(&value).with_context(|| format!("{}: not a PyTorch memory snapshot", path.display()))
+        let started = std::time::Instant::now();
+        let len = std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?.len();
+        let mut interner = Interner::default();
+        let mut lists: AHashMap<usize, Vec<Entry>> = AHashMap::new();
+        let mut unknown_actions = 0u64;
+        // Trace entries are typed as they are appended to their list, so
+        // the millions of entry dicts never exist at once.
+        let mut hook = |list: usize, v: Value| -> std::result::Result<Option<Value>, String> {
+            if !matches!(v, Value::Dict(_)) || v.get("action").is_none() {
+                return Ok(Some(v));
+            }
+            match entry(&v, &mut interner) {
+                Ok(Some(e)) => lists.entry(list).or_default().push(e),
+                Ok(None) => unknown_actions += 1,
+                Err(e) => return Err(format!("trace entry {}: {e:#}", lists.get(&list).map_or(0, Vec::len))),
+            }
+            Ok(None)
+        };
+        let value = crate::pickle::parse_stream(
+            || std::fs::File::open(path),
+            usize::try_from(len).unwrap_or(usize::MAX),
+            &mut hook,
+        )
+        .with_context(|| format!("{}: not a readable snapshot", path.display()))?;
+        tracing::info!("parsed in {:.3} s", started.elapsed().as_secs_f64());
+        let mut snap = Snapshot::from_parts(&value, interner, lists)
+            .with_context(|| format!("{}: not a PyTorch memory snapshot", path.display()))?;
+        snap.unknown_actions += unknown_actions;
+        Ok(snap)
     }
 
-    /// Types the parsed pickle.
+    /// Types a parsed pickle.
     pub fn from_value(v: &Value) -> Result<Snapshot> {
+        Snapshot::from_parts(v, Interner::default(), AHashMap::new())
+    }
+
+    /// Types a parsed pickle whose trace entries were already taken out of
+    /// their lists (by list identity) while parsing.
+    fn from_parts(v: &Value, mut interner: Interner, mut lists: AHashMap<usize, Vec<Entry>>) -> Result<Snapshot> {
         let mut snap = Snapshot::default();
-        let mut interner = Interner::default();
         let segments = match v {
             Value::List(_) | Value::Tuple(_) => {
                 snap.bare_list = true;
@@ -284,9 +335,9 @@ impl Snapshot {
         })?;
         if let Some(traces) = v.get("device_traces") {
             each(&traces, "`device_traces`", |d, list| {
-                let mut entries = Vec::new();
+                let mut entries = identity(list).and_then(|p| lists.remove(&p)).unwrap_or_default();
                 each(list, "a device trace", |i, e| {
-                    match snap.entry(e, &mut interner).with_context(|| format!("device {d}, trace entry {i}"))? {
+                    match entry(e, &mut interner).with_context(|| format!("device {d}, trace entry {i}"))? {
                         Some(entry) => entries.push(entry),
                         None => snap.unknown_actions += 1,
                     }
@@ -357,24 +408,6 @@ impl Snapshot {
         Ok(Block { address, size, requested, state, stack })
     }
 
-    fn entry(&mut self, e: &Value, interner: &mut Interner) -> Result<Option<Entry>> {
-        let action = e.get("action").context("missing `action`")?;
-        let Some(action) = action.as_str().and_then(Action::parse) else { return Ok(None) };
-        let time_us = match e.get("time_us") {
-            Some(t) => Some(t.as_int().context("`time_us` is not an integer")?.clamp(0, i64::MAX as i128) as i64),
-            None => None,
-        };
-        Ok(Some(Entry {
-            action,
-            addr: if action == Action::Oom { uint(e, "addr")?.unwrap_or(0) } else { need(e, "addr")? },
-            size: uint(e, "size")?.unwrap_or(0),
-            stream: uint(e, "stream")?.unwrap_or(0),
-            time_us,
-            stack: interner.stack(e.get("frames").as_ref())?,
-            device_free: uint(e, "device_free")?,
-        }))
-    }
-
     /// Device indices present in the segments or the traces.
     pub fn devices(&self) -> Vec<u32> {
         let mut d: Vec<u32> = self.segments.iter().map(|s| s.device).collect();
@@ -383,6 +416,47 @@ impl Snapshot {
         d.dedup();
         d
     }
+}
+
+/// Types one trace entry (None: an action this version does not know).
+/// One pass over the dict's pairs: this runs millions of times.
+fn entry(e: &Value, interner: &mut Interner) -> Result<Option<Entry>> {
+    let Value::Dict(d) = e else { bail!("not a dict") };
+    let (mut action, mut addr, mut size, mut stream, mut time_us, mut frames, mut device_free) =
+        (None, None, None, None, None, None, None);
+    let number = |key: &str, v: &Value| -> Result<Option<u64>> {
+        match v {
+            Value::None => Ok(None),
+            x => match x.as_int() {
+                Some(i) if (0..=u64::MAX as i128).contains(&i) => Ok(Some(i as u64)),
+                Some(i) => bail!("`{key}` = {i} is out of range"),
+                None => bail!("`{key}` is not an integer"),
+            },
+        }
+    };
+    for (k, v) in d.borrow().iter() {
+        match k.as_str() {
+            Some("action") => action = Some(Action::parse(v.as_str().context("`action` is not a string")?)),
+            Some("addr") => addr = number("addr", v)?,
+            Some("size") => size = number("size", v)?,
+            Some("stream") => stream = number("stream", v)?,
+            Some("time_us") => {
+                time_us = Some(v.as_int().context("`time_us` is not an integer")?.clamp(0, i64::MAX as i128) as i64)
+            }
+            Some("frames") => frames = Some(v.clone()),
+            Some("device_free") => device_free = number("device_free", v)?,
+            _ => {}
+        }
+    }
+    let Some(action) = action.context("missing `action`")? else { return Ok(None) };
+    Ok(Some(Entry {
+        action,
+        addr: if action == Action::Oom { device_free.unwrap_or(u64::MAX) } else { addr.context("missing `addr`")? },
+        size: size.unwrap_or(0),
+        stream: stream.unwrap_or(0),
+        time_us: time_us.unwrap_or(i64::MIN),
+        stack: interner.stack(frames.as_ref())?.unwrap_or(NO_STACK),
+    }))
 }
 
 /// Plain data to JSON (allocator settings), depth-limited.
@@ -394,7 +468,8 @@ fn to_json(v: &Value, depth: usize) -> serde_json::Value {
     match v {
         Value::None => J::Null,
         Value::Bool(b) => J::Bool(*b),
-        Value::Int(i) => i64::try_from(*i).map(J::from).unwrap_or_else(|_| J::String(i.to_string())),
+        Value::Int(i) => J::from(*i),
+        Value::UInt(u) => J::from(*u),
         Value::Float(f) => serde_json::Number::from_f64(*f).map_or(J::Null, J::Number),
         Value::Str(s) => J::String(s.to_string()),
         Value::List(_) | Value::Tuple(_) => {
@@ -517,7 +592,7 @@ fn block_size_rule(requested: u64, addr: u64, free_end: u64) -> u64 {
 /// The events of one device: the reconstructed initial state at the first
 /// entry's time, then every entry. `t0_ns` is the time given to the initial
 /// state when the device's trace is empty.
-pub fn reconstruct(snap: &Snapshot, device: u32, t0_ns: u64, out: &mut Vec<Event>) -> Reconstruction {
+pub fn reconstruct(snap: &Snapshot, device: u32, t0_ns: u64, out: Sink<'_>) -> Result<Reconstruction> {
     let entries: &[Entry] = snap.traces.get(device as usize).map_or(&[], |t| t.as_slice());
     let mut rec = Reconstruction { device, entries: entries.len() as u64, ..Default::default() };
     let segs: Vec<&Segment> = snap.segments.iter().filter(|s| s.device == device).collect();
@@ -547,7 +622,7 @@ pub fn reconstruct(snap: &Snapshot, device: u32, t0_ns: u64, out: &mut Vec<Event
                 None => rec.inconsistent_entries += 1,
             },
             Action::FreeCompleted => {
-                let b = LiveBlock { size: None, requested: e.size, stack: e.stack, stream: e.stream };
+                let b = LiveBlock { size: None, requested: e.size, stack: e.stack(), stream: e.stream };
                 if live.insert(e.addr, b).is_some() {
                     rec.inconsistent_entries += 1;
                 }
@@ -566,9 +641,9 @@ pub fn reconstruct(snap: &Snapshot, device: u32, t0_ns: u64, out: &mut Vec<Event
     }
 
     // Forwards, emitting events.
-    let with_time = !entries.is_empty() && entries.iter().all(|e| e.time_us.is_some());
+    let with_time = !entries.is_empty() && entries.iter().all(|e| e.time_us().is_some());
     let ts_of = |i: usize| -> u64 {
-        if with_time { (entries[i].time_us.unwrap_or(0) as u64).saturating_mul(1000) } else { t0_ns + i as u64 }
+        if with_time { (entries[i].time_us().unwrap_or(0) as u64).saturating_mul(1000) } else { t0_ns + i as u64 }
     };
     let t_start = if entries.is_empty() { t0_ns } else { ts_of(0) };
     let pid = device;
@@ -588,7 +663,7 @@ pub fn reconstruct(snap: &Snapshot, device: u32, t0_ns: u64, out: &mut Vec<Event
     rec.initial_segments = ranges.len() as u64;
     for (&a, &(b, expandable, stream)) in &ranges {
         let kind = if expandable { EventKind::SegmentMap } else { EventKind::SegmentAlloc };
-        out.push(ev(t_start, kind, a, b - a, stream, Extra::default()));
+        out(ev(t_start, kind, a, b - a, stream, Extra::default()))?;
     }
     // Live blocks by address, for the free space after a new block.
     let mut placed: std::collections::BTreeMap<u64, LiveBlock> = std::collections::BTreeMap::new();
@@ -607,7 +682,7 @@ pub fn reconstruct(snap: &Snapshot, device: u32, t0_ns: u64, out: &mut Vec<Event
     }
     for (&addr, b) in &placed {
         let extra = Extra { requested: Some(b.requested), stack: b.stack, device_free: None };
-        out.push(ev(t_start, EventKind::BlockAlloc, addr, b.size.unwrap_or(0), b.stream, extra));
+        out(ev(t_start, EventKind::BlockAlloc, addr, b.size.unwrap_or(0), b.stream, extra))?;
     }
     for (i, e) in entries.iter().enumerate() {
         let ts = ts_of(i);
@@ -628,10 +703,10 @@ pub fn reconstruct(snap: &Snapshot, device: u32, t0_ns: u64, out: &mut Vec<Event
                 };
                 placed.insert(
                     e.addr,
-                    LiveBlock { size: Some(size), requested: e.size, stack: e.stack, stream: e.stream },
+                    LiveBlock { size: Some(size), requested: e.size, stack: e.stack(), stream: e.stream },
                 );
-                let extra = Extra { requested: Some(e.size), stack: e.stack, device_free: None };
-                out.push(ev(ts, EventKind::BlockAlloc, e.addr, size, e.stream, extra));
+                let extra = Extra { requested: Some(e.size), stack: e.stack(), device_free: None };
+                out(ev(ts, EventKind::BlockAlloc, e.addr, size, e.stream, extra))?;
             }
             Action::FreeRequested | Action::FreeCompleted => {
                 let Some(b) = placed.get(&e.addr).copied() else { continue };
@@ -641,27 +716,27 @@ pub fn reconstruct(snap: &Snapshot, device: u32, t0_ns: u64, out: &mut Vec<Event
                 } else {
                     EventKind::BlockFreeRequested
                 };
-                let extra = Extra { requested: Some(e.size), stack: e.stack, device_free: None };
-                out.push(ev(ts, kind, e.addr, b.size.unwrap_or(0), e.stream, extra));
+                let extra = Extra { requested: Some(e.size), stack: e.stack(), device_free: None };
+                out(ev(ts, kind, e.addr, b.size.unwrap_or(0), e.stream, extra))?;
             }
             Action::SegmentAlloc => {
                 add_range(&mut ranges, e.addr, end, false, e.stream, false);
-                out.push(ev(ts, EventKind::SegmentAlloc, e.addr, e.size, e.stream, Extra::default()));
+                out(ev(ts, EventKind::SegmentAlloc, e.addr, e.size, e.stream, Extra::default()))?;
             }
             Action::SegmentMap => {
                 add_range(&mut ranges, e.addr, end, true, e.stream, true);
-                out.push(ev(ts, EventKind::SegmentMap, e.addr, e.size, e.stream, Extra::default()));
+                out(ev(ts, EventKind::SegmentMap, e.addr, e.size, e.stream, Extra::default()))?;
             }
             Action::SegmentFree | Action::SegmentUnmap => {
                 if remove_range(&mut ranges, e.addr, end) {
                     let kind =
                         if e.action == Action::SegmentFree { EventKind::SegmentFree } else { EventKind::SegmentUnmap };
-                    out.push(ev(ts, kind, e.addr, e.size, e.stream, Extra::default()));
+                    out(ev(ts, kind, e.addr, e.size, e.stream, Extra::default()))?;
                 }
             }
             Action::Oom => {
-                let extra = Extra { requested: Some(e.size), stack: e.stack, device_free: e.device_free };
-                out.push(ev(ts, EventKind::Oom, 0, e.size, e.stream, extra));
+                let extra = Extra { requested: Some(e.size), stack: e.stack(), device_free: e.device_free() };
+                out(ev(ts, EventKind::Oom, 0, e.size, e.stream, extra))?;
             }
             Action::Snapshot => {}
         }
@@ -685,8 +760,11 @@ pub fn reconstruct(snap: &Snapshot, device: u32, t0_ns: u64, out: &mut Vec<Event
     let (want, got) = (flat(&final_ranges), flat(&ranges));
     fc.segment_ranges_mismatch = want.iter().filter(|r| !got.contains(r)).count() as u64
         + got.iter().filter(|r| !want.contains(r)).count() as u64;
-    rec
+    Ok(rec)
 }
+
+/// Where converted events go.
+pub type Sink<'s> = &'s mut dyn FnMut(Event) -> Result<()>;
 
 /// PyTorch's `_memory_viz.py` segment summary totals for the final state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -723,53 +801,92 @@ impl Totals {
     }
 }
 
-/// A snapshot converted to events, with what the conversion found.
+/// What a conversion found, besides the events it emitted.
 #[derive(Debug)]
 pub struct Converted {
-    /// Every device's events, in time order.
-    pub events: Vec<Event>,
     pub meta: crate::trace::TraceMeta,
     pub stacks: Stacks,
     pub reconstructions: Vec<Reconstruction>,
 }
 
-/// Reads `path` and converts the selected device (default: all).
-pub fn convert_file(path: &Path, device: Option<u32>) -> Result<Converted> {
+/// Reads `path` and converts the selected device (default: all), sending
+/// the events to `sink` in time order.
+pub fn convert_file(path: &Path, device: Option<u32>, sink: Sink<'_>) -> Result<Converted> {
     let file_bytes = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
     let snap = Snapshot::read(path)?;
-    convert(snap, device, &path.display().to_string(), file_bytes)
-        .with_context(|| format!("{}: cannot convert the snapshot", path.display()))
+    let started = std::time::Instant::now();
+    let converted = convert(snap, device, &path.display().to_string(), file_bytes, sink)
+        .with_context(|| format!("{}: cannot convert the snapshot", path.display()))?;
+    tracing::info!("converted in {:.3} s", started.elapsed().as_secs_f64());
+    Ok(converted)
 }
 
 /// Converts a typed snapshot: reconstruction and events per device, and the
 /// trace metadata (SPEC §2: device count, allocator settings, final segment
-/// table; plus the reconstruction's checks and PyTorch's totals).
-pub fn convert(snap: Snapshot, device: Option<u32>, source: &str, file_bytes: u64) -> Result<Converted> {
+/// table; plus the reconstruction's checks and PyTorch's totals). With one
+/// device the events stream straight to `sink`; with several, each
+/// device's events are collected and merged by time.
+pub fn convert(
+    mut snap: Snapshot,
+    device: Option<u32>,
+    source: &str,
+    file_bytes: u64,
+    sink: Sink<'_>,
+) -> Result<Converted> {
     let all = snap.devices();
     let devices: Vec<u32> = match device {
         Some(d) if all.contains(&d) => vec![d],
         Some(d) => bail!("device {d} is not in this snapshot (it has device(s) {all:?})"),
         None => all.clone(),
     };
-    let timed =
-        |d: u32| snap.traces.get(d as usize).is_some_and(|t| !t.is_empty() && t.iter().all(|e| e.time_us.is_some()));
+    let timed = |snap: &Snapshot, d: u32| {
+        snap.traces.get(d as usize).is_some_and(|t| !t.is_empty() && t.iter().all(|e| e.time_us().is_some()))
+    };
     let t0 = devices
         .iter()
-        .filter(|&&d| timed(d))
-        .filter_map(|&d| snap.traces[d as usize][0].time_us)
+        .filter(|&&d| timed(&snap, d))
+        .filter_map(|&d| snap.traces[d as usize][0].time_us())
         .min()
         .map_or(0, |t| (t as u64).saturating_mul(1000));
     let untimed: Vec<u32> = devices
         .iter()
         .copied()
-        .filter(|&d| !timed(d) && snap.traces.get(d as usize).is_some_and(|t| !t.is_empty()))
+        .filter(|&d| !timed(&snap, d) && snap.traces.get(d as usize).is_some_and(|t| !t.is_empty()))
         .collect();
-    let mut events = Vec::new();
     let mut reconstructions = Vec::new();
-    for &d in &devices {
-        reconstructions.push(reconstruct(&snap, d, t0, &mut events));
+    if devices.len() == 1 {
+        reconstructions.push(reconstruct(&snap, devices[0], t0, sink)?);
+    } else {
+        let mut per_device: Vec<std::vec::IntoIter<Event>> = Vec::new();
+        for &d in &devices {
+            let mut events = Vec::new();
+            reconstructions.push(reconstruct(&snap, d, t0, &mut |e| {
+                events.push(e);
+                Ok(())
+            })?);
+            if let Some(t) = snap.traces.get_mut(d as usize) {
+                *t = Vec::new(); // done with this device's entries
+            }
+            per_device.push(events.into_iter());
+        }
+        // k-way merge by time (ties: lower device first).
+        let mut heads: std::collections::BinaryHeap<std::cmp::Reverse<(u64, usize)>> = Default::default();
+        let mut next: Vec<Option<Event>> = per_device.iter_mut().map(|it| it.next()).collect();
+        for (i, e) in next.iter().enumerate() {
+            if let Some(e) = e {
+                heads.push(std::cmp::Reverse((e.ts_ns, i)));
+            }
+        }
+        while let Some(std::cmp::Reverse((_, i))) = heads.pop() {
+            if let Some(e) = next[i].take() {
+                sink(e)?;
+            }
+            next[i] = per_device[i].next();
+            if let Some(e) = &next[i] {
+                heads.push(std::cmp::Reverse((e.ts_ns, i)));
+            }
+        }
     }
-    events.sort_by_key(|e| e.ts_ns);
 
     let mut meta = crate::trace::TraceMeta::new(crate::trace::Source::PytorchSnapshot);
     meta.host = String::new();
@@ -817,18 +934,35 @@ pub fn convert(snap: Snapshot, device: Option<u32>, source: &str, file_bytes: u6
         "reconstruction": reconstructions,
         "segments": table,
     });
-    Ok(Converted { events, meta, stacks: snap.stacks, reconstructions })
+    Ok(Converted { meta, stacks: std::mem::take(&mut snap.stacks), reconstructions })
 }
 
 /// `fragscope import`: writes the converted snapshot as a trace directory.
+/// The output directory appears only once the snapshot has been read.
 pub fn import(path: &Path, out: &Path, device: Option<u32>) -> Result<Converted> {
-    let converted = convert_file(path, device)?;
-    let mut writer = crate::trace::TraceWriter::create(out, converted.meta.clone(), 1 << 20)?;
-    writer.write_stacks(&converted.stacks)?;
-    for e in &converted.events {
-        writer.push(*e)?;
+    let file_bytes = std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?.len();
+    let snap = Snapshot::read(path)?;
+    let started = std::time::Instant::now();
+    let meta = crate::trace::TraceMeta::new(crate::trace::Source::PytorchSnapshot);
+    if let Some(d) = device
+        && !snap.devices().contains(&d)
+    {
+        bail!("{}: device {d} is not in this snapshot (it has device(s) {:?})", path.display(), snap.devices());
     }
+    let mut writer = crate::trace::TraceWriter::create(out, meta, 1 << 18)?;
+    let converted = convert(snap, device, &path.display().to_string(), file_bytes, &mut |e| writer.push(e))
+        .with_context(|| format!("{}: cannot convert the snapshot", path.display()));
+    let converted = match converted {
+        Ok(c) => c,
+        Err(e) => {
+            writer.abandon();
+            return Err(e);
+        }
+    };
+    writer.write_stacks(&converted.stacks)?;
+    writer.set_details(converted.meta.details.clone());
     let meta = writer.finish()?;
+    tracing::info!("converted and written in {:.3} s", started.elapsed().as_secs_f64());
     Ok(Converted { meta, ..converted })
 }
 

@@ -187,6 +187,21 @@ impl TraceWriter {
         Ok(())
     }
 
+    /// Replaces the producer-specific details of `trace.json`.
+    pub fn set_details(&mut self, details: serde_json::Value) {
+        self.meta.details = details;
+    }
+
+    /// Gives up: removes the parts written so far (and the directory when
+    /// nothing else is in it), so no half trace is left behind.
+    pub fn abandon(self) {
+        for i in 0..self.meta.parts {
+            let _ = fs::remove_file(self.dir.join(part_name(i)));
+        }
+        let _ = fs::remove_file(self.dir.join(STACKS_FILE));
+        let _ = fs::remove_dir(&self.dir);
+    }
+
     /// Flushes the last part and writes `trace.json`.
     pub fn finish(mut self) -> Result<TraceMeta> {
         self.flush_part()?;
