@@ -288,7 +288,14 @@ impl<R: std::io::Read> Input<R> {
 /// first thing it does not understand; pass two reports it.
 fn fetched_memo<R: std::io::Read>(input: &mut Input<R>) -> Vec<u64> {
     let mut bits: Vec<u64> = Vec::new();
+    // A slot beyond the stream's length can never have been stored (each
+    // store takes a byte): not noted, so a hostile index costs nothing here
+    // and pass two reports it.
+    let limit = input.len;
     let mut note = |i: u32| {
+        if i as usize > limit {
+            return;
+        }
         let (w, b) = ((i / 64) as usize, i % 64);
         if bits.len() <= w {
             bits.resize(w + 1, 0);
@@ -357,6 +364,12 @@ pub fn parse_stream<R: std::io::Read>(
     let mut marks: Vec<usize> = Vec::new();
     let mut memo: AHashMap<u32, Value> = AHashMap::new();
     let mut memo_len: u32 = 0;
+    // Cycles (which Rc would leak) are refused. A container that was read
+    // back from the memo is never modified; so a container receiving items
+    // has never been read back and sits on the stack, where nothing contains
+    // it: the only cycle left is inserting it into itself, checked per item.
+    // Snapshots (trees with shared leaves) never trip either rule.
+    let mut shared: ahash::AHashSet<usize> = Default::default();
     let malformed = |offset: usize, why: &str| PickleError::Malformed { offset, why: why.to_string() };
     loop {
         let at = r.pos;
@@ -412,6 +425,9 @@ pub fn parse_stream<R: std::io::Read>(
             b'h' | b'j' => {
                 let idx = if code == b'h' { u32::from(r.u8("BINGET's index")?) } else { r.u32("LONG_BINGET's index")? };
                 let v = memo.get(&idx).ok_or_else(|| malformed(at, &format!("memo entry {idx} was never stored")))?;
+                if let Some(p) = container(v) {
+                    shared.insert(p);
+                }
                 stack.push(v.clone());
             }
             b'(' => {
@@ -435,10 +451,17 @@ pub fn parse_stream<R: std::io::Read>(
                     Rc::new(RefCell::new(Vec::with_capacity((stack.len() - m) / 2)))
                 } else {
                     match m.checked_sub(1).map(|i| &stack[i]) {
-                        Some(Value::Dict(d)) => Rc::clone(d),
+                        Some(Value::Dict(d)) if !shared.contains(&(Rc::as_ptr(d) as *const u8 as usize)) => {
+                            Rc::clone(d)
+                        }
+                        Some(Value::Dict(_)) => return Err(malformed(at, "SETITEMS on a dict already shared")),
                         _ => return Err(malformed(at, "SETITEMS on something that is not a dict")),
                     }
                 };
+                let me = Rc::as_ptr(&target) as *const u8 as usize;
+                if stack[m..].iter().any(|x| container(x) == Some(me)) {
+                    return Err(malformed(at, "a dict inserted into itself (a cycle)"));
+                }
                 {
                     let mut pairs = target.borrow_mut();
                     let mut it = stack.drain(m..);
@@ -453,8 +476,15 @@ pub fn parse_stream<R: std::io::Read>(
             b's' => {
                 let v = pop(&mut stack)?;
                 let k = pop(&mut stack)?;
+                if stack.last().and_then(container).is_some_and(|me| [&k, &v].iter().any(|x| container(x) == Some(me)))
+                {
+                    return Err(malformed(at, "a dict inserted into itself (a cycle)"));
+                }
                 match stack.last() {
-                    Some(Value::Dict(d)) => d.borrow_mut().push((k, v)),
+                    Some(Value::Dict(d)) if !shared.contains(&(Rc::as_ptr(d) as *const u8 as usize)) => {
+                        d.borrow_mut().push((k, v))
+                    }
+                    Some(Value::Dict(_)) => return Err(malformed(at, "SETITEM on a dict already shared")),
                     _ => return Err(malformed(at, "SETITEM on something that is not a dict")),
                 }
             }
@@ -475,7 +505,8 @@ pub fn parse_stream<R: std::io::Read>(
                     m
                 };
                 let list = match m.checked_sub(1).map(|i| &stack[i]) {
-                    Some(Value::List(l)) => Rc::clone(l),
+                    Some(Value::List(l)) if !shared.contains(&(Rc::as_ptr(l) as *const u8 as usize)) => Rc::clone(l),
+                    Some(Value::List(_)) => return Err(malformed(at, "APPEND to a list already shared")),
                     _ => return Err(malformed(at, "APPEND to something that is not a list")),
                 };
                 append(&list, stack.drain(m..), hook).map_err(|why| malformed(at, &why))?;
@@ -539,11 +570,24 @@ pub fn parse_stream<R: std::io::Read>(
     }
 }
 
+/// The identity of a container value.
+fn container(v: &Value) -> Option<usize> {
+    match v {
+        Value::List(l) => Some(Rc::as_ptr(l) as *const u8 as usize),
+        Value::Dict(d) => Some(Rc::as_ptr(d) as *const u8 as usize),
+        Value::Tuple(t) => Some(Rc::as_ptr(t) as *const u8 as usize),
+        _ => None,
+    }
+}
+
 /// Appends `items` to `list`, through the hook.
 fn append(list: &Rc<RefCell<Vec<Value>>>, items: impl Iterator<Item = Value>, hook: Hook<'_>) -> Result<(), String> {
     let id = Rc::as_ptr(list) as *const u8 as usize;
     let mut l = list.borrow_mut();
     for v in items {
+        if container(&v) == Some(id) {
+            return Err("a list appended to itself (a cycle)".into());
+        }
         if let Some(v) = hook(id, v)? {
             l.push(v);
         }
@@ -656,6 +700,23 @@ mod tests {
     }
 
     #[test]
+    fn cycles_are_refused() {
+        // l = []; l.append(l) as pickle writes it.
+        let e = parse(b"\x80\x04]\x94h\x00a.").unwrap_err().to_string();
+        assert!(e.contains("cycle") || e.contains("already shared"), "{e}");
+        // A dict set into itself without the memo.
+        let e = parse(b"\x80\x04}\x94K\x01h\x00s.").unwrap_err().to_string();
+        assert!(e.contains("cycle") || e.contains("already shared"), "{e}");
+        // a = []; b = [a]; then a.append(b) through a read-back reference.
+        let e = parse(b"\x80\x04]\x94]\x94h\x00a\x94h\x00h\x02a.").unwrap_err();
+        assert!(e.to_string().contains("already shared"), "{e}");
+        // Python's own recursive list.
+        if let Some(p) = python_pickle("(lambda l: (l.append(l), l)[1])([])", 4) {
+            assert!(parse(&p).is_err());
+        }
+    }
+
+    #[test]
     fn code_opcodes_are_refused_with_their_offset() {
         let p = b"\x80\x02cos\nsystem\nq\x00X\x02\x00\x00\x00lsq\x01\x85q\x02Rq\x03.";
         let e = parse(p).unwrap_err();
@@ -693,6 +754,9 @@ mod tests {
         assert!(matches!(e, PickleError::Malformed { .. }));
         let e = parse(&[0x80, 4, b'h', 3, b'.']).unwrap_err();
         assert!(e.to_string().contains("memo entry 3 was never stored"));
+        // A memo index of 2^32 − 1: refused without a 512 MiB bitset.
+        let e = parse(&[0x80, 4, b'j', 0xff, 0xff, 0xff, 0xff, b'.']).unwrap_err();
+        assert!(e.to_string().contains("memo entry 4294967295 was never stored"));
     }
 
     #[test]
