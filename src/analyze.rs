@@ -358,8 +358,10 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
             let series: Vec<(u64, u64)> =
                 rows.iter().filter(|r| r.pid == p.pid && !r.at_oom).map(|r| (r.t_ns, r.metrics.live_bytes)).collect();
             let mut leak = crate::leak::detect(p.pid, &series, &replay.live_blocks(p.pid), p.bytes);
-            if let Some(st) = &stacks {
-                leak.top_sites = crate::sites::top_sites(st, &replay.live_blocks_detailed(p.pid), 10);
+            // Call sites of the growth: blocks allocated after the early
+            // floor window (the second quarter) and alive at the end.
+            if let (Some(st), Some(&(since, _))) = (&stacks, series.get(series.len() / 2)) {
+                leak.top_sites = crate::sites::grown_sites(events, st, p.pid, since, 10);
             }
             leak
         })
@@ -398,7 +400,8 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     {
         let started = std::time::Instant::now();
         let lives = crate::plot::lifetimes(events);
-        let (mdtp, _) = crate::plot::render_mdtp(&analysis, &lives, &footprint, pc)?;
+        let segments = crate::plot::segment_lifetimes(events);
+        let (mdtp, _) = crate::plot::render_mdtp(&analysis, &lives, &segments, &footprint, pc)?;
         let timeline = crate::plot::render_timeline(&analysis, pc)?;
         analysis.images = vec![
             ("mdtp.png".into(), mdtp, pc.width, pc.height),
@@ -460,10 +463,13 @@ pub fn discover(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, bool)> {
                 .with_context(|| format!("cannot read {}", p.display()))?
                 .filter_map(|e| e.ok())
                 .map(|e| e.path())
-                .filter(|s| s.is_dir() && Trace::is_trace_dir(s))
+                .filter(|s| (s.is_dir() && Trace::is_trace_dir(s)) || crate::snapshot::looks_like_pickle(s))
                 .collect();
             if subs.is_empty() {
-                bail!("{}: neither a trace (no events-NNNNN.parquet) nor a directory of traces", p.display());
+                bail!(
+                    "{}: neither a trace (no events-NNNNN.parquet) nor a directory of traces or snapshots",
+                    p.display()
+                );
             }
             subs.sort();
             found.extend(subs);

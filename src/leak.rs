@@ -32,8 +32,8 @@ pub struct LeakReport {
     pub live_at_end_blocks: u64,
     /// Largest groups first (by bytes), at most ten.
     pub by_size: Vec<SizeGroup>,
-    /// Live bytes at the end by call site, largest first (traces with
-    /// stacks).
+    /// Live bytes at the end by call site, of the blocks allocated after
+    /// the second quarter (the growth), largest first (traces with stacks).
     pub top_sites: Vec<crate::sites::SiteBytes>,
 }
 

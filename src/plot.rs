@@ -19,7 +19,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use plotters::prelude::*;
 
 use crate::analyze::Analysis;
-use crate::event::Events;
+use crate::event::{EventKind, Events};
 use crate::predict::Risk;
 use crate::replay::Footprint;
 use crate::report::bytes;
@@ -78,14 +78,44 @@ pub fn lifetimes(events: &Events) -> Vec<Lifetime> {
             continue;
         }
         let (pid, addr, ts) = (events.pid[i], events.addr[i], events.ts_ns[i]);
-        if kind.is_device_alloc() && events.size[i] > 0 {
+        if (kind.is_device_alloc() || kind == EventKind::BlockAlloc) && events.size[i] > 0 {
             if let Some((size, start)) = open.insert((pid, addr), (events.size[i], ts)) {
                 out.push(Lifetime { pid, addr, size, start, end: ts });
             }
-        } else if kind.is_device_free()
+        } else if (kind.is_device_free() || kind == EventKind::BlockFree)
             && let Some((size, start)) = open.remove(&(pid, addr))
         {
             out.push(Lifetime { pid, addr, size, start, end: ts });
+        }
+    }
+    out.extend(open.into_iter().map(|((pid, addr), (size, start))| Lifetime { pid, addr, size, start, end: last }));
+    out
+}
+
+/// Segment lifetimes (allocator view): `segment_alloc` to `segment_free`,
+/// each `segment_map`ped range to the `segment_unmap` that covers its
+/// start. Empty for device-view traces.
+pub fn segment_lifetimes(events: &Events) -> Vec<Lifetime> {
+    let mut open: std::collections::BTreeMap<(u32, u64), (u64, u64)> = Default::default();
+    let mut out = Vec::new();
+    let last = events.ts_ns.last().copied().unwrap_or(0);
+    for i in 0..events.len() {
+        let Some(kind) = events.kind[i] else { continue };
+        let (pid, addr, size, ts) = (events.pid[i], events.addr[i], events.size[i], events.ts_ns[i]);
+        match kind {
+            EventKind::SegmentAlloc | EventKind::SegmentMap if size > 0 => {
+                open.insert((pid, addr), (size, ts));
+            }
+            EventKind::SegmentFree | EventKind::SegmentUnmap => {
+                let ended: Vec<(u32, u64)> =
+                    open.range((pid, addr)..(pid, addr.saturating_add(size.max(1)))).map(|(k, _)| *k).collect();
+                for k in ended {
+                    if let Some((size, start)) = open.remove(&k) {
+                        out.push(Lifetime { pid, addr: k.1, size, start, end: ts });
+                    }
+                }
+            }
+            _ => {}
         }
     }
     out.extend(open.into_iter().map(|((pid, addr), (size, start))| Lifetime { pid, addr, size, start, end: last }));
@@ -170,9 +200,12 @@ fn time_label(ns: f64) -> String {
 }
 
 /// Renders the MDTP into an RGB buffer; returns the buffer and the panels.
+/// `segments` (allocator view, else empty): address space outside every
+/// live segment is drawn light grey, reserved free space white.
 pub fn render_mdtp(
     a: &Analysis,
     lives: &[Lifetime],
+    segments: &[Lifetime],
     footprint: &Footprint,
     cfg: &PlotConfig,
 ) -> Result<(Vec<u8>, Vec<PanelGeometry>)> {
@@ -221,7 +254,7 @@ pub fn render_mdtp(
             let mut chart = ChartBuilder::on(area)
                 .margin(8)
                 .margin_right(130)
-                .caption(format!("process {pid}"), (FONT, 15))
+                .caption(format!("{} {pid}", if a.allocator_view { "device" } else { "process" }), (FONT, 15))
                 .x_label_area_size(36)
                 .y_label_area_size(84)
                 .build_cartesian_2d(0f64..(t1 - t0) as f64, o0 as f64..o1 as f64)
@@ -267,11 +300,14 @@ pub fn render_mdtp(
     }
     for p in &panels {
         let collapse = Collapse::new(footprint.regions(p.pid));
-        raster_panel(&mut buf, w, p, &collapse, lives, (lmin, lmax));
+        raster_panel(&mut buf, w, p, &collapse, lives, segments, (lmin, lmax));
         oom_marks(&mut buf, w, p, a);
     }
     Ok((buf, panels))
 }
+
+/// Background of address space outside every live segment.
+const UNRESERVED: f32 = 225.0;
 
 fn raster_panel(
     buf: &mut [u8],
@@ -279,6 +315,7 @@ fn raster_panel(
     p: &PanelGeometry,
     collapse: &Collapse,
     lives: &[Lifetime],
+    segments: &[Lifetime],
     log: (f64, f64),
 ) {
     let cols = (p.x1 - p.x0).max(1) as usize;
@@ -287,6 +324,29 @@ fn raster_panel(
     let bytes_per_row = (p.o1 - p.o0) as f64 / rows as f64;
     // Per row, difference arrays of coverage and coverage-weighted colour.
     let mut acc = vec![[0f32; 4]; rows * (cols + 1)];
+    // The same for reserved space (allocator view).
+    let reserved = segments.iter().any(|s| s.pid == p.pid);
+    let mut seg_acc = vec![0f32; if reserved { rows * (cols + 1) } else { 0 }];
+    for l in segments.iter().filter(|l| l.pid == p.pid) {
+        if l.end < p.t0 || l.start > p.t1 {
+            continue;
+        }
+        let Some(o) = collapse.offset(l.addr) else { continue };
+        let (lo, hi) = (o.max(p.o0), (o + l.size).min(p.o1));
+        if lo >= hi {
+            continue;
+        }
+        let c0 = (((l.start.max(p.t0) - p.t0) as f64 / ns_per_col) as usize).min(cols - 1);
+        let c1 = (((l.end.min(p.t1) - p.t0) as f64 / ns_per_col).ceil() as usize).max(c0 + 1).min(cols);
+        let (r0, r1) = ((lo - p.o0) as f64 / bytes_per_row, (hi - p.o0) as f64 / bytes_per_row);
+        let mut r = r0.floor() as usize;
+        while (r as f64) < r1 && r < rows {
+            let cov = (r1.min(r as f64 + 1.0) - r0.max(r as f64)) as f32;
+            seg_acc[r * (cols + 1) + c0] += cov;
+            seg_acc[r * (cols + 1) + c1] -= cov;
+            r += 1;
+        }
+    }
     for l in lives.iter().filter(|l| l.pid == p.pid) {
         if l.end < p.t0 || l.start > p.t1 {
             continue;
@@ -316,27 +376,35 @@ fn raster_panel(
     }
     for r in 0..rows {
         let mut run = [0f32; 4];
+        let mut seg_run = 0f32;
         let y = p.y1 - 1 - r as i32; // offsets grow upwards
         for c in 0..cols {
             let d = acc[r * (cols + 1) + c];
             for k in 0..4 {
                 run[k] += d[k];
             }
+            let bg = if reserved {
+                seg_run += seg_acc[r * (cols + 1) + c];
+                if seg_run > 0.5 { 255.0 } else { UNRESERVED }
+            } else {
+                255.0
+            };
             let cov = run[0].clamp(0.0, 1.0);
             let px = ((y as u32 * width + (p.x0 as u32 + c as u32)) * 3) as usize;
             if run[0] > 1e-6 {
                 for k in 0..3 {
                     let colour = run[k + 1] / run[0];
-                    buf[px + k] = (255.0 * (1.0 - cov) + colour * cov).round().clamp(0.0, 255.0) as u8;
+                    buf[px + k] = (bg * (1.0 - cov) + colour * cov).round().clamp(0.0, 255.0) as u8;
                 }
             } else {
-                buf[px..px + 3].copy_from_slice(&[255, 255, 255]);
+                buf[px..px + 3].fill(bg as u8);
             }
         }
     }
     // Thin grey separators where collapsed regions meet, over free space
-    // only, so they never hide a block.
-    for &(_, _, off) in collapse.regions.iter().skip(1) {
+    // only, so they never hide a block (the allocator view's background
+    // shows the segments instead).
+    for &(_, _, off) in collapse.regions.iter().skip(1).filter(|_| !reserved) {
         if off > p.o0 && off < p.o1 {
             let r = ((off - p.o0) as f64 / bytes_per_row) as i32;
             let y = p.y1 - 1 - r;

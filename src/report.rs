@@ -802,7 +802,7 @@ fn leaks_md(a: &Analysis) -> String {
             let _ = writeln!(md, "| {} | {} | {} |", bytes(g.size), g.count, bytes(g.bytes));
         }
         if !l.top_sites.is_empty() {
-            md.push_str("\nBy call site:\n\n| call site | bytes | blocks |\n|---|---|---|\n");
+            md.push_str("\nAllocated after the second quarter and still alive at the end, by call site:\n\n| call site | bytes | blocks |\n|---|---|---|\n");
             for t in &l.top_sites {
                 let _ = writeln!(md, "| `{}` | {} | {} |", t.site, bytes(t.bytes), t.blocks);
             }

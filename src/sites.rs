@@ -73,3 +73,32 @@ pub fn top_sites(stacks: &Stacks, blocks: &[(u64, u64, u64, u32)], n: usize) -> 
     out.truncate(n);
     out
 }
+
+/// Live bytes at the end of the trace by call site, counting only blocks of
+/// `pid` allocated after `since_ns`: the memory a leak report is about (the
+/// floor that rose), not the weights allocated at start-up.
+pub fn grown_sites(
+    events: &crate::event::Events,
+    stacks: &Stacks,
+    pid: u32,
+    since_ns: u64,
+    n: usize,
+) -> Vec<SiteBytes> {
+    use crate::event::EventKind;
+    let mut live: AHashMap<u64, (u64, u64, u32)> = AHashMap::new();
+    for i in 0..events.len() {
+        let Some(k) = events.kind[i] else { continue };
+        if events.pid[i] != pid || events.ret[i] != 0 {
+            continue;
+        }
+        if (k.is_device_alloc() || k == EventKind::BlockAlloc) && events.size[i] > 0 {
+            let stack = events.stack.get(i).copied().unwrap_or(NO_STACK);
+            live.insert(events.addr[i], (events.ts_ns[i], events.size[i], stack));
+        } else if k.is_device_free() || k == EventKind::BlockFree {
+            live.remove(&events.addr[i]);
+        }
+    }
+    let blocks: Vec<(u64, u64, u64, u32)> =
+        live.into_iter().filter(|b| b.1.0 > since_ns).map(|(a, (_, size, stack))| (a, size, size, stack)).collect();
+    top_sites(stacks, &blocks, n)
+}

@@ -76,7 +76,7 @@ fn mdtp_pixels_show_holes_sizes_ooms_and_coverage() {
     write_trace(&dir);
     let (a, events, fp) = analysed(&dir);
     let cfg = PlotConfig { width: 800, height: 600, ..PlotConfig::default() };
-    let (buf, panels) = render_mdtp(&a, &lifetimes(&events), &fp, &cfg).unwrap();
+    let (buf, panels) = render_mdtp(&a, &lifetimes(&events), &[], &fp, &cfg).unwrap();
     assert_eq!(buf.len(), 800 * 600 * 3);
     let p = panels[0];
     // Collapsed: D's region [0, 128 KiB), then A B C from 128 KiB.
@@ -169,7 +169,7 @@ fn windows_restrict_the_view() {
         addr_window: Some((0, 16 * MIB)),
         ..PlotConfig::default()
     };
-    let (buf, panels) = render_mdtp(&a, &lifetimes(&events), &fp, &cfg).unwrap();
+    let (buf, panels) = render_mdtp(&a, &lifetimes(&events), &[], &fp, &cfg).unwrap();
     let p = panels[0];
     assert_eq!((p.t0, p.t1, p.o0, p.o1), (45 * MS, 65 * MS, 0, 16 * MIB));
     // Zoomed in, B's hole (4–8 MiB of BASE) spans many rows and is white.

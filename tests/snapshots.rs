@@ -168,6 +168,12 @@ fn oom_classes_and_call_sites_match_the_allocator_model() {
     assert_eq!(report["view"], "allocator");
     let md = fs::read_to_string(out.join("report.md")).unwrap();
     assert!(md.contains("Live memory by call site at the first OOM") && md.contains("| device |"), "{md}");
+    // The MDTP shows reserved free space white and unreserved address space
+    // light grey.
+    let img = image::open(out.join("mdtp.png")).unwrap().to_rgb8();
+    let count = |c: [u8; 3]| img.pixels().filter(|p| p.0 == c).count();
+    assert!(count([225, 225, 225]) > 1000, "no unreserved space drawn");
+    assert!(count([255, 255, 255]) > 1000);
     // The allocator-view columns.
     let df =
         polars::prelude::ParquetReader::new(fs::File::open(out.join("metrics.parquet")).unwrap()).finish().unwrap();
