@@ -347,6 +347,31 @@ def cases(out):
               "device_traces": [d.trace]}
     write_case(out, "legacy_history", legacy, [d], protocol=2)
 
+    compare_pair(out)
+
+
+def compare_pair(out):
+    """Two snapshots of one run, before and after more work: some segments
+    were released and others allocated in between. The expected
+    only-in-A / only-in-B segments are computed here from the two dicts."""
+    sites = make_sites()
+    d = Device(0, 2 << 30, sites, rng=random.Random(21))
+    live = workload(d, 1200)
+    a = snapshot_of([d])
+    a = pickle.loads(pickle.dumps(a))  # a deep copy of the state at A
+    for addr in live:
+        d.free(addr)
+    d.empty_cache()
+    workload(d, 900)
+    b = snapshot_of([d])
+    key = lambda s: (s["device"], s["address"], s["total_size"])
+    ka, kb = {key(s) for s in a["segments"]}, {key(s) for s in b["segments"]}
+    for name, snap, other in (("cmp_a", a, kb), ("cmp_b", b, ka)):
+        with open(os.path.join(out, name + ".pickle"), "wb") as f:
+            pickle.dump(snap, f, protocol=4)
+    with open(os.path.join(out, "cmp.expected.json"), "w") as f:
+        json.dump({"only_a": sorted(ka - kb), "only_b": sorted(kb - ka)}, f, indent=1)
+
 
 def big(out, megabytes):
     """One large snapshot, fast: a training-like loop over size classes, each

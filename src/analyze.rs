@@ -195,8 +195,19 @@ impl Analysis {
     }
 }
 
-/// Loads and analyses one trace directory.
+/// Loads and analyses one trace directory or snapshot pickle.
 pub fn analyze_path(dir: &Path, opts: &Options) -> Result<Analysis> {
+    let (trace, events, out_of_order) = load(dir, opts)?;
+    let start = std::time::Instant::now();
+    let analysis = analyze_events(trace, &events, out_of_order, opts)?;
+    tracing::info!("{}: replayed in {:.3} s", analysis.trace.name, start.elapsed().as_secs_f64());
+    Ok(analysis)
+}
+
+/// Loads a trace directory, or imports a snapshot pickle in memory
+/// (`opts.device` selects its device): the trace, its time-sorted events
+/// and the count of rows that were out of time order.
+pub fn load(dir: &Path, opts: &Options) -> Result<(Trace, Events, u64)> {
     let start = std::time::Instant::now();
     if crate::snapshot::looks_like_pickle(dir) {
         let mut events = Events::default();
@@ -216,15 +227,12 @@ pub fn analyze_path(dir: &Path, opts: &Options) -> Result<Analysis> {
             stacks: Some(std::sync::Arc::new(converted.stacks)),
         };
         tracing::info!("{}: imported {} events in {:.3} s", trace.name, events.len(), start.elapsed().as_secs_f64());
-        return analyze_events(trace, &events, out_of_order, opts);
+        return Ok((trace, events, out_of_order));
     }
     let trace = Trace::open(dir)?;
     let (events, out_of_order) = trace.load_events()?;
     tracing::info!("{}: loaded {} events in {:.3} s", trace.name, events.len(), start.elapsed().as_secs_f64());
-    let start = std::time::Instant::now();
-    let analysis = analyze_events(trace, &events, out_of_order, opts)?;
-    tracing::info!("{}: replayed in {:.3} s", analysis.trace.name, start.elapsed().as_secs_f64());
-    Ok(analysis)
+    Ok((trace, events, out_of_order))
 }
 
 /// Replays time-sorted `events` and produces the rows.

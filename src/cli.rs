@@ -38,6 +38,35 @@ pub enum Command {
     Analyze(AnalyzeArgs),
     /// Convert a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot) into a trace.
     Import(ImportArgs),
+    /// Compare two traces or snapshots: did memory get better or worse from A to B?
+    #[command(
+        after_help = "Example (CI): fragscope compare main.pickle branch.pickle -o cmp \\\n    --fail-if-worse p95_score:5 --fail-if-worse peak_live:10%\n\nMetrics: peak_live, peak_reserved, allocs, alloc_rate, mean_score, p95_score, max_score, final_score, ext_frag_at_peak, ooms, leaked, risk.\n\nExit codes: 0 success, 1 error, 2 usage error, 3 a --fail-if-worse gate tripped."
+    )]
+    Compare(CompareArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    /// The baseline: a trace directory or a PyTorch snapshot pickle.
+    pub a: PathBuf,
+    /// The candidate, compared against A.
+    pub b: PathBuf,
+    /// Output directory (compare.md, compare.json, compare.png).
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Exit 3 when B is worse than A on METRIC by more than DELTA (absolute, in the
+    /// metric's unit — sizes accept 512MiB — or relative to A with %). Repeatable.
+    #[arg(long = "fail-if-worse", value_name = "METRIC:DELTA")]
+    pub fail_if_worse: Vec<crate::compare::Gate>,
+    /// Timestep, as for analyze.
+    #[arg(long, default_value = "auto")]
+    pub step: StepSpec,
+    /// PyTorch snapshots: compare only this CUDA device.
+    #[arg(long)]
+    pub device: Option<u32>,
+    /// compare.png size in pixels, WIDTHxHEIGHT.
+    #[arg(long, default_value = "2000x1200", value_parser = parse_size_px)]
+    pub size: (u32, u32),
 }
 
 #[derive(Debug, Args)]

@@ -7,6 +7,7 @@
 
 pub mod analyze;
 pub mod cli;
+pub mod compare;
 pub mod event;
 pub mod flame;
 pub mod leak;
@@ -47,6 +48,11 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Synth(args) => run_synth(&args),
         Command::Analyze(args) => run_analyze(&args),
         Command::Import(args) => run_import(&args),
+        Command::Compare(args) => {
+            let opts = Options { step: args.step, device: args.device, ..Options::default() };
+            let tripped = compare::run(&args.a, &args.b, &args.output, &opts, args.size, &args.fail_if_worse)?;
+            Ok(if tripped { exit::GATE } else { exit::OK })
+        }
     }
 }
 

@@ -74,6 +74,9 @@ pub enum Risk {
 }
 
 impl Risk {
+    /// Every level, lowest first.
+    pub const ALL: [Risk; 5] = [Risk::Minimal, Risk::Low, Risk::Medium, Risk::High, Risk::Critical];
+
     pub fn of(score: f64) -> Risk {
         match score {
             s if s >= 80.0 => Risk::Critical,

@@ -72,12 +72,30 @@ pub struct Summary {
     pub oom_classes: Vec<(OomClass, u64)>,
     pub leaking: bool,
     pub leaked_bytes: i64,
+    /// Successful allocations (device or allocator blocks) and their rate.
+    pub allocs: u64,
+    pub alloc_rate: f64,
+    /// Highest Σ over processes of the arena span (device view) or of the
+    /// reserved segments (allocator view), over the steps.
+    pub peak_reserved_bytes: u64,
+    /// External fragmentation (Σ gaps / Σ span) at the step with the most
+    /// live bytes.
+    pub ext_frag_at_peak: f64,
 }
 
 impl Summary {
     pub fn of(a: &Analysis) -> Summary {
         // Combined: the worst process at each step, so one bad rank shows.
         let scores = combined_scores(&a.rows);
+        let steps = step_totals(&a.rows);
+        let duration = (a.last_ts - a.first_ts) as f64 / 1e9;
+        let allocs = a
+            .counts_by_kind
+            .iter()
+            .filter(|(k, _)| matches!(k.as_str(), "alloc" | "alloc_async" | "alloc_managed" | "block_alloc"))
+            .map(|(_, n)| n)
+            .sum::<u64>()
+            .saturating_sub(a.failed_allocs);
         Summary {
             name: a.trace.name.clone(),
             source: a.trace.source().map_or("unknown", |s| s.name()).to_string(),
@@ -92,8 +110,37 @@ impl Summary {
             oom_classes: oom_classes(a),
             leaking: a.leaks.iter().any(|l| l.leaking == Some(true)),
             leaked_bytes: a.leaks.iter().filter(|l| l.leaking == Some(true)).map(|l| l.growth_bytes).sum(),
+            allocs,
+            alloc_rate: if duration > 0.0 { allocs as f64 / duration } else { 0.0 },
+            peak_reserved_bytes: steps.iter().map(|s| s.1).max().unwrap_or(0),
+            ext_frag_at_peak: steps
+                .iter()
+                .max_by_key(|s| s.0)
+                .map_or(0.0, |s| if s.1 == 0 { 0.0 } else { s.2 / s.1 as f64 }),
         }
     }
+}
+
+/// Per step, over processes: (Σ live bytes, Σ span, Σ gap bytes).
+fn step_totals(rows: &[Row]) -> Vec<(u64, u64, f64)> {
+    let mut out: Vec<(u64, u64, f64)> = Vec::new();
+    let mut current = u32::MAX;
+    for r in rows.iter().filter(|r| !r.at_oom) {
+        let m = &r.metrics;
+        let add = (m.live_bytes, m.span_bytes, m.external_fragmentation * m.span_bytes as f64);
+        match out.last_mut() {
+            Some(last) if r.step == current => {
+                last.0 += add.0;
+                last.1 += add.1;
+                last.2 += add.2;
+            }
+            _ => {
+                current = r.step;
+                out.push(add);
+            }
+        }
+    }
+    out
 }
 
 fn oom_classes(a: &Analysis) -> Vec<(OomClass, u64)> {

@@ -1,0 +1,548 @@
+//! `fragscope compare A B`: did memory get better or worse from A to B?
+//!
+//! Both inputs (trace directories or snapshot pickles) are analysed with the
+//! same options; the figures of [`crate::report::Summary`] are set side by
+//! side with absolute and relative deltas. Every metric where lower is
+//! better gets a verdict, with a tolerance below which it is "same" (scores
+//! 1 point, external fragmentation 0.01, bytes 2 % of A but at least 1 MiB,
+//! OOM counts and risk levels exactly); allocation count and rate are shown
+//! but judged by nobody. The verdict line says better, worse, mixed or same,
+//! and on what.
+//!
+//! `compare.png` draws both MDTPs side by side on the same address scale
+//! (the larger of the two collapsed footprints) with each trace's time
+//! normalised to its own duration, and both combined score curves below,
+//! over normalised time. For two snapshots, the segments only in A and only
+//! in B, keyed by (device, address, size) as PyTorch's own `compare` keys
+//! them, and the call sites whose live bytes changed most between the two
+//! peaks.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{Context, Result, anyhow, bail};
+use plotters::prelude::*;
+use serde::Serialize;
+use serde_json::json;
+
+use crate::analyze::{Analysis, Options};
+use crate::predict::Risk;
+use crate::report::{Summary, bytes};
+
+/// How a metric is shown and judged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Unit {
+    Bytes,
+    Score,
+    Ratio,
+    Count,
+    Rate,
+    Risk,
+}
+
+/// The metrics compared, in table order: key (for `--fail-if-worse`),
+/// label, unit, judged (lower is better) or informational.
+pub const METRICS: &[(&str, &str, Unit, bool)] = &[
+    ("peak_live", "peak live bytes", Unit::Bytes, true),
+    ("peak_reserved", "peak reserved (span) bytes", Unit::Bytes, true),
+    ("allocs", "allocations", Unit::Count, false),
+    ("alloc_rate", "allocations per second", Unit::Rate, false),
+    ("mean_score", "mean score", Unit::Score, true),
+    ("p95_score", "p95 score", Unit::Score, true),
+    ("max_score", "max score", Unit::Score, true),
+    ("final_score", "final score", Unit::Score, true),
+    ("ext_frag_at_peak", "external fragmentation at peak", Unit::Ratio, true),
+    ("ooms", "OOMs", Unit::Count, true),
+    ("leaked", "leaked bytes", Unit::Bytes, true),
+    ("risk", "forecast risk", Unit::Risk, true),
+];
+
+fn value(s: &Summary, key: &str) -> f64 {
+    match key {
+        "peak_live" => s.peak_live_bytes as f64,
+        "peak_reserved" => s.peak_reserved_bytes as f64,
+        "allocs" => s.allocs as f64,
+        "alloc_rate" => s.alloc_rate,
+        "mean_score" => s.score.mean,
+        "p95_score" => s.score.p95,
+        "max_score" => s.score.max,
+        "final_score" => s.score.final_,
+        "ext_frag_at_peak" => s.ext_frag_at_peak,
+        "ooms" => s.ooms as f64,
+        "leaked" => s.leaked_bytes.max(0) as f64,
+        "risk" => s.risk.map_or(f64::NAN, |r| Risk::ALL.iter().position(|x| *x == r).unwrap_or(0) as f64),
+        _ => f64::NAN,
+    }
+}
+
+/// The change below which a judged metric is "same".
+fn tolerance(unit: Unit, a: f64) -> f64 {
+    match unit {
+        Unit::Score => 1.0,
+        Unit::Ratio => 0.01,
+        Unit::Bytes => (0.02 * a.abs()).max(1048576.0),
+        Unit::Count | Unit::Rate | Unit::Risk => 0.0,
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Judgement {
+    Better,
+    Worse,
+    Same,
+    Info,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct MetricRow {
+    pub key: &'static str,
+    pub label: &'static str,
+    pub unit: Unit,
+    pub a: f64,
+    pub b: f64,
+    pub delta: f64,
+    /// (b − a) / a, None when a is 0.
+    pub relative: Option<f64>,
+    pub judgement: Judgement,
+}
+
+/// `--fail-if-worse METRIC:DELTA`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gate {
+    pub key: String,
+    pub delta: f64,
+    pub percent: bool,
+}
+
+impl std::str::FromStr for Gate {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Gate, String> {
+        let keys: Vec<&str> = METRICS.iter().map(|m| m.0).collect();
+        let (key, delta) = s
+            .split_once(':')
+            .ok_or_else(|| format!("`{s}`: expected METRIC:DELTA, e.g. p95_score:5 or peak_live:10%"))?;
+        if !keys.contains(&key) {
+            return Err(format!("`{key}`: unknown metric; one of {}", keys.join(", ")));
+        }
+        let delta = delta.trim();
+        let (num, percent) = match delta.strip_suffix('%') {
+            Some(n) => (n.trim().parse::<f64>().map_err(|e| format!("`{delta}`: {e}"))?, true),
+            None => match delta.parse::<f64>() {
+                Ok(n) => (n, false),
+                Err(_) => (
+                    parse_size::Config::new()
+                        .with_binary()
+                        .parse_size(delta)
+                        .map_err(|e| format!("`{delta}`: {e} (examples: 5, 10%, 512MiB)"))? as f64,
+                    false,
+                ),
+            },
+        };
+        if !(num >= 0.0 && num.is_finite()) {
+            return Err(format!("`{delta}`: the allowed change must be a non-negative number"));
+        }
+        Ok(Gate { key: key.to_string(), delta: num, percent })
+    }
+}
+
+impl Gate {
+    /// Whether B is worse than A by more than allowed; the reason if so.
+    pub fn tripped(&self, rows: &[MetricRow]) -> Option<String> {
+        let r = rows.iter().find(|r| r.key == self.key)?;
+        if !r.delta.is_finite() {
+            return None;
+        }
+        let allowed = if self.percent { r.a.abs() * self.delta / 100.0 } else { self.delta };
+        (r.delta > allowed).then(|| {
+            format!(
+                "{} rose from {} to {} (allowed: +{}{})",
+                r.label,
+                show(r.unit, r.a),
+                show(r.unit, r.b),
+                self.delta,
+                if self.percent { "%" } else { "" }
+            )
+        })
+    }
+}
+
+fn show(unit: Unit, v: f64) -> String {
+    if !v.is_finite() {
+        return "n/a".into();
+    }
+    match unit {
+        Unit::Bytes => bytes(v.max(0.0) as u64),
+        Unit::Score => format!("{v:.1}"),
+        Unit::Ratio => format!("{v:.3}"),
+        Unit::Count => format!("{v:.0}"),
+        Unit::Rate => format!("{v:.1}/s"),
+        Unit::Risk => Risk::ALL.get(v as usize).map_or("n/a".into(), |r| r.name().to_string()),
+    }
+}
+
+fn show_delta(unit: Unit, d: f64) -> String {
+    if !d.is_finite() {
+        return "n/a".into();
+    }
+    let sign = if d < 0.0 { "−" } else { "+" };
+    match unit {
+        Unit::Bytes => format!("{sign}{}", bytes(d.abs() as u64)),
+        Unit::Risk => format!("{sign}{:.0} level(s)", d.abs()),
+        _ => format!("{sign}{}", show(unit, d.abs())),
+    }
+}
+
+/// Snapshot-only parts of a comparison.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SnapshotDiff {
+    /// (device, address, total_size).
+    pub only_a: Vec<(u64, u64, u64)>,
+    pub only_b: Vec<(u64, u64, u64)>,
+    /// (call site, bytes at A's peak, bytes at B's peak), largest change first.
+    pub sites: Vec<(String, u64, u64)>,
+}
+
+pub struct Comparison {
+    pub a: Summary,
+    pub b: Summary,
+    pub rows: Vec<MetricRow>,
+    pub verdict: String,
+    pub snapshot: Option<SnapshotDiff>,
+    pub image: (Vec<u8>, u32, u32),
+}
+
+/// Compares two analyses' summaries.
+pub fn compare_summaries(a: &Summary, b: &Summary) -> (Vec<MetricRow>, String) {
+    let rows: Vec<MetricRow> = METRICS
+        .iter()
+        .map(|&(key, label, unit, judged)| {
+            let (va, vb) = (value(a, key), value(b, key));
+            let delta = vb - va;
+            let judgement = if !judged || !delta.is_finite() {
+                Judgement::Info
+            } else if delta.abs() <= tolerance(unit, va) {
+                Judgement::Same
+            } else if delta > 0.0 {
+                Judgement::Worse
+            } else {
+                Judgement::Better
+            };
+            MetricRow {
+                key,
+                label,
+                unit,
+                a: va,
+                b: vb,
+                delta,
+                relative: (va != 0.0 && delta.is_finite()).then(|| delta / va),
+                judgement,
+            }
+        })
+        .collect();
+    let list = |j: Judgement| -> Vec<String> {
+        rows.iter()
+            .filter(|r| r.judgement == j)
+            .map(|r| format!("{} {}", r.label, show_delta(r.unit, r.delta)))
+            .collect()
+    };
+    let (worse, better) = (list(Judgement::Worse), list(Judgement::Better));
+    let verdict = match (worse.is_empty(), better.is_empty()) {
+        (true, true) => "same: no judged metric changed beyond its tolerance".to_string(),
+        (false, true) => format!("worse: {}", worse.join(", ")),
+        (true, false) => format!("better: {}", better.join(", ")),
+        (false, false) => format!("mixed: worse on {}; better on {}", worse.join(", "), better.join(", ")),
+    };
+    (rows, verdict)
+}
+
+/// Loads and analyses both inputs, with MDTPs on one address scale.
+pub fn compare(a: &Path, b: &Path, opts: &Options, size: (u32, u32)) -> Result<Comparison> {
+    let (ta, ea, oa) = crate::analyze::load(a, opts)?;
+    let (tb, eb, ob) = crate::analyze::load(b, opts)?;
+    let extent = |events: &crate::event::Events| {
+        let fp = crate::replay::Footprint::build(events);
+        let mut pids: Vec<u32> = events.pid.clone();
+        pids.sort_unstable();
+        pids.dedup();
+        pids.iter().map(|&p| fp.regions(p).iter().map(|r| r.1 - r.0).sum::<u64>()).max().unwrap_or(1)
+    };
+    let scale = extent(&ea).max(extent(&eb)).max(1);
+    let (w, h) = size;
+    let top = h * 2 / 3;
+    let plot = crate::plot::PlotConfig {
+        width: (w / 2).max(200),
+        height: top.max(150),
+        time_window: None,
+        addr_window: Some((0, scale)),
+        pid: None,
+    };
+    let opts_plot = Options { plot: Some(plot), ..*opts };
+    let aa = crate::analyze::analyze_events(ta, &ea, oa, &opts_plot)?;
+    let ab = crate::analyze::analyze_events(tb, &eb, ob, &opts_plot)?;
+    let (sa, sb) = (Summary::of(&aa), Summary::of(&ab));
+    let (rows, verdict) = compare_summaries(&sa, &sb);
+    let snapshot = (aa.allocator_view && ab.allocator_view).then(|| snapshot_diff(&aa, &ea, &ab, &eb));
+    let image = compose(&aa, &ab, w, h)?;
+    Ok(Comparison { a: sa, b: sb, rows, verdict, snapshot, image })
+}
+
+fn segment_table(a: &Analysis) -> Vec<(u64, u64, u64)> {
+    let details = a.trace.meta.as_ref().map(|m| &m.details);
+    let mut out: Vec<(u64, u64, u64)> = details
+        .and_then(|d| d.get("segments"))
+        .and_then(|s| s.as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|s| Some((s.get("device")?.as_u64()?, s.get("address")?.as_u64()?, s.get("total_size")?.as_u64()?)))
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+fn snapshot_diff(a: &Analysis, ea: &crate::event::Events, b: &Analysis, eb: &crate::event::Events) -> SnapshotDiff {
+    let (sa, sb) = (segment_table(a), segment_table(b));
+    let only_a = sa.iter().filter(|s| sb.binary_search(s).is_err()).copied().collect();
+    let only_b = sb.iter().filter(|s| sa.binary_search(s).is_err()).copied().collect();
+    let at_peak = |an: &Analysis, ev: &crate::event::Events| -> Vec<crate::sites::SiteBytes> {
+        an.trace.stacks.as_ref().map_or_else(Vec::new, |st| crate::sites::sites_at_peak(ev, st))
+    };
+    let (pa, pb) = (at_peak(a, ea), at_peak(b, eb));
+    let mut sites: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
+    for s in &pa {
+        sites.entry(s.site.clone()).or_default().0 = s.bytes;
+    }
+    for s in &pb {
+        sites.entry(s.site.clone()).or_default().1 = s.bytes;
+    }
+    let mut sites: Vec<(String, u64, u64)> =
+        sites.into_iter().filter(|(_, (x, y))| x != y).map(|(k, (x, y))| (k, x, y)).collect();
+    sites.sort_by(|x, y| (y.2 as i128 - y.1 as i128).abs().cmp(&(x.2 as i128 - x.1 as i128).abs()).then(x.0.cmp(&y.0)));
+    sites.truncate(20);
+    SnapshotDiff { only_a, only_b, sites }
+}
+
+/// The two MDTPs side by side, both score curves below.
+fn compose(a: &Analysis, b: &Analysis, w: u32, h: u32) -> Result<(Vec<u8>, u32, u32)> {
+    let mdtp = |an: &Analysis| {
+        an.images
+            .iter()
+            .find(|i| i.0 == "mdtp.png")
+            .cloned()
+            .ok_or_else(|| anyhow!("{}: no MDTP was drawn", an.trace.name))
+    };
+    let (ia, ib) = (mdtp(a)?, mdtp(b)?);
+    let mut buf = vec![255u8; (w * h * 3) as usize];
+    for (k, img) in [ia, ib].iter().enumerate() {
+        let (_, px, iw, ih) = img;
+        let x0 = k as u32 * (w / 2);
+        for y in 0..(*ih).min(h) {
+            for x in 0..(*iw).min(w - x0) {
+                let (s, d) = (((y * iw + x) * 3) as usize, ((y * w + x0 + x) * 3) as usize);
+                buf[d..d + 3].copy_from_slice(&px[s..s + 3]);
+            }
+        }
+    }
+    let top = a.images.iter().find(|i| i.0 == "mdtp.png").map_or(h * 2 / 3, |i| i.3);
+    {
+        let root = BitMapBackend::with_buffer(&mut buf, (w, h)).into_drawing_area();
+        let (_, bottom) = root.split_vertically(top);
+        let series = |an: &Analysis| -> Vec<(f64, f64)> {
+            let span = (an.last_ts - an.first_ts).max(1) as f64;
+            let mut out: Vec<(f64, f64)> = Vec::new();
+            for r in an.rows.iter().filter(|r| !r.at_oom) {
+                let t = (r.t_ns - an.first_ts) as f64 / span;
+                match out.last_mut() {
+                    Some(last) if last.0 == t => last.1 = last.1.max(r.metrics.score),
+                    _ => out.push((t, r.metrics.score)),
+                }
+            }
+            out
+        };
+        let mut chart = ChartBuilder::on(&bottom)
+            .margin(10)
+            .margin_right(40)
+            .caption("fragmentation score over normalised time (A blue, B orange)", ("sans-serif", 16))
+            .x_label_area_size(30)
+            .y_label_area_size(50)
+            .build_cartesian_2d(0f64..1f64, 0f64..100f64)
+            .map_err(|e| anyhow!("{e}"))?;
+        chart
+            .configure_mesh()
+            .x_desc("time / duration")
+            .y_desc("score")
+            .label_style(("sans-serif", 12))
+            .draw()
+            .map_err(|e| anyhow!("{e}"))?;
+        let blue = RGBColor(31, 90, 170);
+        let orange = RGBColor(230, 120, 20);
+        chart
+            .draw_series(LineSeries::new(series(a), blue.stroke_width(2)))
+            .map_err(|e| anyhow!("{e}"))?
+            .label(format!("A: {}", a.trace.name))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], blue.stroke_width(2)));
+        chart
+            .draw_series(LineSeries::new(series(b), orange.stroke_width(2)))
+            .map_err(|e| anyhow!("{e}"))?
+            .label(format!("B: {}", b.trace.name))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], orange.stroke_width(2)));
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 12))
+            .draw()
+            .map_err(|e| anyhow!("{e}"))?;
+        root.present().map_err(|e| anyhow!("{e}"))?;
+    }
+    Ok((buf, w, h))
+}
+
+pub fn to_json(c: &Comparison, gates: &[(Gate, Option<String>)]) -> serde_json::Value {
+    let side = |s: &Summary| {
+        json!({
+            "name": s.name,
+            "source": s.source,
+            "events": s.events,
+            "oom_classes": s.oom_classes.iter().map(|(k, n)| (k.name().to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
+            "risk": s.risk.map(Risk::name),
+        })
+    };
+    json!({
+        "a": side(&c.a),
+        "b": side(&c.b),
+        "verdict": c.verdict,
+        "metrics": c.rows,
+        "gates": gates.iter().map(|(g, why)| json!({
+            "metric": g.key, "allowed": g.delta, "percent": g.percent, "tripped": why.is_some(), "why": why,
+        })).collect::<Vec<_>>(),
+        "snapshot": c.snapshot,
+    })
+}
+
+pub fn to_md(c: &Comparison, gates: &[(Gate, Option<String>)]) -> String {
+    let mut md = format!("# fragscope compare: {} → {}\n\n", c.a.name, c.b.name);
+    let word = c.verdict.split(':').next().unwrap_or("").to_uppercase();
+    let rest = c.verdict.split_once(": ").map_or("", |x| x.1);
+    let _ = writeln!(md, "**Verdict: {word}** — {rest}.\n");
+    md.push_str("| metric | A | B | Δ | Δ % | |\n|---|---|---|---|---|---|\n");
+    for r in &c.rows {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} |",
+            r.label,
+            show(r.unit, r.a),
+            show(r.unit, r.b),
+            show_delta(r.unit, r.delta),
+            r.relative.map_or("—".into(), |x| format!("{:+.1} %", 100.0 * x)),
+            match r.judgement {
+                Judgement::Better => "better",
+                Judgement::Worse => "**worse**",
+                Judgement::Same => "same",
+                Judgement::Info => "",
+            }
+        );
+    }
+    let classes = |s: &Summary| {
+        if s.oom_classes.is_empty() {
+            "none".to_string()
+        } else {
+            s.oom_classes.iter().map(|(k, n)| format!("{n} {}", k.name())).collect::<Vec<_>>().join(", ")
+        }
+    };
+    let _ = writeln!(md, "\nOOM classes — A: {}; B: {}.", classes(&c.a), classes(&c.b));
+    let _ = writeln!(
+        md,
+        "\nTolerances: scores ±1 point, external fragmentation ±0.01, bytes ±2 % of A (at least 1 MiB), OOM counts and risk levels exact. Allocation count and rate are not judged."
+    );
+    if !gates.is_empty() {
+        md.push_str("\n## Gates\n\n");
+        for (g, why) in gates {
+            let _ = writeln!(
+                md,
+                "- `{}:{}{}` — {}",
+                g.key,
+                g.delta,
+                if g.percent { "%" } else { "" },
+                why.as_deref().map_or("passed".to_string(), |w| format!("**tripped**: {w}"))
+            );
+        }
+    }
+    if let Some(s) = &c.snapshot {
+        let seg = |list: &[(u64, u64, u64)]| -> String {
+            let mut t = String::from("| device | address | size |\n|---|---|---|\n");
+            for (d, a, z) in list.iter().take(50) {
+                let _ = writeln!(t, "| {d} | {a:#x} | {} |", bytes(*z));
+            }
+            if list.len() > 50 {
+                let _ = writeln!(t, "\n… and {} more (all in compare.json).", list.len() - 50);
+            }
+            t
+        };
+        let _ = writeln!(md, "\n## Segments only in A ({})\n\n{}", s.only_a.len(), seg(&s.only_a));
+        let _ = writeln!(md, "## Segments only in B ({})\n\n{}", s.only_b.len(), seg(&s.only_b));
+        md.push_str("## Call sites whose live bytes changed most between the peaks\n\n| call site | A at peak | B at peak | Δ |\n|---|---|---|---|\n");
+        for (site, x, y) in &s.sites {
+            let _ = writeln!(
+                md,
+                "| `{site}` | {} | {} | {} |",
+                bytes(*x),
+                bytes(*y),
+                show_delta(Unit::Bytes, *y as f64 - *x as f64)
+            );
+        }
+    }
+    md
+}
+
+/// `fragscope compare`: writes compare.md, compare.json, compare.png;
+/// returns whether a gate tripped.
+pub fn run(a: &Path, b: &Path, out: &Path, opts: &Options, size: (u32, u32), gates: &[Gate]) -> Result<bool> {
+    if size.0 < 400 || size.1 < 300 {
+        bail!("--size {}x{} is too small for compare.png (at least 400x300)", size.0, size.1);
+    }
+    let c = compare(a, b, opts, size)?;
+    let checked: Vec<(Gate, Option<String>)> = gates.iter().map(|g| (g.clone(), g.tripped(&c.rows))).collect();
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    crate::trace::write_atomic(&out.join("compare.json"), &serde_json::to_vec_pretty(&to_json(&c, &checked))?)?;
+    crate::trace::write_atomic(&out.join("compare.md"), to_md(&c, &checked).as_bytes())?;
+    crate::plot::write_png(&c.image.0, c.image.1, c.image.2, &out.join("compare.png"))?;
+    println!("{} → {}: {}", c.a.name, c.b.name, c.verdict);
+    let mut tripped = false;
+    for (g, why) in &checked {
+        if let Some(w) = why {
+            eprintln!("gate: --fail-if-worse {}: {w}", g.key);
+            tripped = true;
+        }
+    }
+    println!("  wrote {}", out.display());
+    Ok(tripped)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(key: &'static str, unit: Unit, a: f64, b: f64) -> MetricRow {
+        MetricRow { key, label: key, unit, a, b, delta: b - a, relative: None, judgement: Judgement::Info }
+    }
+
+    #[test]
+    fn gates_parse_and_trip_on_absolute_and_relative_deltas() {
+        let g: Gate = "p95_score:5".parse().unwrap();
+        assert_eq!(g, Gate { key: "p95_score".into(), delta: 5.0, percent: false });
+        let p: Gate = "peak_live:10%".parse().unwrap();
+        assert!(p.percent && p.delta == 10.0);
+        let s: Gate = "peak_live:512MiB".parse().unwrap();
+        assert_eq!(s.delta, 536870912.0);
+        assert!("nope:5".parse::<Gate>().is_err());
+        assert!("p95_score".parse::<Gate>().is_err());
+        assert!("p95_score:-1".parse::<Gate>().is_err());
+        let rows = [row("p95_score", Unit::Score, 40.0, 44.0), row("peak_live", Unit::Bytes, 1000.0, 1150.0)];
+        assert!(g.tripped(&rows).is_none());
+        assert!(p.tripped(&rows).is_some());
+        let tight: Gate = "p95_score:3.9".parse().unwrap();
+        assert!(tight.tripped(&rows).unwrap().contains("rose from 40.0 to 44.0"));
+    }
+}
