@@ -135,6 +135,9 @@ pub struct AnalyzeArgs {
     /// Traces analysed in parallel (default: number of cores).
     #[arg(short, long)]
     pub jobs: Option<usize>,
+    /// Seed of the k-means grouping of a batch (8 traces or more).
+    #[arg(long, default_value_t = 1)]
+    pub cluster_seed: u64,
     /// Page size P of the unusable-free-space index (power of two).
     #[arg(long, value_parser = parse_bytes, default_value = "4KiB")]
     pub page_size: u64,

@@ -7,6 +7,7 @@
 
 pub mod analyze;
 pub mod cli;
+pub mod cluster;
 pub mod compare;
 pub mod event;
 pub mod flame;
@@ -198,7 +199,20 @@ fn run_analyze(args: &AnalyzeArgs) -> Result<u8> {
             .collect()
     });
     bar.finish_and_clear();
-    report::write_batch_summary(&rows, &args.output)?;
+    let ok: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].1.is_ok()).collect();
+    let features: Vec<_> = ok.iter().filter_map(|&i| rows[i].1.as_ref().ok().map(|s| s.features)).collect();
+    for (&i, f) in ok.iter().zip(&features) {
+        tracing::debug!("grouping features of {}: {:?}", rows[i].0, f.map(|x| (x * 1000.0).round() / 1000.0));
+    }
+    let grouping = cluster::cluster(&features, args.cluster_seed)?;
+    let mut clusters: Vec<Option<(usize, String)>> = vec![None; rows.len()];
+    if let Some(g) = &grouping {
+        for (k, &i) in ok.iter().enumerate() {
+            let c = g.assignments[k];
+            clusters[i] = Some((c, g.labels[c].clone()));
+        }
+    }
+    report::write_batch_summary(&rows, &args.output, &clusters, grouping.as_ref())?;
     let failed = rows.iter().filter(|r| r.1.is_err()).count();
     println!(
         "{} traces analysed, {} failed; summary in {}",

@@ -81,6 +81,11 @@ pub struct Summary {
     /// External fragmentation (Σ gaps / Σ span) at the step with the most
     /// live bytes.
     pub ext_frag_at_peak: f64,
+    /// The grouping features ([`crate::cluster::FEATURES`]).
+    pub features: [f64; crate::cluster::FEATURES.len()],
+    /// UTC day of the recording (`start_wall_ns` of trace.json), else of the
+    /// trace's last modification: the `date` partition of summary.parquet.
+    pub date: String,
 }
 
 impl Summary {
@@ -117,8 +122,48 @@ impl Summary {
                 .iter()
                 .max_by_key(|s| s.0)
                 .map_or(0.0, |s| if s.1 == 0 { 0.0 } else { s.2 / s.1 as f64 }),
+            features: features(a),
+            date: trace_date(a),
         }
     }
+}
+
+/// The grouping features of a trace: mean score components over its rows,
+/// the share of its OOMs in each class (0 without OOMs), leak rate.
+fn features(a: &Analysis) -> [f64; crate::cluster::FEATURES.len()] {
+    let rows: Vec<&Row> = a.rows.iter().filter(|r| !r.at_oom).collect();
+    let mut f = [0.0; crate::cluster::FEATURES.len()];
+    if !rows.is_empty() {
+        for r in &rows {
+            for (x, v) in f.iter_mut().zip(r.metrics.features()) {
+                *x += v;
+            }
+        }
+        for x in f.iter_mut().take(6) {
+            *x /= rows.len() as f64;
+        }
+    }
+    let total = a.ooms.len().max(1) as f64;
+    let share = |c: OomClass| a.ooms.iter().filter(|o| o.class == c).count() as f64 / total;
+    f[6] = share(OomClass::Capacity);
+    f[7] = share(OomClass::Fragmentation);
+    f[8] = share(OomClass::AllocatorPolicy);
+    let leaked: i64 = a.leaks.iter().filter(|l| l.leaking == Some(true)).map(|l| l.growth_bytes).sum();
+    f[9] = if a.peak_live_total == 0 { 0.0 } else { leaked.max(0) as f64 / a.peak_live_total as f64 };
+    f
+}
+
+/// YYYY-MM-DD (UTC) of a trace's recording.
+fn trace_date(a: &Analysis) -> String {
+    let when = a
+        .trace
+        .meta
+        .as_ref()
+        .and_then(|m| m.start_wall_ns)
+        .map(|ns| std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns))
+        .or_else(|| std::fs::metadata(&a.trace.dir).and_then(|m| m.modified()).ok())
+        .unwrap_or_else(std::time::SystemTime::now);
+    humantime::format_rfc3339_seconds(when).to_string().chars().take(10).collect()
 }
 
 /// Per step, over processes: (Σ live bytes, Σ span, Σ gap bytes).
@@ -943,103 +988,265 @@ pub fn stdout_summary(a: &Analysis, out: &Path) -> String {
 /// One row of the batch summary: a trace's figures or its error.
 pub type SummaryRow = (String, std::result::Result<Summary, String>);
 
-/// Writes `summary.parquet`, `summary.csv` and `summary.md`, worst first.
-pub fn write_batch_summary(rows: &[SummaryRow], out: &Path) -> Result<()> {
-    let mut rows: Vec<&SummaryRow> = rows.iter().collect();
-    rows.sort_by(|a, b| {
-        let key = |r: &SummaryRow| r.1.as_ref().map_or(f64::INFINITY, |s| s.score.p95);
-        key(b).total_cmp(&key(a)).then_with(|| a.0.cmp(&b.0))
-    });
+/// The columns of the batch summary, in order (csv and Parquet).
+const SUMMARY_COLUMNS: &[&str] = &[
+    "trace",
+    "status",
+    "error",
+    "source",
+    "date",
+    "events",
+    "processes",
+    "duration_s",
+    "peak_live_bytes",
+    "peak_reserved_bytes",
+    "allocs",
+    "score_final",
+    "score_mean",
+    "score_p95",
+    "score_max",
+    "ext_frag_at_peak",
+    "ooms",
+    "oom_class",
+    "risk",
+    "leaking",
+    "leaked_bytes",
+    "anomalies",
+    "cluster",
+    "cluster_label",
+];
+
+/// One summary row's values as text (csv) — `None` for nulls.
+fn summary_cells(
+    name: &str,
+    r: &std::result::Result<Summary, String>,
+    cluster: Option<&(usize, String)>,
+) -> Vec<Option<String>> {
+    let mut v: Vec<Option<String>> = vec![Some(name.to_string())];
+    match r {
+        Ok(s) => {
+            v.extend([
+                Some("ok".into()),
+                None,
+                Some(s.source.clone()),
+                Some(s.date.clone()),
+                Some(s.events.to_string()),
+                Some(s.processes.to_string()),
+                Some(format!("{:.6}", s.duration_s)),
+                Some(s.peak_live_bytes.to_string()),
+                Some(s.peak_reserved_bytes.to_string()),
+                Some(s.allocs.to_string()),
+                Some(format!("{:.6}", s.score.final_)),
+                Some(format!("{:.6}", s.score.mean)),
+                Some(format!("{:.6}", s.score.p95)),
+                Some(format!("{:.6}", s.score.max)),
+                Some(format!("{:.6}", s.ext_frag_at_peak)),
+                Some(s.ooms.to_string()),
+                s.oom_classes.first().map(|c| c.0.name().to_string()),
+                s.risk.map(|r| r.name().to_string()),
+                Some(s.leaking.to_string()),
+                Some(s.leaked_bytes.max(0).to_string()),
+                Some(s.anomalies.to_string()),
+            ]);
+        }
+        Err(e) => {
+            v.extend([Some("error".into()), Some(e.clone()), Some("unknown".into()), Some(today())]);
+            v.resize(SUMMARY_COLUMNS.len() - 2, None);
+        }
+    }
+    v.push(cluster.map(|c| c.0.to_string()));
+    v.push(cluster.map(|c| c.1.clone()));
+    v
+}
+
+fn today() -> String {
+    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string().chars().take(10).collect()
+}
+
+/// A DataFrame of summary rows with typed columns, without the partition
+/// columns (`source`, `date`) that the dataset's folders hold.
+fn summary_frame(
+    rows: &[(&str, &std::result::Result<Summary, String>, Option<&(usize, String)>)],
+) -> Result<DataFrame> {
     let ok = |f: fn(&Summary) -> f64| rows.iter().map(|r| r.1.as_ref().ok().map(f)).collect::<Vec<Option<f64>>>();
     let oku = |f: fn(&Summary) -> u64| rows.iter().map(|r| r.1.as_ref().ok().map(f)).collect::<Vec<Option<u64>>>();
-    let mut df = DataFrame::new_infer_height(vec![
-        Column::new("trace".into(), rows.iter().map(|r| r.0.clone()).collect::<Vec<String>>()),
+    let text = |f: fn(&Summary) -> Option<String>| {
+        rows.iter().map(|r| r.1.as_ref().ok().and_then(f)).collect::<Vec<Option<String>>>()
+    };
+    Ok(DataFrame::new_infer_height(vec![
+        Column::new("trace".into(), rows.iter().map(|r| r.0.to_string()).collect::<Vec<String>>()),
         Column::new(
             "status".into(),
             rows.iter().map(|r| if r.1.is_ok() { "ok" } else { "error" }).collect::<Vec<&str>>(),
         ),
         Column::new("error".into(), rows.iter().map(|r| r.1.as_ref().err().cloned()).collect::<Vec<Option<String>>>()),
-        Column::new(
-            "source".into(),
-            rows.iter().map(|r| r.1.as_ref().ok().map(|s| s.source.clone())).collect::<Vec<Option<String>>>(),
-        ),
         Column::new("events".into(), oku(|s| s.events)),
         Column::new("processes".into(), oku(|s| s.processes as u64)),
         Column::new("duration_s".into(), ok(|s| s.duration_s)),
         Column::new("peak_live_bytes".into(), oku(|s| s.peak_live_bytes)),
+        Column::new("peak_reserved_bytes".into(), oku(|s| s.peak_reserved_bytes)),
+        Column::new("allocs".into(), oku(|s| s.allocs)),
         Column::new("score_final".into(), ok(|s| s.score.final_)),
         Column::new("score_mean".into(), ok(|s| s.score.mean)),
         Column::new("score_p95".into(), ok(|s| s.score.p95)),
         Column::new("score_max".into(), ok(|s| s.score.max)),
+        Column::new("ext_frag_at_peak".into(), ok(|s| s.ext_frag_at_peak)),
         Column::new("ooms".into(), oku(|s| s.ooms)),
+        Column::new("oom_class".into(), text(|s| s.oom_classes.first().map(|c| c.0.name().to_string()))),
+        Column::new("risk".into(), text(|s| s.risk.map(|r| r.name().to_string()))),
+        Column::new(
+            "leaking".into(),
+            rows.iter().map(|r| r.1.as_ref().ok().map(|s| s.leaking)).collect::<Vec<Option<bool>>>(),
+        ),
+        Column::new("leaked_bytes".into(), oku(|s| s.leaked_bytes.max(0) as u64)),
         Column::new("anomalies".into(), oku(|s| s.anomalies)),
-    ])?;
-    write_parquet(&mut df, &out.join("summary.parquet"))?;
+        Column::new("cluster".into(), rows.iter().map(|r| r.2.map(|c| c.0 as u32)).collect::<Vec<Option<u32>>>()),
+        Column::new(
+            "cluster_label".into(),
+            rows.iter().map(|r| r.2.map(|c| c.1.clone())).collect::<Vec<Option<String>>>(),
+        ),
+    ])?)
+}
+
+/// Writes the batch summary, worst first: `summary.parquet` — a
+/// hive-partitioned dataset (`summary.parquet/source=S/date=D/part-0.parquet`)
+/// that DuckDB, Spark or polars query in place —, `summary.csv` (one flat
+/// file, every column) and `summary.md`. `clusters` (aligned with `rows`)
+/// and `grouping` come from [`crate::cluster`] when the batch has enough
+/// traces.
+pub fn write_batch_summary(
+    rows: &[SummaryRow],
+    out: &Path,
+    clusters: &[Option<(usize, String)>],
+    grouping: Option<&crate::cluster::Clustering>,
+) -> Result<()> {
+    let mut order: Vec<usize> = (0..rows.len()).collect();
+    order.sort_by(|&a, &b| {
+        let key = |r: &SummaryRow| r.1.as_ref().map_or(f64::INFINITY, |s| s.score.p95);
+        key(&rows[b]).total_cmp(&key(&rows[a])).then_with(|| rows[a].0.cmp(&rows[b].0))
+    });
+    let cluster_of = |i: usize| clusters.get(i).and_then(|c| c.as_ref());
+
+    // The dataset, one folder per (source, date), through a staging folder.
+    let mut parts: std::collections::BTreeMap<(String, String), Vec<usize>> = Default::default();
+    for &i in &order {
+        let (source, date) = match &rows[i].1 {
+            Ok(s) => (s.source.clone(), s.date.clone()),
+            Err(_) => ("unknown".to_string(), today()),
+        };
+        parts.entry((source, date)).or_default().push(i);
+    }
+    let dataset = out.join("summary.parquet");
+    let staging = out.join(".summary.parquet.partial");
+    let _ = std::fs::remove_dir_all(&staging);
+    for ((source, date), idx) in &parts {
+        let dir = staging.join(format!("source={}", partition_value(source))).join(format!("date={date}"));
+        std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let part: Vec<_> = idx.iter().map(|&i| (rows[i].0.as_str(), &rows[i].1, cluster_of(i))).collect();
+        write_parquet(&mut summary_frame(&part)?, &dir.join("part-0.parquet"))?;
+    }
+    if dataset.is_dir() {
+        std::fs::remove_dir_all(&dataset).with_context(|| format!("cannot replace {}", dataset.display()))?;
+    } else if dataset.exists() {
+        std::fs::remove_file(&dataset).with_context(|| format!("cannot replace {}", dataset.display()))?;
+    }
+    std::fs::rename(&staging, &dataset).with_context(|| format!("cannot write {}", dataset.display()))?;
 
     let mut csv = csv::Writer::from_writer(Vec::new());
-    csv.write_record([
-        "trace",
-        "status",
-        "error",
-        "source",
-        "events",
-        "processes",
-        "duration_s",
-        "peak_live_bytes",
-        "score_final",
-        "score_mean",
-        "score_p95",
-        "score_max",
-        "ooms",
-        "anomalies",
-    ])?;
+    csv.write_record(SUMMARY_COLUMNS)?;
+    for &i in &order {
+        let cells = summary_cells(&rows[i].0, &rows[i].1, cluster_of(i));
+        csv.write_record(cells.into_iter().map(|c| c.unwrap_or_default()))?;
+    }
+    let csv = csv.into_inner().context("cannot finish summary.csv")?;
+    write_atomic(&out.join("summary.csv"), &csv)?;
+    write_atomic(&out.join("summary.md"), summary_md(rows, &order, clusters, grouping).as_bytes())?;
+    Ok(())
+}
+
+/// A partition value safe in a folder name.
+fn partition_value(v: &str) -> String {
+    v.chars().map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '_' }).collect()
+}
+
+fn summary_md(
+    rows: &[SummaryRow],
+    order: &[usize],
+    clusters: &[Option<(usize, String)>],
+    grouping: Option<&crate::cluster::Clustering>,
+) -> String {
     let mut md = String::from("# fragscope batch summary\n\nWorst first (by p95 score); failed traces on top.\n\n");
-    md.push_str("| trace | status | events | peak live | score final | p95 | max | OOMs | anomalies |\n");
-    md.push_str("|---|---|---|---|---|---|---|---|---|\n");
-    for (name, r) in rows.iter().map(|r| (&r.0, &r.1)) {
+    md.push_str("| trace | status | risk | score final | p95 | max | OOMs | OOM class | peak live | group |\n");
+    md.push_str("|---|---|---|---|---|---|---|---|---|---|\n");
+    for &i in order {
+        let (name, r) = (&rows[i].0, &rows[i].1);
+        let group = clusters.get(i).and_then(|c| c.as_ref()).map_or(String::new(), |c| c.1.clone());
         match r {
             Ok(s) => {
-                csv.write_record([
-                    name.clone(),
-                    "ok".into(),
-                    String::new(),
-                    s.source.clone(),
-                    s.events.to_string(),
-                    s.processes.to_string(),
-                    format!("{:.6}", s.duration_s),
-                    s.peak_live_bytes.to_string(),
-                    format!("{:.6}", s.score.final_),
-                    format!("{:.6}", s.score.mean),
-                    format!("{:.6}", s.score.p95),
-                    format!("{:.6}", s.score.max),
-                    s.ooms.to_string(),
-                    s.anomalies.to_string(),
-                ])?;
                 let _ = writeln!(
                     md,
-                    "| {name} | ok | {} | {} | {:.1} | {:.1} | {:.1} | {} | {} |",
-                    s.events,
-                    bytes(s.peak_live_bytes),
+                    "| {name} | ok | {} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {group} |",
+                    s.risk.map_or("n/a", Risk::name),
                     s.score.final_,
                     s.score.p95,
                     s.score.max,
                     s.ooms,
-                    s.anomalies
+                    s.oom_classes.first().map_or("—", |c| c.0.name()),
+                    bytes(s.peak_live_bytes),
                 );
             }
             Err(e) => {
-                let mut rec = vec![name.clone(), "error".into(), e.clone()];
-                rec.resize(14, String::new());
-                csv.write_record(rec)?;
-                let _ =
-                    writeln!(md, "| {name} | **error**: {} | | | | | | | |", e.replace('|', "\\|").replace('\n', " "));
+                let _ = writeln!(
+                    md,
+                    "| {name} | **error**: {} | | | | | | | | |",
+                    e.replace('|', "\\|").replace('\n', " ")
+                );
             }
         }
     }
-    let csv = csv.into_inner().context("cannot finish summary.csv")?;
-    write_atomic(&out.join("summary.csv"), &csv)?;
-    write_atomic(&out.join("summary.md"), md.as_bytes())?;
-    Ok(())
+    match grouping {
+        Some(g) => {
+            let _ = writeln!(
+                md,
+                "\n## Groups\n\nk-means on the standardised features ({}), projected on the principal components that carry 90 % of their variance; k = {} chosen by the gap statistic (the smallest k with Gap(k) ≥ Gap(k+1) − s(k+1)).\n",
+                crate::cluster::FEATURES.join(", "),
+                g.k
+            );
+            md.push_str(
+                "| group | traces | what stands out (z-score of the centroid) | examples |\n|---|---|---|---|\n",
+            );
+            for (c, label) in g.labels.iter().enumerate() {
+                let members: Vec<&str> = (0..rows.len())
+                    .filter(|&i| clusters.get(i).and_then(|x| x.as_ref()).is_some_and(|x| x.0 == c))
+                    .map(|i| rows[i].0.as_str())
+                    .collect();
+                let mut top: Vec<(usize, f64)> = g.centroids[c].iter().copied().enumerate().collect();
+                top.sort_by(|a, b| b.1.abs().total_cmp(&a.1.abs()));
+                let stand: Vec<String> = top
+                    .iter()
+                    .take(3)
+                    .filter(|t| t.1.abs() > 0.5)
+                    .map(|t| format!("{} {:+.1}", crate::cluster::FEATURES[t.0], t.1))
+                    .collect();
+                let _ = writeln!(
+                    md,
+                    "| {label} | {} | {} | {}{} |",
+                    members.len(),
+                    if stand.is_empty() { "nothing".to_string() } else { stand.join(", ") },
+                    members.iter().take(5).copied().collect::<Vec<_>>().join(", "),
+                    if members.len() > 5 { ", …" } else { "" }
+                );
+            }
+            md.push_str("\n| k | Gap(k) | s(k) |\n|---|---|---|\n");
+            for (k, (gap, sk)) in g.gaps.iter().enumerate() {
+                let _ = writeln!(md, "| {} | {gap:.3} | {sk:.3} |", k + 1);
+            }
+        }
+        None => {
+            let _ = writeln!(md, "\nGroups: not computed (fewer than {} analysed traces).", crate::cluster::MIN_TRACES);
+        }
+    }
+    md
 }
 
 #[cfg(test)]

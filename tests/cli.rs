@@ -26,6 +26,15 @@ fn read_parquet(path: &Path) -> DataFrame {
     ParquetReader::new(file).finish().unwrap()
 }
 
+/// The batch summary: a hive-partitioned dataset (source=…/date=…).
+fn read_dataset(dir: &Path) -> DataFrame {
+    let args = ScanArgsParquet {
+        hive_options: HiveOptions { enabled: Some(true), try_parse_dates: false, ..Default::default() },
+        ..Default::default()
+    };
+    LazyFrame::scan_parquet(PlRefPath::new(dir.to_string_lossy().as_ref()), args).unwrap().collect().unwrap()
+}
+
 fn report(dir: &Path) -> serde_json::Value {
     serde_json::from_slice(&fs::read(dir.join("report.json")).unwrap()).unwrap()
 }
@@ -186,7 +195,7 @@ fn batch_with_a_corrupt_trace_completes_the_others() {
     assert!(out.join("good-a/report.json").is_file());
     assert!(out.join("good-b/metrics.parquet").is_file());
     assert!(!out.join("bad").exists(), "no half-written output for the failed trace");
-    let summary = read_parquet(&out.join("summary.parquet"));
+    let summary = read_dataset(&out.join("summary.parquet"));
     assert_eq!(summary.height(), 3);
     let status: Vec<&str> = summary.column("status").unwrap().str().unwrap().iter().flatten().collect();
     assert_eq!(status.iter().filter(|s| **s == "error").count(), 1);
