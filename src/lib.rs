@@ -180,12 +180,16 @@ fn run_analyze(args: &AnalyzeArgs) -> Result<u8> {
         indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} traces {elapsed} {msg}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
+    let started = std::time::Instant::now();
+    let per_trace_ns = std::sync::atomic::AtomicU64::new(0);
     let rows: Vec<SummaryRow> = pool.install(|| {
         traces
             .par_iter()
             .zip(names.par_iter())
             .map(|(path, name)| {
+                let t = std::time::Instant::now();
                 let result = analyze_one(path, &args.output.join(name), &opts);
+                per_trace_ns.fetch_add(t.elapsed().as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
                 bar.inc(1);
                 match result {
                     Ok(s) => (name.clone(), Ok(s)),
@@ -213,6 +217,14 @@ fn run_analyze(args: &AnalyzeArgs) -> Result<u8> {
         }
     }
     report::write_batch_summary(&rows, &args.output, &clusters, grouping.as_ref())?;
+    // The batch's own cost (scheduling, grouping, summaries) against the
+    // traces' (scripts/bench-batch reads this line).
+    let per_trace = per_trace_ns.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e9;
+    tracing::info!(
+        "batch: {} traces, {jobs} job(s), wall {:.3} s, per-trace work {per_trace:.3} s (summed over jobs)",
+        rows.len(),
+        started.elapsed().as_secs_f64()
+    );
     let failed = rows.iter().filter(|r| r.1.is_err()).count();
     println!(
         "{} traces analysed, {} failed; summary in {}",
