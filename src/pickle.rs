@@ -570,8 +570,8 @@ pub fn parse_stream<R: std::io::Read>(
     }
 }
 
-/// The identity of a container value.
-fn container(v: &Value) -> Option<usize> {
+/// The identity of a container value (the address of its shared cell).
+pub fn container(v: &Value) -> Option<usize> {
     match v {
         Value::List(l) => Some(Rc::as_ptr(l) as *const u8 as usize),
         Value::Dict(d) => Some(Rc::as_ptr(d) as *const u8 as usize),

@@ -306,6 +306,35 @@ pub fn render_mdtp(
     Ok((buf, panels))
 }
 
+/// Where a lifetime lands in a panel: its columns [c0, c1) (at least one)
+/// and, per pixel row it touches, the fraction of the row it covers. None
+/// when it is outside the panel.
+fn placement(
+    l: &Lifetime,
+    p: &PanelGeometry,
+    collapse: &Collapse,
+    ns_per_col: f64,
+    bytes_per_row: f64,
+    cols: usize,
+    rows: usize,
+) -> Option<(usize, usize, impl Iterator<Item = (usize, f32)>)> {
+    if l.end < p.t0 || l.start > p.t1 {
+        return None;
+    }
+    let o = collapse.offset(l.addr)?;
+    let (lo, hi) = (o.max(p.o0), (o + l.size).min(p.o1));
+    if lo >= hi {
+        return None;
+    }
+    let c0 = ((l.start.max(p.t0) - p.t0) as f64 / ns_per_col) as usize;
+    let c1 = (((l.end.min(p.t1) - p.t0) as f64 / ns_per_col).ceil() as usize).max(c0 + 1).min(cols);
+    let (r0, r1) = ((lo - p.o0) as f64 / bytes_per_row, (hi - p.o0) as f64 / bytes_per_row);
+    let cells = (r0.floor() as usize..rows)
+        .take_while(move |&r| (r as f64) < r1)
+        .map(move |r| (r, (r1.min(r as f64 + 1.0) - r0.max(r as f64)) as f32));
+    Some((c0.min(cols - 1), c1, cells))
+}
+
 /// Background of address space outside every live segment.
 const UNRESERVED: f32 = 225.0;
 
@@ -328,50 +357,26 @@ fn raster_panel(
     let reserved = segments.iter().any(|s| s.pid == p.pid);
     let mut seg_acc = vec![0f32; if reserved { rows * (cols + 1) } else { 0 }];
     for l in segments.iter().filter(|l| l.pid == p.pid) {
-        if l.end < p.t0 || l.start > p.t1 {
-            continue;
-        }
-        let Some(o) = collapse.offset(l.addr) else { continue };
-        let (lo, hi) = (o.max(p.o0), (o + l.size).min(p.o1));
-        if lo >= hi {
-            continue;
-        }
-        let c0 = (((l.start.max(p.t0) - p.t0) as f64 / ns_per_col) as usize).min(cols - 1);
-        let c1 = (((l.end.min(p.t1) - p.t0) as f64 / ns_per_col).ceil() as usize).max(c0 + 1).min(cols);
-        let (r0, r1) = ((lo - p.o0) as f64 / bytes_per_row, (hi - p.o0) as f64 / bytes_per_row);
-        let mut r = r0.floor() as usize;
-        while (r as f64) < r1 && r < rows {
-            let cov = (r1.min(r as f64 + 1.0) - r0.max(r as f64)) as f32;
-            seg_acc[r * (cols + 1) + c0] += cov;
-            seg_acc[r * (cols + 1) + c1] -= cov;
-            r += 1;
+        if let Some((c0, c1, cells)) = placement(l, p, collapse, ns_per_col, bytes_per_row, cols, rows) {
+            for (r, cov) in cells {
+                seg_acc[r * (cols + 1) + c0] += cov;
+                seg_acc[r * (cols + 1) + c1] -= cov;
+            }
         }
     }
     for l in lives.iter().filter(|l| l.pid == p.pid) {
-        if l.end < p.t0 || l.start > p.t1 {
+        let Some((c0, c1, cells)) = placement(l, p, collapse, ns_per_col, bytes_per_row, cols, rows) else {
             continue;
-        }
-        let Some(o) = collapse.offset(l.addr) else { continue };
-        let (lo, hi) = (o.max(p.o0), (o + l.size).min(p.o1));
-        if lo >= hi {
-            continue;
-        }
-        let c0 = ((l.start.max(p.t0) - p.t0) as f64 / ns_per_col) as usize;
-        let c1 = (((l.end.min(p.t1) - p.t0) as f64 / ns_per_col).ceil() as usize).max(c0 + 1).min(cols);
-        let c0 = c0.min(cols - 1);
+        };
         let t = if log.1 > log.0 { ((l.size as f64).log2() - log.0) / (log.1 - log.0) } else { 1.0 };
         let colour = size_colour(t);
-        let (r0, r1) = ((lo - p.o0) as f64 / bytes_per_row, (hi - p.o0) as f64 / bytes_per_row);
-        let mut r = r0.floor() as usize;
-        while (r as f64) < r1 && r < rows {
-            let cov = (r1.min(r as f64 + 1.0) - r0.max(r as f64)) as f32;
+        for (r, cov) in cells {
             let add = [cov, cov * colour[0] as f32, cov * colour[1] as f32, cov * colour[2] as f32];
             let base = r * (cols + 1);
             for k in 0..4 {
                 acc[base + c0][k] += add[k];
                 acc[base + c1][k] -= add[k];
             }
-            r += 1;
         }
     }
     for r in 0..rows {

@@ -24,7 +24,6 @@
 //! the agreement is reported (`sizes_checked`, `sizes_agreed`).
 
 use std::path::Path;
-use std::rc::Rc;
 
 use ahash::AHashMap;
 use anyhow::{Context, Result, bail};
@@ -202,11 +201,7 @@ impl Interner {
             line: line.clamp(i64::MIN as i128, i64::MAX as i128) as i64,
             name: text("name"),
         };
-        let next = self.stacks.frames.len() as u32;
-        let id = *self.frame_by_value.entry(frame.clone()).or_insert_with(|| {
-            self.stacks.frames.push(frame);
-            next
-        });
+        let id = intern(&mut self.frame_by_value, &mut self.stacks.frames, frame);
         if let Some(p) = ptr {
             self.frame_by_ptr.insert(p, id);
             self.keep.push(v.clone());
@@ -230,11 +225,7 @@ impl Interner {
         if frames.is_empty() {
             return Ok(None);
         }
-        let next = self.stacks.stacks.len() as u32;
-        let id = *self.stack_by_value.entry(frames.clone()).or_insert_with(|| {
-            self.stacks.stacks.push(frames);
-            next
-        });
+        let id = intern(&mut self.stack_by_value, &mut self.stacks.stacks, frames);
         if let Some(p) = ptr {
             self.stack_by_ptr.insert(p, id);
             self.keep.push(v.clone());
@@ -243,14 +234,15 @@ impl Interner {
     }
 }
 
-/// The address of a shared object, for identity lookups.
-fn identity(v: &Value) -> Option<usize> {
-    match v {
-        Value::List(l) => Some(Rc::as_ptr(l) as *const u8 as usize),
-        Value::Dict(d) => Some(Rc::as_ptr(d) as *const u8 as usize),
-        Value::Tuple(t) => Some(Rc::as_ptr(t) as *const u8 as usize),
-        _ => None,
-    }
+use crate::pickle::container as identity;
+
+/// The id of `key` in `table`, appending it the first time.
+fn intern<K: Clone + Eq + std::hash::Hash>(index: &mut AHashMap<K, u32>, table: &mut Vec<K>, key: K) -> u32 {
+    let next = table.len() as u32;
+    *index.entry(key.clone()).or_insert_with(|| {
+        table.push(key);
+        next
+    })
 }
 
 /// Runs `f` over the items of a list or tuple.
