@@ -29,7 +29,7 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use rayon::prelude::*;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crate::analyze::Options;
 use crate::cli::{AnalyzeArgs, Cli, Command, SynthArgs};
@@ -171,7 +171,6 @@ fn run_analyze(args: &AnalyzeArgs) -> Result<u8> {
     std::fs::create_dir_all(&args.output).with_context(|| format!("cannot create {}", args.output.display()))?;
     let names = unique_names(&traces);
     let jobs = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(jobs).build()?;
     let bar = indicatif::ProgressBar::new(traces.len() as u64);
     if !std::io::stderr().is_terminal() {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
@@ -180,28 +179,46 @@ fn run_analyze(args: &AnalyzeArgs) -> Result<u8> {
         indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} traces {elapsed} {msg}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
+    // Plain threads pulling the next trace, not a rayon pool: polars waits
+    // for its own pool with rayon's cross-pool install, and a rayon worker
+    // that waits keeps stealing, so traces would nest on one thread (and
+    // more than --jobs of them would be in memory at once).
     let started = std::time::Instant::now();
-    let per_trace_ns = std::sync::atomic::AtomicU64::new(0);
-    let rows: Vec<SummaryRow> = pool.install(|| {
-        traces
-            .par_iter()
-            .zip(names.par_iter())
-            .map(|(path, name)| {
-                let t = std::time::Instant::now();
-                let result = analyze_one(path, &args.output.join(name), &opts);
-                per_trace_ns.fetch_add(t.elapsed().as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
-                bar.inc(1);
-                match result {
-                    Ok(s) => (name.clone(), Ok(s)),
-                    Err(e) => {
-                        let msg = format!("{e:#}");
-                        tracing::error!("{msg}");
-                        (name.clone(), Err(msg))
+    let per_trace_ns = AtomicU64::new(0);
+    let next = AtomicUsize::new(0);
+    let results: Vec<std::sync::Mutex<Option<SummaryRow>>> = traces.iter().map(|_| Default::default()).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.min(traces.len()) {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let (Some(path), Some(name)) = (traces.get(i), names.get(i)) else { break };
+                    let t = std::time::Instant::now();
+                    let result = analyze_one(path, &args.output.join(name), &opts);
+                    per_trace_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    bar.inc(1);
+                    let row = match result {
+                        Ok(s) => (name.clone(), Ok(s)),
+                        Err(e) => {
+                            let msg = format!("{e:#}");
+                            tracing::error!("{msg}");
+                            (name.clone(), Err(msg))
+                        }
+                    };
+                    if let Ok(mut slot) = results[i].lock() {
+                        *slot = Some(row);
                     }
                 }
-            })
-            .collect()
+            });
+        }
     });
+    let rows: Vec<SummaryRow> = results
+        .into_iter()
+        .zip(&names)
+        .map(|(slot, name)| {
+            slot.into_inner().ok().flatten().unwrap_or_else(|| (name.clone(), Err("the analysis thread failed".into())))
+        })
+        .collect();
     bar.finish_and_clear();
     let ok: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].1.is_ok()).collect();
     let features: Vec<_> = ok.iter().filter_map(|&i| rows[i].1.as_ref().ok().map(|s| s.features)).collect();
