@@ -230,7 +230,17 @@ pub fn load(dir: &Path, opts: &Options) -> Result<(Trace, Events, u64)> {
         return Ok((trace, events, out_of_order));
     }
     let trace = Trace::open(dir)?;
-    let (events, out_of_order) = trace.load_events()?;
+    let (mut events, out_of_order) = trace.load_events()?;
+    if let Some(d) = opts.device {
+        // An imported snapshot: one series per device, in the pid column.
+        if trace.source() != Some(crate::trace::Source::PytorchSnapshot) {
+            bail!("{}: --device selects a device of a PyTorch snapshot; this trace is not one", dir.display());
+        }
+        if !events.pid.contains(&d) {
+            bail!("{}: device {d} is not in this imported snapshot", dir.display());
+        }
+        events.retain(|e, i| e.pid[i] == d);
+    }
     tracing::info!("{}: loaded {} events in {:.3} s", trace.name, events.len(), start.elapsed().as_secs_f64());
     Ok((trace, events, out_of_order))
 }

@@ -122,8 +122,8 @@ pub struct AnalyzeArgs {
     /// Trace directories, PyTorch snapshot pickles, or directories of them.
     #[arg(required = true)]
     pub traces: Vec<PathBuf>,
-    /// PyTorch snapshots: analyse only this CUDA device (default: every
-    /// device, each as its own series).
+    /// PyTorch snapshots (pickles or imported traces): analyse only this CUDA
+    /// device (default: every device, each as its own series).
     #[arg(long)]
     pub device: Option<u32>,
     /// Output directory (one trace: its files; several: one folder each plus summaries).

@@ -195,6 +195,25 @@ impl Events {
         })
     }
 
+    /// Keeps the rows for which `keep(self, row)` holds, in order.
+    pub fn retain(&mut self, keep: impl Fn(&Events, usize) -> bool) {
+        let rows: Vec<usize> = (0..self.len()).filter(|&i| keep(self, i)).collect();
+        fn pick<T: Copy>(v: &mut Vec<T>, rows: &[usize]) {
+            if !v.is_empty() {
+                *v = rows.iter().map(|&i| v[i]).collect();
+            }
+        }
+        pick(&mut self.ts_ns, &rows);
+        pick(&mut self.pid, &rows);
+        pick(&mut self.kind, &rows);
+        pick(&mut self.addr, &rows);
+        pick(&mut self.size, &rows);
+        pick(&mut self.ret, &rows);
+        pick(&mut self.requested, &rows);
+        pick(&mut self.stack, &rows);
+        pick(&mut self.device_free, &rows);
+    }
+
     /// Counts rows whose timestamp is smaller than the row before, then
     /// sorts stably by timestamp (so equal timestamps keep file order).
     /// Returns the count of out-of-order rows.

@@ -201,6 +201,18 @@ fn devices_are_analysed_separately_or_one_by_one() {
         .map(|p| p["pid"].as_u64().unwrap())
         .collect();
     assert_eq!(devices, vec![0, 1]);
+    // --device on an imported trace keeps that device's series.
+    let both = tmp.path().join("imported");
+    import(&dir.join("two_devices.pickle"), &both, &[]);
+    let dev1 = tmp.path().join("dev1");
+    fragscope().arg("analyze").arg(&both).args(["--device", "1", "-o"]).arg(&dev1).assert().success();
+    let pids: Vec<u64> = json(&dev1.join("report.json"))["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["pid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(pids, vec![1]);
     let meta = import(&dir.join("two_devices.pickle"), &tmp.path().join("one"), &["--device", "1"]);
     assert_eq!(meta["details"]["devices"], serde_json::json!([1]));
     assert_eq!(meta["pids"], serde_json::json!([1]));
