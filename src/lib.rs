@@ -157,6 +157,7 @@ fn run_analyze(args: &AnalyzeArgs) -> Result<u8> {
             time_window: args.plots.time_window,
             addr_window: args.plots.addr_window,
             pid: args.plots.pid,
+            normalised_time: false,
         }),
         device: args.device,
     };

@@ -46,11 +46,13 @@ pub struct PlotConfig {
     pub addr_window: Option<(u64, u64)>,
     /// Only this process (default: one panel per process).
     pub pid: Option<u32>,
+    /// Label the MDTP's time axis as a fraction of the shown span (compare).
+    pub normalised_time: bool,
 }
 
 impl Default for PlotConfig {
     fn default() -> Self {
-        PlotConfig { width: 1600, height: 900, time_window: None, addr_window: None, pid: None }
+        PlotConfig { width: 1600, height: 900, time_window: None, addr_window: None, pid: None, normalised_time: false }
     }
 }
 
@@ -259,13 +261,15 @@ pub fn render_mdtp(
                 .y_label_area_size(84)
                 .build_cartesian_2d(0f64..(t1 - t0) as f64, o0 as f64..o1 as f64)
                 .map_err(|e| anyhow!("{e}"))?;
+            let span = (t1 - t0).max(1) as f64;
+            let x_label = |v: &f64| if cfg.normalised_time { format!("{:.2}", v / span) } else { time_label(*v) };
             chart
                 .configure_mesh()
                 .disable_mesh()
-                .x_desc("time")
+                .x_desc(if cfg.normalised_time { "time / duration" } else { "time" })
                 .y_desc("address offset (collapsed)")
                 .label_style((FONT, 13))
-                .x_label_formatter(&|v| time_label(*v))
+                .x_label_formatter(&x_label)
                 .y_label_formatter(&|v| bytes(v.max(0.0) as u64))
                 .draw()
                 .map_err(|e| anyhow!("{e}"))?;
