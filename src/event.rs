@@ -67,6 +67,17 @@ impl EventKind {
         matches!(self, EventKind::Free | EventKind::FreeAsync)
     }
 
+    /// A successful event of this kind creates a block in either view: a
+    /// device allocation or a PyTorch allocator block.
+    pub fn creates_block(self) -> bool {
+        self.is_device_alloc() || self == EventKind::BlockAlloc
+    }
+
+    /// A successful event of this kind releases a block in either view.
+    pub fn releases_block(self) -> bool {
+        self.is_device_free() || self == EventKind::BlockFree
+    }
+
     /// Any allocation request, device or host, whose failure is reported
     /// through `ret`.
     pub fn is_alloc_request(self) -> bool {
@@ -239,6 +250,46 @@ impl Events {
             permute(&mut self.device_free, &order);
         }
         out_of_order
+    }
+}
+
+/// A block alive during a [`LiveSet`] walk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LiveBlock {
+    pub size: u64,
+    /// [`NO_STACK`] when the trace has none.
+    pub stack: u32,
+    /// The row that allocated it.
+    pub row: usize,
+}
+
+/// The blocks alive while walking time-sorted events row by row, in either
+/// view, keyed by (pid, address). Not the replay (no arenas, gaps or
+/// anomalies): what attributes live bytes to call stacks (flamegraphs, call
+/// sites). An allocation at a live address replaces the block there.
+#[derive(Clone, Debug, Default)]
+pub struct LiveSet {
+    pub blocks: ahash::AHashMap<(u32, u64), LiveBlock>,
+}
+
+impl LiveSet {
+    /// Applies row `i`; returns its pid and the change of that pid's live
+    /// bytes when the row allocated or freed a block.
+    pub fn apply(&mut self, ev: &Events, i: usize) -> Option<(u32, i64)> {
+        let kind = ev.kind[i]?;
+        if ev.ret[i] != 0 {
+            return None;
+        }
+        let key = (ev.pid[i], ev.addr[i]);
+        if kind.creates_block() && ev.size[i] > 0 {
+            let stack = ev.stack.get(i).copied().unwrap_or(NO_STACK);
+            let old = self.blocks.insert(key, LiveBlock { size: ev.size[i], stack, row: i });
+            Some((key.0, ev.size[i] as i64 - old.map_or(0, |b| b.size as i64)))
+        } else if kind.releases_block() {
+            self.blocks.remove(&key).map(|b| (key.0, -(b.size as i64)))
+        } else {
+            None
+        }
     }
 }
 

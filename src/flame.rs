@@ -16,7 +16,7 @@ use std::fmt::Write as _;
 use ahash::AHashMap;
 use anyhow::Result;
 
-use crate::event::{EventKind, Events, NO_STACK};
+use crate::event::{Events, LiveSet, NO_STACK};
 use crate::trace::{Frame, Stacks};
 
 /// Function-name fragments of frames left out of flamegraphs.
@@ -74,47 +74,29 @@ fn folded_stack(stacks: &Stacks, id: u32, cache: &mut AHashMap<u32, String>) -> 
 /// each series' peak (the first instant its live bytes were highest). One
 /// pass finds the peaks, a second collects the blocks alive then.
 pub fn folded(events: &Events, stacks: &Stacks) -> String {
-    let is_alloc = |k: EventKind| k.is_device_alloc() || k == EventKind::BlockAlloc;
-    let is_free = |k: EventKind| k.is_device_free() || k == EventKind::BlockFree;
-    let stack_of = |i: usize| events.stack.get(i).copied().unwrap_or(NO_STACK);
-    // Pass 1: index of each series' peak.
-    let mut live: AHashMap<(u32, u64), u64> = AHashMap::new();
-    let mut bytes: AHashMap<u32, (u64, u64, usize)> = AHashMap::new(); // now, peak, index
+    // Pass 1: the row of each series' peak.
+    let mut live = LiveSet::default();
+    let mut bytes: AHashMap<u32, (i64, i64, usize)> = AHashMap::new(); // now, peak, row
     for i in 0..events.len() {
-        let Some(k) = events.kind[i] else { continue };
-        let (pid, addr) = (events.pid[i], events.addr[i]);
-        if events.ret[i] != 0 {
-            continue;
-        }
-        let b = bytes.entry(pid).or_insert((0, 0, usize::MAX));
-        if is_alloc(k) && events.size[i] > 0 {
-            if let Some(old) = live.insert((pid, addr), events.size[i]) {
-                b.0 -= old;
-            }
-            b.0 += events.size[i];
+        if let Some((pid, delta)) = live.apply(events, i) {
+            let b = bytes.entry(pid).or_insert((0, 0, usize::MAX));
+            b.0 += delta;
             if b.0 > b.1 {
-                b.1 = b.0;
-                b.2 = i;
+                (b.1, b.2) = (b.0, i);
             }
-        } else if is_free(k)
-            && let Some(old) = live.remove(&(pid, addr))
-        {
-            b.0 -= old;
         }
     }
     // Pass 2: the blocks alive at each peak, then at the end.
     let mut out = String::new();
     let mut cache = AHashMap::new();
-    let mut alive: AHashMap<(u32, u64), (u64, u32)> = AHashMap::new();
     let mut peaks: Vec<(usize, u32)> = bytes.iter().filter(|b| b.1.2 != usize::MAX).map(|(&p, b)| (b.2, p)).collect();
     peaks.sort_unstable();
-    let mut next_peak = 0;
-    let mut emit = |out: &mut String, label: &str, pid: Option<u32>, alive: &AHashMap<(u32, u64), (u64, u32)>| {
+    let mut emit = |out: &mut String, label: &str, pid: Option<u32>, alive: &LiveSet| {
         let mut lines: AHashMap<String, u64> = AHashMap::new();
-        for (&(p, _), &(size, stack)) in alive {
+        for (&(p, _), b) in &alive.blocks {
             if pid.is_none_or(|q| q == p) {
                 let prefix = if bytes.len() > 1 { format!("{label};device_{p}") } else { label.to_string() };
-                *lines.entry(format!("{prefix};{}", folded_stack(stacks, stack, &mut cache))).or_default() += size;
+                *lines.entry(format!("{prefix};{}", folded_stack(stacks, b.stack, &mut cache))).or_default() += b.size;
             }
         }
         let mut lines: Vec<(String, u64)> = lines.into_iter().collect();
@@ -123,23 +105,16 @@ pub fn folded(events: &Events, stacks: &Stacks) -> String {
             let _ = writeln!(out, "{l} {n}");
         }
     };
+    let mut live = LiveSet::default();
+    let mut next_peak = 0;
     for i in 0..events.len() {
-        if let Some(k) = events.kind[i]
-            && events.ret[i] == 0
-        {
-            let key = (events.pid[i], events.addr[i]);
-            if is_alloc(k) && events.size[i] > 0 {
-                alive.insert(key, (events.size[i], stack_of(i)));
-            } else if is_free(k) {
-                alive.remove(&key);
-            }
-        }
+        live.apply(events, i);
         while next_peak < peaks.len() && peaks[next_peak].0 == i {
-            emit(&mut out, "peak", Some(peaks[next_peak].1), &alive);
+            emit(&mut out, "peak", Some(peaks[next_peak].1), &live);
             next_peak += 1;
         }
     }
-    emit(&mut out, "end", None, &alive);
+    emit(&mut out, "end", None, &live);
     out
 }
 

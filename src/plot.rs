@@ -80,11 +80,11 @@ pub fn lifetimes(events: &Events) -> Vec<Lifetime> {
             continue;
         }
         let (pid, addr, ts) = (events.pid[i], events.addr[i], events.ts_ns[i]);
-        if (kind.is_device_alloc() || kind == EventKind::BlockAlloc) && events.size[i] > 0 {
+        if kind.creates_block() && events.size[i] > 0 {
             if let Some((size, start)) = open.insert((pid, addr), (events.size[i], ts)) {
                 out.push(Lifetime { pid, addr, size, start, end: ts });
             }
-        } else if (kind.is_device_free() || kind == EventKind::BlockFree)
+        } else if kind.releases_block()
             && let Some((size, start)) = open.remove(&(pid, addr))
         {
             out.push(Lifetime { pid, addr, size, start, end: ts });

@@ -96,8 +96,7 @@ impl Footprint {
         let mut current: Option<&mut AHashMap<u64, (u64, u64)>> = None;
         for i in 0..events.len() {
             let Some(kind) = events.kind[i] else { continue };
-            let covers = kind.is_device_alloc()
-                || matches!(kind, EventKind::BlockAlloc | EventKind::SegmentAlloc | EventKind::SegmentMap);
+            let covers = kind.creates_block() || matches!(kind, EventKind::SegmentAlloc | EventKind::SegmentMap);
             if !covers || events.ret[i] != 0 {
                 continue;
             }
@@ -116,7 +115,7 @@ impl Footprint {
             let Some(map) = current.as_deref_mut() else {
                 continue;
             };
-            let ts = if kind.is_device_alloc() || kind == EventKind::BlockAlloc { events.ts_ns[i] } else { u64::MAX };
+            let ts = if kind.creates_block() { events.ts_ns[i] } else { u64::MAX };
             map.entry(addr).and_modify(|e| e.0 = e.0.max(end)).or_insert((end, ts));
         }
         let procs = per_pid

@@ -84,65 +84,39 @@ pub fn grown_sites(
     since_ns: u64,
     n: usize,
 ) -> Vec<SiteBytes> {
-    use crate::event::EventKind;
-    let mut live: AHashMap<u64, (u64, u64, u32)> = AHashMap::new();
+    let mut live = crate::event::LiveSet::default();
     for i in 0..events.len() {
-        let Some(k) = events.kind[i] else { continue };
-        if events.pid[i] != pid || events.ret[i] != 0 {
-            continue;
-        }
-        if (k.is_device_alloc() || k == EventKind::BlockAlloc) && events.size[i] > 0 {
-            let stack = events.stack.get(i).copied().unwrap_or(NO_STACK);
-            live.insert(events.addr[i], (events.ts_ns[i], events.size[i], stack));
-        } else if k.is_device_free() || k == EventKind::BlockFree {
-            live.remove(&events.addr[i]);
-        }
+        live.apply(events, i);
     }
-    let blocks: Vec<(u64, u64, u64, u32)> =
-        live.into_iter().filter(|b| b.1.0 > since_ns).map(|(a, (_, size, stack))| (a, size, size, stack)).collect();
+    let blocks: Vec<(u64, u64, u64, u32)> = live
+        .blocks
+        .into_iter()
+        .filter(|((p, _), b)| *p == pid && events.ts_ns[b.row] > since_ns)
+        .map(|((_, a), b)| (a, b.size, b.size, b.stack))
+        .collect();
     top_sites(stacks, &blocks, n)
 }
 
 /// Live bytes by call site at the instant the live bytes of the whole
 /// trace (all series) peaked, every site.
 pub fn sites_at_peak(events: &crate::event::Events, stacks: &Stacks) -> Vec<SiteBytes> {
-    use crate::event::EventKind;
-    let is_alloc = |k: EventKind| k.is_device_alloc() || k == EventKind::BlockAlloc;
-    let is_free = |k: EventKind| k.is_device_free() || k == EventKind::BlockFree;
-    // Pass 1: where the total peaks. Pass 2: what is alive there.
-    let mut live: AHashMap<(u32, u64), (u64, u32)> = AHashMap::new();
-    let (mut now, mut peak, mut at) = (0u64, 0u64, None);
-    for pass in 0..2 {
-        live.clear();
-        now = 0;
-        for i in 0..events.len() {
-            let Some(k) = events.kind[i] else { continue };
-            if events.ret[i] == 0 {
-                let key = (events.pid[i], events.addr[i]);
-                if is_alloc(k) && events.size[i] > 0 {
-                    let stack = events.stack.get(i).copied().unwrap_or(NO_STACK);
-                    if let Some(old) = live.insert(key, (events.size[i], stack)) {
-                        now -= old.0;
-                    }
-                    now += events.size[i];
-                } else if is_free(k)
-                    && let Some(old) = live.remove(&key)
-                {
-                    now -= old.0;
-                }
-            }
-            if pass == 0 && now > peak {
+    // Pass 1: the row where the total peaks. Pass 2: what is alive there.
+    let mut live = crate::event::LiveSet::default();
+    let (mut now, mut peak, mut at) = (0i64, 0i64, None);
+    for i in 0..events.len() {
+        if let Some((_, delta)) = live.apply(events, i) {
+            now += delta;
+            if now > peak {
                 (peak, at) = (now, Some(i));
             }
-            if pass == 1 && Some(i) == at {
-                break;
-            }
-        }
-        if at.is_none() {
-            return Vec::new();
         }
     }
-    let _ = now;
-    let blocks: Vec<(u64, u64, u64, u32)> = live.into_iter().map(|((_, a), (s, st))| (a, s, s, st)).collect();
+    let Some(at) = at else { return Vec::new() };
+    let mut live = crate::event::LiveSet::default();
+    for i in 0..=at {
+        live.apply(events, i);
+    }
+    let blocks: Vec<(u64, u64, u64, u32)> =
+        live.blocks.into_iter().map(|((_, a), b)| (a, b.size, b.size, b.stack)).collect();
     top_sites(stacks, &blocks, usize::MAX)
 }
