@@ -208,21 +208,8 @@ impl Events {
 
     /// Keeps the rows for which `keep(self, row)` holds, in order.
     pub fn retain(&mut self, keep: impl Fn(&Events, usize) -> bool) {
-        let rows: Vec<usize> = (0..self.len()).filter(|&i| keep(self, i)).collect();
-        fn pick<T: Copy>(v: &mut Vec<T>, rows: &[usize]) {
-            if !v.is_empty() {
-                *v = rows.iter().map(|&i| v[i]).collect();
-            }
-        }
-        pick(&mut self.ts_ns, &rows);
-        pick(&mut self.pid, &rows);
-        pick(&mut self.kind, &rows);
-        pick(&mut self.addr, &rows);
-        pick(&mut self.size, &rows);
-        pick(&mut self.ret, &rows);
-        pick(&mut self.requested, &rows);
-        pick(&mut self.stack, &rows);
-        pick(&mut self.device_free, &rows);
+        let rows: Vec<u32> = (0..self.len() as u32).filter(|&i| keep(self, i as usize)).collect();
+        self.take_rows(&rows);
     }
 
     /// Counts rows whose timestamp is smaller than the row before, then
@@ -235,21 +222,27 @@ impl Events {
         }
         let mut order: Vec<u32> = (0..self.len() as u32).collect();
         order.sort_by_key(|&i| self.ts_ns[i as usize]);
-        fn permute<T: Copy>(v: &mut Vec<T>, order: &[u32]) {
-            *v = order.iter().map(|&i| v[i as usize]).collect();
-        }
-        permute(&mut self.ts_ns, &order);
-        permute(&mut self.pid, &order);
-        permute(&mut self.kind, &order);
-        permute(&mut self.addr, &order);
-        permute(&mut self.size, &order);
-        permute(&mut self.ret, &order);
-        if self.has_extra() {
-            permute(&mut self.requested, &order);
-            permute(&mut self.stack, &order);
-            permute(&mut self.device_free, &order);
-        }
+        self.take_rows(&order);
         out_of_order
+    }
+
+    /// Replaces every column by its `rows`, in that order (the PyTorch
+    /// columns only when present).
+    fn take_rows(&mut self, rows: &[u32]) {
+        fn take<T: Copy>(v: &mut Vec<T>, rows: &[u32]) {
+            if !v.is_empty() {
+                *v = rows.iter().map(|&i| v[i as usize]).collect();
+            }
+        }
+        take(&mut self.ts_ns, rows);
+        take(&mut self.pid, rows);
+        take(&mut self.kind, rows);
+        take(&mut self.addr, rows);
+        take(&mut self.size, rows);
+        take(&mut self.ret, rows);
+        take(&mut self.requested, rows);
+        take(&mut self.stack, rows);
+        take(&mut self.device_free, rows);
     }
 }
 

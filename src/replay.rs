@@ -325,12 +325,7 @@ impl<'f> Replay<'f> {
                 }
             }
         }
-        if proc.blocks.bytes > proc.peak_bytes {
-            proc.peak_bytes = proc.blocks.bytes;
-            proc.peak_t_ns = e.ts_ns;
-        }
-        self.live_total = self.live_total + proc.blocks.bytes - before;
-        self.peak_total = self.peak_total.max(self.live_total);
+        self.note_peaks(i, before, e.ts_ns);
     }
 
     fn apply_allocator(&mut self, e: &Event) {
@@ -368,9 +363,16 @@ impl<'f> Replay<'f> {
             SegmentFree | SegmentUnmap => self.anomalies.outside_segment += proc.segment_remove(e.addr, end, &cfg),
             _ => {}
         }
+        self.note_peaks(i, before, e.ts_ns);
+    }
+
+    /// After an event changed process `i`'s live bytes from `before`: its
+    /// peak and the peak of the total.
+    fn note_peaks(&mut self, i: usize, before: u64, t_ns: u64) {
+        let proc = &mut self.procs[i];
         if proc.blocks.bytes > proc.peak_bytes {
             proc.peak_bytes = proc.blocks.bytes;
-            proc.peak_t_ns = e.ts_ns;
+            proc.peak_t_ns = t_ns;
         }
         self.live_total = self.live_total + proc.blocks.bytes - before;
         self.peak_total = self.peak_total.max(self.live_total);
