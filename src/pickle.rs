@@ -381,11 +381,16 @@ pub fn parse_stream<R: std::io::Read>(
             Err(e) => return Err(e),
         };
         let pop = |stack: &mut Vec<Value>| stack.pop().ok_or_else(|| malformed(at, "stack underflow"));
-        let pop_mark = |stack: &mut Vec<Value>, marks: &mut Vec<usize>| -> Result<Vec<Value>, PickleError> {
+        // The stack position of the innermost MARK, popped.
+        let mark = |stack: &Vec<Value>, marks: &mut Vec<usize>| -> Result<usize, PickleError> {
             let m = marks.pop().ok_or_else(|| malformed(at, "no MARK to pop to"))?;
             if m > stack.len() {
                 return Err(malformed(at, "MARK above the stack"));
             }
+            Ok(m)
+        };
+        let pop_mark = |stack: &mut Vec<Value>, marks: &mut Vec<usize>| -> Result<Vec<Value>, PickleError> {
+            let m = mark(stack, marks)?;
             Ok(stack.split_off(m))
         };
         match code {
@@ -440,10 +445,7 @@ pub fn parse_stream<R: std::io::Read>(
             b']' => stack.push(Value::List(Rc::new(RefCell::new(Vec::new())))),
             b')' => stack.push(Value::Tuple(Rc::new(Vec::new()))),
             b'd' | b'u' => {
-                let m = marks.pop().ok_or_else(|| malformed(at, "no MARK to pop to"))?;
-                if m > stack.len() {
-                    return Err(malformed(at, "MARK above the stack"));
-                }
+                let m = mark(&stack, &mut marks)?;
                 if (stack.len() - m) % 2 != 0 {
                     return Err(malformed(at, "odd number of items for a dict"));
                 }
@@ -498,11 +500,7 @@ pub fn parse_stream<R: std::io::Read>(
                 let m = if code == b'a' {
                     stack.len().checked_sub(1).ok_or_else(|| malformed(at, "stack underflow"))?
                 } else {
-                    let m = marks.pop().ok_or_else(|| malformed(at, "no MARK to pop to"))?;
-                    if m > stack.len() {
-                        return Err(malformed(at, "MARK above the stack"));
-                    }
-                    m
+                    mark(&stack, &mut marks)?
                 };
                 let list = match m.checked_sub(1).map(|i| &stack[i]) {
                     Some(Value::List(l)) if !shared.contains(&(Rc::as_ptr(l) as *const u8 as usize)) => Rc::clone(l),

@@ -1,8 +1,9 @@
 //! PyTorch CUDA memory snapshots (SPEC §8): from the pickle to a trace.
 //!
 //! Three steps:
-//! 1. [`Snapshot::from_value`] reads the plain data [`crate::pickle`] parsed
-//!    into typed segments, blocks and trace entries. Frames are interned as
+//! 1. [`Snapshot::read`] types the plain data [`crate::pickle`] parses into
+//!    segments, blocks and trace entries (the entries as they are appended
+//!    to their list, so their dicts never pile up). Frames are interned as
 //!    they are met: a frame dict or frame list shared through the memo is
 //!    looked up by identity first, by content second, so a stack shared a
 //!    hundred thousand times costs one table row.
@@ -141,10 +142,6 @@ pub struct Entry {
 }
 
 impl Entry {
-    pub fn addr(&self) -> u64 {
-        if self.action == Action::Oom { 0 } else { self.addr }
-    }
-
     pub fn time_us(&self) -> Option<i64> {
         (self.time_us != i64::MIN).then_some(self.time_us)
     }
@@ -254,10 +251,16 @@ fn each(v: &Value, what: &str, mut f: impl FnMut(usize, &Value) -> Result<()>) -
     }
 }
 
+/// The value of dict key `key` as an unsigned integer (None: absent or None).
 fn uint(v: &Value, key: &str) -> Result<Option<u64>> {
-    match v.get(key) {
-        None | Some(Value::None) => Ok(None),
-        Some(x) => match x.as_int() {
+    v.get(key).map_or(Ok(None), |x| as_u64(key, &x))
+}
+
+/// `x`, the value of `key`, as an unsigned integer (None for None).
+fn as_u64(key: &str, x: &Value) -> Result<Option<u64>> {
+    match x {
+        Value::None => Ok(None),
+        x => match x.as_int() {
             Some(i) if (0..=u64::MAX as i128).contains(&i) => Ok(Some(i as u64)),
             Some(i) => bail!("`{key}` = {i} is out of range"),
             None => bail!("`{key}` is not an integer"),
@@ -301,11 +304,6 @@ impl Snapshot {
             .with_context(|| format!("{}: not a PyTorch memory snapshot", path.display()))?;
         snap.unknown_actions += unknown_actions;
         Ok(snap)
-    }
-
-    /// Types a parsed pickle.
-    pub fn from_value(v: &Value) -> Result<Snapshot> {
-        Snapshot::from_parts(v, Interner::default(), AHashMap::new())
     }
 
     /// Types a parsed pickle whose trace entries were already taken out of
@@ -416,27 +414,17 @@ fn entry(e: &Value, interner: &mut Interner) -> Result<Option<Entry>> {
     let Value::Dict(d) = e else { bail!("not a dict") };
     let (mut action, mut addr, mut size, mut stream, mut time_us, mut frames, mut device_free) =
         (None, None, None, None, None, None, None);
-    let number = |key: &str, v: &Value| -> Result<Option<u64>> {
-        match v {
-            Value::None => Ok(None),
-            x => match x.as_int() {
-                Some(i) if (0..=u64::MAX as i128).contains(&i) => Ok(Some(i as u64)),
-                Some(i) => bail!("`{key}` = {i} is out of range"),
-                None => bail!("`{key}` is not an integer"),
-            },
-        }
-    };
     for (k, v) in d.borrow().iter() {
         match k.as_str() {
             Some("action") => action = Some(Action::parse(v.as_str().context("`action` is not a string")?)),
-            Some("addr") => addr = number("addr", v)?,
-            Some("size") => size = number("size", v)?,
-            Some("stream") => stream = number("stream", v)?,
+            Some("addr") => addr = as_u64("addr", v)?,
+            Some("size") => size = as_u64("size", v)?,
+            Some("stream") => stream = as_u64("stream", v)?,
             Some("time_us") => {
                 time_us = Some(v.as_int().context("`time_us` is not an integer")?.clamp(0, i64::MAX as i128) as i64)
             }
             Some("frames") => frames = Some(v.clone()),
-            Some("device_free") => device_free = number("device_free", v)?,
+            Some("device_free") => device_free = as_u64("device_free", v)?,
             _ => {}
         }
     }
