@@ -43,6 +43,54 @@ pub enum Command {
         after_help = "Example (CI): fragscope compare main.pickle branch.pickle -o cmp \\\n    --fail-if-worse p95_score:5 --fail-if-worse peak_live:10%\n\nMetrics: peak_live, peak_reserved, allocs, alloc_rate, mean_score, p95_score, max_score, final_score, ext_frag_at_peak, ooms, leaked, risk.\n\nExit codes: 0 success, 1 error, 2 usage error, 3 a --fail-if-worse gate tripped."
     )]
     Compare(CompareArgs),
+    /// Record CUDA allocations, frees, copies and kernel launches of a program with eBPF (needs root).
+    #[command(
+        after_help = "Examples:\n  sudo fragscope record -o trace -- python train.py\n  sudo fragscope record -o trace --pid 4242\n  sudo fragscope record -o trace --lib ./app -- ./app   (runtime linked into the executable)\n\nExit status: the command's, when it ran to its end; 0 when stopped by Ctrl-C, SIGTERM, --duration or the end of --pid; 1 on errors."
+    )]
+    Record(RecordArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RecordArgs {
+    /// Output trace directory (must not hold a trace already).
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Probe this library or executable (repeatable). Default: every libcudart/libcuda found in
+    /// $CUDA_HOME, $CUDA_PATH, $LD_LIBRARY_PATH, /usr/local/cuda*, the linker cache and Python's
+    /// site-packages (nvidia/*/lib, torch/lib), plus those mapped by --pid.
+    #[arg(long = "lib", value_name = "PATH")]
+    pub libs: Vec<PathBuf>,
+    /// Trace every process that calls the probed libraries, not just the command or --pid.
+    #[arg(long)]
+    pub all: bool,
+    /// Attach to a running process (and the children it forks from now on).
+    #[arg(long, conflicts_with = "command")]
+    pub pid: Option<u32>,
+    /// Stop after this long (e.g. 30s, 5m).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub duration: Option<std::time::Duration>,
+    /// Do not probe cudaLaunchKernel.
+    #[arg(long)]
+    pub no_launch: bool,
+    /// Do not probe cudaMemcpy/cudaMemcpyAsync.
+    #[arg(long)]
+    pub no_memcpy: bool,
+    /// Start a new Parquet part after this many events.
+    #[arg(long, default_value_t = 65536, value_name = "N")]
+    pub part_events: usize,
+    /// Start a new Parquet part after this long, so a crash loses at most this much.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration, value_name = "D")]
+    pub part_interval: std::time::Duration,
+    /// Size of the BPF ring buffer (rounded up to a power of two).
+    #[arg(long, default_value = "64MiB", value_parser = parse_size_arg, value_name = "SIZE")]
+    pub buffer_size: u64,
+    /// The program to run and record, with its arguments.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<std::ffi::OsString>,
+}
+
+fn parse_size_arg(s: &str) -> Result<u64, String> {
+    parse_size::parse_size(s).map_err(|e| e.to_string())
 }
 
 #[derive(Debug, Args)]

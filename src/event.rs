@@ -52,19 +52,27 @@ kinds! {
     MemcpyAsync => "memcpy_async",
     Launch => "launch",
     Oom => "oom",
+    MemCreate => "mem_create",
+    MemRelease => "mem_release",
+    MemMap => "mem_map",
+    MemUnmap => "mem_unmap",
+    VaReserve => "va_reserve",
+    VaFree => "va_free",
 }
 
 impl EventKind {
     /// A successful event of this kind creates a block in device memory
     /// (the device view of SPEC §3). Host allocations live in another
     /// address space and are not part of it.
+    /// Physical memory mapped into a reserved range (`cuMemMap`, how
+    /// PyTorch's expandable segments grow) counts as a device block too.
     pub fn is_device_alloc(self) -> bool {
-        matches!(self, EventKind::Alloc | EventKind::AllocAsync | EventKind::AllocManaged)
+        matches!(self, EventKind::Alloc | EventKind::AllocAsync | EventKind::AllocManaged | EventKind::MemMap)
     }
 
     /// A successful event of this kind releases a device block.
     pub fn is_device_free(self) -> bool {
-        matches!(self, EventKind::Free | EventKind::FreeAsync)
+        matches!(self, EventKind::Free | EventKind::FreeAsync | EventKind::MemUnmap)
     }
 
     /// A successful event of this kind creates a block in either view: a
@@ -105,6 +113,8 @@ pub struct Event {
     pub device: Option<i32>,
     pub stream: Option<u64>,
     pub extra: Extra,
+    /// What the eBPF recorder saw of the CUDA call; default elsewhere.
+    pub cuda: Cuda,
 }
 
 /// Columns only PyTorch snapshots fill (SPEC §2, kind-specific columns);
@@ -119,11 +129,37 @@ pub struct Extra {
     pub device_free: Option<u64>,
 }
 
+/// Kind-specific columns of recorded CUDA calls (SPEC §2). Written to the
+/// trace, not loaded by the analyser.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cuda {
+    /// The CUDA function, e.g. `cudaMalloc` or `cuMemAlloc_v2`.
+    pub call: Option<&'static str>,
+    /// memcpy: the source address (`addr` is the destination).
+    pub src: Option<u64>,
+    /// memcpy: `cudaMemcpyKind` (0 host→host, 1 host→device, 2
+    /// device→host, 3 device→device, 4 default).
+    pub copy_kind: Option<i32>,
+    /// `cuMemCreate` / `cuMemRelease` / `cuMemMap`: the physical
+    /// allocation handle.
+    pub handle: Option<u64>,
+    pub launch: Option<Launch>,
+}
+
+/// A kernel launch's configuration; `addr` holds the function address.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Launch {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_mem: u64,
+}
+
 impl Event {
     /// A failed device allocation with CUDA's out-of-memory code, or an
     /// explicit `oom` event: the instants the OOM diagnosis looks at.
     pub fn is_oom(&self) -> bool {
-        self.kind == EventKind::Oom || (self.kind.is_device_alloc() && self.ret == CUDA_ERROR_OUT_OF_MEMORY)
+        self.kind == EventKind::Oom
+            || ((self.kind.is_device_alloc() || self.kind == EventKind::MemCreate) && self.ret == CUDA_ERROR_OUT_OF_MEMORY)
     }
 }
 
@@ -193,6 +229,7 @@ impl Events {
             ret: self.ret[i],
             device: None,
             stream: None,
+            cuda: Cuda::default(),
             extra: if self.has_extra() {
                 let opt = |v: u64| (v != u64::MAX).then_some(v);
                 Extra {
@@ -315,6 +352,7 @@ mod tests {
                 device: None,
                 stream: None,
                 extra: Extra::default(),
+                cuda: Default::default(),
             });
         }
         assert_eq!(ev.sort_by_time(), 2);

@@ -17,6 +17,8 @@ pub mod oom;
 pub mod pickle;
 pub mod plot;
 pub mod predict;
+#[cfg(feature = "record")]
+pub mod record;
 pub mod replay;
 pub mod report;
 pub mod sites;
@@ -49,12 +51,35 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Synth(args) => run_synth(&args),
         Command::Analyze(args) => run_analyze(&args),
         Command::Import(args) => run_import(&args),
+        Command::Record(args) => run_record(&args),
         Command::Compare(args) => {
             let opts = Options { step: args.step, device: args.device, ..Options::default() };
             let tripped = compare::run(&args.a, &args.b, &args.output, &opts, args.size, &args.fail_if_worse)?;
             Ok(if tripped { exit::GATE } else { exit::OK })
         }
     }
+}
+
+#[cfg(feature = "record")]
+fn run_record(args: &cli::RecordArgs) -> Result<u8> {
+    record::run(&record::Options {
+        output: args.output.clone(),
+        libs: args.libs.clone(),
+        all: args.all,
+        pid: args.pid,
+        command: args.command.clone(),
+        duration: args.duration,
+        launch: !args.no_launch,
+        memcpy: !args.no_memcpy,
+        part_events: args.part_events,
+        part_interval: args.part_interval,
+        buffer_bytes: args.buffer_size,
+    })
+}
+
+#[cfg(not(feature = "record"))]
+fn run_record(_: &cli::RecordArgs) -> Result<u8> {
+    anyhow::bail!("this fragscope was built without the recorder (the `record` feature); rebuild with default features")
 }
 
 fn run_import(args: &cli::ImportArgs) -> Result<u8> {

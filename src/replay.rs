@@ -777,6 +777,7 @@ mod tests {
             device: None,
             stream: None,
             extra: Default::default(),
+            cuda: Default::default(),
         }
     }
 

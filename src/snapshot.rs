@@ -639,6 +639,7 @@ pub fn reconstruct(snap: &Snapshot, device: u32, t0_ns: u64, out: Sink<'_>) -> R
         device: Some(device as i32),
         stream: Some(stream),
         extra,
+        cuda: Default::default(),
     };
     rec.initial_segments = ranges.len() as u64;
     for (&a, &(b, expandable, stream)) in &ranges {

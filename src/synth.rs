@@ -202,6 +202,7 @@ impl Emitter<'_> {
             device: Some(0),
             stream: (kind == EventKind::Launch || kind == EventKind::MemcpyAsync).then_some(0x5000),
             extra: Default::default(),
+            cuda: Default::default(),
         });
         self.ts += duration;
     }

@@ -117,6 +117,18 @@ pub fn events_schema() -> SchemaRef {
         Field::new("requested_size", DataType::UInt64, true),
         Field::new("stack_id", DataType::UInt32, true),
         Field::new("device_free", DataType::UInt64, true),
+        // Recorded CUDA calls (`record`); null elsewhere.
+        Field::new("call", DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)), true),
+        Field::new("src", DataType::UInt64, true),
+        Field::new("copy_kind", DataType::Int32, true),
+        Field::new("handle", DataType::UInt64, true),
+        Field::new("grid_x", DataType::UInt32, true),
+        Field::new("grid_y", DataType::UInt32, true),
+        Field::new("grid_z", DataType::UInt32, true),
+        Field::new("block_x", DataType::UInt32, true),
+        Field::new("block_y", DataType::UInt32, true),
+        Field::new("block_z", DataType::UInt32, true),
+        Field::new("shared_mem", DataType::UInt64, true),
     ]))
 }
 
@@ -134,6 +146,7 @@ pub struct TraceWriter {
     buf: Vec<Event>,
     counts: [u64; EventKind::ALL.len()],
     pids: std::collections::BTreeSet<u32>,
+    owner: Option<(u32, u32)>,
 }
 
 impl TraceWriter {
@@ -155,7 +168,38 @@ impl TraceWriter {
             buf: Vec::with_capacity(rows_per_part.clamp(1, 1 << 20)),
             counts: [0; EventKind::ALL.len()],
             pids: Default::default(),
+            owner: None,
         })
+    }
+
+    /// Gives the directory and every file written from now on to `uid:gid`
+    /// (the invoking user of a recorder run through sudo).
+    pub fn set_owner(&mut self, uid: u32, gid: u32) -> Result<()> {
+        self.owner = Some((uid, gid));
+        self.chown(&self.dir.clone())
+    }
+
+    fn chown(&self, path: &Path) -> Result<()> {
+        if let Some((uid, gid)) = self.owner {
+            std::os::unix::fs::chown(path, Some(uid), Some(gid))
+                .with_context(|| format!("cannot give {} to uid {uid}", path.display()))?;
+        }
+        Ok(())
+    }
+
+    /// The trace directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Rows pushed but not yet written as a part.
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Mutable metadata, for producers that fill it as they go.
+    pub fn meta_mut(&mut self) -> &mut TraceMeta {
+        &mut self.meta
     }
 
     /// Writes the stack table (`stacks.parquet`) the events' `stack_id`
@@ -182,6 +226,7 @@ impl TraceWriter {
         }
         let path = self.dir.join(part_name(self.meta.parts));
         write_part(&path, &self.buf).with_context(|| format!("cannot write {}", path.display()))?;
+        self.chown(&path)?;
         self.meta.parts += 1;
         self.buf.clear();
         Ok(())
@@ -213,6 +258,7 @@ impl TraceWriter {
         self.meta.pids = self.pids.iter().copied().collect();
         let json = serde_json::to_vec_pretty(&self.meta)?;
         write_atomic(&self.dir.join(META_FILE), &json)?;
+        self.chown(&self.dir.join(META_FILE))?;
         Ok(self.meta)
     }
 }
@@ -221,7 +267,7 @@ fn write_part(path: &Path, rows: &[Event]) -> Result<()> {
     let dictionary: Arc<StringArray> = Arc::new(EventKind::ALL.iter().map(|k| Some(k.name())).collect());
     let keys = Int32Array::from_iter_values(rows.iter().map(|e| e.kind as i32));
     let kind = DictionaryArray::<Int32Type>::try_new(keys, dictionary)?;
-    let columns: Vec<ArrayRef> = vec![
+    let mut columns: Vec<ArrayRef> = vec![
         Arc::new(UInt64Array::from_iter_values(rows.iter().map(|e| e.ts_ns))),
         Arc::new(UInt64Array::from_iter_values(rows.iter().map(|e| e.duration_ns))),
         Arc::new(UInt32Array::from_iter_values(rows.iter().map(|e| e.pid))),
@@ -235,7 +281,23 @@ fn write_part(path: &Path, rows: &[Event]) -> Result<()> {
         Arc::new(UInt64Array::from_iter(rows.iter().map(|e| e.extra.requested))),
         Arc::new(UInt32Array::from_iter(rows.iter().map(|e| e.extra.stack))),
         Arc::new(UInt64Array::from_iter(rows.iter().map(|e| e.extra.device_free))),
+        Arc::new(rows.iter().map(|e| e.cuda.call).collect::<DictionaryArray<Int32Type>>()),
+        Arc::new(UInt64Array::from_iter(rows.iter().map(|e| e.cuda.src))),
+        Arc::new(Int32Array::from_iter(rows.iter().map(|e| e.cuda.copy_kind))),
+        Arc::new(UInt64Array::from_iter(rows.iter().map(|e| e.cuda.handle))),
     ];
+    let launch = |f: fn(&crate::event::Launch) -> u32| -> ArrayRef {
+        Arc::new(UInt32Array::from_iter(rows.iter().map(|e| e.cuda.launch.as_ref().map(f))))
+    };
+    columns.extend([
+        launch(|l| l.grid[0]),
+        launch(|l| l.grid[1]),
+        launch(|l| l.grid[2]),
+        launch(|l| l.block[0]),
+        launch(|l| l.block[1]),
+        launch(|l| l.block[2]),
+    ]);
+    columns.push(Arc::new(UInt64Array::from_iter(rows.iter().map(|e| e.cuda.launch.map(|l| l.shared_mem)))));
     let batch = RecordBatch::try_new(events_schema(), columns)?;
     let props = WriterProperties::builder().set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?)).build();
     let tmp = path.with_extension("parquet.tmp");

@@ -28,6 +28,7 @@ fn ev(ms: u64, kind: EventKind, addr: u64, size: u64, ret: i32) -> Event {
         device: None,
         stream: None,
         extra: Default::default(),
+        cuda: Default::default(),
     }
 }
 

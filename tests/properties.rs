@@ -34,6 +34,7 @@ fn to_events(ops: &[(bool, u32, u64, u64)]) -> Vec<Event> {
                 device: None,
                 stream: None,
                 extra: Default::default(),
+                cuda: Default::default(),
             }
         })
         .collect()
@@ -230,7 +231,8 @@ proptest! {
         let mut ev = |kind: EventKind, addr: u64, size: u64| {
             ts += 1;
             Event { ts_ns: ts, duration_ns: 0, pid: 0, tid: 0, kind, addr, size, ret: 0, device: Some(0), stream: Some(0),
-                extra: fragscope::event::Extra { requested: Some(size / 2 + 1), stack: None, device_free: None } }
+                extra: fragscope::event::Extra { requested: Some(size / 2 + 1), stack: None, device_free: None },
+                cuda: Default::default() }
         };
         let mut list = Vec::new();
         for op in &ops {

@@ -1,0 +1,215 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+// fragscope record: uprobes on the CUDA runtime and driver (SPEC §9).
+//
+// One entry program and one return program serve every probed function.
+// The attach cookie says which function it is (index into the recorder's
+// probe table, src/record/probes.rs) and at which level (runtime or
+// driver); what the arguments mean is decided in user space. Entry saves
+// the raw arguments per thread; return adds the return code and, for
+// functions that write their result through an output pointer, the value
+// read through it, and submits one event to the ring buffer.
+//
+// Written without vmlinux.h: registers come from the user-space pt_regs
+// definition, and the two kernel structs read (tracepoint records) are
+// declared with preserve_access_index so libbpf relocates them (CO-RE)
+// against the running kernel's BTF.
+
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <asm/ptrace.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+
+char LICENSE[] SEC("license") = "Dual MIT/GPL";
+
+#define MAX_STACK_DEPTH 64
+
+// Cookie layout: bits 0..15 probe index, bit 16 driver level, bit 17
+// "read the u64 behind argument 1 at return", bit 18 "read two stack
+// arguments at entry" (cudaLaunchKernel's sharedMem and stream).
+#define COOKIE_DRIVER (1u << 16)
+#define COOKIE_OUT_PTR (1u << 17)
+#define COOKIE_STACK_ARGS (1u << 18)
+
+struct event {
+	__u64 ts;       // entry, CLOCK_MONOTONIC ns
+	__u64 dur;      // return - entry
+	__u64 args[6];  // the six register arguments
+	__u64 stack[2]; // first two stack arguments (COOKIE_STACK_ARGS)
+	__u64 result;   // *(u64 *)args[0] at return (COOKIE_OUT_PTR)
+	__u32 pid;
+	__u32 tid;
+	__s32 ret;
+	__u32 cookie;
+	__s32 stack_id; // user stack (want_stacks), else -1
+	__u32 pad;
+};
+
+struct inflight {
+	struct event ev;
+	__u32 depth; // nested probed calls of the same level on this thread
+	__u32 pad;
+};
+
+// Set by the recorder before load.
+const volatile __u8 trace_all = 0;
+const volatile __u8 want_stacks = 0;
+const volatile __u64 wakeup_bytes = 1 << 20;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 16 << 20); // resized by the recorder
+} events SEC(".maps");
+
+// Processes being traced (tgid -> 1); children are added at fork.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, __u8);
+} traced SEC(".maps");
+
+// Entry -> return state, keyed by thread id | level << 32. LRU so that
+// entries of threads that die inside a call cannot fill it; the exit
+// tracepoint also removes them.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);
+	__type(value, struct inflight);
+} inflight SEC(".maps");
+
+// Ring-buffer reservations that failed: events lost, per CPU.
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} lost SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
+	__uint(max_entries, 16384); // resized by the recorder
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, MAX_STACK_DEPTH * sizeof(__u64));
+} stacks SEC(".maps");
+
+static __always_inline int is_traced(__u32 tgid)
+{
+	return trace_all || bpf_map_lookup_elem(&traced, &tgid) != NULL;
+}
+
+SEC("uprobe")
+int on_entry(struct pt_regs *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
+	if (!is_traced(tgid))
+		return 0;
+	__u32 cookie = (__u32)bpf_get_attach_cookie(ctx);
+	__u64 key = tid | ((cookie & COOKIE_DRIVER) ? (1ull << 32) : 0);
+	if (cookie & COOKIE_DRIVER) {
+		// A driver call made by the runtime is part of that runtime call.
+		__u64 rt_key = tid;
+		if (bpf_map_lookup_elem(&inflight, &rt_key))
+			return 0;
+	}
+	struct inflight *cur = bpf_map_lookup_elem(&inflight, &key);
+	if (cur) {
+		cur->depth++;
+		return 0;
+	}
+	struct inflight st = {};
+	st.ev.ts = bpf_ktime_get_ns();
+	st.ev.args[0] = PT_REGS_PARM1(ctx);
+	st.ev.args[1] = PT_REGS_PARM2(ctx);
+	st.ev.args[2] = PT_REGS_PARM3(ctx);
+	st.ev.args[3] = PT_REGS_PARM4(ctx);
+	st.ev.args[4] = PT_REGS_PARM5(ctx);
+#ifdef __TARGET_ARCH_x86
+	st.ev.args[5] = ctx->r9;
+	if (cookie & COOKIE_STACK_ARGS) {
+		// At entry the stack pointer is at the return address.
+		bpf_probe_read_user(&st.ev.stack, sizeof(st.ev.stack), (void *)(PT_REGS_SP(ctx) + 8));
+	}
+#endif
+	st.ev.pid = tgid;
+	st.ev.tid = tid;
+	st.ev.cookie = cookie;
+	st.ev.stack_id = want_stacks ? bpf_get_stackid(ctx, &stacks, BPF_F_USER_STACK) : -1;
+	bpf_map_update_elem(&inflight, &key, &st, BPF_ANY);
+	return 0;
+}
+
+SEC("uretprobe")
+int on_return(struct pt_regs *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)pid_tgid;
+	__u32 cookie = (__u32)bpf_get_attach_cookie(ctx);
+	__u64 key = tid | ((cookie & COOKIE_DRIVER) ? (1ull << 32) : 0);
+	struct inflight *st = bpf_map_lookup_elem(&inflight, &key);
+	if (!st)
+		return 0;
+	if (st->depth > 0) {
+		st->depth--;
+		return 0;
+	}
+	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		__u32 zero = 0;
+		__u64 *n = bpf_map_lookup_elem(&lost, &zero);
+		if (n)
+			(*n)++;
+		bpf_map_delete_elem(&inflight, &key);
+		return 0;
+	}
+	__builtin_memcpy(e, &st->ev, sizeof(*e));
+	e->dur = bpf_ktime_get_ns() - e->ts;
+	e->ret = (__s32)PT_REGS_RC(ctx);
+	e->result = 0;
+	if (e->cookie & COOKIE_OUT_PTR)
+		bpf_probe_read_user(&e->result, sizeof(e->result), (void *)e->args[0]);
+	bpf_map_delete_elem(&inflight, &key);
+	// Wake the reader only when a good part of the buffer is waiting; it
+	// also polls on a timer, so quiet periods are drained too.
+	__u64 flags = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
+	bpf_ringbuf_submit(e, flags);
+	return 0;
+}
+
+// Tracepoint records, relocated by field name (CO-RE).
+struct trace_event_raw_sched_process_fork {
+	int child_pid;
+} __attribute__((preserve_access_index));
+
+SEC("tracepoint/sched/sched_process_fork")
+int on_fork(struct trace_event_raw_sched_process_fork *ctx)
+{
+	if (trace_all)
+		return 0;
+	__u32 parent = bpf_get_current_pid_tgid() >> 32;
+	if (!bpf_map_lookup_elem(&traced, &parent))
+		return 0;
+	// For a new thread this is its tid, which is harmless (the filter
+	// looks up tgids) and removed when the thread exits.
+	__u32 child = BPF_CORE_READ(ctx, child_pid);
+	__u8 one = 1;
+	bpf_map_update_elem(&traced, &child, &one, BPF_ANY);
+	return 0;
+}
+
+SEC("tracepoint/sched/sched_process_exit")
+int on_exit(void *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
+	__u64 key = tid;
+	bpf_map_delete_elem(&inflight, &key);
+	key |= 1ull << 32;
+	bpf_map_delete_elem(&inflight, &key);
+	if (tid != tgid)
+		bpf_map_delete_elem(&traced, &tid);
+	return 0;
+}

@@ -1,0 +1,542 @@
+//! `fragscope record` (SPEC §9): uprobes on the CUDA runtime and driver,
+//! a BPF ring buffer, and a writer that turns the records into a trace
+//! directory part by part.
+//!
+//! - What is probed and how records decode: [`probes`]. Which files:
+//!   [`libs`].
+//! - Processes: a BPF hash of traced tgids. The spawned command (or
+//!   `--pid`) is put in before it runs; a `sched_process_fork` tracepoint
+//!   adds the children of traced processes, so DataLoader workers and
+//!   `torchrun` ranks are followed. `--all` skips the filter.
+//! - The command is forked here and waits on a pipe until every probe is
+//!   attached, so its first call is recorded.
+//! - Parts rotate every `--part-interval` or `--part-events` (each a
+//!   complete Parquet file), so a `kill -9` of the recorder loses at most
+//!   the last interval. `trace.json` is written at the end; a trace
+//!   without it still analyses.
+//! - For symbolising kernel launches later, the `/proc/PID/maps` of every
+//!   process seen is kept under `maps/`.
+
+pub mod libs;
+pub mod probes;
+
+mod skel {
+    #![allow(unused_imports, clippy::all)]
+    include!(concat!(env!("OUT_DIR"), "/record.skel.rs"));
+}
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{CString, OsString};
+use std::mem::MaybeUninit;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, RingBufferBuilder, UprobeOpts};
+
+use crate::event::Event;
+use crate::trace::{Source, TraceMeta, TraceWriter};
+use libs::Library;
+use probes::{Group, PROBES};
+
+/// What `fragscope record` was asked to do.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub output: PathBuf,
+    pub libs: Vec<PathBuf>,
+    pub all: bool,
+    pub pid: Option<u32>,
+    pub command: Vec<OsString>,
+    pub duration: Option<Duration>,
+    pub launch: bool,
+    pub memcpy: bool,
+    pub part_events: usize,
+    pub part_interval: Duration,
+    pub buffer_bytes: u64,
+}
+
+/// The signal that stopped the recording, 0 while none has.
+static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    STOP_SIGNAL.store(sig, Ordering::SeqCst);
+}
+
+/// Why the recording ended.
+#[derive(Debug)]
+enum End {
+    CommandExited(i32),
+    PidExited,
+    Signal(i32),
+    Duration,
+}
+
+/// Records until the command or process exits, the duration passes or a
+/// SIGINT/SIGTERM arrives; returns the exit code for `fragscope` (the
+/// command's, when it ran to its end).
+pub fn run(opts: &Options) -> Result<u8> {
+    let started = Instant::now();
+    if opts.pid.is_none() && opts.command.is_empty() && !opts.all {
+        bail!("nothing to record: give a command after `--`, --pid PID, or --all");
+    }
+    if opts.pid.is_some() && !opts.command.is_empty() {
+        bail!("give either --pid or a command, not both");
+    }
+    if let Some(pid) = opts.pid
+        && !Path::new(&format!("/proc/{pid}")).exists()
+    {
+        bail!("--pid {pid}: no such process");
+    }
+    let libraries = if opts.libs.is_empty() { libs::discover(&opts.command, opts.pid) } else { libs::explicit(&opts.libs)? };
+    if libraries.is_empty() {
+        bail!(
+            "no CUDA library found to probe (looked for libcudart.so* and libcuda.so* in $CUDA_HOME, $CUDA_PATH, \
+             $LD_LIBRARY_PATH, /usr/local/cuda*, the dynamic linker cache and the site-packages of python3{}). \
+             Name the library with --lib PATH, or the executable when the runtime is linked into it (nvcc's default).",
+            if opts.pid.is_some() { ", and the process's own mappings" } else { "" }
+        );
+    }
+
+    let mut meta = TraceMeta::new(Source::Ebpf);
+    meta.command = opts.command.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+    meta.mono_to_wall_offset_ns = Some(mono_to_wall_offset());
+    let mut writer = TraceWriter::create(&opts.output, meta, opts.part_events)?;
+    if let Some((uid, gid)) = sudo_owner() {
+        writer.set_owner(uid, gid)?;
+    }
+
+    let mut child = if opts.command.is_empty() { None } else { Some(Paused::spawn(&opts.command)?) };
+    let result = record(opts, &libraries, &mut writer, child.as_mut(), started);
+    match result {
+        Ok((end, attached)) => finish(opts, writer, end, &attached, started),
+        Err(e) => {
+            if let Some(c) = child {
+                c.abandon();
+            }
+            writer.abandon();
+            Err(e)
+        }
+    }
+}
+
+/// A library and the functions probed in it.
+struct Attached {
+    library: Library,
+    functions: Vec<&'static str>,
+}
+
+fn record(
+    opts: &Options,
+    libraries: &[Library],
+    writer: &mut TraceWriter,
+    mut child: Option<&mut Paused>,
+    started: Instant,
+) -> Result<(End, Vec<Attached>)> {
+    libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, |level, msg| {
+        let msg = msg.trim_end();
+        match level {
+            libbpf_rs::PrintLevel::Warn => tracing::debug!(target: "libbpf", "{msg}"),
+            _ => tracing::trace!(target: "libbpf", "{msg}"),
+        }
+    })));
+    let mut object = MaybeUninit::uninit();
+    let mut open = skel::RecordSkelBuilder::default().open(&mut object).map_err(|e| bpf_error("open", e))?;
+    let rodata = open.maps.rodata_data.as_deref_mut().context("the BPF object has no read-only data")?;
+    rodata.trace_all = opts.all as u8;
+    rodata.want_stacks = 0;
+    let ring = opts.buffer_bytes.clamp(1 << 16, 1 << 30).next_power_of_two();
+    rodata.wakeup_bytes = ring / 4;
+    open.maps.events.set_max_entries(ring as u32).map_err(|e| bpf_error("size the ring buffer of", e))?;
+    open.maps.stacks.set_max_entries(1).map_err(|e| bpf_error("size the stack map of", e))?;
+    let skel = open.load().map_err(|e| bpf_error("load", e))?;
+
+    let mut links: Vec<Link> = Vec::new();
+    if !opts.all {
+        let target = child.as_ref().map(|c| c.pid as u32).or(opts.pid).expect("checked in run");
+        skel.maps.traced.update(&target.to_ne_bytes(), &[1], MapFlags::ANY).map_err(|e| bpf_error("fill", e))?;
+        links.push(skel.progs.on_fork.attach().map_err(|e| bpf_error("attach the fork tracepoint of", e))?);
+    }
+    links.push(skel.progs.on_exit.attach().map_err(|e| bpf_error("attach the exit tracepoint of", e))?);
+
+    let mut attached = Vec::new();
+    for lib in libraries {
+        let mut functions = Vec::new();
+        for (i, p) in PROBES.iter().enumerate() {
+            let wanted = match p.group {
+                Group::Memory => true,
+                Group::Memcpy => opts.memcpy,
+                Group::Launch => opts.launch,
+            };
+            if !wanted {
+                continue;
+            }
+            let attach = |prog: &libbpf_rs::ProgramMut, retprobe| {
+                let o = UprobeOpts { cookie: probes::cookie(i), retprobe, func_name: Some(p.symbol.into()), ..Default::default() };
+                prog.attach_uprobe_with_opts(-1, &lib.path, 0, o)
+            };
+            // A function the file does not define fails to attach: skip it.
+            let Ok(entry) = attach(&skel.progs.on_entry, false) else { continue };
+            let ret = attach(&skel.progs.on_return, true)
+                .map_err(|e| bpf_error(&format!("attach a return probe on {} in {}: cannot", p.symbol, lib.path.display()), e))?;
+            links.extend([entry, ret]);
+            functions.push(p.symbol);
+        }
+        if functions.is_empty() {
+            tracing::info!("{}: defines none of the probed CUDA functions; not probed", lib.path.display());
+        } else {
+            attached.push(Attached { library: lib.clone(), functions });
+        }
+    }
+    if attached.is_empty() {
+        let list: Vec<String> = libraries.iter().map(|l| l.path.display().to_string()).collect();
+        bail!(
+            "none of the probed CUDA functions is defined in {} (a stripped executable? name the library with --lib)",
+            list.join(", ")
+        );
+    }
+
+    // The ring buffer's callback only queues; the loop below writes.
+    let queue: Rc<RefCell<Vec<Event>>> = Rc::default();
+    let bad = Rc::new(RefCell::new(0u64));
+    let mut rb = RingBufferBuilder::new();
+    {
+        let (queue, bad) = (queue.clone(), bad.clone());
+        rb.add(&skel.maps.events, move |data: &[u8]| {
+            match probes::Raw::parse(data).and_then(|r| r.decode()) {
+                Some(e) => queue.borrow_mut().push(e),
+                None => *bad.borrow_mut() += 1,
+            }
+            0
+        })
+        .map_err(|e| bpf_error("read the ring buffer of", e))?;
+    }
+    let rb = rb.build().map_err(|e| bpf_error("read the ring buffer of", e))?;
+
+    install_signal_handlers();
+    if let Some(c) = child.as_deref_mut() {
+        c.release()?;
+    }
+    let probed: Vec<String> = attached.iter().map(|a| a.library.path.display().to_string()).collect();
+    match (&child, opts.pid) {
+        (Some(c), _) => eprintln!("fragscope: recording pid {} ({}); probing {}", c.pid, c.name, probed.join(", ")),
+        (None, Some(pid)) => eprintln!("fragscope: recording pid {pid} and its children; probing {}", probed.join(", ")),
+        (None, None) => eprintln!("fragscope: recording every process; probing {}", probed.join(", ")),
+    }
+
+    let mut maps = MapsKeeper::new(writer.dir());
+    let mut last_part = Instant::now();
+    let deadline = opts.duration.map(|d| Instant::now() + d);
+    let end = loop {
+        rb.poll(Duration::from_millis(50)).map_err(|e| bpf_error("poll the ring buffer of", e))?;
+        rb.consume().map_err(|e| bpf_error("read the ring buffer of", e))?;
+        drain(&queue, writer, &mut maps)?;
+        if writer.buffered() > 0 && last_part.elapsed() >= opts.part_interval {
+            writer.flush_part()?;
+            maps.refresh();
+            last_part = Instant::now();
+        }
+        let sig = STOP_SIGNAL.load(Ordering::SeqCst);
+        if sig != 0 {
+            break End::Signal(sig);
+        }
+        if let Some(c) = child.as_deref_mut()
+            && let Some(code) = c.try_wait()?
+        {
+            break End::CommandExited(code);
+        }
+        if let Some(pid) = opts.pid
+            && !alive(pid)
+        {
+            break End::PidExited;
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            break End::Duration;
+        }
+    };
+    // Detach, then take what is still in the buffer.
+    drop(links);
+    rb.consume().map_err(|e| bpf_error("read the ring buffer of", e))?;
+    drain(&queue, writer, &mut maps)?;
+    let mut lost = 0u64;
+    if let Some(per_cpu) = skel.maps.lost.lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY).map_err(|e| bpf_error("read", e))? {
+        lost = per_cpu.iter().map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap_or_default())).sum();
+    }
+    let bad = *bad.borrow();
+    let m = writer.meta_mut();
+    m.lost_events = lost;
+    m.start_wall_ns = None;
+    m.details = serde_json::json!({
+        "undecodable_records": bad,
+        "recording_s": started.elapsed().as_secs_f64(),
+        "maps": maps.saved(),
+    });
+    Ok((end, attached))
+}
+
+fn drain(queue: &RefCell<Vec<Event>>, writer: &mut TraceWriter, maps: &mut MapsKeeper) -> Result<()> {
+    let events = std::mem::take(&mut *queue.borrow_mut());
+    for e in events {
+        maps.saw(e.pid);
+        writer.push(e)?;
+    }
+    Ok(())
+}
+
+fn finish(opts: &Options, mut writer: TraceWriter, end: End, attached: &[Attached], started: Instant) -> Result<u8> {
+    let libraries: Vec<String> = attached.iter().map(|a| a.library.path.display().to_string()).collect();
+    let probes: serde_json::Value = attached
+        .iter()
+        .map(|a| serde_json::json!({"library": a.library.path, "found": a.library.found, "functions": a.functions}))
+        .collect();
+    let (exit_code, why) = match end {
+        End::CommandExited(code) => (code, format!("the command exited with status {code}")),
+        End::PidExited => (0, format!("pid {} exited", opts.pid.unwrap_or(0))),
+        End::Signal(sig) => (0, format!("stopped by {}", if sig == libc::SIGINT { "SIGINT" } else { "SIGTERM" })),
+        End::Duration => (0, "--duration reached".to_string()),
+    };
+    let m = writer.meta_mut();
+    m.libraries = libraries.clone();
+    if let serde_json::Value::Object(d) = &mut m.details {
+        d.insert("probes".into(), probes);
+        d.insert("end".into(), serde_json::Value::String(why.clone()));
+    }
+    let dir = writer.dir().to_path_buf();
+    let meta = writer.finish()?;
+    // start_wall_ns: the first event's wall-clock time needs the events;
+    // the offset in trace.json gives it for any row.
+    let total: u64 = meta.event_counts.values().sum();
+    let bytes: u64 = std::fs::read_dir(&dir)
+        .map(|rd| rd.filter_map(|e| e.ok()).filter_map(|e| e.metadata().ok()).filter(|m| m.is_file()).map(|m| m.len()).sum())
+        .unwrap_or(0);
+    eprintln!(
+        "fragscope: {why}; recorded {total} events from {} process(es) in {:.2} s into {} ({} parts, {})",
+        meta.pids.len(),
+        started.elapsed().as_secs_f64(),
+        dir.display(),
+        meta.parts,
+        crate::report::bytes(bytes)
+    );
+    if total > 0 {
+        let kinds: Vec<String> = meta.event_counts.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        eprintln!("  events: {}", kinds.join(", "));
+    }
+    if meta.lost_events > 0 {
+        eprintln!("  LOST {} events (ring buffer full): raise --buffer-size", meta.lost_events);
+    } else {
+        eprintln!("  lost events: 0");
+    }
+    for a in attached {
+        eprintln!("  probed {} ({}): {} functions", a.library.path.display(), a.library.found, a.functions.len());
+    }
+    Ok(u8::try_from(exit_code).unwrap_or(1))
+}
+
+fn bpf_error(what: &str, e: libbpf_rs::Error) -> anyhow::Error {
+    let denied = matches!(e.kind(), libbpf_rs::ErrorKind::PermissionDenied)
+        || e.to_string().contains("Operation not permitted")
+        || e.to_string().contains("Permission denied");
+    if denied {
+        anyhow::anyhow!(
+            "cannot {what} the eBPF recorder: permission denied. `fragscope record` needs root, or the CAP_BPF \
+             and CAP_PERFMON capabilities (run it with sudo) ({e})"
+        )
+    } else {
+        anyhow::anyhow!("cannot {what} the eBPF recorder: {e}")
+    }
+}
+
+fn install_signal_handlers() {
+    // SAFETY: the handler only stores to an atomic.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    // SAFETY: kill with signal 0 only checks for existence.
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Wall clock minus CLOCK_MONOTONIC (what bpf_ktime_get_ns reads), in ns.
+fn mono_to_wall_offset() -> i64 {
+    let now = |clock| {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: clock_gettime writes the timespec it is given.
+        unsafe { libc::clock_gettime(clock, &mut ts) };
+        ts.tv_sec as i64 * 1_000_000_000 + ts.tv_nsec as i64
+    };
+    let mono = now(libc::CLOCK_MONOTONIC);
+    now(libc::CLOCK_REALTIME) - mono
+}
+
+/// The invoking user when run as root through sudo.
+fn sudo_owner() -> Option<(u32, u32)> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return None;
+    }
+    let uid = std::env::var("SUDO_UID").ok()?.parse().ok()?;
+    let gid = std::env::var("SUDO_GID").ok()?.parse().ok()?;
+    Some((uid, gid))
+}
+
+/// Keeps `maps/PID` (a copy of `/proc/PID/maps`) for every process that
+/// made a recorded call, refreshed at each part so libraries loaded later
+/// are in it; `analyze` resolves launch addresses with it.
+struct MapsKeeper {
+    dir: PathBuf,
+    seen: BTreeMap<u32, bool>,
+    last: HashMap<u32, String>,
+}
+
+impl MapsKeeper {
+    fn new(trace: &Path) -> MapsKeeper {
+        MapsKeeper { dir: trace.join("maps"), seen: BTreeMap::new(), last: HashMap::new() }
+    }
+
+    fn saw(&mut self, pid: u32) {
+        if !self.seen.contains_key(&pid) {
+            self.seen.insert(pid, false);
+            self.save(pid);
+        }
+    }
+
+    fn refresh(&mut self) {
+        let pids: Vec<u32> = self.seen.keys().copied().collect();
+        for pid in pids {
+            self.save(pid);
+        }
+    }
+
+    fn save(&mut self, pid: u32) {
+        let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else { return };
+        if self.last.get(&pid) == Some(&maps) {
+            return;
+        }
+        if std::fs::create_dir_all(&self.dir).is_ok()
+            && crate::trace::write_atomic(&self.dir.join(pid.to_string()), maps.as_bytes()).is_ok()
+        {
+            self.seen.insert(pid, true);
+            self.last.insert(pid, maps);
+        }
+    }
+
+    fn saved(&self) -> Vec<u32> {
+        self.seen.iter().filter(|(_, s)| **s).map(|(p, _)| *p).collect()
+    }
+}
+
+/// The command, forked and waiting on a pipe until the probes are in.
+struct Paused {
+    pid: libc::pid_t,
+    name: String,
+    go: Option<std::os::fd::OwnedFd>,
+    exec_status: Option<std::os::fd::OwnedFd>,
+    exited: bool,
+}
+
+impl Paused {
+    fn spawn(command: &[OsString]) -> Result<Paused> {
+        use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
+        let argv: Vec<CString> = command
+            .iter()
+            .map(|a| CString::new(a.as_bytes()).context("the command has an argument with a NUL byte"))
+            .collect::<Result<_>>()?;
+        let mut ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+        ptrs.push(std::ptr::null());
+        let pipe = || -> Result<(OwnedFd, OwnedFd)> {
+            let mut fds = [0; 2];
+            // SAFETY: pipe2 fills the two descriptors.
+            if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+                bail!("cannot create a pipe: {}", std::io::Error::last_os_error());
+            }
+            // SAFETY: both are fresh descriptors we own.
+            Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+        };
+        let (go_r, go_w) = pipe()?;
+        let (st_r, st_w) = pipe()?;
+        // SAFETY: the child only calls async-signal-safe functions (read,
+        // execvp, write, _exit) on memory prepared before the fork.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            bail!("cannot fork: {}", std::io::Error::last_os_error());
+        }
+        if pid == 0 {
+            let (go_r, st_w) = (go_r.into_raw_fd(), st_w.into_raw_fd());
+            unsafe {
+                let mut b = 0u8;
+                if libc::read(go_r, (&mut b as *mut u8).cast(), 1) != 1 {
+                    libc::_exit(127); // the recorder gave up
+                }
+                libc::execvp(ptrs[0], ptrs.as_ptr());
+                let errno = *libc::__errno_location();
+                libc::write(st_w, (&errno as *const i32).cast(), 4);
+                libc::_exit(127);
+            }
+        }
+        drop((go_r, st_w));
+        Ok(Paused {
+            pid,
+            name: command[0].to_string_lossy().into_owned(),
+            go: Some(go_w),
+            exec_status: Some(st_r),
+            exited: false,
+        })
+    }
+
+    /// Lets the command run; fails when it cannot be executed.
+    fn release(&mut self) -> Result<()> {
+        use std::io::{Read, Write};
+        let mut go = std::fs::File::from(self.go.take().expect("released once"));
+        go.write_all(&[1]).context("cannot start the command")?;
+        drop(go);
+        let mut status = std::fs::File::from(self.exec_status.take().expect("released once"));
+        let mut errno = [0u8; 4];
+        match status.read(&mut errno) {
+            Ok(4) => {
+                self.try_wait_blocking();
+                let e = std::io::Error::from_raw_os_error(i32::from_ne_bytes(errno));
+                bail!("cannot run `{}`: {e}", self.name)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The command's exit code once it has ended (128 + signal when killed).
+    fn try_wait(&mut self) -> Result<Option<i32>> {
+        let mut status = 0;
+        // SAFETY: waitpid on our own child.
+        let r = unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) };
+        if r == 0 {
+            return Ok(None);
+        }
+        if r < 0 {
+            bail!("cannot wait for pid {}: {}", self.pid, std::io::Error::last_os_error());
+        }
+        self.exited = true;
+        Ok(Some(if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) }))
+    }
+
+    fn try_wait_blocking(&mut self) {
+        let mut status = 0;
+        // SAFETY: waitpid on our own child.
+        unsafe { libc::waitpid(self.pid, &mut status, 0) };
+        self.exited = true;
+    }
+
+    /// Called when recording failed before the command ran: it exits
+    /// without running (its pipe closes) and is reaped.
+    fn abandon(mut self) {
+        if !self.exited {
+            self.go.take();
+            self.try_wait_blocking();
+        }
+    }
+}

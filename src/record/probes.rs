@@ -1,0 +1,286 @@
+//! What is probed (SPEC §9) and how a raw probe record becomes an
+//! [`Event`]. The BPF side (`bpf/record.bpf.c`) is generic: it saves the
+//! six register arguments, two stack arguments where asked, the return
+//! code and the value behind an output pointer, and tags the record with
+//! the attach cookie — an index into [`PROBES`] plus flags. Everything the
+//! arguments mean is decided here.
+
+use crate::event::{Cuda, Event, EventKind, Launch};
+
+/// Which `--no-*` option turns a probe off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Group {
+    Memory,
+    Memcpy,
+    Launch,
+}
+
+/// How to read a call's arguments. `stream` is the index of the stream
+/// argument, if any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// `(T **out, size_t size, …)`: the result is written through `out`.
+    Alloc { stream: Option<usize> },
+    /// `(ptr, …)`.
+    Free { stream: Option<usize> },
+    /// `(dst, src, count, kind, …)`.
+    Memcpy { stream: Option<usize> },
+    /// `cudaLaunchKernel(func, dim3 grid, dim3 block, args, sharedMem, stream)`.
+    Launch,
+    /// `(ptr, size, …)`: cuMemUnmap, cuMemAddressFree.
+    Range,
+    /// `cuMemCreate(handle *out, size, prop, flags)`.
+    Create,
+    /// `cuMemRelease(handle)`.
+    Release,
+    /// `cuMemMap(ptr, size, offset, handle, flags)`.
+    Map,
+}
+
+impl Shape {
+    fn writes_out_ptr(self) -> bool {
+        matches!(self, Shape::Alloc { .. } | Shape::Create)
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Probe {
+    pub symbol: &'static str,
+    /// A driver (libcuda) function: not recorded when called from inside a
+    /// probed runtime function, so one allocation is one event.
+    pub driver: bool,
+    pub kind: EventKind,
+    pub shape: Shape,
+    pub group: Group,
+}
+
+const fn rt(symbol: &'static str, kind: EventKind, shape: Shape, group: Group) -> Probe {
+    Probe { symbol, driver: false, kind, shape, group }
+}
+
+const fn drv(symbol: &'static str, kind: EventKind, shape: Shape) -> Probe {
+    Probe { symbol, driver: true, kind, shape, group: Group::Memory }
+}
+
+use EventKind as K;
+use Group::{Launch as L, Memcpy as C, Memory as M};
+
+const NO_STREAM: Option<usize> = None;
+
+/// Every function the recorder probes, in both libraries (a library, or an
+/// executable with the runtime linked in, gets the ones it defines). The
+/// `_ptsz`/`_ptds` variants are what code built for per-thread default
+/// streams calls.
+pub const PROBES: &[Probe] = &[
+    rt("cudaMalloc", K::Alloc, Shape::Alloc { stream: NO_STREAM }, M),
+    rt("cudaFree", K::Free, Shape::Free { stream: NO_STREAM }, M),
+    rt("cudaMallocAsync", K::AllocAsync, Shape::Alloc { stream: Some(2) }, M),
+    rt("cudaMallocAsync_ptsz", K::AllocAsync, Shape::Alloc { stream: Some(2) }, M),
+    rt("cudaFreeAsync", K::FreeAsync, Shape::Free { stream: Some(1) }, M),
+    rt("cudaFreeAsync_ptsz", K::FreeAsync, Shape::Free { stream: Some(1) }, M),
+    rt("cudaMallocManaged", K::AllocManaged, Shape::Alloc { stream: NO_STREAM }, M),
+    rt("cudaMallocHost", K::AllocHost, Shape::Alloc { stream: NO_STREAM }, M),
+    rt("cudaHostAlloc", K::AllocHost, Shape::Alloc { stream: NO_STREAM }, M),
+    rt("cudaFreeHost", K::FreeHost, Shape::Free { stream: NO_STREAM }, M),
+    rt("cudaMemcpy", K::Memcpy, Shape::Memcpy { stream: NO_STREAM }, C),
+    rt("cudaMemcpy_ptds", K::Memcpy, Shape::Memcpy { stream: NO_STREAM }, C),
+    rt("cudaMemcpyAsync", K::MemcpyAsync, Shape::Memcpy { stream: Some(4) }, C),
+    rt("cudaMemcpyAsync_ptsz", K::MemcpyAsync, Shape::Memcpy { stream: Some(4) }, C),
+    rt("cudaLaunchKernel", K::Launch, Shape::Launch, L),
+    rt("cudaLaunchKernel_ptsz", K::Launch, Shape::Launch, L),
+    drv("cuMemAlloc_v2", K::Alloc, Shape::Alloc { stream: NO_STREAM }),
+    drv("cuMemFree_v2", K::Free, Shape::Free { stream: NO_STREAM }),
+    drv("cuMemAllocAsync", K::AllocAsync, Shape::Alloc { stream: Some(2) }),
+    drv("cuMemAllocAsync_ptsz", K::AllocAsync, Shape::Alloc { stream: Some(2) }),
+    drv("cuMemFreeAsync", K::FreeAsync, Shape::Free { stream: Some(1) }),
+    drv("cuMemFreeAsync_ptsz", K::FreeAsync, Shape::Free { stream: Some(1) }),
+    drv("cuMemCreate", K::MemCreate, Shape::Create),
+    drv("cuMemRelease", K::MemRelease, Shape::Release),
+    drv("cuMemMap", K::MemMap, Shape::Map),
+    drv("cuMemUnmap", K::MemUnmap, Shape::Range),
+    drv("cuMemAddressReserve", K::VaReserve, Shape::Alloc { stream: NO_STREAM }),
+    drv("cuMemAddressFree", K::VaFree, Shape::Range),
+];
+
+// Cookie flags; the same bits as COOKIE_* in bpf/record.bpf.c.
+const COOKIE_DRIVER: u64 = 1 << 16;
+const COOKIE_OUT_PTR: u64 = 1 << 17;
+const COOKIE_STACK_ARGS: u64 = 1 << 18;
+
+/// The attach cookie of probe `index`.
+pub fn cookie(index: usize) -> u64 {
+    let p = &PROBES[index];
+    let mut c = index as u64;
+    if p.driver {
+        c |= COOKIE_DRIVER;
+    }
+    if p.shape.writes_out_ptr() {
+        c |= COOKIE_OUT_PTR;
+    }
+    if p.shape == Shape::Launch {
+        c |= COOKIE_STACK_ARGS;
+    }
+    c
+}
+
+/// One probe record as the BPF program writes it (`struct event`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Raw {
+    pub ts: u64,
+    pub dur: u64,
+    pub args: [u64; 6],
+    pub stack: [u64; 2],
+    pub result: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub ret: i32,
+    pub cookie: u32,
+    pub stack_id: i32,
+}
+
+/// Size of `struct event`.
+pub const RAW_SIZE: usize = 8 * 11 + 4 * 6;
+
+impl Raw {
+    /// Reads a record from the ring buffer; `None` when it is too short.
+    pub fn parse(b: &[u8]) -> Option<Raw> {
+        if b.len() < RAW_SIZE {
+            return None;
+        }
+        let u64_at = |i: usize| u64::from_ne_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
+        let u32_at = |off: usize| u32::from_ne_bytes(b[off..off + 4].try_into().unwrap());
+        Some(Raw {
+            ts: u64_at(0),
+            dur: u64_at(1),
+            args: [u64_at(2), u64_at(3), u64_at(4), u64_at(5), u64_at(6), u64_at(7)],
+            stack: [u64_at(8), u64_at(9)],
+            result: u64_at(10),
+            pid: u32_at(88),
+            tid: u32_at(92),
+            ret: u32_at(96) as i32,
+            cookie: u32_at(100),
+            stack_id: u32_at(104) as i32,
+        })
+    }
+
+    /// The event this record describes; `None` for a cookie that names no
+    /// probe (never written by this recorder).
+    pub fn decode(&self) -> Option<Event> {
+        let p = PROBES.get((self.cookie & 0xffff) as usize)?;
+        let a = &self.args;
+        let ok = self.ret == 0;
+        let mut cuda = Cuda { call: Some(p.symbol), ..Cuda::default() };
+        let (addr, size, stream) = match p.shape {
+            // A failed call's output is not an allocation.
+            Shape::Alloc { stream } => (if ok { self.result } else { 0 }, a[1], stream),
+            Shape::Free { stream } => (a[0], 0, stream),
+            Shape::Memcpy { stream } => {
+                cuda.src = Some(a[1]);
+                cuda.copy_kind = Some(a[3] as i32);
+                (a[0], a[2], stream)
+            }
+            Shape::Launch => {
+                // dim3 is 12 bytes, passed in two registers: (x | y << 32), z.
+                let lo = |v: u64| v as u32;
+                let hi = |v: u64| (v >> 32) as u32;
+                cuda.launch = Some(Launch {
+                    grid: [lo(a[1]), hi(a[1]), lo(a[2])],
+                    block: [lo(a[3]), hi(a[3]), lo(a[4])],
+                    shared_mem: self.stack[0],
+                });
+                return Some(self.event(p.kind, a[0], 0, Some(self.stack[1]), cuda));
+            }
+            Shape::Range => (a[0], a[1], None),
+            Shape::Create => {
+                cuda.handle = ok.then_some(self.result);
+                (0, a[1], None)
+            }
+            Shape::Release => {
+                cuda.handle = Some(a[0]);
+                (0, 0, None)
+            }
+            Shape::Map => {
+                cuda.handle = Some(a[3]);
+                (a[0], a[1], None)
+            }
+        };
+        Some(self.event(p.kind, addr, size, stream.map(|i| a[i]), cuda))
+    }
+
+    fn event(&self, kind: EventKind, addr: u64, size: u64, stream: Option<u64>, cuda: Cuda) -> Event {
+        Event {
+            ts_ns: self.ts,
+            duration_ns: self.dur,
+            pid: self.pid,
+            tid: self.tid,
+            kind,
+            addr,
+            size,
+            ret: self.ret,
+            device: None,
+            stream,
+            extra: Default::default(),
+            cuda,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(symbol: &str, args: [u64; 6], result: u64, ret: i32) -> Raw {
+        let index = PROBES.iter().position(|p| p.symbol == symbol).unwrap();
+        Raw { ts: 10, dur: 5, args, result, pid: 7, tid: 8, ret, cookie: cookie(index) as u32, ..Raw::default() }
+    }
+
+    #[test]
+    fn parse_reads_the_c_layout() {
+        let mut b = vec![0u8; RAW_SIZE];
+        for i in 0..11 {
+            b[i * 8..i * 8 + 8].copy_from_slice(&(i as u64 + 1).to_ne_bytes());
+        }
+        for (i, v) in [70u32, 80, (-2i32) as u32, 3, (-1i32) as u32].iter().enumerate() {
+            b[88 + i * 4..92 + i * 4].copy_from_slice(&v.to_ne_bytes());
+        }
+        let r = Raw::parse(&b).unwrap();
+        assert_eq!((r.ts, r.dur, r.args[5], r.stack, r.result), (1, 2, 8, [9, 10], 11));
+        assert_eq!((r.pid, r.tid, r.ret, r.cookie, r.stack_id), (70, 80, -2, 3, -1));
+        assert!(Raw::parse(&b[..RAW_SIZE - 1]).is_none());
+    }
+
+    #[test]
+    fn allocations_take_the_result_only_when_they_succeed() {
+        let e = raw("cudaMalloc", [0x1000, 4096, 0, 0, 0, 0], 0x7f00_0000_0000, 0).decode().unwrap();
+        assert_eq!((e.kind, e.addr, e.size, e.ret, e.cuda.call), (K::Alloc, 0x7f00_0000_0000, 4096, 0, Some("cudaMalloc")));
+        let e = raw("cudaMalloc", [0x1000, 4096, 0, 0, 0, 0], 0xdead, 2).decode().unwrap();
+        assert_eq!((e.addr, e.size, e.ret), (0, 4096, 2));
+        assert!(e.is_oom());
+        let e = raw("cuMemAllocAsync", [0x1000, 64, 0x55, 0, 0, 0], 0x42, 0).decode().unwrap();
+        assert_eq!((e.kind, e.addr, e.stream), (K::AllocAsync, 0x42, Some(0x55)));
+    }
+
+    #[test]
+    fn memcpy_launch_and_vmm_fields() {
+        let e = raw("cudaMemcpyAsync", [0xd, 0x5, 100, 1, 0x77, 0], 0, 0).decode().unwrap();
+        assert_eq!((e.addr, e.size, e.cuda.src, e.cuda.copy_kind, e.stream), (0xd, 100, Some(5), Some(1), Some(0x77)));
+        let mut r = raw("cudaLaunchKernel", [0xf00, 4 | 2 << 32, 1, 128 | 1 << 32, 1, 0], 0, 0);
+        r.stack = [256, 0x99];
+        let e = r.decode().unwrap();
+        let l = e.cuda.launch.unwrap();
+        assert_eq!((e.addr, l.grid, l.block, l.shared_mem, e.stream), (0xf00, [4, 2, 1], [128, 1, 1], 256, Some(0x99)));
+        let e = raw("cuMemMap", [0xa000, 2 << 20, 0, 9, 0, 0], 0, 0).decode().unwrap();
+        assert_eq!((e.kind, e.addr, e.size, e.cuda.handle), (K::MemMap, 0xa000, 2 << 20, Some(9)));
+        let e = raw("cuMemCreate", [0x1000, 2 << 20, 0, 0, 0, 0], 9, 0).decode().unwrap();
+        assert_eq!((e.kind, e.addr, e.size, e.cuda.handle), (K::MemCreate, 0, 2 << 20, Some(9)));
+    }
+
+    #[test]
+    fn cookies_carry_the_flags_the_bpf_side_reads() {
+        let at = |s: &str| cookie(PROBES.iter().position(|p| p.symbol == s).unwrap());
+        assert_eq!(at("cudaMalloc") & (COOKIE_DRIVER | COOKIE_OUT_PTR | COOKIE_STACK_ARGS), COOKIE_OUT_PTR);
+        assert_eq!(at("cuMemFree_v2") & (COOKIE_DRIVER | COOKIE_OUT_PTR), COOKIE_DRIVER);
+        assert_ne!(at("cudaLaunchKernel") & COOKIE_STACK_ARGS, 0);
+        assert!(PROBES.len() < 0xffff);
+    }
+}

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Builds the stand-in CUDA runtime and driver and the workloads into $1:
+#   lib64/libcuda.so.1, lib64/libcudart.so.12 (versioned symbols, as NVIDIA's)
+#   workload          linked against them (rpath $ORIGIN/lib64)
+#   workload-static   the runtime and driver linked into the executable
+#   workload-dlopen   not linked; dlopens the runtime (mode `dlopen`)
+set -euo pipefail
+src="$(cd "$(dirname "$0")" && pwd)"
+out="$1"
+mkdir -p "$out/lib64"
+cc=${CC:-gcc}
+flags=(-O2 -g -Wall -fno-omit-frame-pointer)
+$cc "${flags[@]}" -fPIC -shared -Wl,-soname,libcuda.so.1 -o "$out/lib64/libcuda.so.1" "$src/cuda.c" -lpthread
+$cc "${flags[@]}" -fPIC -shared -Wl,-soname,libcudart.so.12 -Wl,--version-script="$src/cudart.map" \
+  -o "$out/lib64/libcudart.so.12" "$src/cudart.c" -L"$out/lib64" -l:libcuda.so.1 -Wl,-rpath,'$ORIGIN'
+$cc "${flags[@]}" -o "$out/workload" "$src/workload.c" -L"$out/lib64" -l:libcudart.so.12 -l:libcuda.so.1 \
+  -Wl,-rpath,'$ORIGIN/lib64' -ldl -lpthread
+$cc "${flags[@]}" -o "$out/workload-static" "$src/workload.c" "$src/cudart.c" "$src/cuda.c" -ldl -lpthread
+$cc "${flags[@]}" -Wno-unused-function -DDLOPEN_ONLY -o "$out/workload-dlopen" "$src/workload.c" -ldl -lpthread
