@@ -88,6 +88,16 @@ struct {
 	__type(value, __u64);
 } lost SEC(".maps");
 
+// Processes that have had an event: the first event of a new one wakes
+// the reader at once, so it can copy the process's /proc/PID/maps (for
+// symbolising launches) while the process still runs.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, __u8);
+} seen SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
 	__uint(max_entries, 16384); // resized by the recorder
@@ -100,8 +110,7 @@ static __always_inline int is_traced(__u32 tgid)
 	return trace_all || bpf_map_lookup_elem(&traced, &tgid) != NULL;
 }
 
-SEC("uprobe")
-int on_entry(struct pt_regs *ctx)
+static __always_inline int entry(struct pt_regs *ctx)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
@@ -142,8 +151,7 @@ int on_entry(struct pt_regs *ctx)
 	return 0;
 }
 
-SEC("uretprobe")
-int on_return(struct pt_regs *ctx)
+static __always_inline int ret(struct pt_regs *ctx)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tid = (__u32)pid_tgid;
@@ -175,9 +183,27 @@ int on_return(struct pt_regs *ctx)
 	// Wake the reader only when a good part of the buffer is waiting; it
 	// also polls on a timer, so quiet periods are drained too.
 	__u64 flags = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
+	__u32 tgid = pid_tgid >> 32;
+	if (!bpf_map_lookup_elem(&seen, &tgid)) {
+		__u8 one = 1;
+		bpf_map_update_elem(&seen, &tgid, &one, BPF_ANY);
+		flags = BPF_RB_FORCE_WAKEUP;
+	}
 	bpf_ringbuf_submit(e, flags);
 	return 0;
 }
+
+// Classic uprobes (one link per function) and, on kernels that have them
+// (6.6+), multi-uprobes: one link per file, detached with one RCU grace
+// period instead of one per function.
+SEC("uprobe")
+int on_entry(struct pt_regs *ctx) { return entry(ctx); }
+SEC("uretprobe")
+int on_return(struct pt_regs *ctx) { return ret(ctx); }
+SEC("uprobe.multi")
+int on_entry_multi(struct pt_regs *ctx) { return entry(ctx); }
+SEC("uretprobe.multi")
+int on_return_multi(struct pt_regs *ctx) { return ret(ctx); }
 
 // Tracepoint records, relocated by field name (CO-RE).
 struct trace_event_raw_sched_process_fork {

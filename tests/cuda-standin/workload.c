@@ -216,6 +216,7 @@ static void forked(void)
 		c_free(c);
 		c_free(d);
 		/* A grandchild, to check descendants are followed too. */
+		gt_flush();
 		pid_t g = fork();
 		if (g == 0) {
 			c_free(c_malloc(123));
