@@ -57,6 +57,11 @@ const volatile __u8 trace_all = 0;
 const volatile __u8 want_stacks = 0;
 const volatile __u64 wakeup_bytes = 1 << 20;
 
+// Set by the recorder when it stops: calls entered from then on are not
+// recorded, calls already entered still are when they return. So the end
+// of a trace is a clean cut whatever order the probes are detached in.
+volatile __u8 stopping = 0;
+
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 16 << 20); // resized by the recorder
@@ -114,7 +119,7 @@ static __always_inline int entry(struct pt_regs *ctx)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
-	if (!is_traced(tgid))
+	if (stopping || !is_traced(tgid))
 		return 0;
 	__u32 cookie = (__u32)bpf_get_attach_cookie(ctx);
 	__u64 key = tid | ((cookie & COOKIE_DRIVER) ? (1ull << 32) : 0);

@@ -230,6 +230,19 @@ pub fn load(dir: &Path, opts: &Options) -> Result<(Trace, Events, u64)> {
         return Ok((trace, events, out_of_order));
     }
     let trace = Trace::open(dir)?;
+    match &trace.meta {
+        Some(m) if m.lost_events > 0 => tracing::warn!(
+            "{}: the recorder lost {} events (its ring buffer was full); figures may be off",
+            dir.display(),
+            m.lost_events
+        ),
+        None => tracing::warn!(
+            "{}: no trace.json (an interrupted recording?); analysing the {} complete parts",
+            dir.display(),
+            trace.parts.len()
+        ),
+        _ => {}
+    }
     let (mut events, out_of_order) = trace.load_events()?;
     if let Some(d) = opts.device {
         // An imported snapshot: one series per device, in the pid column.

@@ -332,7 +332,7 @@ mod tests {
         for &k in EventKind::ALL {
             assert_eq!(EventKind::from_name(k.name()), Some(k));
         }
-        assert_eq!(EventKind::ALL.len(), 18);
+        assert_eq!(EventKind::ALL.len(), 24);
         assert_eq!(EventKind::from_name("cudaMalloc"), None);
     }
 

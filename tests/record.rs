@@ -376,7 +376,15 @@ fn assert_prefix(trace: &Path, gt: &Path) -> usize {
     let mut n = 0;
     for (k, gv) in &got {
         let wv = &want[k];
-        assert!(gv.len() <= wv.len() && gv[..] == wv[..gv.len()], "thread {k:?}: recorded calls are not a prefix of those made");
+        let first_diff = gv.iter().zip(wv).position(|(g, w)| g != w);
+        assert!(
+            gv.len() <= wv.len() && first_diff.is_none(),
+            "thread {k:?}: recorded calls are not a prefix of those made: {} recorded, {} made, first difference at {first_diff:?}: {:?} vs {:?}",
+            gv.len(),
+            wv.len(),
+            first_diff.map(|i| &gv[i]),
+            first_diff.map(|i| &wv[i])
+        );
         n += gv.len();
     }
     n

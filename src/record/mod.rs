@@ -106,6 +106,7 @@ pub fn run(opts: &Options) -> Result<u8> {
     meta.command = opts.command.iter().map(|a| a.to_string_lossy().into_owned()).collect();
     meta.mono_to_wall_offset_ns = Some(mono_to_wall_offset());
     let mut writer = TraceWriter::create(&opts.output, meta, opts.part_events)?;
+    writer.set_zstd_level(1);
     if let Some((uid, gid)) = sudo_owner() {
         writer.set_owner(uid, gid)?;
     }
@@ -146,7 +147,7 @@ fn record(
     })));
     // Multi-uprobes need Linux 6.6; without them, load the classic ones only.
     let (mut object, mut fallback) = (MaybeUninit::uninit(), MaybeUninit::uninit());
-    let (skel, multi) = match open_and_load(opts, &mut object, true) {
+    let (mut skel, multi) = match open_and_load(opts, &mut object, true) {
         Ok(skel) => (skel, true),
         Err(e) => {
             tracing::info!("multi-uprobes unavailable ({e:#}); attaching one probe per function");
@@ -204,6 +205,8 @@ fn record(
             list.join(", ")
         );
     }
+
+    let stopping = &mut skel.maps.bss_data.as_deref_mut().context("the BPF object has no .bss")?.stopping;
 
     // The ring buffer's callback only queues; the loop below writes.
     let queue: Rc<RefCell<Vec<Event>>> = Rc::default();
@@ -266,7 +269,15 @@ fn record(
             break End::Duration;
         }
     };
-    // Detach, then take what is still in the buffer.
+    // A clean cut: no call entered from now on is recorded; calls in
+    // flight are given 200 ms to return. Then detach, and take what is
+    // still in the buffer.
+    // SAFETY: `stopping` points into the BPF object's mapped .bss.
+    unsafe { std::ptr::write_volatile(stopping, 1) };
+    let settle = Instant::now();
+    while skel.maps.inflight.keys().next().is_some() && settle.elapsed() < Duration::from_millis(200) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     detach(links);
     rb.consume().map_err(|e| bpf_error("read the ring buffer of", e))?;
     drain(&queue, writer, &mut maps)?;
@@ -277,7 +288,6 @@ fn record(
     let bad = *bad.borrow();
     let m = writer.meta_mut();
     m.lost_events = lost;
-    m.start_wall_ns = None;
     m.details = serde_json::json!({
         "undecodable_records": bad,
         "recording_s": started.elapsed().as_secs_f64(),
@@ -369,6 +379,10 @@ fn attach_each(skel: &skel::RecordSkel, path: &Path, wanted: &[usize]) -> Result
 fn drain(queue: &RefCell<Vec<Event>>, writer: &mut TraceWriter, maps: &mut MapsKeeper) -> Result<()> {
     let events = std::mem::take(&mut *queue.borrow_mut());
     for e in events {
+        // The ring buffer is in submit order, not quite time order.
+        let m = writer.meta_mut();
+        let wall = e.ts_ns.saturating_add_signed(m.mono_to_wall_offset_ns.unwrap_or(0));
+        m.start_wall_ns = Some(m.start_wall_ns.map_or(wall, |w| w.min(wall)));
         maps.saw(e.pid);
         writer.push(e)?;
     }
@@ -393,10 +407,12 @@ fn finish(opts: &Options, mut writer: TraceWriter, end: End, attached: &[Attache
         d.insert("probes".into(), probes);
         d.insert("end".into(), serde_json::Value::String(why.clone()));
     }
+    let cpu = own_cpu_seconds();
+    if let serde_json::Value::Object(d) = &mut m.details {
+        d.insert("recorder_cpu_s".into(), serde_json::json!(cpu));
+    }
     let dir = writer.dir().to_path_buf();
     let meta = writer.finish()?;
-    // start_wall_ns: the first event's wall-clock time needs the events;
-    // the offset in trace.json gives it for any row.
     let total: u64 = meta.event_counts.values().sum();
     let bytes: u64 = std::fs::read_dir(&dir)
         .map(|rd| rd.filter_map(|e| e.ok()).filter_map(|e| e.metadata().ok()).filter(|m| m.is_file()).map(|m| m.len()).sum())
@@ -418,6 +434,7 @@ fn finish(opts: &Options, mut writer: TraceWriter, end: End, attached: &[Attache
     } else {
         eprintln!("  lost events: 0");
     }
+    eprintln!("  recorder CPU time: {cpu:.3} s");
     for a in attached {
         eprintln!("  probed {} ({}): {} functions", a.library.path.display(), a.library.found, a.functions.len());
     }
@@ -444,6 +461,15 @@ fn install_signal_handlers() {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
     }
+}
+
+/// User + system CPU time of the recorder itself (not its children).
+fn own_cpu_seconds() -> f64 {
+    // SAFETY: getrusage writes the struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
 fn alive(pid: u32) -> bool {
