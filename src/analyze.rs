@@ -186,6 +186,8 @@ pub struct Analysis {
     /// Folded stacks of live memory at the end and the peak (traces with
     /// stacks), for flamegraph.folded and flamegraph.svg.
     pub flamegraph: Option<String>,
+    /// Recorded launches by kernel name (eBPF traces with `maps/`).
+    pub kernels: Vec<crate::kernels::KernelStat>,
 }
 
 impl Analysis {
@@ -425,7 +427,11 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         images: Vec::new(),
         allocator_view,
         flamegraph: stacks.as_ref().map(|st| crate::flame::folded(events, st)),
+        kernels: Vec::new(),
     };
+    if analysis.trace.source() == Some(crate::trace::Source::Ebpf) {
+        analysis.kernels = crate::kernels::kernel_table(&analysis.trace.dir, events);
+    }
     if let Some(pc) = &opts.plot
         && !analysis.peaks.is_empty()
     {

@@ -159,7 +159,8 @@ impl Event {
     /// explicit `oom` event: the instants the OOM diagnosis looks at.
     pub fn is_oom(&self) -> bool {
         self.kind == EventKind::Oom
-            || ((self.kind.is_device_alloc() || self.kind == EventKind::MemCreate) && self.ret == CUDA_ERROR_OUT_OF_MEMORY)
+            || ((self.kind.is_device_alloc() || self.kind == EventKind::MemCreate)
+                && self.ret == CUDA_ERROR_OUT_OF_MEMORY)
     }
 }
 

@@ -416,6 +416,9 @@ pub fn report_json(a: &Analysis) -> serde_json::Value {
             "by_size": l.by_size,
         })).collect::<Vec<_>>(),
     });
+    if !a.kernels.is_empty() {
+        report["kernels"] = json!(a.kernels);
+    }
     if a.allocator_view {
         report["view"] = json!("allocator");
         report["allocator"] = allocator_json(a);
@@ -572,6 +575,18 @@ pub fn report_md(a: &Analysis) -> String {
 
     if a.allocator_view {
         md.push_str(&allocator_md(a));
+    }
+    if !a.kernels.is_empty() {
+        let _ = writeln!(
+            md,
+            "\n## Kernels\n\nLaunches by kernel (symbols from the traced processes' files, demangled):\n\n| kernel | launches | failed |\n|---|---|---|"
+        );
+        for k in a.kernels.iter().take(15) {
+            let _ = writeln!(md, "| `{}` | {} | {} |", k.name.replace('|', "\\|"), k.launches, k.failed);
+        }
+        if a.kernels.len() > 15 {
+            let _ = writeln!(md, "\n{} more in report.json.", a.kernels.len() - 15);
+        }
     }
     let an = &a.anomalies;
     let _ = writeln!(md, "\n## Anomalies\n");

@@ -80,7 +80,14 @@ fn ground_truth(path: &Path) -> Vec<Call> {
         .map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
             assert_eq!(f.len(), 6, "bad ground-truth line {l:?}");
-            (f[0].parse().unwrap(), f[1].parse().unwrap(), f[2].to_string(), f[3].parse().unwrap(), f[4].parse().unwrap(), f[5].parse().unwrap())
+            (
+                f[0].parse().unwrap(),
+                f[1].parse().unwrap(),
+                f[2].to_string(),
+                f[3].parse().unwrap(),
+                f[4].parse().unwrap(),
+                f[5].parse().unwrap(),
+            )
         })
         .collect()
 }
@@ -215,10 +222,25 @@ fn single_threaded_workload_is_recorded_exactly() {
         .unwrap();
     assert_eq!(launches.height(), 1);
     let row = |c: &str| launches.column(c).unwrap().get(0).unwrap().to_string();
-    assert_eq!((row("grid_x"), row("grid_y"), row("block_x"), row("shared_mem")), ("4".into(), "2".into(), "128".into(), "256".into()));
+    assert_eq!(
+        (row("grid_x"), row("grid_y"), row("block_x"), row("shared_mem")),
+        ("4".into(), "2".into(), "128".into(), "256".into())
+    );
     assert_eq!(row("stream"), (0x5100).to_string());
     let summary = analyze_ok(&trace, &tmp.path().join("a"));
     assert!(summary.contains("events"), "{summary}");
+    // The launch's function address is named from the workload's symbols,
+    // demangled.
+    let pid = got[0].0;
+    let maps = fs::read_to_string(trace.join("maps").join(pid.to_string())).unwrap();
+    assert!(maps.contains("libcudart.so.12"), "maps/{pid} lacks the runtime");
+    let report: serde_json::Value =
+        serde_json::from_slice(&fs::read(tmp.path().join("a/report.json")).unwrap()).unwrap();
+    assert_eq!(
+        report["kernels"],
+        serde_json::json!([{"name": "add_kernel(float*, float*)", "launches": 2, "failed": 1}]),
+        "{report}"
+    );
 }
 
 #[test]
@@ -322,12 +344,8 @@ fn attach_to_a_running_process_with_pid() {
     let dir = standin();
     let tmp = tempfile::tempdir().unwrap();
     let (trace, gt) = (tmp.path().join("trace"), tmp.path().join("gt.txt"));
-    let mut app = Command::new(dir.join("workload"))
-        .arg("wait")
-        .env("GT_LOG", &gt)
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut app =
+        Command::new(dir.join("workload")).arg("wait").env("GT_LOG", &gt).stdin(Stdio::piped()).spawn().unwrap();
     // No --lib: the libraries come from the process's own mappings.
     let mut rec = record_cmd(&trace, &["--pid", &app.id().to_string()]).stderr(Stdio::piped()).spawn().unwrap();
     let mut err = BufReader::new(rec.stderr.take().unwrap());

@@ -58,8 +58,11 @@ pub fn discover(command: &[std::ffi::OsString], pid: Option<u32>) -> Vec<Library
     }
     for (dir, why) in search_dirs(command) {
         let Ok(rd) = fs::read_dir(&dir) else { continue };
-        let mut names: Vec<PathBuf> =
-            rd.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.file_name().is_some_and(is_cuda_library)).collect();
+        let mut names: Vec<PathBuf> = rd
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .filter(|p| p.file_name().is_some_and(is_cuda_library))
+            .collect();
         names.sort();
         out.extend(names.into_iter().map(|path| Library { path, found: why.clone() }));
     }
@@ -147,7 +150,8 @@ fn python_site_dirs(command: &[std::ffi::OsString]) -> Vec<PathBuf> {
     {
         pythons.insert(0, first.clone());
     }
-    let script = "import site, sys\nfor p in site.getsitepackages() + [site.getusersitepackages()] + sys.path: print(p)";
+    let script =
+        "import site, sys\nfor p in site.getsitepackages() + [site.getusersitepackages()] + sys.path: print(p)";
     let mut dirs = Vec::new();
     for py in pythons {
         let Ok(out) = Command::new(&py).args(["-c", script]).stderr(std::process::Stdio::null()).output() else {
@@ -168,7 +172,8 @@ fn python_site_dirs(command: &[std::ffi::OsString]) -> Vec<PathBuf> {
 
 /// The dynamic linker cache (`ldconfig -p`).
 fn ldconfig() -> Vec<Library> {
-    let Ok(out) = Command::new("ldconfig").arg("-p").output().or_else(|_| Command::new("/sbin/ldconfig").arg("-p").output())
+    let Ok(out) =
+        Command::new("ldconfig").arg("-p").output().or_else(|_| Command::new("/sbin/ldconfig").arg("-p").output())
     else {
         return Vec::new();
     };

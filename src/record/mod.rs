@@ -92,7 +92,8 @@ pub fn run(opts: &Options) -> Result<u8> {
     {
         bail!("--pid {pid}: no such process");
     }
-    let libraries = if opts.libs.is_empty() { libs::discover(&opts.command, opts.pid) } else { libs::explicit(&opts.libs)? };
+    let libraries =
+        if opts.libs.is_empty() { libs::discover(&opts.command, opts.pid) } else { libs::explicit(&opts.libs)? };
     if libraries.is_empty() {
         bail!(
             "no CUDA library found to probe (looked for libcudart.so* and libcuda.so* in $CUDA_HOME, $CUDA_PATH, \
@@ -186,7 +187,8 @@ fn record(
             tracing::info!("{}: defines none of the probed CUDA functions; not probed", lib.path.display());
             continue;
         }
-        let mut lib_links = if multi { attach_multi(&skel, &lib.path, &wanted) } else { Err(anyhow::anyhow!("classic")) };
+        let mut lib_links =
+            if multi { attach_multi(&skel, &lib.path, &wanted) } else { Err(anyhow::anyhow!("classic")) };
         if let Err(e) = &lib_links
             && multi
         {
@@ -232,7 +234,9 @@ fn record(
     let probed: Vec<String> = attached.iter().map(|a| a.library.path.display().to_string()).collect();
     match (&child, opts.pid) {
         (Some(c), _) => eprintln!("fragscope: recording pid {} ({}); probing {}", c.pid, c.name, probed.join(", ")),
-        (None, Some(pid)) => eprintln!("fragscope: recording pid {pid} and its children; probing {}", probed.join(", ")),
+        (None, Some(pid)) => {
+            eprintln!("fragscope: recording pid {pid} and its children; probing {}", probed.join(", "))
+        }
         (None, None) => eprintln!("fragscope: recording every process; probing {}", probed.join(", ")),
     }
 
@@ -282,7 +286,9 @@ fn record(
     rb.consume().map_err(|e| bpf_error("read the ring buffer of", e))?;
     drain(&queue, writer, &mut maps)?;
     let mut lost = 0u64;
-    if let Some(per_cpu) = skel.maps.lost.lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY).map_err(|e| bpf_error("read", e))? {
+    if let Some(per_cpu) =
+        skel.maps.lost.lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY).map_err(|e| bpf_error("read", e))?
+    {
         lost = per_cpu.iter().map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap_or_default())).sum();
     }
     let bad = *bad.borrow();
@@ -366,7 +372,12 @@ fn attach_each(skel: &skel::RecordSkel, path: &Path, wanted: &[usize]) -> Result
     for &i in wanted {
         for (prog, retprobe) in [(&skel.progs.on_entry, false), (&skel.progs.on_return, true)] {
             let symbol = PROBES[i].symbol;
-            let o = UprobeOpts { cookie: probes::cookie(i), retprobe, func_name: Some(symbol.into()), ..Default::default() };
+            let o = UprobeOpts {
+                cookie: probes::cookie(i),
+                retprobe,
+                func_name: Some(symbol.into()),
+                ..Default::default()
+            };
             let link = prog
                 .attach_uprobe_with_opts(-1, path, 0, o)
                 .map_err(|e| bpf_error(&format!("attach {symbol} in {} with", path.display()), e))?;
@@ -415,7 +426,9 @@ fn finish(opts: &Options, mut writer: TraceWriter, end: End, attached: &[Attache
     let meta = writer.finish()?;
     let total: u64 = meta.event_counts.values().sum();
     let bytes: u64 = std::fs::read_dir(&dir)
-        .map(|rd| rd.filter_map(|e| e.ok()).filter_map(|e| e.metadata().ok()).filter(|m| m.is_file()).map(|m| m.len()).sum())
+        .map(|rd| {
+            rd.filter_map(|e| e.ok()).filter_map(|e| e.metadata().ok()).filter(|m| m.is_file()).map(|m| m.len()).sum()
+        })
         .unwrap_or(0);
     eprintln!(
         "fragscope: {why}; recorded {total} events from {} process(es) in {:.2} s into {} ({} parts, {})",
@@ -484,7 +497,7 @@ fn mono_to_wall_offset() -> i64 {
         let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
         // SAFETY: clock_gettime writes the timespec it is given.
         unsafe { libc::clock_gettime(clock, &mut ts) };
-        ts.tv_sec as i64 * 1_000_000_000 + ts.tv_nsec as i64
+        ts.tv_sec * 1_000_000_000 + ts.tv_nsec
     };
     let mono = now(libc::CLOCK_MONOTONIC);
     now(libc::CLOCK_REALTIME) - mono
@@ -516,8 +529,8 @@ impl MapsKeeper {
     }
 
     fn saw(&mut self, pid: u32) {
-        if !self.seen.contains_key(&pid) {
-            self.seen.insert(pid, false);
+        if let std::collections::btree_map::Entry::Vacant(e) = self.seen.entry(pid) {
+            e.insert(false);
             self.save(pid);
         }
     }

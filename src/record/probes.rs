@@ -252,7 +252,10 @@ mod tests {
     #[test]
     fn allocations_take_the_result_only_when_they_succeed() {
         let e = raw("cudaMalloc", [0x1000, 4096, 0, 0, 0, 0], 0x7f00_0000_0000, 0).decode().unwrap();
-        assert_eq!((e.kind, e.addr, e.size, e.ret, e.cuda.call), (K::Alloc, 0x7f00_0000_0000, 4096, 0, Some("cudaMalloc")));
+        assert_eq!(
+            (e.kind, e.addr, e.size, e.ret, e.cuda.call),
+            (K::Alloc, 0x7f00_0000_0000, 4096, 0, Some("cudaMalloc"))
+        );
         let e = raw("cudaMalloc", [0x1000, 4096, 0, 0, 0, 0], 0xdead, 2).decode().unwrap();
         assert_eq!((e.addr, e.size, e.ret), (0, 4096, 2));
         assert!(e.is_oom());
