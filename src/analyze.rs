@@ -188,6 +188,8 @@ pub struct Analysis {
     pub flamegraph: Option<String>,
     /// Recorded launches by kernel name (eBPF traces with `maps/`).
     pub kernels: Vec<crate::kernels::KernelStat>,
+    /// Device allocations by recorded call stack (`record --stacks`).
+    pub alloc_stacks: Vec<crate::kernels::StackStat>,
 }
 
 impl Analysis {
@@ -428,9 +430,11 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         allocator_view,
         flamegraph: stacks.as_ref().map(|st| crate::flame::folded(events, st)),
         kernels: Vec::new(),
+        alloc_stacks: Vec::new(),
     };
     if analysis.trace.source() == Some(crate::trace::Source::Ebpf) {
         analysis.kernels = crate::kernels::kernel_table(&analysis.trace.dir, events);
+        analysis.alloc_stacks = crate::kernels::allocation_stacks(&analysis.trace)?;
     }
     if let Some(pc) = &opts.plot
         && !analysis.peaks.is_empty()

@@ -75,6 +75,10 @@ pub struct RecordArgs {
     /// Do not probe cudaMemcpy/cudaMemcpyAsync.
     #[arg(long)]
     pub no_memcpy: bool,
+    /// Also record each call's user-space call stack (frame pointers, up to 64 frames);
+    /// `analyze` names the frames and reports the stacks that allocate most.
+    #[arg(long)]
+    pub stacks: bool,
     /// Start a new Parquet part after this many events.
     #[arg(long, default_value_t = 65536, value_name = "N")]
     pub part_events: usize,

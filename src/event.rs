@@ -144,6 +144,8 @@ pub struct Cuda {
     /// allocation handle.
     pub handle: Option<u64>,
     pub launch: Option<Launch>,
+    /// `record --stacks`: the user call stack's id in `ustacks.parquet`.
+    pub ustack: Option<u32>,
 }
 
 /// A kernel launch's configuration; `addr` holds the function address.

@@ -72,6 +72,7 @@ fn run_record(args: &cli::RecordArgs) -> Result<u8> {
         duration: args.duration,
         launch: !args.no_launch,
         memcpy: !args.no_memcpy,
+        stacks: args.stacks,
         part_events: args.part_events,
         part_interval: args.part_interval,
         buffer_bytes: args.buffer_size,

@@ -419,6 +419,9 @@ pub fn report_json(a: &Analysis) -> serde_json::Value {
     if !a.kernels.is_empty() {
         report["kernels"] = json!(a.kernels);
     }
+    if !a.alloc_stacks.is_empty() {
+        report["alloc_stacks"] = json!(a.alloc_stacks);
+    }
     if a.allocator_view {
         report["view"] = json!("allocator");
         report["allocator"] = allocator_json(a);
@@ -586,6 +589,17 @@ pub fn report_md(a: &Analysis) -> String {
         }
         if a.kernels.len() > 15 {
             let _ = writeln!(md, "\n{} more in report.json.", a.kernels.len() - 15);
+        }
+    }
+    if !a.alloc_stacks.is_empty() {
+        let _ = writeln!(
+            md,
+            "\n## Allocation call stacks\n\nDevice memory allocated by call stack (`record --stacks`; innermost first, all in report.json):\n\n| bytes | allocations | stack |\n|---|---|---|"
+        );
+        for st in a.alloc_stacks.iter().take(10) {
+            let frames: Vec<String> =
+                st.frames.iter().take(8).map(|f| format!("`{}`", f.replace('|', "\\|"))).collect();
+            let _ = writeln!(md, "| {} | {} | {} |", bytes(st.bytes), st.allocations, frames.join(" ← "));
         }
     }
     let an = &a.anomalies;

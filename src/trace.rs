@@ -129,6 +129,7 @@ pub fn events_schema() -> SchemaRef {
         Field::new("block_y", DataType::UInt32, true),
         Field::new("block_z", DataType::UInt32, true),
         Field::new("shared_mem", DataType::UInt64, true),
+        Field::new("ustack_id", DataType::UInt32, true),
     ]))
 }
 
@@ -181,7 +182,9 @@ impl TraceWriter {
         self.chown(&self.dir.clone())
     }
 
-    fn chown(&self, path: &Path) -> Result<()> {
+    /// Gives a file the producer wrote beside the parts to the owner set
+    /// with [`TraceWriter::set_owner`], if any.
+    pub fn chown(&self, path: &Path) -> Result<()> {
         if let Some((uid, gid)) = self.owner {
             std::os::unix::fs::chown(path, Some(uid), Some(gid))
                 .with_context(|| format!("cannot give {} to uid {uid}", path.display()))?;
@@ -306,6 +309,7 @@ fn write_part(path: &Path, rows: &[Event], zstd_level: i32) -> Result<()> {
         launch(|l| l.block[2]),
     ]);
     columns.push(Arc::new(UInt64Array::from_iter(rows.iter().map(|e| e.cuda.launch.map(|l| l.shared_mem)))));
+    columns.push(Arc::new(UInt32Array::from_iter(rows.iter().map(|e| e.cuda.ustack))));
     let batch = RecordBatch::try_new(events_schema(), columns)?;
     // Dictionary encoding only where values repeat by design (kind, call):
     // interning every timestamp and address cost the recorder a third of
@@ -351,6 +355,64 @@ fn call_column(rows: &[Event]) -> Result<ArrayRef> {
     }));
     let values: Arc<StringArray> = Arc::new(names.iter().map(|n| Some(*n)).collect());
     Ok(Arc::new(DictionaryArray::<Int32Type>::try_new(keys, values)?))
+}
+
+/// File name of the user call stacks `record --stacks` captured.
+pub const USTACKS_FILE: &str = "ustacks.parquet";
+
+/// One frame of a recorded user stack: the stack `stack_id` (the events'
+/// `ustack_id`) as process `pid` saw it, `depth` 0 innermost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UstackFrame {
+    pub stack_id: u32,
+    pub pid: u32,
+    pub depth: u32,
+    pub addr: u64,
+}
+
+/// Writes `ustacks.parquet` (complete, or not at all).
+pub fn write_ustacks(path: &Path, frames: &[UstackFrame]) -> Result<()> {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("stack_id", DataType::UInt32, false),
+        Field::new("pid", DataType::UInt32, false),
+        Field::new("depth", DataType::UInt32, false),
+        Field::new("addr", DataType::UInt64, false),
+    ]));
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(UInt32Array::from_iter_values(frames.iter().map(|f| f.stack_id))),
+        Arc::new(UInt32Array::from_iter_values(frames.iter().map(|f| f.pid))),
+        Arc::new(UInt32Array::from_iter_values(frames.iter().map(|f| f.depth))),
+        Arc::new(UInt64Array::from_iter_values(frames.iter().map(|f| f.addr))),
+    ];
+    let batch = RecordBatch::try_new(schema, columns)?;
+    let tmp = path.with_extension("parquet.tmp");
+    let mut writer = ArrowWriter::try_new(File::create(&tmp)?, batch.schema(), None)?;
+    writer.write(&batch)?;
+    writer.close()?;
+    fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+/// Reads `ustacks.parquet`.
+pub fn read_ustacks(path: &Path) -> Result<Vec<UstackFrame>> {
+    use polars::prelude::{ParquetReader, SerReader, Series};
+    let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let df = ParquetReader::new(file).finish().map_err(anyhow::Error::from);
+    let df = df.with_context(|| format!("{}: not a valid stack table", path.display()))?;
+    let col = |n: &str| -> Result<Series> {
+        Ok(df
+            .column(n)
+            .with_context(|| format!("{}: no column `{n}`", path.display()))?
+            .as_materialized_series()
+            .clone())
+    };
+    let (id, pid, depth, addr) = (col("stack_id")?, col("pid")?, col("depth")?, col("addr")?);
+    let (id, pid, depth, addr) = (id.u32()?, pid.u32()?, depth.u32()?, addr.u64()?);
+    Ok((0..df.height())
+        .filter_map(|i| {
+            Some(UstackFrame { stack_id: id.get(i)?, pid: pid.get(i)?, depth: depth.get(i)?, addr: addr.get(i)? })
+        })
+        .collect())
 }
 
 /// File name of the stack table.

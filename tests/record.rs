@@ -244,6 +244,39 @@ fn single_threaded_workload_is_recorded_exactly() {
 }
 
 #[test]
+fn stacks_name_the_callers_of_allocations() {
+    if !bpf_ready("stacks_name_the_callers_of_allocations") {
+        return;
+    }
+    let dir = standin();
+    let tmp = tempfile::tempdir().unwrap();
+    let (trace, gt) = (tmp.path().join("trace"), tmp.path().join("gt.txt"));
+    let l = libs(dir);
+    let out = record_cmd(&trace, &[&l[0], &l[1], "--stacks", "--no-launch", "--no-memcpy"])
+        .arg("--")
+        .arg(dir.join("workload"))
+        .arg("single")
+        .env("GT_LOG", &gt)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(trace.join("ustacks.parquet").is_file());
+    // --no-launch / --no-memcpy: those calls are left out, the rest is exact.
+    let want: Vec<Call> =
+        ground_truth(&gt).into_iter().filter(|c| !c.2.starts_with("cudaMemcpy") && c.2 != "cudaLaunchKernel").collect();
+    assert_eq!(trace_calls(&trace), want);
+    analyze_ok(&trace, &tmp.path().join("a"));
+    let report: serde_json::Value =
+        serde_json::from_slice(&fs::read(tmp.path().join("a/report.json")).unwrap()).unwrap();
+    let stacks = report["alloc_stacks"].as_array().expect("alloc_stacks in report.json");
+    let malloc = stacks.iter().find(|s| s["frames"][0] == "cudaMalloc").expect("a cudaMalloc stack");
+    let bytes: u64 = want.iter().filter(|c| c.2 == "cudaMalloc" && c.3 == 0).map(|c| c.5).sum();
+    assert_eq!((malloc["allocations"].as_u64(), malloc["bytes"].as_u64()), (Some(48), Some(bytes)));
+    let frames = malloc["frames"].to_string();
+    assert!(frames.contains("\"single\"") && frames.contains("\"main\""), "{frames}");
+}
+
+#[test]
 fn eight_threads_hammering_lose_nothing() {
     if !bpf_ready("eight_threads_hammering_lose_nothing") {
         return;

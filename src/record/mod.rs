@@ -55,6 +55,7 @@ pub struct Options {
     pub duration: Option<Duration>,
     pub launch: bool,
     pub memcpy: bool,
+    pub stacks: bool,
     pub part_events: usize,
     pub part_interval: Duration,
     pub buffer_bytes: u64,
@@ -241,6 +242,7 @@ fn record(
     }
 
     let mut maps = MapsKeeper::new(writer.dir());
+    let mut used_stacks = std::collections::BTreeSet::new();
     let mut last_part = Instant::now();
     let deadline = opts.duration.map(|d| Instant::now() + d);
     let end = loop {
@@ -249,7 +251,7 @@ fn record(
             r => r.map_err(|e| bpf_error("poll the ring buffer of", e))?,
         }
         rb.consume().map_err(|e| bpf_error("read the ring buffer of", e))?;
-        drain(&queue, writer, &mut maps)?;
+        drain(&queue, writer, &mut maps, &mut used_stacks)?;
         if writer.buffered() > 0 && last_part.elapsed() >= opts.part_interval {
             writer.flush_part()?;
             maps.refresh();
@@ -284,12 +286,22 @@ fn record(
     }
     detach(links);
     rb.consume().map_err(|e| bpf_error("read the ring buffer of", e))?;
-    drain(&queue, writer, &mut maps)?;
+    drain(&queue, writer, &mut maps, &mut used_stacks)?;
     let mut lost = 0u64;
     if let Some(per_cpu) =
         skel.maps.lost.lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY).map_err(|e| bpf_error("read", e))?
     {
         lost = per_cpu.iter().map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap_or_default())).sum();
+    }
+    if opts.stacks {
+        save_stacks(&skel, writer, &used_stacks)?;
+    }
+    // Files beside the parts go to the sudo user too.
+    if let Ok(rd) = std::fs::read_dir(writer.dir().join("maps")) {
+        writer.chown(&writer.dir().join("maps"))?;
+        for e in rd.filter_map(|e| e.ok()) {
+            writer.chown(&e.path())?;
+        }
     }
     let bad = *bad.borrow();
     let m = writer.meta_mut();
@@ -300,6 +312,33 @@ fn record(
         "maps": maps.saved(),
     });
     Ok((end, attached))
+}
+
+/// Writes the user stacks the events refer to (`ustacks.parquet`).
+fn save_stacks(
+    skel: &skel::RecordSkel,
+    writer: &TraceWriter,
+    used: &std::collections::BTreeSet<(u32, u32)>,
+) -> Result<()> {
+    let mut frames = Vec::new();
+    let mut missing = 0;
+    for &(stack_id, pid) in used {
+        match skel.maps.stacks.lookup(&stack_id.to_ne_bytes(), MapFlags::ANY) {
+            Ok(Some(bytes)) => {
+                let addrs = bytes.chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().expect("8 bytes")));
+                for (depth, addr) in addrs.take_while(|&a| a != 0).enumerate() {
+                    frames.push(crate::trace::UstackFrame { stack_id, pid, depth: depth as u32, addr });
+                }
+            }
+            _ => missing += 1,
+        }
+    }
+    if missing > 0 {
+        tracing::warn!("{missing} recorded stacks were no longer in the stack map");
+    }
+    let path = writer.dir().join(crate::trace::USTACKS_FILE);
+    crate::trace::write_ustacks(&path, &frames)?;
+    writer.chown(&path)
 }
 
 /// Drops the links from many threads at once: each uprobe unregistration
@@ -331,11 +370,12 @@ fn open_and_load<'o>(
     }
     let rodata = open.maps.rodata_data.as_deref_mut().context("the BPF object has no read-only data")?;
     rodata.trace_all = opts.all as u8;
-    rodata.want_stacks = 0;
+    rodata.want_stacks = opts.stacks as u8;
     let ring = opts.buffer_bytes.clamp(1 << 16, 1 << 30).next_power_of_two();
     rodata.wakeup_bytes = ring / 4;
     open.maps.events.set_max_entries(ring as u32).map_err(|e| bpf_error("size the ring buffer of", e))?;
-    open.maps.stacks.set_max_entries(1).map_err(|e| bpf_error("size the stack map of", e))?;
+    let stack_slots = if opts.stacks { 16384 } else { 1 };
+    open.maps.stacks.set_max_entries(stack_slots).map_err(|e| bpf_error("size the stack map of", e))?;
     open.load().map_err(|e| bpf_error("load", e))
 }
 
@@ -387,7 +427,12 @@ fn attach_each(skel: &skel::RecordSkel, path: &Path, wanted: &[usize]) -> Result
     Ok(links)
 }
 
-fn drain(queue: &RefCell<Vec<Event>>, writer: &mut TraceWriter, maps: &mut MapsKeeper) -> Result<()> {
+fn drain(
+    queue: &RefCell<Vec<Event>>,
+    writer: &mut TraceWriter,
+    maps: &mut MapsKeeper,
+    stacks: &mut std::collections::BTreeSet<(u32, u32)>,
+) -> Result<()> {
     let events = std::mem::take(&mut *queue.borrow_mut());
     for e in events {
         // The ring buffer is in submit order, not quite time order.
@@ -395,6 +440,9 @@ fn drain(queue: &RefCell<Vec<Event>>, writer: &mut TraceWriter, maps: &mut MapsK
         let wall = e.ts_ns.saturating_add_signed(m.mono_to_wall_offset_ns.unwrap_or(0));
         m.start_wall_ns = Some(m.start_wall_ns.map_or(wall, |w| w.min(wall)));
         maps.saw(e.pid);
+        if let Some(id) = e.cuda.ustack {
+            stacks.insert((id, e.pid));
+        }
         writer.push(e)?;
     }
     Ok(())

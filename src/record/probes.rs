@@ -169,7 +169,8 @@ impl Raw {
         let p = PROBES.get((self.cookie & 0xffff) as usize)?;
         let a = &self.args;
         let ok = self.ret == 0;
-        let mut cuda = Cuda { call: Some(p.symbol), ..Cuda::default() };
+        let ustack = u32::try_from(self.stack_id).ok();
+        let mut cuda = Cuda { call: Some(p.symbol), ustack, ..Cuda::default() };
         let (addr, size, stream) = match p.shape {
             // A failed call's output is not an allocation.
             Shape::Alloc { stream } => (if ok { self.result } else { 0 }, a[1], stream),
