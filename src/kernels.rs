@@ -32,7 +32,7 @@ pub struct KernelStat {
     pub failed: u64,
 }
 
-/// (pid, function address) of launches.
+/// (pid, code address).
 type Launched = (u32, u64);
 
 /// One file-backed mapping of `/proc/PID/maps`.
@@ -81,7 +81,7 @@ impl Resolver {
 
     /// Names for many (pid, address) pairs, symbolising each file once.
     fn names(&mut self, wanted: impl IntoIterator<Item = (u32, u64)>) -> HashMap<(u32, u64), String> {
-        let mut by_file: BTreeMap<PathBuf, Vec<(u64, (u32, u64))>> = BTreeMap::new();
+        let mut by_file: BTreeMap<PathBuf, Vec<(u64, Launched)>> = BTreeMap::new();
         let mut out = HashMap::new();
         for (pid, addr) in wanted {
             let dir = &self.maps_dir;
