@@ -51,6 +51,7 @@ pub enum Command {
 }
 
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).multiple(true).args(["command", "pid", "all"])))]
 pub struct RecordArgs {
     /// Output trace directory (must not hold a trace already).
     #[arg(short, long)]

@@ -389,3 +389,32 @@ fn brute_force_mode_gives_the_same_rows() {
     let sb = b.column("score").unwrap().f64().unwrap();
     assert!(sa.into_no_null_iter().zip(sb.into_no_null_iter()).all(|(x, y)| (x - y).abs() < 1e-9));
 }
+
+/// `record`'s usage and target errors come before anything needs BPF, so
+/// they are checked as any user.
+#[test]
+fn record_says_what_to_record() {
+    let tmp = tempfile::tempdir().unwrap();
+    fragscope()
+        .args(["record", "-o"])
+        .arg(tmp.path().join("t"))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--pid").and(predicate::str::contains("--all")));
+    fragscope()
+        .args(["record", "--pid", "4000000000", "-o"])
+        .arg(tmp.path().join("t"))
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("--pid 4000000000: no such process"));
+    fragscope()
+        .args(["record", "--lib"])
+        .arg(tmp.path().join("missing.so"))
+        .args(["-o"])
+        .arg(tmp.path().join("t"))
+        .args(["--", "/bin/true"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("missing.so: cannot read it"));
+    assert!(!tmp.path().join("t").exists());
+}
