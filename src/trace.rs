@@ -320,11 +320,17 @@ fn write_part(path: &Path, rows: &[Event], zstd_level: i32) -> Result<()> {
         .set_column_dictionary_enabled("kind".into(), true)
         .set_column_dictionary_enabled("call".into(), true)
         .build();
+    write_batch(path, &batch, props)
+}
+
+/// Writes one record batch as a complete Parquet file: under a temporary
+/// name, through a buffer (the writer emits many small pieces: page
+/// headers, pages), renamed into place once its footer is written.
+fn write_batch(path: &Path, batch: &RecordBatch, props: WriterProperties) -> Result<()> {
     let tmp = path.with_extension("parquet.tmp");
-    // Buffered: the writer emits many small pieces (page headers, pages).
     let file = std::io::BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
     let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(props))?;
-    writer.write(&batch)?;
+    writer.write(batch)?;
     writer.into_inner()?.into_inner().map_err(|e| e.into_error())?;
     fs::rename(&tmp, path)?;
     Ok(())
@@ -385,12 +391,7 @@ pub fn write_ustacks(path: &Path, frames: &[UstackFrame]) -> Result<()> {
         Arc::new(UInt64Array::from_iter_values(frames.iter().map(|f| f.addr))),
     ];
     let batch = RecordBatch::try_new(schema, columns)?;
-    let tmp = path.with_extension("parquet.tmp");
-    let mut writer = ArrowWriter::try_new(File::create(&tmp)?, batch.schema(), None)?;
-    writer.write(&batch)?;
-    writer.close()?;
-    fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
+    write_batch(path, &batch, WriterProperties::default()).with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// Reads `ustacks.parquet`.
@@ -461,21 +462,8 @@ fn write_stacks(path: &Path, stacks: &Stacks) -> Result<()> {
         Arc::new(StringArray::from_iter_values(rows.iter().map(|r| frame(r.2).name.as_str()))),
     ];
     let batch = RecordBatch::try_new(schema, columns)?;
-    // Dictionary encoding only where values repeat by design (kind, call):
-    // interning every timestamp and address cost the recorder a third of
-    // its CPU time and bought nothing zstd does not already do.
-    let props = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
-        .set_dictionary_enabled(false)
-        .set_column_dictionary_enabled("kind".into(), true)
-        .set_column_dictionary_enabled("call".into(), true)
-        .build();
-    let tmp = path.with_extension("parquet.tmp");
-    let mut writer = ArrowWriter::try_new(File::create(&tmp)?, batch.schema(), Some(props))?;
-    writer.write(&batch)?;
-    writer.close()?;
-    fs::rename(&tmp, path)?;
-    Ok(())
+    let props = WriterProperties::builder().set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?)).build();
+    write_batch(path, &batch, props)
 }
 
 /// Reads `stacks.parquet` back into a [`Stacks`].
