@@ -170,12 +170,19 @@ fn libs(dir: &Path) -> [String; 2] {
     ["libcudart.so.12", "libcuda.so.1"].map(|l| format!("--lib={}", dir.join("lib64").join(l).display()))
 }
 
-/// Runs a linked workload under `record --lib runtime --lib driver`.
-fn record_workload(tmp: &Path, mode: &[&str], env: &[(&str, &str)]) -> (PathBuf, PathBuf, std::process::Output) {
+/// Runs a linked workload under `record --lib runtime --lib driver`, with
+/// `extra` record options.
+fn record_workload(
+    tmp: &Path,
+    extra: &[&str],
+    mode: &[&str],
+    env: &[(&str, &str)],
+) -> (PathBuf, PathBuf, std::process::Output) {
     let dir = standin();
     let (trace, gt) = (tmp.join("trace"), tmp.join("gt.txt"));
     let l = libs(dir);
     let mut c = record_cmd(&trace, &[&l[0], &l[1]]);
+    c.args(extra);
     c.arg("--").arg(dir.join("workload")).args(mode).env("GT_LOG", &gt);
     for (k, v) in env {
         c.env(k, v);
@@ -197,7 +204,7 @@ fn single_threaded_workload_is_recorded_exactly() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let (trace, gt, out) = record_workload(tmp.path(), &["single"], &[]);
+    let (trace, gt, out) = record_workload(tmp.path(), &[], &["single"], &[]);
     let (got, _) = assert_exact(&trace, &gt);
     // The runtime's own cuMemAlloc_v2 calls are not recorded again: the
     // driver calls in the trace are only those the workload made itself.
@@ -248,18 +255,8 @@ fn stacks_name_the_callers_of_allocations() {
     if !bpf_ready("stacks_name_the_callers_of_allocations") {
         return;
     }
-    let dir = standin();
     let tmp = tempfile::tempdir().unwrap();
-    let (trace, gt) = (tmp.path().join("trace"), tmp.path().join("gt.txt"));
-    let l = libs(dir);
-    let out = record_cmd(&trace, &[&l[0], &l[1], "--stacks", "--no-launch", "--no-memcpy"])
-        .arg("--")
-        .arg(dir.join("workload"))
-        .arg("single")
-        .env("GT_LOG", &gt)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (trace, gt, _) = record_workload(tmp.path(), &["--stacks", "--no-launch", "--no-memcpy"], &["single"], &[]);
     assert!(trace.join("ustacks.parquet").is_file());
     // --no-launch / --no-memcpy: those calls are left out, the rest is exact.
     let want: Vec<Call> =
@@ -282,7 +279,7 @@ fn eight_threads_hammering_lose_nothing() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let (trace, gt, _) = record_workload(tmp.path(), &["threads", "8", "4000"], &[]);
+    let (trace, gt, _) = record_workload(tmp.path(), &[], &["threads", "8", "4000"], &[]);
     let (got, _) = assert_exact(&trace, &gt);
     assert_eq!(per_thread(&got).len(), 8);
     assert!(got.len() >= 8 * 4000, "{} calls", got.len());
@@ -294,7 +291,7 @@ fn forked_children_and_grandchildren_are_followed() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let (trace, gt, _) = record_workload(tmp.path(), &["fork"], &[]);
+    let (trace, gt, _) = record_workload(tmp.path(), &[], &["fork"], &[]);
     let (got, _) = assert_exact(&trace, &gt);
     let pids: std::collections::BTreeSet<u32> = got.iter().map(|c| c.0).collect();
     assert_eq!(pids.len(), 3, "parent, child and grandchild: {pids:?}");
@@ -358,7 +355,7 @@ fn failed_allocations_are_events_with_their_return_code() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let (trace, gt, _) = record_workload(tmp.path(), &["oom"], &[("STANDIN_CAPACITY", "1073741824")]);
+    let (trace, gt, _) = record_workload(tmp.path(), &[], &["oom"], &[("STANDIN_CAPACITY", "1073741824")]);
     let (got, _) = assert_exact(&trace, &gt);
     let failed = got.iter().filter(|c| c.2 == "cudaMalloc" && c.3 == 2).count();
     assert_eq!(failed, 13, "16 requests of 300 MiB in 1 GiB: 3 fit");
@@ -532,7 +529,7 @@ fn output_belongs_to_the_sudo_user() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let (trace, _, _) = record_workload(tmp.path(), &["single"], &[("SUDO_UID", "65534"), ("SUDO_GID", "65534")]);
+    let (trace, _, _) = record_workload(tmp.path(), &[], &["single"], &[("SUDO_UID", "65534"), ("SUDO_GID", "65534")]);
     use std::os::unix::fs::MetadataExt;
     for e in fs::read_dir(&trace).unwrap().map(|e| e.unwrap().path()).chain([trace.clone()]) {
         let md = fs::metadata(&e).unwrap();
