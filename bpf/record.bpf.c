@@ -9,10 +9,17 @@
 // functions that write their result through an output pointer, the value
 // read through it, and submits one event to the ring buffer.
 //
+// Processes are followed through the scheduler's fork and exit hooks,
+// attached as BTF-enabled tracepoints (tp_btf), which need no tracefs. The
+// classic tracepoints below are a fallback for kernels that refuse tp_btf
+// (the recorder then mounts tracefs itself when it is absent). When the
+// last thread of a process that made a recorded call exits, an exit record
+// is written: the driver frees whatever device memory it still held.
+//
 // Written without vmlinux.h: registers come from the user-space pt_regs
-// definition, and the two kernel structs read (tracepoint records) are
-// declared with preserve_access_index so libbpf relocates them (CO-RE)
-// against the running kernel's BTF.
+// definition, and the few kernel structs read are declared with
+// preserve_access_index so libbpf relocates them (CO-RE) against the
+// running kernel's BTF.
 
 #include <linux/types.h>
 #include <linux/bpf.h>
@@ -27,10 +34,12 @@ char LICENSE[] SEC("license") = "Dual MIT/GPL";
 
 // Cookie layout: bits 0..15 probe index, bit 16 driver level, bit 17
 // "read the u64 behind argument 1 at return", bit 18 "read two stack
-// arguments at entry" (cudaLaunchKernel's sharedMem and stream).
+// arguments at entry" (cudaLaunchKernel's sharedMem and stream). Bit 19
+// marks an exit record, which no probe writes.
 #define COOKIE_DRIVER (1u << 16)
 #define COOKIE_OUT_PTR (1u << 17)
 #define COOKIE_STACK_ARGS (1u << 18)
+#define COOKIE_EXIT (1u << 19)
 
 struct event {
 	__u64 ts;       // entry, CLOCK_MONOTONIC ns
@@ -210,29 +219,39 @@ int on_entry_multi(struct pt_regs *ctx) { return entry(ctx); }
 SEC("uretprobe.multi")
 int on_return_multi(struct pt_regs *ctx) { return ret(ctx); }
 
-// Tracepoint records, relocated by field name (CO-RE).
+// Kernel structs, relocated by field name (CO-RE).
+struct signal_struct {
+	struct {
+		int counter;
+	} live; // threads of the group not yet exited
+} __attribute__((preserve_access_index));
+
+struct task_struct {
+	int pid;
+	int tgid;
+	struct signal_struct *signal;
+} __attribute__((preserve_access_index));
+
 struct trace_event_raw_sched_process_fork {
 	int child_pid;
 } __attribute__((preserve_access_index));
 
-SEC("tracepoint/sched/sched_process_fork")
-int on_fork(struct trace_event_raw_sched_process_fork *ctx)
+// A traced process forked: its child is traced too.
+static __always_inline int follow_fork(__u32 child)
 {
 	if (trace_all)
 		return 0;
 	__u32 parent = bpf_get_current_pid_tgid() >> 32;
 	if (!bpf_map_lookup_elem(&traced, &parent))
 		return 0;
-	// For a new thread this is its tid, which is harmless (the filter
-	// looks up tgids) and removed when the thread exits.
-	__u32 child = BPF_CORE_READ(ctx, child_pid);
 	__u8 one = 1;
 	bpf_map_update_elem(&traced, &child, &one, BPF_ANY);
 	return 0;
 }
 
-SEC("tracepoint/sched/sched_process_exit")
-int on_exit(void *ctx)
+// A thread exits (in its own context): drop its in-flight state; when it
+// is the last of a process that made a recorded call, write an exit record.
+static __always_inline int note_exit(struct task_struct *task)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
@@ -242,5 +261,59 @@ int on_exit(void *ctx)
 	bpf_map_delete_elem(&inflight, &key);
 	if (tid != tgid)
 		bpf_map_delete_elem(&traced, &tid);
+	// do_exit decrements signal->live before this hook runs.
+	if (BPF_CORE_READ(task, signal, live.counter) != 0)
+		return 0;
+	bpf_map_delete_elem(&traced, &tgid);
+	if (stopping || !bpf_map_lookup_elem(&seen, &tgid))
+		return 0;
+	bpf_map_delete_elem(&seen, &tgid);
+	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		__u32 zero = 0;
+		__u64 *n = bpf_map_lookup_elem(&lost, &zero);
+		if (n)
+			(*n)++;
+		return 0;
+	}
+	__builtin_memset(e, 0, sizeof(*e));
+	e->ts = bpf_ktime_get_ns();
+	e->pid = tgid;
+	e->tid = tid;
+	e->cookie = COOKIE_EXIT;
+	e->stack_id = -1;
+	__u64 flags = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
+	bpf_ringbuf_submit(e, flags);
 	return 0;
+}
+
+// BTF-enabled tracepoints: attached by BTF id, no tracefs needed.
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(on_fork_btf, struct task_struct *parent, struct task_struct *child)
+{
+	// A new thread shares its parent's tgid: nothing to add.
+	if (BPF_CORE_READ(child, tgid) != BPF_CORE_READ(child, pid))
+		return 0;
+	return follow_fork(BPF_CORE_READ(child, pid));
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(on_exit_btf, struct task_struct *task)
+{
+	return note_exit(task);
+}
+
+// Classic tracepoints: the fallback (their ids are read from tracefs).
+SEC("tracepoint/sched/sched_process_fork")
+int on_fork(struct trace_event_raw_sched_process_fork *ctx)
+{
+	// For a new thread this is its tid, which is harmless (the filter
+	// looks up tgids) and removed when the thread exits.
+	return follow_fork(BPF_CORE_READ(ctx, child_pid));
+}
+
+SEC("tracepoint/sched/sched_process_exit")
+int on_exit(void *ctx)
+{
+	return note_exit((struct task_struct *)bpf_get_current_task());
 }

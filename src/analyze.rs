@@ -20,7 +20,7 @@ use crate::leak::LeakReport;
 use crate::metrics::{Metrics, MetricsConfig};
 use crate::oom::OomDiagnosis;
 use crate::predict::{PredictConfig, Prediction, Risk};
-use crate::replay::{AllocatorFigures, Anomalies, Footprint, Peak, Replay};
+use crate::replay::{AllocatorFigures, Anomalies, ExitRelease, Footprint, Peak, Replay};
 use crate::trace::Trace;
 
 /// How the trace is cut into timesteps.
@@ -176,6 +176,8 @@ pub struct Analysis {
     /// Rendered pictures: (file name, RGB pixels, width, height).
     pub images: Vec<(String, Vec<u8>, u32, u32)>,
     pub anomalies: Anomalies,
+    /// Blocks that recorded processes still held when they exited.
+    pub exits: Vec<ExitRelease>,
     pub peaks: Vec<Peak>,
     /// Peak of the live bytes summed over processes.
     pub peak_live_total: u64,
@@ -190,6 +192,9 @@ pub struct Analysis {
     pub kernels: Vec<crate::kernels::KernelStat>,
     /// Device allocations by recorded call stack (`record --stacks`).
     pub alloc_stacks: Vec<crate::kernels::StackStat>,
+    /// Processes with device memory that the MDTP has no panel for
+    /// (`--max-panels`, or too little height).
+    pub panels_not_drawn: usize,
 }
 
 impl Analysis {
@@ -401,6 +406,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
             leak
         })
         .collect();
+    let exits = replay.exits().to_vec();
     let mut anomalies = replay.finish();
     anomalies.out_of_order = out_of_order;
 
@@ -423,6 +429,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         leaks,
         capacity,
         anomalies,
+        exits,
         peaks,
         peak_live_total: peak_total,
         options: *opts,
@@ -431,6 +438,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         flamegraph: stacks.as_ref().map(|st| crate::flame::folded(events, st)),
         kernels: Vec::new(),
         alloc_stacks: Vec::new(),
+        panels_not_drawn: 0,
     };
     if analysis.trace.source() == Some(crate::trace::Source::Ebpf) {
         analysis.kernels = crate::kernels::kernel_table(&analysis.trace.dir, events);
@@ -442,7 +450,8 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         let started = std::time::Instant::now();
         let lives = crate::plot::lifetimes(events);
         let segments = crate::plot::segment_lifetimes(events);
-        let (mdtp, _) = crate::plot::render_mdtp(&analysis, &lives, &segments, &footprint, pc)?;
+        let (mdtp, panels) = crate::plot::render_mdtp(&analysis, &lives, &segments, &footprint, pc)?;
+        analysis.panels_not_drawn = crate::plot::not_drawn(&analysis, &panels, pc);
         let timeline = crate::plot::render_timeline(&analysis, pc)?;
         analysis.images = vec![
             ("mdtp.png".into(), mdtp, pc.width, pc.height),

@@ -235,13 +235,29 @@ pub struct PlotArgs {
     /// Draw only this process.
     #[arg(long)]
     pub pid: Option<u32>,
+    /// Draw at most N process panels in the MDTP: those with the highest
+    /// peak live bytes (every process stays in metrics.parquet and
+    /// report.json; the figure and report.md say how many were left out).
+    #[arg(long, value_name = "N", default_value_t = crate::plot::MAX_PANELS, value_parser = parse_panels)]
+    pub max_panels: usize,
+}
+
+fn parse_panels(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if (1..=10_000).contains(&n) => Ok(n),
+        _ => Err(format!("`{s}`: expected a number of panels from 1 to 10000")),
+    }
 }
 
 fn parse_size_px(s: &str) -> Result<(u32, u32), String> {
     let (w, h) = s.split_once(['x', 'X']).ok_or_else(|| format!("`{s}`: expected WIDTHxHEIGHT, e.g. 1600x900"))?;
     match (w.trim().parse::<u32>(), h.trim().parse::<u32>()) {
-        (Ok(w), Ok(h)) if (200..=20_000).contains(&w) && (150..=20_000).contains(&h) => Ok((w, h)),
-        _ => Err(format!("`{s}`: expected WIDTHxHEIGHT between 200x150 and 20000x20000")),
+        (Ok(w), Ok(h)) if crate::plot::check_size(w, h).is_ok() => Ok((w, h)),
+        _ => Err(format!(
+            "`{s}`: expected WIDTHxHEIGHT between {}x{} and 20000x20000",
+            crate::plot::MIN_SIZE.0,
+            crate::plot::MIN_SIZE.1
+        )),
     }
 }
 

@@ -278,6 +278,7 @@ pub fn compare(a: &Path, b: &Path, opts: &Options, size: (u32, u32)) -> Result<C
         addr_window: Some((0, scale)),
         pid: None,
         normalised_time: true,
+        ..crate::plot::PlotConfig::default()
     };
     let opts_plot = Options { plot: Some(plot), ..*opts };
     let aa = crate::analyze::analyze_events(ta, &ea, oa, &opts_plot)?;

@@ -58,6 +58,7 @@ kinds! {
     MemUnmap => "mem_unmap",
     VaReserve => "va_reserve",
     VaFree => "va_free",
+    Exit => "exit",
 }
 
 impl EventKind {
@@ -335,7 +336,7 @@ mod tests {
         for &k in EventKind::ALL {
             assert_eq!(EventKind::from_name(k.name()), Some(k));
         }
-        assert_eq!(EventKind::ALL.len(), 24);
+        assert_eq!(EventKind::ALL.len(), 25);
         assert_eq!(EventKind::from_name("cudaMalloc"), None);
     }
 

@@ -48,12 +48,67 @@ pub struct PlotConfig {
     pub pid: Option<u32>,
     /// Label the MDTP's time axis as a fraction of the shown span (compare).
     pub normalised_time: bool,
+    /// At most this many process panels in the MDTP, the processes with the
+    /// highest peak live bytes (fewer when the image is too short for them).
+    pub max_panels: usize,
 }
+
+/// Default of `--max-panels`.
+pub const MAX_PANELS: usize = 8;
 
 impl Default for PlotConfig {
     fn default() -> Self {
-        PlotConfig { width: 1600, height: 900, time_window: None, addr_window: None, pid: None, normalised_time: false }
+        PlotConfig {
+            width: 1600,
+            height: 900,
+            time_window: None,
+            addr_window: None,
+            pid: None,
+            normalised_time: false,
+            max_panels: MAX_PANELS,
+        }
     }
+}
+
+/// The smallest and largest images drawn.
+pub const MIN_SIZE: (u32, u32) = (200, 100);
+
+/// Height a panel needs for its axis labels and a few rows of plot, in
+/// compact form: panels beyond what fits are not drawn.
+const PANEL_MIN_HEIGHT: u32 = 60;
+/// The figure title's font size: 22 px, smaller on narrow images.
+fn title_font(width: u32) -> u32 {
+    (width / 36).clamp(11, 22)
+}
+
+/// Images narrower than this have no size legend.
+const LEGEND_FROM_WIDTH: u32 = 420;
+/// Panels shorter than this lose their caption and most of their margins.
+const COMPACT_BELOW: u32 = 120;
+/// Height of the figure title.
+const TITLE_HEIGHT: u32 = 30;
+
+/// The processes that get an MDTP panel: `--pid`, or the `max_panels`
+/// with the highest peak live bytes that fit the height, in trace order.
+fn panel_pids(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u32>> {
+    if let Some(p) = cfg.pid {
+        if !a.peaks.iter().any(|q| q.pid == p) {
+            bail!("--pid {p}: no such process with device memory in this trace");
+        }
+        return Ok(vec![p]);
+    }
+    let fit = (cfg.height.saturating_sub(TITLE_HEIGHT) / PANEL_MIN_HEIGHT).max(1) as usize;
+    let n = cfg.max_panels.max(1).min(fit);
+    let mut by_peak: Vec<(usize, &crate::replay::Peak)> = a.peaks.iter().enumerate().collect();
+    by_peak.sort_by(|x, y| y.1.bytes.cmp(&x.1.bytes).then(x.0.cmp(&y.0)));
+    by_peak.truncate(n);
+    by_peak.sort_by_key(|x| x.0);
+    Ok(by_peak.into_iter().map(|x| x.1.pid).collect())
+}
+
+/// How many processes with device memory have no panel in the MDTP.
+pub fn not_drawn(a: &Analysis, panels: &[PanelGeometry], cfg: &PlotConfig) -> usize {
+    if cfg.pid.is_some() { 0 } else { a.peaks.len().saturating_sub(panels.len()) }
 }
 
 /// One block's life. `end` is the trace's last timestamp for blocks alive
@@ -76,6 +131,17 @@ pub fn lifetimes(events: &Events) -> Vec<Lifetime> {
     let last = events.ts_ns.last().copied().unwrap_or(0);
     for i in 0..events.len() {
         let Some(kind) = events.kind[i] else { continue };
+        if kind == crate::event::EventKind::Exit {
+            // The process ended: the driver released what it held.
+            let (pid, ts) = (events.pid[i], events.ts_ns[i]);
+            open.retain(|&(p, addr), &mut (size, start)| {
+                if p == pid {
+                    out.push(Lifetime { pid, addr, size, start, end: ts });
+                }
+                p != pid
+            });
+            continue;
+        }
         if events.ret[i] != 0 || events.addr[i] == 0 {
             continue;
         }
@@ -213,18 +279,9 @@ pub fn render_mdtp(
 ) -> Result<(Vec<u8>, Vec<PanelGeometry>)> {
     fonts()?;
     let (w, h) = (cfg.width, cfg.height);
-    if w < 200 || h < 150 {
-        bail!("--size {w}x{h} is too small for a plot (at least 200x150)");
-    }
-    let pids: Vec<u32> = match cfg.pid {
-        Some(p) => {
-            if !a.peaks.iter().any(|q| q.pid == p) {
-                bail!("--pid {p}: no such process with device memory in this trace");
-            }
-            vec![p]
-        }
-        None => a.peaks.iter().map(|p| p.pid).collect(),
-    };
+    check_size(w, h)?;
+    let pids = panel_pids(a, cfg)?;
+    let hidden = if cfg.pid.is_some() { 0 } else { a.peaks.len() - pids.len() };
     let (t_first, t_last) = (a.first_ts, a.last_ts.max(a.first_ts + 1));
     let (t0, t1) = match cfg.time_window {
         Some((s, e)) => (t_first + s, t_first + e.max(s + 1)),
@@ -238,14 +295,15 @@ pub fn render_mdtp(
         let root = BitMapBackend::with_buffer(&mut buf, (w, h)).into_drawing_area();
         let s = crate::report::Summary::of(a);
         let title = format!(
-            "{} — peak live {}, score {:.1}, {} OOM{}",
+            "{} — peak live {}, score {:.1}, {} OOM{}{}",
             a.trace.name,
             bytes(s.peak_live_bytes),
             s.score.final_,
             s.ooms,
-            if s.ooms == 1 { "" } else { "s" }
+            if s.ooms == 1 { "" } else { "s" },
+            if hidden > 0 { format!(" · +{hidden} processes not drawn") } else { String::new() }
         );
-        let root = root.titled(&title, (FONT, 22)).map_err(|e| anyhow!("{e}"))?;
+        let root = root.titled(&title, (FONT, title_font(w))).map_err(|e| anyhow!("{e}"))?;
         let areas = root.split_evenly((pids.len().max(1), 1));
         for (area, &pid) in areas.iter().zip(&pids) {
             let collapse = Collapse::new(footprint.regions(pid));
@@ -253,12 +311,22 @@ pub fn render_mdtp(
                 Some((s, e)) => (s, e.max(s + 1)),
                 None => (0, collapse.total.max(1)),
             };
-            let mut chart = ChartBuilder::on(area)
-                .margin(8)
-                .margin_right(130)
-                .caption(format!("{} {pid}", if a.allocator_view { "device" } else { "process" }), (FONT, 15))
-                .x_label_area_size(36)
-                .y_label_area_size(84)
+            // A short panel drops its caption and tightens its margins so
+            // that the plot keeps some rows.
+            let compact = area.dim_in_pixel().1 < COMPACT_BELOW;
+            // A narrow image has no room for the size legend on the right.
+            let legend = area.dim_in_pixel().0 >= LEGEND_FROM_WIDTH;
+            let caption = format!("{} {pid}", if a.allocator_view { "device" } else { "process" });
+            let mut builder = ChartBuilder::on(area);
+            builder
+                .margin(if compact { 2 } else { 8 })
+                .margin_right(if legend { 130 } else { 8 })
+                .x_label_area_size(if compact { 22 } else { 36 })
+                .y_label_area_size(if legend { 84 } else { 64 });
+            if !compact {
+                builder.caption(caption, (FONT, 15));
+            }
+            let mut chart = builder
                 .build_cartesian_2d(0f64..(t1 - t0) as f64, o0 as f64..o1 as f64)
                 .map_err(|e| anyhow!("{e}"))?;
             let span = (t1 - t0).max(1) as f64;
@@ -267,38 +335,47 @@ pub fn render_mdtp(
                 .configure_mesh()
                 .disable_mesh()
                 .x_desc(if cfg.normalised_time { "time / duration" } else { "time" })
-                .y_desc("address offset (collapsed)")
+                .y_desc(if compact { "offset" } else { "address offset (collapsed)" })
                 .label_style((FONT, 13))
                 .x_label_formatter(&x_label)
                 .y_label_formatter(&|v| bytes(v.max(0.0) as u64))
                 .draw()
                 .map_err(|e| anyhow!("{e}"))?;
             let (xr, yr) = chart.plotting_area().get_pixel_range();
-            panels.push(PanelGeometry { pid, x0: xr.start, x1: xr.end, y0: yr.start, y1: yr.end, t0, t1, o0, o1 });
-            // Size legend in the right margin: the ramp with its ends.
-            let (lx, ly) = (xr.end + 20, yr.start);
-            let steps = 40;
-            for i in 0..steps {
-                let c = size_colour(1.0 - i as f64 / (steps - 1) as f64);
-                let y = ly + i * 4;
-                area.draw(&Rectangle::new(
-                    [
-                        (lx - area.get_base_pixel().0, y - area.get_base_pixel().1),
-                        (lx + 16 - area.get_base_pixel().0, y + 4 - area.get_base_pixel().1),
-                    ],
-                    RGBColor(c[0] as u8, c[1] as u8, c[2] as u8).filled(),
-                ))
-                .map_err(|e| anyhow!("{e}"))?;
+            // Clipped to the image: every pixel index below stays inside.
+            let (x0, x1) = (xr.start.clamp(0, w as i32), xr.end.clamp(0, w as i32));
+            let (y0, y1) = (yr.start.clamp(0, h as i32), yr.end.clamp(0, h as i32));
+            if x1 - x0 < 1 || y1 - y0 < 1 {
+                continue; // no room for a single pixel: not drawn, counted
             }
-            let (bx, by) = area.get_base_pixel();
-            let style = TextStyle::from((FONT, 12).into_font()).color(&BLACK);
-            let _ = area.draw_text(&format!("≥ {}", bytes(max_size)), &style, (lx + 20 - bx, ly - by));
-            let _ = area.draw_text(
-                &format!("{}", bytes(min_size.min(max_size))),
-                &style,
-                (lx + 20 - bx, ly + steps * 4 - 12 - by),
-            );
-            let _ = area.draw_text("block size", &style, (lx - bx, ly + steps * 4 + 6 - by));
+            panels.push(PanelGeometry { pid, x0, x1, y0, y1, t0, t1, o0, o1 });
+            if legend {
+                // Size legend in the right margin: the ramp with its ends,
+                // shortened to the panel's height.
+                let (lx, ly) = (xr.end + 20, yr.start);
+                let steps = ((y1 - y0 - 30) / 4).clamp(2, 40);
+                for i in 0..steps {
+                    let c = size_colour(1.0 - i as f64 / (steps - 1) as f64);
+                    let y = ly + i * 4;
+                    area.draw(&Rectangle::new(
+                        [
+                            (lx - area.get_base_pixel().0, y - area.get_base_pixel().1),
+                            (lx + 16 - area.get_base_pixel().0, y + 4 - area.get_base_pixel().1),
+                        ],
+                        RGBColor(c[0] as u8, c[1] as u8, c[2] as u8).filled(),
+                    ))
+                    .map_err(|e| anyhow!("{e}"))?;
+                }
+                let (bx, by) = area.get_base_pixel();
+                let style = TextStyle::from((FONT, 12).into_font()).color(&BLACK);
+                let _ = area.draw_text(&format!("≥ {}", bytes(max_size)), &style, (lx + 20 - bx, ly - by));
+                let _ = area.draw_text(
+                    &format!("{}", bytes(min_size.min(max_size))),
+                    &style,
+                    (lx + 20 - bx, ly + steps * 4 - 12 - by),
+                );
+                let _ = area.draw_text("block size", &style, (lx - bx, ly + steps * 4 + 6 - by));
+            }
         }
         root.present().map_err(|e| anyhow!("{e}"))?;
     }
@@ -415,7 +492,7 @@ fn raster_panel(
     // shows the segments instead).
     for &(_, _, off) in collapse.regions.iter().skip(1).filter(|_| !reserved) {
         if off > p.o0 && off < p.o1 {
-            let r = ((off - p.o0) as f64 / bytes_per_row) as i32;
+            let r = (((off - p.o0) as f64 / bytes_per_row) as i32).min(rows as i32 - 1);
             let y = p.y1 - 1 - r;
             for c in 0..cols {
                 let px = ((y as u32 * width + p.x0 as u32 + c as u32) * 3) as usize;
@@ -438,7 +515,7 @@ fn oom_marks(buf: &mut [u8], width: u32, p: &PanelGeometry, a: &Analysis) {
             let px = ((y as u32 * width + x) * 3) as usize;
             buf[px..px + 3].copy_from_slice(&[220, 0, 0]);
         }
-        let bar = ((o.requested as f64 / bytes_per_row).ceil() as i32).clamp(2, p.y1 - p.y0);
+        let bar = ((o.requested as f64 / bytes_per_row).ceil() as i32).clamp(2.min(p.y1 - p.y0), p.y1 - p.y0);
         for y in p.y0..p.y0 + bar {
             for dx in 0..3 {
                 let xx = (x as i32 + dx - 1).clamp(p.x0, p.x1 - 1) as u32;
@@ -447,6 +524,18 @@ fn oom_marks(buf: &mut [u8], width: u32, p: &PanelGeometry, a: &Analysis) {
             }
         }
     }
+}
+
+/// Refuses image sizes outside what the plots are laid out for.
+pub fn check_size(w: u32, h: u32) -> Result<()> {
+    if w < MIN_SIZE.0 || h < MIN_SIZE.1 || w > 20_000 || h > 20_000 {
+        bail!(
+            "--size {w}x{h}: a plot must be between {}x{} and 20000x20000 pixels",
+            MIN_SIZE.0,
+            MIN_SIZE.1
+        );
+    }
+    Ok(())
 }
 
 /// Writes an RGB buffer as PNG through a temporary file.
@@ -528,6 +617,7 @@ fn finish_panel<'a, 'b: 'a>(c: &mut Panel<'a, 'b>, ooms: &[f64], top: f64) -> Re
 pub fn render_timeline(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u8>> {
     fonts()?;
     let (w, h) = (cfg.width, cfg.height);
+    check_size(w, h)?;
     let mut buf = vec![255u8; (w * h * 3) as usize];
     {
         let root = BitMapBackend::with_buffer(&mut buf, (w, h)).into_drawing_area();

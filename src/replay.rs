@@ -22,6 +22,10 @@
 //! - rows out of time order (`out_of_order`, counted by the loader, which
 //!   then sorts stably),
 //! - kind names this version does not know (`unknown_kind`).
+//!
+//! A process's `exit` event (recorded traces) releases every block it still
+//! holds, as the driver does when a process ends: they are counted as
+//! released at exit ([`ExitRelease`]), neither live nor leaked afterwards.
 
 use std::collections::BTreeMap;
 
@@ -175,6 +179,15 @@ struct Proc<'f> {
     free_sq: u128,
 }
 
+/// What a process still held when it exited, released by its `exit`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ExitRelease {
+    pub pid: u32,
+    pub t_ns: u64,
+    pub bytes: u64,
+    pub blocks: u64,
+}
+
 /// Exact peak of one process's live bytes (between rows too).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Peak {
@@ -193,6 +206,7 @@ pub struct Replay<'f> {
     index: AHashMap<u32, usize>,
     last: Option<(u32, usize)>,
     anomalies: Anomalies,
+    exits: Vec<ExitRelease>,
     live_total: u64,
     peak_total: u64,
     reference: bool,
@@ -208,6 +222,7 @@ impl<'f> Replay<'f> {
             index: AHashMap::new(),
             last: None,
             anomalies: Anomalies::default(),
+            exits: Vec::new(),
             live_total: 0,
             peak_total: 0,
             reference: false,
@@ -275,6 +290,9 @@ impl<'f> Replay<'f> {
     /// the replay at its first device-memory event (allocation, free or
     /// OOM, failed or not).
     pub fn apply(&mut self, e: &Event) {
+        if e.kind == EventKind::Exit {
+            return self.exit(e.pid, e.ts_ns);
+        }
         if self.allocator {
             return self.apply_allocator(e);
         }
@@ -364,6 +382,29 @@ impl<'f> Replay<'f> {
             _ => {}
         }
         self.note_peaks(i, before, e.ts_ns);
+    }
+
+    /// Process `pid` ended: the driver released every block it held.
+    fn exit(&mut self, pid: u32, t_ns: u64) {
+        let Some(&i) = self.index.get(&pid) else { return };
+        let proc = &mut self.procs[i];
+        let (before, blocks) = (proc.blocks.bytes, proc.blocks.count);
+        if blocks == 0 {
+            return;
+        }
+        proc.hashed.clear();
+        proc.pending.clear();
+        proc.live.clear();
+        proc.blocks = BlockStats::default();
+        proc.gaps = GapSet::default();
+        proc.span = 0;
+        self.exits.push(ExitRelease { pid, t_ns, bytes: before, blocks });
+        self.note_peaks(i, before, t_ns);
+    }
+
+    /// Blocks released by process exits, in time order.
+    pub fn exits(&self) -> &[ExitRelease] {
+        &self.exits
     }
 
     /// After an event changed process `i`'s live bytes from `before`: its
@@ -787,6 +828,40 @@ mod tests {
             ev.push(e);
         }
         ev
+    }
+
+    #[test]
+    fn exit_releases_what_the_process_held_and_only_its_own() {
+        use EventKind::*;
+        let list = [
+            ev(0, 7, Alloc, 0x10000, 0x1000),
+            ev(1, 7, Alloc, 0x30000, 0x2000),
+            ev(2, 8, Alloc, 0x10000, 0x4000),
+            ev(3, 7, Free, 0x10000, 0),
+            ev(4, 7, Exit, 0, 0),
+            ev(5, 8, Exit, 0, 0),
+            ev(6, 9, Exit, 0, 0), // never allocated: nothing to release
+        ];
+        let evs = events(&list);
+        let fp = Footprint::build(&evs);
+        for mut r in [Replay::new(MetricsConfig::default(), &fp), Replay::reference(MetricsConfig::default(), &fp)] {
+            for e in &list[..5] {
+                r.apply(e);
+            }
+            let m = r.metrics(7);
+            assert_eq!((m.live_bytes, m.live_blocks, m.span_bytes, m.gap_count), (0, 0, 0, 0));
+            assert_eq!(r.metrics(8).live_bytes, 0x4000);
+            for e in &list[5..] {
+                r.apply(e);
+            }
+            let want = [
+                ExitRelease { pid: 7, t_ns: 4, bytes: 0x2000, blocks: 1 },
+                ExitRelease { pid: 8, t_ns: 5, bytes: 0x4000, blocks: 1 },
+            ];
+            assert_eq!(r.exits(), &want);
+            assert_eq!(r.peak_total(), 0x7000);
+            assert_eq!(r.finish().total(), 0);
+        }
     }
 
     #[test]

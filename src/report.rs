@@ -416,6 +416,12 @@ pub fn report_json(a: &Analysis) -> serde_json::Value {
             "by_size": l.by_size,
         })).collect::<Vec<_>>(),
     });
+    if !a.exits.is_empty() {
+        report["released_at_exit"] = json!(a.exits);
+    }
+    if a.panels_not_drawn > 0 {
+        report["plots"] = json!({"panels_not_drawn": a.panels_not_drawn});
+    }
     if !a.kernels.is_empty() {
         report["kernels"] = json!(a.kernels);
     }
@@ -569,6 +575,25 @@ pub fn report_md(a: &Analysis) -> String {
         md,
         "\nE external fragmentation, K unusable-free-space index, S small-allocation ratio, C size CV, L large-gap ratio, U utilization — at the last step.\n"
     );
+    if a.panels_not_drawn > 0 {
+        let _ = writeln!(
+            md,
+            "The MDTP draws the {} processes with the highest peak live bytes: +{} processes not drawn (`--max-panels`, `--pid`); every process is in metrics.parquet and report.json.\n",
+            a.peaks.len() - a.panels_not_drawn,
+            a.panels_not_drawn
+        );
+    }
+    if !a.exits.is_empty() {
+        let bytes_total: u64 = a.exits.iter().map(|x| x.bytes).sum();
+        let _ = writeln!(
+            md,
+            "Released at exit: {} process{} ended holding {} in {} blocks; the driver frees it, so it is neither live nor leaked afterwards (all in report.json).\n",
+            a.exits.len(),
+            if a.exits.len() == 1 { "" } else { "es" },
+            bytes(bytes_total),
+            a.exits.iter().map(|x| x.blocks).sum::<u64>()
+        );
+    }
 
     let _ = writeln!(md, "## Events by kind\n\n| kind | count |\n|---|---|");
     for (k, n) in &a.counts_by_kind {

@@ -177,3 +177,112 @@ fn windows_restrict_the_view() {
     let hole = p.pixel(55 * MS, (128 << 10) + 6 * MIB);
     assert_eq!(rgb(&buf, 800, hole), [255, 255, 255]);
 }
+
+/// `n` processes with `per` allocations each (the same addresses in each,
+/// as device addresses are per process), in time order; process p frees
+/// every other block, and the odd ones exit holding the rest.
+fn write_processes(dir: &Path, n: u32, per: u64) {
+    use EventKind::*;
+    let mut w = TraceWriter::create(dir, TraceMeta::new(Source::Synthetic), 100_000).unwrap();
+    let mut t = 0;
+    let mut at = |pid: u32, kind: EventKind, addr: u64, size: u64| {
+        t += 1;
+        Event { pid, tid: pid, ts_ns: t * 1000, ..ev(0, kind, addr, size, 0) }
+    };
+    for pid in 1..=n {
+        for k in 0..per {
+            w.push(at(pid, Alloc, BASE + k * 4 * MIB, (1 + (k + pid as u64) % 4) * MIB)).unwrap();
+        }
+        for k in (0..per).step_by(2) {
+            w.push(at(pid, Free, BASE + k * 4 * MIB, 0)).unwrap();
+        }
+        if pid % 2 == 1 {
+            w.push(at(pid, Exit, 0, 0)).unwrap();
+        }
+    }
+    w.finish().unwrap();
+}
+
+#[test]
+fn hundreds_of_processes_analyse_with_at_most_max_panels() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("t");
+    write_processes(&dir, 400, 30);
+    let out = tmp.path().join("out");
+    // 240 steps: the predictor runs once per process, and 400 of them at
+    // the default 1000 steps take most of a minute (issue: predictor cost).
+    Command::cargo_bin("fragscope")
+        .unwrap()
+        .arg("analyze")
+        .arg(&dir)
+        .args(["--step", "50ev", "-o"])
+        .arg(&out)
+        .assert()
+        .success();
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
+    assert_eq!(report["processes"].as_array().unwrap().len(), 400);
+    assert_eq!(report["plots"]["panels_not_drawn"], 392);
+    let released = report["released_at_exit"].as_array().unwrap();
+    assert_eq!(released.len(), 200);
+    assert!(released.iter().all(|r| r["blocks"] == 15), "{released:?}");
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("+392 processes not drawn") && md.contains("Released at exit: 200 processes"), "{md}");
+    // Processes that exited hold nothing at the end; the others keep theirs.
+    let leaks = report["leaks"].as_array().unwrap();
+    let live_at_end = |pid: u64| leaks.iter().find(|l| l["pid"] == pid).unwrap()["live_at_end_blocks"].as_u64();
+    assert_eq!((live_at_end(1), live_at_end(2)), (Some(0), Some(15)));
+    let img = image::open(out.join("mdtp.png")).unwrap();
+    assert_eq!((img.width(), img.height()), (1600, 900));
+    Command::cargo_bin("fragscope")
+        .unwrap()
+        .arg("analyze")
+        .arg(&dir)
+        .args(["--max-panels", "0", "-o"])
+        .arg(tmp.path().join("x"))
+        .assert()
+        .code(2);
+}
+
+mod many_processes {
+    use super::*;
+    use fragscope::analyze::StepSpec;
+    use fragscope::plot::{not_drawn, render_timeline};
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        /// Any number of processes, any image size down to 200×100, any
+        /// --max-panels: rendering never panics, every panel lies inside
+        /// the image with at least one pixel row, and every process is
+        /// either drawn or counted as not drawn.
+        #[test]
+        fn rendering_never_panics(
+            n in prop_oneof![1u32..=12, 13u32..=2000],
+            w in 200u32..=1200,
+            h in 100u32..=900,
+            max_panels in 1usize..=40,
+        ) {
+            let tmp = tempfile::tempdir().unwrap();
+            let dir = tmp.path().join("t");
+            write_processes(&dir, n, 3);
+            // Few steps: the predictor has too little data and stays cheap.
+            let opts = Options { plot: None, step: StepSpec::Events(2000), ..Options::default() };
+            let a = analyze_path(&dir, &opts).unwrap();
+            let (events, _) = Trace::open(&dir).unwrap().load_events().unwrap();
+            let fp = Footprint::build(&events);
+            let cfg = PlotConfig { width: w, height: h, max_panels, ..PlotConfig::default() };
+            let (buf, panels) = render_mdtp(&a, &lifetimes(&events), &[], &fp, &cfg).unwrap();
+            prop_assert_eq!(buf.len(), (w * h * 3) as usize);
+            prop_assert!(panels.len() <= max_panels);
+            prop_assert!(!panels.is_empty(), "even a 200x100 image has room for one panel");
+            for p in &panels {
+                prop_assert!(p.x0 >= 0 && p.x1 <= w as i32 && p.x1 - p.x0 >= 1, "{:?}", p);
+                prop_assert!(p.y0 >= 0 && p.y1 <= h as i32 && p.y1 - p.y0 >= 1, "{:?}", p);
+            }
+            prop_assert_eq!(panels.len() + not_drawn(&a, &panels, &cfg), n as usize);
+            let timeline = render_timeline(&a, &cfg).unwrap();
+            prop_assert_eq!(timeline.len(), (w * h * 3) as usize);
+        }
+    }
+}

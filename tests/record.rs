@@ -68,9 +68,22 @@ fn standin() -> &'static Path {
     })
 }
 
+/// Run inside a private mount namespace (`unshare --mount`): unmounts
+/// tracefs and debugfs there, checks they are gone, then execs the
+/// recorder (same pid, so signals reach it).
+const WITHOUT_TRACEFS: &str = r#"for m in /sys/kernel/debug/tracing /sys/kernel/tracing /sys/kernel/debug; do
+  while umount -l "$m" 2>/dev/null; do :; done
+done
+if grep -qE ' (tracefs|debugfs) ' /proc/self/mounts; then echo "tracefs or debugfs still mounted" >&2; exit 99; fi
+exec "$@""#;
+
+/// `fragscope record -o OUT ARGS…`, always as on a fresh machine: in a
+/// private mount namespace where neither tracefs nor debugfs is mounted,
+/// whatever the host has, so a recorder that needs tracefs fails here.
 fn record_cmd(out: &Path, args: &[&str]) -> Command {
-    let mut c = Command::new(bin());
-    c.arg("record").arg("-o").arg(out).args(args);
+    let mut c = Command::new("unshare");
+    c.args(["--mount", "--propagation", "private", "--", "sh", "-c", WITHOUT_TRACEFS, "fragscope-record"]);
+    c.arg(bin()).arg("record").arg("-o").arg(out).args(args);
     c
 }
 
@@ -115,7 +128,12 @@ fn trace_calls(dir: &Path) -> Vec<Call> {
         );
         let call = col("call").cast(&DataType::String).unwrap();
         let call = call.str().unwrap();
+        let kind = col("kind").cast(&DataType::String).unwrap();
+        let kind = kind.str().unwrap();
         for i in 0..df.height() {
+            if kind.get(i) == Some("exit") {
+                continue; // not a call: see trace_exits
+            }
             rows.push((
                 ts.get(i).unwrap(),
                 (
@@ -130,6 +148,29 @@ fn trace_calls(dir: &Path) -> Vec<Call> {
         }
     }
     rows.sort_by_key(|r| r.0);
+    rows.into_iter().map(|r| r.1).collect()
+}
+
+/// The processes whose `exit` the trace recorded, in time order.
+fn trace_exits(dir: &Path) -> Vec<u32> {
+    let mut rows = Vec::new();
+    for e in fs::read_dir(dir).unwrap() {
+        let part = e.unwrap().path();
+        if !part.file_name().unwrap().to_string_lossy().starts_with("events-") {
+            continue;
+        }
+        let df = ParquetReader::new(fs::File::open(&part).unwrap()).finish().unwrap();
+        let df = df
+            .lazy()
+            .filter(col("kind").cast(DataType::String).eq(lit("exit")))
+            .select([col("ts_ns"), col("pid"), col("call"), col("addr"), col("size")])
+            .collect()
+            .unwrap();
+        assert_eq!(df.column("call").unwrap().null_count(), df.height(), "an exit is no call");
+        let (ts, pid) = (df.column("ts_ns").unwrap().u64().unwrap(), df.column("pid").unwrap().u32().unwrap());
+        rows.extend(ts.into_no_null_iter().zip(pid.into_no_null_iter()));
+    }
+    rows.sort();
     rows.into_iter().map(|r| r.1).collect()
 }
 
@@ -159,6 +200,30 @@ fn assert_exact(trace: &Path, truth: &Path) -> (Vec<Call>, Vec<Call>) {
     let meta = meta(trace);
     assert_eq!(meta["lost_events"], 0, "lost events");
     (got, want)
+}
+
+/// Device blocks (count, bytes) a process's calls leave allocated, by the
+/// ground truth's own bookkeeping: successful device allocations minus
+/// frees of their addresses.
+fn held_at_end(calls: &[Call]) -> (u64, u64) {
+    let mut live: BTreeMap<u64, u64> = BTreeMap::new();
+    for (_, _, f, ret, addr, size) in calls {
+        if *ret != 0 {
+            continue;
+        }
+        match f.as_str() {
+            "cudaMalloc" | "cudaMallocAsync" | "cudaMallocManaged" | "cuMemAlloc_v2" | "cuMemAllocAsync" => {
+                if *addr != 0 && *size > 0 {
+                    live.insert(*addr, *size);
+                }
+            }
+            "cudaFree" | "cudaFreeAsync" | "cuMemFree_v2" | "cuMemFreeAsync" => {
+                live.remove(addr);
+            }
+            _ => {}
+        }
+    }
+    (live.len() as u64, live.values().sum())
 }
 
 fn meta(trace: &Path) -> serde_json::Value {
@@ -236,9 +301,12 @@ fn single_threaded_workload_is_recorded_exactly() {
     assert_eq!(row("stream"), (0x5100).to_string());
     let summary = analyze_ok(&trace, &tmp.path().join("a"));
     assert!(summary.contains("events"), "{summary}");
+    // The workload's exit is an event; what it still held is released then.
+    let pid = got[0].0;
+    assert_eq!(trace_exits(&trace), vec![pid]);
+    assert_eq!(held_at_end(&got), (0, 0), "`single` frees what it allocates");
     // The launch's function address is named from the workload's symbols,
     // demangled.
-    let pid = got[0].0;
     let maps = fs::read_to_string(trace.join("maps").join(pid.to_string())).unwrap();
     assert!(maps.contains("libcudart.so.12"), "maps/{pid} lacks the runtime");
     let report: serde_json::Value =
@@ -274,6 +342,68 @@ fn stacks_name_the_callers_of_allocations() {
 }
 
 #[test]
+fn processes_that_exit_holding_memory_release_it_at_exit() {
+    if !bpf_ready("processes_that_exit_holding_memory_release_it_at_exit") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let n = 40;
+    let (trace, gt, _) = record_workload(tmp.path(), &[], &["procs", &n.to_string()], &[]);
+    let (got, _) = assert_exact(&trace, &gt);
+    let by_pid: BTreeMap<u32, Vec<Call>> = got.iter().fold(BTreeMap::new(), |mut m, c| {
+        m.entry(c.0).or_default().push(c.clone());
+        m
+    });
+    assert_eq!(by_pid.len(), n, "one process per iteration, the parent makes no call");
+    // Every child's exit is recorded, in the order they ran.
+    let mut order: Vec<(u32, usize)> = by_pid.keys().map(|&p| (p, got.iter().position(|c| c.0 == p).unwrap())).collect();
+    order.sort_by_key(|x| x.1);
+    assert_eq!(trace_exits(&trace), order.iter().map(|x| x.0).collect::<Vec<_>>());
+    // analyze releases what each held at its exit; nothing is live or
+    // leaking at the end; the MDTP draws 8 panels and says so.
+    let out = tmp.path().join("a");
+    let o = Command::new(bin()).arg("analyze").arg(&trace).arg("-o").arg(&out).output().unwrap();
+    assert!(o.status.success(), "analyze failed: {}", String::from_utf8_lossy(&o.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&fs::read(out.join("report.json")).unwrap()).unwrap();
+    let released = report["released_at_exit"].as_array().expect("released_at_exit");
+    assert_eq!(released.len(), n);
+    for r in released {
+        let pid = r["pid"].as_u64().unwrap() as u32;
+        let held = held_at_end(&by_pid[&pid]);
+        assert_eq!((r["blocks"].as_u64(), r["bytes"].as_u64()), (Some(held.0), Some(held.1)), "pid {pid}");
+        assert_eq!(held.0, 2);
+    }
+    let leaks = report["leaks"].as_array().unwrap();
+    // `leaking` is null where a process lived too few steps to compare.
+    let bad: Vec<_> = leaks.iter().filter(|l| l["leaking"] == true || l["live_at_end_bytes"] != 0).collect();
+    assert!(bad.is_empty(), "{bad:?}");
+    assert_eq!(report["processes"].as_array().unwrap().len(), n, "every process stays in report.json");
+    assert_eq!(report["plots"]["panels_not_drawn"], n - 8);
+    let md = fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains(&format!("+{} processes not drawn", n - 8)), "{md}");
+    assert!(md.contains(&format!("Released at exit: {n} processes")), "{md}");
+    assert!(out.join("mdtp.png").is_file());
+}
+
+#[test]
+fn classic_tracepoints_mount_tracefs_when_it_is_missing() {
+    if !bpf_ready("classic_tracepoints_mount_tracefs_when_it_is_missing") {
+        return;
+    }
+    // The fallback for kernels that refuse tp_btf, forced: in the test's
+    // namespace tracefs is not mounted, so the recorder mounts it (there
+    // only), and records exactly, children and exits included.
+    let tmp = tempfile::tempdir().unwrap();
+    let (trace, gt, out) = record_workload(tmp.path(), &[], &["fork"], &[("FRAGSCOPE_RECORD_HOOKS", "tracepoint")]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("mounted it at /sys/kernel/tracing"), "{stderr}");
+    let (got, _) = assert_exact(&trace, &gt);
+    let pids: std::collections::BTreeSet<u32> = got.iter().map(|c| c.0).collect();
+    assert_eq!(pids.len(), 3);
+    assert_eq!(trace_exits(&trace).len(), 3);
+}
+
+#[test]
 fn eight_threads_hammering_lose_nothing() {
     if !bpf_ready("eight_threads_hammering_lose_nothing") {
         return;
@@ -296,6 +426,10 @@ fn forked_children_and_grandchildren_are_followed() {
     let pids: std::collections::BTreeSet<u32> = got.iter().map(|c| c.0).collect();
     assert_eq!(pids.len(), 3, "parent, child and grandchild: {pids:?}");
     assert_eq!(meta(&trace)["pids"].as_array().unwrap().len(), 3);
+    // Each of the three ended while recorded: one exit each, after its calls.
+    let exits = trace_exits(&trace);
+    assert_eq!(exits.iter().copied().collect::<std::collections::BTreeSet<u32>>(), pids, "{exits:?}");
+    assert_eq!(exits.len(), 3, "one exit per process, none per thread: {exits:?}");
 }
 
 #[test]

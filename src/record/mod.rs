@@ -5,9 +5,16 @@
 //! - What is probed and how records decode: [`probes`]. Which files:
 //!   [`libs`].
 //! - Processes: a BPF hash of traced tgids. The spawned command (or
-//!   `--pid`) is put in before it runs; a `sched_process_fork` tracepoint
+//!   `--pid`) is put in before it runs; a hook on `sched_process_fork`
 //!   adds the children of traced processes, so DataLoader workers and
-//!   `torchrun` ranks are followed. `--all` skips the filter.
+//!   `torchrun` ranks are followed. `--all` skips the filter. A hook on
+//!   `sched_process_exit` writes an `exit` event when the last thread of a
+//!   process that made a recorded call ends (the driver then frees what it
+//!   held; the replay releases it).
+//! - The hooks are BTF-enabled tracepoints (`tp_btf`), which need no
+//!   tracefs; kernels that refuse them get classic tracepoints, and tracefs
+//!   is mounted for those when it is absent. Uprobes need no tracefs. The
+//!   recorder needs kernel BTF (CO-RE) either way.
 //! - The command is forked here and waits on a pipe until every probe is
 //!   attached, so its first call is recorded.
 //! - Parts rotate every `--part-interval` or `--part-events` (each a
@@ -147,22 +154,42 @@ fn record(
             _ => tracing::trace!(target: "libbpf", "{msg}"),
         }
     })));
-    // Multi-uprobes need Linux 6.6; without them, load the classic ones only.
-    let (mut object, mut fallback) = (MaybeUninit::uninit(), MaybeUninit::uninit());
-    let (mut skel, multi) = match open_and_load(opts, &mut object, true) {
-        Ok(skel) => (skel, true),
-        Err(e) => {
-            tracing::info!("multi-uprobes unavailable ({e:#}); attaching one probe per function");
-            (open_and_load(opts, &mut fallback, false)?, false)
-        }
+    let target = match (&child, opts.pid) {
+        _ if opts.all => None,
+        (Some(c), _) => Some(c.pid as u32),
+        (None, pid) => pid,
     };
-    let mut links: Vec<Link> = Vec::new();
-    if !opts.all {
-        let target = child.as_ref().map(|c| c.pid as u32).or(opts.pid).expect("checked in run");
-        skel.maps.traced.update(&target.to_ne_bytes(), &[1], MapFlags::ANY).map_err(|e| bpf_error("fill", e))?;
-        links.push(skel.progs.on_fork.attach().map_err(|e| bpf_error("attach the fork tracepoint of", e))?);
+    // Multi-uprobes need Linux 6.6; BTF-enabled tracepoints need no tracefs
+    // but are refused by some kernels. Try the best combination first.
+    let forced_classic = std::env::var("FRAGSCOPE_RECORD_HOOKS").as_deref() == Ok("tracepoint");
+    let attempts: Vec<(Hooks, bool)> = [(Hooks::Btf, true), (Hooks::Btf, false), (Hooks::Classic, true), (Hooks::Classic, false)]
+        .into_iter()
+        .filter(|(h, _)| !forced_classic || *h == Hooks::Classic)
+        .collect();
+    let mut objects: [MaybeUninit<libbpf_rs::OpenObject>; 4] = [const { MaybeUninit::uninit() }; 4];
+    let mut loaded = None;
+    let mut failures = Vec::new();
+    for (object, &(hooks, multi)) in objects.iter_mut().zip(&attempts) {
+        match open_and_load(opts, object, multi, hooks).and_then(|skel| {
+            let links = attach_hooks(&skel, hooks, target)?;
+            Ok((skel, links))
+        }) {
+            Ok((skel, links)) => {
+                loaded = Some((skel, links, multi, hooks));
+                break;
+            }
+            Err(e) => {
+                tracing::info!("{hooks:?} process hooks with multi-uprobes {multi}: {e:#}");
+                failures.push(e);
+            }
+        }
     }
-    links.push(skel.progs.on_exit.attach().map_err(|e| bpf_error("attach the exit tracepoint of", e))?);
+    let Some((skel, mut links, multi, hooks)) = loaded else {
+        // The last attempt is the most conservative one; its error says most.
+        return Err(failures.pop().expect("at least one attempt"));
+    };
+    tracing::info!("process hooks: {hooks:?}; multi-uprobes: {multi}");
+    let mut skel = skel;
 
     let mut attached = Vec::new();
     for lib in libraries {
@@ -354,15 +381,44 @@ fn detach(links: Vec<Link>) {
     tracing::info!("detached {n} probe links in {:.3} s", started.elapsed().as_secs_f64());
 }
 
+/// How processes are followed: the scheduler's fork and exit hooks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Hooks {
+    /// BTF-enabled tracepoints (`tp_btf`), attached by BTF id: no tracefs.
+    Btf,
+    /// Classic tracepoints, whose ids are read from tracefs (mounted here
+    /// when absent). The fallback for kernels that refuse `tp_btf`, and
+    /// what `FRAGSCOPE_RECORD_HOOKS=tracepoint` forces.
+    Classic,
+}
+
 fn open_and_load<'o>(
     opts: &Options,
     object: &'o mut MaybeUninit<libbpf_rs::OpenObject>,
     multi: bool,
+    hooks: Hooks,
 ) -> Result<skel::RecordSkel<'o>> {
+    if !Path::new("/sys/kernel/btf/vmlinux").exists() {
+        bail!(
+            "this kernel has no BTF (/sys/kernel/btf/vmlinux is missing); the eBPF recorder reads kernel structures \
+             through it (CO-RE). Use a kernel built with CONFIG_DEBUG_INFO_BTF=y, as the stock kernels of Debian 11+, \
+             Ubuntu 20.10+, RHEL 8.2+ and Fedora 31+ are"
+        );
+    }
     let mut open = skel::RecordSkelBuilder::default().open(object).map_err(|e| bpf_error("open", e))?;
     if !multi {
         open.progs.on_entry_multi.set_autoload(false);
         open.progs.on_return_multi.set_autoload(false);
+    }
+    match hooks {
+        Hooks::Btf => {
+            open.progs.on_fork.set_autoload(false);
+            open.progs.on_exit.set_autoload(false);
+        }
+        Hooks::Classic => {
+            open.progs.on_fork_btf.set_autoload(false);
+            open.progs.on_exit_btf.set_autoload(false);
+        }
     }
     let rodata = open.maps.rodata_data.as_deref_mut().context("the BPF object has no read-only data")?;
     rodata.trace_all = opts.all as u8;
@@ -373,6 +429,46 @@ fn open_and_load<'o>(
     let stack_slots = if opts.stacks { 16384 } else { 1 };
     open.maps.stacks.set_max_entries(stack_slots).map_err(|e| bpf_error("size the stack map of", e))?;
     open.load().map_err(|e| bpf_error("load", e))
+}
+
+/// Puts the target process in the filter and attaches the fork hook (not
+/// with `--all`) and the exit hook.
+fn attach_hooks(skel: &skel::RecordSkel, hooks: Hooks, target: Option<u32>) -> Result<Vec<Link>> {
+    let mut links = Vec::new();
+    let (fork, exit) = match hooks {
+        Hooks::Btf => (&skel.progs.on_fork_btf, &skel.progs.on_exit_btf),
+        Hooks::Classic => {
+            ensure_tracefs()?;
+            (&skel.progs.on_fork, &skel.progs.on_exit)
+        }
+    };
+    if let Some(target) = target {
+        skel.maps.traced.update(&target.to_ne_bytes(), &[1], MapFlags::ANY).map_err(|e| bpf_error("fill", e))?;
+        links.push(fork.attach().map_err(|e| bpf_error("attach the fork hook of", e))?);
+    }
+    links.push(exit.attach().map_err(|e| bpf_error("attach the exit hook of", e))?);
+    Ok(links)
+}
+
+/// Classic tracepoints are found through tracefs: mounts it at
+/// `/sys/kernel/tracing` when neither that nor debugfs's copy is there.
+fn ensure_tracefs() -> Result<()> {
+    const TRACEFS: &str = "/sys/kernel/tracing";
+    if Path::new(TRACEFS).join("events").exists() || Path::new("/sys/kernel/debug/tracing/events").exists() {
+        return Ok(());
+    }
+    let (src, target, fstype) = (c"nodev", c"/sys/kernel/tracing", c"tracefs");
+    // SAFETY: all three are NUL-terminated strings; no data argument.
+    let r = unsafe { libc::mount(src.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
+    if r != 0 {
+        bail!(
+            "this kernel refuses BTF-enabled tracepoints, and the classic ones need tracefs, which is not mounted and \
+             could not be mounted at {TRACEFS}: {}. Mount it (`mount -t tracefs nodev {TRACEFS}`) and try again",
+            std::io::Error::last_os_error()
+        );
+    }
+    eprintln!("fragscope: tracefs was not mounted; mounted it at {TRACEFS} (the classic tracepoints need it)");
+    Ok(())
 }
 
 /// The function symbols a file defines (dynamic and static symbol tables,

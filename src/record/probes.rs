@@ -106,6 +106,9 @@ pub const PROBES: &[Probe] = &[
 const COOKIE_DRIVER: u64 = 1 << 16;
 const COOKIE_OUT_PTR: u64 = 1 << 17;
 const COOKIE_STACK_ARGS: u64 = 1 << 18;
+/// An exit record (the last thread of a process that made a recorded
+/// call ended), written by the scheduler hook, not by a probe.
+const COOKIE_EXIT: u32 = 1 << 19;
 
 /// The attach cookie of probe `index`.
 pub fn cookie(index: usize) -> u64 {
@@ -166,6 +169,9 @@ impl Raw {
     /// The event this record describes; `None` for a cookie that names no
     /// probe (never written by this recorder).
     pub fn decode(&self) -> Option<Event> {
+        if self.cookie & COOKIE_EXIT != 0 {
+            return Some(self.event(K::Exit, 0, 0, None, Cuda::default()));
+        }
         let p = PROBES.get((self.cookie & 0xffff) as usize)?;
         let a = &self.args;
         let ok = self.ret == 0;
@@ -280,11 +286,20 @@ mod tests {
     }
 
     #[test]
+    fn exit_records_become_exit_events() {
+        let r = Raw { ts: 99, pid: 7, tid: 7, cookie: COOKIE_EXIT, stack_id: -1, ..Raw::default() };
+        let e = r.decode().unwrap();
+        assert_eq!((e.kind, e.ts_ns, e.pid, e.addr, e.size, e.cuda.call, e.cuda.ustack), (K::Exit, 99, 7, 0, 0, None, None));
+        assert!(!e.is_oom());
+    }
+
+    #[test]
     fn cookies_carry_the_flags_the_bpf_side_reads() {
         let at = |s: &str| cookie(PROBES.iter().position(|p| p.symbol == s).unwrap());
         assert_eq!(at("cudaMalloc") & (COOKIE_DRIVER | COOKIE_OUT_PTR | COOKIE_STACK_ARGS), COOKIE_OUT_PTR);
         assert_eq!(at("cuMemFree_v2") & (COOKIE_DRIVER | COOKIE_OUT_PTR), COOKIE_DRIVER);
         assert_ne!(at("cudaLaunchKernel") & COOKIE_STACK_ARGS, 0);
         assert!(PROBES.len() < 0xffff);
+        assert!((0..PROBES.len()).all(|i| cookie(i) as u32 & COOKIE_EXIT == 0));
     }
 }

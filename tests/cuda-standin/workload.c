@@ -211,6 +211,24 @@ static void threads(int nthreads, int iters)
 		pthread_join(t[i], 0);
 }
 
+/* `procs N`: N short processes one after the other, each allocating two
+ * blocks and one more it frees, then exiting with the two still held (the
+ * driver frees them). The parent itself makes no CUDA call. */
+static void procs(int n)
+{
+	for (int i = 0; i < n; i++) {
+		pid_t child = fork();
+		if (child == 0) {
+			c_malloc(4096 * (i + 1));
+			c_free(c_malloc(1000));
+			c_malloc(1 << 20);
+			gt_flush();
+			_exit(0);
+		}
+		waitpid(child, 0, 0);
+	}
+}
+
 static void forked(void)
 {
 	void *a = c_malloc(1 << 16), *b = c_malloc(1 << 12);
@@ -326,6 +344,8 @@ int main(int argc, char **argv)
 		threads(atoi(argv[2]), atoi(argv[3]));
 	else if (!strcmp(mode, "fork"))
 		forked();
+	else if (!strcmp(mode, "procs"))
+		procs(atoi(argv[2]));
 	else if (!strcmp(mode, "oom"))
 		oom();
 	else if (!strcmp(mode, "loop"))
