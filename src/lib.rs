@@ -185,6 +185,7 @@ fn run_analyze(args: &AnalyzeArgs) -> Result<u8> {
             addr_window: args.plots.addr_window,
             pid: args.plots.pid,
             normalised_time: false,
+            max_panels: args.plots.max_panels,
         }),
         device: args.device,
     };
@@ -222,7 +223,22 @@ fn run_analyze(args: &AnalyzeArgs) -> Result<u8> {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let (Some(path), Some(name)) = (traces.get(i), names.get(i)) else { break };
                     let t = std::time::Instant::now();
-                    let result = analyze_one(path, &args.output.join(name), &opts);
+                    // A bug in one trace's analysis must not take the batch
+                    // down: its panic becomes that trace's error row.
+                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        analyze_one(path, &args.output.join(name), &opts)
+                    }))
+                    .unwrap_or_else(|panic| {
+                        let what = panic
+                            .downcast_ref::<&str>()
+                            .map(|s| s.to_string())
+                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "unknown panic".into());
+                        Err(anyhow::anyhow!(
+                            "{}: internal error while analysing (a bug, please report it): {what}",
+                            path.display()
+                        ))
+                    });
                     per_trace_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
                     bar.inc(1);
                     let row = match result {

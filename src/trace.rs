@@ -45,11 +45,16 @@ impl Source {
     }
 }
 
-/// `trace.json`. Unknown fields are ignored, missing optional ones default,
-/// so older and newer producers stay readable.
+/// `trace.json`. Only `format_version` and `source` are required: every
+/// other field may be missing (a trace written by another producer) and
+/// then takes its default — empty text and lists, `null` for the optional
+/// figures, 0 for counts, and no details. Unknown fields are ignored, so
+/// older and newer producers stay readable.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TraceMeta {
     pub format_version: u32,
+    /// The producer's version (default: empty).
+    #[serde(default)]
     pub tool_version: String,
     pub source: Source,
     #[serde(default)]

@@ -339,6 +339,31 @@ fn schema_is_checked_and_minimal_traces_are_accepted() {
 }
 
 #[test]
+fn trace_json_of_other_producers_needs_only_version_and_source() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("t");
+    synth(&dir, "steady", 2000, 1, 1000);
+    let out = tmp.path().join("out");
+    fs::write(dir.join("trace.json"), r#"{"format_version": 1, "source": "ebpf", "vendor": {"x": 1}}"#).unwrap();
+    fragscope().arg("analyze").arg(&dir).args(["--no-plots", "-o"]).arg(&out).assert().success();
+    let r = report(&out);
+    assert_eq!((r["trace"]["source"].as_str(), r["trace"]["has_metadata"].as_bool()), (Some("ebpf"), Some(true)));
+    assert_eq!(r["trace"]["lost_events"], 0);
+    // Without either of the two, the error names the file and the field.
+    for (json, field) in [(r#"{"source": "ebpf"}"#, "format_version"), (r#"{"format_version": 1}"#, "source")] {
+        fs::write(dir.join("trace.json"), json).unwrap();
+        analyze_fails(&dir, &tmp.path().join("bad"), &format!("missing field `{field}`"));
+        fragscope()
+            .arg("analyze")
+            .arg(&dir)
+            .args(["--no-plots", "-o"])
+            .arg(tmp.path().join("bad"))
+            .assert()
+            .stderr(predicate::str::contains(dir.join("trace.json").display().to_string()));
+    }
+}
+
+#[test]
 fn an_unfinished_last_part_is_skipped_with_a_warning() {
     let tmp = tempfile::tempdir().unwrap();
     let trace = tmp.path().join("killed");

@@ -323,3 +323,226 @@ proptest! {
         }
     }
 }
+
+/// Damaged trace directories: `analyze` must end with 0 (it could read
+/// what was left) or 1 with a message naming the trace, never a panic or a
+/// signal, and an error must leave no report behind.
+mod corruption {
+    use std::fs;
+    use std::path::{Path, PathBuf};
+    use std::sync::OnceLock;
+
+    use fragscope::event::{CUDA_ERROR_OUT_OF_MEMORY, Event, EventKind};
+    use fragscope::trace::{Source, TraceMeta, TraceWriter};
+    use polars::prelude::*;
+    use proptest::prelude::*;
+
+    /// Three parts of mixed events (allocations, frees, an OOM, launches)
+    /// and a trace.json, written once.
+    fn base() -> &'static Path {
+        static DIR: OnceLock<PathBuf> = OnceLock::new();
+        DIR.get_or_init(|| {
+            let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("corruption-base");
+            let _ = fs::remove_dir_all(&dir);
+            let mut meta = TraceMeta::new(Source::Ebpf);
+            meta.capacity_bytes = Some(1 << 30);
+            let mut w = TraceWriter::create(&dir, meta, 150).unwrap();
+            for i in 0..420u64 {
+                let (kind, addr, size, ret) = match i % 7 {
+                    0..=2 => (EventKind::Alloc, 0x7f00_0000_0000 + (i % 40) * 0x10_0000, 0x8_0000 + i * 512, 0),
+                    3 | 4 => (EventKind::Free, 0x7f00_0000_0000 + ((i + 20) % 40) * 0x10_0000, 0, 0),
+                    5 if i % 5 == 0 => (EventKind::Alloc, 0, 1 << 29, CUDA_ERROR_OUT_OF_MEMORY),
+                    _ => (EventKind::Launch, 0x4000, 0, 0),
+                };
+                let pid = 1 + (i % 3) as u32;
+                w.push(Event {
+                    ts_ns: 1_000 + i * 997,
+                    duration_ns: 5,
+                    pid,
+                    tid: pid,
+                    kind,
+                    addr,
+                    size,
+                    ret,
+                    device: None,
+                    stream: None,
+                    extra: Default::default(),
+                    cuda: Default::default(),
+                })
+                .unwrap();
+            }
+            w.finish().unwrap();
+            dir
+        })
+    }
+
+    const COLUMNS: &[&str] = &["ts_ns", "pid", "kind", "addr", "size", "ret", "duration_ns"];
+
+    #[derive(Clone, Debug)]
+    enum Damage {
+        /// Flip bits at these fractions of one file (a part or trace.json).
+        FlipBits(usize, Vec<(f64, u8)>),
+        Truncate(usize, f64),
+        /// A column rewritten as floats or as text.
+        ColumnType(usize, usize, bool),
+        /// Every k-th value of a column null.
+        Nulls(usize, usize, usize),
+        /// Sizes, addresses and times at the end of their range.
+        Absurd(usize),
+        /// Rows in a shuffled order, or every row twice.
+        Shuffle(usize, u64),
+        Duplicate(usize),
+        /// trace.json replaced by one of several broken ones.
+        Json(usize),
+        /// Something that is not a part where parts live.
+        Stray(usize),
+    }
+
+    fn damage() -> impl Strategy<Value = Damage> {
+        prop_oneof![
+            (0usize..4, prop::collection::vec((0.0f64..1.0, 0u8..8), 1..6)).prop_map(|(f, b)| Damage::FlipBits(f, b)),
+            (0usize..4, 0.0f64..1.0).prop_map(|(f, k)| Damage::Truncate(f, k)),
+            (0usize..3, 0..COLUMNS.len(), any::<bool>()).prop_map(|(p, c, t)| Damage::ColumnType(p, c, t)),
+            (0usize..3, 0..COLUMNS.len(), 1usize..5).prop_map(|(p, c, k)| Damage::Nulls(p, c, k)),
+            (0usize..3).prop_map(Damage::Absurd),
+            (0usize..3, any::<u64>()).prop_map(|(p, s)| Damage::Shuffle(p, s)),
+            (0usize..3).prop_map(Damage::Duplicate),
+            (0usize..JSONS.len()).prop_map(Damage::Json),
+            (0usize..STRAYS).prop_map(Damage::Stray),
+        ]
+    }
+
+    const JSONS: &[&str] = &[
+        "",
+        "{",
+        "[]",
+        "null",
+        r#"{"format_version": 1}"#,
+        r#"{"source": "ebpf"}"#,
+        r#"{"format_version": 99, "source": "ebpf"}"#,
+        r#"{"format_version": "one", "source": "ebpf"}"#,
+        r#"{"format_version": 1, "source": "martian"}"#,
+        r#"{"format_version": 1, "source": "ebpf", "pids": "all", "lost_events": -3}"#,
+        r#"{"format_version": 1, "source": "ebpf", "capacity_bytes": 18446744073709551615}"#,
+        r#"{"format_version": 1, "source": "pytorch-snapshot", "details": {"totals": 5}}"#,
+        "\u{feff}\u{0}\u{1}garbage",
+    ];
+    const STRAYS: usize = 6;
+
+    fn files(dir: &Path) -> Vec<PathBuf> {
+        let mut parts: Vec<PathBuf> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("events-"))
+            .collect();
+        parts.sort();
+        parts.push(dir.join("trace.json"));
+        parts
+    }
+
+    fn rewrite(part: &Path, f: impl FnOnce(DataFrame) -> DataFrame) {
+        let df = ParquetReader::new(fs::File::open(part).unwrap()).finish().unwrap();
+        let mut df = f(df);
+        ParquetWriter::new(fs::File::create(part).unwrap()).finish(&mut df).unwrap();
+    }
+
+    fn apply(dir: &Path, d: &Damage) {
+        let files = files(dir);
+        let part = |i: usize| &files[i % (files.len() - 1)];
+        match d {
+            Damage::FlipBits(f, at) => {
+                let path = &files[f % files.len()];
+                let mut b = fs::read(path).unwrap();
+                for &(frac, bit) in at {
+                    let i = ((b.len() as f64 * frac) as usize).min(b.len() - 1);
+                    b[i] ^= 1 << bit;
+                }
+                fs::write(path, b).unwrap();
+            }
+            Damage::Truncate(f, keep) => {
+                let path = &files[f % files.len()];
+                let b = fs::read(path).unwrap();
+                fs::write(path, &b[..(b.len() as f64 * keep) as usize]).unwrap();
+            }
+            Damage::ColumnType(p, c, text) => rewrite(part(*p), |mut df| {
+                let name = COLUMNS[*c];
+                let to = if *text { DataType::String } else { DataType::Float64 };
+                let s = df.column(name).unwrap().cast(&to).unwrap();
+                df.with_column(s).unwrap();
+                df
+            }),
+            Damage::Nulls(p, c, k) => rewrite(part(*p), |mut df| {
+                let name = COLUMNS[*c];
+                let col = df.column(name).unwrap().as_materialized_series().clone();
+                let mask: BooleanChunked = (0..df.height()).map(|i| Some(i % k != 0)).collect();
+                let s = col.zip_with(&mask, &Series::full_null(name.into(), df.height(), col.dtype())).unwrap();
+                df.with_column(s.into_column()).unwrap();
+                df
+            }),
+            Damage::Absurd(p) => rewrite(part(*p), |mut df| {
+                let n = df.height();
+                for (name, v) in [("size", u64::MAX), ("addr", u64::MAX - 7), ("ts_ns", u64::MAX)] {
+                    let vals: Vec<u64> = df.column(name).unwrap().u64().unwrap().into_no_null_iter().collect();
+                    let s = Series::new(
+                        name.into(),
+                        vals.iter().enumerate().map(|(i, &x)| if i % 3 == 0 { v } else { x }).collect::<Vec<_>>(),
+                    );
+                    df.with_column(s.into_column()).unwrap();
+                }
+                let _ = n;
+                df
+            }),
+            Damage::Shuffle(p, seed) => rewrite(part(*p), |df| {
+                let n = df.height() as u64;
+                let idx: Vec<IdxSize> =
+                    (0..n).map(|i| ((i.wrapping_mul(seed | 1).wrapping_add(*seed >> 7)) % n) as IdxSize).collect();
+                df.take(&IdxCa::from_vec("i".into(), idx)).unwrap()
+            }),
+            Damage::Duplicate(p) => rewrite(part(*p), |df| df.vstack(&df).unwrap()),
+            Damage::Json(j) => fs::write(dir.join("trace.json"), JSONS[*j]).unwrap(),
+            Damage::Stray(k) => match k {
+                0 => fs::write(dir.join("events-00007.parquet"), b"").unwrap(),
+                1 => fs::create_dir(dir.join("events-00008.parquet")).unwrap(),
+                2 => fs::write(dir.join("events-00009.parquet"), b"PAR1 not really PAR1").unwrap(),
+                3 => fs::write(dir.join("events-abc.parquet"), b"x").unwrap(),
+                4 => fs::write(dir.join("stacks.parquet"), b"PAR1").unwrap(),
+                _ => {
+                    fs::create_dir(dir.join("maps")).unwrap();
+                    fs::write(dir.join("maps").join("1"), [0xff, 0xfe, 0x00]).unwrap();
+                }
+            },
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, max_shrink_iters: 64, ..ProptestConfig::default() })]
+
+        #[test]
+        fn analyze_fails_cleanly_on_damaged_traces(damages in prop::collection::vec(damage(), 1..3), plots in any::<bool>()) {
+            let tmp = tempfile::tempdir().unwrap();
+            let dir = tmp.path().join("damaged-trace");
+            fs::create_dir(&dir).unwrap();
+            for f in files(base()) {
+                fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+            }
+            for d in &damages {
+                apply(&dir, d);
+            }
+            let out = tmp.path().join("out");
+            let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_fragscope"));
+            cmd.arg("analyze").arg(&dir).arg("-o").arg(&out);
+            if plots { cmd.args(["--size", "200x100"]); } else { cmd.arg("--no-plots"); }
+            let o = cmd.output().unwrap();
+            let stderr = String::from_utf8_lossy(&o.stderr);
+            prop_assert!(!stderr.contains("panicked"), "{damages:?}: {stderr}");
+            let code = o.status.code();
+            prop_assert!(matches!(code, Some(0) | Some(1)), "{damages:?}: exit {code:?}: {stderr}");
+            if code == Some(1) {
+                prop_assert!(stderr.contains(&*dir.to_string_lossy()), "{damages:?}: the error names no file: {stderr}");
+                prop_assert!(!out.join("report.md").exists(), "{damages:?}: a failed analysis left a report");
+            } else {
+                prop_assert!(out.join("report.md").is_file() && out.join("metrics.parquet").is_file());
+            }
+        }
+    }
+}
