@@ -6,7 +6,9 @@
 //! first, written `file:line:function` and filtered like PyTorch's
 //! `_memory_viz.py memory` (unwinder, interpreter-loop and dispatcher frames
 //! dropped), so its lines carry the same stacks; the first component is the
-//! instant instead of the stream. Blocks without a stack show as
+//! instant instead of the stream. Leaves are named as call sites are
+//! ([`crate::sites`]): machinery frames at the innermost end are dropped
+//! too, and a stack of nothing else ends in `unknown (native)`. Blocks without a stack show as
 //! `<non-python>`, as there. The byte count is the block's size (what the
 //! allocator holds for it). `flamegraph.svg` is rendered from it by
 //! `inferno`, offline.
@@ -57,11 +59,17 @@ fn folded_stack(stacks: &Stacks, id: u32, cache: &mut AHashMap<u32, String>) -> 
             let frames: Vec<String> = if id == NO_STACK {
                 Vec::new()
             } else {
+                // The leaf is named as call sites are: machinery frames at
+                // the innermost end are dropped.
                 let mut v: Vec<String> = stacks
                     .frames_of(id)
                     .filter(|f| keep(f))
+                    .skip_while(|f| crate::sites::is_machinery(f))
                     .map(|f| crate::sites::format_frame(f).replace(';', ","))
                     .collect();
+                if v.is_empty() && stacks.frames_of(id).next().is_some() {
+                    v.push(crate::sites::UNKNOWN_NATIVE.to_string());
+                }
                 v.reverse();
                 v
             };

@@ -1,14 +1,21 @@
 //! Call sites: naming where memory was allocated, from a trace's stack
-//! table (PyTorch snapshots; `record --stacks` later).
+//! table (PyTorch snapshots).
 //!
-//! A call site is the innermost frame that belongs to the program rather
-//! than to the framework, written `file:line:function` with the file's base
-//! name (as PyTorch's `_memory_viz.py` writes frames). Framework frames are
-//! the C/C++ ones (no `.py` file: the allocator, ATen, the interpreter) and
-//! Python files of torch itself or of installed packages (`site-packages`,
-//! `dist-packages`). When a stack has none of the program's frames, the
-//! innermost Python frame names it, then the innermost frame.
-
+//! A call site is a frame written `file:line:function` with the file's base
+//! name (as PyTorch's `_memory_viz.py` writes frames), chosen as:
+//! 1. the innermost Python frame of the program: a `.py` file that is not
+//!    torch's own nor an installed package's (`site-packages`,
+//!    `dist-packages`);
+//! 2. else the innermost Python frame;
+//! 3. else the innermost native frame outside the machinery that records
+//!    and dispatches allocations ([`is_machinery`]: frames without a file
+//!    (`??`), the unwinder and `CapturedTraceback`, `c10::`/`at::`/`torch::`
+//!    and the caching allocator, CPython's interpreter, the C runtime's
+//!    start-up);
+//! 4. else [`UNKNOWN_NATIVE`].
+//!
+//! The same rule names sites everywhere: OOMs, leaks, the peak, compare,
+//! and the leaves of flamegraphs.
 use ahash::AHashMap;
 use serde::Serialize;
 
@@ -18,6 +25,64 @@ use crate::trace::{Frame, Stacks};
 /// The site of blocks without a recorded stack (e.g. allocated before
 /// PyTorch started recording history).
 pub const NO_SITE: &str = "<no stack recorded>";
+
+/// The site of a stack made only of machinery frames.
+pub const UNKNOWN_NATIVE: &str = "unknown (native)";
+
+/// Function-name fragments of frames that are never the program's own.
+const MACHINERY_NAMES: &[&str] = &[
+    "torch::unwind",
+    "unwind::unwind",
+    "CapturedTraceback",
+    "gather_with_cpp",
+    "c10::",
+    "at::",
+    "torch::",
+    "CUDACachingAllocator",
+    "PyEval_",
+    "_PyEval",
+    "PyObject_",
+    "_PyObject",
+    "PyFunction_",
+    "_PyFunction",
+    "PyVectorcall",
+    "_PyVectorcall",
+    "Py_RunMain",
+    "Py_BytesMain",
+    "__libc_start_main",
+    "__libc_start_call_main",
+];
+/// File-name fragments of the same.
+const MACHINERY_FILES: &[&str] = &[
+    "CUDACachingAllocator",
+    "c10/",
+    "aten/",
+    "torch/csrc/",
+    "core/boxing",
+    "/Register",
+    "/Redispatch",
+    "ceval.c",
+    "pycore_",
+    "Python/",
+    "Objects/",
+    "Modules/main.c",
+    "libpython",
+];
+
+/// A frame of the machinery that records and dispatches allocations, or
+/// of the interpreter — never the user's code. Python frames are not:
+/// whether they belong to a framework is [`is_framework_python`]'s call.
+pub fn is_machinery(f: &Frame) -> bool {
+    if is_python(f) {
+        return false;
+    }
+    let file = f.filename.as_str();
+    file.is_empty()
+        || file == "??"
+        || f.name == "_start"
+        || MACHINERY_NAMES.iter().any(|m| f.name.contains(m))
+        || MACHINERY_FILES.iter().any(|m| file.contains(m))
+}
 
 /// Live bytes attributed to one call site.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -37,23 +102,31 @@ fn is_framework_python(f: &Frame) -> bool {
 }
 
 /// `file:line:function`, the file by its base name.
+///
+/// Also used for flamegraph frames.
 pub fn format_frame(f: &Frame) -> String {
     let file = f.filename.rsplit('/').next().unwrap_or(&f.filename);
     format!("{file}:{}:{}", f.line, f.name)
 }
 
-/// The call site of stack `id` (None for an unknown or empty stack).
+/// The call site of stack `id` (None for an unknown or empty stack; a
+/// stack of machinery frames only is [`UNKNOWN_NATIVE`]).
 pub fn call_site(stacks: &Stacks, id: u32) -> Option<String> {
     if id == NO_STACK {
         return None;
     }
     let frames: Vec<&Frame> = stacks.frames_of(id).collect();
-    frames
-        .iter()
-        .find(|f| is_python(f) && !is_framework_python(f))
-        .or_else(|| frames.iter().find(|f| is_python(f)))
-        .or_else(|| frames.first())
-        .map(|f| format_frame(f))
+    if frames.is_empty() {
+        return None;
+    }
+    Some(
+        frames
+            .iter()
+            .find(|f| is_python(f) && !is_framework_python(f))
+            .or_else(|| frames.iter().find(|f| is_python(f)))
+            .or_else(|| frames.iter().find(|f| !is_machinery(f)))
+            .map_or_else(|| UNKNOWN_NATIVE.to_string(), |f| format_frame(f)),
+    )
 }
 
 /// Live bytes by call site, the `n` largest; `blocks` are (address, size,
@@ -75,13 +148,15 @@ pub fn top_sites(stacks: &Stacks, blocks: &[(u64, u64, u64, u32)], n: usize) -> 
 }
 
 /// Live bytes at the end of the trace by call site, counting only blocks of
-/// `pid` allocated after `since_ns`: the memory a leak report is about (the
-/// floor that rose), not the weights allocated at start-up.
+/// `pid` allocated in (`since_ns`, `until_ns`): after the early floor, the
+/// memory a leak report is about (the floor that rose); before the end of
+/// the warm-up, what was allocated once.
 pub fn grown_sites(
     events: &crate::event::Events,
     stacks: &Stacks,
     pid: u32,
     since_ns: u64,
+    until_ns: u64,
     n: usize,
 ) -> Vec<SiteBytes> {
     let mut live = crate::event::LiveSet::default();
@@ -91,7 +166,7 @@ pub fn grown_sites(
     let blocks: Vec<(u64, u64, u64, u32)> = live
         .blocks
         .into_iter()
-        .filter(|((p, _), b)| *p == pid && events.ts_ns[b.row] > since_ns)
+        .filter(|((p, _), b)| *p == pid && events.ts_ns[b.row] > since_ns && events.ts_ns[b.row] < until_ns)
         .map(|((_, a), b)| (a, b.size, b.size, b.stack))
         .collect();
     top_sites(stacks, &blocks, n)
@@ -119,4 +194,54 @@ pub fn sites_at_peak(events: &crate::event::Events, stacks: &Stacks) -> Vec<Site
     let blocks: Vec<(u64, u64, u64, u32)> =
         live.blocks.into_iter().map(|((_, a), b)| (a, b.size, b.size, b.stack)).collect();
     top_sites(stacks, &blocks, usize::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(filename: &str, line: i64, name: &str) -> Frame {
+        Frame { filename: filename.into(), line, name: name.into() }
+    }
+
+    fn stacks(list: Vec<Vec<Frame>>) -> Stacks {
+        let mut st = Stacks::default();
+        for frames in list {
+            let ids = frames
+                .into_iter()
+                .map(|f| {
+                    st.frames.push(f);
+                    (st.frames.len() - 1) as u32
+                })
+                .collect();
+            st.stacks.push(ids);
+        }
+        st
+    }
+
+    #[test]
+    fn sites_name_the_users_code_and_never_the_machinery() {
+        let unwind = frame("??", 0, "torch::unwind::unwind()");
+        let gather = frame("??", 0, "torch::CapturedTraceback::gather(bool, bool, bool)");
+        let alloc = frame("/pytorch/c10/cuda/CUDACachingAllocator.cpp", 1234, "c10::cuda::malloc");
+        let aten = frame("??", 0, "at::native::empty_cuda(...)");
+        let eval = frame("/usr/src/python/Python/ceval.c", 4000, "_PyEval_EvalFrameDefault");
+        let ext = frame("/home/me/ext/fused.cu", 88, "launch_fused(float*)");
+        let torch_py = frame("/venv/lib/python3.11/site-packages/torch/optim/adamw.py", 120, "step");
+        let user_py = frame("/home/me/train.py", 42, "main");
+        let st = stacks(vec![
+            vec![unwind.clone(), gather.clone(), alloc.clone(), torch_py.clone(), user_py.clone()],
+            vec![unwind.clone(), alloc.clone(), torch_py.clone()],
+            vec![unwind.clone(), gather.clone(), alloc.clone(), aten.clone(), ext.clone(), eval.clone()],
+            vec![unwind.clone(), gather, alloc, aten, eval],
+            vec![],
+        ]);
+        assert_eq!(call_site(&st, 0).as_deref(), Some("train.py:42:main"));
+        assert_eq!(call_site(&st, 1).as_deref(), Some("adamw.py:120:step"));
+        assert_eq!(call_site(&st, 2).as_deref(), Some("fused.cu:88:launch_fused(float*)"));
+        assert_eq!(call_site(&st, 3).as_deref(), Some(UNKNOWN_NATIVE));
+        assert_eq!(call_site(&st, 4), None);
+        assert_eq!(call_site(&st, NO_STACK), None);
+        assert!(is_machinery(&unwind) && !is_machinery(&ext) && !is_machinery(&user_py));
+    }
 }
