@@ -10,6 +10,7 @@ use tracing_subscriber::EnvFilter;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    fragscope::trace::install_panic_hook();
     let cli = fragscope::cli::Cli::parse();
     let default = match cli.verbose {
         0 => "warn",

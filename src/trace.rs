@@ -669,12 +669,12 @@ impl Trace {
     /// `kind` to [`EventKind`] and sorts by time. Returns the events and the
     /// number of rows that were out of time order.
     pub fn load_events(&self) -> Result<(Events, u64)> {
-        let mut events = match scan(&self.parts, self.pytorch_columns) {
+        let mut events = match guarded(|| scan(&self.parts, self.pytorch_columns)) {
             Ok(ev) => ev,
             Err(e) => {
                 // Name the part at fault: retry them one by one.
                 for part in &self.parts {
-                    if let Err(pe) = scan(std::slice::from_ref(part), self.pytorch_columns) {
+                    if let Err(pe) = guarded(|| scan(std::slice::from_ref(part), self.pytorch_columns)) {
                         return Err(pe).with_context(|| format!("{}: cannot read events", part.display()));
                     }
                 }
@@ -733,6 +733,41 @@ fn check_part(path: &Path) -> std::result::Result<bool, PartError> {
 }
 
 const PYTORCH_COLUMNS: [&str; 3] = ["requested_size", "stack_id", "device_free"];
+
+/// Panics to keep quiet about: while a [`guarded`] read runs, the panic
+/// hook [`install_panic_hook`] sets prints nothing (the panic becomes an
+/// error naming the file instead). Counted, since reads run on several
+/// threads in a batch.
+static QUIET_PANICS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Installs a panic hook that stays silent during [`guarded`] reads and
+/// prints as usual otherwise. `main` calls it once.
+pub fn install_panic_hook() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if QUIET_PANICS.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            default(info);
+        }
+    }));
+}
+
+/// Runs a Parquet read through polars, turning a panic into an error:
+/// polars' footer reader panics on some corrupt files that the `parquet`
+/// crate's checks let through (found by the corruption property test).
+fn guarded<T>(read: impl FnOnce() -> Result<T>) -> Result<T> {
+    use std::sync::atomic::Ordering;
+    QUIET_PANICS.fetch_add(1, Ordering::SeqCst);
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(read));
+    QUIET_PANICS.fetch_sub(1, Ordering::SeqCst);
+    result.unwrap_or_else(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown".into());
+        bail!("the Parquet reader gave up on a corrupt file ({what})")
+    })
+}
 
 fn scan(parts: &[PathBuf], pytorch_columns: bool) -> Result<Events> {
     use polars::prelude::*;
