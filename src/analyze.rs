@@ -16,6 +16,7 @@ use std::str::FromStr;
 use anyhow::{Context, Result, bail};
 
 use crate::event::Events;
+use crate::iterations::Iterations;
 use crate::leak::LeakReport;
 use crate::metrics::{Metrics, MetricsConfig};
 use crate::oom::OomDiagnosis;
@@ -145,6 +146,9 @@ pub struct Row {
     /// Allocator view only: reserved, allocated and requested bytes and
     /// PyTorch's fragmentation figure.
     pub alloc: Option<AllocatorFigures>,
+    /// The iteration this row falls in (None before the first boundary,
+    /// or when no iterations were found).
+    pub iteration: Option<u32>,
 }
 
 /// The prediction of one process and when it first warned.
@@ -178,6 +182,8 @@ pub struct Analysis {
     pub anomalies: Anomalies,
     /// Blocks that recorded processes still held when they exited.
     pub exits: Vec<ExitRelease>,
+    /// The iterations of each process (device) where some were found.
+    pub iterations: Vec<Iterations>,
     pub peaks: Vec<Peak>,
     /// Peak of the live bytes summed over processes.
     pub peak_live_total: u64,
@@ -201,6 +207,29 @@ impl Analysis {
     /// What a series is: a process (device view) or a device (allocator view).
     pub fn unit(&self) -> &'static str {
         if self.allocator_view { "device" } else { "pid" }
+    }
+
+    /// Time is entry order, not a clock: an imported snapshot whose trace
+    /// entries carry no `time_us` (then 1 ns stands for one entry).
+    pub fn entry_order(&self) -> bool {
+        self.trace
+            .meta
+            .as_ref()
+            .and_then(|m| m.details.get("time_source"))
+            .and_then(|v| v.as_str())
+            .is_some_and(|s| s.starts_with("event order"))
+    }
+
+    /// A duration for a reader: seconds, or entries in entry order.
+    pub fn time_text(&self, seconds: f64) -> String {
+        if self.entry_order() {
+            let n = (seconds * 1e9).round() as u64;
+            format!("{n} entr{}", if n == 1 { "y" } else { "ies" })
+        } else if seconds >= 1.0 {
+            format!("{seconds:.2} s")
+        } else {
+            format!("{:.2} ms", seconds * 1e3)
+        }
     }
 }
 
@@ -318,6 +347,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
                     forecast: None,
                     risk_online: None,
                     alloc,
+                    iteration: None,
                 });
                 let mut diagnosis = match (allocator_view, e.extra.device_free) {
                     // A device of its own: free = CUDA's free memory plus
@@ -380,6 +410,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
                 forecast: None,
                 risk_online: None,
                 alloc,
+                iteration: None,
             });
         }
     }
@@ -389,19 +420,47 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     let peaks = replay.peaks();
     let peak_total = replay.peak_total();
     let started = std::time::Instant::now();
-    let predictions: Vec<ProcessPrediction> =
-        peaks.iter().map(|p| predict_process(p.pid, &mut rows, &ooms, &opts.predict)).collect();
+    let annotations: Vec<crate::iterations::Annotation> = trace
+        .meta
+        .as_ref()
+        .and_then(|m| m.details.get("annotations"))
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
+        .unwrap_or_default();
+    let iterations: Vec<Iterations> = peaks
+        .iter()
+        .filter_map(|p| crate::iterations::detect(events, p.pid, stacks.as_deref(), &annotations))
+        .collect();
+    for r in rows.iter_mut() {
+        r.iteration = iterations.iter().find(|it| it.pid == r.pid).and_then(|it| it.index_at(r.t_ns));
+    }
+    tracing::debug!("iterations in {:.3} s", started.elapsed().as_secs_f64());
+    let started = std::time::Instant::now();
+    let predictions: Vec<ProcessPrediction> = peaks
+        .iter()
+        .map(|p| {
+            let period = iterations.iter().find(|it| it.pid == p.pid).and_then(|it| period_steps(it, &rows));
+            predict_process(p.pid, &mut rows, &ooms, &opts.predict, period)
+        })
+        .collect();
     tracing::debug!("predictor and backtest in {:.3} s", started.elapsed().as_secs_f64());
     let leaks = peaks
         .iter()
         .map(|p| {
             let series: Vec<(u64, u64)> =
                 rows.iter().filter(|r| r.pid == p.pid && !r.at_oom).map(|r| (r.t_ns, r.metrics.live_bytes)).collect();
-            let mut leak = crate::leak::detect(p.pid, &series, &replay.live_blocks(p.pid), p.bytes);
+            let its = iterations.iter().find(|it| it.pid == p.pid);
+            let mut leak = crate::leak::detect(p.pid, &series, &replay.live_blocks(p.pid), p.bytes, its);
+            // Blocks of the warm-up (or only) iteration still alive: state
+            // allocated once, listed apart from leaks.
+            if let (Some(st), Some(it)) = (&stacks, its)
+                && let Some(&until) = it.warmup_end_t_ns.as_ref().or(it.boundaries_t_ns.last())
+            {
+                leak.allocated_once = crate::sites::grown_sites(events, st, p.pid, 0, until, 10);
+            }
             // Call sites of the growth: blocks allocated after the early
             // floor window (the second quarter) and alive at the end.
             if let (Some(st), Some(&(since, _))) = (&stacks, series.get(series.len() / 2)) {
-                leak.top_sites = crate::sites::grown_sites(events, st, p.pid, since, 10);
+                leak.top_sites = crate::sites::grown_sites(events, st, p.pid, since, u64::MAX, 10);
             }
             leak
         })
@@ -430,6 +489,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         capacity,
         anomalies,
         exits,
+        iterations,
         peaks,
         peak_live_total: peak_total,
         options: *opts,
@@ -462,6 +522,22 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     Ok(analysis)
 }
 
+/// The iteration period in steps of the process's regular rows, when it
+/// spans at least one step.
+fn period_steps(it: &Iterations, rows: &[Row]) -> Option<usize> {
+    let period_ns = it.period_s? * 1e9;
+    let mut t: Vec<u64> = rows.iter().filter(|r| r.pid == it.pid && !r.at_oom).map(|r| r.t_ns).collect();
+    t.dedup();
+    let mut gaps: Vec<u64> = t.windows(2).map(|w| w[1] - w[0]).filter(|&g| g > 0).collect();
+    if gaps.is_empty() {
+        return None;
+    }
+    gaps.sort_unstable();
+    let step = gaps[gaps.len() / 2] as f64;
+    let p = (period_ns / step).round();
+    (p >= 1.0).then_some(p as usize)
+}
+
 /// Live bytes, and free bytes inside the arenas (span − live: gaps and
 /// alignment slack), summed over every process: the device's view.
 fn pids_now(replay: &mut Replay) -> (u64, u64) {
@@ -474,7 +550,13 @@ fn pids_now(replay: &mut Replay) -> (u64, u64) {
 /// Runs the predictor and the online backtest on one process's regular
 /// rows, writes the backtest into those rows, and measures the warning lead
 /// time before the process's first OOM.
-fn predict_process(pid: u32, rows: &mut [Row], ooms: &[OomDiagnosis], cfg: &PredictConfig) -> ProcessPrediction {
+fn predict_process(
+    pid: u32,
+    rows: &mut [Row],
+    ooms: &[OomDiagnosis],
+    cfg: &PredictConfig,
+    period: Option<usize>,
+) -> ProcessPrediction {
     let idx: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].pid == pid && !rows[i].at_oom).collect();
     let series: Vec<crate::predict::Step> = idx
         .iter()
@@ -484,7 +566,7 @@ fn predict_process(pid: u32, rows: &mut [Row], ooms: &[OomDiagnosis], cfg: &Pred
             [e, k, s, c, l, u, m.score]
         })
         .collect();
-    let prediction = crate::predict::predict(&series, cfg);
+    let prediction = crate::predict::predict(&series, cfg, period);
     let backtest = crate::predict::backtest(&series, cfg);
     for (k, &i) in idx.iter().enumerate() {
         rows[i].forecast = backtest.forecasts[k].clone();

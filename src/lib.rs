@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod compare;
 pub mod event;
 pub mod flame;
+pub mod iterations;
 pub mod kernels;
 pub mod leak;
 pub mod metrics;

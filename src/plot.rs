@@ -253,6 +253,12 @@ impl PanelGeometry {
     }
 }
 
+/// An x-axis label: time, or the entry number where the trace has no
+/// timestamps (1 ns stands for one entry).
+fn axis_label(ns: f64, entries: bool) -> String {
+    if entries { format!("{ns:.0}") } else { time_label(ns) }
+}
+
 /// Human time for axis labels.
 fn time_label(ns: f64) -> String {
     let a = ns.abs();
@@ -330,11 +336,22 @@ pub fn render_mdtp(
                 .build_cartesian_2d(0f64..(t1 - t0) as f64, o0 as f64..o1 as f64)
                 .map_err(|e| anyhow!("{e}"))?;
             let span = (t1 - t0).max(1) as f64;
-            let x_label = |v: &f64| if cfg.normalised_time { format!("{:.2}", v / span) } else { time_label(*v) };
+            let entries = a.entry_order();
+            let x_label = |v: &f64| {
+                if cfg.normalised_time {
+                    format!("{:.2}", v / span)
+                } else {
+                    axis_label(*v, entries)
+                }
+            };
             chart
                 .configure_mesh()
                 .disable_mesh()
-                .x_desc(if cfg.normalised_time { "time / duration" } else { "time" })
+                .x_desc(match (cfg.normalised_time, entries) {
+                    (true, _) => "time / duration",
+                    (false, true) => "trace entry (no timestamps)",
+                    (false, false) => "time",
+                })
                 .y_desc(if compact { "offset" } else { "address offset (collapsed)" })
                 .label_style((FONT, 13))
                 .x_label_formatter(&x_label)
@@ -565,6 +582,7 @@ fn timeline_panel<'a, 'b>(
     y_desc: &str,
     y_fmt: &dyn Fn(&f64) -> String,
     last: bool,
+    entries: bool,
 ) -> Result<Panel<'a, 'b>> {
     let mut c = ChartBuilder::on(area)
         .margin(8)
@@ -575,8 +593,12 @@ fn timeline_panel<'a, 'b>(
     c.configure_mesh()
         .label_style((FONT, 12))
         .y_desc(y_desc)
-        .x_desc(if last { "time" } else { "" })
-        .x_label_formatter(&|v| time_label(*v))
+        .x_desc(match (last, entries) {
+            (false, _) => "",
+            (true, true) => "trace entry (no timestamps)",
+            (true, false) => "time",
+        })
+        .x_label_formatter(&|v| axis_label(*v, entries))
         .y_label_formatter(y_fmt)
         .draw()
         .map_err(draw_err)?;
@@ -598,8 +620,13 @@ fn line<'a, 'b>(
     Ok(())
 }
 
-/// OOM markers across the panel, then the legend.
-fn finish_panel<'a, 'b: 'a>(c: &mut Panel<'a, 'b>, ooms: &[f64], top: f64) -> Result<()> {
+/// Iteration boundaries (light grey), OOM markers across the panel, then
+/// the legend.
+fn finish_panel<'a, 'b: 'a>(c: &mut Panel<'a, 'b>, iterations: &[f64], ooms: &[f64], top: f64) -> Result<()> {
+    for &b in iterations {
+        c.draw_series(std::iter::once(PathElement::new(vec![(b, 0.0), (b, top)], RGBColor(190, 190, 190))))
+            .map_err(draw_err)?;
+    }
     for &o in ooms {
         c.draw_series(std::iter::once(PathElement::new(vec![(o, 0.0), (o, top)], RED))).map_err(draw_err)?;
     }
@@ -631,18 +658,26 @@ pub fn render_timeline(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u8>> {
         let rows: Vec<&crate::analyze::Row> = a.rows.iter().filter(|r| !r.at_oom && Some(r.pid) == pid).collect();
         let x = |r: &crate::analyze::Row| (r.t_ns - t0) as f64;
         let ooms: Vec<f64> = a.ooms.iter().filter(|o| Some(o.pid) == pid).map(|o| (o.t_ns - t0) as f64).collect();
+        // Iteration starts, when few enough to tell apart (one per 4 px).
+        let iterations: Vec<f64> = a
+            .iterations
+            .iter()
+            .filter(|it| Some(it.pid) == pid && it.boundaries_t_ns.len() as u32 <= w / 4)
+            .flat_map(|it| it.boundaries_t_ns.iter().map(|&b| b.saturating_sub(t0) as f64))
+            .collect();
+        let entries = a.entry_order();
         let plain = |v: &f64| format!("{v:.0}");
         let score: Vec<(f64, f64)> = rows.iter().map(|r| (x(r), r.metrics.score)).collect();
 
         // 1. Live bytes.
         let top = rows.iter().map(|r| r.metrics.live_bytes).max().unwrap_or(1).max(1) as f64 * 1.05;
-        let mut c = timeline_panel(&panels[0], span, 0.0..top, "live", &|v| bytes(v.max(0.0) as u64), false)?;
+        let mut c = timeline_panel(&panels[0], span, 0.0..top, "live", &|v| bytes(v.max(0.0) as u64), false, entries)?;
         let live = rows.iter().map(|r| (x(r), r.metrics.live_bytes as f64)).collect();
         line(&mut c, live, BLUE, 2, &format!("live bytes (process {})", pid.unwrap_or(0)))?;
-        finish_panel(&mut c, &ooms, top)?;
+        finish_panel(&mut c, &iterations, &ooms, top)?;
 
         // 2. Score and its weighted components, risk bands behind.
-        let mut c = timeline_panel(&panels[1], span, 0.0..100.0, "score", &plain, false)?;
+        let mut c = timeline_panel(&panels[1], span, 0.0..100.0, "score", &plain, false, entries)?;
         for (lo, hi, colour) in [(70.0, 80.0, RGBColor(255, 224, 178)), (80.0, 100.0, RGBColor(255, 205, 210))] {
             c.draw_series(std::iter::once(Rectangle::new([(0.0, lo), (span, hi)], colour.mix(0.6).filled())))
                 .map_err(draw_err)?;
@@ -654,10 +689,10 @@ pub fn render_timeline(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u8>> {
             line(&mut c, points, colour, 1, name)?;
         }
         line(&mut c, score.clone(), BLACK, 2, "score")?;
-        finish_panel(&mut c, &ooms, 100.0)?;
+        finish_panel(&mut c, &iterations, &ooms, 100.0)?;
 
         // 3. Online forecast against the score, online risk shaded.
-        let mut c = timeline_panel(&panels[2], span, 0.0..100.0, "forecast", &plain, true)?;
+        let mut c = timeline_panel(&panels[2], span, 0.0..100.0, "forecast", &plain, true, entries)?;
         for pair in rows.windows(2) {
             let colour = match pair[0].risk_online {
                 Some(Risk::Critical) => RGBColor(255, 205, 210),
@@ -670,7 +705,7 @@ pub fn render_timeline(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u8>> {
         line(&mut c, score, BLACK, 1, "score")?;
         let forecast = rows.iter().filter_map(|r| Some((x(r), *r.forecast.as_ref()?.first()?))).collect();
         line(&mut c, forecast, MAGENTA, 1, "online forecast, next step (risk high/critical shaded)")?;
-        finish_panel(&mut c, &ooms, 100.0)?;
+        finish_panel(&mut c, &iterations, &ooms, 100.0)?;
         root.present().map_err(draw_err)?;
     }
     Ok(buf)

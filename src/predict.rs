@@ -8,15 +8,31 @@
 //! The model is SPEC §6's windowed linear model: z-scored features and
 //! score of the last W steps (7·W values) → one linear model per horizon
 //! step, trained by batch gradient descent on the mean squared error.
+//! It predicts the *change* of the score from the last step (z-scored), so
+//! with no signal its weights stay near zero and it falls back to
+//! persistence ("no change") instead of pulling towards the mean.
 //! [`GradientDescent`] implements linfa's `Fit` and `PredictInplace`, so it
-//! is used like any linfa model; ordinary least squares (linfa-linear) is
-//! the second baseline. The gradient is computed from the Gram matrix XᵀX,
-//! Xᵀy and the column sums — algebraically the same gradient as over the
-//! samples, in O(d²) per iteration instead of O(n·d).
+//! is used like any linfa model. The gradient is computed from the Gram
+//! matrix XᵀX, Xᵀy and the column sums — algebraically the same gradient
+//! as over the samples, in O(d²) per iteration instead of O(n·d).
+//!
+//! The forecasters compared by the same rolling-origin cross-validation:
+//! - the model;
+//! - persistence: the score stays as it is;
+//! - seasonal: the score one iteration period earlier (when iterations
+//!   are known and span at least one step);
+//! - ridge: a *stable* least-squares fit of the same windowed problem,
+//!   `(XᵀX + λI)⁻¹Xᵀy` with λ chosen by the cross-validation, solved by
+//!   Cholesky (the system is 7·W + 1 wide and positive definite; a
+//!   hand-written solve avoids a LAPACK system dependency). Plain OLS blew
+//!   up to 10¹⁵ on the collinear windows of real snapshots.
+//!
+//! The forecaster with the lowest cross-validated MAE makes the headline
+//! forecast and the risk ([`Prediction::forecaster`]); its skill is
+//! 1 − MAE / MAE(persistence). The online backtest stays the model's.
 
 use linfa::prelude::*;
 use linfa::traits::{Fit, PredictInplace};
-use linfa_linear::LinearRegression;
 use ndarray::{Array1, Array2, ArrayBase, Data, Ix2};
 use serde::Serialize;
 
@@ -262,16 +278,14 @@ impl Normalizer {
     }
 }
 
-/// Which model makes the forecast.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How the windowed linear problem is fitted.
+#[derive(Clone, Copy, Debug, PartialEq)]
 enum Learner {
+    /// SPEC §6's gradient descent: the model.
     GradientDescent,
-    LeastSquares,
+    /// Ridge with λ = this × the number of samples: the stable baseline.
+    Ridge(f64),
 }
-
-/// OLS baseline training sets are cut to their latest samples beyond this
-/// (solving it costs O(n·d²) at every origin).
-const OLS_MAX_SAMPLES: usize = 5000;
 
 /// Raw (not normalised) sufficient statistics of the windowed samples,
 /// accumulated as the training range grows: a sample enters once, in
@@ -324,7 +338,8 @@ impl<'s> Accumulator<'s> {
                 }
             }
             for k in 0..self.h {
-                let y = self.series[t + 1 + k][COLUMNS - 1];
+                // The target is the change from the last step's score.
+                let y = self.series[t + 1 + k][COLUMNS - 1] - self.series[t][COLUMNS - 1];
                 self.sy[k] += y;
                 self.syy[k] += y * y;
                 for a in 0..d {
@@ -336,12 +351,16 @@ impl<'s> Accumulator<'s> {
         }
     }
 
-    /// The statistics of the z-scored problem for horizon step `k` (0-based).
-    fn normalized(&self, norm: &Normalizer, k: usize) -> GramStats {
+    /// The statistics of the z-scored problem for horizon step `k`
+    /// (0-based), and the mean and std the target (the score's change over
+    /// k + 1 steps) was z-scored with.
+    fn normalized(&self, norm: &Normalizer, k: usize) -> (GramStats, (f64, f64)) {
         let d = COLUMNS * self.w;
         let n = self.n;
         let (mu, sd): (Vec<f64>, Vec<f64>) = (0..d).map(|a| (norm.mean[a % COLUMNS], norm.std[a % COLUMNS])).unzip();
-        let (ms, ss) = (norm.mean[COLUMNS - 1], norm.std[COLUMNS - 1]);
+        let ms = self.sy[k] / n;
+        let var = (self.syy[k] / n - ms * ms).max(0.0);
+        let ss = if var.sqrt() < 1e-8 { 1.0 } else { var.sqrt() };
         let mut gram = Array2::zeros((d, d));
         for a in 0..d {
             for b in a..d {
@@ -355,39 +374,39 @@ impl<'s> Accumulator<'s> {
             .map(|a| (self.sxy[[k, a]] - mu[a] * self.sy[k] - ms * self.sx[a] + n * mu[a] * ms) / (sd[a] * ss))
             .collect();
         let sx = (0..d).map(|a| (self.sx[a] - n * mu[a]) / sd[a]).collect();
-        GramStats {
+        let stats = GramStats {
             n,
             gram,
             xty,
             sx,
             sy: (self.sy[k] - n * ms) / ss,
             syy: (self.syy[k] - 2.0 * ms * self.sy[k] + n * ms * ms) / (ss * ss),
-        }
+        };
+        (stats, (ms, ss))
     }
 }
 
-/// H fitted models and the normalisation they were trained with.
+/// One fitted linear map of the z-scored window, and the mean and std its
+/// z-scored output is turned back into a score change with.
+#[derive(Clone, Debug)]
+struct Linear {
+    weights: Array1<f64>,
+    bias: f64,
+    target: (f64, f64),
+}
+
+/// H fitted linear models and the normalisation they were trained with.
 struct Forecaster {
     norm: Normalizer,
-    models: Vec<Box<dyn Fn(&Array2<f64>) -> f64>>,
+    models: Vec<Linear>,
 }
 
 impl Forecaster {
     /// Trains on the samples whose targets all lie at or before `upto`
-    /// (an index into `series`), with normalisation fitted on `series[..=upto]`.
-    /// None if there are too few such samples.
-    fn train(series: &[Step], upto: usize, cfg: &PredictConfig, learner: Learner) -> Option<Forecaster> {
-        match learner {
-            Learner::GradientDescent => {
-                let mut acc = Accumulator::new(series, cfg.window, cfg.horizon);
-                Forecaster::train_gd(&mut acc, upto, cfg)
-            }
-            Learner::LeastSquares => Forecaster::train_ols(series, upto, cfg),
-        }
-    }
-
-    /// Gradient descent from an accumulator (advanced to `upto` here).
-    fn train_gd(acc: &mut Accumulator, upto: usize, cfg: &PredictConfig) -> Option<Forecaster> {
+    /// (an index into `series`), with normalisation fitted on
+    /// `series[..=upto]` (the accumulator is advanced to `upto` here).
+    /// None if there are too few such samples, or a fit is not finite.
+    fn train(acc: &mut Accumulator, upto: usize, cfg: &PredictConfig, learner: Learner) -> Option<Forecaster> {
         if cfg.window == 0 || upto + 1 > acc.series.len() {
             return None;
         }
@@ -402,33 +421,17 @@ impl Forecaster {
             patience: cfg.patience,
             ..GradientDescent::default()
         };
-        let models = (0..cfg.horizon)
-            .map(|k| {
-                let fitted = gd.fit_stats(&acc.normalized(&norm, k));
-                Box::new(move |x: &Array2<f64>| fitted.predict(x)[0]) as Box<dyn Fn(&Array2<f64>) -> f64>
-            })
-            .collect();
-        Some(Forecaster { norm, models })
-    }
-
-    /// Ordinary least squares (linfa-linear) on the materialised samples.
-    fn train_ols(series: &[Step], upto: usize, cfg: &PredictConfig) -> Option<Forecaster> {
-        let (w, h) = (cfg.window, cfg.horizon);
-        let last_origin = upto.checked_sub(h)?;
-        let first = w - 1;
-        // Well determined only with clearly more samples than parameters.
-        if last_origin < first || last_origin - first + 1 < 2 * (COLUMNS * w + 1) {
-            return None;
-        }
-        let norm = Normalizer::fit(&series[..=upto]);
-        let first = first.max((last_origin + 1).saturating_sub(OLS_MAX_SAMPLES));
-        let origins: Vec<usize> = (first..=last_origin).collect();
-        let x = design(series, &origins, &norm, w);
-        let mut models: Vec<Box<dyn Fn(&Array2<f64>) -> f64>> = Vec::with_capacity(h);
-        for k in 1..=h {
-            let y: Array1<f64> = origins.iter().map(|&t| norm.apply(&series[t + k], COLUMNS - 1)).collect();
-            let fitted = LinearRegression::new().fit(&Dataset::new(x.clone(), y)).ok()?;
-            models.push(Box::new(move |x| fitted.predict(x)[0]));
+        let mut models = Vec::with_capacity(cfg.horizon);
+        for k in 0..cfg.horizon {
+            let (st, target) = acc.normalized(&norm, k);
+            let (weights, bias) = match learner {
+                Learner::GradientDescent => {
+                    let fitted = gd.fit_stats(&st);
+                    (fitted.weights, fitted.bias)
+                }
+                Learner::Ridge(c) => ridge(&st, c * st.n)?,
+            };
+            models.push(Linear { weights, bias, target });
         }
         Some(Forecaster { norm, models })
     }
@@ -436,10 +439,74 @@ impl Forecaster {
     /// Scores for t+1 … t+H from the window ending at `t`, in score units.
     fn forecast(&self, series: &[Step], t: usize, w: usize) -> Vec<f64> {
         let x = design(series, &[t], &self.norm, w);
-        let (mean, std) = (self.norm.mean[COLUMNS - 1], self.norm.std[COLUMNS - 1]);
-        self.models.iter().map(|m| m(&x) * std + mean).collect()
+        let x = x.row(0);
+        let last = series[t][COLUMNS - 1];
+        self.models.iter().map(|m| last + (x.dot(&m.weights) + m.bias) * m.target.1 + m.target.0).collect()
     }
 }
+
+/// Ridge regression from the z-scored sufficient statistics: weights and
+/// an unpenalised bias solving `[[XᵀX + λI, Σx], [Σxᵀ, n]] · [w; b] =
+/// [Xᵀy; Σy]` by Cholesky. None when the result is not finite.
+fn ridge(st: &GramStats, lambda: f64) -> Option<(Array1<f64>, f64)> {
+    let d = st.sx.len();
+    let m = d + 1;
+    let mut a = vec![0.0; m * m];
+    for i in 0..d {
+        for j in 0..d {
+            a[i * m + j] = st.gram[[i, j]];
+        }
+        a[i * m + i] += lambda;
+        a[i * m + d] = st.sx[i];
+        a[d * m + i] = st.sx[i];
+    }
+    a[d * m + d] = st.n;
+    let mut rhs: Vec<f64> = st.xty.iter().copied().chain(std::iter::once(st.sy)).collect();
+    // Cholesky A = L·Lᵀ in place (lower triangle).
+    for j in 0..m {
+        let mut diag = a[j * m + j];
+        for k in 0..j {
+            diag -= a[j * m + k] * a[j * m + k];
+        }
+        if !(diag > 1e-12 * (1.0 + a[j * m + j].abs())) {
+            return None; // not positive definite: nothing stable to report
+        }
+        let l = diag.sqrt();
+        a[j * m + j] = l;
+        for i in j + 1..m {
+            let mut v = a[i * m + j];
+            for k in 0..j {
+                v -= a[i * m + k] * a[j * m + k];
+            }
+            a[i * m + j] = v / l;
+        }
+    }
+    // L·z = rhs, then Lᵀ·x = z.
+    for i in 0..m {
+        let mut v = rhs[i];
+        for k in 0..i {
+            v -= a[i * m + k] * rhs[k];
+        }
+        rhs[i] = v / a[i * m + i];
+    }
+    for i in (0..m).rev() {
+        let mut v = rhs[i];
+        for k in i + 1..m {
+            v -= a[k * m + i] * rhs[k];
+        }
+        rhs[i] = v / a[i * m + i];
+    }
+    if !rhs.iter().all(|v| v.is_finite()) {
+        return None;
+    }
+    let bias = rhs[d];
+    rhs.truncate(d);
+    Some((Array1::from(rhs), bias))
+}
+
+/// Ridge penalties tried by the cross-validation, as a multiple of the
+/// number of training samples.
+const RIDGE_GRID: [f64; 6] = [1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0];
 
 fn min_samples(cfg: &PredictConfig) -> usize {
     (cfg.window + cfg.horizon).max(8)
@@ -459,25 +526,83 @@ fn design(series: &[Step], origins: &[usize], norm: &Normalizer, w: usize) -> Ar
     x
 }
 
-/// Cross-validated mean absolute errors, in score points.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+/// The forecasters compared by the cross-validation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ForecasterKind {
+    /// SPEC §6's windowed linear model, trained by gradient descent.
+    Model,
+    /// "No change": the score stays at its last value.
+    Persistence,
+    /// The score one iteration period earlier.
+    Seasonal,
+    /// Ridge regression on the model's inputs.
+    Ridge,
+}
+
+impl ForecasterKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            ForecasterKind::Model => "model",
+            ForecasterKind::Persistence => "persistence",
+            ForecasterKind::Seasonal => "seasonal",
+            ForecasterKind::Ridge => "ridge",
+        }
+    }
+}
+
+/// Cross-validated mean absolute errors, in score points. A baseline that
+/// could not be evaluated is `None`, with the reason.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct CvMae {
     pub model: f64,
     pub persistence: f64,
-    /// NaN when OLS could not be fitted at any origin.
-    pub ols: f64,
+    /// Over the origins with one period of history (`seasonal_origins`);
+    /// `None` when fewer than half of the origins have it.
+    pub seasonal: Option<f64>,
+    pub seasonal_origins: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seasonal_reason: Option<String>,
+    pub ridge: Option<f64>,
+    /// The ridge penalty the cross-validation chose, per training sample.
+    pub ridge_lambda: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ridge_reason: Option<String>,
     pub origins: usize,
-    /// Origins where OLS was fitted: it needs twice as many samples as the
-    /// 7·W + 1 parameters it fits to be well determined, which early
-    /// origins may not have.
-    pub ols_origins: usize,
+}
+
+impl CvMae {
+    /// The forecaster with the lowest MAE; ties go to the simpler one
+    /// (persistence, then seasonal, ridge, model).
+    pub fn best(&self) -> (ForecasterKind, f64) {
+        let mut best = (ForecasterKind::Persistence, self.persistence);
+        for (kind, mae) in [
+            (ForecasterKind::Seasonal, self.seasonal),
+            (ForecasterKind::Ridge, self.ridge),
+            (ForecasterKind::Model, Some(self.model)),
+        ] {
+            if let Some(m) = mae.filter(|m| m.is_finite())
+                && m < best.1
+            {
+                best = (kind, m);
+            }
+        }
+        best
+    }
+}
+
+/// The seasonal forecast of step t + k: the last observed score at the
+/// same phase of the period (`period` steps).
+fn seasonal_at(scores: &[f64], t: usize, k: usize, period: usize) -> Option<f64> {
+    let back = period * k.div_ceil(period);
+    (t + k).checked_sub(back).map(|i| scores[i])
 }
 
 /// Rolling-origin cross-validation: at each origin t (at most
-/// `cv_origins`, evenly spaced), models trained only on samples whose
-/// targets end at or before t predict t+1 … t+H. Returns the errors of the
-/// model, persistence and OLS, or None when no origin has enough history.
-pub fn cross_validate(series: &[Step], cfg: &PredictConfig) -> Option<CvMae> {
+/// `cv_origins`, evenly spaced), forecasters trained only on samples whose
+/// targets end at or before t predict t+1 … t+H. `period` is the iteration
+/// period in steps, when known. None when no origin has enough history.
+pub fn cross_validate(series: &[Step], cfg: &PredictConfig, period: Option<usize>) -> Option<CvMae> {
     let (w, h) = (cfg.window, cfg.horizon);
     let n = series.len();
     let first = w - 1 + min_samples(cfg) - 1 + h;
@@ -488,29 +613,63 @@ pub fn cross_validate(series: &[Step], cfg: &PredictConfig) -> Option<CvMae> {
     let count = (last - first + 1).min(cfg.cv_origins.max(1));
     let origins: Vec<usize> =
         (0..count).map(|i| if count == 1 { last } else { first + i * (last - first) / (count - 1) }).collect();
-    let (mut model, mut persistence, mut ols, mut m, mut mo, mut ols_origins) = (0.0, 0.0, 0.0, 0usize, 0usize, 0usize);
+    let scores: Vec<f64> = series.iter().map(|s| s[COLUMNS - 1]).collect();
+    let period = period.filter(|&p| p >= 1 && p < n);
+    let (mut model, mut persistence, mut seasonal, mut m) = (0.0, 0.0, 0.0, 0usize);
+    // Seasonal errors only where one period of history exists.
+    let (mut seasonal_m, mut seasonal_origins) = (0usize, 0usize);
+    let mut ridge = [0.0; RIDGE_GRID.len()];
+    let mut ridge_ok = [true; RIDGE_GRID.len()];
     let mut acc = Accumulator::new(series, w, h);
     for &t in &origins {
-        let gd = Forecaster::train_gd(&mut acc, t, cfg)?;
-        let ls = Forecaster::train(series, t, cfg, Learner::LeastSquares);
+        let gd = Forecaster::train(&mut acc, t, cfg, Learner::GradientDescent)?;
         let f = gd.forecast(series, t, w);
-        let fo = ls.map(|l| l.forecast(series, t, w)).filter(|fo| fo.iter().all(|v| v.is_finite()));
-        ols_origins += usize::from(fo.is_some());
-        let score = |i: usize| series[i][COLUMNS - 1];
+        let fr: Vec<Option<Vec<f64>>> = RIDGE_GRID
+            .iter()
+            .map(|&c| {
+                Forecaster::train(&mut acc, t, cfg, Learner::Ridge(c))
+                    .map(|r| r.forecast(series, t, w))
+                    .filter(|v| v.iter().all(|x| x.is_finite()))
+            })
+            .collect();
         for k in 1..=h {
-            let actual = score(t + k);
+            let actual = scores[t + k];
             model += (f[k - 1] - actual).abs();
-            persistence += (score(t) - actual).abs();
-            if let Some(fo) = &fo {
-                ols += (fo[k - 1] - actual).abs();
-                mo += 1;
+            persistence += (scores[t] - actual).abs();
+            if let Some(v) = period.and_then(|p| seasonal_at(&scores, t, k, p)) {
+                seasonal += (v - actual).abs();
+                seasonal_m += 1;
+                seasonal_origins += usize::from(k == 1);
+            }
+            for (g, r) in fr.iter().enumerate() {
+                match r {
+                    Some(r) => ridge[g] += (r[k - 1] - actual).abs(),
+                    None => ridge_ok[g] = false,
+                }
             }
             m += 1;
         }
     }
     let m = m as f64;
-    let ols = if mo == 0 { f64::NAN } else { ols / mo as f64 };
-    Some(CvMae { model: model / m, persistence: persistence / m, ols, origins: origins.len(), ols_origins })
+    let best_ridge = (0..RIDGE_GRID.len()).filter(|&g| ridge_ok[g]).min_by(|&a, &b| ridge[a].total_cmp(&ridge[b]));
+    let seasonal_reason = match period {
+        None => Some("no iteration period is known".to_string()),
+        Some(p) if seasonal_origins * 2 < origins.len() => {
+            Some(format!("the period ({p} steps) is longer than the history at most origins"))
+        }
+        Some(_) => None,
+    };
+    Some(CvMae {
+        model: model / m,
+        persistence: persistence / m,
+        seasonal: seasonal_reason.is_none().then(|| seasonal / seasonal_m as f64),
+        seasonal_origins,
+        seasonal_reason,
+        ridge: best_ridge.map(|g| ridge[g] / m),
+        ridge_lambda: best_ridge.map(|g| RIDGE_GRID[g]),
+        ridge_reason: best_ridge.is_none().then(|| "no stable fit at every origin".to_string()),
+        origins: origins.len(),
+    })
 }
 
 /// Least-squares slope of the last `window` values against their index.
@@ -535,10 +694,22 @@ pub fn trend(values: &[f64], window: usize) -> f64 {
 pub struct Prediction {
     pub window: usize,
     pub horizon: usize,
-    /// None when there is not enough data (fewer than W + H + 1 steps).
+    /// The headline forecast, by [`Prediction::forecaster`]. None when
+    /// there is not enough data (fewer than W + H + 1 steps).
     pub forecast: Option<Vec<f64>>,
+    /// The forecaster with the lowest cross-validated MAE (the model when
+    /// no origin could be validated).
+    pub forecaster: ForecasterKind,
+    /// 1 − MAE(forecaster) / MAE(persistence): above 0 it beats "no
+    /// change". None without cross-validation or when persistence is exact.
+    pub skill: Option<f64>,
+    /// The model's own forecast, whatever the forecaster.
+    pub model_forecast: Option<Vec<f64>>,
     pub current: f64,
+    /// SPEC §6's formula, max(0.1, 1 − MAE/50), for the forecaster used.
     pub confidence: Option<f64>,
+    /// The same for the model.
+    pub confidence_model: Option<f64>,
     pub trend: f64,
     pub risk: Option<Risk>,
     pub warnings: Vec<String>,
@@ -553,8 +724,9 @@ pub struct Backtest {
     pub risk: Vec<Option<Risk>>,
 }
 
-/// Everything SPEC §6 asks of one series.
-pub fn predict(series: &[Step], cfg: &PredictConfig) -> Prediction {
+/// Everything SPEC §6 asks of one series; `period` is the iteration
+/// period in steps, when known (the seasonal baseline).
+pub fn predict(series: &[Step], cfg: &PredictConfig, period: Option<usize>) -> Prediction {
     let scores: Vec<f64> = series.iter().map(|s| s[COLUMNS - 1]).collect();
     let current = scores.last().copied().unwrap_or(0.0);
     let trend = trend(&scores, cfg.trend_window);
@@ -562,8 +734,12 @@ pub fn predict(series: &[Step], cfg: &PredictConfig) -> Prediction {
         window: cfg.window,
         horizon: cfg.horizon,
         forecast: None,
+        forecaster: ForecasterKind::Model,
+        skill: None,
+        model_forecast: None,
         current,
         confidence: None,
+        confidence_model: None,
         trend,
         risk: None,
         warnings: Vec::new(),
@@ -572,14 +748,40 @@ pub fn predict(series: &[Step], cfg: &PredictConfig) -> Prediction {
     if cfg.window == 0 || cfg.horizon == 0 || series.len() < cfg.window + cfg.horizon + 1 {
         return p;
     }
-    let Some(model) = Forecaster::train(series, series.len() - 1, cfg, Learner::GradientDescent) else {
+    let last = series.len() - 1;
+    let mut acc = Accumulator::new(series, cfg.window, cfg.horizon);
+    let Some(model) = Forecaster::train(&mut acc, last, cfg, Learner::GradientDescent) else {
         return p;
     };
-    let forecast: Vec<f64> =
-        model.forecast(series, series.len() - 1, cfg.window).into_iter().map(|v| v.clamp(0.0, 100.0)).collect();
-    let cv = cross_validate(series, cfg);
-    // Without a cross-validation origin the model is unproven: lowest confidence.
-    let confidence = cv.map_or(0.1, |cv| (1.0 - cv.model / 50.0).max(0.1));
+    let clamp = |f: Vec<f64>| -> Vec<f64> { f.into_iter().map(|v| v.clamp(0.0, 100.0)).collect() };
+    let model_forecast = clamp(model.forecast(series, last, cfg.window));
+    let cv = cross_validate(series, cfg, period);
+    let confidence_of = |mae: f64| (1.0 - mae / 50.0).max(0.1);
+    // Without a cross-validation origin nothing is proven: the model, at
+    // the lowest confidence.
+    let (forecaster, mae) = cv.as_ref().map_or((ForecasterKind::Model, f64::NAN), CvMae::best);
+    let forecast = match forecaster {
+        ForecasterKind::Model => Some(model_forecast.clone()),
+        ForecasterKind::Persistence => Some(vec![current; cfg.horizon]),
+        ForecasterKind::Seasonal => period
+            .and_then(|per| (1..=cfg.horizon).map(|k| seasonal_at(&scores, last, k, per)).collect::<Option<Vec<_>>>()),
+        ForecasterKind::Ridge => cv.as_ref().and_then(|c| c.ridge_lambda).and_then(|c| {
+            let mut acc = Accumulator::new(series, cfg.window, cfg.horizon);
+            Forecaster::train(&mut acc, last, cfg, Learner::Ridge(c)).map(|r| r.forecast(series, last, cfg.window))
+        }),
+    };
+    // A forecaster that cannot forecast now falls back to "no change".
+    let (forecaster, forecast) = match forecast.filter(|f| f.iter().all(|v| v.is_finite())) {
+        Some(f) => (forecaster, clamp(f)),
+        None => (ForecasterKind::Persistence, vec![current; cfg.horizon]),
+    };
+    let mae = match (forecaster, &cv) {
+        (ForecasterKind::Persistence, Some(c)) => c.persistence,
+        _ => mae,
+    };
+    let confidence = if mae.is_finite() { confidence_of(mae) } else { 0.1 };
+    p.confidence_model = Some(cv.as_ref().map_or(0.1, |c| confidence_of(c.model)));
+    p.skill = cv.as_ref().filter(|c| c.persistence > 1e-9 && mae.is_finite()).map(|c| 1.0 - mae / c.persistence);
     let highest = forecast.iter().copied().fold(f64::MIN, f64::max);
     if forecast.iter().any(|f| f - current > cfg.deterioration) && confidence > cfg.min_confidence {
         p.warnings.push(format!(
@@ -595,6 +797,8 @@ pub fn predict(series: &[Step], cfg: &PredictConfig) -> Prediction {
     }
     p.risk = Some(Risk::of(highest));
     p.forecast = Some(forecast);
+    p.forecaster = forecaster;
+    p.model_forecast = Some(model_forecast);
     p.confidence = Some(confidence);
     p.cv_mae = cv;
     p
@@ -607,9 +811,9 @@ pub fn retrain_interval(cfg: &PredictConfig, steps: usize) -> usize {
     cfg.retrain_every.max(steps.div_ceil(200)).max(1)
 }
 
-/// The online backtest: at each step t, the forecast from a model trained
-/// on data up to the last retraining point ≤ t (see [`retrain_interval`]),
-/// using only steps ≤ t.
+/// The online backtest: at each step t, the model's forecast from a model
+/// trained on data up to the last retraining point ≤ t (see
+/// [`retrain_interval`]), using only steps ≤ t.
 pub fn backtest(series: &[Step], cfg: &PredictConfig) -> Backtest {
     let n = series.len();
     let mut out = Backtest { forecasts: vec![None; n], risk: vec![None; n] };
@@ -621,7 +825,7 @@ pub fn backtest(series: &[Step], cfg: &PredictConfig) -> Backtest {
     let mut model: Option<Forecaster> = None;
     for t in 0..n {
         if (t % every == 0 || model.is_none())
-            && let Some(m) = Forecaster::train_gd(&mut acc, t, cfg)
+            && let Some(m) = Forecaster::train(&mut acc, t, cfg, Learner::GradientDescent)
         {
             model = Some(m);
         }
@@ -637,6 +841,7 @@ pub fn backtest(series: &[Step], cfg: &PredictConfig) -> Backtest {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use linfa_linear::LinearRegression;
     use ndarray::array;
 
     fn constant_series(n: usize, score: f64) -> Vec<Step> {
@@ -699,7 +904,7 @@ mod tests {
     #[test]
     fn insufficient_data_gives_no_model() {
         let cfg = PredictConfig::default();
-        let p = predict(&constant_series(cfg.window + cfg.horizon, 40.0), &cfg);
+        let p = predict(&constant_series(cfg.window + cfg.horizon, 40.0), &cfg, None);
         assert_eq!(p.forecast, None);
         assert_eq!(p.risk, None);
         assert!(backtest(&constant_series(3, 40.0), &cfg).risk.iter().all(Option::is_none));
@@ -709,7 +914,7 @@ mod tests {
     fn constant_series_is_confident_and_risk_matches_its_level() {
         let cfg = PredictConfig::default();
         for (score, risk) in [(10.0, Risk::Minimal), (55.0, Risk::Medium), (85.0, Risk::Critical)] {
-            let p = predict(&constant_series(120, score), &cfg);
+            let p = predict(&constant_series(120, score), &cfg, None);
             let f = p.forecast.unwrap();
             assert!(f.iter().all(|v| (v - score).abs() < 0.5), "{f:?}");
             assert!(p.confidence.unwrap() > 0.95);
@@ -728,7 +933,7 @@ mod tests {
                 [e, 0.2, 0.3, 0.5, 0.1 + e / 2.0, 0.9 - e, score]
             })
             .collect();
-        let p = predict(&series, &cfg);
+        let p = predict(&series, &cfg, None);
         let cv = p.cv_mae.unwrap();
         assert!(cv.model < cv.persistence, "{cv:?}");
         assert!(p.trend > 0.39 && p.trend < 0.41);
@@ -747,14 +952,97 @@ mod tests {
             *s = [0.9, 0.9, 0.9, 3.0, 0.9, 0.1, 99.0];
         }
         for upto in [30, 45, 60] {
-            let a = Forecaster::train(&base, upto, &cfg, Learner::GradientDescent).unwrap();
-            let b = Forecaster::train(&other, upto, &cfg, Learner::GradientDescent).unwrap();
+            let a = Forecaster::train(&mut Accumulator::new(&base, cfg.window, cfg.horizon), upto, &cfg, Learner::GradientDescent)
+                .unwrap();
+            let b =
+                Forecaster::train(&mut Accumulator::new(&other, cfg.window, cfg.horizon), upto, &cfg, Learner::GradientDescent)
+                    .unwrap();
             assert_eq!(a.forecast(&base, upto, cfg.window), b.forecast(&other, upto, cfg.window));
         }
         // And the backtest at t only uses steps ≤ t.
         let ba = backtest(&base, &cfg);
         let bb = backtest(&other, &cfg);
         assert_eq!(ba.forecasts[..=60], bb.forecasts[..=60]);
+    }
+
+    #[test]
+    fn on_noise_the_headline_is_no_change_or_as_good() {
+        // A score that wanders randomly: nothing predicts it better than
+        // its last value, and the headline must not claim otherwise.
+        let cfg = PredictConfig::default();
+        let mut x = 40.0f64;
+        let mut seed = 7u64;
+        let series: Vec<Step> = (0..300)
+            .map(|_| {
+                seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                x += ((seed >> 33) as f64 / (1u64 << 31) as f64 - 0.5) * 4.0;
+                [0.3, 0.2, 0.5, 0.4, 0.2, 0.7, x]
+            })
+            .collect();
+        let p = predict(&series, &cfg, None);
+        let cv = p.cv_mae.clone().unwrap();
+        let (best, mae) = cv.best();
+        assert_eq!(p.forecaster, best);
+        assert!(mae <= cv.persistence && p.skill.unwrap() >= 0.0, "{cv:?}");
+        if p.forecaster == ForecasterKind::Persistence {
+            assert_eq!(p.forecast.unwrap(), vec![p.current; cfg.horizon]);
+        }
+        // The model predicts changes: with no signal it stays near the last value.
+        let mf = p.model_forecast.unwrap();
+        assert!(mf.iter().all(|v| (v - p.current).abs() < 3.0), "{mf:?} from {}", p.current);
+    }
+
+    #[test]
+    fn a_periodic_score_is_best_forecast_by_the_seasonal_baseline() {
+        // A sawtooth of period 10 steps: seasonal is exact.
+        let cfg = PredictConfig::default();
+        let series: Vec<Step> =
+            (0..200).map(|i| [0.3, 0.2, 0.5, 0.4, 0.2, 0.7, 20.0 + 3.0 * (i % 10) as f64]).collect();
+        let p = predict(&series, &cfg, Some(10));
+        let cv = p.cv_mae.clone().unwrap();
+        assert_eq!(cv.seasonal, Some(0.0), "{cv:?}");
+        assert_eq!(p.forecaster, ForecasterKind::Seasonal);
+        assert_eq!(p.forecast.unwrap(), vec![20.0 + 3.0 * 0.0, 23.0, 26.0]);
+        assert_eq!(p.skill, Some(1.0));
+        let none = predict(&series, &cfg, None).cv_mae.unwrap();
+        assert_eq!((none.seasonal, none.seasonal_reason.as_deref()), (None, Some("no iteration period is known")));
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// Collinear, constant and wildly scaled windows: the ridge
+        /// baseline is never a blown-up number — finite, and its forecast
+        /// within the score's range once clamped as the headline is.
+        #[test]
+        fn ridge_stays_finite_on_collinear_and_constant_windows(
+            n in 20usize..160,
+            constant in proptest::prelude::any::<bool>(),
+            scale in 1e-9f64..1e9,
+            slope in -2.0f64..2.0,
+        ) {
+            let cfg = PredictConfig::default();
+            let series: Vec<Step> = (0..n)
+                .map(|i| {
+                    let v = if constant { 1.0 } else { i as f64 * scale };
+                    // Every feature a multiple of the same column: collinear.
+                    [v, 2.0 * v, 3.0 * v, v, v, 0.5 * v, (50.0 + slope * i as f64).clamp(0.0, 100.0)]
+                })
+                .collect();
+            let cv = cross_validate(&series, &cfg, None);
+            if let Some(cv) = cv {
+                proptest::prop_assert!(cv.model.is_finite() && cv.persistence.is_finite());
+                if let Some(r) = cv.ridge {
+                    proptest::prop_assert!(r.is_finite() && (0.0..=100.0).contains(&r), "{:?}", cv);
+                } else {
+                    proptest::prop_assert!(cv.ridge_reason.is_some());
+                }
+            }
+            let p = predict(&series, &cfg, None);
+            if let Some(f) = p.forecast {
+                proptest::prop_assert!(f.iter().all(|v| v.is_finite() && (0.0..=100.0).contains(v)));
+            }
+        }
     }
 
     #[test]

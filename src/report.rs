@@ -15,7 +15,7 @@ use serde_json::json;
 
 use crate::analyze::{Analysis, ProcessPrediction, Row};
 use crate::oom::OomClass;
-use crate::predict::Risk;
+use crate::predict::{ForecasterKind, Risk};
 use crate::trace::{FORMAT_VERSION, write_atomic};
 
 /// Score statistics over a process's step rows (OOM rows excluded).
@@ -113,8 +113,8 @@ impl Summary {
             anomalies: a.anomalies.total(),
             risk: a.predictions.iter().filter_map(|p| p.prediction.risk).max(),
             oom_classes: oom_classes(a),
-            leaking: a.leaks.iter().any(|l| l.leaking == Some(true)),
-            leaked_bytes: a.leaks.iter().filter(|l| l.leaking == Some(true)).map(|l| l.growth_bytes).sum(),
+            leaking: a.leaks.iter().any(|l| l.leaking),
+            leaked_bytes: a.leaks.iter().filter(|l| l.leaking).map(|l| l.growth_bytes).sum(),
             allocs,
             alloc_rate: if duration > 0.0 { allocs as f64 / duration } else { 0.0 },
             peak_reserved_bytes: steps.iter().map(|s| s.1).max().unwrap_or(0),
@@ -148,7 +148,7 @@ fn features(a: &Analysis) -> [f64; crate::cluster::FEATURES.len()] {
     f[6] = share(OomClass::Capacity);
     f[7] = share(OomClass::Fragmentation);
     f[8] = share(OomClass::AllocatorPolicy);
-    let leaked: i64 = a.leaks.iter().filter(|l| l.leaking == Some(true)).map(|l| l.growth_bytes).sum();
+    let leaked: i64 = a.leaks.iter().filter(|l| l.leaking).map(|l| l.growth_bytes).sum();
     f[9] = if a.peak_live_total == 0 { 0.0 } else { leaked.max(0) as f64 / a.peak_live_total as f64 };
     f
 }
@@ -283,6 +283,8 @@ fn write_metrics(rows: &[Row], horizon: usize, path: &Path) -> Result<()> {
     }
     let risk: Vec<Option<&str>> = rows.iter().map(|r| r.risk_online.map(Risk::name)).collect();
     df.with_column(Column::new("risk_online".into(), risk))?;
+    let iteration: Vec<Option<u32>> = rows.iter().map(|r| r.iteration).collect();
+    df.with_column(Column::new("iteration".into(), iteration))?;
     if rows.iter().any(|r| r.alloc.is_some()) {
         let a = |get: fn(&crate::replay::AllocatorFigures) -> u64| -> Vec<Option<u64>> {
             rows.iter().map(|r| r.alloc.as_ref().map(get)).collect()
@@ -404,8 +406,19 @@ pub fn report_json(a: &Analysis) -> serde_json::Value {
         })).collect::<Vec<_>>(),
         "oom_classes": s.oom_classes.iter().map(|(c, n)| (c.name().to_string(), json!(n))).collect::<serde_json::Map<String, serde_json::Value>>(),
         "capacity_bytes": a.capacity,
+        "iterations": a.iterations.iter().map(|it| json!({
+            "pid": it.pid,
+            "count": it.count,
+            "complete": it.complete,
+            "period_s": it.period_s.map(r6),
+            "warmup_end_t_ns": it.warmup_end_t_ns,
+            "source": it.source.name(),
+            "boundaries_t_ns": it.boundaries_t_ns,
+        })).collect::<Vec<_>>(),
         "leaks": a.leaks.iter().map(|l| json!({
             "pid": l.pid,
+            "verdict": l.verdict.name(),
+            "reason": l.reason,
             "leaking": l.leaking,
             "floor_early_bytes": l.floor_early_bytes,
             "floor_late_bytes": l.floor_late_bytes,
@@ -437,6 +450,7 @@ pub fn report_json(a: &Analysis) -> serde_json::Value {
         }
         for (l, j) in a.leaks.iter().zip(report["leaks"].as_array_mut().into_iter().flatten()) {
             j["top_sites"] = json!(l.top_sites);
+            j["allocated_once"] = json!(l.allocated_once);
         }
     }
     report
@@ -485,16 +499,24 @@ fn prediction_json(p: &ProcessPrediction) -> serde_json::Value {
         "status": if pr.forecast.is_some() { "ok" } else { "insufficient data" },
         "current": r6(pr.current),
         "forecast": pr.forecast.as_ref().map(|f| f.iter().map(|v| r6(*v)).collect::<Vec<_>>()),
+        "forecaster": pr.forecast.as_ref().map(|_| pr.forecaster.name()),
+        "skill": pr.skill.map(r6),
+        "model_forecast": pr.model_forecast.as_ref().map(|f| f.iter().map(|v| r6(*v)).collect::<Vec<_>>()),
         "confidence": pr.confidence.map(r6),
+        "confidence_model": pr.confidence_model.map(r6),
         "trend": r6(pr.trend),
         "risk": pr.risk.map(Risk::name),
         "warnings": pr.warnings,
-        "cv_mae": pr.cv_mae.map(|c| json!({
+        "cv_mae": pr.cv_mae.as_ref().map(|c| json!({
             "model": r6(c.model),
             "persistence": r6(c.persistence),
-            "ols": if c.ols.is_finite() { json!(r6(c.ols)) } else { serde_json::Value::Null },
+            "seasonal": c.seasonal.map(r6),
+            "seasonal_origins": c.seasonal_origins,
+            "seasonal_reason": c.seasonal_reason,
+            "ridge": c.ridge.map(r6),
+            "ridge_lambda": c.ridge_lambda,
+            "ridge_reason": c.ridge_reason,
             "origins": c.origins,
-            "ols_origins": c.ols_origins,
         })),
         "lead_time_steps": p.lead_time.map(|l| l.0),
         "lead_time_s": p.lead_time.map(|l| r6(l.1)),
@@ -527,7 +549,16 @@ pub fn report_md(a: &Analysis) -> String {
     );
     let _ = writeln!(md, "| trace | |\n|---|---|");
     let _ = writeln!(md, "| source | {} |", s.source);
-    let _ = writeln!(md, "| events | {} over {:.3} s |", s.events, s.duration_s);
+    if a.entry_order() {
+        let _ = writeln!(
+            md,
+            "| events | {} over {} (no timestamps: time is entry order) |",
+            s.events,
+            a.time_text(s.duration_s)
+        );
+    } else {
+        let _ = writeln!(md, "| events | {} over {:.3} s |", s.events, s.duration_s);
+    }
     let _ = writeln!(md, "| steps | {} ({}), {} rows |", a.step_count, a.options.step, a.rows.len());
     let _ = writeln!(md, "| parts | {} read, {} skipped |", a.trace.parts.len(), a.trace.skipped.len());
     if let Some(m) = &a.trace.meta {
@@ -654,6 +685,7 @@ pub fn report_md(a: &Analysis) -> String {
             }
         }
     }
+    md.push_str(&iterations_md(a));
     md.push_str(&prediction_md(a));
     md.push_str(&ooms_md(a));
     md.push_str(&leaks_md(a));
@@ -761,11 +793,13 @@ fn verdict_md(a: &Analysis, s: &Summary) -> String {
             let forecast: Vec<String> = f.iter().map(|v| format!("{v:.1}")).collect();
             let _ = writeln!(
                 md,
-                "**Risk: {}** — fragmentation score {:.1} now, forecast {} over the next {} (confidence {:.2}, trend {:+.2} per step).\n",
+                "**Risk: {}** — fragmentation score {:.1} now, forecast {} over the next {} by {} ({}; confidence {:.2}, trend {:+.2} per step).\n",
                 pr.risk.map_or("unknown", Risk::name).to_uppercase(),
                 pr.current,
                 forecast.join(" → "),
                 plural(pr.horizon as u64, "step", "steps"),
+                forecaster_phrase(pr.forecaster),
+                skill_phrase(pr),
                 pr.confidence.unwrap_or(0.0),
                 pr.trend,
             );
@@ -795,6 +829,26 @@ fn verdict_md(a: &Analysis, s: &Summary) -> String {
     md
 }
 
+/// The forecaster, for the headline.
+fn forecaster_phrase(f: ForecasterKind) -> &'static str {
+    match f {
+        ForecasterKind::Model => "the model",
+        ForecasterKind::Persistence => "\"no change\" (persistence)",
+        ForecasterKind::Seasonal => "the seasonal baseline (one iteration earlier)",
+        ForecasterKind::Ridge => "the ridge baseline",
+    }
+}
+
+/// Whether the forecaster beats "no change", with its skill.
+fn skill_phrase(pr: &crate::predict::Prediction) -> String {
+    match (pr.forecaster, pr.skill) {
+        (ForecasterKind::Persistence, _) => "nothing forecast better than no change".into(),
+        (_, Some(s)) if s > 0.0 => format!("beats no change, skill {s:+.2}"),
+        (_, Some(s)) => format!("does not beat no change, skill {s:+.2}"),
+        (_, None) => "not validated: too few steps to compare with no change".into(),
+    }
+}
+
 fn prediction_md(a: &Analysis) -> String {
     let mut md = String::from("\n## Prediction\n\n");
     let Some(p) = headline(a) else {
@@ -816,28 +870,38 @@ fn prediction_md(a: &Analysis) -> String {
     }
     let _ = writeln!(md, "| | |\n|---|---|");
     let _ = writeln!(md, "| window / horizon | {} / {} steps |", pr.window, pr.horizon);
-    if let Some(cv) = pr.cv_mae {
+    if let Some(cv) = &pr.cv_mae {
+        let or_why = |v: Option<f64>, why: &Option<String>| match v {
+            Some(v) => format!("{v:.2}"),
+            None => format!("none ({})", why.as_deref().unwrap_or("not evaluated")),
+        };
         let _ = writeln!(
             md,
-            "| cross-validated MAE (score points, {} origins) | model {:.2} · persistence {:.2} · OLS {} |",
+            "| cross-validated MAE (score points, {} origins) | model {:.2} · persistence {:.2} · seasonal {} · ridge {} |",
             cv.origins,
             cv.model,
             cv.persistence,
-            if cv.ols.is_finite() {
-                format!("{:.2} (fitted at {} origins)", cv.ols, cv.ols_origins)
-            } else {
-                "could not be fitted".into()
-            }
+            or_why(cv.seasonal, &cv.seasonal_reason),
+            or_why(cv.ridge, &cv.ridge_reason),
         );
     }
-    let _ = writeln!(md, "| confidence | {:.2} |", pr.confidence.unwrap_or(0.0));
+    let _ = writeln!(md, "| forecaster | {} (the lowest cross-validated MAE) |", pr.forecaster.name());
+    let _ = writeln!(md, "| skill against \"no change\" | {} |", skill_phrase(pr));
+    let _ = writeln!(
+        md,
+        "| confidence | {:.2} ({}); the model's own {:.2} |",
+        pr.confidence.unwrap_or(0.0),
+        pr.forecaster.name(),
+        pr.confidence_model.unwrap_or(0.0)
+    );
     let _ = writeln!(md, "| trend | {:+.3} points per step |", pr.trend);
     match p.lead_time {
         Some((steps, secs)) => {
             let _ = writeln!(
                 md,
-                "| warning lead time | risk reached high {} ({secs:.3} s) before the first OOM |",
-                plural(steps as u64, "step", "steps")
+                "| warning lead time | risk reached high {} ({}) before the first OOM |",
+                plural(steps as u64, "step", "steps"),
+                a.time_text(secs)
             );
         }
         None if a.ooms.iter().any(|o| o.pid == p.pid) => {
@@ -846,15 +910,17 @@ fn prediction_md(a: &Analysis) -> String {
         }
         None => {}
     }
-    if let Some(cv) = pr.cv_mae {
-        let best_baseline = cv.persistence.min(if cv.ols.is_finite() { cv.ols } else { f64::INFINITY });
-        if cv.model > best_baseline {
-            let _ = writeln!(
-                md,
-                "\nThe model does **not** beat the best baseline here (MAE {:.2} vs {:.2}): read the forecast with that in mind.",
-                cv.model, best_baseline
-            );
-        }
+    if let Some(cv) = &pr.cv_mae
+        && pr.forecaster != ForecasterKind::Model
+    {
+        let _ = writeln!(
+            md,
+            "\nThe model does **not** beat {} here (MAE {:.2} vs {:.2}): the forecast above is {}'s, not the model's.",
+            pr.forecaster.name(),
+            cv.model,
+            cv.best().1,
+            pr.forecaster.name()
+        );
     }
     if !pr.warnings.is_empty() {
         md.push_str("\nWarnings:\n\n");
@@ -914,30 +980,35 @@ fn ooms_md(a: &Analysis) -> String {
 
 fn leaks_md(a: &Analysis) -> String {
     let mut md = String::from("\n## Leaks\n\n");
-    md.push_str(
-        "| pid | verdict | floor (2nd quarter → last quarter) | growth rate | alive at end |\n|---|---|---|---|---|\n",
+    let _ = writeln!(
+        md,
+        "| {} | verdict | floor compared | growth rate | alive at end |\n|---|---|---|---|---|",
+        a.unit()
     );
-    if a.allocator_view {
-        md = md.replace("| pid |", "| device |");
-    }
     for l in &a.leaks {
-        let verdict = match l.leaking {
-            Some(true) => "**leaking**",
-            Some(false) => "no leak",
-            None => "too few steps",
+        let verdict = match l.verdict {
+            crate::leak::Verdict::Leaking => "**leaking**",
+            v => v.name(),
         };
+        let floors = if l.floor_early_bytes == 0 && l.floor_late_bytes == 0 && l.verdict == crate::leak::Verdict::CannotTell {
+            "—".to_string()
+        } else {
+            format!("{} → {}", bytes(l.floor_early_bytes), bytes(l.floor_late_bytes))
+        };
+        let rate = if l.leaking { format!("{}/s", bytes(l.rate_bytes_per_s.max(0.0) as u64)) } else { "—".into() };
         let _ = writeln!(
             md,
-            "| {} | {verdict} | {} → {} | {}/s | {} in {} |",
+            "| {} | {verdict} | {floors} | {rate} | {} in {} |",
             l.pid,
-            bytes(l.floor_early_bytes),
-            bytes(l.floor_late_bytes),
-            bytes(l.rate_bytes_per_s.max(0.0) as u64),
             bytes(l.live_at_end_bytes),
             plural(l.live_at_end_blocks, "block", "blocks")
         );
     }
-    if let Some(l) = a.leaks.iter().find(|l| l.leaking == Some(true)) {
+    md.push('\n');
+    for l in &a.leaks {
+        let _ = writeln!(md, "- {} {}: {}.", a.unit(), l.pid, l.reason);
+    }
+    if let Some(l) = a.leaks.iter().find(|l| l.leaking) {
         let _ = writeln!(
             md,
             "\nBlocks alive at the end in {} {}, by size:\n\n| size | blocks | bytes |\n|---|---|---|",
@@ -953,6 +1024,52 @@ fn leaks_md(a: &Analysis) -> String {
                 let _ = writeln!(md, "| `{}` | {} | {} |", t.site, bytes(t.bytes), t.blocks);
             }
         }
+    }
+    for l in a.leaks.iter().filter(|l| !l.allocated_once.is_empty()) {
+        let _ = writeln!(
+            md,
+            "\nAllocated once, in the warm-up (or only) iteration of {} {}, and alive at the end — state such as weights, optimizer moments or caches, not leaks:\n\n| call site | bytes | blocks |\n|---|---|---|",
+            a.unit(),
+            l.pid
+        );
+        for t in &l.allocated_once {
+            let _ = writeln!(md, "| `{}` | {} | {} |", t.site, bytes(t.bytes), t.blocks);
+        }
+    }
+    md
+}
+
+fn iterations_md(a: &Analysis) -> String {
+    let mut md = String::from("\n## Iterations\n\n");
+    if a.iterations.is_empty() {
+        md.push_str(
+            "None found: no profiler annotations, no optimizer steps in the call stacks, no period in the allocation \
+             sequence. Leak verdicts fall back to comparing quarters of the trace, and say so.\n",
+        );
+        return md;
+    }
+    let _ = writeln!(
+        md,
+        "| {} | iterations | complete | period | warm-up ends | found from |\n|---|---|---|---|---|---|",
+        a.unit()
+    );
+    for it in &a.iterations {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} |",
+            it.pid,
+            it.count,
+            it.complete,
+            it.period_s.map_or("—".into(), |p| a.time_text(p)),
+            it.warmup_end_t_ns.map_or("—".into(), |t| a.time_text(t.saturating_sub(a.first_ts) as f64 / 1e9)),
+            it.source.name()
+        );
+    }
+    if a.iterations.iter().all(|it| it.complete < 4) {
+        md.push_str(
+            "\nFewer than four complete iterations: one iteration (plus warm-up) cannot show a leak or a trend across \
+             iterations.\n",
+        );
     }
     md
 }

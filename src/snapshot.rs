@@ -171,6 +171,9 @@ pub struct Snapshot {
     pub blocks_without_address: u64,
     /// Entries with an action this version does not know (ignored).
     pub unknown_actions: u64,
+    /// `external_annotations`: profiler ranges (`record_function`), with
+    /// `time_us` turned into the trace's ns.
+    pub annotations: Vec<crate::iterations::Annotation>,
 }
 
 /// Turns the memo's shared frame dicts and lists into table ids.
@@ -339,6 +342,24 @@ impl Snapshot {
         }
         if let Some(s) = v.get("allocator_settings") {
             snap.allocator_settings = to_json(&s, 0);
+        }
+        if let Some(list) = v.get("external_annotations") {
+            each(&list, "`external_annotations`", |i, a| {
+                let text = |k: &str| a.get(k).and_then(|x| x.as_str().map(str::to_string));
+                let (Some(stage), Some(name)) = (text("stage"), text("name")) else {
+                    bail!("annotation {i}: no `stage` or `name`")
+                };
+                let device = uint(a, "device")?.unwrap_or(0);
+                anyhow::ensure!(device < 1 << 16, "annotation {i}: `device` = {device} is not a device index");
+                let Some(t_us) = uint(a, "time_us")? else { return Ok(()) };
+                snap.annotations.push(crate::iterations::Annotation {
+                    stage,
+                    name,
+                    device: device as u32,
+                    t_ns: t_us.saturating_mul(1000),
+                });
+                Ok(())
+            })?;
         }
         snap.stacks = std::mem::take(&mut interner.stacks);
         Ok(snap)
@@ -911,6 +932,7 @@ pub fn convert(
         "unknown_actions": snap.unknown_actions,
         "stacks": snap.stacks.stacks.len(),
         "frames": snap.stacks.frames.len(),
+        "annotations": snap.annotations.iter().filter(|a| devices.contains(&a.device)).collect::<Vec<_>>(),
         "totals": totals,
         "reconstruction": reconstructions,
         "segments": table,

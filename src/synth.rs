@@ -8,7 +8,9 @@
 //! of iterations grows with `--events` up to a cap and each iteration is
 //! padded with kernel launches and short-lived temporaries, so the story is
 //! the same at 20 thousand and at 10 million events. Output is deterministic
-//! for a given seed.
+//! for a given seed. `trace.json` `details.iteration_starts` holds the true
+//! start of every iteration written (the time of its first event), per
+//! process, so tests can check iteration detection exactly.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -27,6 +29,9 @@ const KIB: u64 = 1 << 10;
 const LAYERS: usize = 80;
 const ACTIVATIONS_PER_LAYER: usize = 12;
 const MIB: u64 = 1 << 20;
+/// A kernel each iteration of the steady, leak, filling and fragmenting
+/// patterns launches once, at its peak (training has its optimizer kernel).
+const STEP_KERNEL: u64 = 0x5555_6000;
 
 /// The workloads `synth` can generate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
@@ -101,23 +106,38 @@ pub fn synth(cfg: &SynthConfig, dir: &Path) -> Result<TraceMeta> {
     let mut written = 0u64;
     let mut clock = 1_000_000_000u64;
     let mut round: Vec<Event> = Vec::new();
+    // The true iteration starts (the time of each iteration's first event),
+    // per process, for tests of iteration detection.
+    let mut starts: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    let mut last_written = 0u64;
     'outer: for it in 0.. {
         round.clear();
         let mut round_end = clock;
         for p in procs.iter_mut() {
+            let first = round.len();
             let mut em = Emitter { events: &mut round, ts: clock, pid: p.pid, rng: &mut rng };
             p.iteration(it, budget, &mut em);
             round_end = round_end.max(em.ts);
+            if let Some(e) = round.get(first) {
+                starts.entry(p.pid).or_default().push(e.ts_ns);
+            }
         }
         round.sort_by_key(|e| e.ts_ns);
         for e in round.drain(..) {
             if written == cfg.events {
                 break 'outer;
             }
+            last_written = e.ts_ns;
             writer.push(e)?;
             written += 1;
         }
         clock = round_end + 1000;
+    }
+    for list in starts.values_mut() {
+        list.retain(|&t| t <= last_written);
+    }
+    if let serde_json::Value::Object(d) = &mut writer.meta_mut().details {
+        d.insert("iteration_starts".into(), serde_json::json!(starts));
     }
     writer.finish()
 }
@@ -281,7 +301,8 @@ impl Proc {
         while em.events.len() < start + budget {
             match em.rng.random_range(0..10) {
                 0..=5 => {
-                    let function = 0x5555_0000 + em.rng.random_range(0..64u64) * 0x100;
+                    // Kernels of their own, apart from the patterns' ones.
+                    let function = 0x5556_0000 + em.rng.random_range(0..64u64) * 0x100;
                     em.emit(EventKind::Launch, function, 0, 0);
                 }
                 6 => {
@@ -306,8 +327,9 @@ impl Proc {
             Pattern::Training | Pattern::Multi => self.training_step(em),
             Pattern::Fragmenting => self.fragmenting_step(it, progress, em),
             Pattern::Leak => {
-                self.steady_step(em, 24);
-                // Leak about 1.5 % of capacity over the run, in 1–4 MiB blocks.
+                // Leak about 1.5 % of capacity over the run, in 1–4 MiB
+                // blocks, at the start of each iteration (a cache entry per
+                // batch that is never evicted).
                 let per_iter = (self.capacity as f64 * 0.015 / self.iterations as f64 / (2.5 * MIB as f64)).max(1.0);
                 for _ in 0..per_iter.round() as usize {
                     let size = em.rng.random_range(MIB..4 * MIB);
@@ -315,16 +337,19 @@ impl Proc {
                         self.persistent.push(b);
                     }
                 }
+                self.steady_step(em, 24);
             }
             Pattern::Steady => self.steady_step(em, 32),
             Pattern::Filling => {
-                // Live data grows until nothing fits: 1.5 × capacity over the run.
+                // Live data grows until nothing fits: 1.5 × capacity over the
+                // run, beside a working set three times each step's growth.
                 let chunk = (self.capacity as f64 * 1.5 / self.iterations as f64) as u64;
                 let size = chunk.max(2 * MIB);
                 if let Some(b) = self.alloc(em, size) {
                     self.persistent.push(b);
                 }
-                self.steady_step(em, 4);
+                let buffer = 64 * MIB.min(self.capacity / 256).max(MIB / 64);
+                self.steady_step(em, (3 * size).div_ceil(buffer).max(4) as usize);
             }
         }
         self.pad(em, start, budget);
@@ -340,6 +365,8 @@ impl Proc {
             }
             em.emit(EventKind::Launch, 0x5555_1000, 0, 0);
         }
+        // Once per iteration, at its peak (a loss or reduction kernel).
+        em.emit(EventKind::Launch, STEP_KERNEL, 0, 0);
         while let Some(b) = stack.pop() {
             self.free(em, b);
         }
@@ -439,6 +466,8 @@ impl Proc {
                 }
             }
         }
+        // Once per iteration, at its peak (a loss or reduction kernel).
+        em.emit(EventKind::Launch, STEP_KERNEL, 0, 0);
         // Expired buffers go, in the order they happen to be found.
         let mut i = 0;
         while i < self.carry.len() {

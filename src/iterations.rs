@@ -1,0 +1,469 @@
+//! Iterations: where the training or inference steps of each process (or
+//! device, for snapshots) begin. A leak can only be told from memory that
+//! keeps growing *across* iterations, the seasonal forecast needs the
+//! period, and a reader wants to know how much of a run a trace holds.
+//!
+//! Sources, the first that finds anything wins:
+//! 1. **Annotations** (PyTorch snapshots' `external_annotations`, from
+//!    `record_function` ranges): `ProfilerStep#N` ranges are iterations;
+//!    otherwise each `Optimizer.step#…` range ends one.
+//! 2. **Call sites** (traces with stacks): allocations and frees made inside
+//!    the optimizer's `step` come in one burst per iteration; each burst
+//!    ends one. A frame is the optimizer's step when it is a function named
+//!    `step`, or the `wrapper`/`_use_grad` that `torch/optim/optimizer.py`
+//!    puts around every optimizer's `step` (`zero_grad` is not a step).
+//! 3. **Periodicity** (device-level traces without stacks: eBPF,
+//!    synthetic; a transformer's layers repeat within one iteration as
+//!    regularly as iterations do, so traces with stacks do not use it): an
+//!    *anchor* — a kernel launch address, or an allocation of one exact
+//!    size, that comes back at near-constant spacing (coefficient of
+//!    variation of the gaps ≤ 0.25, at least five times, 8 events apart or
+//!    more), the one at whose spacing live memory best repeats itself
+//!    (autocorrelation ≥ 0.3) — cuts the series into periods; each period's highest live
+//!    memory is an iteration's peak (after its lowest point, when the
+//!    period opens with the previous iteration's descent). Between two
+//!    peaks separated by a valley (live memory comes down from the first)
+//!    lies one iteration start: the moment live memory leaves its
+//!    lowest level in that stretch for the last time (the first allocation
+//!    request of that last flat run at the floor, or the event that leaves
+//!    it). Iterations give back what they took: when the level at each
+//!    start rises by more than half the climb in between (median), the
+//!    repetition is accumulation — the layers of one forward pass — and no
+//!    iterations are claimed. After the last anchor, an iteration the trace
+//!    cut short counts
+//!    once the stretch reaches as far past the anchor as starts usually
+//!    lie and live memory rises there. Where live memory is flat there are
+//!    no peaks, and no iterations are claimed.
+//!
+//! An iteration runs from one boundary to the next; the stretch before the
+//! first boundary and after the last is partial. `complete` counts the
+//! iterations with both ends in the trace; the first complete one is taken
+//! as warm-up (`warmup_end_t_ns` is its end).
+
+use ahash::AHashMap;
+use serde::Serialize;
+
+use crate::event::{EventKind, Events, NO_STACK};
+use crate::trace::{Frame, Stacks};
+
+/// How the iterations were found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum IterationSource {
+    Annotations,
+    CallSites,
+    Periodicity,
+}
+
+impl IterationSource {
+    pub fn name(self) -> &'static str {
+        match self {
+            IterationSource::Annotations => "annotations",
+            IterationSource::CallSites => "call-sites",
+            IterationSource::Periodicity => "periodicity",
+        }
+    }
+}
+
+/// The iterations of one series.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Iterations {
+    pub pid: u32,
+    /// Iterations seen, partial ones included where the source counts them
+    /// (an optimizer step seen once is one iteration).
+    pub count: usize,
+    /// Iterations with both their start and their end in the trace.
+    pub complete: usize,
+    /// Median time between boundaries.
+    pub period_s: Option<f64>,
+    /// End of the first complete iteration (the warm-up).
+    pub warmup_end_t_ns: Option<u64>,
+    pub source: IterationSource,
+    /// Iteration starts (ns, the trace's clock), ascending.
+    pub boundaries_t_ns: Vec<u64>,
+}
+
+impl Iterations {
+    fn new(pid: u32, count: usize, mut boundaries: Vec<u64>, source: IterationSource) -> Iterations {
+        boundaries.sort_unstable();
+        boundaries.dedup();
+        let complete = boundaries.len().saturating_sub(1);
+        let mut gaps: Vec<u64> = boundaries.windows(2).map(|w| w[1] - w[0]).collect();
+        gaps.sort_unstable();
+        let period_s = (!gaps.is_empty()).then(|| gaps[gaps.len() / 2] as f64 / 1e9);
+        let warmup_end_t_ns = boundaries.get(1).copied().filter(|_| complete >= 1);
+        Iterations { pid, count, complete, period_s, warmup_end_t_ns, source, boundaries_t_ns: boundaries }
+    }
+
+    /// The iteration holding instant `t` (0 from the first boundary), None
+    /// before the first boundary.
+    pub fn index_at(&self, t: u64) -> Option<u32> {
+        self.boundaries_t_ns.partition_point(|&b| b <= t).checked_sub(1).map(|i| i as u32)
+    }
+
+    /// The complete iterations as [start, end) spans.
+    pub fn spans(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.boundaries_t_ns.windows(2).map(|w| (w[0], w[1]))
+    }
+}
+
+/// One `external_annotations` entry of a PyTorch snapshot.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct Annotation {
+    /// `START` or `END`.
+    pub stage: String,
+    pub name: String,
+    pub device: u32,
+    pub t_ns: u64,
+}
+
+/// Finds the iterations of series `pid` (a process, or a device of an
+/// imported snapshot) from its events, stacks and annotations.
+pub fn detect(events: &Events, pid: u32, stacks: Option<&Stacks>, annotations: &[Annotation]) -> Option<Iterations> {
+    // A trace with stacks is a PyTorch snapshot: its allocations repeat per
+    // layer as much as per iteration, so only its optimizer steps count.
+    from_annotations(pid, annotations).or_else(|| match stacks {
+        Some(st) => from_optimizer_steps(events, pid, st),
+        None => from_periodicity(events, pid),
+    })
+}
+
+fn from_annotations(pid: u32, annotations: &[Annotation]) -> Option<Iterations> {
+    let mine: Vec<&Annotation> = annotations.iter().filter(|a| a.device == pid).collect();
+    let profiler: Vec<&&Annotation> = mine.iter().filter(|a| a.name.starts_with("ProfilerStep#")).collect();
+    let starts: Vec<u64> = profiler.iter().filter(|a| a.stage == "START").map(|a| a.t_ns).collect();
+    if !starts.is_empty() {
+        let mut boundaries = starts.clone();
+        // The last step's end closes it, when it is in the trace.
+        if let Some(end) = profiler.iter().filter(|a| a.stage == "END").map(|a| a.t_ns).max()
+            && end > *starts.iter().max().unwrap_or(&0)
+        {
+            boundaries.push(end);
+        }
+        return Some(Iterations::new(pid, starts.len(), boundaries, IterationSource::Annotations));
+    }
+    let ends: Vec<u64> =
+        mine.iter().filter(|a| a.name.starts_with("Optimizer.step#") && a.stage == "END").map(|a| a.t_ns).collect();
+    (!ends.is_empty()).then(|| Iterations::new(pid, ends.len(), ends, IterationSource::Annotations))
+}
+
+/// A frame of an optimizer's `step`.
+fn is_step_frame(f: &Frame) -> bool {
+    f.name == "step"
+        || (f.filename.ends_with("optim/optimizer.py") && (f.name == "wrapper" || f.name == "_use_grad"))
+}
+
+/// Events of `pid` between two optimizer-step events that end one burst
+/// and start the next.
+const BURST_GAP: usize = 64;
+
+fn from_optimizer_steps(events: &Events, pid: u32, stacks: &Stacks) -> Option<Iterations> {
+    if events.stack.is_empty() {
+        return None;
+    }
+    let mut in_step: AHashMap<u32, bool> = AHashMap::new();
+    // Per burst: its last step event, and the time of the pid's first
+    // event after it (where the next iteration begins).
+    let mut bursts: Vec<(usize, Option<u64>)> = Vec::new();
+    let mut since_step = usize::MAX;
+    for i in 0..events.len() {
+        if events.pid[i] != pid {
+            continue;
+        }
+        let id = events.stack[i];
+        let step = id != NO_STACK && *in_step.entry(id).or_insert_with(|| stacks.frames_of(id).any(is_step_frame));
+        if step {
+            match bursts.last_mut() {
+                Some(b) if since_step <= BURST_GAP => *b = (i, None),
+                _ => bursts.push((i, None)),
+            }
+            since_step = 0;
+        } else {
+            if since_step == 0
+                && let Some(b) = bursts.last_mut()
+            {
+                b.1 = Some(events.ts_ns[i]);
+            }
+            since_step = since_step.saturating_add(1);
+        }
+    }
+    if bursts.is_empty() {
+        return None;
+    }
+    let ends = bursts.iter().map(|&(last, after)| after.unwrap_or(events.ts_ns[last] + 1)).collect();
+    Some(Iterations::new(pid, bursts.len(), ends, IterationSource::CallSites))
+}
+
+/// The largest coefficient of variation of an anchor's gaps.
+const ANCHOR_MAX_CV: f64 = 0.25;
+/// The fewest times an anchor must come back.
+const ANCHOR_MIN_COUNT: usize = 5;
+/// The least correlation of live memory with itself one period later.
+const MIN_AUTOCORRELATION: f64 = 0.3;
+
+/// Pearson correlation of `v[i]` with `v[i + lag]`, on at most about 50 000
+/// evenly spaced pairs.
+fn autocorrelation(v: &[u64], lag: usize) -> f64 {
+    if lag == 0 || lag >= v.len() {
+        return f64::NAN;
+    }
+    let n = v.len() - lag;
+    let stride = (n / 50_000).max(1);
+    let (mut sx, mut sy, mut sxx, mut syy, mut sxy, mut m) = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+    for i in (0..n).step_by(stride) {
+        let (x, y) = (v[i] as f64, v[i + lag] as f64);
+        sx += x;
+        sy += y;
+        sxx += x * x;
+        syy += y * y;
+        sxy += x * y;
+        m += 1.0;
+    }
+    let cov = sxy / m - (sx / m) * (sy / m);
+    let (vx, vy) = (sxx / m - (sx / m).powi(2), syy / m - (sy / m).powi(2));
+    if vx <= 0.0 || vy <= 0.0 { f64::NAN } else { cov / (vx * vy).sqrt() }
+}
+
+fn from_periodicity(events: &Events, pid: u32) -> Option<Iterations> {
+    // The series: the pid's events, and its live device bytes after each.
+    let idx: Vec<usize> = (0..events.len()).filter(|&i| events.pid[i] == pid).collect();
+    if idx.len() < 16 {
+        return None;
+    }
+    let mut live = Vec::with_capacity(idx.len());
+    let mut blocks: AHashMap<u64, u64> = AHashMap::new();
+    let mut now = 0u64;
+    for &i in &idx {
+        if let Some(kind) = events.kind[i]
+            && events.ret[i] == 0
+        {
+            if kind == EventKind::Exit {
+                blocks.clear();
+                now = 0;
+            } else if kind.creates_block() && events.size[i] > 0 {
+                if let Some(old) = blocks.insert(events.addr[i], events.size[i]) {
+                    now -= old;
+                }
+                now += events.size[i];
+            } else if kind.releases_block()
+                && let Some(size) = blocks.remove(&events.addr[i])
+            {
+                now -= size;
+            }
+        }
+        live.push(now);
+    }
+    let anchors = anchor(events, &idx, &live)?;
+    // One peak per stretch the anchors cut (the stretch before the first
+    // anchor too, unless live memory is flat there); between two peaks
+    // lies one iteration start.
+    let mut peaks = Vec::with_capacity(anchors.len() + 1);
+    let mut lo = 0;
+    for &a in &anchors {
+        // The highest point; but a stretch that opens with the previous
+        // iteration's descent has its highest point at its start, which is
+        // no peak: then the highest point after its lowest.
+        let stretch = &live[lo..=a];
+        let (min, max) = (*stretch.iter().min()?, *stretch.iter().max()?);
+        let mut at = stretch.iter().position(|&v| v == max)?;
+        if at == 0 {
+            let min_at = stretch.iter().position(|&v| v == min)?;
+            let after = *stretch[min_at..].iter().max()?;
+            at = min_at + stretch[min_at..].iter().position(|&v| v == after)?;
+        }
+        if stretch[at] > min {
+            peaks.push(lo + at);
+        }
+        lo = a + 1;
+    }
+    let is_request = |j: usize| events.kind[idx[j]].is_some_and(EventKind::is_alloc_request);
+    // The start between two peaks: the run at the lowest level, and in it an
+    // allocation request (one that failed leaves the level unchanged), else
+    // the event that leaves it.
+    let start_between = |lo: usize, hi: usize| -> Option<usize> {
+        let floor = live[lo..=hi].iter().copied().min()?;
+        let last = (lo..=hi).rev().find(|&j| live[j] == floor)?;
+        let mut run = last;
+        while run > lo && live[run - 1] == floor {
+            run -= 1;
+        }
+        Some((run..=last).find(|&j| is_request(j)).unwrap_or(last + 1).min(hi))
+    };
+    // Only a valley separates two iterations: live memory must come down
+    // from the first peak (the first period of a run that is still loading
+    // its weights only climbs).
+    let valley = |w: &[usize]| -> bool {
+        let floor = live[w[0] + 1..=w[1]].iter().copied().min().unwrap_or(0);
+        live[w[0]] > floor
+    };
+    let mut starts: Vec<usize> = peaks
+        .windows(2)
+        .filter(|w| w[0] < w[1] && valley(w))
+        .filter_map(|w| start_between(w[0] + 1, w[1]))
+        .collect();
+    // After the last anchor the trace may have cut the last iteration
+    // short: its start counts once the stretch reaches as far past the
+    // anchor as starts usually lie, and live memory rises there.
+    if let (Some(&last_anchor), Some(&last_peak)) = (anchors.last(), peaks.last()) {
+        let mut offsets: Vec<usize> = starts
+            .iter()
+            .filter_map(|&st| anchors.iter().rev().find(|&&a| a < st).map(|&a| st - a))
+            .collect();
+        offsets.sort_unstable();
+        if let Some(&offset) = offsets.get(offsets.len() / 2)
+            && last_peak <= last_anchor
+            && live.len() - 1 >= last_anchor + offset
+        {
+            let lo = last_peak + 1;
+            let min = *live[lo..].iter().min()?;
+            let min_at = lo + live[lo..].iter().rposition(|&v| v == min)?;
+            if live[min_at..].iter().any(|&v| v > min)
+                && let Some(st) = start_between(lo, live.len() - 1)
+            {
+                starts.push(st);
+            }
+        }
+    }
+    // An iteration gives back what it took: from one start to the next the
+    // level at the start rises by far less than the climb in between. The
+    // layers of one forward pass repeat as regularly, but each keeps its
+    // activations: that is accumulation, not iterations.
+    let mut ratios: Vec<f64> = starts
+        .windows(2)
+        .filter_map(|w| {
+            let (base, next) = (live[w[0].saturating_sub(1)], live[w[1].saturating_sub(1)]);
+            let peak = *live[w[0]..w[1]].iter().max()?;
+            (peak > base).then(|| next.saturating_sub(base) as f64 / (peak - base) as f64)
+        })
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    if ratios.get(ratios.len() / 2).is_none_or(|&r| r > 0.5) {
+        return None;
+    }
+    let boundaries: Vec<u64> = starts.iter().map(|&j| events.ts_ns[idx[j]]).collect();
+    (boundaries.len() >= 2).then(|| Iterations::new(pid, boundaries.len(), boundaries, IterationSource::Periodicity))
+}
+
+/// Positions (in the pid's event sequence) of the most regular anchor
+/// token: a launch address or a successful allocation size.
+fn anchor(events: &Events, idx: &[usize], live: &[u64]) -> Option<Vec<usize>> {
+    let mut positions: AHashMap<(u8, u64), Vec<usize>> = AHashMap::new();
+    for (j, &i) in idx.iter().enumerate() {
+        let key = match events.kind[i] {
+            Some(EventKind::Launch) => (0, events.addr[i]),
+            Some(k) if k.creates_block() && events.ret[i] == 0 => (1 + k as u8, events.size[i]),
+            _ => continue,
+        };
+        positions.entry(key).or_default().push(j);
+    }
+    // Regular tokens: (count, cv, key).
+    let mut regular: Vec<(usize, f64, (u8, u64))> = Vec::new();
+    for (key, pos) in &positions {
+        // Two or three gaps agree by chance too often to mean anything.
+        if pos.len() < ANCHOR_MIN_COUNT {
+            continue;
+        }
+        let gaps: Vec<f64> = pos.windows(2).map(|w| (w[1] - w[0]) as f64).collect();
+        let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
+        if mean < 8.0 {
+            continue; // several times per iteration, or noise
+        }
+        let sd = (gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / gaps.len() as f64).sqrt();
+        if sd / mean <= ANCHOR_MAX_CV {
+            regular.push((pos.len(), sd / mean, *key));
+        }
+    }
+    // Regular tokens also come by chance (a few gaps that agree), or twice
+    // per iteration half a period apart: the anchor is the one whose
+    // spacing live memory itself repeats at best (autocorrelation at the
+    // anchor's median gap), then the one that comes most often.
+    let best = regular
+        .iter()
+        .map(|r| {
+            let pos = &positions[&r.2];
+            let mut gaps: Vec<usize> = pos.windows(2).map(|w| w[1] - w[0]).collect();
+            gaps.sort_unstable();
+            (autocorrelation(live, gaps[gaps.len() / 2]), r)
+        })
+        .filter(|(c, _)| *c >= MIN_AUTOCORRELATION)
+        .max_by(|x, y| x.0.total_cmp(&y.0).then(x.1.0.cmp(&y.1.0)).then(y.1.2.cmp(&x.1.2)))
+        .map(|(_, r)| (r.1, r.0, r.2));
+    best.map(|(_, _, key)| positions.remove(&key).unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::Event;
+
+    fn ev(ts: u64, kind: EventKind, addr: u64, size: u64) -> Event {
+        Event {
+            ts_ns: ts,
+            duration_ns: 0,
+            pid: 1,
+            tid: 1,
+            kind,
+            addr,
+            size,
+            ret: 0,
+            device: None,
+            stream: None,
+            extra: Default::default(),
+            cuda: Default::default(),
+        }
+    }
+
+    #[test]
+    fn annotations_give_profiler_steps_or_optimizer_step_ends() {
+        let a = |stage: &str, name: &str, t| Annotation { stage: stage.into(), name: name.into(), device: 0, t_ns: t };
+        let list = vec![
+            a("START", "ProfilerStep#3", 100),
+            a("END", "ProfilerStep#3", 190),
+            a("START", "ProfilerStep#4", 200),
+            a("END", "ProfilerStep#4", 290),
+            a("START", "Optimizer.step#AdamW.step", 250),
+            a("END", "Optimizer.step#AdamW.step", 280),
+        ];
+        let it = from_annotations(0, &list).unwrap();
+        assert_eq!((it.count, it.complete, it.boundaries_t_ns.clone()), (2, 2, vec![100, 200, 290]));
+        assert_eq!(it.index_at(99), None);
+        assert_eq!(it.index_at(200), Some(1));
+        let only_step = from_annotations(0, &list[4..]).unwrap();
+        assert_eq!((only_step.count, only_step.complete, only_step.warmup_end_t_ns), (1, 0, None));
+        assert!(from_annotations(1, &list).is_none());
+    }
+
+    #[test]
+    fn periodicity_finds_each_start_where_live_memory_leaves_its_floor() {
+        // 6 iterations: two allocations up, a marker kernel at the peak,
+        // two frees down, then noise kernels and a temporary at the floor.
+        let mut list = Vec::new();
+        let mut t = 0;
+        let mut starts = Vec::new();
+        for it in 0..6u64 {
+            starts.push(t + 10);
+            let mut push = |k, a, s| {
+                t += 10;
+                list.push(ev(t, k, a, s));
+            };
+            push(EventKind::Alloc, 0x1000, 4096 + it);
+            push(EventKind::Alloc, 0x9000, 8192);
+            push(EventKind::Launch, 0xfeed, 0);
+            push(EventKind::Free, 0x1000, 0);
+            push(EventKind::Free, 0x9000, 0);
+            for k in 0..(6 + it % 3) {
+                push(EventKind::Launch, 0x100 + k * (it + 1), 0);
+            }
+            push(EventKind::Alloc, 0x5000, 512 * (it + 1));
+            push(EventKind::Free, 0x5000, 0);
+            push(EventKind::Launch, 0x200, 0);
+        }
+        let mut events = Events::default();
+        for e in &list {
+            events.push(e);
+        }
+        let it = from_periodicity(&events, 1).unwrap();
+        assert_eq!(it.boundaries_t_ns, starts[1..].to_vec());
+        assert_eq!((it.count, it.complete), (5, 4));
+    }
+}
