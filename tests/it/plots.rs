@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use assert_cmd::Command;
+use crate::common::fragscope;
 use fragscope::analyze::{Options, analyze_path};
 use fragscope::event::{CUDA_ERROR_OUT_OF_MEMORY, Event, EventKind};
 use fragscope::plot::{PlotConfig, lifetimes, render_mdtp, size_colour};
@@ -125,8 +125,7 @@ fn analyze_writes_both_pngs_at_the_requested_size() {
     let dir = tmp.path().join("t");
     write_trace(&dir);
     let out = tmp.path().join("out");
-    Command::cargo_bin("fragscope")
-        .unwrap()
+    fragscope()
         .arg("analyze")
         .arg(&dir)
         .args(["--size", "640x480", "-o"])
@@ -138,8 +137,7 @@ fn analyze_writes_both_pngs_at_the_requested_size() {
         assert_eq!((img.width(), img.height()), (640, 480), "{name}");
     }
     let out2 = tmp.path().join("none");
-    Command::cargo_bin("fragscope")
-        .unwrap()
+    fragscope()
         .arg("analyze")
         .arg(&dir)
         .args(["--no-plots", "-o"])
@@ -147,8 +145,7 @@ fn analyze_writes_both_pngs_at_the_requested_size() {
         .assert()
         .success();
     assert!(!out2.join("mdtp.png").exists());
-    Command::cargo_bin("fragscope")
-        .unwrap()
+    fragscope()
         .arg("analyze")
         .arg(&dir)
         .args(["--size", "10x10", "-o"])
@@ -211,8 +208,7 @@ fn hundreds_of_processes_analyse_with_at_most_max_panels() {
     let out = tmp.path().join("out");
     // 240 steps: the predictor runs once per process, and 400 of them at
     // the default 1000 steps take most of a minute (issue: predictor cost).
-    Command::cargo_bin("fragscope")
-        .unwrap()
+    fragscope()
         .arg("analyze")
         .arg(&dir)
         .args(["--step", "50ev", "-o"])
@@ -233,8 +229,7 @@ fn hundreds_of_processes_analyse_with_at_most_max_panels() {
     assert_eq!((live_at_end(1), live_at_end(2)), (Some(0), Some(15)));
     let img = image::open(out.join("mdtp.png")).unwrap();
     assert_eq!((img.width(), img.height()), (1600, 900));
-    Command::cargo_bin("fragscope")
-        .unwrap()
+    fragscope()
         .arg("analyze")
         .arg(&dir)
         .args(["--max-panels", "0", "-o"])

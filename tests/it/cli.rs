@@ -4,13 +4,9 @@
 use std::fs;
 use std::path::Path;
 
-use assert_cmd::Command;
 use polars::prelude::*;
 use predicates::prelude::*;
-
-fn fragscope() -> Command {
-    Command::cargo_bin("fragscope").unwrap()
-}
+use crate::common::{fragscope, read_dataset};
 
 fn synth(dir: &Path, pattern: &str, events: u64, seed: u64, rows_per_part: u64) {
     fragscope()
@@ -27,14 +23,6 @@ fn read_parquet(path: &Path) -> DataFrame {
 }
 
 /// The batch summary: a hive-partitioned dataset (source=…/date=…).
-fn read_dataset(dir: &Path) -> DataFrame {
-    let args = ScanArgsParquet {
-        hive_options: HiveOptions { enabled: Some(true), try_parse_dates: false, ..Default::default() },
-        ..Default::default()
-    };
-    LazyFrame::scan_parquet(PlRefPath::new(dir.to_string_lossy().as_ref()), args).unwrap().collect().unwrap()
-}
-
 fn report(dir: &Path) -> serde_json::Value {
     serde_json::from_slice(&fs::read(dir.join("report.json")).unwrap()).unwrap()
 }

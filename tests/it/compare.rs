@@ -4,13 +4,9 @@
 use std::fs;
 use std::path::Path;
 
-use assert_cmd::Command;
 use predicates::prelude::*;
 use serde_json::Value;
-
-fn fragscope() -> Command {
-    Command::cargo_bin("fragscope").unwrap()
-}
+use crate::common::fragscope;
 
 fn json(path: &Path) -> Value {
     serde_json::from_slice(&fs::read(path).unwrap()).unwrap()

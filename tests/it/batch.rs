@@ -5,22 +5,10 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use assert_cmd::Command;
 use fragscope::cluster::adjusted_rand_index;
 use polars::prelude::*;
 use serde_json::Value;
-
-fn fragscope() -> Command {
-    Command::cargo_bin("fragscope").unwrap()
-}
-
-fn read_dataset(dir: &Path) -> DataFrame {
-    let args = ScanArgsParquet {
-        hive_options: HiveOptions { enabled: Some(true), try_parse_dates: false, ..Default::default() },
-        ..Default::default()
-    };
-    LazyFrame::scan_parquet(PlRefPath::new(dir.to_string_lossy().as_ref()), args).unwrap().collect().unwrap()
-}
+use crate::common::{fragscope, read_dataset};
 
 /// 10 traces each of `steady`, `fragmenting` and `leak` (different seeds),
 /// analysed as one batch.

@@ -4,13 +4,9 @@
 use std::fs;
 use std::path::Path;
 
-use assert_cmd::Command;
 use polars::prelude::*;
 use predicates::prelude::*;
-
-fn fragscope() -> Command {
-    Command::cargo_bin("fragscope").unwrap()
-}
+use crate::common::fragscope;
 
 fn synth(dir: &Path, pattern: &str, events: u64, seed: u64) {
     fragscope()

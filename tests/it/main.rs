@@ -1,0 +1,15 @@
+//! fragscope's integration tests, in one binary (each test binary links
+//! polars, so eight of them cost minutes of linking): the command line end
+//! to end, batches and compare, what `analyze` reports, plots, property
+//! tests, PyTorch snapshots, and `record` against ground truth.
+
+mod common;
+
+mod batch;
+mod cli;
+mod compare;
+mod diagnosis;
+mod plots;
+mod properties;
+mod record;
+mod snapshots;
