@@ -1,5 +1,5 @@
-//! Events: the vocabulary shared by every producer (`synth`, and later
-//! `record` and `import`) and the analyser. One event is one row of a trace
+//! Events: the vocabulary shared by every producer (`synth`, `record`,
+//! `import`) and the analyser. One event is one row of a trace
 //! (see [`crate::trace`]); in memory the analyser holds them column-wise in
 //! [`Events`].
 

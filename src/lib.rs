@@ -1,9 +1,11 @@
 //! fragscope: GPU memory fragmentation from allocation traces.
 //!
 //! The data flow is the architecture: producers write a trace
-//! ([`synth`]; `record` and `import` to come) → [`trace`] loads it →
-//! [`replay`] applies its [`event`]s → [`metrics`] per timestep
-//! ([`analyze`]) → [`predict`], [`oom`], [`leak`] → [`plot`], [`report`].
+//! ([`synth`], `record` with eBPF, `import` of PyTorch snapshots through
+//! [`pickle`] and [`snapshot`]) → [`trace`] loads it → [`replay`] applies
+//! its [`event`]s → [`metrics`] per timestep ([`analyze`]) →
+//! [`iterations`], [`predict`], [`oom`], [`leak`], [`sites`] → [`plot`],
+//! [`report`], [`compare`].
 
 pub mod analyze;
 pub mod cli;

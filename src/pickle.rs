@@ -103,6 +103,7 @@ impl Value {
     }
 
     /// Whether two values are the same shared object (memo sharing).
+    #[cfg(test)]
     pub fn same_object(&self, other: &Value) -> bool {
         match (self, other) {
             (Value::List(a), Value::List(b)) => Rc::ptr_eq(a, b),

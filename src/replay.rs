@@ -209,8 +209,16 @@ pub struct Replay<'f> {
     exits: Vec<ExitRelease>,
     live_total: u64,
     peak_total: u64,
-    reference: bool,
-    allocator: bool,
+    mode: Mode,
+}
+
+/// Which replay: the device view, the allocator view, or the device view
+/// by the reference implementation's method (the benchmark baseline).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Device,
+    Allocator,
+    Reference,
 }
 
 impl<'f> Replay<'f> {
@@ -225,8 +233,7 @@ impl<'f> Replay<'f> {
             exits: Vec::new(),
             live_total: 0,
             peak_total: 0,
-            reference: false,
-            allocator: false,
+            mode: Mode::Device,
         }
     }
 
@@ -236,11 +243,7 @@ impl<'f> Replay<'f> {
     /// `segment_alloc/free/map/unmap`. Mapped pages join the expandable
     /// segment they extend.
     pub fn allocator(cfg: MetricsConfig, footprint: &'f Footprint) -> Self {
-        Replay { allocator: true, ..Replay::new(cfg, footprint) }
-    }
-
-    pub fn is_allocator(&self) -> bool {
-        self.allocator
+        Replay { mode: Mode::Allocator, ..Replay::new(cfg, footprint) }
     }
 
     /// The reference implementation's method, as a baseline: live blocks
@@ -250,7 +253,7 @@ impl<'f> Replay<'f> {
     /// reference does not); on traces without such anomalies the rows equal
     /// the incremental ones.
     pub fn reference(cfg: MetricsConfig, footprint: &'f Footprint) -> Self {
-        Replay { reference: true, ..Replay::new(cfg, footprint) }
+        Replay { mode: Mode::Reference, ..Replay::new(cfg, footprint) }
     }
 
     fn proc_index(&mut self, pid: u32) -> usize {
@@ -293,7 +296,7 @@ impl<'f> Replay<'f> {
         if e.kind == EventKind::Exit {
             return self.exit(e.pid, e.ts_ns);
         }
-        if self.allocator {
+        if self.mode == Mode::Allocator {
             return self.apply_allocator(e);
         }
         let kind = e.kind;
@@ -308,7 +311,7 @@ impl<'f> Replay<'f> {
         let proc = &mut self.procs[i];
         let fp = proc.footprint;
         let before = proc.blocks.bytes;
-        if self.reference {
+        if self.mode == Mode::Reference {
             if kind.is_device_alloc() {
                 if e.addr == 0 || e.size == 0 || e.addr.checked_add(e.size).is_none() {
                     return;
@@ -421,7 +424,7 @@ impl<'f> Replay<'f> {
 
     /// Allocator view: the figures of `pid` now (None in the device view).
     pub fn allocator_figures(&self, pid: u32) -> Option<AllocatorFigures> {
-        if !self.allocator {
+        if self.mode != Mode::Allocator {
             return None;
         }
         let p = self.proc(pid)?;
@@ -490,7 +493,7 @@ impl<'f> Replay<'f> {
     /// The metrics of `pid` in the current state.
     pub fn metrics(&mut self, pid: u32) -> Metrics {
         self.flush(pid);
-        if self.reference {
+        if self.mode == Mode::Reference {
             let mut blocks: Vec<(u64, u64)> =
                 self.proc(pid).map_or_else(Vec::new, |p| p.hashed.iter().map(|(&a, &s)| (a, s)).collect());
             blocks.sort_unstable();
@@ -506,15 +509,6 @@ impl<'f> Replay<'f> {
     pub fn live_blocks(&mut self, pid: u32) -> Vec<(u64, u64)> {
         self.flush(pid);
         self.proc(pid).map_or_else(Vec::new, |p| p.live.iter().map(|(&a, &s)| (a, s)).collect())
-    }
-
-    /// Live bytes of `pid`.
-    pub fn live_bytes(&self, pid: u32) -> u64 {
-        self.proc(pid).map_or(0, |p| p.blocks.bytes)
-    }
-
-    pub fn anomalies(&self) -> Anomalies {
-        self.anomalies
     }
 
     /// Ends the fold.
