@@ -460,7 +460,10 @@ mod corruption {
         match d {
             Damage::FlipBits(f, at) => {
                 let path = &files[f % files.len()];
-                let mut b = fs::read(path).unwrap();
+                let mut b = fs::read(path).unwrap_or_default();
+                if b.is_empty() {
+                    return; // an earlier damage left nothing to flip
+                }
                 for &(frac, bit) in at {
                     let i = ((b.len() as f64 * frac) as usize).min(b.len() - 1);
                     b[i] ^= 1 << bit;
@@ -469,7 +472,10 @@ mod corruption {
             }
             Damage::Truncate(f, keep) => {
                 let path = &files[f % files.len()];
-                let b = fs::read(path).unwrap();
+                let b = fs::read(path).unwrap_or_default();
+                if b.is_empty() {
+                    return;
+                }
                 fs::write(path, &b[..(b.len() as f64 * keep) as usize]).unwrap();
             }
             Damage::ColumnType(p, c, text) => rewrite(part(*p), |mut df| {
@@ -511,12 +517,14 @@ mod corruption {
             Damage::Json(j) => fs::write(dir.join("trace.json"), JSONS[*j]).unwrap(),
             Damage::Stray(k) => match k {
                 0 => fs::write(dir.join("events-00007.parquet"), b"").unwrap(),
-                1 => fs::create_dir(dir.join("events-00008.parquet")).unwrap(),
+                1 => {
+                    let _ = fs::create_dir(dir.join("events-00008.parquet"));
+                }
                 2 => fs::write(dir.join("events-00009.parquet"), b"PAR1 not really PAR1").unwrap(),
                 3 => fs::write(dir.join("events-abc.parquet"), b"x").unwrap(),
                 4 => fs::write(dir.join("stacks.parquet"), b"PAR1").unwrap(),
                 _ => {
-                    fs::create_dir(dir.join("maps")).unwrap();
+                    let _ = fs::create_dir(dir.join("maps"));
                     fs::write(dir.join("maps").join("1"), [0xff, 0xfe, 0x00]).unwrap();
                 }
             },
@@ -524,7 +532,17 @@ mod corruption {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 64, max_shrink_iters: 64, ..ProptestConfig::default() })]
+        // A fixed seed: CI runs the same 64 damaged traces every time (a
+        // failure there is a finding to keep, not a roll of the dice).
+        // FRAGSCOPE_CORRUPTION_SEED=N explores other ones locally.
+        #![proptest_config(ProptestConfig {
+            cases: 64,
+            max_shrink_iters: 64,
+            rng_seed: proptest::test_runner::RngSeed::Fixed(
+                std::env::var("FRAGSCOPE_CORRUPTION_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(20261123),
+            ),
+            ..ProptestConfig::default()
+        })]
 
         #[test]
         fn analyze_fails_cleanly_on_damaged_traces(damages in prop::collection::vec(damage(), 1..3), plots in any::<bool>()) {
