@@ -2,7 +2,8 @@
 //! `SEPARATOR` into `trace.json` and up to four `events-NNNNN.parquet`
 //! parts, written to a scratch directory, then opened, loaded and analysed
 //! as `fragscope analyze --no-plots` would. Any input must end in an error
-//! or an analysis — never a panic, a hang, or an allocation of a size the
+//! or an analysis — never a panic (other than one the loader turns into an
+//! error, as the binary does), a hang, or an allocation of a size the
 //! input merely claims. Run with `bash scripts/fuzz trace` (nightly +
 //! cargo-fuzz; the seeds are a synthetic trace's own files).
 #![no_main]
@@ -32,6 +33,11 @@ fn split<'a>(mut data: &'a [u8]) -> Vec<&'a [u8]> {
 }
 
 fuzz_target!(|data: &[u8]| {
+    // As in the fragscope binary: a panic inside polars' Parquet reader
+    // becomes an error (`trace::guarded`), and only then. libFuzzer's own
+    // hook (abort on any panic) stays in force everywhere else.
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(fragscope::trace::install_panic_hook);
     let dir = scratch();
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir).expect("scratch directory");
