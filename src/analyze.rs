@@ -426,9 +426,13 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         .and_then(|m| m.details.get("annotations"))
         .and_then(|v| serde_json::from_value(v.clone()).ok())
         .unwrap_or_default();
+    let by_pid = crate::iterations::rows_by_pid(events);
     let iterations: Vec<Iterations> = peaks
         .iter()
-        .filter_map(|p| crate::iterations::detect(events, p.pid, stacks.as_deref(), &annotations))
+        .filter_map(|p| {
+            let rows = by_pid.get(&p.pid).map_or(&[][..], Vec::as_slice);
+            crate::iterations::detect(events, p.pid, rows, stacks.as_deref(), &annotations)
+        })
         .collect();
     for r in rows.iter_mut() {
         r.iteration = iterations.iter().find(|it| it.pid == r.pid).and_then(|it| it.index_at(r.t_ns));

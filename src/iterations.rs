@@ -117,14 +117,31 @@ pub struct Annotation {
     pub t_ns: u64,
 }
 
+/// The rows of each series (pid) of `events`, in order: computed once for
+/// [`detect`], which looks at one series at a time.
+pub fn rows_by_pid(events: &Events) -> AHashMap<u32, Vec<usize>> {
+    let mut by: AHashMap<u32, Vec<usize>> = AHashMap::new();
+    for (i, &pid) in events.pid.iter().enumerate() {
+        by.entry(pid).or_default().push(i);
+    }
+    by
+}
+
 /// Finds the iterations of series `pid` (a process, or a device of an
-/// imported snapshot) from its events, stacks and annotations.
-pub fn detect(events: &Events, pid: u32, stacks: Option<&Stacks>, annotations: &[Annotation]) -> Option<Iterations> {
+/// imported snapshot) from its events (`rows`: the indices of its rows,
+/// in order), stacks and annotations.
+pub fn detect(
+    events: &Events,
+    pid: u32,
+    rows: &[usize],
+    stacks: Option<&Stacks>,
+    annotations: &[Annotation],
+) -> Option<Iterations> {
     // A trace with stacks is a PyTorch snapshot: its allocations repeat per
     // layer as much as per iteration, so only its optimizer steps count.
     from_annotations(pid, annotations).or_else(|| match stacks {
-        Some(st) => from_optimizer_steps(events, pid, st),
-        None => from_periodicity(events, pid),
+        Some(st) => from_optimizer_steps(events, pid, rows, st),
+        None => from_periodicity(events, pid, rows),
     })
 }
 
@@ -157,7 +174,7 @@ fn is_step_frame(f: &Frame) -> bool {
 /// and start the next.
 const BURST_GAP: usize = 64;
 
-fn from_optimizer_steps(events: &Events, pid: u32, stacks: &Stacks) -> Option<Iterations> {
+fn from_optimizer_steps(events: &Events, pid: u32, rows: &[usize], stacks: &Stacks) -> Option<Iterations> {
     if events.stack.is_empty() {
         return None;
     }
@@ -166,10 +183,7 @@ fn from_optimizer_steps(events: &Events, pid: u32, stacks: &Stacks) -> Option<It
     // event after it (where the next iteration begins).
     let mut bursts: Vec<(usize, Option<u64>)> = Vec::new();
     let mut since_step = usize::MAX;
-    for i in 0..events.len() {
-        if events.pid[i] != pid {
-            continue;
-        }
+    for &i in rows {
         let id = events.stack[i];
         let step = id != NO_STACK && *in_step.entry(id).or_insert_with(|| stacks.frames_of(id).any(is_step_frame));
         if step {
@@ -224,16 +238,16 @@ fn autocorrelation(v: &[u64], lag: usize) -> f64 {
     if vx <= 0.0 || vy <= 0.0 { f64::NAN } else { cov / (vx * vy).sqrt() }
 }
 
-fn from_periodicity(events: &Events, pid: u32) -> Option<Iterations> {
+fn from_periodicity(events: &Events, pid: u32, rows: &[usize]) -> Option<Iterations> {
     // The series: the pid's events, and its live device bytes after each.
-    let idx: Vec<usize> = (0..events.len()).filter(|&i| events.pid[i] == pid).collect();
+    let idx = rows;
     if idx.len() < 16 {
         return None;
     }
     let mut live = Vec::with_capacity(idx.len());
     let mut blocks: AHashMap<u64, u64> = AHashMap::new();
     let mut now = 0u64;
-    for &i in &idx {
+    for &i in idx {
         if let Some(kind) = events.kind[i]
             && events.ret[i] == 0
         {
@@ -253,7 +267,7 @@ fn from_periodicity(events: &Events, pid: u32) -> Option<Iterations> {
         }
         live.push(now);
     }
-    let anchors = anchor(events, &idx, &live)?;
+    let anchors = anchor(events, idx, &live)?;
     // One peak per stretch the anchors cut (the stretch before the first
     // anchor too, unless live memory is flat there); between two peaks
     // lies one iteration start.
@@ -462,7 +476,8 @@ mod tests {
         for e in &list {
             events.push(e);
         }
-        let it = from_periodicity(&events, 1).unwrap();
+        let rows: Vec<usize> = (0..events.len()).collect();
+        let it = from_periodicity(&events, 1, &rows).unwrap();
         assert_eq!(it.boundaries_t_ns, starts[1..].to_vec());
         assert_eq!((it.count, it.complete), (5, 4));
     }
