@@ -1042,10 +1042,15 @@ fn leaks_md(a: &Analysis) -> String {
 fn iterations_md(a: &Analysis) -> String {
     let mut md = String::from("\n## Iterations\n\n");
     if a.iterations.is_empty() {
-        md.push_str(
-            "None found: no profiler annotations, no optimizer steps in the call stacks, no period in the allocation \
-             sequence. Leak verdicts fall back to comparing quarters of the trace, and say so.\n",
-        );
+        md.push_str(if a.trace.stacks.is_some() {
+            "None found: no profiler annotations and no optimizer step in the call stacks (a snapshot's layers repeat \
+             as regularly as iterations, so its allocation sequence is not used). Leak verdicts fall back to comparing \
+             quarters of the trace, and say so.\n"
+        } else {
+            "None found: no profiler annotations, and no period in the allocation sequence (a period needs five \
+             repetitions that give their memory back). Leak verdicts fall back to comparing quarters of the trace, and \
+             say so.\n"
+        });
         return md;
     }
     let _ = writeln!(
