@@ -119,6 +119,15 @@ struct {
 	__uint(value_size, MAX_STACK_DEPTH * sizeof(__u64));
 } stacks SEC(".maps");
 
+// A ring-buffer reservation failed: one event lost.
+static __always_inline void count_lost(void)
+{
+	__u32 zero = 0;
+	__u64 *n = bpf_map_lookup_elem(&lost, &zero);
+	if (n)
+		(*n)++;
+}
+
 static __always_inline int is_traced(__u32 tgid)
 {
 	return trace_all || bpf_map_lookup_elem(&traced, &tgid) != NULL;
@@ -180,10 +189,7 @@ static __always_inline int ret(struct pt_regs *ctx)
 	}
 	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
-		__u32 zero = 0;
-		__u64 *n = bpf_map_lookup_elem(&lost, &zero);
-		if (n)
-			(*n)++;
+		count_lost();
 		bpf_map_delete_elem(&inflight, &key);
 		return 0;
 	}
@@ -270,10 +276,7 @@ static __always_inline int note_exit(struct task_struct *task)
 	bpf_map_delete_elem(&seen, &tgid);
 	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
-		__u32 zero = 0;
-		__u64 *n = bpf_map_lookup_elem(&lost, &zero);
-		if (n)
-			(*n)++;
+		count_lost();
 		return 0;
 	}
 	__builtin_memset(e, 0, sizeof(*e));
