@@ -166,8 +166,7 @@ fn from_annotations(pid: u32, annotations: &[Annotation]) -> Option<Iterations> 
 
 /// A frame of an optimizer's `step`.
 fn is_step_frame(f: &Frame) -> bool {
-    f.name == "step"
-        || (f.filename.ends_with("optim/optimizer.py") && (f.name == "wrapper" || f.name == "_use_grad"))
+    f.name == "step" || (f.filename.ends_with("optim/optimizer.py") && (f.name == "wrapper" || f.name == "_use_grad"))
 }
 
 /// Events of `pid` between two optimizer-step events that end one burst
@@ -310,19 +309,14 @@ fn from_periodicity(events: &Events, pid: u32, rows: &[usize]) -> Option<Iterati
         let floor = live[w[0] + 1..=w[1]].iter().copied().min().unwrap_or(0);
         live[w[0]] > floor
     };
-    let mut starts: Vec<usize> = peaks
-        .windows(2)
-        .filter(|w| w[0] < w[1] && valley(w))
-        .filter_map(|w| start_between(w[0] + 1, w[1]))
-        .collect();
+    let mut starts: Vec<usize> =
+        peaks.windows(2).filter(|w| w[0] < w[1] && valley(w)).filter_map(|w| start_between(w[0] + 1, w[1])).collect();
     // After the last anchor the trace may have cut the last iteration
     // short: its start counts once the stretch reaches as far past the
     // anchor as starts usually lie, and live memory rises there.
     if let (Some(&last_anchor), Some(&last_peak)) = (anchors.last(), peaks.last()) {
-        let mut offsets: Vec<usize> = starts
-            .iter()
-            .filter_map(|&st| anchors.iter().rev().find(|&&a| a < st).map(|&a| st - a))
-            .collect();
+        let mut offsets: Vec<usize> =
+            starts.iter().filter_map(|&st| anchors.iter().rev().find(|&&a| a < st).map(|&a| st - a)).collect();
         offsets.sort_unstable();
         if let Some(&offset) = offsets.get(offsets.len() / 2)
             && last_peak <= last_anchor

@@ -210,7 +210,8 @@ fn by_quarters(r: &mut LeakReport, series: &[(u64, u64)], noise: u64) -> (Verdic
     let rest = &series[n / 4..];
     let w = rest.len() / 6;
     let monotone = w > 0 && {
-        let floors: Vec<u64> = (0..6).map(|k| rest[k * w..(k + 1) * w].iter().map(|s| s.1).min().unwrap_or(0)).collect();
+        let floors: Vec<u64> =
+            (0..6).map(|k| rest[k * w..(k + 1) * w].iter().map(|s| s.1).min().unwrap_or(0)).collect();
         floors.windows(2).all(|p| p[1] > p[0])
     };
     if monotone {

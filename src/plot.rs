@@ -332,17 +332,12 @@ pub fn render_mdtp(
             if !compact {
                 builder.caption(caption, (FONT, 15));
             }
-            let mut chart = builder
-                .build_cartesian_2d(0f64..(t1 - t0) as f64, o0 as f64..o1 as f64)
-                .map_err(|e| anyhow!("{e}"))?;
+            let mut chart =
+                builder.build_cartesian_2d(0f64..(t1 - t0) as f64, o0 as f64..o1 as f64).map_err(|e| anyhow!("{e}"))?;
             let span = (t1 - t0).max(1) as f64;
             let entries = a.entry_order();
             let x_label = |v: &f64| {
-                if cfg.normalised_time {
-                    format!("{:.2}", v / span)
-                } else {
-                    axis_label(*v, entries)
-                }
+                if cfg.normalised_time { format!("{:.2}", v / span) } else { axis_label(*v, entries) }
             };
             chart
                 .configure_mesh()
@@ -546,11 +541,7 @@ fn oom_marks(buf: &mut [u8], width: u32, p: &PanelGeometry, a: &Analysis) {
 /// Refuses image sizes outside what the plots are laid out for.
 pub fn check_size(w: u32, h: u32) -> Result<()> {
     if w < MIN_SIZE.0 || h < MIN_SIZE.1 || w > 20_000 || h > 20_000 {
-        bail!(
-            "--size {w}x{h}: a plot must be between {}x{} and 20000x20000 pixels",
-            MIN_SIZE.0,
-            MIN_SIZE.1
-        );
+        bail!("--size {w}x{h}: a plot must be between {}x{} and 20000x20000 pixels", MIN_SIZE.0, MIN_SIZE.1);
     }
     Ok(())
 }

@@ -952,11 +952,20 @@ mod tests {
             *s = [0.9, 0.9, 0.9, 3.0, 0.9, 0.1, 99.0];
         }
         for upto in [30, 45, 60] {
-            let a = Forecaster::train(&mut Accumulator::new(&base, cfg.window, cfg.horizon), upto, &cfg, Learner::GradientDescent)
-                .unwrap();
-            let b =
-                Forecaster::train(&mut Accumulator::new(&other, cfg.window, cfg.horizon), upto, &cfg, Learner::GradientDescent)
-                    .unwrap();
+            let a = Forecaster::train(
+                &mut Accumulator::new(&base, cfg.window, cfg.horizon),
+                upto,
+                &cfg,
+                Learner::GradientDescent,
+            )
+            .unwrap();
+            let b = Forecaster::train(
+                &mut Accumulator::new(&other, cfg.window, cfg.horizon),
+                upto,
+                &cfg,
+                Learner::GradientDescent,
+            )
+            .unwrap();
             assert_eq!(a.forecast(&base, upto, cfg.window), b.forecast(&other, upto, cfg.window));
         }
         // And the backtest at t only uses steps ≤ t.

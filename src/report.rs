@@ -980,21 +980,19 @@ fn ooms_md(a: &Analysis) -> String {
 
 fn leaks_md(a: &Analysis) -> String {
     let mut md = String::from("\n## Leaks\n\n");
-    let _ = writeln!(
-        md,
-        "| {} | verdict | floor compared | growth rate | alive at end |\n|---|---|---|---|---|",
-        a.unit()
-    );
+    let _ =
+        writeln!(md, "| {} | verdict | floor compared | growth rate | alive at end |\n|---|---|---|---|---|", a.unit());
     for l in &a.leaks {
         let verdict = match l.verdict {
             crate::leak::Verdict::Leaking => "**leaking**",
             v => v.name(),
         };
-        let floors = if l.floor_early_bytes == 0 && l.floor_late_bytes == 0 && l.verdict == crate::leak::Verdict::CannotTell {
-            "—".to_string()
-        } else {
-            format!("{} → {}", bytes(l.floor_early_bytes), bytes(l.floor_late_bytes))
-        };
+        let floors =
+            if l.floor_early_bytes == 0 && l.floor_late_bytes == 0 && l.verdict == crate::leak::Verdict::CannotTell {
+                "—".to_string()
+            } else {
+                format!("{} → {}", bytes(l.floor_early_bytes), bytes(l.floor_late_bytes))
+            };
         let rate = if l.leaking { format!("{}/s", bytes(l.rate_bytes_per_s.max(0.0) as u64)) } else { "—".into() };
         let _ = writeln!(
             md,

@@ -162,10 +162,11 @@ fn record(
     // Multi-uprobes need Linux 6.6; BTF-enabled tracepoints need no tracefs
     // but are refused by some kernels. Try the best combination first.
     let forced_classic = std::env::var("FRAGSCOPE_RECORD_HOOKS").as_deref() == Ok("tracepoint");
-    let attempts: Vec<(Hooks, bool)> = [(Hooks::Btf, true), (Hooks::Btf, false), (Hooks::Classic, true), (Hooks::Classic, false)]
-        .into_iter()
-        .filter(|(h, _)| !forced_classic || *h == Hooks::Classic)
-        .collect();
+    let attempts: Vec<(Hooks, bool)> =
+        [(Hooks::Btf, true), (Hooks::Btf, false), (Hooks::Classic, true), (Hooks::Classic, false)]
+            .into_iter()
+            .filter(|(h, _)| !forced_classic || *h == Hooks::Classic)
+            .collect();
     let mut objects: [MaybeUninit<libbpf_rs::OpenObject>; 4] = [const { MaybeUninit::uninit() }; 4];
     let mut loaded = None;
     let mut failures = Vec::new();

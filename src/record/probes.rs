@@ -289,7 +289,10 @@ mod tests {
     fn exit_records_become_exit_events() {
         let r = Raw { ts: 99, pid: 7, tid: 7, cookie: COOKIE_EXIT, stack_id: -1, ..Raw::default() };
         let e = r.decode().unwrap();
-        assert_eq!((e.kind, e.ts_ns, e.pid, e.addr, e.size, e.cuda.call, e.cuda.ustack), (K::Exit, 99, 7, 0, 0, None, None));
+        assert_eq!(
+            (e.kind, e.ts_ns, e.pid, e.addr, e.size, e.cuda.call, e.cuda.ustack),
+            (K::Exit, 99, 7, 0, 0, None, None)
+        );
         assert!(!e.is_oom());
     }
 

@@ -5,10 +5,10 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use crate::common::{fragscope, read_dataset};
 use fragscope::cluster::adjusted_rand_index;
 use polars::prelude::*;
 use serde_json::Value;
-use crate::common::{fragscope, read_dataset};
 
 /// 10 traces each of `steady`, `fragmenting` and `leak` (different seeds),
 /// analysed as one batch.

@@ -4,9 +4,9 @@
 use std::fs;
 use std::path::Path;
 
+use crate::common::{fragscope, read_dataset};
 use polars::prelude::*;
 use predicates::prelude::*;
-use crate::common::{fragscope, read_dataset};
 
 fn synth(dir: &Path, pattern: &str, events: u64, seed: u64, rows_per_part: u64) {
     fragscope()

@@ -4,9 +4,9 @@
 use std::fs;
 use std::path::Path;
 
+use crate::common::fragscope;
 use predicates::prelude::*;
 use serde_json::Value;
-use crate::common::fragscope;
 
 fn json(path: &Path) -> Value {
     serde_json::from_slice(&fs::read(path).unwrap()).unwrap()

@@ -4,9 +4,9 @@
 use std::fs;
 use std::path::Path;
 
+use crate::common::fragscope;
 use polars::prelude::*;
 use predicates::prelude::*;
-use crate::common::fragscope;
 
 fn synth(dir: &Path, pattern: &str, events: u64, seed: u64) {
     fragscope()
@@ -110,7 +110,11 @@ fn iteration_boundaries_match_what_synth_generated() {
             } else {
                 let missing = want.iter().filter(|t| !got.contains(t)).count();
                 let extra = got.iter().filter(|t| !want.contains(t)).count();
-                assert!(missing * 100 <= want.len() && extra * 100 <= want.len(), "{pattern}: {missing} missing, {extra} extra of {}", want.len());
+                assert!(
+                    missing * 100 <= want.len() && extra * 100 <= want.len(),
+                    "{pattern}: {missing} missing, {extra} extra of {}",
+                    want.len()
+                );
             }
             assert_eq!(it["complete"].as_u64().unwrap() as usize, got.len() - 1);
         }
@@ -121,7 +125,8 @@ fn iteration_boundaries_match_what_synth_generated() {
         let iteration = df.column("iteration").unwrap();
         assert!(iteration.null_count() < df.height(), "{pattern}");
         assert!(iteration.u32().unwrap().get(0).is_none(), "{pattern}: before the first boundary");
-        let verdicts: Vec<&str> = r["leaks"].as_array().unwrap().iter().map(|l| l["verdict"].as_str().unwrap()).collect();
+        let verdicts: Vec<&str> =
+            r["leaks"].as_array().unwrap().iter().map(|l| l["verdict"].as_str().unwrap()).collect();
         let want = match pattern {
             "leak" | "filling" => "leaking",
             "training" | "steady" | "multi" => "not leaking",

@@ -125,33 +125,15 @@ fn analyze_writes_both_pngs_at_the_requested_size() {
     let dir = tmp.path().join("t");
     write_trace(&dir);
     let out = tmp.path().join("out");
-    fragscope()
-        .arg("analyze")
-        .arg(&dir)
-        .args(["--size", "640x480", "-o"])
-        .arg(&out)
-        .assert()
-        .success();
+    fragscope().arg("analyze").arg(&dir).args(["--size", "640x480", "-o"]).arg(&out).assert().success();
     for name in ["mdtp.png", "timeline.png"] {
         let img = image::open(out.join(name)).unwrap();
         assert_eq!((img.width(), img.height()), (640, 480), "{name}");
     }
     let out2 = tmp.path().join("none");
-    fragscope()
-        .arg("analyze")
-        .arg(&dir)
-        .args(["--no-plots", "-o"])
-        .arg(&out2)
-        .assert()
-        .success();
+    fragscope().arg("analyze").arg(&dir).args(["--no-plots", "-o"]).arg(&out2).assert().success();
     assert!(!out2.join("mdtp.png").exists());
-    fragscope()
-        .arg("analyze")
-        .arg(&dir)
-        .args(["--size", "10x10", "-o"])
-        .arg(tmp.path().join("x"))
-        .assert()
-        .code(2);
+    fragscope().arg("analyze").arg(&dir).args(["--size", "10x10", "-o"]).arg(tmp.path().join("x")).assert().code(2);
 }
 
 #[test]
@@ -208,13 +190,7 @@ fn hundreds_of_processes_analyse_with_at_most_max_panels() {
     let out = tmp.path().join("out");
     // 240 steps: the predictor runs once per process, and 400 of them at
     // the default 1000 steps take most of a minute (issue: predictor cost).
-    fragscope()
-        .arg("analyze")
-        .arg(&dir)
-        .args(["--step", "50ev", "-o"])
-        .arg(&out)
-        .assert()
-        .success();
+    fragscope().arg("analyze").arg(&dir).args(["--step", "50ev", "-o"]).arg(&out).assert().success();
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
     assert_eq!(report["processes"].as_array().unwrap().len(), 400);
     assert_eq!(report["plots"]["panels_not_drawn"], 392);
@@ -229,13 +205,7 @@ fn hundreds_of_processes_analyse_with_at_most_max_panels() {
     assert_eq!((live_at_end(1), live_at_end(2)), (Some(0), Some(15)));
     let img = image::open(out.join("mdtp.png")).unwrap();
     assert_eq!((img.width(), img.height()), (1600, 900));
-    fragscope()
-        .arg("analyze")
-        .arg(&dir)
-        .args(["--max-panels", "0", "-o"])
-        .arg(tmp.path().join("x"))
-        .assert()
-        .code(2);
+    fragscope().arg("analyze").arg(&dir).args(["--max-panels", "0", "-o"]).arg(tmp.path().join("x")).assert().code(2);
 }
 
 mod many_processes {

@@ -356,7 +356,8 @@ fn processes_that_exit_holding_memory_release_it_at_exit() {
     });
     assert_eq!(by_pid.len(), n, "one process per iteration, the parent makes no call");
     // Every child's exit is recorded, in the order they ran.
-    let mut order: Vec<(u32, usize)> = by_pid.keys().map(|&p| (p, got.iter().position(|c| c.0 == p).unwrap())).collect();
+    let mut order: Vec<(u32, usize)> =
+        by_pid.keys().map(|&p| (p, got.iter().position(|c| c.0 == p).unwrap())).collect();
     order.sort_by_key(|x| x.1);
     assert_eq!(trace_exits(&trace), order.iter().map(|x| x.0).collect::<Vec<_>>());
     // analyze releases what each held at its exit; nothing is live or

@@ -8,10 +8,10 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use crate::common::fragscope;
 use polars::prelude::SerReader;
 use predicates::prelude::*;
 use serde_json::Value;
-use crate::common::fragscope;
 
 fn json(path: &Path) -> Value {
     serde_json::from_slice(&fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap()
