@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::analyze::StepSpec;
-use crate::predict::Risk;
+use crate::analysis::StepSpec;
+use crate::analysis::predict::Risk;
 use crate::synth::Pattern;
 
 pub const EXIT_CODES: &str =
@@ -110,7 +110,7 @@ pub struct CompareArgs {
     /// Exit 3 when B is worse than A on METRIC by more than DELTA (absolute, in the
     /// metric's unit — sizes accept 512MiB — or relative to A with %). Repeatable.
     #[arg(long = "fail-if-worse", value_name = "METRIC:DELTA")]
-    pub fail_if_worse: Vec<crate::compare::Gate>,
+    pub fail_if_worse: Vec<crate::output::compare::Gate>,
     /// Timestep, as for analyze.
     #[arg(long, default_value = "auto")]
     pub step: StepSpec,
@@ -238,7 +238,7 @@ pub struct PlotArgs {
     /// Draw at most N process panels in the MDTP: those with the highest
     /// peak live bytes (every process stays in metrics.parquet and
     /// report.json; the figure and report.md say how many were left out).
-    #[arg(long, value_name = "N", default_value_t = crate::plot::MAX_PANELS, value_parser = parse_panels)]
+    #[arg(long, value_name = "N", default_value_t = crate::output::plot::MAX_PANELS, value_parser = parse_panels)]
     pub max_panels: usize,
 }
 
@@ -252,11 +252,11 @@ fn parse_panels(s: &str) -> Result<usize, String> {
 fn parse_size_px(s: &str) -> Result<(u32, u32), String> {
     let (w, h) = s.split_once(['x', 'X']).ok_or_else(|| format!("`{s}`: expected WIDTHxHEIGHT, e.g. 1600x900"))?;
     match (w.trim().parse::<u32>(), h.trim().parse::<u32>()) {
-        (Ok(w), Ok(h)) if crate::plot::check_size(w, h).is_ok() => Ok((w, h)),
+        (Ok(w), Ok(h)) if crate::output::plot::check_size(w, h).is_ok() => Ok((w, h)),
         _ => Err(format!(
             "`{s}`: expected WIDTHxHEIGHT between {}x{} and 20000x20000",
-            crate::plot::MIN_SIZE.0,
-            crate::plot::MIN_SIZE.1
+            crate::output::plot::MIN_SIZE.0,
+            crate::output::plot::MIN_SIZE.1
         )),
     }
 }
@@ -331,4 +331,49 @@ pub struct GateArgs {
     /// Fail when any trace's final score exceeds this.
     #[arg(long)]
     pub max_score: Option<f64>,
+}
+
+impl AnalyzeArgs {
+    /// The analysis options these arguments ask for.
+    pub fn options(&self) -> crate::analysis::Options {
+        let p = &self.predict;
+        crate::analysis::Options {
+            metrics: crate::analysis::metrics::MetricsConfig {
+                page_size: self.page_size,
+                small_threshold: self.small_threshold,
+                min_gap: self.min_gap,
+            },
+            step: self.step,
+            brute_force: self.brute_force,
+            capacity: self.capacity,
+            predict: crate::analysis::predict::PredictConfig {
+                window: p.window as usize,
+                horizon: p.horizon as usize,
+                learning_rate: p.learning_rate,
+                trend_window: p.trend_window,
+                cv_origins: p.cv_origins,
+                retrain_every: p.retrain_every,
+                deterioration: p.deterioration,
+                min_confidence: p.min_confidence,
+                sharp_jump: p.sharp_jump,
+                clear_trend: p.clear_trend,
+                ..crate::analysis::predict::PredictConfig::default()
+            },
+            layout: !self.plots.no_plots,
+            device: self.device,
+        }
+    }
+
+    /// The pictures to draw (None: `--no-plots`).
+    pub fn plot_config(&self) -> Option<crate::output::plot::PlotConfig> {
+        (!self.plots.no_plots).then_some(crate::output::plot::PlotConfig {
+            width: self.plots.size.0,
+            height: self.plots.size.1,
+            time_window: self.plots.time_window,
+            addr_window: self.plots.addr_window,
+            pid: self.plots.pid,
+            normalised_time: false,
+            max_panels: self.plots.max_panels,
+        })
+    }
 }

@@ -20,7 +20,7 @@ use clap::ValueEnum;
 use rand::{RngExt, SeedableRng};
 use rand_pcg::Pcg64Mcg;
 
-use crate::event::{CUDA_ERROR_OUT_OF_MEMORY, Event, EventKind};
+use crate::trace::event::{CUDA_ERROR_OUT_OF_MEMORY, Event, EventKind};
 use crate::trace::{Source, TraceMeta, TraceWriter};
 
 const KIB: u64 = 1 << 10;

@@ -3,7 +3,7 @@
 //! input merely claims. Run with `bash scripts/fuzz` (nightly + cargo-fuzz).
 #![no_main]
 
-#[path = "../../src/pickle.rs"]
+#[path = "../../src/import/pickle.rs"]
 #[allow(dead_code)]
 mod pickle;
 

@@ -11,7 +11,7 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use fragscope::analyze::{Options, StepSpec, analyze_events};
+use fragscope::analysis::{Options, StepSpec, analyze_events};
 use fragscope::trace::Trace;
 use libfuzzer_sys::fuzz_target;
 
@@ -52,6 +52,6 @@ fuzz_target!(|data: &[u8]| {
     let Ok(trace) = Trace::open(dir) else { return };
     let Ok((events, out_of_order)) = trace.load_events() else { return };
     // Few steps keep each run fast; the replay still sees every event.
-    let opts = Options { plot: None, step: StepSpec::Events(64), ..Options::default() };
+    let opts = Options { step: StepSpec::Events(64), ..Options::default() };
     let _ = analyze_events(trace, &events, out_of_order, &opts);
 });

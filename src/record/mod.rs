@@ -46,7 +46,7 @@ use anyhow::{Context, Result, bail};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, RingBufferBuilder, UprobeOpts};
 
-use crate::event::Event;
+use crate::trace::event::Event;
 use crate::trace::{Source, TraceMeta, TraceWriter};
 use libs::Library;
 use probes::{Group, PROBES};
@@ -577,7 +577,7 @@ fn finish(opts: &Options, mut writer: TraceWriter, end: End, attached: &[Attache
         started.elapsed().as_secs_f64(),
         dir.display(),
         meta.parts,
-        crate::report::bytes(bytes)
+        crate::units::bytes(bytes)
     );
     if total > 0 {
         let kinds: Vec<String> = meta.event_counts.iter().map(|(k, n)| format!("{k} {n}")).collect();

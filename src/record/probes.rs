@@ -5,7 +5,7 @@
 //! the attach cookie — an index into [`PROBES`] plus flags. Everything the
 //! arguments mean is decided here.
 
-use crate::event::{Cuda, Event, EventKind, Launch};
+use crate::trace::event::{Cuda, Event, EventKind, Launch};
 
 /// Which `--no-*` option turns a probe off.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use crate::common::{fragscope, read_dataset};
-use fragscope::cluster::adjusted_rand_index;
+use fragscope::analysis::cluster::adjusted_rand_index;
 use polars::prelude::*;
 use serde_json::Value;
 

@@ -4,11 +4,10 @@
 use std::path::Path;
 
 use crate::common::fragscope;
-use fragscope::analyze::{Options, analyze_path};
-use fragscope::event::{CUDA_ERROR_OUT_OF_MEMORY, Event, EventKind};
-use fragscope::plot::{PlotConfig, lifetimes, render_mdtp, size_colour};
-use fragscope::replay::Footprint;
-use fragscope::trace::{Source, Trace, TraceMeta, TraceWriter};
+use fragscope::analysis::{Options, analyze_path};
+use fragscope::output::plot::{PlotConfig, render_mdtp, size_colour};
+use fragscope::trace::event::{CUDA_ERROR_OUT_OF_MEMORY, Event, EventKind};
+use fragscope::trace::{Source, TraceMeta, TraceWriter};
 
 const MIB: u64 = 1 << 20;
 const MS: u64 = 1_000_000;
@@ -53,12 +52,9 @@ fn write_trace(dir: &Path) {
     w.finish().unwrap();
 }
 
-/// The analysis (without plots), events and footprint of a trace.
-fn analysed(dir: &Path) -> (fragscope::analyze::Analysis, fragscope::event::Events, Footprint) {
-    let a = analyze_path(dir, &Options { plot: None, ..Options::default() }).unwrap();
-    let (events, _) = Trace::open(dir).unwrap().load_events().unwrap();
-    let fp = Footprint::build(&events);
-    (a, events, fp)
+/// The analysis of a trace, with the layout the MDTP draws.
+fn analysed(dir: &Path) -> fragscope::analysis::Analysis {
+    analyze_path(dir, &Options { layout: true, ..Options::default() }).unwrap()
 }
 
 fn rgb(buf: &[u8], width: u32, (x, y): (u32, u32)) -> [u8; 3] {
@@ -75,9 +71,9 @@ fn mdtp_pixels_show_holes_sizes_ooms_and_coverage() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("t");
     write_trace(&dir);
-    let (a, events, fp) = analysed(&dir);
+    let a = analysed(&dir);
     let cfg = PlotConfig { width: 800, height: 600, ..PlotConfig::default() };
-    let (buf, panels) = render_mdtp(&a, &lifetimes(&events), &[], &fp, &cfg).unwrap();
+    let (buf, panels) = render_mdtp(&a, a.layout.as_ref().unwrap(), &cfg).unwrap();
     assert_eq!(buf.len(), 800 * 600 * 3);
     let p = panels[0];
     // Collapsed: D's region [0, 128 KiB), then A B C from 128 KiB.
@@ -141,7 +137,7 @@ fn windows_restrict_the_view() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("t");
     write_trace(&dir);
-    let (a, events, fp) = analysed(&dir);
+    let a = analysed(&dir);
     let cfg = PlotConfig {
         width: 800,
         height: 600,
@@ -149,7 +145,7 @@ fn windows_restrict_the_view() {
         addr_window: Some((0, 16 * MIB)),
         ..PlotConfig::default()
     };
-    let (buf, panels) = render_mdtp(&a, &lifetimes(&events), &[], &fp, &cfg).unwrap();
+    let (buf, panels) = render_mdtp(&a, a.layout.as_ref().unwrap(), &cfg).unwrap();
     let p = panels[0];
     assert_eq!((p.t0, p.t1, p.o0, p.o1), (45 * MS, 65 * MS, 0, 16 * MIB));
     // Zoomed in, B's hole (4–8 MiB of BASE) spans many rows and is white.
@@ -210,8 +206,8 @@ fn hundreds_of_processes_analyse_with_at_most_max_panels() {
 
 mod many_processes {
     use super::*;
-    use fragscope::analyze::StepSpec;
-    use fragscope::plot::{not_drawn, render_timeline};
+    use fragscope::analysis::StepSpec;
+    use fragscope::output::plot::{not_drawn, render_timeline};
     use proptest::prelude::*;
 
     proptest! {
@@ -232,12 +228,10 @@ mod many_processes {
             let dir = tmp.path().join("t");
             write_processes(&dir, n, 3);
             // Few steps: the predictor has too little data and stays cheap.
-            let opts = Options { plot: None, step: StepSpec::Events(2000), ..Options::default() };
+            let opts = Options { layout: true, step: StepSpec::Events(2000), ..Options::default() };
             let a = analyze_path(&dir, &opts).unwrap();
-            let (events, _) = Trace::open(&dir).unwrap().load_events().unwrap();
-            let fp = Footprint::build(&events);
             let cfg = PlotConfig { width: w, height: h, max_panels, ..PlotConfig::default() };
-            let (buf, panels) = render_mdtp(&a, &lifetimes(&events), &[], &fp, &cfg).unwrap();
+            let (buf, panels) = render_mdtp(&a, a.layout.as_ref().unwrap(), &cfg).unwrap();
             prop_assert_eq!(buf.len(), (w * h * 3) as usize);
             prop_assert!(panels.len() <= max_panels);
             prop_assert!(!panels.is_empty(), "even a 200x100 image has room for one panel");

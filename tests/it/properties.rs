@@ -2,9 +2,9 @@
 //! recomputation at every instant, live bytes never go negative, and a trace
 //! written and read back is identical.
 
-use fragscope::event::{Event, EventKind, Events};
-use fragscope::metrics::{MetricsConfig, from_scratch};
-use fragscope::replay::{Footprint, Replay};
+use fragscope::analysis::metrics::{MetricsConfig, from_scratch};
+use fragscope::analysis::replay::{Footprint, Replay};
+use fragscope::trace::event::{Event, EventKind, Events};
 use fragscope::trace::{Source, Trace, TraceMeta, TraceWriter};
 use proptest::prelude::*;
 
@@ -231,7 +231,7 @@ proptest! {
         let mut ev = |kind: EventKind, addr: u64, size: u64| {
             ts += 1;
             Event { ts_ns: ts, duration_ns: 0, pid: 0, tid: 0, kind, addr, size, ret: 0, device: Some(0), stream: Some(0),
-                extra: fragscope::event::Extra { requested: Some(size / 2 + 1), stack: None, device_free: None },
+                extra: fragscope::trace::event::Extra { requested: Some(size / 2 + 1), stack: None, device_free: None },
                 cuda: Default::default() }
         };
         let mut list = Vec::new();
@@ -311,7 +311,7 @@ proptest! {
             prop_assert_eq!(replay.live_blocks(0), block_list.clone());
             let fast = replay.metrics(0);
             let figures = replay.allocator_figures(0).unwrap();
-            let (slow, free_sq) = fragscope::metrics::from_scratch_allocator(block_list, seg_list, &cfg);
+            let (slow, free_sq) = fragscope::analysis::metrics::from_scratch_allocator(block_list, seg_list, &cfg);
             prop_assert_eq!((fast.gap_count, fast.largest_gap, fast.span_bytes, fast.live_bytes),
                 (slow.gap_count, slow.largest_gap, slow.span_bytes, slow.live_bytes));
             prop_assert!((fast.score - slow.score).abs() < 1e-9, "{} vs {}", fast.score, slow.score);
@@ -332,7 +332,7 @@ mod corruption {
     use std::path::{Path, PathBuf};
     use std::sync::OnceLock;
 
-    use fragscope::event::{CUDA_ERROR_OUT_OF_MEMORY, Event, EventKind};
+    use fragscope::trace::event::{CUDA_ERROR_OUT_OF_MEMORY, Event, EventKind};
     use fragscope::trace::{Source, TraceMeta, TraceWriter};
     use polars::prelude::*;
     use proptest::prelude::*;

@@ -7,7 +7,7 @@
 //! `_memory_viz.py memory` (unwinder, interpreter-loop and dispatcher frames
 //! dropped), so its lines carry the same stacks; the first component is the
 //! instant instead of the stream. Leaves are named as call sites are
-//! ([`crate::sites`]): machinery frames at the innermost end are dropped
+//! ([`crate::analysis::sites`]): machinery frames at the innermost end are dropped
 //! too, and a stack of nothing else ends in `unknown (native)`. Blocks without a stack show as
 //! `<non-python>`, as there. The byte count is the block's size (what the
 //! allocator holds for it). `flamegraph.svg` is rendered from it by
@@ -18,7 +18,7 @@ use std::fmt::Write as _;
 use ahash::AHashMap;
 use anyhow::Result;
 
-use crate::event::{Events, LiveSet, NO_STACK};
+use crate::trace::event::{Events, LiveSet, NO_STACK};
 use crate::trace::{Frame, Stacks};
 
 /// Function-name fragments of frames left out of flamegraphs.
@@ -64,11 +64,11 @@ fn folded_stack(stacks: &Stacks, id: u32, cache: &mut AHashMap<u32, String>) -> 
                 let mut v: Vec<String> = stacks
                     .frames_of(id)
                     .filter(|f| keep(f))
-                    .skip_while(|f| crate::sites::is_machinery(f))
-                    .map(|f| crate::sites::format_frame(f).replace(';', ","))
+                    .skip_while(|f| crate::analysis::sites::is_machinery(f))
+                    .map(|f| crate::analysis::sites::format_frame(f).replace(';', ","))
                     .collect();
                 if v.is_empty() && stacks.frames_of(id).next().is_some() {
-                    v.push(crate::sites::UNKNOWN_NATIVE.to_string());
+                    v.push(crate::analysis::sites::UNKNOWN_NATIVE.to_string());
                 }
                 v.reverse();
                 v

@@ -14,21 +14,19 @@
 
 use std::path::Path;
 
-use ahash::AHashMap;
 use anyhow::{Context, Result, anyhow, bail};
 use plotters::prelude::*;
 
-use crate::analyze::Analysis;
-use crate::event::{EventKind, Events};
-use crate::predict::Risk;
-use crate::replay::Footprint;
-use crate::report::bytes;
+use crate::analysis::Analysis;
+use crate::analysis::layout::{Layout, Lifetime};
+use crate::analysis::predict::Risk;
+use crate::units::bytes;
 
 const FONT: &str = "sans-serif";
 
 /// Registers the bundled DejaVu Sans once (plotters' ab_glyph backend has
 /// no system font lookup; bundling keeps plots identical everywhere).
-fn fonts() -> Result<()> {
+pub(crate) fn fonts() -> Result<()> {
     static ONCE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let ok =
         *ONCE.get_or_init(|| plotters::style::register_font(FONT, FontStyle::Normal, dejavu::sans::regular()).is_ok());
@@ -70,6 +68,43 @@ impl Default for PlotConfig {
     }
 }
 
+/// An RGB picture.
+#[derive(Clone, Debug)]
+pub struct Image {
+    pub pixels: Vec<u8>,
+    pub width: u32,
+    pub height: u32,
+}
+
+impl Image {
+    pub fn write_png(&self, path: &Path) -> Result<()> {
+        write_png(&self.pixels, self.width, self.height, path)
+    }
+}
+
+/// The pictures of one analysis.
+#[derive(Clone, Debug)]
+pub struct Pictures {
+    pub mdtp: Image,
+    pub timeline: Image,
+    /// Processes with device memory that the MDTP has no panel for
+    /// (`--max-panels`, or too little height).
+    pub panels_not_drawn: usize,
+}
+
+/// Draws `mdtp.png` and `timeline.png`; None when the analysis kept no
+/// layout (no device memory, or it was run without `Options::layout`).
+pub fn render(a: &Analysis, cfg: &PlotConfig) -> Result<Option<Pictures>> {
+    let Some(layout) = &a.layout else { return Ok(None) };
+    let started = std::time::Instant::now();
+    let (mdtp, panels) = render_mdtp(a, layout, cfg)?;
+    let panels_not_drawn = not_drawn(a, &panels, cfg);
+    let timeline = render_timeline(a, cfg)?;
+    tracing::debug!("plots in {:.3} s", started.elapsed().as_secs_f64());
+    let image = |pixels| Image { pixels, width: cfg.width, height: cfg.height };
+    Ok(Some(Pictures { mdtp: image(mdtp), timeline: image(timeline), panels_not_drawn }))
+}
+
 /// The smallest and largest images drawn.
 pub const MIN_SIZE: (u32, u32) = (200, 100);
 
@@ -99,7 +134,7 @@ fn panel_pids(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u32>> {
     }
     let fit = (cfg.height.saturating_sub(TITLE_HEIGHT) / PANEL_MIN_HEIGHT).max(1) as usize;
     let n = cfg.max_panels.max(1).min(fit);
-    let mut by_peak: Vec<(usize, &crate::replay::Peak)> = a.peaks.iter().enumerate().collect();
+    let mut by_peak: Vec<(usize, &crate::analysis::replay::Peak)> = a.peaks.iter().enumerate().collect();
     by_peak.sort_by(|x, y| y.1.bytes.cmp(&x.1.bytes).then(x.0.cmp(&y.0)));
     by_peak.truncate(n);
     by_peak.sort_by_key(|x| x.0);
@@ -109,85 +144,6 @@ fn panel_pids(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u32>> {
 /// How many processes with device memory have no panel in the MDTP.
 pub fn not_drawn(a: &Analysis, panels: &[PanelGeometry], cfg: &PlotConfig) -> usize {
     if cfg.pid.is_some() { 0 } else { a.peaks.len().saturating_sub(panels.len()) }
-}
-
-/// One block's life. `end` is the trace's last timestamp for blocks alive
-/// at the end.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Lifetime {
-    pub pid: u32,
-    pub addr: u64,
-    pub size: u64,
-    pub start: u64,
-    pub end: u64,
-}
-
-/// Block lifetimes from time-sorted events (device view: successful
-/// allocations until their free; an allocation at a live address closes
-/// the old block).
-pub fn lifetimes(events: &Events) -> Vec<Lifetime> {
-    let mut open: AHashMap<(u32, u64), (u64, u64)> = AHashMap::new();
-    let mut out = Vec::new();
-    let last = events.ts_ns.last().copied().unwrap_or(0);
-    for i in 0..events.len() {
-        let Some(kind) = events.kind[i] else { continue };
-        if kind == crate::event::EventKind::Exit {
-            // The process ended: the driver released what it held.
-            let (pid, ts) = (events.pid[i], events.ts_ns[i]);
-            open.retain(|&(p, addr), &mut (size, start)| {
-                if p == pid {
-                    out.push(Lifetime { pid, addr, size, start, end: ts });
-                }
-                p != pid
-            });
-            continue;
-        }
-        if events.ret[i] != 0 || events.addr[i] == 0 {
-            continue;
-        }
-        let (pid, addr, ts) = (events.pid[i], events.addr[i], events.ts_ns[i]);
-        if kind.creates_block() && events.size[i] > 0 {
-            if let Some((size, start)) = open.insert((pid, addr), (events.size[i], ts)) {
-                out.push(Lifetime { pid, addr, size, start, end: ts });
-            }
-        } else if kind.releases_block()
-            && let Some((size, start)) = open.remove(&(pid, addr))
-        {
-            out.push(Lifetime { pid, addr, size, start, end: ts });
-        }
-    }
-    out.extend(open.into_iter().map(|((pid, addr), (size, start))| Lifetime { pid, addr, size, start, end: last }));
-    out
-}
-
-/// Segment lifetimes (allocator view): `segment_alloc` to `segment_free`,
-/// each `segment_map`ped range to the `segment_unmap` that covers its
-/// start. Empty for device-view traces.
-pub fn segment_lifetimes(events: &Events) -> Vec<Lifetime> {
-    let mut open: std::collections::BTreeMap<(u32, u64), (u64, u64)> = Default::default();
-    let mut out = Vec::new();
-    let last = events.ts_ns.last().copied().unwrap_or(0);
-    for i in 0..events.len() {
-        let Some(kind) = events.kind[i] else { continue };
-        let (pid, addr, size, ts) = (events.pid[i], events.addr[i], events.size[i], events.ts_ns[i]);
-        match kind {
-            EventKind::SegmentAlloc | EventKind::SegmentMap if size > 0 => {
-                open.insert((pid, addr), (size, ts));
-            }
-            EventKind::SegmentFree | EventKind::SegmentUnmap => {
-                let ended: Vec<(u32, u64)> =
-                    open.range((pid, addr)..(pid, addr.saturating_add(size.max(1)))).map(|(k, _)| *k).collect();
-                for k in ended {
-                    if let Some((size, start)) = open.remove(&k) {
-                        out.push(Lifetime { pid, addr: k.1, size, start, end: ts });
-                    }
-                }
-            }
-            _ => {}
-        }
-    }
-    out.extend(open.into_iter().map(|((pid, addr), (size, start))| Lifetime { pid, addr, size, start, end: last }));
-    out
 }
 
 /// Address → offset in the collapsed footprint (regions laid end to end).
@@ -276,13 +232,8 @@ fn time_label(ns: f64) -> String {
 /// Renders the MDTP into an RGB buffer; returns the buffer and the panels.
 /// `segments` (allocator view, else empty): address space outside every
 /// live segment is drawn light grey, reserved free space white.
-pub fn render_mdtp(
-    a: &Analysis,
-    lives: &[Lifetime],
-    segments: &[Lifetime],
-    footprint: &Footprint,
-    cfg: &PlotConfig,
-) -> Result<(Vec<u8>, Vec<PanelGeometry>)> {
+pub fn render_mdtp(a: &Analysis, layout: &Layout, cfg: &PlotConfig) -> Result<(Vec<u8>, Vec<PanelGeometry>)> {
+    let (lives, segments, footprint) = (&layout.lives, &layout.segments, &layout.footprint);
     fonts()?;
     let (w, h) = (cfg.width, cfg.height);
     check_size(w, h)?;
@@ -299,7 +250,7 @@ pub fn render_mdtp(
     let mut panels = Vec::new();
     {
         let root = BitMapBackend::with_buffer(&mut buf, (w, h)).into_drawing_area();
-        let s = crate::report::Summary::of(a);
+        let s = crate::analysis::summary::Summary::of(a);
         let title = format!(
             "{} — peak live {}, score {:.1}, {} OOM{}{}",
             a.trace.name,
@@ -646,8 +597,8 @@ pub fn render_timeline(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u8>> {
         let pid = cfg.pid.or_else(|| {
             a.predictions.iter().reduce(|b, p| if p.prediction.risk > b.prediction.risk { p } else { b }).map(|p| p.pid)
         });
-        let rows: Vec<&crate::analyze::Row> = a.rows.iter().filter(|r| !r.at_oom && Some(r.pid) == pid).collect();
-        let x = |r: &crate::analyze::Row| (r.t_ns - t0) as f64;
+        let rows: Vec<&crate::analysis::Row> = a.rows.iter().filter(|r| !r.at_oom && Some(r.pid) == pid).collect();
+        let x = |r: &crate::analysis::Row| (r.t_ns - t0) as f64;
         let ooms: Vec<f64> = a.ooms.iter().filter(|o| Some(o.pid) == pid).map(|o| (o.t_ns - t0) as f64).collect();
         // Iteration starts, when few enough to tell apart (one per 4 px).
         let iterations: Vec<f64> = a
@@ -676,7 +627,8 @@ pub fn render_timeline(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u8>> {
         let names = ["fragmentation (50·2E)", "unusable index (15·K)", "allocation mix (10·…)", "large gaps (25·L)"];
         let colours = [RGBColor(31, 119, 180), RGBColor(255, 127, 14), RGBColor(44, 160, 44), RGBColor(148, 103, 189)];
         for (k, (name, colour)) in names.iter().zip(colours).enumerate() {
-            let points = rows.iter().map(|r| (x(r), crate::metrics::score_components(&r.metrics)[k])).collect();
+            let points =
+                rows.iter().map(|r| (x(r), crate::analysis::metrics::score_components(&r.metrics)[k])).collect();
             line(&mut c, points, colour, 1, name)?;
         }
         line(&mut c, score.clone(), BLACK, 2, "score")?;

@@ -5,6 +5,8 @@
 //! parquet, zstd); [`Trace::open`] validates one and [`Trace::load_events`]
 //! reads its parts with a polars lazy scan.
 
+pub mod event;
+
 use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
@@ -20,7 +22,7 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use serde::{Deserialize, Serialize};
 
-use crate::event::{Event, EventKind, Events};
+use crate::trace::event::{Event, EventKind, Events};
 
 /// Version of the on-disk format; bumped on incompatible changes.
 pub const FORMAT_VERSION: u32 = 1;
@@ -302,7 +304,7 @@ fn write_part(path: &Path, rows: &[Event], zstd_level: i32) -> Result<()> {
         Arc::new(Int32Array::from_iter(rows.iter().map(|e| e.cuda.copy_kind))),
         Arc::new(UInt64Array::from_iter(rows.iter().map(|e| e.cuda.handle))),
     ];
-    let launch = |f: fn(&crate::event::Launch) -> u32| -> ArrayRef {
+    let launch = |f: fn(&crate::trace::event::Launch) -> u32| -> ArrayRef {
         Arc::new(UInt32Array::from_iter(rows.iter().map(|e| e.cuda.launch.as_ref().map(f))))
     };
     columns.extend([
@@ -598,7 +600,7 @@ impl Trace {
     pub fn open(dir: &Path) -> Result<Trace> {
         let md = fs::metadata(dir).with_context(|| format!("{}: no such trace", dir.display()))?;
         if !md.is_dir() {
-            if crate::snapshot::looks_like_pickle(dir) {
+            if crate::import::snapshot::looks_like_pickle(dir) {
                 bail!(
                     "{} looks like a PyTorch memory snapshot (a pickle), not a trace directory: \
                      `fragscope import` converts it, `fragscope analyze` takes it as it is",
@@ -812,7 +814,7 @@ fn scan(parts: &[PathBuf], pytorch_columns: bool) -> Result<Events> {
     };
     if pytorch_columns {
         events.requested = take_nullable::<UInt64Type>(next()?, u64::MAX)?;
-        events.stack = take_nullable::<UInt32Type>(next()?, crate::event::NO_STACK)?;
+        events.stack = take_nullable::<UInt32Type>(next()?, crate::trace::event::NO_STACK)?;
         events.device_free = take_nullable::<UInt64Type>(next()?, u64::MAX)?;
         if events.requested.iter().all(|&r| r == u64::MAX) {
             // Columns present but empty (synth writes nulls): not a PyTorch trace.

@@ -2,7 +2,7 @@
 //!
 //! The verdict is `leaking`, `not leaking` or `cannot tell`, never stronger
 //! than the evidence:
-//! - **With iterations** ([`crate::iterations`]): the *floor* of each
+//! - **With iterations** ([`crate::analysis::iterations`]): the *floor* of each
 //!   complete iteration — the least memory held inside it — after the first
 //!   (warm-up) one. It is a leak when those floors rise across at least 3
 //!   complete iterations, by more than the noise threshold (2 % of the peak,
@@ -73,11 +73,11 @@ pub struct LeakReport {
     pub by_size: Vec<SizeGroup>,
     /// Live bytes at the end by call site, of the blocks allocated after
     /// the second quarter (the growth), largest first (traces with stacks).
-    pub top_sites: Vec<crate::sites::SiteBytes>,
+    pub top_sites: Vec<crate::analysis::sites::SiteBytes>,
     /// Traces with stacks and iterations: blocks alive at the end that were
     /// allocated once, in the warm-up (or the only) iteration, by call site
     /// — state such as optimizer moments, not leaks.
-    pub allocated_once: Vec<crate::sites::SiteBytes>,
+    pub allocated_once: Vec<crate::analysis::sites::SiteBytes>,
 }
 
 /// Growth below this is noise: 2 % of the peak, at least 16 MiB.
@@ -93,7 +93,7 @@ pub fn detect(
     series: &[(u64, u64)],
     live: &[(u64, u64)],
     peak: u64,
-    iterations: Option<&crate::iterations::Iterations>,
+    iterations: Option<&crate::analysis::iterations::Iterations>,
 ) -> LeakReport {
     let mut groups: std::collections::BTreeMap<u64, (u64, u64)> = Default::default();
     for &(_, size) in live {
@@ -139,7 +139,7 @@ fn floor_between(series: &[(u64, u64)], t0: u64, t1: u64) -> Option<u64> {
 fn by_iterations(
     r: &mut LeakReport,
     series: &[(u64, u64)],
-    it: &crate::iterations::Iterations,
+    it: &crate::analysis::iterations::Iterations,
     noise: u64,
 ) -> (Verdict, String) {
     // Complete iterations after the warm-up one, with a row inside.
@@ -169,8 +169,8 @@ fn by_iterations(
             Verdict::Leaking,
             format!(
                 "the floor of {n} complete iterations after the warm-up rose from {} to {} without falling back",
-                crate::report::bytes(first.2),
-                crate::report::bytes(last.2)
+                crate::units::bytes(first.2),
+                crate::units::bytes(last.2)
             ),
         )
     } else if r.growth_bytes > noise as i64 {
@@ -256,14 +256,14 @@ mod tests {
         assert_eq!(r.verdict, Verdict::CannotTell, "{}", r.reason);
     }
 
-    fn iterations(boundaries: Vec<u64>) -> crate::iterations::Iterations {
-        crate::iterations::Iterations {
+    fn iterations(boundaries: Vec<u64>) -> crate::analysis::iterations::Iterations {
+        crate::analysis::iterations::Iterations {
             pid: 1,
             count: boundaries.len(),
             complete: boundaries.len() - 1,
             period_s: None,
             warmup_end_t_ns: boundaries.get(1).copied(),
-            source: crate::iterations::IterationSource::Periodicity,
+            source: crate::analysis::iterations::IterationSource::Periodicity,
             boundaries_t_ns: boundaries,
         }
     }

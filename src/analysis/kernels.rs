@@ -18,7 +18,7 @@ use serde::Serialize;
 use anyhow::Result;
 use polars::prelude::{DataType, ParquetReader, SerReader};
 
-use crate::event::{EventKind, Events};
+use crate::trace::event::{EventKind, Events};
 use crate::trace::{Trace, USTACKS_FILE, read_ustacks};
 
 /// Launches of one kernel, over all processes.

@@ -43,7 +43,7 @@
 use ahash::AHashMap;
 use serde::Serialize;
 
-use crate::event::{EventKind, Events, NO_STACK};
+use crate::trace::event::{EventKind, Events, NO_STACK};
 use crate::trace::{Frame, Stacks};
 
 /// How the iterations were found.
@@ -402,7 +402,7 @@ fn anchor(events: &Events, idx: &[usize], live: &[u64]) -> Option<Vec<usize>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::Event;
+    use crate::trace::event::Event;
 
     fn ev(ts: u64, kind: EventKind, addr: u64, size: u64) -> Event {
         Event {

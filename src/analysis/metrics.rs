@@ -1,5 +1,5 @@
 //! Spatial fragmentation metrics (SPEC §4): the numbers that describe one
-//! instant of the replayed address space. [`crate::replay`] keeps the
+//! instant of the replayed address space. [`crate::analysis::replay`] keeps the
 //! sufficient statistics up to date event by event ([`GapSet`] and the block
 //! counters); [`Metrics::compute`] turns them into a row. [`from_scratch`]
 //! recomputes everything from the full live set with plain loops — the

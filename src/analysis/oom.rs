@@ -63,7 +63,7 @@ pub struct OomDiagnosis {
     pub request_site: Option<String>,
     /// Live bytes by call site at that instant, largest first (traces
     /// with stacks).
-    pub top_sites: Vec<crate::sites::SiteBytes>,
+    pub top_sites: Vec<crate::analysis::sites::SiteBytes>,
 }
 
 /// Diagnoses a failed request. `live_total` and `gaps_total` are summed

@@ -1,7 +1,7 @@
 //! `fragscope compare A B`: did memory get better or worse from A to B?
 //!
 //! Both inputs (trace directories or snapshot pickles) are analysed with the
-//! same options; the figures of [`crate::report::Summary`] are set side by
+//! same options; the figures of [`crate::analysis::summary::Summary`] are set side by
 //! side with absolute and relative deltas. Every metric where lower is
 //! better gets a verdict, with a tolerance below which it is "same" (scores
 //! 1 point, external fragmentation 0.01, bytes 2 % of A but at least 1 MiB,
@@ -25,9 +25,11 @@ use plotters::prelude::*;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::analyze::{Analysis, Options};
-use crate::predict::Risk;
-use crate::report::{Summary, bytes};
+use crate::analysis::predict::Risk;
+use crate::analysis::summary::Summary;
+use crate::analysis::{Analysis, Options};
+use crate::output::plot::Image;
+use crate::units::bytes;
 
 /// How a metric is shown and judged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -210,7 +212,7 @@ pub struct Comparison {
     pub rows: Vec<MetricRow>,
     pub verdict: String,
     pub snapshot: Option<SnapshotDiff>,
-    pub image: (Vec<u8>, u32, u32),
+    pub image: Image,
 }
 
 /// Compares two analyses' summaries.
@@ -259,10 +261,10 @@ pub fn compare_summaries(a: &Summary, b: &Summary) -> (Vec<MetricRow>, String) {
 
 /// Loads and analyses both inputs, with MDTPs on one address scale.
 pub fn compare(a: &Path, b: &Path, opts: &Options, size: (u32, u32)) -> Result<Comparison> {
-    let (ta, ea, oa) = crate::analyze::load(a, opts)?;
-    let (tb, eb, ob) = crate::analyze::load(b, opts)?;
-    let extent = |events: &crate::event::Events| {
-        let fp = crate::replay::Footprint::build(events);
+    let (ta, ea, oa) = crate::analysis::load(a, opts)?;
+    let (tb, eb, ob) = crate::analysis::load(b, opts)?;
+    let extent = |events: &crate::trace::event::Events| {
+        let fp = crate::analysis::replay::Footprint::build(events);
         let mut pids: Vec<u32> = events.pid.clone();
         pids.sort_unstable();
         pids.dedup();
@@ -271,22 +273,26 @@ pub fn compare(a: &Path, b: &Path, opts: &Options, size: (u32, u32)) -> Result<C
     let scale = extent(&ea).max(extent(&eb)).max(1);
     let (w, h) = size;
     let top = h * 2 / 3;
-    let plot = crate::plot::PlotConfig {
+    let plot = crate::output::plot::PlotConfig {
         width: (w / 2).max(200),
         height: top.max(150),
         time_window: None,
         addr_window: Some((0, scale)),
         pid: None,
         normalised_time: true,
-        ..crate::plot::PlotConfig::default()
+        ..crate::output::plot::PlotConfig::default()
     };
-    let opts_plot = Options { plot: Some(plot), ..*opts };
-    let aa = crate::analyze::analyze_events(ta, &ea, oa, &opts_plot)?;
-    let ab = crate::analyze::analyze_events(tb, &eb, ob, &opts_plot)?;
+    let opts = Options { layout: true, ..*opts };
+    let aa = crate::analysis::analyze_events(ta, &ea, oa, &opts)?;
+    let ab = crate::analysis::analyze_events(tb, &eb, ob, &opts)?;
     let (sa, sb) = (Summary::of(&aa), Summary::of(&ab));
     let (rows, verdict) = compare_summaries(&sa, &sb);
     let snapshot = (aa.allocator_view && ab.allocator_view).then(|| snapshot_diff(&aa, &ea, &ab, &eb));
-    let image = compose(&aa, &ab, w, h)?;
+    let mdtp = |an: &Analysis| -> Result<Image> {
+        let pictures = crate::output::plot::render(an, &plot)?;
+        pictures.map(|p| p.mdtp).ok_or_else(|| anyhow!("{}: no MDTP was drawn", an.trace.name))
+    };
+    let image = compose(&aa, &mdtp(&aa)?, &ab, &mdtp(&ab)?, w, h)?;
     Ok(Comparison { a: sa, b: sb, rows, verdict, snapshot, image })
 }
 
@@ -303,12 +309,17 @@ fn segment_table(a: &Analysis) -> Vec<(u64, u64, u64)> {
     out
 }
 
-fn snapshot_diff(a: &Analysis, ea: &crate::event::Events, b: &Analysis, eb: &crate::event::Events) -> SnapshotDiff {
+fn snapshot_diff(
+    a: &Analysis,
+    ea: &crate::trace::event::Events,
+    b: &Analysis,
+    eb: &crate::trace::event::Events,
+) -> SnapshotDiff {
     let (sa, sb) = (segment_table(a), segment_table(b));
     let only_a = sa.iter().filter(|s| sb.binary_search(s).is_err()).copied().collect();
     let only_b = sb.iter().filter(|s| sa.binary_search(s).is_err()).copied().collect();
-    let at_peak = |an: &Analysis, ev: &crate::event::Events| -> Vec<crate::sites::SiteBytes> {
-        an.trace.stacks.as_ref().map_or_else(Vec::new, |st| crate::sites::sites_at_peak(ev, st))
+    let at_peak = |an: &Analysis, ev: &crate::trace::event::Events| -> Vec<crate::analysis::sites::SiteBytes> {
+        an.trace.stacks.as_ref().map_or_else(Vec::new, |st| crate::analysis::sites::sites_at_peak(ev, st))
     };
     let (pa, pb) = (at_peak(a, ea), at_peak(b, eb));
     let mut sites: std::collections::BTreeMap<String, (u64, u64)> = Default::default();
@@ -326,18 +337,11 @@ fn snapshot_diff(a: &Analysis, ea: &crate::event::Events, b: &Analysis, eb: &cra
 }
 
 /// The two MDTPs side by side, both score curves below.
-fn compose(a: &Analysis, b: &Analysis, w: u32, h: u32) -> Result<(Vec<u8>, u32, u32)> {
-    let mdtp = |an: &Analysis| {
-        an.images
-            .iter()
-            .find(|i| i.0 == "mdtp.png")
-            .cloned()
-            .ok_or_else(|| anyhow!("{}: no MDTP was drawn", an.trace.name))
-    };
-    let (ia, ib) = (mdtp(a)?, mdtp(b)?);
+fn compose(a: &Analysis, ia: &Image, b: &Analysis, ib: &Image, w: u32, h: u32) -> Result<Image> {
+    crate::output::plot::fonts()?;
     let mut buf = vec![255u8; (w * h * 3) as usize];
     for (k, img) in [ia, ib].iter().enumerate() {
-        let (_, px, iw, ih) = img;
+        let (px, iw, ih) = (&img.pixels, &img.width, &img.height);
         let x0 = k as u32 * (w / 2);
         for y in 0..(*ih).min(h) {
             for x in 0..(*iw).min(w - x0) {
@@ -346,7 +350,7 @@ fn compose(a: &Analysis, b: &Analysis, w: u32, h: u32) -> Result<(Vec<u8>, u32, 
             }
         }
     }
-    let top = a.images.iter().find(|i| i.0 == "mdtp.png").map_or(h * 2 / 3, |i| i.3);
+    let top = ia.height;
     {
         let root = BitMapBackend::with_buffer(&mut buf, (w, h)).into_drawing_area();
         let (_, bottom) = root.split_vertically(top);
@@ -398,7 +402,7 @@ fn compose(a: &Analysis, b: &Analysis, w: u32, h: u32) -> Result<(Vec<u8>, u32, 
             .map_err(|e| anyhow!("{e}"))?;
         root.present().map_err(|e| anyhow!("{e}"))?;
     }
-    Ok((buf, w, h))
+    Ok(Image { pixels: buf, width: w, height: h })
 }
 
 pub fn to_json(c: &Comparison, gates: &[(Gate, Option<String>)]) -> serde_json::Value {
@@ -509,7 +513,7 @@ pub fn run(a: &Path, b: &Path, out: &Path, opts: &Options, size: (u32, u32), gat
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     crate::trace::write_atomic(&out.join("compare.json"), &serde_json::to_vec_pretty(&to_json(&c, &checked))?)?;
     crate::trace::write_atomic(&out.join("compare.md"), to_md(&c, &checked).as_bytes())?;
-    crate::plot::write_png(&c.image.0, c.image.1, c.image.2, &out.join("compare.png"))?;
+    c.image.write_png(&out.join("compare.png"))?;
     println!("{} → {}: {}", c.a.name, c.b.name, c.verdict);
     let mut tripped = false;
     for (g, why) in &checked {

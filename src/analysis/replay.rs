@@ -1,6 +1,6 @@
 //! Replay (SPEC §3, device view): applies events in time order to the set of
 //! live blocks of each process and keeps, incrementally, the sufficient
-//! statistics of the metrics ([`crate::metrics`]). A fold: [`Replay::new`],
+//! statistics of the metrics ([`crate::analysis::metrics`]). A fold: [`Replay::new`],
 //! [`Replay::apply`] per event, [`Replay::metrics`] whenever a row is
 //! wanted, [`Replay::finish`] for the anomaly counts.
 //!
@@ -32,8 +32,8 @@ use std::collections::BTreeMap;
 use ahash::AHashMap;
 use serde::Serialize;
 
-use crate::event::{Event, EventKind, Events};
-use crate::metrics::{BlockStats, GapSet, Metrics, MetricsConfig};
+use crate::analysis::metrics::{BlockStats, GapSet, Metrics, MetricsConfig};
+use crate::trace::event::{Event, EventKind, Events};
 
 /// Anomaly counts of one replay.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -366,7 +366,7 @@ impl<'f> Replay<'f> {
         match kind {
             BlockAlloc if e.size > 0 => {
                 let requested = e.extra.requested.unwrap_or(e.size);
-                let stack = e.extra.stack.unwrap_or(crate::event::NO_STACK);
+                let stack = e.extra.stack.unwrap_or(crate::trace::event::NO_STACK);
                 let (overlapped, outside) = proc.block_alloc(e.addr, e.size, requested, stack, &cfg);
                 self.anomalies.overlap += u64::from(overlapped);
                 self.anomalies.outside_segment += u64::from(outside);
@@ -449,7 +449,7 @@ impl<'f> Replay<'f> {
         blocks
             .into_iter()
             .map(|(a, s)| {
-                let (r, st) = p.block_info.get(&a).copied().unwrap_or((s, crate::event::NO_STACK));
+                let (r, st) = p.block_info.get(&a).copied().unwrap_or((s, crate::trace::event::NO_STACK));
                 (a, s, r, st)
             })
             .collect()
@@ -497,7 +497,7 @@ impl<'f> Replay<'f> {
             let mut blocks: Vec<(u64, u64)> =
                 self.proc(pid).map_or_else(Vec::new, |p| p.hashed.iter().map(|(&a, &s)| (a, s)).collect());
             blocks.sort_unstable();
-            return crate::metrics::from_scratch(&blocks, self.footprint.regions(pid), &self.cfg);
+            return crate::analysis::metrics::from_scratch(&blocks, self.footprint.regions(pid), &self.cfg);
         }
         match self.proc(pid) {
             Some(p) => Metrics::compute(&p.blocks, p.span, &p.gaps, &self.cfg),

@@ -19,7 +19,7 @@
 use ahash::AHashMap;
 use serde::Serialize;
 
-use crate::event::NO_STACK;
+use crate::trace::event::NO_STACK;
 use crate::trace::{Frame, Stacks};
 
 /// The site of blocks without a recorded stack (e.g. allocated before
@@ -152,14 +152,14 @@ pub fn top_sites(stacks: &Stacks, blocks: &[(u64, u64, u64, u32)], n: usize) -> 
 /// memory a leak report is about (the floor that rose); before the end of
 /// the warm-up, what was allocated once.
 pub fn grown_sites(
-    events: &crate::event::Events,
+    events: &crate::trace::event::Events,
     stacks: &Stacks,
     pid: u32,
     since_ns: u64,
     until_ns: u64,
     n: usize,
 ) -> Vec<SiteBytes> {
-    let mut live = crate::event::LiveSet::default();
+    let mut live = crate::trace::event::LiveSet::default();
     for i in 0..events.len() {
         live.apply(events, i);
     }
@@ -174,9 +174,9 @@ pub fn grown_sites(
 
 /// Live bytes by call site at the instant the live bytes of the whole
 /// trace (all series) peaked, every site.
-pub fn sites_at_peak(events: &crate::event::Events, stacks: &Stacks) -> Vec<SiteBytes> {
+pub fn sites_at_peak(events: &crate::trace::event::Events, stacks: &Stacks) -> Vec<SiteBytes> {
     // Pass 1: the row where the total peaks. Pass 2: what is alive there.
-    let mut live = crate::event::LiveSet::default();
+    let mut live = crate::trace::event::LiveSet::default();
     let (mut now, mut peak, mut at) = (0i64, 0i64, None);
     for i in 0..events.len() {
         if let Some((_, delta)) = live.apply(events, i) {
@@ -187,7 +187,7 @@ pub fn sites_at_peak(events: &crate::event::Events, stacks: &Stacks) -> Vec<Site
         }
     }
     let Some(at) = at else { return Vec::new() };
-    let mut live = crate::event::LiveSet::default();
+    let mut live = crate::trace::event::LiveSet::default();
     for i in 0..=at {
         live.apply(events, i);
     }

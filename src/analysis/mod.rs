@@ -1,5 +1,6 @@
-//! `fragscope analyze`: load → replay → metric rows per (process, step) →
-//! outputs ([`crate::report`]). Also the batch driver over many traces.
+//! The analysis of one trace: load → replay → metric rows per (process,
+//! step) → iterations, forecasts, OOM diagnoses, leaks, call sites. It
+//! returns data ([`Analysis`]); [`crate::output`] presents it.
 //!
 //! Timesteps (SPEC §4): a row describes the state after applying every
 //! event with `ts_ns <= t_ns`. By default about 1000 equal-duration steps
@@ -10,19 +11,32 @@
 //! flagged `at_oom` at its instant, describing the state the failed request
 //! saw: every event before it in time order, none after.
 
+pub mod cluster;
+pub mod flame;
+pub mod iterations;
+pub mod kernels;
+pub mod layout;
+pub mod leak;
+pub mod metrics;
+pub mod oom;
+pub mod predict;
+pub mod replay;
+pub mod sites;
+pub mod summary;
+
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use anyhow::{Context, Result, bail};
 
-use crate::event::Events;
-use crate::iterations::Iterations;
-use crate::leak::LeakReport;
-use crate::metrics::{Metrics, MetricsConfig};
-use crate::oom::OomDiagnosis;
-use crate::predict::{PredictConfig, Prediction, Risk};
-use crate::replay::{AllocatorFigures, Anomalies, ExitRelease, Footprint, Peak, Replay};
+use crate::analysis::iterations::Iterations;
+use crate::analysis::leak::LeakReport;
+use crate::analysis::metrics::{Metrics, MetricsConfig};
+use crate::analysis::oom::OomDiagnosis;
+use crate::analysis::predict::{PredictConfig, Prediction, Risk};
+use crate::analysis::replay::{AllocatorFigures, Anomalies, ExitRelease, Footprint, Peak, Replay};
 use crate::trace::Trace;
+use crate::trace::event::Events;
 
 /// How the trace is cut into timesteps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -126,8 +140,9 @@ pub struct Options {
     /// Device memory capacity for the OOM diagnosis; overrides the trace's.
     pub capacity: Option<u64>,
     pub predict: PredictConfig,
-    /// None: no pictures (`--no-plots`).
-    pub plot: Option<crate::plot::PlotConfig>,
+    /// Keep the block and segment lives the pictures draw
+    /// ([`Analysis::layout`]); off for `--no-plots`.
+    pub layout: bool,
     /// PyTorch snapshots: analyse only this device.
     pub device: Option<u32>,
 }
@@ -177,8 +192,9 @@ pub struct Analysis {
     pub leaks: Vec<LeakReport>,
     /// The capacity the OOM diagnosis used, if any.
     pub capacity: Option<u64>,
-    /// Rendered pictures: (file name, RGB pixels, width, height).
-    pub images: Vec<(String, Vec<u8>, u32, u32)>,
+    /// What the pictures draw, when `Options::layout` asked for it and
+    /// the trace has device memory.
+    pub layout: Option<layout::Layout>,
     pub anomalies: Anomalies,
     /// Blocks that recorded processes still held when they exited.
     pub exits: Vec<ExitRelease>,
@@ -195,12 +211,9 @@ pub struct Analysis {
     /// stacks), for flamegraph.folded and flamegraph.svg.
     pub flamegraph: Option<String>,
     /// Recorded launches by kernel name (eBPF traces with `maps/`).
-    pub kernels: Vec<crate::kernels::KernelStat>,
+    pub kernels: Vec<crate::analysis::kernels::KernelStat>,
     /// Device allocations by recorded call stack (`record --stacks`).
-    pub alloc_stacks: Vec<crate::kernels::StackStat>,
-    /// Processes with device memory that the MDTP has no panel for
-    /// (`--max-panels`, or too little height).
-    pub panels_not_drawn: usize,
+    pub alloc_stacks: Vec<crate::analysis::kernels::StackStat>,
 }
 
 impl Analysis {
@@ -247,9 +260,9 @@ pub fn analyze_path(dir: &Path, opts: &Options) -> Result<Analysis> {
 /// and the count of rows that were out of time order.
 pub fn load(dir: &Path, opts: &Options) -> Result<(Trace, Events, u64)> {
     let start = std::time::Instant::now();
-    if crate::snapshot::looks_like_pickle(dir) {
+    if crate::import::snapshot::looks_like_pickle(dir) {
         let mut events = Events::default();
-        let converted = crate::snapshot::convert_file(dir, opts.device, &mut |e| {
+        let converted = crate::import::snapshot::convert_file(dir, opts.device, &mut |e| {
             events.push(&e);
             Ok(())
         })?;
@@ -304,7 +317,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     let start = std::time::Instant::now();
     let footprint = Footprint::build(events);
     tracing::debug!("footprint in {:.3} s", start.elapsed().as_secs_f64());
-    use crate::event::EventKind::{BlockAlloc, SegmentAlloc, SegmentMap};
+    use crate::trace::event::EventKind::{BlockAlloc, SegmentAlloc, SegmentMap};
     let allocator_view = events.kind.iter().any(|k| matches!(k, Some(BlockAlloc | SegmentAlloc | SegmentMap)));
     let mut replay = if allocator_view {
         Replay::allocator(opts.metrics, &footprint)
@@ -315,7 +328,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     };
     let stacks = trace.stacks.clone();
 
-    let mut counts = [0u64; crate::event::EventKind::ALL.len()];
+    let mut counts = [0u64; crate::trace::event::EventKind::ALL.len()];
     let mut unknown_kind = 0u64;
     let mut failed_allocs = 0u64;
     let mut rows = Vec::with_capacity(bounds.len() + 16);
@@ -353,7 +366,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
                     // A device of its own: free = CUDA's free memory plus
                     // what the segments hold unused; the CUDA free memory
                     // counts as one range (cudaMalloc maps it contiguously).
-                    (true, Some(free)) => crate::oom::diagnose(
+                    (true, Some(free)) => crate::analysis::oom::diagnose(
                         e.ts_ns,
                         e.pid,
                         e.size,
@@ -363,7 +376,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
                         metrics.largest_gap,
                         &replay.live_blocks(e.pid),
                     ),
-                    (true, None) => crate::oom::diagnose(
+                    (true, None) => crate::analysis::oom::diagnose(
                         e.ts_ns,
                         e.pid,
                         e.size,
@@ -375,7 +388,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
                     ),
                     (false, _) => {
                         let (live_total, gaps_total) = pids_now(&mut replay);
-                        crate::oom::diagnose(
+                        crate::analysis::oom::diagnose(
                             e.ts_ns,
                             e.pid,
                             e.size,
@@ -388,8 +401,9 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
                     }
                 };
                 if let Some(st) = &stacks {
-                    diagnosis.request_site = e.extra.stack.and_then(|id| crate::sites::call_site(st, id));
-                    diagnosis.top_sites = crate::sites::top_sites(st, &replay.live_blocks_detailed(e.pid), 10);
+                    diagnosis.request_site = e.extra.stack.and_then(|id| crate::analysis::sites::call_site(st, id));
+                    diagnosis.top_sites =
+                        crate::analysis::sites::top_sites(st, &replay.live_blocks_detailed(e.pid), 10);
                 }
                 ooms.push(diagnosis);
             }
@@ -420,18 +434,18 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     let peaks = replay.peaks();
     let peak_total = replay.peak_total();
     let started = std::time::Instant::now();
-    let annotations: Vec<crate::iterations::Annotation> = trace
+    let annotations: Vec<crate::analysis::iterations::Annotation> = trace
         .meta
         .as_ref()
         .and_then(|m| m.details.get("annotations"))
         .and_then(|v| serde_json::from_value(v.clone()).ok())
         .unwrap_or_default();
-    let by_pid = crate::iterations::rows_by_pid(events);
+    let by_pid = crate::analysis::iterations::rows_by_pid(events);
     let iterations: Vec<Iterations> = peaks
         .iter()
         .filter_map(|p| {
             let rows = by_pid.get(&p.pid).map_or(&[][..], Vec::as_slice);
-            crate::iterations::detect(events, p.pid, rows, stacks.as_deref(), &annotations)
+            crate::analysis::iterations::detect(events, p.pid, rows, stacks.as_deref(), &annotations)
         })
         .collect();
     for r in rows.iter_mut() {
@@ -453,18 +467,18 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
             let series: Vec<(u64, u64)> =
                 rows.iter().filter(|r| r.pid == p.pid && !r.at_oom).map(|r| (r.t_ns, r.metrics.live_bytes)).collect();
             let its = iterations.iter().find(|it| it.pid == p.pid);
-            let mut leak = crate::leak::detect(p.pid, &series, &replay.live_blocks(p.pid), p.bytes, its);
+            let mut leak = crate::analysis::leak::detect(p.pid, &series, &replay.live_blocks(p.pid), p.bytes, its);
             // Blocks of the warm-up (or only) iteration still alive: state
             // allocated once, listed apart from leaks.
             if let (Some(st), Some(it)) = (&stacks, its)
                 && let Some(&until) = it.warmup_end_t_ns.as_ref().or(it.boundaries_t_ns.last())
             {
-                leak.allocated_once = crate::sites::grown_sites(events, st, p.pid, 0, until, 10);
+                leak.allocated_once = crate::analysis::sites::grown_sites(events, st, p.pid, 0, until, 10);
             }
             // Call sites of the growth: blocks allocated after the early
             // floor window (the second quarter) and alive at the end.
             if let (Some(st), Some(&(since, _))) = (&stacks, series.get(series.len() / 2)) {
-                leak.top_sites = crate::sites::grown_sites(events, st, p.pid, since, u64::MAX, 10);
+                leak.top_sites = crate::analysis::sites::grown_sites(events, st, p.pid, since, u64::MAX, 10);
             }
             leak
         })
@@ -473,7 +487,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     let mut anomalies = replay.finish();
     anomalies.out_of_order = out_of_order;
 
-    let counts_by_kind = crate::event::EventKind::ALL
+    let counts_by_kind = crate::trace::event::EventKind::ALL
         .iter()
         .filter(|k| counts[**k as usize] > 0)
         .map(|k| (k.name().to_string(), counts[*k as usize]))
@@ -497,31 +511,20 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         peaks,
         peak_live_total: peak_total,
         options: *opts,
-        images: Vec::new(),
+        layout: None,
         allocator_view,
-        flamegraph: stacks.as_ref().map(|st| crate::flame::folded(events, st)),
+        flamegraph: stacks.as_ref().map(|st| crate::analysis::flame::folded(events, st)),
         kernels: Vec::new(),
         alloc_stacks: Vec::new(),
-        panels_not_drawn: 0,
     };
     if analysis.trace.source() == Some(crate::trace::Source::Ebpf) {
-        analysis.kernels = crate::kernels::kernel_table(&analysis.trace.dir, events);
-        analysis.alloc_stacks = crate::kernels::allocation_stacks(&analysis.trace)?;
+        analysis.kernels = crate::analysis::kernels::kernel_table(&analysis.trace.dir, events);
+        analysis.alloc_stacks = crate::analysis::kernels::allocation_stacks(&analysis.trace)?;
     }
-    if let Some(pc) = &opts.plot
-        && !analysis.peaks.is_empty()
-    {
+    if opts.layout && !analysis.peaks.is_empty() {
         let started = std::time::Instant::now();
-        let lives = crate::plot::lifetimes(events);
-        let segments = crate::plot::segment_lifetimes(events);
-        let (mdtp, panels) = crate::plot::render_mdtp(&analysis, &lives, &segments, &footprint, pc)?;
-        analysis.panels_not_drawn = crate::plot::not_drawn(&analysis, &panels, pc);
-        let timeline = crate::plot::render_timeline(&analysis, pc)?;
-        analysis.images = vec![
-            ("mdtp.png".into(), mdtp, pc.width, pc.height),
-            ("timeline.png".into(), timeline, pc.width, pc.height),
-        ];
-        tracing::debug!("plots in {:.3} s", started.elapsed().as_secs_f64());
+        analysis.layout = Some(layout::Layout::build(events, footprint));
+        tracing::debug!("layout in {:.3} s", started.elapsed().as_secs_f64());
     }
     Ok(analysis)
 }
@@ -562,7 +565,7 @@ fn predict_process(
     period: Option<usize>,
 ) -> ProcessPrediction {
     let idx: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].pid == pid && !rows[i].at_oom).collect();
-    let series: Vec<crate::predict::Step> = idx
+    let series: Vec<crate::analysis::predict::Step> = idx
         .iter()
         .map(|&i| {
             let m = &rows[i].metrics;
@@ -570,8 +573,8 @@ fn predict_process(
             [e, k, s, c, l, u, m.score]
         })
         .collect();
-    let prediction = crate::predict::predict(&series, cfg, period);
-    let backtest = crate::predict::backtest(&series, cfg);
+    let prediction = crate::analysis::predict::predict(&series, cfg, period);
+    let backtest = crate::analysis::predict::backtest(&series, cfg);
     for (k, &i) in idx.iter().enumerate() {
         rows[i].forecast = backtest.forecasts[k].clone();
         rows[i].risk_online = backtest.risk[k];
@@ -599,7 +602,7 @@ pub fn discover(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, bool)> {
                 .with_context(|| format!("cannot read {}", p.display()))?
                 .filter_map(|e| e.ok())
                 .map(|e| e.path())
-                .filter(|s| (s.is_dir() && Trace::is_trace_dir(s)) || crate::snapshot::looks_like_pickle(s))
+                .filter(|s| (s.is_dir() && Trace::is_trace_dir(s)) || crate::import::snapshot::looks_like_pickle(s))
                 .collect();
             if subs.is_empty() {
                 bail!(

@@ -1,7 +1,7 @@
 //! PyTorch CUDA memory snapshots (SPEC §8): from the pickle to a trace.
 //!
 //! Three steps:
-//! 1. [`Snapshot::read`] types the plain data [`crate::pickle`] parses into
+//! 1. [`Snapshot::read`] types the plain data [`crate::import::pickle`] parses into
 //!    segments, blocks and trace entries (the entries as they are appended
 //!    to their list, so their dicts never pile up). Frames are interned as
 //!    they are met: a frame dict or frame list shared through the memo is
@@ -30,8 +30,8 @@ use ahash::AHashMap;
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
-use crate::event::{Event, EventKind, Extra, NO_STACK};
-use crate::pickle::Value;
+use crate::import::pickle::Value;
+use crate::trace::event::{Event, EventKind, Extra, NO_STACK};
 use crate::trace::{Frame, Stacks};
 
 /// PyTorch's block granularity (`kMinBlockSize`).
@@ -173,7 +173,7 @@ pub struct Snapshot {
     pub unknown_actions: u64,
     /// `external_annotations`: profiler ranges (`record_function`), with
     /// `time_us` turned into the trace's ns.
-    pub annotations: Vec<crate::iterations::Annotation>,
+    pub annotations: Vec<crate::analysis::iterations::Annotation>,
 }
 
 /// Turns the memo's shared frame dicts and lists into table ids.
@@ -234,7 +234,7 @@ impl Interner {
     }
 }
 
-use crate::pickle::container as identity;
+use crate::import::pickle::container as identity;
 
 /// The id of `key` in `table`, appending it the first time.
 fn intern<K: Clone + Eq + std::hash::Hash>(index: &mut AHashMap<K, u32>, table: &mut Vec<K>, key: K) -> u32 {
@@ -296,7 +296,7 @@ impl Snapshot {
             }
             Ok(None)
         };
-        let value = crate::pickle::parse_stream(
+        let value = crate::import::pickle::parse_stream(
             || std::fs::File::open(path),
             usize::try_from(len).unwrap_or(usize::MAX),
             &mut hook,
@@ -352,7 +352,7 @@ impl Snapshot {
                 let device = uint(a, "device")?.unwrap_or(0);
                 anyhow::ensure!(device < 1 << 16, "annotation {i}: `device` = {device} is not a device index");
                 let Some(t_us) = uint(a, "time_us")? else { return Ok(()) };
-                snap.annotations.push(crate::iterations::Annotation {
+                snap.annotations.push(crate::analysis::iterations::Annotation {
                     stage,
                     name,
                     device: device as u32,

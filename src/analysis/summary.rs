@@ -1,0 +1,224 @@
+//! The figures of one analysed trace that reports, batch summaries, gates
+//! and `compare` share ([`Summary`]), and the score statistics behind them.
+
+use serde::Serialize;
+
+use crate::analysis::oom::OomClass;
+use crate::analysis::predict::Risk;
+use crate::analysis::{Analysis, ProcessPrediction, Row};
+
+/// Score statistics over a process's step rows (OOM rows excluded).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct ScoreStats {
+    pub final_: f64,
+    pub mean: f64,
+    pub p95: f64,
+    pub max: f64,
+}
+
+impl ScoreStats {
+    pub fn of(scores: &[f64]) -> ScoreStats {
+        if scores.is_empty() {
+            return ScoreStats::default();
+        }
+        let mut sorted = scores.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        // Nearest-rank percentile.
+        let rank = ((0.95 * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+        ScoreStats {
+            final_: scores[scores.len() - 1],
+            mean: scores.iter().sum::<f64>() / scores.len() as f64,
+            p95: sorted[rank - 1],
+            max: sorted[sorted.len() - 1],
+        }
+    }
+}
+
+/// Figures of one analysed trace that summaries and reports share.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Summary {
+    pub name: String,
+    pub source: String,
+    pub events: u64,
+    pub processes: usize,
+    pub duration_s: f64,
+    pub peak_live_bytes: u64,
+    pub score: ScoreStats,
+    pub ooms: u64,
+    pub anomalies: u64,
+    /// The highest forecast risk over processes (None: insufficient data).
+    pub risk: Option<Risk>,
+    /// OOM counts per class, most frequent first.
+    pub oom_classes: Vec<(OomClass, u64)>,
+    pub leaking: bool,
+    pub leaked_bytes: i64,
+    /// Successful allocations (device or allocator blocks) and their rate.
+    pub allocs: u64,
+    pub alloc_rate: f64,
+    /// Highest Σ over processes of the arena span (device view) or of the
+    /// reserved segments (allocator view), over the steps.
+    pub peak_reserved_bytes: u64,
+    /// External fragmentation (Σ gaps / Σ span) at the step with the most
+    /// live bytes.
+    pub ext_frag_at_peak: f64,
+    /// The grouping features ([`crate::analysis::cluster::FEATURES`]).
+    pub features: [f64; crate::analysis::cluster::FEATURES.len()],
+    /// UTC day of the recording (`start_wall_ns` of trace.json), else of the
+    /// trace's last modification: the `date` partition of summary.parquet.
+    pub date: String,
+}
+
+impl Summary {
+    pub fn of(a: &Analysis) -> Summary {
+        // Combined: the worst process at each step, so one bad rank shows.
+        let scores = combined_scores(&a.rows);
+        let steps = step_totals(&a.rows);
+        let duration = (a.last_ts - a.first_ts) as f64 / 1e9;
+        let allocs = a
+            .counts_by_kind
+            .iter()
+            .filter(|(k, _)| matches!(k.as_str(), "alloc" | "alloc_async" | "alloc_managed" | "block_alloc"))
+            .map(|(_, n)| n)
+            .sum::<u64>()
+            .saturating_sub(a.failed_allocs);
+        Summary {
+            name: a.trace.name.clone(),
+            source: a.trace.source().map_or("unknown", |s| s.name()).to_string(),
+            events: a.events,
+            processes: a.peaks.len(),
+            duration_s: (a.last_ts - a.first_ts) as f64 / 1e9,
+            peak_live_bytes: a.peak_live_total,
+            score: ScoreStats::of(&scores),
+            ooms: a.ooms.len() as u64,
+            anomalies: a.anomalies.total(),
+            risk: a.predictions.iter().filter_map(|p| p.prediction.risk).max(),
+            oom_classes: oom_classes(a),
+            leaking: a.leaks.iter().any(|l| l.leaking),
+            leaked_bytes: a.leaks.iter().filter(|l| l.leaking).map(|l| l.growth_bytes).sum(),
+            allocs,
+            alloc_rate: if duration > 0.0 { allocs as f64 / duration } else { 0.0 },
+            peak_reserved_bytes: steps.iter().map(|s| s.1).max().unwrap_or(0),
+            ext_frag_at_peak: steps
+                .iter()
+                .max_by_key(|s| s.0)
+                .map_or(0.0, |s| if s.1 == 0 { 0.0 } else { s.2 / s.1 as f64 }),
+            features: features(a),
+            date: trace_date(a),
+        }
+    }
+}
+
+/// The grouping features of a trace: mean score components over its rows,
+/// the share of its OOMs in each class (0 without OOMs), leak rate.
+pub(crate) fn features(a: &Analysis) -> [f64; crate::analysis::cluster::FEATURES.len()] {
+    let rows: Vec<&Row> = a.rows.iter().filter(|r| !r.at_oom).collect();
+    let mut f = [0.0; crate::analysis::cluster::FEATURES.len()];
+    if !rows.is_empty() {
+        for r in &rows {
+            for (x, v) in f.iter_mut().zip(r.metrics.features()) {
+                *x += v;
+            }
+        }
+        for x in f.iter_mut().take(6) {
+            *x /= rows.len() as f64;
+        }
+    }
+    let total = a.ooms.len().max(1) as f64;
+    let share = |c: OomClass| a.ooms.iter().filter(|o| o.class == c).count() as f64 / total;
+    f[6] = share(OomClass::Capacity);
+    f[7] = share(OomClass::Fragmentation);
+    f[8] = share(OomClass::AllocatorPolicy);
+    let leaked: i64 = a.leaks.iter().filter(|l| l.leaking).map(|l| l.growth_bytes).sum();
+    f[9] = if a.peak_live_total == 0 { 0.0 } else { leaked.max(0) as f64 / a.peak_live_total as f64 };
+    f
+}
+
+/// YYYY-MM-DD (UTC) of a trace's recording.
+pub(crate) fn trace_date(a: &Analysis) -> String {
+    let when = a
+        .trace
+        .meta
+        .as_ref()
+        .and_then(|m| m.start_wall_ns)
+        .map(|ns| std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns))
+        .or_else(|| std::fs::metadata(&a.trace.dir).and_then(|m| m.modified()).ok())
+        .unwrap_or_else(std::time::SystemTime::now);
+    humantime::format_rfc3339_seconds(when).to_string().chars().take(10).collect()
+}
+
+/// Per step, over processes: (Σ live bytes, Σ span, Σ gap bytes).
+pub(crate) fn step_totals(rows: &[Row]) -> Vec<(u64, u64, f64)> {
+    let mut out: Vec<(u64, u64, f64)> = Vec::new();
+    let mut current = u32::MAX;
+    for r in rows.iter().filter(|r| !r.at_oom) {
+        let m = &r.metrics;
+        let add = (m.live_bytes, m.span_bytes, m.external_fragmentation * m.span_bytes as f64);
+        match out.last_mut() {
+            Some(last) if r.step == current => {
+                last.0 += add.0;
+                last.1 += add.1;
+                last.2 += add.2;
+            }
+            _ => {
+                current = r.step;
+                out.push(add);
+            }
+        }
+    }
+    out
+}
+
+pub(crate) fn oom_classes(a: &Analysis) -> Vec<(OomClass, u64)> {
+    let mut counts: std::collections::BTreeMap<OomClass, u64> = Default::default();
+    for o in &a.ooms {
+        *counts.entry(o.class).or_default() += 1;
+    }
+    let mut v: Vec<(OomClass, u64)> = counts.into_iter().collect();
+    v.sort_by(|x, y| y.1.cmp(&x.1).then(x.0.cmp(&y.0)));
+    v
+}
+
+/// The prediction of the process with the highest risk (the first on ties).
+pub(crate) fn headline(a: &Analysis) -> Option<&ProcessPrediction> {
+    a.predictions.iter().reduce(|best, p| if p.prediction.risk > best.prediction.risk { p } else { best })
+}
+
+/// Per step, the highest score over processes.
+pub(crate) fn combined_scores(rows: &[Row]) -> Vec<f64> {
+    let mut out: Vec<f64> = Vec::new();
+    let mut current = u32::MAX;
+    for r in rows.iter().filter(|r| !r.at_oom) {
+        if r.step != current || out.is_empty() {
+            current = r.step;
+            out.push(r.metrics.score);
+        } else if let Some(last) = out.last_mut() {
+            *last = last.max(r.metrics.score);
+        }
+    }
+    out
+}
+
+pub(crate) fn process_scores(rows: &[Row], pid: u32) -> Vec<f64> {
+    rows.iter().filter(|r| r.pid == pid && !r.at_oom).map(|r| r.metrics.score).collect()
+}
+
+/// One row of the batch summary: a trace's figures or its error.
+pub type SummaryRow = (String, std::result::Result<Summary, String>);
+
+pub(crate) fn last_row(a: &Analysis, pid: u32) -> Option<&Row> {
+    a.rows.iter().rev().find(|r| r.pid == pid && !r.at_oom)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn score_stats_nearest_rank() {
+        let v: Vec<f64> = (1..=20).map(f64::from).collect();
+        let s = ScoreStats::of(&v);
+        assert_eq!((s.final_, s.p95, s.max), (20.0, 19.0, 20.0));
+        assert!((s.mean - 10.5).abs() < 1e-12);
+        assert_eq!(ScoreStats::of(&[]), ScoreStats::default());
+    }
+}

@@ -1,0 +1,219 @@
+//! `report.json`: the analysis for machines, with stable keys and figures
+//! rounded to 6 decimals.
+
+use serde_json::json;
+
+use crate::analysis::predict::Risk;
+use crate::analysis::summary::*;
+use crate::analysis::{Analysis, ProcessPrediction};
+use crate::trace::FORMAT_VERSION;
+use crate::units::r6;
+
+pub(crate) fn score_json(s: &ScoreStats) -> serde_json::Value {
+    json!({"final": r6(s.final_), "mean": r6(s.mean), "p95": r6(s.p95), "max": r6(s.max)})
+}
+
+pub(crate) fn metrics_json(m: &crate::analysis::metrics::Metrics) -> serde_json::Value {
+    json!({
+        "external_fragmentation": r6(m.external_fragmentation),
+        "kernel_unusable_index": r6(m.kernel_unusable_index),
+        "small_alloc_ratio": r6(m.small_alloc_ratio),
+        "size_cv": r6(m.size_cv),
+        "large_gap_ratio": r6(m.large_gap_ratio),
+        "utilization": r6(m.utilization),
+        "score": r6(m.score),
+        "live_bytes": m.live_bytes,
+        "live_blocks": m.live_blocks,
+        "gap_count": m.gap_count,
+        "largest_gap": m.largest_gap,
+        "span_bytes": m.span_bytes,
+    })
+}
+
+/// `report.json`.
+/// `panels_not_drawn`: processes the MDTP had no room for.
+pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
+    let s = Summary::of(a);
+    let meta = a.trace.meta.as_ref();
+    let processes: Vec<_> = a
+        .peaks
+        .iter()
+        .map(|p| {
+            json!({
+                "pid": p.pid,
+                "peak_live_bytes": p.bytes,
+                "peak_t_ns": p.t_ns,
+                "score": score_json(&ScoreStats::of(&process_scores(&a.rows, p.pid))),
+                "ooms": a.ooms.iter().filter(|o| o.pid == p.pid).count(),
+                "risk": a.predictions.iter().find(|q| q.pid == p.pid).and_then(|q| q.prediction.risk).map(Risk::name),
+                "final": last_row(a, p.pid).map(|r| metrics_json(&r.metrics)),
+            })
+        })
+        .collect();
+    let mut report = json!({
+        "format_version": FORMAT_VERSION,
+        "tool_version": env!("CARGO_PKG_VERSION"),
+        "trace": {
+            "name": a.trace.name,
+            "path": a.trace.dir.display().to_string(),
+            "source": s.source,
+            "parts": a.trace.parts.len(),
+            "skipped_parts": a.trace.skipped.iter().map(|(p, why)| json!({"path": p.display().to_string(), "reason": why})).collect::<Vec<_>>(),
+            "has_metadata": meta.is_some(),
+            "lost_events": meta.map_or(0, |m| m.lost_events),
+            "capacity_bytes": meta.and_then(|m| m.capacity_bytes),
+        },
+        "events": {
+            "total": a.events,
+            "by_kind": a.counts_by_kind.iter().map(|(k, n)| (k.clone(), json!(n))).collect::<serde_json::Map<String, serde_json::Value>>(),
+            "failed_allocs": a.failed_allocs,
+            "ooms": a.ooms.len(),
+            "first_ts_ns": a.first_ts,
+            "last_ts_ns": a.last_ts,
+            "duration_s": r6(s.duration_s),
+        },
+        "anomalies": a.anomalies,
+        "steps": {
+            "spec": a.options.step.to_string(),
+            "count": a.step_count,
+            "rows": a.rows.len(),
+        },
+        "config": a.options.metrics,
+        "summary": {
+            "processes": s.processes,
+            "peak_live_bytes": s.peak_live_bytes,
+            "score": score_json(&s.score),
+            "risk": s.risk.map(Risk::name),
+            "leaking": s.leaking,
+        },
+        "processes": processes,
+        "prediction": headline(a).map(prediction_json),
+        "ooms": a.ooms.iter().map(|o| json!({
+            "t_ns": o.t_ns,
+            "pid": o.pid,
+            "requested": o.requested,
+            "device_free": o.device_free,
+            "largest_free": o.largest_free,
+            "largest_gap": o.largest_gap,
+            "live_bytes": o.live_bytes,
+            "class": o.class.name(),
+            "top_blocks": o.top_blocks.iter().map(|b| json!({"addr": b.0, "size": b.1})).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "oom_classes": s.oom_classes.iter().map(|(c, n)| (c.name().to_string(), json!(n))).collect::<serde_json::Map<String, serde_json::Value>>(),
+        "capacity_bytes": a.capacity,
+        "iterations": a.iterations.iter().map(|it| json!({
+            "pid": it.pid,
+            "count": it.count,
+            "complete": it.complete,
+            "period_s": it.period_s.map(r6),
+            "warmup_end_t_ns": it.warmup_end_t_ns,
+            "source": it.source.name(),
+            "boundaries_t_ns": it.boundaries_t_ns,
+        })).collect::<Vec<_>>(),
+        "leaks": a.leaks.iter().map(|l| json!({
+            "pid": l.pid,
+            "verdict": l.verdict.name(),
+            "reason": l.reason,
+            "leaking": l.leaking,
+            "floor_early_bytes": l.floor_early_bytes,
+            "floor_late_bytes": l.floor_late_bytes,
+            "growth_bytes": l.growth_bytes,
+            "rate_bytes_per_s": r6(l.rate_bytes_per_s),
+            "live_at_end_bytes": l.live_at_end_bytes,
+            "live_at_end_blocks": l.live_at_end_blocks,
+            "by_size": l.by_size,
+        })).collect::<Vec<_>>(),
+    });
+    if !a.exits.is_empty() {
+        report["released_at_exit"] = json!(a.exits);
+    }
+    if panels_not_drawn > 0 {
+        report["plots"] = json!({"panels_not_drawn": panels_not_drawn});
+    }
+    if !a.kernels.is_empty() {
+        report["kernels"] = json!(a.kernels);
+    }
+    if !a.alloc_stacks.is_empty() {
+        report["alloc_stacks"] = json!(a.alloc_stacks);
+    }
+    if a.allocator_view {
+        report["view"] = json!("allocator");
+        report["allocator"] = allocator_json(a);
+        for (o, j) in a.ooms.iter().zip(report["ooms"].as_array_mut().into_iter().flatten()) {
+            j["request_site"] = json!(o.request_site);
+            j["top_sites"] = json!(o.top_sites);
+        }
+        for (l, j) in a.leaks.iter().zip(report["leaks"].as_array_mut().into_iter().flatten()) {
+            j["top_sites"] = json!(l.top_sites);
+            j["allocated_once"] = json!(l.allocated_once);
+        }
+    }
+    report
+}
+
+/// The allocator view's figures per device at the end, and what the
+/// snapshot import recorded (PyTorch's totals, the reconstruction check).
+pub(crate) fn allocator_json(a: &Analysis) -> serde_json::Value {
+    let devices: Vec<_> = a
+        .peaks
+        .iter()
+        .map(|p| {
+            let f = last_row(a, p.pid).and_then(|r| r.alloc).unwrap_or_default();
+            json!({
+                "device": p.pid,
+                "reserved_bytes": f.reserved_bytes,
+                "allocated_bytes": f.allocated_bytes,
+                "requested_bytes": f.requested_bytes,
+                "internal_fragmentation_bytes": f.allocated_bytes.saturating_sub(f.requested_bytes),
+                "pytorch_fragmentation": r6(f.pytorch_fragmentation),
+                "peak_reserved_bytes": a.rows.iter().filter(|r| r.pid == p.pid).filter_map(|r| r.alloc).map(|x| x.reserved_bytes).max(),
+            })
+        })
+        .collect();
+    let details = a.trace.meta.as_ref().map(|m| &m.details);
+    let pick = |k: &str| details.and_then(|d| d.get(k)).cloned().unwrap_or(serde_json::Value::Null);
+    json!({
+        "devices": devices,
+        "snapshot": {
+            "file": pick("snapshot"),
+            "layout": pick("layout"),
+            "time_source": pick("time_source"),
+            "allocator_settings": pick("allocator_settings"),
+            "totals": pick("totals"),
+            "reconstruction": pick("reconstruction"),
+        },
+    })
+}
+
+pub(crate) fn prediction_json(p: &ProcessPrediction) -> serde_json::Value {
+    let pr = &p.prediction;
+    json!({
+        "pid": p.pid,
+        "window": pr.window,
+        "horizon": pr.horizon,
+        "status": if pr.forecast.is_some() { "ok" } else { "insufficient data" },
+        "current": r6(pr.current),
+        "forecast": pr.forecast.as_ref().map(|f| f.iter().map(|v| r6(*v)).collect::<Vec<_>>()),
+        "forecaster": pr.forecast.as_ref().map(|_| pr.forecaster.name()),
+        "skill": pr.skill.map(r6),
+        "model_forecast": pr.model_forecast.as_ref().map(|f| f.iter().map(|v| r6(*v)).collect::<Vec<_>>()),
+        "confidence": pr.confidence.map(r6),
+        "confidence_model": pr.confidence_model.map(r6),
+        "trend": r6(pr.trend),
+        "risk": pr.risk.map(Risk::name),
+        "warnings": pr.warnings,
+        "cv_mae": pr.cv_mae.as_ref().map(|c| json!({
+            "model": r6(c.model),
+            "persistence": r6(c.persistence),
+            "seasonal": c.seasonal.map(r6),
+            "seasonal_origins": c.seasonal_origins,
+            "seasonal_reason": c.seasonal_reason,
+            "ridge": c.ridge.map(r6),
+            "ridge_lambda": c.ridge_lambda,
+            "ridge_reason": c.ridge_reason,
+            "origins": c.origins,
+        })),
+        "lead_time_steps": p.lead_time.map(|l| l.0),
+        "lead_time_s": p.lead_time.map(|l| r6(l.1)),
+    })
+}

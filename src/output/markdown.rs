@@ -1,0 +1,650 @@
+//! `report.md`, the analysis for people, and the few lines `analyze`
+//! prints on stdout.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use crate::analysis::Analysis;
+use crate::analysis::oom::OomClass;
+use crate::analysis::predict::{ForecasterKind, Risk};
+use crate::analysis::summary::*;
+use crate::units::bytes;
+
+/// `report.md`: the verdict first, then the tables.
+/// `panels_not_drawn`: processes the MDTP had no room for.
+pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
+    let s = Summary::of(a);
+    let mut md = String::new();
+    let _ = writeln!(md, "# fragscope report: {}\n", s.name);
+    md.push_str(&verdict_md(a, &s));
+    let _ = writeln!(
+        md,
+        "Fragmentation score now {:.1} / 100 (mean {:.1}, p95 {:.1}, max {:.1}) · peak live {} · {} OOM{} · {}{}.\n",
+        s.score.final_,
+        s.score.mean,
+        s.score.p95,
+        s.score.max,
+        bytes(s.peak_live_bytes),
+        s.ooms,
+        if s.ooms == 1 { "" } else { "s" },
+        s.processes,
+        match (a.allocator_view, s.processes == 1) {
+            (true, true) => " device",
+            (true, false) => " devices",
+            (false, true) => " process",
+            (false, false) => " processes",
+        },
+    );
+    let _ = writeln!(md, "| trace | |\n|---|---|");
+    let _ = writeln!(md, "| source | {} |", s.source);
+    if a.entry_order() {
+        let _ = writeln!(
+            md,
+            "| events | {} over {} (no timestamps: time is entry order) |",
+            s.events,
+            a.time_text(s.duration_s)
+        );
+    } else {
+        let _ = writeln!(md, "| events | {} over {:.3} s |", s.events, s.duration_s);
+    }
+    let _ = writeln!(md, "| steps | {} ({}), {} rows |", a.step_count, a.options.step, a.rows.len());
+    let _ = writeln!(md, "| parts | {} read, {} skipped |", a.trace.parts.len(), a.trace.skipped.len());
+    if let Some(m) = &a.trace.meta {
+        if m.lost_events > 0 {
+            let _ = writeln!(
+                md,
+                "| lost events | **{}** (the recorder dropped events; numbers may be off) |",
+                m.lost_events
+            );
+        }
+        if let Some(c) = m.capacity_bytes {
+            let _ = writeln!(md, "| capacity | {} |", bytes(c));
+        }
+    } else {
+        let _ = writeln!(md, "| metadata | trace.json missing (interrupted recording?) |");
+    }
+
+    let _ = writeln!(md, "\n## {}\n", if a.allocator_view { "Devices" } else { "Processes" });
+    let _ =
+        writeln!(md, "| {} | peak live | score final | mean | p95 | max | E | K | S | C | L | U | OOMs |", a.unit());
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for p in &a.peaks {
+        let st = ScoreStats::of(&process_scores(&a.rows, p.pid));
+        let m = last_row(a, p.pid).map(|r| r.metrics).unwrap_or_default();
+        let [e, k, small, cv, l, u] = m.features();
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {} |",
+            p.pid,
+            bytes(p.bytes),
+            st.final_,
+            st.mean,
+            st.p95,
+            st.max,
+            e,
+            k,
+            small,
+            cv,
+            l,
+            u,
+            a.ooms.iter().filter(|o| o.pid == p.pid).count()
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nE external fragmentation, K unusable-free-space index, S small-allocation ratio, C size CV, L large-gap ratio, U utilization — at the last step.\n"
+    );
+    if panels_not_drawn > 0 {
+        let _ = writeln!(
+            md,
+            "The MDTP draws the {} processes with the highest peak live bytes: +{} processes not drawn (`--max-panels`, `--pid`); every process is in metrics.parquet and report.json.\n",
+            a.peaks.len() - panels_not_drawn,
+            panels_not_drawn
+        );
+    }
+    if !a.exits.is_empty() {
+        let bytes_total: u64 = a.exits.iter().map(|x| x.bytes).sum();
+        let _ = writeln!(
+            md,
+            "Released at exit: {} process{} ended holding {} in {} blocks; the driver frees it, so it is neither live nor leaked afterwards (all in report.json).\n",
+            a.exits.len(),
+            if a.exits.len() == 1 { "" } else { "es" },
+            bytes(bytes_total),
+            a.exits.iter().map(|x| x.blocks).sum::<u64>()
+        );
+    }
+
+    let _ = writeln!(md, "## Events by kind\n\n| kind | count |\n|---|---|");
+    for (k, n) in &a.counts_by_kind {
+        let _ = writeln!(md, "| {k} | {n} |");
+    }
+    let _ = writeln!(md, "| failed allocations | {} |", a.failed_allocs);
+
+    if a.allocator_view {
+        md.push_str(&allocator_md(a));
+    }
+    if !a.kernels.is_empty() {
+        let _ = writeln!(
+            md,
+            "\n## Kernels\n\nLaunches by kernel (symbols from the traced processes' files, demangled):\n\n| kernel | launches | failed |\n|---|---|---|"
+        );
+        for k in a.kernels.iter().take(15) {
+            let _ = writeln!(md, "| `{}` | {} | {} |", k.name.replace('|', "\\|"), k.launches, k.failed);
+        }
+        if a.kernels.len() > 15 {
+            let _ = writeln!(md, "\n{} more in report.json.", a.kernels.len() - 15);
+        }
+    }
+    if !a.alloc_stacks.is_empty() {
+        let _ = writeln!(
+            md,
+            "\n## Allocation call stacks\n\nDevice memory allocated by call stack (`record --stacks`; innermost first, all in report.json):\n\n| bytes | allocations | stack |\n|---|---|---|"
+        );
+        for st in a.alloc_stacks.iter().take(10) {
+            let frames: Vec<String> =
+                st.frames.iter().take(8).map(|f| format!("`{}`", f.replace('|', "\\|"))).collect();
+            let _ = writeln!(md, "| {} | {} | {} |", bytes(st.bytes), st.allocations, frames.join(" ← "));
+        }
+    }
+    let an = &a.anomalies;
+    let _ = writeln!(md, "\n## Anomalies\n");
+    if an.total() == 0 {
+        let _ = writeln!(md, "None.");
+    } else {
+        let _ = writeln!(md, "| anomaly | count |\n|---|---|");
+        for (name, n, why) in [
+            (
+                "unknown_free",
+                an.unknown_free,
+                "free of an address never allocated in the trace (allocated before recording?)",
+            ),
+            ("double_free", an.double_free, "free of an address already freed"),
+            ("overlap", an.overlap, "allocation overlapping live blocks (their frees were lost)"),
+            ("out_of_order", an.out_of_order, "rows out of time order (sorted before replay)"),
+            ("unknown_kind", an.unknown_kind, "rows with a kind this version does not know (ignored)"),
+            (
+                "outside_segment",
+                an.outside_segment,
+                "blocks outside every live segment, or taken away by a segment free",
+            ),
+        ] {
+            if n > 0 {
+                let _ = writeln!(md, "| {name} | {n} — {why} |");
+            }
+        }
+    }
+    md.push_str(&iterations_md(a));
+    md.push_str(&prediction_md(a));
+    md.push_str(&ooms_md(a));
+    md.push_str(&leaks_md(a));
+    md.push_str(&advice_md(a, &s));
+    md
+}
+
+/// The allocator view: PyTorch's own figures per device, and how the
+/// snapshot import went.
+pub(crate) fn allocator_md(a: &Analysis) -> String {
+    let mut md = String::from("\n## PyTorch allocator\n\n");
+    md.push_str(
+        "At the end of the trace, per device (the totals `_memory_viz.py segsum` prints for the snapshot):\n\n",
+    );
+    md.push_str("| device | segments | reserved | allocated (requested) | free | of which internal | PyTorch fragmentation Σgap²/Σseg² |\n|---|---|---|---|---|---|---|\n");
+    let details = a.trace.meta.as_ref().map(|m| &m.details);
+    for p in &a.peaks {
+        let f = last_row(a, p.pid).and_then(|r| r.alloc).unwrap_or_default();
+        let totals = details.and_then(|d| d.get("totals")).and_then(|t| t.get(p.pid.to_string()));
+        let n = |k: &str| totals.and_then(|t| t.get(k)).and_then(|v| v.as_u64());
+        let free = n("free").unwrap_or(f.reserved_bytes.saturating_sub(f.requested_bytes));
+        let internal = n("free_internal").unwrap_or(f.allocated_bytes.saturating_sub(f.requested_bytes));
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} ({:.1} %) | {:.3e} |",
+            p.pid,
+            n("segments").map_or("?".into(), |x| x.to_string()),
+            bytes(n("reserved").unwrap_or(f.reserved_bytes)),
+            bytes(n("allocated").unwrap_or(f.requested_bytes)),
+            bytes(free),
+            bytes(internal),
+            if free == 0 { 0.0 } else { 100.0 * internal as f64 / free as f64 },
+            f.pytorch_fragmentation
+        );
+    }
+    if let Some(recs) = details.and_then(|d| d.get("reconstruction")).and_then(|r| r.as_array()) {
+        md.push_str("\nImport: the trace was undone backwards from the final state, then replayed forwards.\n\n");
+        md.push_str("| device | trace entries | alive before the first (segments, blocks) | final state | block sizes by rule, checked |\n|---|---|---|---|---|\n");
+        for r in recs {
+            let g = |k: &str| r.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
+            let fc = r.get("final_check");
+            let f = |k: &str| fc.and_then(|x| x.get(k)).and_then(|v| v.as_u64()).unwrap_or(0);
+            let exact =
+                f("blocks_missing") + f("blocks_unexpected") + f("blocks_size_mismatch") + f("segment_ranges_mismatch")
+                    == 0
+                    && f("segment_bytes_expected") == f("segment_bytes_replayed");
+            let verdict = if exact {
+                format!("matches the snapshot ({} live blocks)", f("blocks_expected"))
+            } else {
+                format!(
+                    "**differs**: {} blocks missing, {} unexpected, {} of another size, {} segment ranges differ",
+                    f("blocks_missing"),
+                    f("blocks_unexpected"),
+                    f("blocks_size_mismatch"),
+                    f("segment_ranges_mismatch")
+                )
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {}{} | {}, {} | {} | {} of {} agreed |",
+                g("device"),
+                g("entries"),
+                if g("inconsistent_entries") > 0 {
+                    format!(" ({} contradicted the state)", g("inconsistent_entries"))
+                } else {
+                    String::new()
+                },
+                g("initial_segments"),
+                g("initial_blocks"),
+                verdict,
+                g("sizes_agreed"),
+                g("sizes_checked")
+            );
+        }
+    }
+    if let Some(ts) = details.and_then(|d| d.get("time_source")).and_then(|v| v.as_str())
+        && ts != "time_us"
+    {
+        let _ = writeln!(md, "\nTime: {ts}.");
+    }
+    md
+}
+
+pub(crate) fn plural(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// What the dominant OOM class means, in one sentence.
+pub(crate) fn oom_sentence(class: OomClass) -> &'static str {
+    match class {
+        OomClass::Fragmentation => "enough memory was free, but no single free range could hold the request",
+        OomClass::Capacity => "the requests exceeded the free device memory",
+        OomClass::AllocatorPolicy => "a free range large enough existed, but the allocator did not use it",
+        OomClass::Unknown => "the device capacity is unknown: pass --capacity to classify them",
+    }
+}
+
+/// The verdict: risk, score and forecast, OOM causes, leak — first thing.
+pub(crate) fn verdict_md(a: &Analysis, s: &Summary) -> String {
+    let mut md = String::new();
+    match headline(a) {
+        Some(p) if p.prediction.forecast.is_some() => {
+            let pr = &p.prediction;
+            let f = pr.forecast.as_deref().unwrap_or_default();
+            let forecast: Vec<String> = f.iter().map(|v| format!("{v:.1}")).collect();
+            let _ = writeln!(
+                md,
+                "**Risk: {}** — fragmentation score {:.1} now, forecast {} over the next {} by {} ({}; confidence {:.2}, trend {:+.2} per step).\n",
+                pr.risk.map_or("unknown", Risk::name).to_uppercase(),
+                pr.current,
+                forecast.join(" → "),
+                plural(pr.horizon as u64, "step", "steps"),
+                forecaster_phrase(pr.forecaster),
+                skill_phrase(pr),
+                pr.confidence.unwrap_or(0.0),
+                pr.trend,
+            );
+        }
+        _ => {
+            let _ = writeln!(
+                md,
+                "**Risk: insufficient data** — too few steps for the predictor (it needs window + horizon + 1).\n"
+            );
+        }
+    }
+    if let Some((class, _)) = s.oom_classes.first() {
+        let parts: Vec<String> =
+            s.oom_classes.iter().map(|(c, n)| format!("{n} {}", c.name().replace('_', " "))).collect();
+        let _ =
+            writeln!(md, "**{}: {}** — {}.\n", plural(s.ooms, "OOM", "OOMs"), parts.join(", "), oom_sentence(*class));
+    } else {
+        let _ = writeln!(md, "No OOM in this trace.\n");
+    }
+    if s.leaking {
+        let _ = writeln!(
+            md,
+            "**Leak**: the floor of live memory rose by {} and never came back.\n",
+            bytes(s.leaked_bytes.max(0) as u64)
+        );
+    }
+    md
+}
+
+/// The forecaster, for the headline.
+pub(crate) fn forecaster_phrase(f: ForecasterKind) -> &'static str {
+    match f {
+        ForecasterKind::Model => "the model",
+        ForecasterKind::Persistence => "\"no change\" (persistence)",
+        ForecasterKind::Seasonal => "the seasonal baseline (one iteration earlier)",
+        ForecasterKind::Ridge => "the ridge baseline",
+    }
+}
+
+/// Whether the forecaster beats "no change", with its skill.
+pub(crate) fn skill_phrase(pr: &crate::analysis::predict::Prediction) -> String {
+    match (pr.forecaster, pr.skill) {
+        (ForecasterKind::Persistence, _) => "nothing forecast better than no change".into(),
+        (_, Some(s)) if s > 0.0 => format!("beats no change, skill {s:+.2}"),
+        (_, Some(s)) => format!("does not beat no change, skill {s:+.2}"),
+        (_, None) => "not validated: too few steps to compare with no change".into(),
+    }
+}
+
+pub(crate) fn prediction_md(a: &Analysis) -> String {
+    let mut md = String::from("\n## Prediction\n\n");
+    let Some(p) = headline(a) else {
+        md.push_str("No process with device memory activity.\n");
+        return md;
+    };
+    let pr = &p.prediction;
+    if a.predictions.len() > 1 {
+        let _ = writeln!(md, "Process {} (the highest risk of {}).\n", p.pid, a.predictions.len());
+    }
+    if pr.forecast.is_none() {
+        let _ = writeln!(
+            md,
+            "Insufficient data: {} steps, the model needs at least {}.",
+            a.step_count,
+            pr.window + pr.horizon + 1
+        );
+        return md;
+    }
+    let _ = writeln!(md, "| | |\n|---|---|");
+    let _ = writeln!(md, "| window / horizon | {} / {} steps |", pr.window, pr.horizon);
+    if let Some(cv) = &pr.cv_mae {
+        let or_why = |v: Option<f64>, why: &Option<String>| match v {
+            Some(v) => format!("{v:.2}"),
+            None => format!("none ({})", why.as_deref().unwrap_or("not evaluated")),
+        };
+        let _ = writeln!(
+            md,
+            "| cross-validated MAE (score points, {} origins) | model {:.2} · persistence {:.2} · seasonal {} · ridge {} |",
+            cv.origins,
+            cv.model,
+            cv.persistence,
+            or_why(cv.seasonal, &cv.seasonal_reason),
+            or_why(cv.ridge, &cv.ridge_reason),
+        );
+    }
+    let _ = writeln!(md, "| forecaster | {} (the lowest cross-validated MAE) |", pr.forecaster.name());
+    let _ = writeln!(md, "| skill against \"no change\" | {} |", skill_phrase(pr));
+    let _ = writeln!(
+        md,
+        "| confidence | {:.2} ({}); the model's own {:.2} |",
+        pr.confidence.unwrap_or(0.0),
+        pr.forecaster.name(),
+        pr.confidence_model.unwrap_or(0.0)
+    );
+    let _ = writeln!(md, "| trend | {:+.3} points per step |", pr.trend);
+    match p.lead_time {
+        Some((steps, secs)) => {
+            let _ = writeln!(
+                md,
+                "| warning lead time | risk reached high {} ({}) before the first OOM |",
+                plural(steps as u64, "step", "steps"),
+                a.time_text(secs)
+            );
+        }
+        None if a.ooms.iter().any(|o| o.pid == p.pid) => {
+            let _ =
+                writeln!(md, "| warning lead time | none: the online risk did not reach high before the first OOM |");
+        }
+        None => {}
+    }
+    if let Some(cv) = &pr.cv_mae
+        && pr.forecaster != ForecasterKind::Model
+    {
+        let _ = writeln!(
+            md,
+            "\nThe model does **not** beat {} here (MAE {:.2} vs {:.2}): the forecast above is {}'s, not the model's.",
+            pr.forecaster.name(),
+            cv.model,
+            cv.best().1,
+            pr.forecaster.name()
+        );
+    }
+    if !pr.warnings.is_empty() {
+        md.push_str("\nWarnings:\n\n");
+        for w in &pr.warnings {
+            let _ = writeln!(md, "- {w}");
+        }
+    }
+    md
+}
+
+pub(crate) fn ooms_md(a: &Analysis) -> String {
+    if a.ooms.is_empty() {
+        return String::new();
+    }
+    let mut md = String::from("\n## OOMs\n\n");
+    if a.capacity.is_none() {
+        md.push_str("Device capacity unknown (pass `--capacity`): free memory and classes cannot be computed.\n\n");
+    }
+    md.push_str(
+        "| time (s) | pid | requested | device free | largest free range | class |\n|---|---|---|---|---|---|\n",
+    );
+    if a.allocator_view {
+        md = md.replace("| pid |", "| device |");
+    }
+    let shown = 20;
+    for o in a.ooms.iter().take(shown) {
+        let _ = writeln!(
+            md,
+            "| {:.6} | {} | {} | {} | {} | {} |",
+            (o.t_ns - a.first_ts) as f64 / 1e9,
+            o.pid,
+            bytes(o.requested),
+            o.device_free.map_or("unknown".into(), bytes),
+            o.largest_free.map_or("unknown".into(), bytes),
+            o.class.name()
+        );
+    }
+    if a.ooms.len() > shown {
+        let _ = writeln!(md, "\n… and {} more (all in report.json).", a.ooms.len() - shown);
+    }
+    let first = &a.ooms[0];
+    if let Some(site) = &first.request_site {
+        let _ = writeln!(md, "\nThe first failed request came from `{site}`.");
+    }
+    if !first.top_sites.is_empty() {
+        md.push_str("\nLive memory by call site at the first OOM:\n\n| call site | bytes | blocks |\n|---|---|---|\n");
+        for t in &first.top_sites {
+            let _ = writeln!(md, "| `{}` | {} | {} |", t.site, bytes(t.bytes), t.blocks);
+        }
+    }
+    md.push_str("\nLargest live blocks at the first OOM:\n\n| address | size |\n|---|---|\n");
+    for (addr, size) in &first.top_blocks {
+        let _ = writeln!(md, "| {addr:#x} | {} |", bytes(*size));
+    }
+    md
+}
+
+pub(crate) fn leaks_md(a: &Analysis) -> String {
+    let mut md = String::from("\n## Leaks\n\n");
+    let _ =
+        writeln!(md, "| {} | verdict | floor compared | growth rate | alive at end |\n|---|---|---|---|---|", a.unit());
+    for l in &a.leaks {
+        let verdict = match l.verdict {
+            crate::analysis::leak::Verdict::Leaking => "**leaking**",
+            v => v.name(),
+        };
+        let floors = if l.floor_early_bytes == 0
+            && l.floor_late_bytes == 0
+            && l.verdict == crate::analysis::leak::Verdict::CannotTell
+        {
+            "—".to_string()
+        } else {
+            format!("{} → {}", bytes(l.floor_early_bytes), bytes(l.floor_late_bytes))
+        };
+        let rate = if l.leaking { format!("{}/s", bytes(l.rate_bytes_per_s.max(0.0) as u64)) } else { "—".into() };
+        let _ = writeln!(
+            md,
+            "| {} | {verdict} | {floors} | {rate} | {} in {} |",
+            l.pid,
+            bytes(l.live_at_end_bytes),
+            plural(l.live_at_end_blocks, "block", "blocks")
+        );
+    }
+    md.push('\n');
+    for l in &a.leaks {
+        let _ = writeln!(md, "- {} {}: {}.", a.unit(), l.pid, l.reason);
+    }
+    if let Some(l) = a.leaks.iter().find(|l| l.leaking) {
+        let _ = writeln!(
+            md,
+            "\nBlocks alive at the end in {} {}, by size:\n\n| size | blocks | bytes |\n|---|---|---|",
+            if a.allocator_view { "device" } else { "process" },
+            l.pid
+        );
+        for g in &l.by_size {
+            let _ = writeln!(md, "| {} | {} | {} |", bytes(g.size), g.count, bytes(g.bytes));
+        }
+        if !l.top_sites.is_empty() {
+            md.push_str("\nAllocated after the second quarter and still alive at the end, by call site:\n\n| call site | bytes | blocks |\n|---|---|---|\n");
+            for t in &l.top_sites {
+                let _ = writeln!(md, "| `{}` | {} | {} |", t.site, bytes(t.bytes), t.blocks);
+            }
+        }
+    }
+    for l in a.leaks.iter().filter(|l| !l.allocated_once.is_empty()) {
+        let _ = writeln!(
+            md,
+            "\nAllocated once, in the warm-up (or only) iteration of {} {}, and alive at the end — state such as weights, optimizer moments or caches, not leaks:\n\n| call site | bytes | blocks |\n|---|---|---|",
+            a.unit(),
+            l.pid
+        );
+        for t in &l.allocated_once {
+            let _ = writeln!(md, "| `{}` | {} | {} |", t.site, bytes(t.bytes), t.blocks);
+        }
+    }
+    md
+}
+
+pub(crate) fn iterations_md(a: &Analysis) -> String {
+    let mut md = String::from("\n## Iterations\n\n");
+    if a.iterations.is_empty() {
+        md.push_str(if a.trace.stacks.is_some() {
+            "None found: no profiler annotations and no optimizer step in the call stacks (a snapshot's layers repeat \
+             as regularly as iterations, so its allocation sequence is not used). Leak verdicts fall back to comparing \
+             quarters of the trace, and say so.\n"
+        } else {
+            "None found: no profiler annotations, and no period in the allocation sequence (a period needs five \
+             repetitions that give their memory back). Leak verdicts fall back to comparing quarters of the trace, and \
+             say so.\n"
+        });
+        return md;
+    }
+    let _ = writeln!(
+        md,
+        "| {} | iterations | complete | period | warm-up ends | found from |\n|---|---|---|---|---|---|",
+        a.unit()
+    );
+    for it in &a.iterations {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} |",
+            it.pid,
+            it.count,
+            it.complete,
+            it.period_s.map_or("—".into(), |p| a.time_text(p)),
+            it.warmup_end_t_ns.map_or("—".into(), |t| a.time_text(t.saturating_sub(a.first_ts) as f64 / 1e9)),
+            it.source.name()
+        );
+    }
+    if a.iterations.iter().all(|it| it.complete < 4) {
+        md.push_str(
+            "\nFewer than four complete iterations: one iteration (plus warm-up) cannot show a leak or a trend across \
+             iterations.\n",
+        );
+    }
+    md
+}
+
+/// Advice that follows from the numbers.
+pub(crate) fn advice_md(a: &Analysis, s: &Summary) -> String {
+    let mut items: Vec<String> = Vec::new();
+    let frag: Vec<_> = a.ooms.iter().filter(|o| o.class == OomClass::Fragmentation).collect();
+    if let Some(o) = frag.first() {
+        let free = o.device_free.unwrap_or(0);
+        let largest = o.largest_free.unwrap_or(0);
+        if a.trace.source() == Some(crate::trace::Source::PytorchSnapshot) {
+            items.push(format!(
+                "Fragmentation OOMs: a request of {} failed with {} free but at most {} contiguous. Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` so segments grow in place instead of leaving holes, or `max_split_size_mb:{}` so blocks larger than that are never split.",
+                bytes(o.requested),
+                bytes(free),
+                bytes(largest),
+                (largest >> 20).max(20)
+            ));
+        } else {
+            items.push(format!(
+                "Fragmentation OOMs: a request of {} failed with {} free but at most {} contiguous. Allocate long-lived buffers first and together, reuse buffers of equal size, or use a pooling allocator that can map physical memory into a fresh range (CUDA's stream-ordered pools, or VMM-based expandable segments).",
+                bytes(o.requested),
+                bytes(free),
+                bytes(largest)
+            ));
+        }
+    }
+    if let Some(o) = a.ooms.iter().find(|o| o.class == OomClass::Capacity) {
+        items.push(format!(
+            "Capacity OOMs: a request of {} met only {} free; live memory peaked at {}{}. Defragmenting will not help: reduce the batch, checkpoint activations or offload.",
+            bytes(o.requested),
+            bytes(o.device_free.unwrap_or(0)),
+            bytes(s.peak_live_bytes),
+            a.capacity.map_or(String::new(), |c| format!(" of {}", bytes(c)))
+        ));
+    }
+    if s.leaking {
+        items.push(format!(
+            "Live memory that never returns to its floor grew by {}: look at the blocks alive at the end (Leaks).",
+            bytes(s.leaked_bytes.max(0) as u64)
+        ));
+    }
+    if a.ooms.is_empty() && s.risk >= Some(Risk::High) {
+        items.push("No OOM yet, but the forecast risk is high: the free space is scattered in gaps; a larger request will not find room.".into());
+    }
+    if items.is_empty() {
+        return String::new();
+    }
+    let mut md = String::from("\n## Advice\n\n");
+    for i in items {
+        let _ = writeln!(md, "- {i}");
+    }
+    md
+}
+
+/// A few lines for stdout.
+pub fn stdout_summary(a: &Analysis, out: &Path) -> String {
+    let s = Summary::of(a);
+    format!(
+        "{}: {} events, {} {}, {:.3} s, {} steps; risk {}\n  score final {:.1}, mean {:.1}, p95 {:.1}, max {:.1}; peak live {}; {} OOM{}; {} anomal{}\n  wrote {}\n",
+        s.name,
+        s.events,
+        s.processes,
+        match (a.allocator_view, s.processes == 1) {
+            (true, true) => "device",
+            (true, false) => "devices",
+            (false, true) => "process",
+            (false, false) => "processes",
+        },
+        s.duration_s,
+        a.step_count,
+        s.risk.map_or("insufficient data", Risk::name),
+        s.score.final_,
+        s.score.mean,
+        s.score.p95,
+        s.score.max,
+        bytes(s.peak_live_bytes),
+        s.ooms,
+        if s.ooms == 1 { "" } else { "s" },
+        s.anomalies,
+        if s.anomalies == 1 { "y" } else { "ies" },
+        out.display()
+    )
+}
