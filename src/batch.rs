@@ -21,7 +21,7 @@ pub fn run(args: &AnalyzeArgs) -> Result<u8> {
     let opts = args.options();
     let plot = args.plot_config();
     opts.metrics.validate()?;
-    let (traces, batch) = crate::analysis::discover(&args.traces)?;
+    let (traces, batch) = crate::trace::input::discover(&args.traces)?;
     if !batch {
         let a = crate::analysis::analyze_path(&traces[0], &opts)?;
         crate::output::write_trace_outputs(&a, &args.output, plot.as_ref())?;

@@ -49,7 +49,7 @@ fuzz_target!(|data: &[u8]| {
     for (i, part) in parts.iter().take(4).enumerate() {
         std::fs::write(dir.join(format!("events-{i:05}.parquet")), part).expect("write a part");
     }
-    let Ok(trace) = Trace::open(dir) else { return };
+    let Ok(mut trace) = Trace::open(dir) else { return };
     let Ok((events, out_of_order)) = trace.load_events() else { return };
     // Few steps keep each run fast; the replay still sees every event.
     let opts = Options { step: StepSpec::Events(64), ..Options::default() };

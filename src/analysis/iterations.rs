@@ -7,14 +7,14 @@
 //! 1. **Annotations** (PyTorch snapshots' `external_annotations`, from
 //!    `record_function` ranges): `ProfilerStep#N` ranges are iterations;
 //!    otherwise each `Optimizer.step#…` range ends one.
-//! 2. **Call sites** (traces with stacks): allocations and frees made inside
+//! 2. **Call sites** (snapshots, whose stacks hold Python frames): allocations and frees made inside
 //!    the optimizer's `step` come in one burst per iteration; each burst
 //!    ends one. A frame is the optimizer's step when it is a function named
 //!    `step`, or the `wrapper`/`_use_grad` that `torch/optim/optimizer.py`
 //!    puts around every optimizer's `step` (`zero_grad` is not a step).
-//! 3. **Periodicity** (device-level traces without stacks: eBPF,
-//!    synthetic; a transformer's layers repeat within one iteration as
-//!    regularly as iterations do, so traces with stacks do not use it): an
+//! 3. **Periodicity** (device-level traces: eBPF, with or without native
+//!    stacks, and synthetic; a transformer's layers repeat within one
+//!    iteration as regularly as iterations do, so snapshots do not use it): an
 //!    *anchor* — a kernel launch address, or an allocation of one exact
 //!    size, that comes back at near-constant spacing (coefficient of
 //!    variation of the gaps ≤ 0.25, at least five times, 8 events apart or
@@ -129,7 +129,8 @@ pub fn rows_by_pid(events: &Events) -> AHashMap<u32, Vec<usize>> {
 
 /// Finds the iterations of series `pid` (a process, or a device of an
 /// imported snapshot) from its events (`rows`: the indices of its rows,
-/// in order), stacks and annotations.
+/// in order), annotations, and the stacks of a snapshot (None for a
+/// device-level trace: then the period is looked for).
 pub fn detect(
     events: &Events,
     pid: u32,
@@ -137,8 +138,8 @@ pub fn detect(
     stacks: Option<&Stacks>,
     annotations: &[Annotation],
 ) -> Option<Iterations> {
-    // A trace with stacks is a PyTorch snapshot: its allocations repeat per
-    // layer as much as per iteration, so only its optimizer steps count.
+    // A snapshot's allocations repeat per layer as much as per iteration,
+    // so only its optimizer steps count.
     from_annotations(pid, annotations).or_else(|| match stacks {
         Some(st) => from_optimizer_steps(events, pid, rows, st),
         None => from_periodicity(events, pid, rows),

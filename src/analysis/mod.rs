@@ -24,10 +24,10 @@ pub mod replay;
 pub mod sites;
 pub mod summary;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::str::FromStr;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 
 use crate::analysis::iterations::Iterations;
 use crate::analysis::leak::LeakReport;
@@ -37,6 +37,7 @@ use crate::analysis::predict::{PredictConfig, Prediction, Risk};
 use crate::analysis::replay::{AllocatorFigures, Anomalies, ExitRelease, Footprint, Peak, Replay};
 use crate::trace::Trace;
 use crate::trace::event::Events;
+use crate::trace::input::Loaded;
 
 /// How the trace is cut into timesteps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -213,7 +214,7 @@ pub struct Analysis {
     /// Recorded launches by kernel name (eBPF traces with `maps/`).
     pub kernels: Vec<crate::analysis::kernels::KernelStat>,
     /// Device allocations by recorded call stack (`record --stacks`).
-    pub alloc_stacks: Vec<crate::analysis::kernels::StackStat>,
+    pub alloc_stacks: Vec<crate::analysis::sites::StackStat>,
 }
 
 impl Analysis {
@@ -248,65 +249,11 @@ impl Analysis {
 
 /// Loads and analyses one trace directory or snapshot pickle.
 pub fn analyze_path(dir: &Path, opts: &Options) -> Result<Analysis> {
-    let (trace, events, out_of_order) = load(dir, opts)?;
+    let Loaded { trace, events, out_of_order } = crate::trace::input::open(dir, opts.device)?;
     let start = std::time::Instant::now();
     let analysis = analyze_events(trace, &events, out_of_order, opts)?;
     tracing::info!("{}: replayed in {:.3} s", analysis.trace.name, start.elapsed().as_secs_f64());
     Ok(analysis)
-}
-
-/// Loads a trace directory, or imports a snapshot pickle in memory
-/// (`opts.device` selects its device): the trace, its time-sorted events
-/// and the count of rows that were out of time order.
-pub fn load(dir: &Path, opts: &Options) -> Result<(Trace, Events, u64)> {
-    let start = std::time::Instant::now();
-    if crate::import::snapshot::looks_like_pickle(dir) {
-        let mut events = Events::default();
-        let converted = crate::import::snapshot::convert_file(dir, opts.device, &mut |e| {
-            events.push(&e);
-            Ok(())
-        })?;
-        let out_of_order = events.sort_by_time();
-        let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
-        let trace = Trace {
-            dir: dir.to_path_buf(),
-            name,
-            meta: Some(converted.meta),
-            parts: Vec::new(),
-            skipped: Vec::new(),
-            pytorch_columns: true,
-            stacks: Some(std::sync::Arc::new(converted.stacks)),
-        };
-        tracing::info!("{}: imported {} events in {:.3} s", trace.name, events.len(), start.elapsed().as_secs_f64());
-        return Ok((trace, events, out_of_order));
-    }
-    let trace = Trace::open(dir)?;
-    match &trace.meta {
-        Some(m) if m.lost_events > 0 => tracing::warn!(
-            "{}: the recorder lost {} events (its ring buffer was full); figures may be off",
-            dir.display(),
-            m.lost_events
-        ),
-        None => tracing::warn!(
-            "{}: no trace.json (an interrupted recording?); analysing the {} complete parts",
-            dir.display(),
-            trace.parts.len()
-        ),
-        _ => {}
-    }
-    let (mut events, out_of_order) = trace.load_events()?;
-    if let Some(d) = opts.device {
-        // An imported snapshot: one series per device, in the pid column.
-        if trace.source() != Some(crate::trace::Source::PytorchSnapshot) {
-            bail!("{}: --device selects a device of a PyTorch snapshot; this trace is not one", dir.display());
-        }
-        if !events.pid.contains(&d) {
-            bail!("{}: device {d} is not in this imported snapshot", dir.display());
-        }
-        events.retain(|e, i| e.pid[i] == d);
-    }
-    tracing::info!("{}: loaded {} events in {:.3} s", trace.name, events.len(), start.elapsed().as_secs_f64());
-    Ok((trace, events, out_of_order))
 }
 
 /// Replays time-sorted `events` and produces the rows.
@@ -445,7 +392,10 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         .iter()
         .filter_map(|p| {
             let rows = by_pid.get(&p.pid).map_or(&[][..], Vec::as_slice);
-            crate::analysis::iterations::detect(events, p.pid, rows, stacks.as_deref(), &annotations)
+            // Call-site iterations are a snapshot's (allocator view); a
+            // device-level trace, with recorded stacks or not, uses its period.
+            let snapshot_stacks = stacks.as_deref().filter(|_| allocator_view);
+            crate::analysis::iterations::detect(events, p.pid, rows, snapshot_stacks, &annotations)
         })
         .collect();
     for r in rows.iter_mut() {
@@ -519,7 +469,9 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     };
     if analysis.trace.source() == Some(crate::trace::Source::Ebpf) {
         analysis.kernels = crate::analysis::kernels::kernel_table(&analysis.trace.dir, events);
-        analysis.alloc_stacks = crate::analysis::kernels::allocation_stacks(&analysis.trace)?;
+        if let Some(st) = &stacks {
+            analysis.alloc_stacks = sites::allocation_stacks(events, st);
+        }
     }
     if opts.layout && !analysis.peaks.is_empty() {
         let started = std::time::Instant::now();
@@ -588,34 +540,4 @@ fn predict_process(
             .map(|r| (oom_step.saturating_sub(r.step), (first.t_ns - r.t_ns) as f64 / 1e9))
     });
     ProcessPrediction { pid, prediction, lead_time }
-}
-
-/// The traces named on the command line: trace directories, or
-/// directories of trace directories. `batch` is true when the output should
-/// be one folder per trace plus a summary.
-pub fn discover(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, bool)> {
-    let mut found = Vec::new();
-    let mut batch = paths.len() > 1;
-    for p in paths {
-        if p.is_dir() && !Trace::is_trace_dir(p) {
-            let mut subs: Vec<PathBuf> = std::fs::read_dir(p)
-                .with_context(|| format!("cannot read {}", p.display()))?
-                .filter_map(|e| e.ok())
-                .map(|e| e.path())
-                .filter(|s| (s.is_dir() && Trace::is_trace_dir(s)) || crate::import::snapshot::looks_like_pickle(s))
-                .collect();
-            if subs.is_empty() {
-                bail!(
-                    "{}: neither a trace (no events-NNNNN.parquet) nor a directory of traces or snapshots",
-                    p.display()
-                );
-            }
-            subs.sort();
-            found.extend(subs);
-            batch = true;
-        } else {
-            found.push(p.clone());
-        }
-    }
-    Ok((found, batch))
 }

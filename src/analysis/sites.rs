@@ -1,5 +1,6 @@
 //! Call sites: naming where memory was allocated, from a trace's stack
-//! table (PyTorch snapshots).
+//! table: a PyTorch snapshot's, or the symbolised stacks of
+//! `record --stacks` (native frames: file, line 0, demangled symbol).
 //!
 //! A call site is a frame written `file:line:function` with the file's base
 //! name (as PyTorch's `_memory_viz.py` writes frames), chosen as:
@@ -11,7 +12,7 @@
 //!    and dispatches allocations ([`is_machinery`]: frames without a file
 //!    (`??`), the unwinder and `CapturedTraceback`, `c10::`/`at::`/`torch::`
 //!    and the caching allocator, CPython's interpreter, the C runtime's
-//!    start-up);
+//!    start-up, and the CUDA runtime and driver);
 //! 4. else [`UNKNOWN_NATIVE`].
 //!
 //! The same rule names sites everywhere: OOMs, leaks, the peak, compare,
@@ -67,6 +68,9 @@ const MACHINERY_FILES: &[&str] = &[
     "Objects/",
     "Modules/main.c",
     "libpython",
+    // The CUDA runtime and driver, innermost in stacks recorded with eBPF.
+    "libcudart",
+    "libcuda.so",
 ];
 
 /// A frame of the machinery that records and dispatches allocations, or
@@ -194,6 +198,40 @@ pub fn sites_at_peak(events: &crate::trace::event::Events, stacks: &Stacks) -> V
     let blocks: Vec<(u64, u64, u64, u32)> =
         live.blocks.into_iter().map(|((_, a), b)| (a, b.size, b.size, b.stack)).collect();
     top_sites(stacks, &blocks, usize::MAX)
+}
+
+/// Device memory allocated from one call stack (`record --stacks`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct StackStat {
+    pub bytes: u64,
+    pub allocations: u64,
+    /// Innermost first: the probed CUDA function, then its callers.
+    pub frames: Vec<String>,
+}
+
+/// Successful device allocations by whole call stack (frame names), most
+/// bytes first. Allocations without a stack are left out.
+pub fn allocation_stacks(events: &crate::trace::event::Events, stacks: &Stacks) -> Vec<StackStat> {
+    let mut by_id: AHashMap<u32, (u64, u64)> = AHashMap::new();
+    for i in 0..events.len() {
+        let alloc = events.kind[i].is_some_and(|k| k.is_device_alloc()) && events.ret[i] == 0;
+        let id = events.stack.get(i).copied().unwrap_or(NO_STACK);
+        if alloc && id != NO_STACK {
+            let e = by_id.entry(id).or_default();
+            e.0 += events.size[i];
+            e.1 += 1;
+        }
+    }
+    let mut by_frames: std::collections::BTreeMap<Vec<String>, (u64, u64)> = Default::default();
+    for (id, (b, n)) in by_id {
+        let e = by_frames.entry(stacks.frames_of(id).map(crate::trace::symbols::label).collect()).or_default();
+        e.0 += b;
+        e.1 += n;
+    }
+    let mut out: Vec<StackStat> =
+        by_frames.into_iter().map(|(frames, (bytes, allocations))| StackStat { bytes, allocations, frames }).collect();
+    out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.frames.cmp(&b.frames)));
+    out
 }
 
 #[cfg(test)]

@@ -29,6 +29,7 @@ use crate::analysis::predict::Risk;
 use crate::analysis::summary::Summary;
 use crate::analysis::{Analysis, Options};
 use crate::output::plot::Image;
+use crate::trace::input::Loaded;
 use crate::units::bytes;
 
 /// How a metric is shown and judged.
@@ -261,8 +262,9 @@ pub fn compare_summaries(a: &Summary, b: &Summary) -> (Vec<MetricRow>, String) {
 
 /// Loads and analyses both inputs, with MDTPs on one address scale.
 pub fn compare(a: &Path, b: &Path, opts: &Options, size: (u32, u32)) -> Result<Comparison> {
-    let (ta, ea, oa) = crate::analysis::load(a, opts)?;
-    let (tb, eb, ob) = crate::analysis::load(b, opts)?;
+    let open = |path| crate::trace::input::open(path, opts.device);
+    let (Loaded { trace: ta, events: ea, out_of_order: oa }, Loaded { trace: tb, events: eb, out_of_order: ob }) =
+        (open(a)?, open(b)?);
     let extent = |events: &crate::trace::event::Events| {
         let fp = crate::analysis::replay::Footprint::build(events);
         let mut pids: Vec<u32> = events.pid.clone();

@@ -530,7 +530,7 @@ pub(crate) fn leaks_md(a: &Analysis) -> String {
 pub(crate) fn iterations_md(a: &Analysis) -> String {
     let mut md = String::from("\n## Iterations\n\n");
     if a.iterations.is_empty() {
-        md.push_str(if a.trace.stacks.is_some() {
+        md.push_str(if a.allocator_view {
             "None found: no profiler annotations and no optimizer step in the call stacks (a snapshot's layers repeat \
              as regularly as iterations, so its allocation sequence is not used). Leak verdicts fall back to comparing \
              quarters of the trace, and say so.\n"

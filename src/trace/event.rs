@@ -234,15 +234,10 @@ impl Events {
             device: None,
             stream: None,
             cuda: Cuda::default(),
-            extra: if self.has_extra() {
-                let opt = |v: u64| (v != u64::MAX).then_some(v);
-                Extra {
-                    requested: opt(self.requested[i]),
-                    stack: (self.stack[i] != NO_STACK).then_some(self.stack[i]),
-                    device_free: opt(self.device_free[i]),
-                }
-            } else {
-                Extra::default()
+            extra: Extra {
+                requested: self.requested.get(i).copied().filter(|&v| v != u64::MAX),
+                stack: self.stack.get(i).copied().filter(|&v| v != NO_STACK),
+                device_free: self.device_free.get(i).copied().filter(|&v| v != u64::MAX),
             },
         })
     }

@@ -6,6 +6,8 @@
 //! reads its parts with a polars lazy scan.
 
 pub mod event;
+pub mod input;
+pub mod symbols;
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -580,7 +582,12 @@ pub struct Trace {
     /// Every part has the PyTorch columns (`requested_size`, `stack_id`,
     /// `device_free`).
     pub pytorch_columns: bool,
-    /// The stack table, for traces that have one.
+    /// Recorded with `record --stacks`: every part has `ustack_id`, the
+    /// trace has `ustacks.parquet` (and no `stacks.parquet`). Loading symbolises those stacks into
+    /// [`Trace::stacks`].
+    pub ustack_ids: bool,
+    /// The stack table, for traces that have one: a snapshot's, or the
+    /// symbolised stacks of `record --stacks` once the events are loaded.
     pub stacks: Option<Arc<Stacks>>,
 }
 
@@ -600,7 +607,7 @@ impl Trace {
     pub fn open(dir: &Path) -> Result<Trace> {
         let md = fs::metadata(dir).with_context(|| format!("{}: no such trace", dir.display()))?;
         if !md.is_dir() {
-            if crate::import::snapshot::looks_like_pickle(dir) {
+            if input::classify(dir) == Some(input::Input::Snapshot) {
                 bail!(
                     "{} looks like a PyTorch memory snapshot (a pickle), not a trace directory: \
                      `fragscope import` converts it, `fragscope analyze` takes it as it is",
@@ -631,10 +638,12 @@ impl Trace {
         let last = parts.len() - 1;
         let mut good = Vec::with_capacity(parts.len());
         let mut pytorch_columns = true;
+        let mut ustack_column = true;
         for (i, part) in parts.into_iter().enumerate() {
             match check_part(&part) {
                 Ok(has) => {
-                    pytorch_columns &= has;
+                    pytorch_columns &= has.pytorch;
+                    ustack_column &= has.ustack;
                     good.push(part)
                 }
                 Err(PartError::Footer(why)) if i == last => {
@@ -660,7 +669,8 @@ impl Trace {
             .unwrap_or_else(|| dir.display().to_string());
         let stacks_path = dir.join(STACKS_FILE);
         let stacks = if stacks_path.is_file() { Some(Arc::new(read_stacks(&stacks_path)?)) } else { None };
-        Ok(Trace { dir: dir.to_path_buf(), name, meta, parts: good, skipped, pytorch_columns, stacks })
+        let ustack_ids = ustack_column && stacks.is_none() && dir.join(USTACKS_FILE).is_file();
+        Ok(Trace { dir: dir.to_path_buf(), name, meta, parts: good, skipped, pytorch_columns, ustack_ids, stacks })
     }
 
     pub fn source(&self) -> Option<Source> {
@@ -670,13 +680,14 @@ impl Trace {
     /// Reads the replay columns of every part (polars lazy scan), maps
     /// `kind` to [`EventKind`] and sorts by time. Returns the events and the
     /// number of rows that were out of time order.
-    pub fn load_events(&self) -> Result<(Events, u64)> {
-        let mut events = match guarded(|| scan(&self.parts, self.pytorch_columns)) {
+    pub fn load_events(&mut self) -> Result<(Events, u64)> {
+        let mut events = match guarded(|| scan(&self.parts, self.pytorch_columns, self.ustack_ids)) {
             Ok(ev) => ev,
             Err(e) => {
                 // Name the part at fault: retry them one by one.
                 for part in &self.parts {
-                    if let Err(pe) = guarded(|| scan(std::slice::from_ref(part), self.pytorch_columns)) {
+                    if let Err(pe) = guarded(|| scan(std::slice::from_ref(part), self.pytorch_columns, self.ustack_ids))
+                    {
                         return Err(pe).with_context(|| format!("{}: cannot read events", part.display()));
                     }
                 }
@@ -684,6 +695,19 @@ impl Trace {
             }
         };
         let out_of_order = events.sort_by_time();
+        if self.ustack_ids {
+            let path = self.dir.join(USTACKS_FILE);
+            let frames = read_ustacks(&path)?;
+            let started = std::time::Instant::now();
+            let table = symbols::stack_table(&self.dir, &frames, &events.pid, &mut events.stack);
+            tracing::debug!(
+                "{}: {} recorded stacks symbolised in {:.3} s",
+                self.name,
+                table.stacks.len(),
+                started.elapsed().as_secs_f64()
+            );
+            self.stacks = Some(Arc::new(table));
+        }
         Ok((events, out_of_order))
     }
 }
@@ -707,8 +731,17 @@ enum PartError {
     Schema(String),
 }
 
-/// Checks a part; Ok(true) when it has the PyTorch columns.
-fn check_part(path: &Path) -> std::result::Result<bool, PartError> {
+/// The optional columns a part has.
+#[derive(Clone, Copy)]
+struct Optional {
+    /// `requested_size`, `stack_id`, `device_free`.
+    pytorch: bool,
+    /// `ustack_id` (`record --stacks`).
+    ustack: bool,
+}
+
+/// Checks a part; returns the optional columns it has.
+fn check_part(path: &Path) -> std::result::Result<Optional, PartError> {
     let file = File::open(path).map_err(|e| PartError::Footer(format!("cannot open: {e}")))?;
     let md = ArrowReaderMetadata::load(&file, Default::default()).map_err(|e| PartError::Footer(e.to_string()))?;
     let schema = md.schema();
@@ -731,7 +764,8 @@ fn check_part(path: &Path) -> std::result::Result<bool, PartError> {
             Ok(_) => {}
         }
     }
-    Ok(PYTORCH_COLUMNS.iter().all(|c| schema.field_with_name(c).is_ok_and(|f| f.data_type().is_integer())))
+    let integer = |c: &str| schema.field_with_name(c).is_ok_and(|f| f.data_type().is_integer());
+    Ok(Optional { pytorch: PYTORCH_COLUMNS.iter().all(|c| integer(c)), ustack: integer("ustack_id") })
 }
 
 const PYTORCH_COLUMNS: [&str; 3] = ["requested_size", "stack_id", "device_free"];
@@ -771,7 +805,7 @@ fn guarded<T>(read: impl FnOnce() -> Result<T>) -> Result<T> {
     })
 }
 
-fn scan(parts: &[PathBuf], pytorch_columns: bool) -> Result<Events> {
+fn scan(parts: &[PathBuf], pytorch_columns: bool, ustack_ids: bool) -> Result<Events> {
     use polars::prelude::*;
 
     let paths: Vec<PlRefPath> = parts.iter().map(|p| PlRefPath::new(p.to_string_lossy().as_ref())).collect();
@@ -792,6 +826,9 @@ fn scan(parts: &[PathBuf], pytorch_columns: bool) -> Result<Events> {
             col("stack_id").strict_cast(DataType::UInt32),
             col("device_free").strict_cast(DataType::UInt64),
         ]);
+    }
+    if ustack_ids {
+        select.push(col("ustack_id").strict_cast(DataType::UInt32));
     }
     let df = lf.select(select).collect()?;
     tracing::debug!("polars collect in {:.3} s", started.elapsed().as_secs_f64());
@@ -822,6 +859,11 @@ fn scan(parts: &[PathBuf], pytorch_columns: bool) -> Result<Events> {
             events.stack.clear();
             events.device_free.clear();
         }
+    }
+    if ustack_ids {
+        // Recorded stack ids, per process; load_events turns them into
+        // indices of the symbolised stack table.
+        events.stack = take_nullable::<UInt32Type>(next()?, crate::trace::event::NO_STACK)?;
     }
     Ok(events)
 }

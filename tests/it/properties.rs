@@ -93,7 +93,7 @@ proptest! {
         }
         let meta = w.finish().unwrap();
         prop_assert_eq!(meta.parts as usize, list.len().div_ceil(rows_per_part));
-        let trace = Trace::open(&path).unwrap();
+        let mut trace = Trace::open(&path).unwrap();
         prop_assert_eq!(trace.meta.as_ref(), Some(&meta));
         let (loaded, out_of_order) = trace.load_events().unwrap();
         prop_assert_eq!(out_of_order, 0);

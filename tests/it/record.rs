@@ -339,6 +339,14 @@ fn stacks_name_the_callers_of_allocations() {
     assert_eq!((malloc["allocations"].as_u64(), malloc["bytes"].as_u64()), (Some(48), Some(bytes)));
     let frames = malloc["frames"].to_string();
     assert!(frames.contains("\"single\"") && frames.contains("\"main\""), "{frames}");
+    // The same stacks feed call sites and flamegraphs as a snapshot's do:
+    // each leaf is a function of the workload (main, single, c_malloc),
+    // not the CUDA runtime.
+    let folded = fs::read_to_string(tmp.path().join("a/flamegraph.folded")).expect("flamegraph.folded");
+    let leaves: Vec<&str> =
+        folded.lines().filter_map(|l| l.rsplit_once(' ')).filter_map(|(s, _)| s.rsplit(';').next()).collect();
+    assert!(leaves.iter().all(|l| l.starts_with("workload:0:")), "{folded}");
+    assert!(leaves.contains(&"workload:0:single"), "{folded}");
 }
 
 #[test]

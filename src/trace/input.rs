@@ -1,0 +1,123 @@
+//! The one way in: what a path named on the command line is (a trace
+//! directory or a PyTorch snapshot, decided here and nowhere else), and
+//! loading it into a [`Trace`] and its time-sorted [`Events`]. A new input
+//! format plugs in here.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+
+use crate::trace::Trace;
+use crate::trace::event::Events;
+
+/// What an input path holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Input {
+    /// A trace directory (`events-NNNNN.parquet` parts or `trace.json`).
+    Trace,
+    /// A PyTorch memory snapshot pickle, imported in memory.
+    Snapshot,
+}
+
+/// What `path` is, or None when it is neither input.
+pub fn classify(path: &Path) -> Option<Input> {
+    if path.is_dir() {
+        Trace::is_trace_dir(path).then_some(Input::Trace)
+    } else {
+        crate::import::snapshot::looks_like_pickle(path).then_some(Input::Snapshot)
+    }
+}
+
+/// A loaded input: the trace, its events sorted by time (symbolised stacks
+/// in `trace.stacks` where recorded), and how many rows were out of time
+/// order in the files.
+#[derive(Debug)]
+pub struct Loaded {
+    pub trace: Trace,
+    pub events: Events,
+    pub out_of_order: u64,
+}
+
+/// Loads a trace directory, or imports a snapshot pickle in memory
+/// (`device` selects one of its devices).
+pub fn open(dir: &Path, device: Option<u32>) -> Result<Loaded> {
+    let start = std::time::Instant::now();
+    if classify(dir) == Some(Input::Snapshot) {
+        let mut events = Events::default();
+        let converted = crate::import::snapshot::convert_file(dir, device, &mut |e| {
+            events.push(&e);
+            Ok(())
+        })?;
+        let out_of_order = events.sort_by_time();
+        let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
+        let trace = Trace {
+            dir: dir.to_path_buf(),
+            name,
+            meta: Some(converted.meta),
+            parts: Vec::new(),
+            skipped: Vec::new(),
+            pytorch_columns: true,
+            ustack_ids: false,
+            stacks: Some(std::sync::Arc::new(converted.stacks)),
+        };
+        tracing::info!("{}: imported {} events in {:.3} s", trace.name, events.len(), start.elapsed().as_secs_f64());
+        return Ok(Loaded { trace, events, out_of_order });
+    }
+    let mut trace = Trace::open(dir)?;
+    match &trace.meta {
+        Some(m) if m.lost_events > 0 => tracing::warn!(
+            "{}: the recorder lost {} events (its ring buffer was full); figures may be off",
+            dir.display(),
+            m.lost_events
+        ),
+        None => tracing::warn!(
+            "{}: no trace.json (an interrupted recording?); analysing the {} complete parts",
+            dir.display(),
+            trace.parts.len()
+        ),
+        _ => {}
+    }
+    let (mut events, out_of_order) = trace.load_events()?;
+    if let Some(d) = device {
+        // An imported snapshot: one series per device, in the pid column.
+        if trace.source() != Some(crate::trace::Source::PytorchSnapshot) {
+            bail!("{}: --device selects a device of a PyTorch snapshot; this trace is not one", dir.display());
+        }
+        if !events.pid.contains(&d) {
+            bail!("{}: device {d} is not in this imported snapshot", dir.display());
+        }
+        events.retain(|e, i| e.pid[i] == d);
+    }
+    tracing::info!("{}: loaded {} events in {:.3} s", trace.name, events.len(), start.elapsed().as_secs_f64());
+    Ok(Loaded { trace, events, out_of_order })
+}
+
+/// The traces named on the command line: trace directories, or
+/// directories of trace directories. `batch` is true when the output should
+/// be one folder per trace plus a summary.
+pub fn discover(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, bool)> {
+    let mut found = Vec::new();
+    let mut batch = paths.len() > 1;
+    for p in paths {
+        if p.is_dir() && classify(p).is_none() {
+            let mut subs: Vec<PathBuf> = std::fs::read_dir(p)
+                .with_context(|| format!("cannot read {}", p.display()))?
+                .filter_map(|e| e.ok())
+                .map(|e| e.path())
+                .filter(|s| classify(s).is_some())
+                .collect();
+            if subs.is_empty() {
+                bail!(
+                    "{}: neither a trace (no events-NNNNN.parquet) nor a directory of traces or snapshots",
+                    p.display()
+                );
+            }
+            subs.sort();
+            found.extend(subs);
+            batch = true;
+        } else {
+            found.push(p.clone());
+        }
+    }
+    Ok((found, batch))
+}
