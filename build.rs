@@ -29,5 +29,6 @@ mod record {
             );
         }
         println!("cargo:rerun-if-changed={SRC}");
+        println!("cargo:rerun-if-changed=bpf/record.h");
     }
 }

@@ -28,32 +28,11 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
 
+#include "record.h"
+
 char LICENSE[] SEC("license") = "Dual MIT/GPL";
 
 #define MAX_STACK_DEPTH 64
-
-// Cookie layout: bits 0..15 probe index, bit 16 driver level, bit 17
-// "read the u64 behind argument 1 at return", bit 18 "read two stack
-// arguments at entry" (cudaLaunchKernel's sharedMem and stream). Bit 19
-// marks an exit record, which no probe writes.
-#define COOKIE_DRIVER (1u << 16)
-#define COOKIE_OUT_PTR (1u << 17)
-#define COOKIE_STACK_ARGS (1u << 18)
-#define COOKIE_EXIT (1u << 19)
-
-struct event {
-	__u64 ts;       // entry, CLOCK_MONOTONIC ns
-	__u64 dur;      // return - entry
-	__u64 args[6];  // the six register arguments
-	__u64 stack[2]; // first two stack arguments (COOKIE_STACK_ARGS)
-	__u64 result;   // *(u64 *)args[0] at return (COOKIE_OUT_PTR)
-	__u32 pid;
-	__u32 tid;
-	__s32 ret;
-	__u32 cookie;
-	__s32 stack_id; // user stack (want_stacks), else -1
-	__u32 pad;
-};
 
 struct inflight {
 	struct event ev;
@@ -168,7 +147,7 @@ static __always_inline int entry(struct pt_regs *ctx)
 #endif
 	st.ev.pid = tgid;
 	st.ev.tid = tid;
-	st.ev.cookie = cookie;
+	st.ev.cookie = (enum cookie_bits)cookie;
 	st.ev.stack_id = want_stacks ? bpf_get_stackid(ctx, &stacks, BPF_F_USER_STACK) : -1;
 	bpf_map_update_elem(&inflight, &key, &st, BPF_ANY);
 	return 0;

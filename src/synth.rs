@@ -20,6 +20,7 @@ use clap::ValueEnum;
 use rand::{RngExt, SeedableRng};
 use rand_pcg::Pcg64Mcg;
 
+use crate::trace::details::{Details, SynthDetails};
 use crate::trace::event::{CUDA_ERROR_OUT_OF_MEMORY, Event, EventKind};
 use crate::trace::{Source, TraceMeta, TraceWriter};
 
@@ -85,10 +86,11 @@ pub fn synth(cfg: &SynthConfig, dir: &Path) -> Result<TraceMeta> {
     let mut meta = TraceMeta::new(Source::Synthetic);
     meta.capacity_bytes = Some(cfg.capacity);
     meta.command = vec!["fragscope".into(), "synth".into(), "--pattern".into(), cfg.pattern.name().into()];
-    meta.details = serde_json::json!({
-        "pattern": cfg.pattern.name(),
-        "seed": cfg.seed,
-        "events": cfg.events,
+    meta.details = Details::Synthetic(SynthDetails {
+        pattern: cfg.pattern.name().into(),
+        seed: cfg.seed,
+        events: cfg.events,
+        iteration_starts: None,
     });
     let mut writer = TraceWriter::create(dir, meta, cfg.rows_per_part)?;
     let mut rng = Pcg64Mcg::seed_from_u64(cfg.seed);
@@ -136,8 +138,8 @@ pub fn synth(cfg: &SynthConfig, dir: &Path) -> Result<TraceMeta> {
     for list in starts.values_mut() {
         list.retain(|&t| t <= last_written);
     }
-    if let serde_json::Value::Object(d) = &mut writer.meta_mut().details {
-        d.insert("iteration_starts".into(), serde_json::json!(starts));
+    if let Details::Synthetic(d) = &mut writer.meta_mut().details {
+        d.iteration_starts = Some(starts.into_iter().map(|(pid, s)| (pid.to_string(), s)).collect());
     }
     writer.finish()
 }

@@ -43,6 +43,7 @@
 use ahash::AHashMap;
 use serde::Serialize;
 
+use crate::trace::details::Annotation;
 use crate::trace::event::{EventKind, Events, NO_STACK};
 use crate::trace::{Frame, Stacks};
 
@@ -105,16 +106,6 @@ impl Iterations {
     pub fn spans(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.boundaries_t_ns.windows(2).map(|w| (w[0], w[1]))
     }
-}
-
-/// One `external_annotations` entry of a PyTorch snapshot.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct Annotation {
-    /// `START` or `END`.
-    pub stage: String,
-    pub name: String,
-    pub device: u32,
-    pub t_ns: u64,
 }
 
 /// The rows of each series (pid) of `events`, in order: computed once for

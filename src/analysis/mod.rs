@@ -182,7 +182,7 @@ pub struct ProcessPrediction {
 pub struct Analysis {
     pub trace: Trace,
     pub events: u64,
-    pub counts_by_kind: Vec<(String, u64)>,
+    pub counts_by_kind: crate::trace::event::KindCounts,
     pub failed_allocs: u64,
     pub first_ts: u64,
     pub last_ts: u64,
@@ -226,12 +226,12 @@ impl Analysis {
     /// Time is entry order, not a clock: an imported snapshot whose trace
     /// entries carry no `time_us` (then 1 ns stands for one entry).
     pub fn entry_order(&self) -> bool {
-        self.trace
-            .meta
-            .as_ref()
-            .and_then(|m| m.details.get("time_source"))
-            .and_then(|v| v.as_str())
-            .is_some_and(|s| s.starts_with("event order"))
+        self.snapshot_details().is_some_and(|d| d.entry_order())
+    }
+
+    /// What an imported snapshot's `trace.json` says about it.
+    pub fn snapshot_details(&self) -> Option<&crate::trace::details::SnapshotDetails> {
+        self.trace.meta.as_ref().and_then(|m| m.details.snapshot())
     }
 
     /// A duration for a reader: seconds, or entries in entry order.
@@ -275,8 +275,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     };
     let stacks = trace.stacks.clone();
 
-    let mut counts = [0u64; crate::trace::event::EventKind::ALL.len()];
-    let mut unknown_kind = 0u64;
+    let mut counts = crate::trace::event::KindCounts::default();
     let mut failed_allocs = 0u64;
     let mut rows = Vec::with_capacity(bounds.len() + 16);
     let mut ooms = Vec::new();
@@ -285,12 +284,11 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     let mut i = 0usize;
     for (step, &(end, t_ns)) in bounds.iter().enumerate() {
         while i < end {
+            counts.add(events.kind[i]);
             let Some(e) = events.get(i) else {
-                unknown_kind += 1;
                 i += 1;
                 continue;
             };
-            counts[e.kind as usize] += 1;
             replay.apply(&e);
             if e.ret != 0 && e.kind.is_alloc_request() {
                 failed_allocs += 1;
@@ -309,44 +307,21 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
                     alloc,
                     iteration: None,
                 });
-                let mut diagnosis = match (allocator_view, e.extra.device_free) {
-                    // A device of its own: free = CUDA's free memory plus
-                    // what the segments hold unused; the CUDA free memory
-                    // counts as one range (cudaMalloc maps it contiguously).
-                    (true, Some(free)) => crate::analysis::oom::diagnose(
-                        e.ts_ns,
-                        e.pid,
-                        e.size,
-                        Some(free.saturating_add(metrics.span_bytes)),
-                        metrics.live_bytes,
-                        metrics.span_bytes.saturating_sub(metrics.live_bytes),
-                        metrics.largest_gap,
-                        &replay.live_blocks(e.pid),
-                    ),
-                    (true, None) => crate::analysis::oom::diagnose(
-                        e.ts_ns,
-                        e.pid,
-                        e.size,
-                        None,
-                        metrics.live_bytes,
-                        0,
-                        metrics.largest_gap,
-                        &replay.live_blocks(e.pid),
-                    ),
-                    (false, _) => {
-                        let (live_total, gaps_total) = pids_now(&mut replay);
-                        crate::analysis::oom::diagnose(
-                            e.ts_ns,
-                            e.pid,
-                            e.size,
-                            capacity,
-                            live_total,
-                            gaps_total,
-                            metrics.largest_gap,
-                            &replay.live_blocks(e.pid),
-                        )
-                    }
+                use crate::analysis::oom::{Device, Process, Request, diagnose};
+                let device = if allocator_view {
+                    Device::Allocator { cuda_free: e.extra.device_free }
+                } else {
+                    let (live_total, gaps_total) = pids_now(&mut replay);
+                    Device::Shared { capacity, live_total, gaps_total }
                 };
+                let blocks = replay.live_blocks(e.pid);
+                let process = Process {
+                    live_bytes: metrics.live_bytes,
+                    span_bytes: metrics.span_bytes,
+                    largest_gap: metrics.largest_gap,
+                    live_blocks: &blocks,
+                };
+                let mut diagnosis = diagnose(Request { t_ns: e.ts_ns, pid: e.pid, size: e.size }, device, process);
                 if let Some(st) = &stacks {
                     diagnosis.request_site = e.extra.stack.and_then(|id| crate::analysis::sites::call_site(st, id));
                     diagnosis.top_sites =
@@ -375,18 +350,14 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
             });
         }
     }
-    for _ in 0..unknown_kind {
+    for _ in 0..counts.unknown {
         replay.note_unknown_kind();
     }
     let peaks = replay.peaks();
     let peak_total = replay.peak_total();
     let started = std::time::Instant::now();
-    let annotations: Vec<crate::analysis::iterations::Annotation> = trace
-        .meta
-        .as_ref()
-        .and_then(|m| m.details.get("annotations"))
-        .and_then(|v| serde_json::from_value(v.clone()).ok())
-        .unwrap_or_default();
+    let annotations: &[crate::trace::details::Annotation] =
+        trace.meta.as_ref().and_then(|m| m.details.snapshot()).map_or(&[], |d| d.annotations.as_slice());
     let by_pid = crate::analysis::iterations::rows_by_pid(events);
     let iterations: Vec<Iterations> = peaks
         .iter()
@@ -395,7 +366,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
             // Call-site iterations are a snapshot's (allocator view); a
             // device-level trace, with recorded stacks or not, uses its period.
             let snapshot_stacks = stacks.as_deref().filter(|_| allocator_view);
-            crate::analysis::iterations::detect(events, p.pid, rows, snapshot_stacks, &annotations)
+            crate::analysis::iterations::detect(events, p.pid, rows, snapshot_stacks, annotations)
         })
         .collect();
     for r in rows.iter_mut() {
@@ -437,15 +408,10 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     let mut anomalies = replay.finish();
     anomalies.out_of_order = out_of_order;
 
-    let counts_by_kind = crate::trace::event::EventKind::ALL
-        .iter()
-        .filter(|k| counts[**k as usize] > 0)
-        .map(|k| (k.name().to_string(), counts[*k as usize]))
-        .collect();
     let mut analysis = Analysis {
         trace,
         events: events.len() as u64,
-        counts_by_kind,
+        counts_by_kind: counts,
         failed_allocs,
         first_ts: events.ts_ns.first().copied().unwrap_or(0),
         last_ts: events.ts_ns.last().copied().unwrap_or(0),

@@ -66,19 +66,51 @@ pub struct OomDiagnosis {
     pub top_sites: Vec<crate::analysis::sites::SiteBytes>,
 }
 
-/// Diagnoses a failed request. `live_total` and `gaps_total` are summed
-/// over every process (they share the device); `largest_gap` and
-/// `live_blocks` are the failing process's.
-pub fn diagnose(
-    t_ns: u64,
-    pid: u32,
-    requested: u64,
-    capacity: Option<u64>,
-    live_total: u64,
-    gaps_total: u64,
-    largest_gap: u64,
-    live_blocks: &[(u64, u64)],
-) -> OomDiagnosis {
+/// The failed request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub t_ns: u64,
+    pub pid: u32,
+    pub size: u64,
+}
+
+/// What the device held when the request failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    /// Processes sharing a device (eBPF, synthetic): the device's capacity
+    /// when known, and the live bytes and arena gaps summed over every
+    /// process.
+    Shared { capacity: Option<u64>, live_total: u64, gaps_total: u64 },
+    /// PyTorch's allocator on a device of its own, with CUDA's free memory
+    /// when the snapshot recorded it. Free is that plus what the segments
+    /// hold unused; the CUDA free memory counts as one range (cudaMalloc
+    /// maps it contiguously).
+    Allocator { cuda_free: Option<u64> },
+}
+
+/// The failing process at that instant: its live bytes, arena span and
+/// largest gap, and its live blocks (address, size).
+#[derive(Clone, Copy, Debug)]
+pub struct Process<'a> {
+    pub live_bytes: u64,
+    pub span_bytes: u64,
+    pub largest_gap: u64,
+    pub live_blocks: &'a [(u64, u64)],
+}
+
+/// Diagnoses a failed request.
+pub fn diagnose(request: Request, device: Device, process: Process<'_>) -> OomDiagnosis {
+    let (capacity, live_total, gaps_total) = match device {
+        Device::Shared { capacity, live_total, gaps_total } => (capacity, live_total, gaps_total),
+        Device::Allocator { cuda_free: Some(free) } => (
+            Some(free.saturating_add(process.span_bytes)),
+            process.live_bytes,
+            process.span_bytes.saturating_sub(process.live_bytes),
+        ),
+        Device::Allocator { cuda_free: None } => (None, process.live_bytes, 0),
+    };
+    let Request { t_ns, pid, size: requested } = request;
+    let (largest_gap, live_blocks) = (process.largest_gap, process.live_blocks);
     let device_free = capacity.map(|c| c.saturating_sub(live_total));
     let largest_free = device_free.map(|f| largest_gap.max(f.saturating_sub(gaps_total)));
     let mut top: Vec<(u64, u64)> = live_blocks.to_vec();
@@ -118,13 +150,30 @@ mod tests {
         // 10 GiB device, 6 GiB live, 3 GiB of gaps (largest 1 GiB) → 1 GiB
         // free outside the arenas; a 1.5 GiB request is fragmentation.
         let blocks = [(0, 2 * GIB), (3 * GIB, 4 * GIB)];
-        let d = diagnose(7, 1, 3 * GIB / 2, Some(10 * GIB), 6 * GIB, 3 * GIB, GIB, &blocks);
+        let request = |size| Request { t_ns: 7, pid: 1, size };
+        let process = Process { live_bytes: 6 * GIB, span_bytes: 9 * GIB, largest_gap: GIB, live_blocks: &blocks };
+        let shared = |capacity| Device::Shared { capacity, live_total: 6 * GIB, gaps_total: 3 * GIB };
+        let d = diagnose(request(3 * GIB / 2), shared(Some(10 * GIB)), process);
         assert_eq!(d.device_free, Some(4 * GIB));
         assert_eq!(d.largest_free, Some(GIB));
         assert_eq!(d.class, OomClass::Fragmentation);
         assert_eq!(d.top_blocks[0], (3 * GIB, 4 * GIB));
         // Without a capacity nothing can be said.
-        let d = diagnose(7, 1, GIB, None, 6 * GIB, 3 * GIB, GIB, &blocks);
+        let d = diagnose(request(GIB), shared(None), process);
+        assert_eq!((d.class, d.device_free), (OomClass::Unknown, None));
+    }
+
+    #[test]
+    fn an_allocator_device_is_free_cuda_memory_plus_unused_segments() {
+        // 6 GiB live in 9 GiB of segments (largest gap 1 GiB), CUDA has
+        // 0.5 GiB free: 3.5 GiB free, at most 1 GiB in one range.
+        let blocks = [(0, 6 * GIB)];
+        let process = Process { live_bytes: 6 * GIB, span_bytes: 9 * GIB, largest_gap: GIB, live_blocks: &blocks };
+        let request = Request { t_ns: 7, pid: 0, size: 2 * GIB };
+        let d = diagnose(request, Device::Allocator { cuda_free: Some(GIB / 2) }, process);
+        assert_eq!((d.device_free, d.largest_free), (Some(7 * GIB / 2), Some(GIB)));
+        assert_eq!(d.class, OomClass::Fragmentation);
+        let d = diagnose(request, Device::Allocator { cuda_free: None }, process);
         assert_eq!((d.class, d.device_free), (OomClass::Unknown, None));
     }
 }

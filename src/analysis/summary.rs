@@ -74,11 +74,10 @@ impl Summary {
         let scores = combined_scores(&a.rows);
         let steps = step_totals(&a.rows);
         let duration = (a.last_ts - a.first_ts) as f64 / 1e9;
-        let allocs = a
-            .counts_by_kind
-            .iter()
-            .filter(|(k, _)| matches!(k.as_str(), "alloc" | "alloc_async" | "alloc_managed" | "block_alloc"))
-            .map(|(_, n)| n)
+        use crate::trace::event::EventKind::{Alloc, AllocAsync, AllocManaged, BlockAlloc};
+        let allocs = [Alloc, AllocAsync, AllocManaged, BlockAlloc]
+            .into_iter()
+            .map(|k| a.counts_by_kind.get(k))
             .sum::<u64>()
             .saturating_sub(a.failed_allocs);
         Summary {

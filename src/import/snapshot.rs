@@ -31,6 +31,7 @@ use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
 use crate::import::pickle::Value;
+use crate::trace::details::{Annotation, Details, Reconstruction, SegmentRow, SnapshotDetails, Totals};
 use crate::trace::event::{Event, EventKind, Extra, NO_STACK};
 use crate::trace::{Frame, Stacks};
 
@@ -173,7 +174,7 @@ pub struct Snapshot {
     pub unknown_actions: u64,
     /// `external_annotations`: profiler ranges (`record_function`), with
     /// `time_us` turned into the trace's ns.
-    pub annotations: Vec<crate::analysis::iterations::Annotation>,
+    pub annotations: Vec<Annotation>,
 }
 
 /// Turns the memo's shared frame dicts and lists into table ids.
@@ -352,7 +353,7 @@ impl Snapshot {
                 let device = uint(a, "device")?.unwrap_or(0);
                 anyhow::ensure!(device < 1 << 16, "annotation {i}: `device` = {device} is not a device index");
                 let Some(t_us) = uint(a, "time_us")? else { return Ok(()) };
-                snap.annotations.push(crate::analysis::iterations::Annotation {
+                snap.annotations.push(Annotation {
                     stage,
                     name,
                     device: device as u32,
@@ -485,47 +486,6 @@ fn to_json(v: &Value, depth: usize) -> serde_json::Value {
                 })
                 .collect(),
         ),
-    }
-}
-
-/// What the reconstruction found for one device.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct Reconstruction {
-    pub device: u32,
-    pub entries: u64,
-    /// Blocks and segments alive before the first trace entry.
-    pub initial_blocks: u64,
-    pub initial_segments: u64,
-    /// Entries that contradict the state (e.g. alloc of a block that is not
-    /// alive after it, free of one already free): counted and skipped.
-    pub inconsistent_entries: u64,
-    /// Blocks whose size the allocator rule gave, checked against the real
-    /// size where the snapshot knows it.
-    pub sizes_checked: u64,
-    pub sizes_agreed: u64,
-    /// The forward replay's end state against the snapshot.
-    pub final_check: FinalCheck,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct FinalCheck {
-    pub blocks_expected: u64,
-    pub blocks_missing: u64,
-    pub blocks_unexpected: u64,
-    pub blocks_size_mismatch: u64,
-    pub segments_expected: u64,
-    pub segment_bytes_expected: u64,
-    pub segment_bytes_replayed: u64,
-    pub segment_ranges_mismatch: u64,
-}
-
-impl FinalCheck {
-    pub fn exact(&self) -> bool {
-        self.blocks_missing == 0
-            && self.blocks_unexpected == 0
-            && self.blocks_size_mismatch == 0
-            && self.segment_ranges_mismatch == 0
-            && self.segment_bytes_expected == self.segment_bytes_replayed
     }
 }
 
@@ -768,21 +728,6 @@ pub fn reconstruct(snap: &Snapshot, device: u32, t0_ns: u64, out: Sink<'_>) -> R
 /// Where converted events go.
 pub type Sink<'s> = &'s mut dyn FnMut(Event) -> Result<()>;
 
-/// PyTorch's `_memory_viz.py` segment summary totals for the final state.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct Totals {
-    pub segments: u64,
-    pub reserved: u64,
-    /// Σ requested size of active_allocated blocks.
-    pub allocated: u64,
-    /// reserved − allocated; `free_internal` of it is rounding inside
-    /// active blocks, the rest is free blocks (pending frees included, as
-    /// PyTorch counts them).
-    pub free: u64,
-    pub free_internal: u64,
-    pub free_external: u64,
-}
-
 impl Totals {
     pub fn of<'a>(segments: impl IntoIterator<Item = &'a Segment>) -> Totals {
         let mut t = Totals::default();
@@ -893,50 +838,49 @@ pub fn convert(
     let mut meta = crate::trace::TraceMeta::new(crate::trace::Source::PytorchSnapshot);
     meta.host = String::new();
     let segments: Vec<&Segment> = snap.segments.iter().filter(|s| devices.contains(&s.device)).collect();
-    let totals: serde_json::Map<String, serde_json::Value> = devices
+    let totals: std::collections::BTreeMap<String, Totals> = devices
         .iter()
-        .map(|&d| {
-            let t = Totals::of(segments.iter().copied().filter(|s| s.device == d));
-            (d.to_string(), serde_json::to_value(t).unwrap_or_default())
-        })
+        .map(|&d| (d.to_string(), Totals::of(segments.iter().copied().filter(|s| s.device == d))))
         .collect();
-    let table: Vec<serde_json::Value> = segments
+    let table: Vec<SegmentRow> = segments
         .iter()
         .map(|s| {
             let active = |st: BlockState| s.blocks.iter().filter(|b| b.state == st).map(|b| b.size).sum::<u64>();
-            serde_json::json!({
-                "device": s.device,
-                "address": s.address,
-                "total_size": s.total_size,
-                "stream": s.stream,
-                "segment_type": s.segment_type,
-                "is_expandable": s.is_expandable,
-                "blocks": s.blocks.len(),
-                "active_allocated_bytes": active(BlockState::ActiveAllocated),
-                "active_pending_free_bytes": active(BlockState::ActivePendingFree),
-            })
+            SegmentRow {
+                device: u64::from(s.device),
+                address: s.address,
+                total_size: s.total_size,
+                stream: s.stream,
+                segment_type: s.segment_type.clone(),
+                is_expandable: s.is_expandable,
+                blocks: s.blocks.len() as u64,
+                active_allocated_bytes: active(BlockState::ActiveAllocated),
+                active_pending_free_bytes: active(BlockState::ActivePendingFree),
+            }
         })
         .collect();
-    meta.details = serde_json::json!({
-        "snapshot": source,
-        "file_bytes": file_bytes,
-        "layout": if snap.bare_list { "bare list of segments" } else { "dict" },
-        "devices": devices,
-        "device_count": snap.traces.len().max(all.iter().map(|&d| d as usize + 1).max().unwrap_or(0)),
-        "allocator_settings": snap.allocator_settings,
-        "time_source": if untimed.is_empty() { "time_us".to_string() } else {
+    meta.details = Details::Snapshot(Box::new(SnapshotDetails {
+        snapshot: source.to_string(),
+        file_bytes,
+        layout: if snap.bare_list { "bare list of segments" } else { "dict" }.into(),
+        devices: devices.clone(),
+        device_count: snap.traces.len().max(all.iter().map(|&d| d as usize + 1).max().unwrap_or(0)),
+        allocator_settings: snap.allocator_settings.clone(),
+        time_source: if untimed.is_empty() {
+            "time_us".to_string()
+        } else {
             format!("event order (device(s) {untimed:?} have trace entries without time_us: 1 ns per entry)")
         },
-        "legacy_history_blocks": snap.legacy_history_blocks,
-        "blocks_without_address": snap.blocks_without_address,
-        "unknown_actions": snap.unknown_actions,
-        "stacks": snap.stacks.stacks.len(),
-        "frames": snap.stacks.frames.len(),
-        "annotations": snap.annotations.iter().filter(|a| devices.contains(&a.device)).collect::<Vec<_>>(),
-        "totals": totals,
-        "reconstruction": reconstructions,
-        "segments": table,
-    });
+        legacy_history_blocks: snap.legacy_history_blocks,
+        blocks_without_address: snap.blocks_without_address,
+        unknown_actions: snap.unknown_actions,
+        stacks: snap.stacks.stacks.len(),
+        frames: snap.stacks.frames.len(),
+        annotations: snap.annotations.iter().filter(|a| devices.contains(&a.device)).cloned().collect(),
+        totals,
+        reconstruction: reconstructions.clone(),
+        segments: table,
+    }));
     Ok(Converted { meta, stacks: std::mem::take(&mut snap.stacks), reconstructions })
 }
 

@@ -299,13 +299,11 @@ pub fn compare(a: &Path, b: &Path, opts: &Options, size: (u32, u32)) -> Result<C
 }
 
 fn segment_table(a: &Analysis) -> Vec<(u64, u64, u64)> {
-    let details = a.trace.meta.as_ref().map(|m| &m.details);
-    let mut out: Vec<(u64, u64, u64)> = details
-        .and_then(|d| d.get("segments"))
-        .and_then(|s| s.as_array())
-        .into_iter()
-        .flatten()
-        .filter_map(|s| Some((s.get("device")?.as_u64()?, s.get("address")?.as_u64()?, s.get("total_size")?.as_u64()?)))
+    let mut out: Vec<(u64, u64, u64)> = a
+        .snapshot_details()
+        .map_or(&[][..], |d| d.segments.as_slice())
+        .iter()
+        .map(|s| (s.device, s.address, s.total_size))
         .collect();
     out.sort_unstable();
     out

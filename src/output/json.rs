@@ -65,7 +65,7 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
         },
         "events": {
             "total": a.events,
-            "by_kind": a.counts_by_kind.iter().map(|(k, n)| (k.clone(), json!(n))).collect::<serde_json::Map<String, serde_json::Value>>(),
+            "by_kind": a.counts_by_kind.present().map(|(k, n)| (k.name().to_string(), json!(n))).collect::<serde_json::Map<String, serde_json::Value>>(),
             "failed_allocs": a.failed_allocs,
             "ooms": a.ooms.len(),
             "first_ts_ns": a.first_ts,
@@ -170,17 +170,16 @@ pub(crate) fn allocator_json(a: &Analysis) -> serde_json::Value {
             })
         })
         .collect();
-    let details = a.trace.meta.as_ref().map(|m| &m.details);
-    let pick = |k: &str| details.and_then(|d| d.get(k)).cloned().unwrap_or(serde_json::Value::Null);
+    let d = a.snapshot_details();
     json!({
         "devices": devices,
         "snapshot": {
-            "file": pick("snapshot"),
-            "layout": pick("layout"),
-            "time_source": pick("time_source"),
-            "allocator_settings": pick("allocator_settings"),
-            "totals": pick("totals"),
-            "reconstruction": pick("reconstruction"),
+            "file": d.map(|d| &d.snapshot),
+            "layout": d.map(|d| &d.layout),
+            "time_source": d.map(|d| &d.time_source),
+            "allocator_settings": d.map(|d| &d.allocator_settings),
+            "totals": d.map(|d| &d.totals),
+            "reconstruction": d.map(|d| &d.reconstruction),
         },
     })
 }

@@ -115,8 +115,8 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
     }
 
     let _ = writeln!(md, "## Events by kind\n\n| kind | count |\n|---|---|");
-    for (k, n) in &a.counts_by_kind {
-        let _ = writeln!(md, "| {k} | {n} |");
+    for (k, n) in a.counts_by_kind.present() {
+        let _ = writeln!(md, "| {} | {n} |", k.name());
     }
     let _ = writeln!(md, "| failed allocations | {} |", a.failed_allocs);
 
@@ -189,67 +189,57 @@ pub(crate) fn allocator_md(a: &Analysis) -> String {
         "At the end of the trace, per device (the totals `_memory_viz.py segsum` prints for the snapshot):\n\n",
     );
     md.push_str("| device | segments | reserved | allocated (requested) | free | of which internal | PyTorch fragmentation Σgap²/Σseg² |\n|---|---|---|---|---|---|---|\n");
-    let details = a.trace.meta.as_ref().map(|m| &m.details);
+    let details = a.snapshot_details();
     for p in &a.peaks {
         let f = last_row(a, p.pid).and_then(|r| r.alloc).unwrap_or_default();
-        let totals = details.and_then(|d| d.get("totals")).and_then(|t| t.get(p.pid.to_string()));
-        let n = |k: &str| totals.and_then(|t| t.get(k)).and_then(|v| v.as_u64());
-        let free = n("free").unwrap_or(f.reserved_bytes.saturating_sub(f.requested_bytes));
-        let internal = n("free_internal").unwrap_or(f.allocated_bytes.saturating_sub(f.requested_bytes));
+        let totals = details.and_then(|d| d.totals.get(&p.pid.to_string()));
+        let free = totals.map_or(f.reserved_bytes.saturating_sub(f.requested_bytes), |t| t.free);
+        let internal = totals.map_or(f.allocated_bytes.saturating_sub(f.requested_bytes), |t| t.free_internal);
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} | {} | {} ({:.1} %) | {:.3e} |",
             p.pid,
-            n("segments").map_or("?".into(), |x| x.to_string()),
-            bytes(n("reserved").unwrap_or(f.reserved_bytes)),
-            bytes(n("allocated").unwrap_or(f.requested_bytes)),
+            totals.map_or("?".into(), |t| t.segments.to_string()),
+            bytes(totals.map_or(f.reserved_bytes, |t| t.reserved)),
+            bytes(totals.map_or(f.requested_bytes, |t| t.allocated)),
             bytes(free),
             bytes(internal),
             if free == 0 { 0.0 } else { 100.0 * internal as f64 / free as f64 },
             f.pytorch_fragmentation
         );
     }
-    if let Some(recs) = details.and_then(|d| d.get("reconstruction")).and_then(|r| r.as_array()) {
+    if let Some(recs) = details.map(|d| &d.reconstruction).filter(|r| !r.is_empty()) {
         md.push_str("\nImport: the trace was undone backwards from the final state, then replayed forwards.\n\n");
         md.push_str("| device | trace entries | alive before the first (segments, blocks) | final state | block sizes by rule, checked |\n|---|---|---|---|---|\n");
         for r in recs {
-            let g = |k: &str| r.get(k).and_then(|v| v.as_u64()).unwrap_or(0);
-            let fc = r.get("final_check");
-            let f = |k: &str| fc.and_then(|x| x.get(k)).and_then(|v| v.as_u64()).unwrap_or(0);
-            let exact =
-                f("blocks_missing") + f("blocks_unexpected") + f("blocks_size_mismatch") + f("segment_ranges_mismatch")
-                    == 0
-                    && f("segment_bytes_expected") == f("segment_bytes_replayed");
-            let verdict = if exact {
-                format!("matches the snapshot ({} live blocks)", f("blocks_expected"))
+            let fc = &r.final_check;
+            let verdict = if fc.exact() {
+                format!("matches the snapshot ({} live blocks)", fc.blocks_expected)
             } else {
                 format!(
                     "**differs**: {} blocks missing, {} unexpected, {} of another size, {} segment ranges differ",
-                    f("blocks_missing"),
-                    f("blocks_unexpected"),
-                    f("blocks_size_mismatch"),
-                    f("segment_ranges_mismatch")
+                    fc.blocks_missing, fc.blocks_unexpected, fc.blocks_size_mismatch, fc.segment_ranges_mismatch
                 )
             };
             let _ = writeln!(
                 md,
                 "| {} | {}{} | {}, {} | {} | {} of {} agreed |",
-                g("device"),
-                g("entries"),
-                if g("inconsistent_entries") > 0 {
-                    format!(" ({} contradicted the state)", g("inconsistent_entries"))
+                r.device,
+                r.entries,
+                if r.inconsistent_entries > 0 {
+                    format!(" ({} contradicted the state)", r.inconsistent_entries)
                 } else {
                     String::new()
                 },
-                g("initial_segments"),
-                g("initial_blocks"),
+                r.initial_segments,
+                r.initial_blocks,
                 verdict,
-                g("sizes_agreed"),
-                g("sizes_checked")
+                r.sizes_agreed,
+                r.sizes_checked
             );
         }
     }
-    if let Some(ts) = details.and_then(|d| d.get("time_source")).and_then(|v| v.as_str())
+    if let Some(ts) = details.map(|d| d.time_source.as_str())
         && ts != "time_us"
     {
         let _ = writeln!(md, "\nTime: {ts}.");

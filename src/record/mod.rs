@@ -27,7 +27,7 @@
 pub mod libs;
 pub mod probes;
 
-mod skel {
+pub(crate) mod skel {
     #![allow(unused_imports, clippy::all)]
     include!(concat!(env!("OUT_DIR"), "/record.skel.rs"));
 }
@@ -46,6 +46,7 @@ use anyhow::{Context, Result, bail};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, RingBufferBuilder, UprobeOpts};
 
+use crate::trace::details::{Details, RecordDetails};
 use crate::trace::event::Event;
 use crate::trace::{Source, TraceMeta, TraceWriter};
 use libs::Library;
@@ -332,10 +333,11 @@ fn record(
     let bad = *bad.borrow();
     let m = writer.meta_mut();
     m.lost_events = lost;
-    m.details = serde_json::json!({
-        "undecodable_records": bad,
-        "recording_s": started.elapsed().as_secs_f64(),
-        "maps": maps.saved(),
+    m.details = Details::Record(RecordDetails {
+        undecodable_records: bad,
+        recording_s: started.elapsed().as_secs_f64(),
+        maps: maps.saved(),
+        ..RecordDetails::default()
     });
     Ok((end, attached))
 }
@@ -555,13 +557,11 @@ fn finish(opts: &Options, mut writer: TraceWriter, end: End, attached: &[Attache
     };
     let m = writer.meta_mut();
     m.libraries = libraries.clone();
-    if let serde_json::Value::Object(d) = &mut m.details {
-        d.insert("probes".into(), probes);
-        d.insert("end".into(), serde_json::Value::String(why.clone()));
-    }
     let cpu = own_cpu_seconds();
-    if let serde_json::Value::Object(d) = &mut m.details {
-        d.insert("recorder_cpu_s".into(), serde_json::json!(cpu));
+    if let Details::Record(d) = &mut m.details {
+        d.probes = Some(probes);
+        d.end = Some(why.clone());
+        d.recorder_cpu_s = Some(cpu);
     }
     let dir = writer.dir().to_path_buf();
     let meta = writer.finish()?;

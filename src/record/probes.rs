@@ -5,6 +5,7 @@
 //! the attach cookie — an index into [`PROBES`] plus flags. Everything the
 //! arguments mean is decided here.
 
+use super::skel::types::cookie_bits;
 use crate::trace::event::{Cuda, Event, EventKind, Launch};
 
 /// Which `--no-*` option turns a probe off.
@@ -102,13 +103,11 @@ pub const PROBES: &[Probe] = &[
     drv("cuMemAddressFree", K::VaFree, Shape::Range),
 ];
 
-// Cookie flags; the same bits as COOKIE_* in bpf/record.bpf.c.
-const COOKIE_DRIVER: u64 = 1 << 16;
-const COOKIE_OUT_PTR: u64 = 1 << 17;
-const COOKIE_STACK_ARGS: u64 = 1 << 18;
-/// An exit record (the last thread of a process that made a recorded
-/// call ended), written by the scheduler hook, not by a probe.
-const COOKIE_EXIT: u32 = 1 << 19;
+// The cookie's bits, from bpf/record.h through the skeleton.
+const COOKIE_INDEX: u32 = cookie_bits::COOKIE_INDEX.0;
+const COOKIE_DRIVER: u64 = cookie_bits::COOKIE_DRIVER.0 as u64;
+const COOKIE_OUT_PTR: u64 = cookie_bits::COOKIE_OUT_PTR.0 as u64;
+const COOKIE_STACK_ARGS: u64 = cookie_bits::COOKIE_STACK_ARGS.0 as u64;
 
 /// The attach cookie of probe `index`.
 pub fn cookie(index: usize) -> u64 {
@@ -126,53 +125,29 @@ pub fn cookie(index: usize) -> u64 {
     c
 }
 
-/// One probe record as the BPF program writes it (`struct event`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Raw {
-    pub ts: u64,
-    pub dur: u64,
-    pub args: [u64; 6],
-    pub stack: [u64; 2],
-    pub result: u64,
-    pub pid: u32,
-    pub tid: u32,
-    pub ret: i32,
-    pub cookie: u32,
-    pub stack_id: i32,
-}
-
-/// Size of `struct event`.
-pub const RAW_SIZE: usize = 8 * 11 + 4 * 6;
+/// One record as the BPF programs write it: `struct event` of
+/// bpf/record.h, as the skeleton generates it.
+pub type Raw = super::skel::types::event;
 
 impl Raw {
     /// Reads a record from the ring buffer; `None` when it is too short.
     pub fn parse(b: &[u8]) -> Option<Raw> {
-        if b.len() < RAW_SIZE {
+        if b.len() < std::mem::size_of::<Raw>() {
             return None;
         }
-        let u64_at = |i: usize| u64::from_ne_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
-        let u32_at = |off: usize| u32::from_ne_bytes(b[off..off + 4].try_into().unwrap());
-        Some(Raw {
-            ts: u64_at(0),
-            dur: u64_at(1),
-            args: [u64_at(2), u64_at(3), u64_at(4), u64_at(5), u64_at(6), u64_at(7)],
-            stack: [u64_at(8), u64_at(9)],
-            result: u64_at(10),
-            pid: u32_at(88),
-            tid: u32_at(92),
-            ret: u32_at(96) as i32,
-            cookie: u32_at(100),
-            stack_id: u32_at(104) as i32,
-        })
+        // SAFETY: `Raw` is `#[repr(C)]` and made of integers only (the
+        // cookie is a transparent u32), so every bit pattern is a value;
+        // the length was checked and read_unaligned needs no alignment.
+        Some(unsafe { std::ptr::read_unaligned(b.as_ptr().cast::<Raw>()) })
     }
 
     /// The event this record describes; `None` for a cookie that names no
     /// probe (never written by this recorder).
     pub fn decode(&self) -> Option<Event> {
-        if self.cookie & COOKIE_EXIT != 0 {
+        if self.cookie.0 & cookie_bits::COOKIE_EXIT.0 != 0 {
             return Some(self.event(K::Exit, 0, 0, None, Cuda::default()));
         }
-        let p = PROBES.get((self.cookie & 0xffff) as usize)?;
+        let p = PROBES.get((self.cookie.0 & COOKIE_INDEX) as usize)?;
         let a = &self.args;
         let ok = self.ret == 0;
         let ustack = u32::try_from(self.stack_id).ok();
@@ -238,11 +213,24 @@ mod tests {
 
     fn raw(symbol: &str, args: [u64; 6], result: u64, ret: i32) -> Raw {
         let index = PROBES.iter().position(|p| p.symbol == symbol).unwrap();
-        Raw { ts: 10, dur: 5, args, result, pid: 7, tid: 8, ret, cookie: cookie(index) as u32, ..Raw::default() }
+        Raw {
+            ts: 10,
+            dur: 5,
+            args,
+            result,
+            pid: 7,
+            tid: 8,
+            ret,
+            cookie: cookie_bits(cookie(index) as u32),
+            ..Raw::default()
+        }
     }
 
     #[test]
     fn parse_reads_the_c_layout() {
+        // The layout of struct event: 11 u64, then 6 u32-sized fields.
+        const RAW_SIZE: usize = 8 * 11 + 4 * 6;
+        assert_eq!(std::mem::size_of::<Raw>(), RAW_SIZE);
         let mut b = vec![0u8; RAW_SIZE];
         for i in 0..11 {
             b[i * 8..i * 8 + 8].copy_from_slice(&(i as u64 + 1).to_ne_bytes());
@@ -252,7 +240,7 @@ mod tests {
         }
         let r = Raw::parse(&b).unwrap();
         assert_eq!((r.ts, r.dur, r.args[5], r.stack, r.result), (1, 2, 8, [9, 10], 11));
-        assert_eq!((r.pid, r.tid, r.ret, r.cookie, r.stack_id), (70, 80, -2, 3, -1));
+        assert_eq!((r.pid, r.tid, r.ret, r.cookie.0, r.stack_id), (70, 80, -2, 3, -1));
         assert!(Raw::parse(&b[..RAW_SIZE - 1]).is_none());
     }
 
@@ -287,7 +275,7 @@ mod tests {
 
     #[test]
     fn exit_records_become_exit_events() {
-        let r = Raw { ts: 99, pid: 7, tid: 7, cookie: COOKIE_EXIT, stack_id: -1, ..Raw::default() };
+        let r = Raw { ts: 99, pid: 7, tid: 7, cookie: cookie_bits::COOKIE_EXIT, stack_id: -1, ..Raw::default() };
         let e = r.decode().unwrap();
         assert_eq!(
             (e.kind, e.ts_ns, e.pid, e.addr, e.size, e.cuda.call, e.cuda.ustack),
@@ -302,7 +290,7 @@ mod tests {
         assert_eq!(at("cudaMalloc") & (COOKIE_DRIVER | COOKIE_OUT_PTR | COOKIE_STACK_ARGS), COOKIE_OUT_PTR);
         assert_eq!(at("cuMemFree_v2") & (COOKIE_DRIVER | COOKIE_OUT_PTR), COOKIE_DRIVER);
         assert_ne!(at("cudaLaunchKernel") & COOKIE_STACK_ARGS, 0);
-        assert!(PROBES.len() < 0xffff);
-        assert!((0..PROBES.len()).all(|i| cookie(i) as u32 & COOKIE_EXIT == 0));
+        assert!(PROBES.len() < COOKIE_INDEX as usize);
+        assert!((0..PROBES.len()).all(|i| cookie(i) as u32 & cookie_bits::COOKIE_EXIT.0 == 0));
     }
 }

@@ -3,6 +3,8 @@
 //! (see [`crate::trace`]); in memory the analyser holds them column-wise in
 //! [`Events`].
 
+use std::collections::BTreeMap;
+
 use std::fmt;
 
 /// CUDA's out-of-memory return code (`cudaErrorMemoryAllocation` = 2 in the
@@ -183,6 +185,43 @@ pub struct Events {
     pub requested: Vec<u64>,
     pub stack: Vec<u32>,
     pub device_free: Vec<u64>,
+}
+
+/// Events per kind, and rows whose kind this version does not know.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KindCounts {
+    counts: [u64; EventKind::ALL.len()],
+    pub unknown: u64,
+}
+
+impl Default for KindCounts {
+    fn default() -> Self {
+        KindCounts { counts: [0; EventKind::ALL.len()], unknown: 0 }
+    }
+}
+
+impl KindCounts {
+    /// Counts one row (None: a kind this version does not know).
+    pub fn add(&mut self, kind: Option<EventKind>) {
+        match kind {
+            Some(k) => self.counts[k as usize] += 1,
+            None => self.unknown += 1,
+        }
+    }
+
+    pub fn get(&self, kind: EventKind) -> u64 {
+        self.counts[kind as usize]
+    }
+
+    /// The kinds that occur, with their counts, in code order.
+    pub fn present(&self) -> impl Iterator<Item = (EventKind, u64)> + '_ {
+        EventKind::ALL.iter().map(|&k| (k, self.get(k))).filter(|&(_, n)| n > 0)
+    }
+
+    /// As `trace.json` `event_counts` has them: by kind name.
+    pub fn by_name(&self) -> BTreeMap<String, u64> {
+        self.present().map(|(k, n)| (k.name().to_string(), n)).collect()
+    }
 }
 
 /// The null of the `stack` column in memory.

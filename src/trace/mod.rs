@@ -5,6 +5,7 @@
 //! parquet, zstd); [`Trace::open`] validates one and [`Trace::load_events`]
 //! reads its parts with a polars lazy scan.
 
+pub mod details;
 pub mod event;
 pub mod input;
 pub mod symbols;
@@ -24,7 +25,7 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use serde::{Deserialize, Serialize};
 
-use crate::trace::event::{Event, EventKind, Events};
+use crate::trace::event::{Event, EventKind, Events, KindCounts};
 
 /// Version of the on-disk format; bumped on incompatible changes.
 pub const FORMAT_VERSION: u32 = 1;
@@ -84,9 +85,9 @@ pub struct TraceMeta {
     pub capacity_bytes: Option<u64>,
     #[serde(default)]
     pub parts: u32,
-    /// Producer-specific details (synth: pattern, seed, events).
-    #[serde(default)]
-    pub details: serde_json::Value,
+    /// Producer-specific details.
+    #[serde(default, serialize_with = "details::sorted")]
+    pub details: details::Details,
 }
 
 impl TraceMeta {
@@ -105,7 +106,7 @@ impl TraceMeta {
             lost_events: 0,
             capacity_bytes: None,
             parts: 0,
-            details: serde_json::Value::Null,
+            details: details::Details::default(),
         }
     }
 }
@@ -154,7 +155,7 @@ pub struct TraceWriter {
     meta: TraceMeta,
     rows_per_part: usize,
     buf: Vec<Event>,
-    counts: [u64; EventKind::ALL.len()],
+    counts: KindCounts,
     pids: std::collections::BTreeSet<u32>,
     owner: Option<(u32, u32)>,
     zstd_level: i32,
@@ -177,7 +178,7 @@ impl TraceWriter {
             meta,
             rows_per_part: rows_per_part.max(1),
             buf: Vec::with_capacity(rows_per_part.clamp(1, 1 << 20)),
-            counts: [0; EventKind::ALL.len()],
+            counts: KindCounts::default(),
             pids: Default::default(),
             owner: None,
             zstd_level: 3,
@@ -230,7 +231,7 @@ impl TraceWriter {
     }
 
     pub fn push(&mut self, e: Event) -> Result<()> {
-        self.counts[e.kind as usize] += 1;
+        self.counts.add(Some(e.kind));
         self.pids.insert(e.pid);
         self.buf.push(e);
         if self.buf.len() >= self.rows_per_part {
@@ -253,7 +254,7 @@ impl TraceWriter {
     }
 
     /// Replaces the producer-specific details of `trace.json`.
-    pub fn set_details(&mut self, details: serde_json::Value) {
+    pub fn set_details(&mut self, details: details::Details) {
         self.meta.details = details;
     }
 
@@ -270,11 +271,7 @@ impl TraceWriter {
     /// Flushes the last part and writes `trace.json`.
     pub fn finish(mut self) -> Result<TraceMeta> {
         self.flush_part()?;
-        self.meta.event_counts = EventKind::ALL
-            .iter()
-            .filter(|k| self.counts[**k as usize] > 0)
-            .map(|k| (k.name().to_string(), self.counts[*k as usize]))
-            .collect();
+        self.meta.event_counts = self.counts.by_name();
         self.meta.pids = self.pids.iter().copied().collect();
         let json = serde_json::to_vec_pretty(&self.meta)?;
         write_atomic(&self.dir.join(META_FILE), &json)?;

@@ -1,0 +1,40 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+// What the recorder's BPF programs and its user side share, defined here
+// only: the ring-buffer record and the attach cookie's bits. record.bpf.c
+// includes this file; the user side (src/record/probes.rs) reads both
+// through the types libbpf-cargo generates from the object's BTF
+// (`types::event`, `types::cookie_bits`).
+
+#ifndef FRAGSCOPE_RECORD_H
+#define FRAGSCOPE_RECORD_H
+
+#include <linux/types.h>
+
+// The attach cookie: bits 0..15 are the index into the probe table, the
+// others are flags. An exit record carries COOKIE_EXIT, which no probe's
+// cookie has.
+enum cookie_bits {
+	COOKIE_NONE = 0,
+	COOKIE_INDEX = 0xffff,        // mask of the probe index
+	COOKIE_DRIVER = 1u << 16,     // a driver-level (cu*) function
+	COOKIE_OUT_PTR = 1u << 17,    // read the u64 behind argument 1 at return
+	COOKIE_STACK_ARGS = 1u << 18, // read two stack arguments at entry
+	COOKIE_EXIT = 1u << 19,       // the last thread of a process exited
+};
+
+// One record in the ring buffer.
+struct event {
+	__u64 ts;       // entry, CLOCK_MONOTONIC ns
+	__u64 dur;      // return - entry
+	__u64 args[6];  // the six register arguments
+	__u64 stack[2]; // first two stack arguments (COOKIE_STACK_ARGS)
+	__u64 result;   // *(u64 *)args[0] at return (COOKIE_OUT_PTR)
+	__u32 pid;
+	__u32 tid;
+	__s32 ret;
+	enum cookie_bits cookie;
+	__s32 stack_id; // user stack (want_stacks), else -1
+	__u32 pad;
+};
+
+#endif

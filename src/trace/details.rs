@@ -1,0 +1,205 @@
+//! The producer-specific part of `trace.json` (`details`), typed: what an
+//! imported snapshot, a recording and `synth` each know about their trace.
+//! On disk it is a JSON object with sorted keys, as it always was; a
+//! `details` this version does not recognise (another producer's, or a
+//! hand-written trace's) is kept as it is.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// `trace.json` `details`. Told apart by their required fields:
+/// `snapshot`, `undecodable_records`, `pattern`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Details {
+    Snapshot(Box<SnapshotDetails>),
+    Record(RecordDetails),
+    Synthetic(SynthDetails),
+    Other(serde_json::Value),
+}
+
+impl Default for Details {
+    fn default() -> Self {
+        Details::Other(serde_json::Value::Null)
+    }
+}
+
+impl Details {
+    pub fn snapshot(&self) -> Option<&SnapshotDetails> {
+        if let Details::Snapshot(s) = self { Some(s) } else { None }
+    }
+}
+
+/// Writes `details` with its keys sorted, whatever the declaration order.
+pub(crate) fn sorted<S: serde::Serializer>(d: &Details, s: S) -> Result<S::Ok, S::Error> {
+    serde_json::to_value(d).map_err(serde::ser::Error::custom)?.serialize(s)
+}
+
+/// An imported PyTorch snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotDetails {
+    /// The snapshot file's path.
+    pub snapshot: String,
+    #[serde(default)]
+    pub file_bytes: u64,
+    /// "dict", or "bare list of segments" (the oldest layout).
+    #[serde(default)]
+    pub layout: String,
+    /// The devices imported.
+    #[serde(default)]
+    pub devices: Vec<u32>,
+    #[serde(default)]
+    pub device_count: usize,
+    /// PyTorch's `allocator_settings`, as the snapshot has them.
+    #[serde(default)]
+    pub allocator_settings: serde_json::Value,
+    /// "time_us", or why time is entry order.
+    #[serde(default)]
+    pub time_source: String,
+    #[serde(default)]
+    pub legacy_history_blocks: u64,
+    #[serde(default)]
+    pub blocks_without_address: u64,
+    #[serde(default)]
+    pub unknown_actions: u64,
+    /// Sizes of the stack table.
+    #[serde(default)]
+    pub stacks: usize,
+    #[serde(default)]
+    pub frames: usize,
+    #[serde(default)]
+    pub annotations: Vec<Annotation>,
+    /// `_memory_viz.py segsum` totals of the final state, by device.
+    #[serde(default)]
+    pub totals: BTreeMap<String, Totals>,
+    #[serde(default)]
+    pub reconstruction: Vec<Reconstruction>,
+    #[serde(default)]
+    pub segments: Vec<SegmentRow>,
+}
+
+impl SnapshotDetails {
+    /// Time is entry order: some device's trace entries had no `time_us`.
+    pub fn entry_order(&self) -> bool {
+        self.time_source.starts_with("event order")
+    }
+}
+
+/// One segment of a snapshot's final state.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SegmentRow {
+    pub device: u64,
+    pub address: u64,
+    pub total_size: u64,
+    pub stream: u64,
+    pub segment_type: String,
+    pub is_expandable: bool,
+    pub blocks: u64,
+    pub active_allocated_bytes: u64,
+    pub active_pending_free_bytes: u64,
+}
+
+/// One `external_annotations` entry of a PyTorch snapshot.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Annotation {
+    /// `START` or `END`.
+    pub stage: String,
+    pub name: String,
+    pub device: u32,
+    pub t_ns: u64,
+}
+
+/// PyTorch's `_memory_viz.py` segment summary totals for the final state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Totals {
+    pub segments: u64,
+    pub reserved: u64,
+    /// Σ requested size of active_allocated blocks.
+    pub allocated: u64,
+    /// reserved − allocated; `free_internal` of it is rounding inside
+    /// active blocks, the rest is free blocks (pending frees included, as
+    /// PyTorch counts them).
+    pub free: u64,
+    pub free_internal: u64,
+    pub free_external: u64,
+}
+
+/// What the reconstruction found for one device.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Reconstruction {
+    pub device: u32,
+    pub entries: u64,
+    /// Blocks and segments alive before the first trace entry.
+    pub initial_blocks: u64,
+    pub initial_segments: u64,
+    /// Entries that contradict the state (e.g. alloc of a block that is not
+    /// alive after it, free of one already free): counted and skipped.
+    pub inconsistent_entries: u64,
+    /// Blocks whose size the allocator rule gave, checked against the real
+    /// size where the snapshot knows it.
+    pub sizes_checked: u64,
+    pub sizes_agreed: u64,
+    /// The forward replay's end state against the snapshot.
+    pub final_check: FinalCheck,
+}
+
+/// The forward replay's end state against the snapshot's.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct FinalCheck {
+    pub blocks_expected: u64,
+    pub blocks_missing: u64,
+    pub blocks_unexpected: u64,
+    pub blocks_size_mismatch: u64,
+    pub segments_expected: u64,
+    pub segment_bytes_expected: u64,
+    pub segment_bytes_replayed: u64,
+    pub segment_ranges_mismatch: u64,
+}
+
+impl FinalCheck {
+    pub fn exact(&self) -> bool {
+        self.blocks_missing == 0
+            && self.blocks_unexpected == 0
+            && self.blocks_size_mismatch == 0
+            && self.segment_ranges_mismatch == 0
+            && self.segment_bytes_expected == self.segment_bytes_replayed
+    }
+}
+
+/// A recording (`fragscope record`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RecordDetails {
+    /// Ring-buffer records that could not be decoded.
+    pub undecodable_records: u64,
+    #[serde(default)]
+    pub recording_s: f64,
+    /// Processes whose `/proc/PID/maps` was saved.
+    #[serde(default)]
+    pub maps: Vec<u32>,
+    /// Per library: its path, whether it was found, the functions probed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probes: Option<serde_json::Value>,
+    /// Why the recording ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recorder_cpu_s: Option<f64>,
+}
+
+/// A synthetic trace (`fragscope synth`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SynthDetails {
+    pub pattern: String,
+    #[serde(default)]
+    pub seed: u64,
+    #[serde(default)]
+    pub events: u64,
+    /// The true start of every iteration, by pid (ns).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iteration_starts: Option<BTreeMap<String, Vec<u64>>>,
+}
