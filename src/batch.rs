@@ -31,6 +31,53 @@ pub fn run(args: &AnalyzeArgs) -> Result<u8> {
     std::fs::create_dir_all(&args.output).with_context(|| format!("cannot create {}", args.output.display()))?;
     let names = unique_names(&traces);
     let jobs = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
+    let started = std::time::Instant::now();
+    let (rows, per_trace) = analyze_all(&traces, &names, &args.output, &opts, plot.as_ref(), jobs);
+    let ok: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].1.is_ok()).collect();
+    let features: Vec<_> = ok.iter().filter_map(|&i| rows[i].1.as_ref().ok().map(|s| s.features)).collect();
+    for (&i, f) in ok.iter().zip(&features) {
+        tracing::debug!("grouping features of {}: {:?}", rows[i].0, f.map(|x| (x * 1000.0).round() / 1000.0));
+    }
+    let grouping = crate::analysis::cluster::cluster(&features, args.cluster_seed)?;
+    let mut clusters: Vec<Option<(usize, String)>> = vec![None; rows.len()];
+    if let Some(g) = &grouping {
+        for (k, &i) in ok.iter().enumerate() {
+            let c = g.assignments[k];
+            clusters[i] = Some((c, g.labels[c].clone()));
+        }
+    }
+    crate::output::write_batch_summary(&rows, &args.output, &clusters, grouping.as_ref())?;
+    // The batch's own cost (scheduling, grouping, summaries) against the
+    // traces' (scripts/bench-batch reads this line).
+    tracing::info!(
+        "batch: {} traces, {jobs} job(s), wall {:.3} s, per-trace work {per_trace:.3} s (summed over jobs)",
+        rows.len(),
+        started.elapsed().as_secs_f64()
+    );
+    let failed = rows.iter().filter(|r| r.1.is_err()).count();
+    println!(
+        "{} traces analysed, {} failed; summary in {}",
+        rows.len() - failed,
+        failed,
+        args.output.join("summary.md").display()
+    );
+    if failed > 0 {
+        return Ok(exit::ERROR);
+    }
+    Ok(gate(&rows, &args.gates))
+}
+
+/// Analyses every trace on `jobs` threads into `out/NAME`; returns a row
+/// per trace, in input order, and the seconds of per-trace work summed over
+/// the threads.
+fn analyze_all(
+    traces: &[PathBuf],
+    names: &[String],
+    out: &Path,
+    opts: &Options,
+    plot: Option<&PlotConfig>,
+    jobs: usize,
+) -> (Vec<SummaryRow>, f64) {
     let bar = indicatif::ProgressBar::new(traces.len() as u64);
     if !std::io::stderr().is_terminal() {
         bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
@@ -43,7 +90,6 @@ pub fn run(args: &AnalyzeArgs) -> Result<u8> {
     // for its own pool with rayon's cross-pool install, and a rayon worker
     // that waits keeps stealing, so traces would nest on one thread (and
     // more than --jobs of them would be in memory at once).
-    let started = std::time::Instant::now();
     let per_trace_ns = AtomicU64::new(0);
     let next = AtomicUsize::new(0);
     let results: Vec<std::sync::Mutex<Option<SummaryRow>>> = traces.iter().map(|_| Default::default()).collect();
@@ -57,7 +103,7 @@ pub fn run(args: &AnalyzeArgs) -> Result<u8> {
                     // A bug in one trace's analysis must not take the batch
                     // down: its panic becomes that trace's error row.
                     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        analyze_one(path, &args.output.join(name), &opts, plot.as_ref())
+                        analyze_one(path, &out.join(name), opts, plot)
                     }))
                     .unwrap_or_else(|panic| {
                         let what = panic
@@ -89,45 +135,14 @@ pub fn run(args: &AnalyzeArgs) -> Result<u8> {
     });
     let rows: Vec<SummaryRow> = results
         .into_iter()
-        .zip(&names)
+        .zip(names)
         .map(|(slot, name)| {
             slot.into_inner().ok().flatten().unwrap_or_else(|| (name.clone(), Err("the analysis thread failed".into())))
         })
         .collect();
     bar.finish_and_clear();
-    let ok: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].1.is_ok()).collect();
-    let features: Vec<_> = ok.iter().filter_map(|&i| rows[i].1.as_ref().ok().map(|s| s.features)).collect();
-    for (&i, f) in ok.iter().zip(&features) {
-        tracing::debug!("grouping features of {}: {:?}", rows[i].0, f.map(|x| (x * 1000.0).round() / 1000.0));
-    }
-    let grouping = crate::analysis::cluster::cluster(&features, args.cluster_seed)?;
-    let mut clusters: Vec<Option<(usize, String)>> = vec![None; rows.len()];
-    if let Some(g) = &grouping {
-        for (k, &i) in ok.iter().enumerate() {
-            let c = g.assignments[k];
-            clusters[i] = Some((c, g.labels[c].clone()));
-        }
-    }
-    crate::output::write_batch_summary(&rows, &args.output, &clusters, grouping.as_ref())?;
-    // The batch's own cost (scheduling, grouping, summaries) against the
-    // traces' (scripts/bench-batch reads this line).
-    let per_trace = per_trace_ns.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1e9;
-    tracing::info!(
-        "batch: {} traces, {jobs} job(s), wall {:.3} s, per-trace work {per_trace:.3} s (summed over jobs)",
-        rows.len(),
-        started.elapsed().as_secs_f64()
-    );
-    let failed = rows.iter().filter(|r| r.1.is_err()).count();
-    println!(
-        "{} traces analysed, {} failed; summary in {}",
-        rows.len() - failed,
-        failed,
-        args.output.join("summary.md").display()
-    );
-    if failed > 0 {
-        return Ok(exit::ERROR);
-    }
-    Ok(gate(&rows, &args.gates))
+    let per_trace = per_trace_ns.load(Ordering::Relaxed) as f64 / 1e9;
+    (rows, per_trace)
 }
 
 /// Applies the CI gates to analysed traces; prints each trip on stderr.

@@ -1,5 +1,6 @@
-//! Command-line interface: the clap derive types. Parsing only; the work is
-//! done by [`crate::run`].
+//! Command-line interface: the clap derive types, and their conversion to
+//! the options of the stages ([`AnalyzeArgs::options`],
+//! [`AnalyzeArgs::plot_config`]). The work is done by [`crate::run`].
 
 use std::path::PathBuf;
 

@@ -1,23 +1,23 @@
 //! fragscope: GPU memory fragmentation from allocation traces.
 //!
 //! The data flow is the architecture, one folder per stage:
-//! producers write a trace ([`synth`], `record` with eBPF, [`import`] of
+//! producers write a trace (`synth`, `record` with eBPF, `import` of
 //! PyTorch snapshots) → [`trace`] loads it into [`trace::event`] columns →
 //! [`analysis`] replays them and computes metrics, iterations, forecasts,
 //! OOM diagnoses, leaks and call sites → [`output`] writes the reports and
-//! draws the pictures. [`batch`] drives many traces; [`cli`] holds the
+//! draws the pictures. `batch` drives many traces; [`cli`] holds the
 //! arguments and turns them into options.
 
 pub mod analysis;
-pub mod batch;
+pub(crate) mod batch;
 pub mod cli;
-pub mod import;
+pub(crate) mod import;
 pub mod output;
 #[cfg(feature = "record")]
-pub mod record;
-pub mod synth;
+pub(crate) mod record;
+pub(crate) mod synth;
 pub mod trace;
-pub mod units;
+pub(crate) mod units;
 
 use anyhow::Result;
 

@@ -1,4 +1,5 @@
-//! Memory flamegraphs of traces with stacks (PyTorch snapshots): live bytes
+//! Memory flamegraphs of traces with stacks (PyTorch snapshots, and
+//! recordings made with `record --stacks`): live bytes
 //! by call stack at the end of the trace and at the peak of live memory.
 //!
 //! `flamegraph.folded` is Brendan Gregg's folded format, one line per
@@ -10,13 +11,12 @@
 //! ([`crate::analysis::sites`]): machinery frames at the innermost end are dropped
 //! too, and a stack of nothing else ends in `unknown (native)`. Blocks without a stack show as
 //! `<non-python>`, as there. The byte count is the block's size (what the
-//! allocator holds for it). `flamegraph.svg` is rendered from it by
-//! `inferno`, offline.
+//! allocator holds for it). The output stage renders `flamegraph.svg` from
+//! it with `inferno`, offline.
 
 use std::fmt::Write as _;
 
 use ahash::AHashMap;
-use anyhow::Result;
 
 use crate::trace::event::{Events, LiveSet, NO_STACK};
 use crate::trace::{Frame, Stacks};
@@ -124,17 +124,4 @@ pub fn folded(events: &Events, stacks: &Stacks) -> String {
     }
     emit(&mut out, "end", None, &live);
     out
-}
-
-/// Renders folded lines as an SVG flamegraph (bytes as the count).
-pub fn svg(folded: &str, title: &str) -> Result<Vec<u8>> {
-    let mut opts = inferno::flamegraph::Options::default();
-    opts.title = title.to_string();
-    opts.count_name = "bytes".to_string();
-    let mut out = Vec::new();
-    if folded.trim().is_empty() {
-        return Ok(out);
-    }
-    inferno::flamegraph::from_lines(&mut opts, folded.lines(), &mut out)?;
-    Ok(out)
 }

@@ -12,7 +12,7 @@
 //! saw: every event before it in time order, none after.
 
 pub mod cluster;
-pub mod flame;
+pub(crate) mod flame;
 pub mod iterations;
 pub mod kernels;
 pub mod layout;
@@ -22,7 +22,7 @@ pub mod oom;
 pub mod predict;
 pub mod replay;
 pub mod sites;
-pub mod summary;
+pub(crate) mod summary;
 
 use std::path::Path;
 use std::str::FromStr;
@@ -274,105 +274,23 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         Replay::new(opts.metrics, &footprint)
     };
     let stacks = trace.stacks.clone();
-
-    let mut counts = crate::trace::event::KindCounts::default();
-    let mut failed_allocs = 0u64;
-    let mut rows = Vec::with_capacity(bounds.len() + 16);
-    let mut ooms = Vec::new();
-    let mut pids: Vec<u32> = Vec::new();
-
-    let mut i = 0usize;
-    for (step, &(end, t_ns)) in bounds.iter().enumerate() {
-        while i < end {
-            counts.add(events.kind[i]);
-            let Some(e) = events.get(i) else {
-                i += 1;
-                continue;
-            };
-            replay.apply(&e);
-            if e.ret != 0 && e.kind.is_alloc_request() {
-                failed_allocs += 1;
-            }
-            if e.is_oom() {
-                let metrics = replay.metrics(e.pid);
-                let alloc = replay.allocator_figures(e.pid);
-                rows.push(Row {
-                    step: step as u32,
-                    t_ns: e.ts_ns,
-                    pid: e.pid,
-                    at_oom: true,
-                    metrics,
-                    forecast: None,
-                    risk_online: None,
-                    alloc,
-                    iteration: None,
-                });
-                use crate::analysis::oom::{Device, Process, Request, diagnose};
-                let device = if allocator_view {
-                    Device::Allocator { cuda_free: e.extra.device_free }
-                } else {
-                    let (live_total, gaps_total) = pids_now(&mut replay);
-                    Device::Shared { capacity, live_total, gaps_total }
-                };
-                let blocks = replay.live_blocks(e.pid);
-                let process = Process {
-                    live_bytes: metrics.live_bytes,
-                    span_bytes: metrics.span_bytes,
-                    largest_gap: metrics.largest_gap,
-                    live_blocks: &blocks,
-                };
-                let mut diagnosis = diagnose(Request { t_ns: e.ts_ns, pid: e.pid, size: e.size }, device, process);
-                if let Some(st) = &stacks {
-                    diagnosis.request_site = e.extra.stack.and_then(|id| crate::analysis::sites::call_site(st, id));
-                    diagnosis.top_sites =
-                        crate::analysis::sites::top_sites(st, &replay.live_blocks_detailed(e.pid), 10);
-                }
-                ooms.push(diagnosis);
-            }
-            i += 1;
-        }
-        if pids.len() != replay.pids().count() {
-            pids = replay.pids().collect();
-        }
-        for &pid in &pids {
-            let metrics = replay.metrics(pid);
-            let alloc = replay.allocator_figures(pid);
-            rows.push(Row {
-                step: step as u32,
-                t_ns,
-                pid,
-                at_oom: false,
-                metrics,
-                forecast: None,
-                risk_online: None,
-                alloc,
-                iteration: None,
-            });
-        }
-    }
+    let Walk { mut rows, ooms, counts, failed_allocs } =
+        walk(events, &bounds, &mut replay, allocator_view, capacity, stacks.as_deref());
     for _ in 0..counts.unknown {
         replay.note_unknown_kind();
     }
     let peaks = replay.peaks();
     let peak_total = replay.peak_total();
+
     let started = std::time::Instant::now();
     let annotations: &[crate::trace::details::Annotation] =
         trace.meta.as_ref().and_then(|m| m.details.snapshot()).map_or(&[], |d| d.annotations.as_slice());
-    let by_pid = crate::analysis::iterations::rows_by_pid(events);
-    let iterations: Vec<Iterations> = peaks
-        .iter()
-        .filter_map(|p| {
-            let rows = by_pid.get(&p.pid).map_or(&[][..], Vec::as_slice);
-            // Call-site iterations are a snapshot's (allocator view); a
-            // device-level trace, with recorded stacks or not, uses its period.
-            let snapshot_stacks = stacks.as_deref().filter(|_| allocator_view);
-            crate::analysis::iterations::detect(events, p.pid, rows, snapshot_stacks, annotations)
-        })
-        .collect();
-    for r in rows.iter_mut() {
-        r.iteration = iterations.iter().find(|it| it.pid == r.pid).and_then(|it| it.index_at(r.t_ns));
-    }
+    // Call-site iterations are a snapshot's (allocator view); a device-level
+    // trace, with recorded stacks or not, uses its period.
+    let snapshot_stacks = stacks.as_deref().filter(|_| allocator_view);
+    let iterations = find_iterations(events, &peaks, snapshot_stacks, annotations, &mut rows);
     tracing::debug!("iterations in {:.3} s", started.elapsed().as_secs_f64());
+
     let started = std::time::Instant::now();
     let predictions: Vec<ProcessPrediction> = peaks
         .iter()
@@ -382,28 +300,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         })
         .collect();
     tracing::debug!("predictor and backtest in {:.3} s", started.elapsed().as_secs_f64());
-    let leaks = peaks
-        .iter()
-        .map(|p| {
-            let series: Vec<(u64, u64)> =
-                rows.iter().filter(|r| r.pid == p.pid && !r.at_oom).map(|r| (r.t_ns, r.metrics.live_bytes)).collect();
-            let its = iterations.iter().find(|it| it.pid == p.pid);
-            let mut leak = crate::analysis::leak::detect(p.pid, &series, &replay.live_blocks(p.pid), p.bytes, its);
-            // Blocks of the warm-up (or only) iteration still alive: state
-            // allocated once, listed apart from leaks.
-            if let (Some(st), Some(it)) = (&stacks, its)
-                && let Some(&until) = it.warmup_end_t_ns.as_ref().or(it.boundaries_t_ns.last())
-            {
-                leak.allocated_once = crate::analysis::sites::grown_sites(events, st, p.pid, 0, until, 10);
-            }
-            // Call sites of the growth: blocks allocated after the early
-            // floor window (the second quarter) and alive at the end.
-            if let (Some(st), Some(&(since, _))) = (&stacks, series.get(series.len() / 2)) {
-                leak.top_sites = crate::analysis::sites::grown_sites(events, st, p.pid, since, u64::MAX, 10);
-            }
-            leak
-        })
-        .collect();
+    let leaks = find_leaks(events, &peaks, &rows, &iterations, &mut replay, stacks.as_deref());
     let exits = replay.exits().to_vec();
     let mut anomalies = replay.finish();
     anomalies.out_of_order = out_of_order;
@@ -445,6 +342,158 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         tracing::debug!("layout in {:.3} s", started.elapsed().as_secs_f64());
     }
     Ok(analysis)
+}
+
+/// What the walk over the events gathers.
+struct Walk {
+    rows: Vec<Row>,
+    ooms: Vec<OomDiagnosis>,
+    counts: crate::trace::event::KindCounts,
+    failed_allocs: u64,
+}
+
+/// Applies every event to the replay, with a row per process at the end
+/// of each step and a row and a diagnosis at each OOM.
+fn walk(
+    events: &Events,
+    bounds: &[(usize, u64)],
+    replay: &mut Replay,
+    allocator_view: bool,
+    capacity: Option<u64>,
+    stacks: Option<&crate::trace::Stacks>,
+) -> Walk {
+    let mut w = Walk {
+        rows: Vec::with_capacity(bounds.len() + 16),
+        ooms: Vec::new(),
+        counts: Default::default(),
+        failed_allocs: 0,
+    };
+    let mut pids: Vec<u32> = Vec::new();
+    let row = |step: usize, t_ns: u64, pid: u32, at_oom: bool, replay: &mut Replay| Row {
+        step: step as u32,
+        t_ns,
+        pid,
+        at_oom,
+        metrics: replay.metrics(pid),
+        forecast: None,
+        risk_online: None,
+        alloc: replay.allocator_figures(pid),
+        iteration: None,
+    };
+    let mut i = 0usize;
+    for (step, &(end, t_ns)) in bounds.iter().enumerate() {
+        while i < end {
+            w.counts.add(events.kind[i]);
+            if let Some(e) = events.get(i) {
+                replay.apply(&e);
+                if e.ret != 0 && e.kind.is_alloc_request() {
+                    w.failed_allocs += 1;
+                }
+                if e.is_oom() {
+                    let r = row(step, e.ts_ns, e.pid, true, replay);
+                    w.ooms.push(diagnose_oom(&e, &r.metrics, replay, allocator_view, capacity, stacks));
+                    w.rows.push(r);
+                }
+            }
+            i += 1;
+        }
+        if pids.len() != replay.pids().count() {
+            pids = replay.pids().collect();
+        }
+        for &pid in &pids {
+            let r = row(step, t_ns, pid, false, replay);
+            w.rows.push(r);
+        }
+    }
+    w
+}
+
+/// The diagnosis of the failed request `e`, the replay standing just after it.
+fn diagnose_oom(
+    e: &crate::trace::event::Event,
+    metrics: &Metrics,
+    replay: &mut Replay,
+    allocator_view: bool,
+    capacity: Option<u64>,
+    stacks: Option<&crate::trace::Stacks>,
+) -> OomDiagnosis {
+    use crate::analysis::oom::{Device, Process, Request, diagnose};
+    let device = if allocator_view {
+        Device::Allocator { cuda_free: e.extra.device_free }
+    } else {
+        let (live_total, gaps_total) = pids_now(replay);
+        Device::Shared { capacity, live_total, gaps_total }
+    };
+    let blocks = replay.live_blocks(e.pid);
+    let process = Process {
+        live_bytes: metrics.live_bytes,
+        span_bytes: metrics.span_bytes,
+        largest_gap: metrics.largest_gap,
+        live_blocks: &blocks,
+    };
+    let mut diagnosis = diagnose(Request { t_ns: e.ts_ns, pid: e.pid, size: e.size }, device, process);
+    if let Some(st) = stacks {
+        diagnosis.request_site = e.extra.stack.and_then(|id| sites::call_site(st, id));
+        diagnosis.top_sites = sites::top_sites(st, &replay.live_blocks_detailed(e.pid), 10);
+    }
+    diagnosis
+}
+
+/// The iterations of each process with device memory, and each row's
+/// iteration.
+fn find_iterations(
+    events: &Events,
+    peaks: &[Peak],
+    snapshot_stacks: Option<&crate::trace::Stacks>,
+    annotations: &[crate::trace::details::Annotation],
+    rows: &mut [Row],
+) -> Vec<Iterations> {
+    let by_pid = crate::analysis::iterations::rows_by_pid(events);
+    let iterations: Vec<Iterations> = peaks
+        .iter()
+        .filter_map(|p| {
+            let rows = by_pid.get(&p.pid).map_or(&[][..], Vec::as_slice);
+            crate::analysis::iterations::detect(events, p.pid, rows, snapshot_stacks, annotations)
+        })
+        .collect();
+    for r in rows.iter_mut() {
+        r.iteration = iterations.iter().find(|it| it.pid == r.pid).and_then(|it| it.index_at(r.t_ns));
+    }
+    iterations
+}
+
+/// The leak verdict of each process with device memory, with the call
+/// sites of its growth and of what it allocated once (traces with stacks).
+fn find_leaks(
+    events: &Events,
+    peaks: &[Peak],
+    rows: &[Row],
+    iterations: &[Iterations],
+    replay: &mut Replay,
+    stacks: Option<&crate::trace::Stacks>,
+) -> Vec<LeakReport> {
+    peaks
+        .iter()
+        .map(|p| {
+            let series: Vec<(u64, u64)> =
+                rows.iter().filter(|r| r.pid == p.pid && !r.at_oom).map(|r| (r.t_ns, r.metrics.live_bytes)).collect();
+            let its = iterations.iter().find(|it| it.pid == p.pid);
+            let mut leak = crate::analysis::leak::detect(p.pid, &series, &replay.live_blocks(p.pid), p.bytes, its);
+            // Blocks of the warm-up (or only) iteration still alive: state
+            // allocated once, listed apart from leaks.
+            if let (Some(st), Some(it)) = (stacks, its)
+                && let Some(&until) = it.warmup_end_t_ns.as_ref().or(it.boundaries_t_ns.last())
+            {
+                leak.allocated_once = sites::grown_sites(events, st, p.pid, 0, until, 10);
+            }
+            // Call sites of the growth: blocks allocated after the early
+            // floor window (the second quarter) and alive at the end.
+            if let (Some(st), Some(&(since, _))) = (stacks, series.get(series.len() / 2)) {
+                leak.top_sites = sites::grown_sites(events, st, p.pid, since, u64::MAX, 10);
+            }
+            leak
+        })
+        .collect()
 }
 
 /// The iteration period in steps of the process's regular rows, when it

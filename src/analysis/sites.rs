@@ -75,7 +75,7 @@ const MACHINERY_FILES: &[&str] = &[
 
 /// A frame of the machinery that records and dispatches allocations, or
 /// of the interpreter — never the user's code. Python frames are not:
-/// whether they belong to a framework is [`is_framework_python`]'s call.
+/// whether they belong to a framework is `is_framework_python`'s call.
 pub fn is_machinery(f: &Frame) -> bool {
     if is_python(f) {
         return false;

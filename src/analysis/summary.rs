@@ -140,7 +140,7 @@ pub(crate) fn trace_date(a: &Analysis) -> String {
         .as_ref()
         .and_then(|m| m.start_wall_ns)
         .map(|ns| std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns))
-        .or_else(|| std::fs::metadata(&a.trace.dir).and_then(|m| m.modified()).ok())
+        .or(a.trace.modified)
         .unwrap_or_else(std::time::SystemTime::now);
     humantime::format_rfc3339_seconds(when).to_string().chars().take(10).collect()
 }

@@ -1,5 +1,5 @@
 //! A reader for the pickle subset PyTorch memory snapshots are written in
-//! (SPEC §8), for `import` (issue #6, in progress). Not a general
+//! (SPEC §8), for `import` and for `analyze` of a snapshot. Not a general
 //! unpickler: it knows the data opcodes of protocols 2–5 and refuses every
 //! other one (GLOBAL, REDUCE, BUILD, …) with its name and byte offset —
 //! nothing is ever executed or emulated.
@@ -343,7 +343,9 @@ fn fetched_memo<R: std::io::Read>(input: &mut Input<R>) -> Vec<u64> {
 /// replaced) or drop it (the hook consumed it).
 pub type Hook<'h> = &'h mut dyn FnMut(usize, Value) -> Result<Option<Value>, String>;
 
-/// Parses a whole pickle held in memory.
+/// Parses a whole pickle held in memory: the entry point of the fuzz target
+/// (`fuzz/fuzz_targets/pickle.rs`) and of the tests; the importer streams.
+#[cfg_attr(not(test), allow(dead_code))]
 pub fn parse(data: &[u8]) -> Result<Value, PickleError> {
     parse_stream(|| Ok(data), data.len(), &mut |_, v| Ok(Some(v)))
 }

@@ -1,14 +1,18 @@
-//! Outputs of `analyze`: `metrics.parquet` (one row per process and step),
-//! `report.json` (for machines: stable keys), `report.md` (for people), the
-//! stdout summary, and for batches `summary.parquet`, `summary.csv` and
-//! `summary.md`. Every file is written to a temporary name and renamed, so
-//! a file that exists is complete.
+//! The output stage: presents an [`crate::analysis::Analysis`], computes
+//! nothing of its own. This module writes one trace's folder:
+//! `metrics.parquet` (one row per process and step), `report.json`
+//! ([`json`], for machines: stable keys), `report.md` ([`markdown`], for
+//! people, with the stdout summary), the pictures ([`plot`]) and the
+//! flamegraph. [`summary`] writes a batch's `summary.parquet`, `summary.csv`
+//! and `summary.md`; [`compare`] sets two analyses side by side. Every file
+//! is written to a temporary name and renamed, so a file that exists is
+//! complete.
 
-pub mod compare;
-pub mod json;
-pub mod markdown;
+pub(crate) mod compare;
+pub(crate) mod json;
+pub(crate) mod markdown;
 pub mod plot;
-pub mod summary;
+pub(crate) mod summary;
 
 use std::fs::File;
 use std::path::Path;
@@ -42,7 +46,7 @@ pub fn write_trace_outputs(a: &Analysis, out: &Path, plot: Option<&PlotConfig>) 
     if let Some(folded) = &a.flamegraph {
         write_atomic(&out.join("flamegraph.folded"), folded.as_bytes())?;
         let title = format!("{}: live memory by stack (end, peak)", a.trace.name);
-        let svg = crate::analysis::flame::svg(folded, &title).context("cannot render flamegraph.svg")?;
+        let svg = flamegraph_svg(folded, &title).context("cannot render flamegraph.svg")?;
         if !svg.is_empty() {
             write_atomic(&out.join("flamegraph.svg"), &svg)?;
         }
@@ -108,4 +112,17 @@ pub fn write_parquet(df: &mut DataFrame, path: &Path) -> Result<()> {
         .with_context(|| format!("cannot write {}", path.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
+}
+
+/// Renders folded lines as an SVG flamegraph (bytes as the count).
+fn flamegraph_svg(folded: &str, title: &str) -> Result<Vec<u8>> {
+    let mut opts = inferno::flamegraph::Options::default();
+    opts.title = title.to_string();
+    opts.count_name = "bytes".to_string();
+    let mut out = Vec::new();
+    if folded.trim().is_empty() {
+        return Ok(out);
+    }
+    inferno::flamegraph::from_lines(&mut opts, folded.lines(), &mut out)?;
+    Ok(out)
 }

@@ -21,8 +21,9 @@
 //!   complete Parquet file), so a `kill -9` of the recorder loses at most
 //!   the last interval. `trace.json` is written at the end; a trace
 //!   without it still analyses.
-//! - For symbolising kernel launches later, the `/proc/PID/maps` of every
-//!   process seen is kept under `maps/`.
+//! - The `/proc/PID/maps` of every process seen is kept under `maps/`,
+//!   so the analysis can name kernel launches and `--stacks` frames
+//!   ([`crate::trace::symbols`]).
 
 pub mod libs;
 pub mod probes;

@@ -58,6 +58,7 @@ pub fn open(dir: &Path, device: Option<u32>) -> Result<Loaded> {
             skipped: Vec::new(),
             pytorch_columns: true,
             ustack_ids: false,
+            modified: std::fs::metadata(dir).and_then(|m| m.modified()).ok(),
             stacks: Some(std::sync::Arc::new(converted.stacks)),
         };
         tracing::info!("{}: imported {} events in {:.3} s", trace.name, events.len(), start.elapsed().as_secs_f64());

@@ -583,6 +583,9 @@ pub struct Trace {
     /// trace has `ustacks.parquet` (and no `stacks.parquet`). Loading symbolises those stacks into
     /// [`Trace::stacks`].
     pub ustack_ids: bool,
+    /// When the directory (or snapshot file) was last modified, read once
+    /// at open: the date of a trace whose `trace.json` has no start time.
+    pub modified: Option<std::time::SystemTime>,
     /// The stack table, for traces that have one: a snapshot's, or the
     /// symbolised stacks of `record --stacks` once the events are loaded.
     pub stacks: Option<Arc<Stacks>>,
@@ -667,7 +670,18 @@ impl Trace {
         let stacks_path = dir.join(STACKS_FILE);
         let stacks = if stacks_path.is_file() { Some(Arc::new(read_stacks(&stacks_path)?)) } else { None };
         let ustack_ids = ustack_column && stacks.is_none() && dir.join(USTACKS_FILE).is_file();
-        Ok(Trace { dir: dir.to_path_buf(), name, meta, parts: good, skipped, pytorch_columns, ustack_ids, stacks })
+        let modified = md.modified().ok();
+        Ok(Trace {
+            dir: dir.to_path_buf(),
+            name,
+            meta,
+            parts: good,
+            skipped,
+            pytorch_columns,
+            ustack_ids,
+            modified,
+            stacks,
+        })
     }
 
     pub fn source(&self) -> Option<Source> {
@@ -773,7 +787,7 @@ const PYTORCH_COLUMNS: [&str; 3] = ["requested_size", "stack_id", "device_free"]
 /// threads in a batch.
 static QUIET_PANICS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// Installs a panic hook that stays silent during [`guarded`] reads and
+/// Installs a panic hook that stays silent during `guarded` reads and
 /// prints as usual otherwise. `main` calls it once.
 pub fn install_panic_hook() {
     let default = std::panic::take_hook();
