@@ -397,20 +397,7 @@ mod tests {
     use crate::trace::event::Event;
 
     fn ev(ts: u64, kind: EventKind, addr: u64, size: u64) -> Event {
-        Event {
-            ts_ns: ts,
-            duration_ns: 0,
-            pid: 1,
-            tid: 1,
-            kind,
-            addr,
-            size,
-            ret: 0,
-            device: None,
-            stream: None,
-            extra: Default::default(),
-            cuda: Default::default(),
-        }
+        Event::new(ts, 1, kind, addr, size)
     }
 
     #[test]

@@ -800,20 +800,7 @@ mod tests {
     use super::*;
 
     fn ev(ts: u64, pid: u32, kind: EventKind, addr: u64, size: u64) -> Event {
-        Event {
-            ts_ns: ts,
-            duration_ns: 0,
-            pid,
-            tid: pid,
-            kind,
-            addr,
-            size,
-            ret: 0,
-            device: None,
-            stream: None,
-            extra: Default::default(),
-            cuda: Default::default(),
-        }
+        Event::new(ts, pid, kind, addr, size)
     }
 
     fn events(list: &[Event]) -> Events {

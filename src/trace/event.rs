@@ -160,6 +160,25 @@ pub struct Launch {
 }
 
 impl Event {
+    /// A successful event of `pid` (its main thread) with no optional
+    /// fields: what tests and simple producers start from.
+    pub fn new(ts_ns: u64, pid: u32, kind: EventKind, addr: u64, size: u64) -> Event {
+        Event {
+            ts_ns,
+            duration_ns: 0,
+            pid,
+            tid: pid,
+            kind,
+            addr,
+            size,
+            ret: 0,
+            device: None,
+            stream: None,
+            extra: Default::default(),
+            cuda: Default::default(),
+        }
+    }
+
     /// A failed device allocation with CUDA's out-of-memory code, or an
     /// explicit `oom` event: the instants the OOM diagnosis looks at.
     pub fn is_oom(&self) -> bool {

@@ -15,20 +15,7 @@ const BASE: u64 = 0x7f00_0000_0000;
 const SMALL_REGION: u64 = 0x7e00_0000_0000;
 
 fn ev(ms: u64, kind: EventKind, addr: u64, size: u64, ret: i32) -> Event {
-    Event {
-        ts_ns: ms * MS,
-        duration_ns: 0,
-        pid: 1,
-        tid: 1,
-        kind,
-        addr,
-        size,
-        ret,
-        device: None,
-        stream: None,
-        extra: Default::default(),
-        cuda: Default::default(),
-    }
+    Event { ret, ..Event::new(ms * MS, 1, kind, addr, size) }
 }
 
 /// D: a 128 KiB block alone in its own region (collapsed to the bottom);
