@@ -29,6 +29,8 @@ use crate::analysis::predict::Risk;
 use crate::analysis::summary::Summary;
 use crate::analysis::{Analysis, Options};
 use crate::output::plot::Image;
+use crate::output::plot::Ticked;
+use crate::output::ticks::{self, Axis};
 use crate::trace::input::Loaded;
 use crate::units::bytes;
 
@@ -366,19 +368,24 @@ fn compose(a: &Analysis, ia: &Image, b: &Analysis, ib: &Image, w: u32, h: u32) -
             }
             out
         };
+        let (bw, bh) = bottom.dim_in_pixel();
+        let x_axis = Axis::new(0.0, 1.0, (bw / 110).clamp(2, 11) as usize, ticks::Unit::Fraction);
+        let y_axis = Axis::new(0.0, 100.0, (bh.saturating_sub(70) / 30).clamp(2, 6) as usize, ticks::Unit::Count);
         let mut chart = ChartBuilder::on(&bottom)
             .margin(10)
             .margin_right(40)
             .caption("fragmentation score over normalised time (A blue, B orange)", ("sans-serif", 16))
             .x_label_area_size(30)
             .y_label_area_size(50)
-            .build_cartesian_2d(0f64..1f64, 0f64..100f64)
+            .build_cartesian_2d(Ticked::new(0f64..1f64, &x_axis), Ticked::new(0f64..100f64, &y_axis))
             .map_err(|e| anyhow!("{e}"))?;
         chart
             .configure_mesh()
             .x_desc("time / duration")
             .y_desc("score")
             .label_style(("sans-serif", 12))
+            .x_label_formatter(&|v| x_axis.label(*v))
+            .y_label_formatter(&|v| y_axis.label(*v))
             .draw()
             .map_err(|e| anyhow!("{e}"))?;
         let blue = RGBColor(31, 90, 170);
@@ -426,6 +433,37 @@ pub fn to_json(c: &Comparison, gates: &[(Gate, Option<String>)]) -> serde_json::
         "snapshot": c.snapshot,
     })
 }
+
+/// One only-in list of segments (device, address, size) for compare.md:
+/// count and total first, then only the largest, so the lists do not bury
+/// the verdict (compare.json has them all).
+fn segments_md(side: &str, list: &[(u64, u64, u64)]) -> String {
+    let total: u64 = list.iter().map(|s| s.2).sum();
+    let mut t = format!("\n## Segments only in {side}: {}, {}\n\n", list.len(), bytes(total));
+    if list.is_empty() {
+        return t;
+    }
+    let mut largest: Vec<&(u64, u64, u64)> = list.iter().collect();
+    largest.sort_by(|x, y| y.2.cmp(&x.2).then(x.cmp(y)));
+    largest.truncate(SEGMENTS_SHOWN);
+    if list.len() > largest.len() {
+        let _ = writeln!(
+            t,
+            "The {} largest; all {} are in compare.json (`snapshot.only_{}`).\n",
+            largest.len(),
+            list.len(),
+            side.to_lowercase()
+        );
+    }
+    t.push_str("| device | address | size |\n|---|---|---|\n");
+    for (d, a, z) in largest {
+        let _ = writeln!(t, "| {d} | {a:#x} | {} |", bytes(*z));
+    }
+    t
+}
+
+/// Segments listed in compare.md per only-in list (the largest).
+const SEGMENTS_SHOWN: usize = 20;
 
 pub fn to_md(c: &Comparison, gates: &[(Gate, Option<String>)]) -> String {
     let mut md = format!("# fragscope compare: {} → {}\n\n", c.a.name, c.b.name);
@@ -476,18 +514,9 @@ pub fn to_md(c: &Comparison, gates: &[(Gate, Option<String>)]) -> String {
         }
     }
     if let Some(s) = &c.snapshot {
-        let seg = |list: &[(u64, u64, u64)]| -> String {
-            let mut t = String::from("| device | address | size |\n|---|---|---|\n");
-            for (d, a, z) in list.iter().take(50) {
-                let _ = writeln!(t, "| {d} | {a:#x} | {} |", bytes(*z));
-            }
-            if list.len() > 50 {
-                let _ = writeln!(t, "\n… and {} more (all in compare.json).", list.len() - 50);
-            }
-            t
-        };
-        let _ = writeln!(md, "\n## Segments only in A ({})\n\n{}", s.only_a.len(), seg(&s.only_a));
-        let _ = writeln!(md, "## Segments only in B ({})\n\n{}", s.only_b.len(), seg(&s.only_b));
+        md.push_str(&segments_md("A", &s.only_a));
+        md.push_str(&segments_md("B", &s.only_b));
+        md.push('\n');
         md.push_str("## Call sites whose live bytes changed most between the peaks\n\n| call site | A at peak | B at peak | Δ |\n|---|---|---|---|\n");
         for (site, x, y) in &s.sites {
             let _ = writeln!(
@@ -532,6 +561,20 @@ mod tests {
 
     fn row(key: &'static str, unit: Unit, a: f64, b: f64) -> MetricRow {
         MetricRow { key, label: key, unit, a, b, delta: b - a, relative: None, judgement: Judgement::Info }
+    }
+
+    #[test]
+    fn long_segment_lists_show_count_total_and_the_largest() {
+        let list: Vec<(u64, u64, u64)> = (0..25u64).map(|i| (0, 0x1000 * i, (i + 1) << 20)).collect();
+        let md = segments_md("A", &list);
+        assert!(md.contains("## Segments only in A: 25, 325.00 MiB"), "{md}");
+        assert!(md.contains("all 25 are in compare.json (`snapshot.only_a`)"), "{md}");
+        let rows: Vec<&str> = md.lines().filter(|l| l.starts_with("| 0 |")).collect();
+        assert_eq!(rows.len(), SEGMENTS_SHOWN);
+        assert!(rows[0].ends_with("| 25.00 MiB |") && rows[19].ends_with("| 6.00 MiB |"), "{md}");
+        let short = segments_md("B", &list[..3]);
+        assert!(!short.contains("compare.json") && short.lines().filter(|l| l.starts_with("| 0 |")).count() == 3);
+        assert!(segments_md("B", &[]).contains("only in B: 0, 0 B"));
     }
 
     #[test]

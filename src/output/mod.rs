@@ -13,6 +13,7 @@ pub(crate) mod json;
 pub(crate) mod markdown;
 pub mod plot;
 pub(crate) mod summary;
+pub mod ticks;
 
 use std::fs::File;
 use std::path::Path;

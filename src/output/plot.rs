@@ -15,11 +15,14 @@
 use std::path::Path;
 
 use anyhow::{Context, Result, anyhow, bail};
+use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint, Ranged};
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use crate::analysis::Analysis;
 use crate::analysis::layout::{Layout, Lifetime};
 use crate::analysis::predict::Risk;
+use crate::output::ticks::{Axis, Unit};
 use crate::units::bytes;
 
 const FONT: &str = "sans-serif";
@@ -120,6 +123,24 @@ fn title_font(width: u32) -> u32 {
 const LEGEND_FROM_WIDTH: u32 = 420;
 /// Panels shorter than this lose their caption and most of their margins.
 const COMPACT_BELOW: u32 = 120;
+/// The first of `candidates` (longest first) whose title fits `width`
+/// pixels, else the last one cut short with an ellipsis.
+fn fit_title(candidates: &[String], width: u32) -> String {
+    let room = width.saturating_sub(16);
+    let fits = |t: &str| text_width(t.chars().count(), title_font(width)) <= room;
+    if let Some(t) = candidates.iter().find(|t| fits(t)) {
+        return t.clone();
+    }
+    let last = candidates.last().map_or("", String::as_str);
+    let mut cut: String = last.chars().collect();
+    while !cut.is_empty() && !fits(&format!("{cut}…")) {
+        cut.pop();
+    }
+    format!("{cut}…")
+}
+
+/// Space above the figure title, so that no text touches the image border.
+const TITLE_PAD: u32 = 6;
 /// Height of the figure title.
 const TITLE_HEIGHT: u32 = 30;
 
@@ -209,24 +230,64 @@ impl PanelGeometry {
     }
 }
 
-/// An x-axis label: time, or the entry number where the trace has no
-/// timestamps (1 ns stands for one entry).
-fn axis_label(ns: f64, entries: bool) -> String {
-    if entries { format!("{ns:.0}") } else { time_label(ns) }
+/// The time axis over `[0, span]` ns with at most `max` ticks: time, the
+/// entry number where the trace has no timestamps (1 ns stands for one
+/// entry), or a fraction of the span (`compare`).
+fn time_axis(span: f64, max: usize, entries: bool, normalised: bool) -> Axis {
+    if normalised {
+        Axis::scaled(0.0, 1.0, max, Unit::Fraction, span)
+    } else if entries {
+        Axis::new(0.0, span, max, Unit::Count)
+    } else {
+        Axis::new(0.0, span, max, Unit::Time)
+    }
 }
 
-/// Human time for axis labels.
-fn time_label(ns: f64) -> String {
-    let a = ns.abs();
-    if a >= 1e9 {
-        format!("{:.2} s", ns / 1e9)
-    } else if a >= 1e6 {
-        format!("{:.1} ms", ns / 1e6)
-    } else if a >= 1e3 {
-        format!("{:.0} µs", ns / 1e3)
-    } else {
-        format!("{ns:.0} ns")
+/// A numeric axis whose ticks are an [`Axis`]'s: plotters' own f64 axis
+/// picks decimal steps, whatever the unit.
+#[derive(Clone)]
+pub(crate) struct Ticked {
+    inner: RangedCoordf64,
+    ticks: Vec<f64>,
+}
+
+impl Ticked {
+    pub(crate) fn new(range: std::ops::Range<f64>, axis: &Axis) -> Ticked {
+        Ticked { inner: range.into(), ticks: axis.at.clone() }
     }
+}
+
+impl Ranged for Ticked {
+    type FormatOption = DefaultFormatting;
+    type ValueType = f64;
+
+    fn map(&self, value: &f64, limit: (i32, i32)) -> i32 {
+        self.inner.map(value, limit)
+    }
+
+    fn key_points<Hint: KeyPointHint>(&self, _hint: Hint) -> Vec<f64> {
+        self.ticks.clone()
+    }
+
+    fn range(&self) -> std::ops::Range<f64> {
+        self.inner.range()
+    }
+}
+
+/// How many x ticks fit `width` pixels of axis (a label every ~110 px).
+fn x_ticks_for(width: u32) -> usize {
+    (width / 110).clamp(2, 10) as usize
+}
+
+/// How many y ticks fit `height` pixels of axis (a label every ~40 px).
+fn y_ticks_for(height: u32) -> usize {
+    (height / 40).clamp(2, 8) as usize
+}
+
+/// Approximate width in pixels of `chars` characters of the label font at
+/// `size` px (DejaVu Sans averages a little over half the size).
+fn text_width(chars: usize, size: u32) -> u32 {
+    (chars as u32 * size * 6).div_ceil(10)
 }
 
 /// Renders the MDTP into an RGB buffer; returns the buffer and the panels.
@@ -251,16 +312,23 @@ pub fn render_mdtp(a: &Analysis, layout: &Layout, cfg: &PlotConfig) -> Result<(V
     {
         let root = BitMapBackend::with_buffer(&mut buf, (w, h)).into_drawing_area();
         let s = crate::analysis::summary::Summary::of(a);
-        let title = format!(
-            "{} — peak live {}, score {:.1}, {} OOM{}{}",
+        let long = format!(
+            "{} — peak live {}, score {:.1}, {} OOM{}",
             a.trace.name,
             bytes(s.peak_live_bytes),
             s.score.final_,
             s.ooms,
             if s.ooms == 1 { "" } else { "s" },
-            if hidden > 0 { format!(" · +{hidden} processes not drawn") } else { String::new() }
         );
-        let root = root.titled(&title, (FONT, title_font(w))).map_err(|e| anyhow!("{e}"))?;
+        let title = fit_title(
+            &[
+                if hidden > 0 { format!("{long} · +{hidden} processes not drawn") } else { long.clone() },
+                long,
+                a.trace.name.clone(),
+            ],
+            w,
+        );
+        let root = root.margin(TITLE_PAD, 0, 0, 0).titled(&title, (FONT, title_font(w))).map_err(|e| anyhow!("{e}"))?;
         let areas = root.split_evenly((pids.len().max(1), 1));
         for (area, &pid) in areas.iter().zip(&pids) {
             let collapse = Collapse::new(footprint.regions(pid));
@@ -274,22 +342,42 @@ pub fn render_mdtp(a: &Analysis, layout: &Layout, cfg: &PlotConfig) -> Result<(V
             // A narrow image has no room for the size legend on the right.
             let legend = area.dim_in_pixel().0 >= LEGEND_FROM_WIDTH;
             let caption = format!("{} {pid}", if a.allocator_view { "device" } else { "process" });
+            let (area_w, area_h) = area.dim_in_pixel();
+            let entries = a.entry_order();
+            let x_axis =
+                time_axis((t1 - t0) as f64, x_ticks_for(area_w.saturating_sub(220)), entries, cfg.normalised_time);
+            let x_label_area = if compact { 22 } else { 36 };
+            let y_axis =
+                Axis::new(o0 as f64, o1 as f64, y_ticks_for(area_h.saturating_sub(x_label_area + 30)), Unit::Bytes);
+            // Room for half the last x label past the plot's right edge.
+            // The size legend's column is as wide as its widest text.
+            let legend_width = ["block size".to_string(), format!("≥ {}", bytes(max_size))]
+                .iter()
+                .map(|t| text_width(t.chars().count(), 12) + 28)
+                .max()
+                .unwrap_or(0);
+            let right = if legend { legend_width.max(130) } else { (text_width(x_axis.widest(), 13) / 2 + 4).max(8) };
             let mut builder = ChartBuilder::on(area);
             builder
-                .margin(if compact { 2 } else { 8 })
-                .margin_right(if legend { 130 } else { 8 })
-                .x_label_area_size(if compact { 22 } else { 36 })
-                .y_label_area_size(if legend { 84 } else { 64 });
+                .margin(if compact { 5 } else { 8 })
+                .margin_right(right)
+                .x_label_area_size(x_label_area)
+                .y_label_area_size((text_width(y_axis.widest(), 13) + 24).max(if legend { 84 } else { 64 }));
             if !compact {
                 builder.caption(caption, (FONT, 15));
             }
-            let mut chart =
-                builder.build_cartesian_2d(0f64..(t1 - t0) as f64, o0 as f64..o1 as f64).map_err(|e| anyhow!("{e}"))?;
-            let span = (t1 - t0).max(1) as f64;
-            let entries = a.entry_order();
-            let x_label = |v: &f64| {
-                if cfg.normalised_time { format!("{:.2}", v / span) } else { axis_label(*v, entries) }
-            };
+            // The rotated axis title, as long as the panel's height allows.
+            let plot_h = area_h.saturating_sub(x_label_area + if compact { 10 } else { 40 });
+            let y_desc = ["address offset (collapsed)", "offset"]
+                .into_iter()
+                .find(|d| (!compact || d.len() < 10) && text_width(d.chars().count(), 13) + 4 <= plot_h)
+                .unwrap_or("");
+            let mut chart = builder
+                .build_cartesian_2d(
+                    Ticked::new(0f64..(t1 - t0) as f64, &x_axis),
+                    Ticked::new(o0 as f64..o1 as f64, &y_axis),
+                )
+                .map_err(|e| anyhow!("{e}"))?;
             chart
                 .configure_mesh()
                 .disable_mesh()
@@ -298,10 +386,10 @@ pub fn render_mdtp(a: &Analysis, layout: &Layout, cfg: &PlotConfig) -> Result<(V
                     (false, true) => "trace entry (no timestamps)",
                     (false, false) => "time",
                 })
-                .y_desc(if compact { "offset" } else { "address offset (collapsed)" })
+                .y_desc(y_desc)
                 .label_style((FONT, 13))
-                .x_label_formatter(&x_label)
-                .y_label_formatter(&|v| bytes(v.max(0.0) as u64))
+                .x_label_formatter(&|v| x_axis.label(*v))
+                .y_label_formatter(&|v| y_axis.label(*v))
                 .draw()
                 .map_err(|e| anyhow!("{e}"))?;
             let (xr, yr) = chart.plotting_area().get_pixel_range();
@@ -506,15 +594,19 @@ pub fn write_png(buf: &[u8], w: u32, h: u32, path: &Path) -> Result<()> {
     Ok(())
 }
 
-type Panel<'a, 'b> = ChartContext<
-    'a,
-    BitMapBackend<'b>,
-    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
->;
+type Panel<'a, 'b> = ChartContext<'a, BitMapBackend<'b>, Cartesian2d<Ticked, Ticked>>;
 
 fn draw_err<E: std::error::Error + Send + Sync>(e: DrawingAreaErrorKind<E>) -> anyhow::Error {
     anyhow!("cannot draw the plot: {e}")
 }
+
+/// Timeline panels whose plot is shorter or narrower than this have no
+/// legend (the widest entry, the forecast's, needs about 440 px).
+const LEGEND_FROM_HEIGHT: u32 = 110;
+const TIMELINE_LEGEND_FROM_WIDTH: u32 = 460;
+
+/// Height of the forecast panel's risk strip, in score points.
+const RISK_STRIP: f64 = 6.0;
 
 /// One timeline panel over the whole trace: axes, labels, `y` range.
 fn timeline_panel<'a, 'b>(
@@ -522,26 +614,39 @@ fn timeline_panel<'a, 'b>(
     span: f64,
     y: std::ops::Range<f64>,
     y_desc: &str,
-    y_fmt: &dyn Fn(&f64) -> String,
+    y_unit: Unit,
     last: bool,
     entries: bool,
 ) -> Result<Panel<'a, 'b>> {
+    let (w, h) = area.dim_in_pixel();
+    let x_axis = time_axis(span, x_ticks_for(w.saturating_sub(110)), entries, false);
+    // A panel too short for labels (a tiny image) is drawn bare.
+    let tiny = h < 75;
+    let y_axis = if tiny {
+        Axis { at: Vec::new(), labels: Vec::new() }
+    } else {
+        Axis::new(y.start, y.end, y_ticks_for(h.saturating_sub(46)).min(6), y_unit)
+    };
+    // The panels share the time axis: only the last one labels it, and
+    // only when its panel has the room.
+    let x_labels = if last && !tiny { 30 } else { 0 };
     let mut c = ChartBuilder::on(area)
-        .margin(8)
-        .x_label_area_size(30)
-        .y_label_area_size(84)
-        .build_cartesian_2d(0f64..span, y)
+        .margin(if tiny { 4 } else { 8 })
+        .margin_right((text_width(x_axis.widest(), 12) / 2 + 4).max(8))
+        .x_label_area_size(x_labels)
+        .y_label_area_size((text_width(y_axis.widest(), 12) + 24).max(84))
+        .build_cartesian_2d(Ticked::new(0f64..span, &x_axis), Ticked::new(y, &y_axis))
         .map_err(draw_err)?;
     c.configure_mesh()
         .label_style((FONT, 12))
-        .y_desc(y_desc)
+        .y_desc(if tiny { "" } else { y_desc })
         .x_desc(match (last, entries) {
             (false, _) => "",
             (true, true) => "trace entry (no timestamps)",
             (true, false) => "time",
         })
-        .x_label_formatter(&|v| axis_label(*v, entries))
-        .y_label_formatter(y_fmt)
+        .x_label_formatter(&|v| x_axis.label(*v))
+        .y_label_formatter(&|v| y_axis.label(*v))
         .draw()
         .map_err(draw_err)?;
     Ok(c)
@@ -563,7 +668,7 @@ fn line<'a, 'b>(
 }
 
 /// Iteration boundaries (light grey), OOM markers across the panel, then
-/// the legend.
+/// the legend where the panel is tall enough for it.
 fn finish_panel<'a, 'b: 'a>(c: &mut Panel<'a, 'b>, iterations: &[f64], ooms: &[f64], top: f64) -> Result<()> {
     for &b in iterations {
         c.draw_series(std::iter::once(PathElement::new(vec![(b, 0.0), (b, top)], RGBColor(190, 190, 190))))
@@ -571,6 +676,10 @@ fn finish_panel<'a, 'b: 'a>(c: &mut Panel<'a, 'b>, iterations: &[f64], ooms: &[f
     }
     for &o in ooms {
         c.draw_series(std::iter::once(PathElement::new(vec![(o, 0.0), (o, top)], RED))).map_err(draw_err)?;
+    }
+    let (pw, ph) = c.plotting_area().dim_in_pixel();
+    if ph < LEGEND_FROM_HEIGHT || pw < TIMELINE_LEGEND_FROM_WIDTH {
+        return Ok(());
     }
     c.configure_series_labels()
         .label_font((FONT, 12))
@@ -590,7 +699,13 @@ pub fn render_timeline(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u8>> {
     let mut buf = vec![255u8; (w * h * 3) as usize];
     {
         let root = BitMapBackend::with_buffer(&mut buf, (w, h)).into_drawing_area();
-        let root = root.titled(&format!("{} — metrics over time", a.trace.name), (FONT, 22)).map_err(draw_err)?;
+        let root = root
+            .margin(TITLE_PAD, 0, 0, 0)
+            .titled(
+                &fit_title(&[format!("{} — metrics over time", a.trace.name), a.trace.name.clone()], w),
+                (FONT, title_font(w)),
+            )
+            .map_err(draw_err)?;
         let panels = root.split_evenly((3, 1));
         let t0 = a.first_ts;
         let span = (a.last_ts.max(t0 + 1) - t0) as f64;
@@ -608,23 +723,23 @@ pub fn render_timeline(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u8>> {
             .flat_map(|it| it.boundaries_t_ns.iter().map(|&b| b.saturating_sub(t0) as f64))
             .collect();
         let entries = a.entry_order();
-        let plain = |v: &f64| format!("{v:.0}");
         let score: Vec<(f64, f64)> = rows.iter().map(|r| (x(r), r.metrics.score)).collect();
 
         // 1. Live bytes.
         let top = rows.iter().map(|r| r.metrics.live_bytes).max().unwrap_or(1).max(1) as f64 * 1.05;
-        let mut c = timeline_panel(&panels[0], span, 0.0..top, "live", &|v| bytes(v.max(0.0) as u64), false, entries)?;
+        let mut c = timeline_panel(&panels[0], span, 0.0..top, "live", Unit::Bytes, false, entries)?;
         let live = rows.iter().map(|r| (x(r), r.metrics.live_bytes as f64)).collect();
         line(&mut c, live, BLUE, 2, &format!("live bytes (process {})", pid.unwrap_or(0)))?;
         finish_panel(&mut c, &iterations, &ooms, top)?;
 
         // 2. Score and its weighted components, risk bands behind.
-        let mut c = timeline_panel(&panels[1], span, 0.0..100.0, "score", &plain, false, entries)?;
+        let mut c = timeline_panel(&panels[1], span, 0.0..100.0, "score", Unit::Count, false, entries)?;
         for (lo, hi, colour) in [(70.0, 80.0, RGBColor(255, 224, 178)), (80.0, 100.0, RGBColor(255, 205, 210))] {
             c.draw_series(std::iter::once(Rectangle::new([(0.0, lo), (span, hi)], colour.mix(0.6).filled())))
                 .map_err(draw_err)?;
         }
-        let names = ["fragmentation (50·2E)", "unusable index (15·K)", "allocation mix (10·…)", "large gaps (25·L)"];
+        let names =
+            ["fragmentation (50·2E)", "unusable index (15·K)", "allocation mix (10·(0.6S+0.4C))", "large gaps (25·L)"];
         let colours = [RGBColor(31, 119, 180), RGBColor(255, 127, 14), RGBColor(44, 160, 44), RGBColor(148, 103, 189)];
         for (k, (name, colour)) in names.iter().zip(colours).enumerate() {
             let points =
@@ -634,20 +749,21 @@ pub fn render_timeline(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u8>> {
         line(&mut c, score.clone(), BLACK, 2, "score")?;
         finish_panel(&mut c, &iterations, &ooms, 100.0)?;
 
-        // 3. Online forecast against the score, online risk shaded.
-        let mut c = timeline_panel(&panels[2], span, 0.0..100.0, "forecast", &plain, true, entries)?;
+        // 3. Online forecast against the score; the online risk is a strip
+        // along the bottom, so both lines stay visible above it.
+        let mut c = timeline_panel(&panels[2], span, 0.0..100.0, "forecast", Unit::Count, true, entries)?;
         for pair in rows.windows(2) {
             let colour = match pair[0].risk_online {
                 Some(Risk::Critical) => RGBColor(255, 205, 210),
                 Some(Risk::High) => RGBColor(255, 224, 178),
                 _ => continue,
             };
-            c.draw_series(std::iter::once(Rectangle::new([(x(pair[0]), 0.0), (x(pair[1]), 100.0)], colour.filled())))
-                .map_err(draw_err)?;
+            let strip = [(x(pair[0]), 0.0), (x(pair[1]), RISK_STRIP)];
+            c.draw_series(std::iter::once(Rectangle::new(strip, colour.filled()))).map_err(draw_err)?;
         }
         line(&mut c, score, BLACK, 1, "score")?;
         let forecast = rows.iter().filter_map(|r| Some((x(r), *r.forecast.as_ref()?.first()?))).collect();
-        line(&mut c, forecast, MAGENTA, 1, "online forecast, next step (risk high/critical shaded)")?;
+        line(&mut c, forecast, MAGENTA, 1, "online forecast, next step (strip: risk high, critical)")?;
         finish_panel(&mut c, &iterations, &ooms, 100.0)?;
         root.present().map_err(draw_err)?;
     }

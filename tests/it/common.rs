@@ -18,3 +18,18 @@ pub fn read_dataset(dir: &Path) -> DataFrame {
     };
     LazyFrame::scan_parquet(PlRefPath::new(dir.to_string_lossy().as_ref()), args).unwrap().collect().unwrap()
 }
+
+/// Asserts that nothing is drawn within `px` pixels of the image's border
+/// (no clipped or edge-touching text): the frame is all white.
+pub fn assert_clear_border(path: &std::path::Path, px: u32) {
+    let img = image::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())).to_rgb8();
+    let (w, h) = img.dimensions();
+    for (x, y, p) in img.enumerate_pixels() {
+        let on_border = x < px || y < px || x >= w - px || y >= h - px;
+        assert!(
+            !on_border || p.0 == [255, 255, 255],
+            "{}: ink at ({x}, {y}), within {px} px of the border",
+            path.display()
+        );
+    }
+}

@@ -45,6 +45,7 @@ fn a_more_fragmented_candidate_is_worse_and_trips_the_gate() {
     assert!(md.contains("**Verdict: WORSE**") && md.contains("| p95 score |"));
     let img = image::open(out.join("compare.png")).unwrap();
     assert_eq!((img.width(), img.height()), (2000, 1200));
+    crate::common::assert_clear_border(&out.join("compare.png"), 4);
 
     // The same trace twice: same, and the gates pass.
     let same = tmp.path().join("same");

@@ -112,6 +112,15 @@ fn analyze_writes_both_pngs_at_the_requested_size() {
     for name in ["mdtp.png", "timeline.png"] {
         let img = image::open(out.join(name)).unwrap();
         assert_eq!((img.width(), img.height()), (640, 480), "{name}");
+        crate::common::assert_clear_border(&out.join(name), 4);
+    }
+    // At the default size too, with several processes (multi pattern).
+    let multi = tmp.path().join("multi");
+    fragscope().args(["synth", "--pattern", "multi", "--events", "20000", "-o"]).arg(&multi).assert().success();
+    let out_multi = tmp.path().join("out-multi");
+    fragscope().arg("analyze").arg(&multi).arg("-o").arg(&out_multi).assert().success();
+    for name in ["mdtp.png", "timeline.png"] {
+        crate::common::assert_clear_border(&out_multi.join(name), 4);
     }
     let out2 = tmp.path().join("none");
     fragscope().arg("analyze").arg(&dir).args(["--no-plots", "-o"]).arg(&out2).assert().success();
@@ -229,6 +238,13 @@ mod many_processes {
             prop_assert_eq!(panels.len() + not_drawn(&a, &panels, &cfg), n as usize);
             let timeline = render_timeline(&a, &cfg).unwrap();
             prop_assert_eq!(timeline.len(), (w * h * 3) as usize);
+            // No text or line touches the border, whatever the size.
+            for (name, img) in [("mdtp", &buf), ("timeline", &timeline)] {
+                let touching = (0..w).flat_map(|x| [(x, 0), (x, h - 1)]).chain((0..h).flat_map(|y| [(0, y), (w - 1, y)]));
+                for (x, y) in touching {
+                    prop_assert_eq!(rgb(img, w, (x, y)), [255, 255, 255], "{} {}x{}: ink at ({}, {})", name, w, h, x, y);
+                }
+            }
         }
     }
 }
