@@ -44,6 +44,11 @@ pub enum Command {
         after_help = "Example (CI): fragscope compare main.pickle branch.pickle -o cmp \\\n    --fail-if-worse p95_score:5 --fail-if-worse peak_live:10%\n\nMetrics: peak_live, peak_reserved, allocs, alloc_rate, mean_score, p95_score, max_score, final_score, ext_frag_at_peak, ooms, leaked, risk.\n\nExit codes: 0 success, 1 error, 2 usage error, 3 a --fail-if-worse gate tripped."
     )]
     Compare(CompareArgs),
+    /// Replay a PyTorch snapshot's requests through a model of its caching allocator: how faithful the model is, and what other PYTORCH_CUDA_ALLOC_CONF settings would have done.
+    #[command(
+        after_help = "Examples:\n  fragscope whatif snapshot.pickle -o whatif\n  fragscope whatif snapshot.pickle -o whatif --capacity 80GiB --conf max_split_size_mb:128 --conf roundup_power2_divisions:4"
+    )]
+    Whatif(WhatifArgs),
     /// Record CUDA allocations, frees, copies and kernel launches of a program with eBPF (needs root).
     #[command(
         after_help = "Examples:\n  sudo fragscope record -o trace -- python train.py\n  sudo fragscope record -o trace --pid 4242\n  sudo fragscope record -o trace --lib ./app -- ./app   (runtime linked into the executable)\n\nExit status: the command's, when it ran to its end; 0 when stopped by Ctrl-C, SIGTERM, --duration or the end of --pid; 1 on errors."
@@ -121,6 +126,26 @@ pub struct CompareArgs {
     /// compare.png size in pixels, WIDTHxHEIGHT.
     #[arg(long, default_value = "2000x1200", value_parser = parse_size_px)]
     pub size: (u32, u32),
+}
+
+#[derive(Debug, Args)]
+pub struct WhatifArgs {
+    /// A PyTorch memory snapshot pickle.
+    pub input: PathBuf,
+    /// Output directory (whatif.json, whatif.md).
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// A scenario: PYTORCH_CUDA_ALLOC_CONF entries on top of the recorded settings, comma-separated
+    /// (max_split_size_mb:128,roundup_power2_divisions:4). Repeatable; without it a default sweep runs.
+    #[arg(long = "conf", value_name = "KEY:VALUE[,KEY:VALUE]")]
+    pub conf: Vec<String>,
+    /// Device memory capacity: a scenario whose reserved memory would exceed it runs out of memory.
+    /// Without it nothing runs out, and only peaks are compared.
+    #[arg(long, value_parser = parse_bytes)]
+    pub capacity: Option<u64>,
+    /// Only this CUDA device (default: every device of the snapshot).
+    #[arg(long)]
+    pub device: Option<u32>,
 }
 
 #[derive(Debug, Args)]

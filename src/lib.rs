@@ -18,6 +18,7 @@ pub(crate) mod record;
 pub(crate) mod synth;
 pub mod trace;
 pub(crate) mod units;
+pub(crate) mod whatif;
 
 use anyhow::Result;
 
@@ -28,6 +29,8 @@ use crate::cli::{Cli, Command, SynthArgs};
 pub mod exit {
     pub const OK: u8 = 0;
     pub const ERROR: u8 = 1;
+    /// A usage error (clap's own code for bad arguments).
+    pub const USAGE: u8 = 2;
     pub const GATE: u8 = 3;
 }
 
@@ -37,6 +40,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Synth(args) => run_synth(&args),
         Command::Analyze(args) => batch::run(&args),
         Command::Import(args) => run_import(&args),
+        Command::Whatif(args) => whatif::run(&args),
         Command::Record(args) => run_record(&args),
         Command::Compare(args) => {
             let opts = Options { step: args.step, device: args.device, ..Options::default() };

@@ -11,6 +11,7 @@
 //! flagged `at_oom` at its instant, describing the state the failed request
 //! saw: every event before it in time order, none after.
 
+pub mod allocator;
 pub mod cluster;
 pub(crate) mod flame;
 pub mod iterations;
@@ -23,6 +24,7 @@ pub mod predict;
 pub mod replay;
 pub mod sites;
 pub(crate) mod summary;
+pub mod whatif;
 
 use std::path::Path;
 use std::str::FromStr;

@@ -14,6 +14,7 @@ pub(crate) mod markdown;
 pub mod plot;
 pub(crate) mod summary;
 pub mod ticks;
+pub(crate) mod whatif;
 
 use std::fs::File;
 use std::path::Path;

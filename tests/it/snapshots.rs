@@ -320,3 +320,53 @@ fn truncated_and_hostile_pickles_fail_cleanly() {
         .code(1)
         .stderr(predicate::str::contains("list.pickle").and(predicate::str::contains("not a PyTorch memory snapshot")));
 }
+
+/// `whatif` on a real snapshot: the model's fidelity and the scenarios are
+/// in whatif.json, a bad `--conf` is a usage error naming it, and a trace
+/// directory is refused with a clear message.
+#[test]
+fn whatif_reports_fidelity_scenarios_and_a_recommendation() {
+    let Some(pickle) = fixture() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("w");
+    fragscope()
+        .arg("whatif")
+        .arg(&pickle)
+        .arg("-o")
+        .arg(&out)
+        .args(["--capacity", "80GiB", "--conf", "max_split_size_mb:64,roundup_power2_divisions:4"])
+        .assert()
+        .success()
+        .stdout(predicates::str::contains("where PyTorch did (100.0 %)"));
+    let w = json(&out.join("whatif.json"));
+    let f = &w["fidelity"][0];
+    assert!(f["allocations"].as_u64().unwrap() > 1000, "{f}");
+    assert_eq!(f["same_address"], f["allocations"], "{f}");
+    assert_eq!(f["recorded_peak_reserved_bytes"], f["simulated_peak_reserved_bytes"], "{f}");
+    let names: Vec<&str> = w["scenarios"].as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["recorded", "max_split_size_mb:64,roundup_power2_divisions:4"]);
+    for s in w["scenarios"].as_array().unwrap() {
+        assert!(s["peak_reserved_bytes"].as_u64().unwrap() >= s["peak_allocated_bytes"].as_u64().unwrap());
+        assert_eq!(s["ooms"], 0, "80 GiB hold an 18 GiB run: {s}");
+    }
+    assert!(w["recommendation"]["conf"].as_str().is_some());
+    assert!(std::fs::read_to_string(out.join("whatif.md")).unwrap().contains("## Fidelity"));
+
+    fragscope()
+        .arg("whatif")
+        .arg(&pickle)
+        .arg("-o")
+        .arg(tmp.path().join("bad"))
+        .args(["--conf", "max_split_size_mb:lots"])
+        .assert()
+        .code(2)
+        .stderr(predicates::str::contains("max_split_size_mb"));
+    fragscope()
+        .arg("whatif")
+        .arg(tmp.path())
+        .arg("-o")
+        .arg(tmp.path().join("dir"))
+        .assert()
+        .code(1)
+        .stderr(predicates::str::contains("whatif reads a PyTorch memory snapshot"));
+}

@@ -1,0 +1,618 @@
+//! A model of PyTorch's CUDA caching allocator (`CUDACachingAllocator.cpp`,
+//! the native allocator of PyTorch 2.1–2.5, without expandable segments),
+//! for replaying a recorded request stream under other settings.
+//!
+//! What it follows:
+//! - **Rounding**: requests below 512 B become 512 B; with
+//!   `roundup_power2_divisions` d > 1 for the request's power-of-two
+//!   interval (and a request above 512·d B), up to the next of d equal
+//!   divisions of that interval; otherwise up to a multiple of 512 B.
+//! - **Pools**: small (≤ 1 MiB) and large, each ordered by (stream, size,
+//!   address); a request takes the first free block of its stream and pool
+//!   at least its size (best fit, lowest address on ties).
+//! - **`max_split_size`**: a request below it never takes a block at or
+//!   above it; a request at or above it takes such a block only when it
+//!   wastes less than 20 MiB.
+//! - **New segments**: 2 MiB for small requests, 20 MiB for large ones
+//!   below 10 MiB, otherwise the request rounded up to 2 MiB. The block
+//!   goes at the start of the segment.
+//! - **Splitting**: the block takes the low end of the free block; the rest
+//!   stays free when it is ≥ 512 B (small pool) or > 1 MiB (large pool,
+//!   and only for requests below `max_split_size`).
+//! - **Freeing** (`free_completed`): the block merges with free neighbours
+//!   of its segment.
+//! - **Out of memory**: when a new segment does not fit the capacity, the
+//!   oversize cached segments are released (`release_available_cached_blocks`,
+//!   with `max_split_size`), then every cached free segment
+//!   (`release_cached_blocks`), retrying after each; then the request fails.
+//! - **`garbage_collection_threshold`**: before asking for a segment, when
+//!   reserved memory exceeds the threshold × capacity, whole free segments
+//!   are released, oldest first, until reserved is below it.
+//!
+//! Not modelled: expandable segments, CUDA graph pools, pending
+//! `record_stream` events (a block is reusable at its `free_completed`),
+//! and the exact ages PyTorch's garbage collection weighs (it releases
+//! unsplit large blocks whose age is at least the average; this model
+//! releases whole free segments, least recently freed first). Rounding
+//! follows PyTorch ≥ 2.4 (`roundup_power2_divisions` of 1 means plain
+//! 512 B rounding).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// PyTorch's constants.
+pub const MIN_BLOCK: u64 = 512;
+pub const SMALL_SIZE: u64 = 1 << 20;
+pub const SMALL_BUFFER: u64 = 2 << 20;
+pub const LARGE_BUFFER: u64 = 20 << 20;
+pub const MIN_LARGE_ALLOC: u64 = 10 << 20;
+pub const ROUND_LARGE: u64 = 2 << 20;
+
+/// The settings of `PYTORCH_CUDA_ALLOC_CONF` the model follows.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    /// None: unlimited (PyTorch's default).
+    pub max_split_size: Option<u64>,
+    /// Divisions per power-of-two interval, from 1 MiB (index 0 for every
+    /// size below) up; 0 or 1: plain 512 B rounding.
+    pub roundup_power2_divisions: Vec<u64>,
+    /// Fraction of the capacity; None: off.
+    pub garbage_collection_threshold: Option<f64>,
+    pub expandable_segments: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            max_split_size: None,
+            roundup_power2_divisions: vec![0; 16],
+            garbage_collection_threshold: None,
+            expandable_segments: false,
+        }
+    }
+}
+
+impl Settings {
+    /// The settings a snapshot's `allocator_settings` records (missing
+    /// keys keep PyTorch's defaults).
+    pub fn from_snapshot(s: &serde_json::Value) -> Settings {
+        let mut out = Settings::default();
+        if let Some(m) = s.get("max_split_size").and_then(|v| v.as_i64()) {
+            out.max_split_size = (m > 0 && m < i64::MAX).then_some(m as u64);
+        }
+        if let Some(d) = s.get("roundup_power2_divisions") {
+            match d {
+                serde_json::Value::Object(map) => {
+                    // Keys are interval starts in MiB-ish units ("1", "2", …);
+                    // in order of size they are the intervals from 1 MiB up.
+                    let mut by_size: Vec<(u64, u64)> = map
+                        .iter()
+                        .filter_map(|(k, v)| Some((k.parse::<u64>().ok()?, v.as_u64().unwrap_or(0))))
+                        .collect();
+                    by_size.sort_unstable();
+                    for (i, (_, v)) in by_size.into_iter().enumerate().take(out.roundup_power2_divisions.len()) {
+                        out.roundup_power2_divisions[i] = v;
+                    }
+                }
+                serde_json::Value::Array(list) => {
+                    for (i, v) in list.iter().enumerate().take(out.roundup_power2_divisions.len()) {
+                        out.roundup_power2_divisions[i] = v.as_u64().unwrap_or(0);
+                    }
+                }
+                serde_json::Value::Number(n) => out.roundup_power2_divisions.fill(n.as_u64().unwrap_or(0)),
+                _ => {}
+            }
+        }
+        if let Some(g) = s.get("garbage_collection_threshold").and_then(|v| v.as_f64()) {
+            out.garbage_collection_threshold = (g > 0.0).then_some(g);
+        }
+        out.expandable_segments = s.get("expandable_segments").and_then(|v| v.as_bool()).unwrap_or(false);
+        out
+    }
+
+    /// Applies one `PYTORCH_CUDA_ALLOC_CONF` entry (`key:value`).
+    pub fn apply(&mut self, entry: &str) -> Result<(), String> {
+        let (key, value) = entry
+            .split_once(':')
+            .ok_or_else(|| format!("`{entry}`: expected KEY:VALUE, as in PYTORCH_CUDA_ALLOC_CONF"))?;
+        let bad = |what: &str| format!("`{entry}`: {key} takes {what}");
+        match key.trim() {
+            "max_split_size_mb" => {
+                let mb: u64 = value.trim().parse().map_err(|_| bad("a whole number of MiB"))?;
+                if mb * (1 << 20) <= LARGE_BUFFER {
+                    return Err(bad("more than 20 (MiB), as PyTorch requires"));
+                }
+                self.max_split_size = Some(mb << 20);
+            }
+            "roundup_power2_divisions" => {
+                let d: u64 = value.trim().parse().map_err(|_| bad("a power of two (one value for every size)"))?;
+                if d != 0 && !d.is_power_of_two() {
+                    return Err(bad("a power of two"));
+                }
+                self.roundup_power2_divisions.fill(d);
+            }
+            "garbage_collection_threshold" => {
+                let g: f64 = value.trim().parse().map_err(|_| bad("a fraction between 0 and 1"))?;
+                if !(g > 0.0 && g < 1.0) {
+                    return Err(bad("a fraction strictly between 0 and 1"));
+                }
+                self.garbage_collection_threshold = Some(g);
+            }
+            "expandable_segments" => {
+                self.expandable_segments = match value.trim() {
+                    "True" | "true" => true,
+                    "False" | "false" => false,
+                    _ => return Err(bad("True or False")),
+                };
+            }
+            other => {
+                return Err(format!(
+                    "`{entry}`: unknown key `{other}` (known: max_split_size_mb, roundup_power2_divisions, \
+                     garbage_collection_threshold, expandable_segments)"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The allocated size of a request.
+    pub fn round(&self, size: u64) -> u64 {
+        if size <= MIN_BLOCK {
+            return MIN_BLOCK;
+        }
+        let divisions = self.divisions(size);
+        if divisions > 1 && size > MIN_BLOCK * divisions {
+            next_division(size, divisions)
+        } else {
+            size.div_ceil(MIN_BLOCK) * MIN_BLOCK
+        }
+    }
+
+    fn divisions(&self, size: u64) -> u64 {
+        // Interval 0 holds every size up to 1 MiB; then one per power of two.
+        let log = 63 - size.leading_zeros() as usize;
+        let index = log.saturating_sub(20).min(self.roundup_power2_divisions.len().saturating_sub(1));
+        self.roundup_power2_divisions.get(index).copied().unwrap_or(0)
+    }
+}
+
+/// `roundup_power2_next_division`: up to the next of `divisions` equal
+/// steps between the powers of two around `size`.
+fn next_division(size: u64, divisions: u64) -> u64 {
+    if size.is_power_of_two() {
+        return size;
+    }
+    let floor = 1u64 << (63 - size.leading_zeros());
+    let step = floor >> (63 - divisions.leading_zeros());
+    if step == 0 {
+        return floor << 1;
+    }
+    let down = size & !(step - 1);
+    if down == size { size } else { down + step }
+}
+
+/// The size of a new segment for a rounded request.
+pub fn segment_size(rounded: u64) -> u64 {
+    if rounded <= SMALL_SIZE {
+        SMALL_BUFFER
+    } else if rounded < MIN_LARGE_ALLOC {
+        LARGE_BUFFER
+    } else {
+        rounded.div_ceil(ROUND_LARGE) * ROUND_LARGE
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Block {
+    size: u64,
+    stream: u64,
+    allocated: bool,
+    small: bool,
+    /// Start of its segment.
+    segment: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Segment {
+    size: u64,
+    stream: u64,
+    small: bool,
+    /// When its last block was freed (for garbage collection order).
+    freed_at: u64,
+}
+
+/// Why a request got no block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// A new segment would exceed the capacity, even after releasing the
+    /// cache.
+    OutOfMemory { reserved: u64, segment: u64 },
+}
+
+/// The allocator's state: every block by address, the free ones also in
+/// their pool's (stream, size, address) order, and the segments.
+#[derive(Clone, Debug, Default)]
+pub struct Allocator {
+    pub settings: Settings,
+    blocks: BTreeMap<u64, Block>,
+    free_small: BTreeSet<(u64, u64, u64)>,
+    free_large: BTreeSet<(u64, u64, u64)>,
+    segments: BTreeMap<u64, Segment>,
+    pub reserved: u64,
+    pub allocated: u64,
+    clock: u64,
+}
+
+/// Where a request was placed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placement {
+    pub addr: u64,
+    pub size: u64,
+    /// A new segment of this size was needed.
+    pub new_segment: Option<u64>,
+}
+
+impl Allocator {
+    pub fn new(settings: Settings) -> Allocator {
+        Allocator { settings, ..Allocator::default() }
+    }
+
+    fn pool(&mut self, small: bool) -> &mut BTreeSet<(u64, u64, u64)> {
+        if small { &mut self.free_small } else { &mut self.free_large }
+    }
+
+    fn insert_free(&mut self, addr: u64, b: Block) {
+        self.blocks.insert(addr, Block { allocated: false, ..b });
+        self.pool(b.small).insert((b.stream, b.size, addr));
+    }
+
+    fn remove_free(&mut self, addr: u64) -> Option<Block> {
+        let b = *self.blocks.get(&addr)?;
+        if b.allocated {
+            return None;
+        }
+        self.pool(b.small).remove(&(b.stream, b.size, addr));
+        self.blocks.remove(&addr);
+        Some(b)
+    }
+
+    /// Adds a segment at `addr` (all free). `small`: the small pool's.
+    pub fn add_segment(&mut self, addr: u64, size: u64, stream: u64, small: bool) {
+        self.segments.insert(addr, Segment { size, stream, small, freed_at: self.clock });
+        self.reserved += size;
+        self.insert_free(addr, Block { size, stream, allocated: false, small, segment: addr });
+    }
+
+    /// Removes the segment at `addr` when it is entirely free.
+    pub fn release_segment(&mut self, addr: u64) -> bool {
+        let Some(s) = self.segments.get(&addr).copied() else { return false };
+        match self.blocks.get(&addr) {
+            Some(b) if !b.allocated && b.size == s.size => {
+                self.remove_free(addr);
+                self.segments.remove(&addr);
+                self.reserved -= s.size;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The free block the allocator would take for a rounded request.
+    pub fn find_free(&self, rounded: u64, stream: u64) -> Option<u64> {
+        let small = rounded <= SMALL_SIZE;
+        let pool = if small { &self.free_small } else { &self.free_large };
+        let &(s, size, addr) = pool.range((stream, rounded, 0)..).next()?;
+        if s != stream {
+            return None;
+        }
+        if let Some(max) = self.settings.max_split_size {
+            if rounded < max && size >= max {
+                return None;
+            }
+            if rounded >= max && size >= rounded + LARGE_BUFFER {
+                return None;
+            }
+        }
+        Some(addr)
+    }
+
+    fn should_split(&self, block: &Block, rounded: u64) -> bool {
+        let rest = block.size - rounded;
+        if block.small {
+            rest >= MIN_BLOCK
+        } else {
+            self.settings.max_split_size.is_none_or(|m| rounded < m) && rest > SMALL_SIZE
+        }
+    }
+
+    /// The size of the block a rounded request would get from the free
+    /// block at `addr` (None when there is no free block there).
+    pub fn would_take(&self, addr: u64, rounded: u64) -> Option<u64> {
+        let b = self.blocks.get(&addr).filter(|b| !b.allocated && b.size >= rounded)?;
+        Some(if self.should_split(b, rounded) { rounded } else { b.size })
+    }
+
+    /// The size of the block a rounded request would get from a new
+    /// segment of `segment` bytes.
+    pub fn would_take_new(&self, segment: u64, rounded: u64) -> u64 {
+        let b = Block { size: segment, stream: 0, allocated: false, small: rounded <= SMALL_SIZE, segment: 0 };
+        if self.should_split(&b, rounded) { rounded } else { segment }
+    }
+
+    /// Takes the free block at `addr` for a rounded request: the low end,
+    /// the rest stays free when the split rules allow. Returns the block's
+    /// size.
+    pub fn take(&mut self, addr: u64, rounded: u64) -> Option<u64> {
+        let b = self.remove_free(addr)?;
+        let size = if self.should_split(&b, rounded) {
+            self.insert_free(addr + rounded, Block { size: b.size - rounded, ..b });
+            rounded
+        } else {
+            b.size
+        };
+        self.blocks.insert(addr, Block { size, allocated: true, ..b });
+        self.allocated += size;
+        self.clock += 1;
+        Some(size)
+    }
+
+    /// Places `addr` (an exact block the recording had) inside a free
+    /// block: for building the initial state and following a recording.
+    /// False when no free block covers it.
+    pub fn take_exact(&mut self, addr: u64, size: u64) -> bool {
+        let Some((&start, &b)) = self.blocks.range(..=addr).next_back() else { return false };
+        if b.allocated || addr + size > start + b.size {
+            return false;
+        }
+        self.remove_free(start);
+        if addr > start {
+            self.insert_free(start, Block { size: addr - start, ..b });
+        }
+        let end = start + b.size;
+        if addr + size < end {
+            self.insert_free(addr + size, Block { size: end - addr - size, ..b });
+        }
+        self.blocks.insert(addr, Block { size, allocated: true, ..b });
+        self.allocated += size;
+        self.clock += 1;
+        true
+    }
+
+    /// Frees the allocated block at `addr`, merging it with free
+    /// neighbours in its segment. Returns its size.
+    pub fn free(&mut self, addr: u64) -> Option<u64> {
+        let b = *self.blocks.get(&addr).filter(|b| b.allocated)?;
+        self.blocks.remove(&addr);
+        self.allocated -= b.size;
+        self.clock += 1;
+        let (mut start, mut size) = (addr, b.size);
+        if let Some((&p, &pb)) = self.blocks.range(..addr).next_back()
+            && !pb.allocated
+            && pb.segment == b.segment
+            && p + pb.size == addr
+        {
+            self.remove_free(p);
+            start = p;
+            size += pb.size;
+        }
+        if let Some(&nb) = self.blocks.get(&(addr + b.size))
+            && !nb.allocated
+            && nb.segment == b.segment
+        {
+            self.remove_free(addr + b.size);
+            size += nb.size;
+        }
+        self.insert_free(start, Block { size, ..b });
+        if let Some(s) = self.segments.get_mut(&b.segment)
+            && start == b.segment
+            && size == s.size
+        {
+            s.freed_at = self.clock;
+        }
+        Some(b.size)
+    }
+
+    /// Releases every entirely free segment (`release_cached_blocks`);
+    /// returns the bytes released.
+    pub fn release_cache(&mut self) -> u64 {
+        let whole: Vec<u64> = self
+            .segments
+            .iter()
+            .filter(|(a, s)| self.blocks.get(a).is_some_and(|b| !b.allocated && b.size == s.size))
+            .map(|(a, _)| *a)
+            .collect();
+        let before = self.reserved;
+        for a in whole {
+            self.release_segment(a);
+        }
+        before - self.reserved
+    }
+
+    /// `release_available_cached_blocks`: with `max_split_size`, releases
+    /// the smallest free oversize segment of the stream at least the
+    /// request (or max_split_size), else oversize ones from the largest
+    /// below down until their total reaches it. True when it released
+    /// enough.
+    fn release_available(&mut self, rounded: u64, stream: u64) -> bool {
+        let Some(mss) = self.settings.max_split_size else { return false };
+        let small = rounded <= SMALL_SIZE;
+        let want = rounded.max(mss);
+        let whole = |a: &Allocator, addr: u64| {
+            a.segments.get(&addr).zip(a.blocks.get(&addr)).is_some_and(|(s, b)| !b.allocated && b.size == s.size)
+        };
+        let pool = if small { &self.free_small } else { &self.free_large };
+        if let Some(&(s, _, addr)) = pool.range((stream, want, 0)..).next()
+            && s == stream
+        {
+            return whole(self, addr) && self.release_segment(addr);
+        }
+        let below: Vec<(u64, u64)> = pool
+            .range(..(stream, want, 0))
+            .rev()
+            .take_while(|k| k.0 == stream && k.1 >= mss)
+            .map(|k| (k.1, k.2))
+            .collect();
+        let mut total = 0;
+        for (size, addr) in below {
+            if total >= want {
+                break;
+            }
+            if whole(self, addr) && self.release_segment(addr) {
+                total += size;
+            }
+        }
+        total >= want
+    }
+
+    /// Garbage collection: releases whole free segments, least recently
+    /// freed first, until reserved is at most `target`.
+    fn collect_garbage(&mut self, target: u64) {
+        let mut whole: Vec<(u64, u64)> = self
+            .segments
+            .iter()
+            .filter(|(a, s)| self.blocks.get(a).is_some_and(|b| !b.allocated && b.size == s.size))
+            .map(|(a, s)| (s.freed_at, *a))
+            .collect();
+        whole.sort_unstable();
+        for (_, a) in whole {
+            if self.reserved <= target {
+                break;
+            }
+            self.release_segment(a);
+        }
+    }
+
+    /// Serves a request in simulation: a free block, else a new segment
+    /// from `new_segment_at` (the address the device gives) within
+    /// `capacity`, releasing the cache and retrying once when it does not
+    /// fit.
+    pub fn malloc(
+        &mut self,
+        requested: u64,
+        stream: u64,
+        capacity: Option<u64>,
+        new_segment_at: &mut dyn FnMut(u64) -> u64,
+    ) -> Result<Placement, Refused> {
+        let rounded = self.settings.round(requested);
+        if let Some(addr) = self.find_free(rounded, stream) {
+            let size = self.take(addr, rounded).unwrap_or(rounded);
+            return Ok(Placement { addr, size, new_segment: None });
+        }
+        let seg = segment_size(rounded);
+        if let (Some(g), Some(cap)) = (self.settings.garbage_collection_threshold, capacity)
+            && self.reserved as f64 > g * cap as f64
+        {
+            self.collect_garbage((g * cap as f64) as u64);
+        }
+        let fits = |a: &Allocator| capacity.is_none_or(|c| a.reserved + seg <= c);
+        // As PyTorch: a new segment; else release oversize cached blocks
+        // (with max_split_size) and try again; else release every cached
+        // segment and try again; else out of memory.
+        if !fits(self) && !(self.release_available(rounded, stream) && fits(self)) {
+            self.release_cache();
+            if !fits(self) {
+                return Err(Refused::OutOfMemory { reserved: self.reserved, segment: seg });
+            }
+        }
+        let addr = new_segment_at(seg);
+        self.add_segment(addr, seg, stream, rounded <= SMALL_SIZE);
+        let size = self.take(addr, rounded).unwrap_or(rounded);
+        Ok(Placement { addr, size, new_segment: Some(seg) })
+    }
+
+    /// The largest free block, in either pool.
+    pub fn largest_free(&self) -> u64 {
+        self.free_small.iter().chain(&self.free_large).map(|k| k.1).max().unwrap_or(0)
+    }
+
+    /// Whether the segment starting at `addr` is in the small pool.
+    pub fn segment_is_small(&self, addr: u64) -> Option<bool> {
+        self.segments.get(&addr).map(|s| s.small)
+    }
+
+    pub fn segment_count(&self) -> usize {
+        self.segments.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn rounding_follows_pytorch() {
+        let s = Settings::default();
+        assert_eq!((s.round(1), s.round(512), s.round(513), s.round(5000)), (512, 512, 1024, 5120));
+        let mut p = Settings::default();
+        p.apply("roundup_power2_divisions:4").unwrap();
+        // 1200 MiB lies in [1024, 2048) MiB, four divisions of 256 MiB.
+        assert_eq!(p.round(1200 * MIB), 1280 * MIB);
+        assert_eq!(p.round(1024 * MIB), 1024 * MIB);
+        assert_eq!(p.round(1000), 1024, "a request below 512·4 B is rounded to 512 B");
+    }
+
+    #[test]
+    fn segment_sizes() {
+        assert_eq!(segment_size(512), 2 * MIB);
+        assert_eq!(segment_size(SMALL_SIZE + 512), 20 * MIB);
+        assert_eq!(segment_size(10 * MIB), 10 * MIB);
+        assert_eq!(segment_size(11 * MIB + 1), 12 * MIB);
+    }
+
+    #[test]
+    fn best_fit_split_and_merge() {
+        let mut a = Allocator::new(Settings::default());
+        let mut next = 0x1000_0000u64;
+        let mut dev = |size: u64| {
+            let at = next;
+            next += size;
+            at
+        };
+        let x = a.malloc(3 * MIB, 0, None, &mut dev).unwrap();
+        assert_eq!(x.new_segment, Some(20 * MIB));
+        let y = a.malloc(3 * MIB, 0, None, &mut dev).unwrap();
+        assert_eq!((y.addr, y.new_segment), (x.addr + 3 * MIB, None), "the rest of the segment, low end first");
+        // A remainder of exactly 1 MiB is not split off in the large pool.
+        let z = a.malloc(13 * MIB, 0, None, &mut dev).unwrap();
+        assert_eq!((z.addr, z.size), (y.addr + 3 * MIB, 14 * MIB));
+        a.free(y.addr).unwrap();
+        a.free(x.addr).unwrap();
+        // x and y merged: a 6 MiB hole at the segment's start.
+        assert_eq!(a.find_free(6 * MIB, 0), Some(x.addr));
+        a.free(z.addr).unwrap();
+        assert_eq!(a.release_cache(), 20 * MIB);
+        assert_eq!((a.reserved, a.allocated), (0, 0));
+    }
+
+    #[test]
+    fn max_split_size_keeps_oversize_blocks_whole() {
+        let mut s = Settings::default();
+        s.apply("max_split_size_mb:64").unwrap();
+        let mut a = Allocator::new(s);
+        a.add_segment(0, 100 * MIB, 0, false);
+        assert_eq!(a.find_free(4 * MIB, 0), None, "a small request never takes an oversize block");
+        assert_eq!(a.find_free(90 * MIB, 0), Some(0));
+        assert_eq!(a.find_free(70 * MIB, 0), None, "it would waste 30 MiB ≥ 20 MiB");
+        assert!(Settings::default().apply("max_split_size_mb:10").is_err());
+        assert!(Settings::default().apply("nonsense:1").unwrap_err().contains("unknown key"));
+    }
+
+    #[test]
+    fn out_of_memory_releases_the_cache_first() {
+        let mut a = Allocator::new(Settings::default());
+        let mut next = 0u64;
+        let mut dev = |size: u64| {
+            let at = next;
+            next += size;
+            at
+        };
+        let cap = Some(40 * MIB);
+        let x = a.malloc(12 * MIB, 0, cap, &mut dev).unwrap();
+        a.free(x.addr);
+        // 12 MiB cached + 30 MiB would exceed 40 MiB: the cache goes first.
+        let y = a.malloc(30 * MIB, 0, cap, &mut dev).unwrap();
+        assert_eq!((a.reserved, y.new_segment), (30 * MIB, Some(30 * MIB)));
+        assert!(matches!(a.malloc(12 * MIB, 0, cap, &mut dev), Err(Refused::OutOfMemory { .. })));
+    }
+}
