@@ -234,6 +234,10 @@ pub struct AnalyzeArgs {
     /// the trace's own (synthetic traces and snapshots carry it), else unknown.
     #[arg(long, value_parser = parse_bytes)]
     pub capacity: Option<u64>,
+    /// PyTorch snapshots: do not replay the requests through the allocator
+    /// model (the "What the allocator settings would change" section).
+    #[arg(long)]
+    pub no_whatif: bool,
     #[command(flatten)]
     pub predict: PredictArgs,
     #[command(flatten)]
@@ -386,6 +390,7 @@ impl AnalyzeArgs {
                 ..crate::analysis::predict::PredictConfig::default()
             },
             layout: !self.plots.no_plots,
+            whatif: !self.no_whatif,
             device: self.device,
         }
     }

@@ -148,6 +148,9 @@ pub struct Options {
     pub layout: bool,
     /// PyTorch snapshots: analyse only this device.
     pub device: Option<u32>,
+    /// PyTorch snapshots: replay the requests through the allocator model
+    /// under the default sweep of settings ([`whatif`]).
+    pub whatif: bool,
 }
 
 /// One metric row, with the online backtest's view at that step (regular
@@ -217,6 +220,9 @@ pub struct Analysis {
     pub kernels: Vec<crate::analysis::kernels::KernelStat>,
     /// Device allocations by recorded call stack (`record --stacks`).
     pub alloc_stacks: Vec<crate::analysis::sites::StackStat>,
+    /// PyTorch snapshots (with `Options::whatif`): the allocator model's
+    /// fidelity and the default sweep of settings.
+    pub whatif: Option<whatif::Whatif>,
 }
 
 impl Analysis {
@@ -331,7 +337,20 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         flamegraph: stacks.as_ref().map(|st| crate::analysis::flame::folded(events, st)),
         kernels: Vec::new(),
         alloc_stacks: Vec::new(),
+        whatif: None,
     };
+    if opts.whatif
+        && allocator_view
+        && let Some(details) = analysis.trace.meta.as_ref().and_then(|m| m.details.snapshot())
+    {
+        let started = std::time::Instant::now();
+        let settings = allocator::Settings::from_snapshot(&details.allocator_settings);
+        // The default sweep cannot fail to parse; an error would be a bug.
+        analysis.whatif = whatif::run(&whatif::streams(events, details), &settings, capacity, Vec::new())
+            .map_err(|e| tracing::warn!("whatif: {e}"))
+            .ok();
+        tracing::debug!("whatif in {:.3} s", started.elapsed().as_secs_f64());
+    }
     if analysis.trace.source() == Some(crate::trace::Source::Ebpf) {
         analysis.kernels = crate::analysis::kernels::kernel_table(&analysis.trace.dir, events);
         if let Some(st) = &stacks {

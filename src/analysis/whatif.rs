@@ -308,6 +308,192 @@ pub fn default_sweep(d: &[DeviceStream], capacity: Option<u64>) -> Vec<Vec<Strin
     sweep
 }
 
+/// One scenario over every device: sums of the devices' outcomes (each
+/// device has its own memory), and the outcomes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scenario {
+    pub name: String,
+    pub conf: Vec<String>,
+    pub peak_reserved_bytes: u64,
+    pub peak_allocated_bytes: u64,
+    pub reserved_minus_allocated_at_peak: u64,
+    pub segment_allocs: u64,
+    pub ooms: u64,
+    pub devices: Vec<Outcome>,
+}
+
+impl Scenario {
+    pub fn of(name: &str, conf: &[String], devices: Vec<Outcome>) -> Scenario {
+        let sum = |f: fn(&Outcome) -> u64| devices.iter().map(f).sum();
+        Scenario {
+            name: name.into(),
+            conf: conf.to_vec(),
+            peak_reserved_bytes: sum(|o| o.peak_reserved_bytes),
+            peak_allocated_bytes: sum(|o| o.peak_allocated_bytes),
+            reserved_minus_allocated_at_peak: sum(|o| o.reserved_minus_allocated_at_peak),
+            segment_allocs: sum(|o| o.segment_allocs),
+            ooms: sum(|o| o.ooms),
+            devices,
+        }
+    }
+}
+
+/// A lower peak reserved counts only beyond this share of the recorded
+/// scenario's (and 2 MiB): smaller differences are noise of the model.
+const SIGNIFICANT: f64 = 0.01;
+
+/// The scenario with the fewest OOMs, then the lowest peak reserved; the
+/// recorded settings unless another is better by more than noise.
+fn recommend(scenarios: &[Scenario]) -> (usize, String) {
+    let Some(rec) = scenarios.first() else { return (0, "no scenario ran".into()) };
+    let best = (1..scenarios.len()).min_by_key(|&i| (scenarios[i].ooms, scenarios[i].peak_reserved_bytes));
+    let Some(b) = best else { return (0, "no other scenario ran".into()) };
+    let s = &scenarios[b];
+    if s.ooms < rec.ooms {
+        return (
+            b,
+            format!(
+                "{} OOM(s) instead of {}, peak reserved {}",
+                s.ooms,
+                rec.ooms,
+                crate::units::bytes(s.peak_reserved_bytes)
+            ),
+        );
+    }
+    let margin = ((rec.peak_reserved_bytes as f64 * SIGNIFICANT) as u64).max(2 << 20);
+    if s.ooms == rec.ooms && s.peak_reserved_bytes + margin < rec.peak_reserved_bytes {
+        return (
+            b,
+            format!(
+                "peak reserved {} instead of {} ({} less), same OOMs ({})",
+                crate::units::bytes(s.peak_reserved_bytes),
+                crate::units::bytes(rec.peak_reserved_bytes),
+                crate::units::bytes(rec.peak_reserved_bytes - s.peak_reserved_bytes),
+                s.ooms
+            ),
+        );
+    }
+    (
+        0,
+        format!(
+            "no scenario has fewer OOMs ({}) or a peak reserved lower by more than 1 % than the recorded settings' {}",
+            rec.ooms,
+            crate::units::bytes(rec.peak_reserved_bytes)
+        ),
+    )
+}
+
+/// What `whatif` found for a set of devices: the model's fidelity per
+/// device, every scenario (the recorded settings first) and the
+/// recommended one (an index into `scenarios`, 0: keep the recorded
+/// settings) with why.
+#[derive(Clone, Debug)]
+pub struct Whatif {
+    pub fidelity: Vec<Fidelity>,
+    pub scenarios: Vec<Scenario>,
+    pub recommended: (usize, String),
+    pub capacity: Option<u64>,
+}
+
+impl Whatif {
+    /// Allocations placed where PyTorch placed them, over all devices.
+    pub fn same_address(&self) -> (u64, u64) {
+        let measured = self.fidelity.iter().filter(|f| f.not_measured.is_none());
+        measured.fold((0, 0), |(s, n), f| (s + f.same_address, n + f.allocations))
+    }
+
+    /// The `PYTORCH_CUDA_ALLOC_CONF` line to use, or "keep the current
+    /// settings".
+    pub fn recommendation(&self) -> String {
+        let (i, _) = &self.recommended;
+        if *i == 0 {
+            "keep the current settings".into()
+        } else {
+            format!("PYTORCH_CUDA_ALLOC_CONF={}", self.scenarios[*i].conf.join(","))
+        }
+    }
+}
+
+/// Parses each scenario's `PYTORCH_CUDA_ALLOC_CONF` entries on top of
+/// `base`; the error names the bad entry.
+pub fn settings_of(base: &Settings, confs: &[Vec<String>]) -> Result<Vec<(Vec<String>, Settings)>, String> {
+    confs
+        .iter()
+        .map(|entries| {
+            let mut s = base.clone();
+            for e in entries {
+                s.apply(e)?;
+            }
+            Ok((entries.clone(), s))
+        })
+        .collect()
+}
+
+/// Fidelity, then the recorded settings and each scenario (`confs`; the
+/// default sweep when empty), run on threads.
+pub fn run(
+    devices: &[DeviceStream],
+    recorded: &Settings,
+    capacity: Option<u64>,
+    confs: Vec<Vec<String>>,
+) -> Result<Whatif, String> {
+    let confs = if confs.is_empty() { default_sweep(devices, capacity) } else { confs };
+    let runs = settings_of(recorded, &confs)?;
+    let fidelity: Vec<Fidelity> = devices.iter().map(|d| fidelity(d, recorded)).collect();
+    let run_all = |name: &str, conf: &[String], s: &Settings| -> Scenario {
+        Scenario::of(name, conf, devices.iter().map(|d| simulate(d, s, capacity, name, conf)).collect())
+    };
+    let mut scenarios = vec![run_all("recorded", &[], recorded)];
+    let others: Vec<Scenario> = std::thread::scope(|scope| {
+        let handles: Vec<_> = runs
+            .iter()
+            .map(|(conf, s)| {
+                let run_all = &run_all;
+                scope.spawn(move || run_all(&conf.join(","), conf, s))
+            })
+            .collect();
+        handles.into_iter().filter_map(|h| h.join().ok()).collect()
+    });
+    scenarios.extend(others);
+    let recommended = recommend(&scenarios);
+    Ok(Whatif { fidelity, scenarios, recommended, capacity })
+}
+
+/// The request stream of each device of an imported snapshot (its time-
+/// sorted events), with the reconstructed state before the first trace
+/// entry: the first `initial_segments + initial_blocks` events of each
+/// device.
+pub fn streams(
+    events: &crate::trace::event::Events,
+    details: &crate::trace::details::SnapshotDetails,
+) -> Vec<DeviceStream> {
+    let mut by: std::collections::BTreeMap<u32, DeviceStream> = Default::default();
+    for r in &details.reconstruction {
+        by.insert(
+            r.device,
+            DeviceStream {
+                device: r.device,
+                initial: (r.initial_segments + r.initial_blocks) as usize,
+                events: Vec::new(),
+            },
+        );
+    }
+    for i in 0..events.len() {
+        let Some(kind) = events.kind[i] else { continue };
+        let Some(d) = by.get_mut(&events.pid[i]) else { continue };
+        let requested = events.requested.get(i).copied().filter(|&r| r != u64::MAX).unwrap_or(events.size[i]);
+        d.events.push(Req {
+            ts_ns: events.ts_ns[i],
+            kind,
+            addr: events.addr[i],
+            size: events.size[i],
+            requested,
+            stream: events.stream.get(i).copied().unwrap_or(0),
+        });
+    }
+    by.into_values().collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -133,6 +133,9 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
     if !a.kernels.is_empty() {
         report["kernels"] = json!(a.kernels);
     }
+    if let Some(w) = &a.whatif {
+        report["whatif"] = crate::output::whatif::json(w);
+    }
     if !a.alloc_stacks.is_empty() {
         report["alloc_stacks"] = json!(a.alloc_stacks);
     }

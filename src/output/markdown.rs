@@ -177,6 +177,16 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
     md.push_str(&prediction_md(a));
     md.push_str(&ooms_md(a));
     md.push_str(&leaks_md(a));
+    if let Some(w) = &a.whatif {
+        md.push_str("\n## What the allocator settings would change\n\n");
+        let _ = writeln!(
+            md,
+            "This snapshot's requests replayed through a model of PyTorch's caching allocator (details: `fragscope whatif`). Recommendation: `{}` — {}.\n",
+            w.recommendation(),
+            w.recommended.1
+        );
+        md.push_str(&crate::output::whatif::sections_md(w, "###"));
+    }
     md.push_str(&advice_md(a, &s));
     md
 }
@@ -598,6 +608,14 @@ pub(crate) fn advice_md(a: &Analysis, s: &Summary) -> String {
     }
     if a.ooms.is_empty() && s.risk >= Some(Risk::High) {
         items.push("No OOM yet, but the forecast risk is high: the free space is scattered in gaps; a larger request will not find room.".into());
+    }
+    if let Some(w) = a.whatif.as_ref().filter(|w| w.recommended.0 != 0) {
+        let (same, n) = w.same_address();
+        items.push(format!(
+            "Allocator settings: `{}` — {} in a replay of this snapshot's requests (the model placed {same} of {n} recorded allocations where PyTorch did).",
+            w.recommendation(),
+            w.recommended.1
+        ));
     }
     if items.is_empty() {
         return String::new();

@@ -204,6 +204,9 @@ pub struct Events {
     pub requested: Vec<u64>,
     pub stack: Vec<u32>,
     pub device_free: Vec<u64>,
+    /// The CUDA stream, loaded with the PyTorch columns (0 for none):
+    /// what the allocator model of `whatif` keys its pools by.
+    pub stream: Vec<u64>,
 }
 
 /// Events per kind, and rows whose kind this version does not know.
@@ -267,9 +270,11 @@ impl Events {
             self.requested.resize(n, u64::MAX);
             self.stack.resize(n, NO_STACK);
             self.device_free.resize(n, u64::MAX);
+            self.stream.resize(n, 0);
             self.requested.push(e.extra.requested.unwrap_or(u64::MAX));
             self.stack.push(e.extra.stack.unwrap_or(NO_STACK));
             self.device_free.push(e.extra.device_free.unwrap_or(u64::MAX));
+            self.stream.push(e.stream.unwrap_or(0));
         }
     }
 
@@ -290,7 +295,7 @@ impl Events {
             size: self.size[i],
             ret: self.ret[i],
             device: None,
-            stream: None,
+            stream: self.stream.get(i).copied(),
             cuda: Cuda::default(),
             extra: Extra {
                 requested: self.requested.get(i).copied().filter(|&v| v != u64::MAX),
@@ -337,6 +342,7 @@ impl Events {
         take(&mut self.requested, rows);
         take(&mut self.stack, rows);
         take(&mut self.device_free, rows);
+        take(&mut self.stream, rows);
     }
 }
 

@@ -779,7 +779,7 @@ fn check_part(path: &Path) -> std::result::Result<Optional, PartError> {
     Ok(Optional { pytorch: PYTORCH_COLUMNS.iter().all(|c| integer(c)), ustack: integer("ustack_id") })
 }
 
-const PYTORCH_COLUMNS: [&str; 3] = ["requested_size", "stack_id", "device_free"];
+const PYTORCH_COLUMNS: [&str; 4] = ["requested_size", "stack_id", "device_free", "stream"];
 
 /// Panics to keep quiet about: while a [`guarded`] read runs, the panic
 /// hook [`install_panic_hook`] sets prints nothing (the panic becomes an
@@ -836,6 +836,7 @@ fn scan(parts: &[PathBuf], pytorch_columns: bool, ustack_ids: bool) -> Result<Ev
             col("requested_size").strict_cast(DataType::UInt64),
             col("stack_id").strict_cast(DataType::UInt32),
             col("device_free").strict_cast(DataType::UInt64),
+            col("stream").strict_cast(DataType::UInt64),
         ]);
     }
     if ustack_ids {
@@ -864,11 +865,13 @@ fn scan(parts: &[PathBuf], pytorch_columns: bool, ustack_ids: bool) -> Result<Ev
         events.requested = take_nullable::<UInt64Type>(next()?, u64::MAX)?;
         events.stack = take_nullable::<UInt32Type>(next()?, crate::trace::event::NO_STACK)?;
         events.device_free = take_nullable::<UInt64Type>(next()?, u64::MAX)?;
+        events.stream = take_nullable::<UInt64Type>(next()?, 0)?;
         if events.requested.iter().all(|&r| r == u64::MAX) {
             // Columns present but empty (synth writes nulls): not a PyTorch trace.
             events.requested.clear();
             events.stack.clear();
             events.device_free.clear();
+            events.stream.clear();
         }
     }
     if ustack_ids {

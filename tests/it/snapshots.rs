@@ -361,12 +361,47 @@ fn whatif_reports_fidelity_scenarios_and_a_recommendation() {
         .assert()
         .code(2)
         .stderr(predicates::str::contains("max_split_size_mb"));
+    // analyze runs the same replay (default sweep) unless --no-whatif.
+    let a = tmp.path().join("a");
+    fragscope().arg("analyze").arg(&pickle).arg("-o").arg(&a).arg("--no-plots").assert().success();
+    let r = json(&a.join("report.json"));
+    assert_eq!(r["whatif"]["fidelity"][0]["same_address"], f["same_address"], "{}", r["whatif"]);
+    assert!(
+        std::fs::read_to_string(a.join("report.md")).unwrap().contains("## What the allocator settings would change")
+    );
+    let quiet = tmp.path().join("quiet");
+    fragscope()
+        .arg("analyze")
+        .arg(&pickle)
+        .arg("-o")
+        .arg(&quiet)
+        .args(["--no-plots", "--no-whatif"])
+        .assert()
+        .success();
+    assert!(json(&quiet.join("report.json")).get("whatif").is_none());
+    // A trace imported from the snapshot gives the same replay.
+    let imported = tmp.path().join("imported");
+    import(&pickle, &imported, &[]);
+    let out2 = tmp.path().join("w2");
     fragscope()
         .arg("whatif")
-        .arg(tmp.path())
+        .arg(&imported)
+        .arg("-o")
+        .arg(&out2)
+        .args(["--conf", "max_split_size_mb:64"])
+        .assert()
+        .success();
+    let w2 = json(&out2.join("whatif.json"));
+    assert_eq!(w2["fidelity"][0]["same_address"], f["same_address"]);
+    // A synthetic trace is not a snapshot: a clear refusal.
+    let synth = tmp.path().join("synth");
+    fragscope().args(["synth", "--pattern", "training", "--events", "2000", "-o"]).arg(&synth).assert().success();
+    fragscope()
+        .arg("whatif")
+        .arg(&synth)
         .arg("-o")
         .arg(tmp.path().join("dir"))
         .assert()
         .code(1)
-        .stderr(predicates::str::contains("whatif reads a PyTorch memory snapshot"));
+        .stderr(predicates::str::contains("whatif replays PyTorch snapshots"));
 }
