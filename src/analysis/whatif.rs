@@ -12,10 +12,13 @@
 //! address) and its size is checked against the model's.
 //!
 //! Scenarios. The same requests (requested size, stream, in order; each
-//! free matched to its allocation) run through the model alone from the
-//! same initial state; new segments get fresh addresses. Without a
-//! capacity (`--capacity`) nothing can run out, so OOMs are only counted
-//! with one.
+//! free matched to its allocation; the requests that failed with an `oom`
+//! entry too) run through the model alone from the same initial state; new
+//! segments get fresh addresses. The program's own `empty_cache()` calls
+//! (a run of `segment_free` entries not followed by the allocator's retry
+//! or OOM) are replayed. Without a capacity (`--capacity`, or one inferred
+//! from an `oom` entry) nothing can run out, so OOMs are only counted with
+//! one.
 
 use std::collections::HashMap;
 
@@ -33,6 +36,8 @@ pub struct Req {
     pub size: u64,
     pub requested: u64,
     pub stream: u64,
+    /// `oom` events: the free device memory CUDA reported.
+    pub device_free: Option<u64>,
 }
 
 impl Req {
@@ -44,6 +49,7 @@ impl Req {
             size: e.size,
             requested: e.extra.requested.unwrap_or(e.size),
             stream: e.stream.unwrap_or(0),
+            device_free: e.extra.device_free,
         }
     }
 }
@@ -95,6 +101,13 @@ pub struct Fidelity {
     pub first_mismatches: Vec<Mismatch>,
     /// Why fidelity was not measured, when it was not.
     pub not_measured: Option<String>,
+    /// `oom` entries in the recording, and those where the model would
+    /// have run out of memory too.
+    pub recorded_ooms: u64,
+    pub ooms_same: u64,
+    /// The device's capacity, inferred from the first `oom` entry: the
+    /// free memory CUDA reported plus what was reserved then.
+    pub inferred_capacity: Option<u64>,
 }
 
 const KEPT_MISMATCHES: usize = 10;
@@ -140,6 +153,31 @@ pub fn fidelity(d: &DeviceStream, settings: &Settings) -> Fidelity {
                 f.desynchronised += u64::from(!a.release_segment(r.addr));
             }
             EventKind::BlockFree => f.desynchronised += u64::from(a.free(r.addr).is_none()),
+            EventKind::Oom => {
+                f.recorded_ooms += 1;
+                if f.inferred_capacity.is_none() {
+                    f.inferred_capacity = r.device_free.map(|free| free + a.reserved);
+                }
+                // Would the model have failed too? No free block, and no
+                // room for a new segment (the recording has already
+                // released the cache before its `oom` entry).
+                let rounded = a.settings.round(r.requested);
+                let agrees = a.find_free(rounded, r.stream).is_none()
+                    && f.inferred_capacity.is_some_and(|c| a.reserved + segment_size(rounded) > c);
+                f.ooms_same += u64::from(agrees);
+                if !agrees && f.first_mismatches.len() < KEPT_MISMATCHES {
+                    f.first_mismatches.push(Mismatch {
+                        allocation: f.allocations,
+                        t_ns: r.ts_ns,
+                        requested: r.requested,
+                        stream: r.stream,
+                        recorded_addr: 0,
+                        recorded_size: 0,
+                        model_addr: a.find_free(rounded, r.stream),
+                        why: "PyTorch ran out of memory here, the model would not have".into(),
+                    });
+                }
+            }
             EventKind::BlockAlloc => {
                 let rounded = a.settings.round(r.requested);
                 let (model_addr, model_size, why) = match a.find_free(rounded, r.stream) {
@@ -219,7 +257,7 @@ pub struct Outcome {
     pub segment_allocs: u64,
     pub ooms: u64,
     pub oom_classes: Vec<(String, u64)>,
-    /// Allocations the recording made that the scenario served.
+    /// Requests (allocations and recorded OOMs) the scenario served.
     pub allocations: u64,
 }
 
@@ -243,9 +281,24 @@ pub fn simulate(d: &DeviceStream, settings: &Settings, capacity: Option<u64>, na
     let mut placed: HashMap<u64, u64> =
         d.events[..d.initial].iter().filter(|r| r.kind == EventKind::BlockAlloc).map(|r| (r.addr, r.addr)).collect();
     let mut classes: std::collections::BTreeMap<OomClass, u64> = Default::default();
-    for r in &d.events[d.initial..] {
+    let trace = &d.events[d.initial..];
+    for (i, r) in trace.iter().enumerate() {
         match r.kind {
-            EventKind::BlockAlloc => match a.malloc(r.requested, r.stream, capacity, &mut device) {
+            // The end of a run of `segment_free`s that is not the allocator's
+            // own release before a retry or an OOM (then a `segment_alloc`
+            // or an `oom` follows): the program's `empty_cache()`, which
+            // every scenario does at the same point.
+            EventKind::SegmentFree
+                if !matches!(
+                    trace[i + 1..].iter().find(|n| n.kind != EventKind::SegmentFree).map(|n| n.kind),
+                    Some(EventKind::SegmentAlloc | EventKind::Oom)
+                ) && trace.get(i + 1).is_none_or(|n| n.kind != EventKind::SegmentFree) =>
+            {
+                a.release_cache();
+            }
+            // A request the recording served, or one that failed there
+            // (an `oom` entry): the scenario may serve either.
+            EventKind::BlockAlloc | EventKind::Oom => match a.malloc(r.requested, r.stream, capacity, &mut device) {
                 Ok(p) => {
                     placed.insert(r.addr, p.addr);
                     out.segment_allocs += u64::from(p.new_segment.is_some());
@@ -392,7 +445,10 @@ pub struct Whatif {
     pub fidelity: Vec<Fidelity>,
     pub scenarios: Vec<Scenario>,
     pub recommended: (usize, String),
+    /// The capacity given (`--capacity`), else the one inferred from an
+    /// `oom` entry (then `capacity_inferred`).
     pub capacity: Option<u64>,
+    pub capacity_inferred: bool,
 }
 
 impl Whatif {
@@ -440,8 +496,11 @@ pub fn run(
     let confs = if confs.is_empty() { default_sweep(devices, capacity) } else { confs };
     let runs = settings_of(recorded, &confs)?;
     let fidelity: Vec<Fidelity> = devices.iter().map(|d| fidelity(d, recorded)).collect();
+    // Each device's capacity: the one given, else inferred from its OOM.
+    let capacities: Vec<Option<u64>> = fidelity.iter().map(|f| capacity.or(f.inferred_capacity)).collect();
     let run_all = |name: &str, conf: &[String], s: &Settings| -> Scenario {
-        Scenario::of(name, conf, devices.iter().map(|d| simulate(d, s, capacity, name, conf)).collect())
+        let outcomes = devices.iter().zip(&capacities).map(|(d, &c)| simulate(d, s, c, name, conf)).collect();
+        Scenario::of(name, conf, outcomes)
     };
     let mut scenarios = vec![run_all("recorded", &[], recorded)];
     let others: Vec<Scenario> = std::thread::scope(|scope| {
@@ -456,7 +515,9 @@ pub fn run(
     });
     scenarios.extend(others);
     let recommended = recommend(&scenarios);
-    Ok(Whatif { fidelity, scenarios, recommended, capacity })
+    let capacity_inferred = capacity.is_none() && capacities.iter().any(Option::is_some);
+    let capacity = capacity.or_else(|| capacities.iter().flatten().copied().max());
+    Ok(Whatif { fidelity, scenarios, recommended, capacity, capacity_inferred })
 }
 
 /// The request stream of each device of an imported snapshot (its time-
@@ -489,6 +550,7 @@ pub fn streams(
             size: events.size[i],
             requested,
             stream: events.stream.get(i).copied().unwrap_or(0),
+            device_free: events.device_free.get(i).copied().filter(|&v| v != u64::MAX),
         });
     }
     by.into_values().collect()
@@ -501,7 +563,7 @@ mod tests {
     const MIB: u64 = 1 << 20;
 
     fn req(kind: EventKind, addr: u64, size: u64, requested: u64) -> Req {
-        Req { ts_ns: 0, kind, addr, size, requested, stream: 0 }
+        Req { ts_ns: 0, kind, addr, size, requested, stream: 0, device_free: None }
     }
 
     /// A recording the model reproduces: a segment, two blocks in it, a

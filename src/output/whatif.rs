@@ -82,6 +82,11 @@ pub fn json(w: &Whatif) -> serde_json::Value {
     let recorded = &w.scenarios[0];
     json!({
         "capacity_bytes": w.capacity,
+        "capacity_source": match (w.capacity, w.capacity_inferred) {
+            (None, _) => None,
+            (Some(_), true) => Some("inferred from an oom entry (free memory CUDA reported + reserved then)"),
+            (Some(_), false) => Some("--capacity"),
+        },
         "model": "PyTorch CUDACachingAllocator (2.4-2.5 native allocator, no expandable segments); see src/analysis/allocator.rs",
         "fidelity": w.fidelity.iter().zip(&recorded.devices).map(|(f, o)| json!({
             "device": f.device,
@@ -95,6 +100,10 @@ pub fn json(w: &Whatif) -> serde_json::Value {
             "recorded_peak_reserved_bytes": f.recorded_peak_reserved,
             "simulated_peak_reserved_bytes": o.peak_reserved_bytes,
             "desynchronised_events": f.desynchronised,
+            "recorded_ooms": f.recorded_ooms,
+            "ooms_same": f.ooms_same,
+            "simulated_ooms": o.ooms,
+            "inferred_capacity_bytes": f.inferred_capacity,
             "first_mismatches": f.first_mismatches,
             "not_measured": f.not_measured,
         })).collect::<Vec<_>>(),
@@ -156,8 +165,9 @@ pub fn sections_md(w: &Whatif, level: &str) -> String {
                 Some(c) => {
                     let start: u64 = w.fidelity.iter().map(|f| f.initial_reserved).max().unwrap_or(0);
                     let mut t = format!(
-                        "Capacity {} per device: a segment beyond it is refused after the cache is released, and the request fails.",
-                        bytes(c)
+                        "Capacity {} per device{}: a segment beyond it is refused after the cache is released, and the request fails.",
+                        bytes(c),
+                        if w.capacity_inferred { " (inferred from an `oom` entry: the free memory CUDA reported plus what was reserved then)" } else { "" }
                     );
                     if start > c {
                         let _ = write!(
