@@ -29,7 +29,16 @@
 //!   reserved memory exceeds the threshold × capacity, whole free segments
 //!   are released, oldest first, until reserved is below it.
 //!
-//! Not modelled: expandable segments, CUDA graph pools, pending
+//! - **Expandable segments** (`expandable_segments:True`): one virtual
+//!   range per stream and pool that grows at its end; a block maps the
+//!   2 MiB (small) or 20 MiB (large) pages it covers, any remainder of
+//!   ≥ 512 B is split off, and freed pages stay mapped until the cache is
+//!   released — before an OOM, every page no allocated block touches is
+//!   unmapped, so holes cost no physical memory. Best fit takes a free
+//!   block's current size, not what it could grow to (PyTorch also counts
+//!   an unmapped neighbour), and garbage collection does not apply.
+//!
+//! Not modelled: CUDA graph pools, pending
 //! `record_stream` events (a block is reusable at its `free_completed`),
 //! and the exact ages PyTorch's garbage collection weighs (it releases
 //! unsplit large blocks whose age is at least the average; this model
@@ -240,6 +249,11 @@ pub struct Allocator {
     pub reserved: u64,
     pub allocated: u64,
     clock: u64,
+    /// Expandable segments: per (stream, small pool) one virtual range,
+    /// its start and the end of the blocks in it.
+    ranges: BTreeMap<(u64, bool), (u64, u64)>,
+    /// Mapped pages of the ranges: start → page size.
+    mapped: BTreeMap<u64, u64>,
 }
 
 /// Where a request was placed.
@@ -317,7 +331,7 @@ impl Allocator {
 
     fn should_split(&self, block: &Block, rounded: u64) -> bool {
         let rest = block.size - rounded;
-        if block.small {
+        if block.small || self.settings.expandable_segments {
             rest >= MIN_BLOCK
         } else {
             self.settings.max_split_size.is_none_or(|m| rounded < m) && rest > SMALL_SIZE
@@ -414,6 +428,9 @@ impl Allocator {
     /// Releases every entirely free segment (`release_cached_blocks`);
     /// returns the bytes released.
     pub fn release_cache(&mut self) -> u64 {
+        // With expandable segments: the unused pages of the ranges, and
+        // any plain segment left from before (the recorded initial state).
+        let unmapped = if self.settings.expandable_segments { self.unmap_free_pages() } else { 0 };
         let whole: Vec<u64> = self
             .segments
             .iter()
@@ -424,7 +441,7 @@ impl Allocator {
         for a in whole {
             self.release_segment(a);
         }
-        before - self.reserved
+        unmapped + before - self.reserved
     }
 
     /// `release_available_cached_blocks`: with `max_split_size`, releases
@@ -481,6 +498,99 @@ impl Allocator {
         }
     }
 
+    /// The page size of an expandable range: 2 MiB (small pool), 20 MiB.
+    fn page(small: bool) -> u64 {
+        if small { SMALL_BUFFER } else { LARGE_BUFFER }
+    }
+
+    /// Bytes of pages covering [addr, addr + size) that are not mapped.
+    fn unmapped_in(&self, addr: u64, size: u64, page: u64) -> u64 {
+        let (first, last) = (addr / page * page, (addr + size).div_ceil(page) * page);
+        (first..last).step_by(page as usize).filter(|p| !self.mapped.contains_key(p)).count() as u64 * page
+    }
+
+    fn map(&mut self, addr: u64, size: u64, page: u64) -> bool {
+        let (first, last) = (addr / page * page, (addr + size).div_ceil(page) * page);
+        let mut any = false;
+        for p in (first..last).step_by(page as usize) {
+            if self.mapped.insert(p, page).is_none() {
+                self.reserved += page;
+                any = true;
+            }
+        }
+        any
+    }
+
+    /// Unmaps every mapped page no allocated block touches
+    /// (`release_cached_blocks` with expandable segments); returns the
+    /// bytes released.
+    fn unmap_free_pages(&mut self) -> u64 {
+        let mut used: BTreeSet<u64> = BTreeSet::new();
+        for (&addr, b) in self.blocks.iter().filter(|(_, b)| b.allocated) {
+            let page = Self::page(b.small);
+            let mut p = addr / page * page;
+            while p < addr + b.size {
+                used.insert(p);
+                p += page;
+            }
+        }
+        let before = self.reserved;
+        let free: Vec<(u64, u64)> =
+            self.mapped.iter().filter(|(p, _)| !used.contains(p)).map(|(&p, &s)| (p, s)).collect();
+        for (p, s) in free {
+            self.mapped.remove(&p);
+            self.reserved -= s;
+        }
+        before - self.reserved
+    }
+
+    /// A request with expandable segments: the best-fit free block of the
+    /// stream's range, else the range grows at its end; the pages the
+    /// block covers are mapped, releasing unused pages first when the
+    /// capacity would be exceeded. Returns the placement; `new_segment` is
+    /// the bytes newly mapped.
+    fn malloc_expandable(&mut self, rounded: u64, stream: u64, capacity: Option<u64>) -> Result<Placement, Refused> {
+        let small = rounded <= SMALL_SIZE;
+        let page = Self::page(small);
+        // Fresh virtual ranges, 1 TiB apart, starting on a page.
+        let next_start = ((1u64 << 44) + (self.ranges.len() as u64) * (1u64 << 40)).div_ceil(page) * page;
+        let (start, end) = *self.ranges.entry((stream, small)).or_insert((next_start, next_start));
+        let addr = match self.find_free(rounded, stream) {
+            Some(a) => a,
+            None => {
+                // Grow: the free block at the end of the range, or the end.
+                let at = match self.blocks.range(start..end).next_back() {
+                    Some((&a, b)) if !b.allocated && a + b.size == end => a,
+                    _ => end,
+                };
+                let new_end = end.max(at + rounded);
+                if at < end {
+                    let b = self.remove_free(at).expect("the last block is free");
+                    self.insert_free(at, Block { size: new_end - at, ..b });
+                } else {
+                    let b = Block { size: new_end - end, stream, allocated: false, small, segment: start };
+                    self.insert_free(end, b);
+                }
+                self.ranges.insert((stream, small), (start, new_end));
+                at
+            }
+        };
+        let need = self.unmapped_in(addr, rounded, page);
+        let fits = |a: &Allocator| capacity.is_none_or(|c| a.reserved + need <= c);
+        if !fits(self) {
+            self.unmap_free_pages();
+            let need = self.unmapped_in(addr, rounded, page);
+            if capacity.is_some_and(|c| self.reserved + need > c) {
+                return Err(Refused::OutOfMemory { reserved: self.reserved, segment: need });
+            }
+        }
+        let before = self.reserved;
+        let size = self.take(addr, rounded).unwrap_or(rounded);
+        self.map(addr, size, page);
+        let mapped = self.reserved - before;
+        Ok(Placement { addr, size, new_segment: (mapped > 0).then_some(mapped) })
+    }
+
     /// Serves a request in simulation: a free block, else a new segment
     /// from `new_segment_at` (the address the device gives) within
     /// `capacity`, releasing the cache and retrying once when it does not
@@ -493,6 +603,9 @@ impl Allocator {
         new_segment_at: &mut dyn FnMut(u64) -> u64,
     ) -> Result<Placement, Refused> {
         let rounded = self.settings.round(requested);
+        if self.settings.expandable_segments {
+            return self.malloc_expandable(rounded, stream, capacity);
+        }
         if let Some(addr) = self.find_free(rounded, stream) {
             let size = self.take(addr, rounded).unwrap_or(rounded);
             return Ok(Placement { addr, size, new_segment: None });
@@ -596,6 +709,39 @@ mod tests {
         assert_eq!(a.find_free(70 * MIB, 0), None, "it would waste 30 MiB ≥ 20 MiB");
         assert!(Settings::default().apply("max_split_size_mb:10").is_err());
         assert!(Settings::default().apply("nonsense:1").unwrap_err().contains("unknown key"));
+    }
+
+    #[test]
+    fn expandable_segments_grow_where_plain_segments_are_stuck() {
+        // A 30 MiB block freed, a small long-lived 4 MiB block split from
+        // it, then 40 MiB, on a 60 MiB device.
+        let run = |expandable: bool| {
+            let mut s = Settings::default();
+            if expandable {
+                s.apply("expandable_segments:True").unwrap();
+            }
+            let mut a = Allocator::new(s);
+            let mut next = 0u64;
+            let mut dev = |size: u64| {
+                let at = next;
+                next += size;
+                at
+            };
+            let cap = Some(60 * MIB);
+            let x = a.malloc(30 * MIB, 0, cap, &mut dev).unwrap();
+            a.free(x.addr).unwrap();
+            let small = a.malloc(4 * MIB, 0, cap, &mut dev).unwrap();
+            assert_eq!(small.addr, x.addr, "best fit: the freed block's low end");
+            (a.malloc(40 * MIB, 0, cap, &mut dev), a.reserved, x.addr)
+        };
+        // Plain: the 30 MiB segment holds the 4 MiB block, so it cannot be
+        // released, and 30 + 40 MiB exceed the device.
+        assert!(run(false).0.is_err());
+        // Expandable: the range grows from its free tail; 20 MiB pages,
+        // 60 MiB mapped in all.
+        let (got, reserved, base) = run(true);
+        let p = got.unwrap();
+        assert_eq!((p.addr, p.size, reserved), (base + 4 * MIB, 40 * MIB, 60 * MIB));
     }
 
     #[test]

@@ -334,7 +334,7 @@ pub fn simulate(d: &DeviceStream, settings: &Settings, capacity: Option<u64>, na
     out
 }
 
-/// The default sweep: `max_split_size_mb` at up to three values taken from
+/// The default sweep: `expandable_segments:True`, `max_split_size_mb` at up to three values taken from
 /// the large requests (their median, 90th percentile and largest, rounded
 /// up to a power of two MiB above 20), `roundup_power2_divisions:4`, and
 /// with a capacity `garbage_collection_threshold:0.8`.
@@ -353,7 +353,8 @@ pub fn default_sweep(d: &[DeviceStream], capacity: Option<u64>) -> Vec<Vec<Strin
         .collect();
     splits.sort_unstable();
     splits.dedup();
-    let mut sweep: Vec<Vec<String>> = splits.into_iter().map(|mb| vec![format!("max_split_size_mb:{mb}")]).collect();
+    let mut sweep: Vec<Vec<String>> = vec![vec!["expandable_segments:True".into()]];
+    sweep.extend(splits.into_iter().map(|mb| vec![format!("max_split_size_mb:{mb}")]));
     sweep.push(vec!["roundup_power2_divisions:4".into()]);
     if capacity.is_some() {
         sweep.push(vec!["garbage_collection_threshold:0.8".into()]);

@@ -87,7 +87,7 @@ pub fn json(w: &Whatif) -> serde_json::Value {
             (Some(_), true) => Some("inferred from an oom entry (free memory CUDA reported + reserved then)"),
             (Some(_), false) => Some("--capacity"),
         },
-        "model": "PyTorch CUDACachingAllocator (2.4-2.5 native allocator, no expandable segments); see src/analysis/allocator.rs",
+        "model": "PyTorch CUDACachingAllocator (2.4-2.5 native allocator; expandable segments simplified); see src/analysis/allocator.rs",
         "fidelity": w.fidelity.iter().zip(&recorded.devices).map(|(f, o)| json!({
             "device": f.device,
             "allocations": f.allocations,
@@ -194,6 +194,6 @@ pub fn sections_md(w: &Whatif, level: &str) -> String {
             s.ooms
         );
     }
-    md.push_str("\nNot modelled yet: `expandable_segments` (scenarios with it are not run), CUDA graph pools, pending `record_stream` events. Every scenario starts from the recorded state before the first trace entry.\n");
+    md.push_str("\nNot modelled: CUDA graph pools, pending `record_stream` events; a recording made with expandable segments is replayed in scenarios but its fidelity is not measured. Every scenario starts from the recorded state before the first trace entry.\n");
     md
 }
