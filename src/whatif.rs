@@ -6,25 +6,30 @@
 use anyhow::{Context, Result};
 
 use crate::analysis::allocator::Settings;
-use crate::analysis::whatif::{DeviceStream, settings_of, streams};
+use crate::analysis::whatif::{DeviceStream, Source, device_level_streams, settings_of, streams};
 use crate::cli::WhatifArgs;
 use crate::exit;
 use crate::output::whatif::Report;
 
 /// The requests of each device of a snapshot (a pickle, or a trace
-/// directory imported from one), with the state before its first trace
-/// entry, and the allocator settings it recorded (parsed and as recorded).
-fn load(path: &std::path::Path, device: Option<u32>) -> Result<(Vec<DeviceStream>, Settings, serde_json::Value)> {
+/// directory imported from one) with the state before its first trace
+/// entry and the allocator settings it recorded (parsed and as recorded);
+/// or of each process of a device-level trace (eBPF, synthetic), with
+/// PyTorch's default settings and the trace's capacity.
+type Loaded = (Vec<DeviceStream>, Settings, serde_json::Value, Source, Option<u64>);
+
+fn load(path: &std::path::Path, device: Option<u32>) -> Result<Loaded> {
     let loaded = crate::trace::input::open(path, device)?;
-    let details = loaded.trace.meta.as_ref().and_then(|m| m.details.snapshot()).with_context(|| {
-        format!(
-            "{}: whatif replays PyTorch snapshots (a pickle, or a trace imported from one); \
-             eBPF and synthetic traces are not supported yet",
-            path.display()
-        )
-    })?;
-    let recorded = Settings::from_snapshot(&details.allocator_settings);
-    Ok((streams(&loaded.events, details), recorded, details.allocator_settings.clone()))
+    let meta = loaded.trace.meta.as_ref();
+    if let Some(details) = meta.and_then(|m| m.details.snapshot()) {
+        let recorded = Settings::from_snapshot(&details.allocator_settings);
+        let streams = streams(&loaded.events, details);
+        return Ok((streams, recorded, details.allocator_settings.clone(), Source::Snapshot, None));
+    }
+    let streams = device_level_streams(&loaded.events);
+    anyhow::ensure!(!streams.is_empty(), "{}: no device allocations to replay", path.display());
+    let capacity = meta.and_then(|m| m.capacity_bytes);
+    Ok((streams, Settings::default(), serde_json::Value::Null, Source::DeviceLevel, capacity))
 }
 
 pub fn run(args: &WhatifArgs) -> Result<u8> {
@@ -39,8 +44,8 @@ pub fn run(args: &WhatifArgs) -> Result<u8> {
         return Ok(exit::USAGE);
     }
     let started = std::time::Instant::now();
-    let (devices, recorded, settings_json) = load(&args.input, args.device)?;
-    let whatif = crate::analysis::whatif::run(&devices, &recorded, args.capacity, confs)
+    let (devices, recorded, settings_json, source, trace_capacity) = load(&args.input, args.device)?;
+    let whatif = crate::analysis::whatif::run(&devices, &recorded, args.capacity.or(trace_capacity), confs, source)
         .map_err(|e| anyhow::anyhow!("--conf {e}"))?;
     let report = Report::new(&args.input, settings_json, whatif);
     std::fs::create_dir_all(&args.output).with_context(|| format!("cannot create {}", args.output.display()))?;
@@ -87,7 +92,7 @@ mod tests {
         }
         let mut differed = 0;
         for path in &files {
-            let (devices, recorded, _) = load(path, None).unwrap();
+            let (devices, recorded, ..) = load(path, None).unwrap();
             for d in &devices {
                 let f = fidelity(d, &recorded);
                 assert!(f.allocations > 0, "{}", path.display());

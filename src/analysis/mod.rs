@@ -220,8 +220,9 @@ pub struct Analysis {
     pub kernels: Vec<crate::analysis::kernels::KernelStat>,
     /// Device allocations by recorded call stack (`record --stacks`).
     pub alloc_stacks: Vec<crate::analysis::sites::StackStat>,
-    /// PyTorch snapshots (with `Options::whatif`): the allocator model's
-    /// fidelity and the default sweep of settings.
+    /// Snapshots, and device-level traces with OOMs (with
+    /// `Options::whatif`): the allocator model's fidelity and the default
+    /// sweep of settings.
     pub whatif: Option<whatif::Whatif>,
 }
 
@@ -339,14 +340,21 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         alloc_stacks: Vec::new(),
         whatif: None,
     };
-    if opts.whatif
-        && allocator_view
-        && let Some(details) = analysis.trace.meta.as_ref().and_then(|m| m.details.snapshot())
-    {
+    // The allocator settings' what-if: for a snapshot, and for a
+    // device-level trace with OOMs.
+    let snapshot = analysis.trace.meta.as_ref().and_then(|m| m.details.snapshot()).filter(|_| allocator_view);
+    if opts.whatif && (snapshot.is_some() || (!allocator_view && !analysis.ooms.is_empty())) {
         let started = std::time::Instant::now();
-        let settings = allocator::Settings::from_snapshot(&details.allocator_settings);
+        let (streams, settings, source) = match snapshot {
+            Some(d) => (
+                whatif::streams(events, d),
+                allocator::Settings::from_snapshot(&d.allocator_settings),
+                whatif::Source::Snapshot,
+            ),
+            None => (whatif::device_level_streams(events), allocator::Settings::default(), whatif::Source::DeviceLevel),
+        };
         // The default sweep cannot fail to parse; an error would be a bug.
-        analysis.whatif = whatif::run(&whatif::streams(events, details), &settings, capacity, Vec::new())
+        analysis.whatif = whatif::run(&streams, &settings, capacity, Vec::new(), source)
             .map_err(|e| tracing::warn!("whatif: {e}"))
             .ok();
         tracing::debug!("whatif in {:.3} s", started.elapsed().as_secs_f64());

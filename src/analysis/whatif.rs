@@ -13,7 +13,8 @@
 //!
 //! Scenarios. The same requests (requested size, stream, in order; each
 //! free matched to its allocation; the requests that failed with an `oom`
-//! entry too) run through the model alone from the same initial state; new
+//! entry too, freed at once when a scenario serves them, since nothing
+//! tells how long they would have lived) run through the model alone from the same initial state; new
 //! segments get fresh addresses. The program's own `empty_cache()` calls
 //! (a run of `segment_free` entries not followed by the allocator's retry
 //! or OOM) are replayed. Without a capacity (`--capacity`, or one inferred
@@ -300,9 +301,16 @@ pub fn simulate(d: &DeviceStream, settings: &Settings, capacity: Option<u64>, na
             // (an `oom` entry): the scenario may serve either.
             EventKind::BlockAlloc | EventKind::Oom => match a.malloc(r.requested, r.stream, capacity, &mut device) {
                 Ok(p) => {
-                    placed.insert(r.addr, p.addr);
                     out.segment_allocs += u64::from(p.new_segment.is_some());
                     out.allocations += 1;
+                    if r.kind == EventKind::Oom {
+                        // It failed in the recording, so nothing tells how
+                        // long it would have lived: served, then freed at
+                        // once (its segment stays cached).
+                        a.free(p.addr);
+                    } else {
+                        placed.insert(r.addr, p.addr);
+                    }
                 }
                 Err(Refused::OutOfMemory { reserved, .. }) => {
                     out.ooms += 1;
@@ -450,6 +458,7 @@ pub struct Whatif {
     /// `oom` entry (then `capacity_inferred`).
     pub capacity: Option<u64>,
     pub capacity_inferred: bool,
+    pub source: Source,
 }
 
 impl Whatif {
@@ -465,6 +474,8 @@ impl Whatif {
         let (i, _) = &self.recommended;
         if *i == 0 {
             "keep the current settings".into()
+        } else if self.scenarios[*i].conf.is_empty() {
+            "PyTorch's caching allocator with its default settings".into()
         } else {
             format!("PYTORCH_CUDA_ALLOC_CONF={}", self.scenarios[*i].conf.join(","))
         }
@@ -486,39 +497,135 @@ pub fn settings_of(base: &Settings, confs: &[Vec<String>]) -> Result<Vec<(Vec<St
         .collect()
 }
 
+/// What the requests are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// A PyTorch snapshot: its caching allocator's decisions, replayable.
+    Snapshot,
+    /// A device-level trace (eBPF, synthetic): each `cudaMalloc` a request,
+    /// no caching allocator in between.
+    DeviceLevel,
+}
+
 /// Fidelity, then the recorded settings and each scenario (`confs`; the
-/// default sweep when empty), run on threads.
+/// default sweep when empty), run on threads. For a device-level trace the
+/// first scenario is the recording as it happened, and the next one
+/// PyTorch's caching allocator with its defaults.
 pub fn run(
     devices: &[DeviceStream],
     recorded: &Settings,
     capacity: Option<u64>,
     confs: Vec<Vec<String>>,
+    source: Source,
 ) -> Result<Whatif, String> {
-    let confs = if confs.is_empty() { default_sweep(devices, capacity) } else { confs };
+    let mut confs = if confs.is_empty() { default_sweep(devices, capacity) } else { confs };
+    if source == Source::DeviceLevel {
+        confs.insert(0, Vec::new());
+    }
     let runs = settings_of(recorded, &confs)?;
-    let fidelity: Vec<Fidelity> = devices.iter().map(|d| fidelity(d, recorded)).collect();
+    let fidelity: Vec<Fidelity> = match source {
+        Source::Snapshot => devices.iter().map(|d| fidelity(d, recorded)).collect(),
+        Source::DeviceLevel => devices
+            .iter()
+            .map(|d| Fidelity {
+                device: d.device,
+                not_measured: Some(
+                    "a device-level trace: every cudaMalloc is a request, there are no allocator decisions to check"
+                        .into(),
+                ),
+                recorded_ooms: d.events.iter().filter(|r| r.kind == EventKind::Oom).count() as u64,
+                ..Fidelity::default()
+            })
+            .collect(),
+    };
     // Each device's capacity: the one given, else inferred from its OOM.
     let capacities: Vec<Option<u64>> = fidelity.iter().map(|f| capacity.or(f.inferred_capacity)).collect();
     let run_all = |name: &str, conf: &[String], s: &Settings| -> Scenario {
         let outcomes = devices.iter().zip(&capacities).map(|(d, &c)| simulate(d, s, c, name, conf)).collect();
         Scenario::of(name, conf, outcomes)
     };
-    let mut scenarios = vec![run_all("recorded", &[], recorded)];
+    let mut scenarios = vec![match source {
+        Source::Snapshot => run_all("recorded", &[], recorded),
+        Source::DeviceLevel => Scenario::of("recorded", &[], devices.iter().map(as_recorded).collect()),
+    }];
     let others: Vec<Scenario> = std::thread::scope(|scope| {
         let handles: Vec<_> = runs
             .iter()
             .map(|(conf, s)| {
                 let run_all = &run_all;
-                scope.spawn(move || run_all(&conf.join(","), conf, s))
+                let name = if conf.is_empty() { "pytorch_defaults".to_string() } else { conf.join(",") };
+                scope.spawn(move || run_all(&name, conf, s))
             })
             .collect();
         handles.into_iter().filter_map(|h| h.join().ok()).collect()
     });
     scenarios.extend(others);
-    let recommended = recommend(&scenarios);
+    let mut recommended = recommend(&scenarios);
+    if source == Source::DeviceLevel && recommended.0 != 0 && scenarios[recommended.0].conf.is_empty() {
+        recommended.1 = format!("{} with PyTorch's caching allocator as it comes", recommended.1);
+    }
     let capacity_inferred = capacity.is_none() && capacities.iter().any(Option::is_some);
     let capacity = capacity.or_else(|| capacities.iter().flatten().copied().max());
-    Ok(Whatif { fidelity, scenarios, recommended, capacity, capacity_inferred })
+    Ok(Whatif { fidelity, scenarios, recommended, capacity, capacity_inferred, source })
+}
+
+/// A device-level recording as it happened: live bytes are what is
+/// reserved (no cache), its failed allocations are its OOMs.
+fn as_recorded(d: &DeviceStream) -> Outcome {
+    let mut live: HashMap<u64, u64> = HashMap::new();
+    let (mut now, mut peak) = (0u64, 0u64);
+    let mut out = Outcome { name: "recorded".into(), ..Outcome::default() };
+    for r in &d.events {
+        match r.kind {
+            EventKind::BlockAlloc => {
+                now += r.size;
+                if let Some(old) = live.insert(r.addr, r.size) {
+                    now -= old;
+                }
+                peak = peak.max(now);
+                out.allocations += 1;
+                out.segment_allocs += 1;
+            }
+            EventKind::BlockFree => now -= live.remove(&r.addr).unwrap_or(0),
+            EventKind::Oom => out.ooms += 1,
+            _ => {}
+        }
+    }
+    out.peak_reserved_bytes = peak;
+    out.peak_allocated_bytes = peak;
+    if out.ooms > 0 {
+        out.oom_classes = vec![("recorded failures".into(), out.ooms)];
+    }
+    out
+}
+
+/// The request stream of each process of a device-level trace (eBPF,
+/// synthetic): successful allocations, frees, and failed allocations as
+/// requests that ran out of memory.
+pub fn device_level_streams(events: &crate::trace::event::Events) -> Vec<DeviceStream> {
+    let mut by: std::collections::BTreeMap<u32, DeviceStream> = Default::default();
+    for i in 0..events.len() {
+        let Some(kind) = events.kind[i] else { continue };
+        let k = if kind.is_device_alloc() || (kind.is_alloc_request() && events.ret[i] != 0) {
+            if events.ret[i] == 0 { EventKind::BlockAlloc } else { EventKind::Oom }
+        } else if kind.releases_block() && events.ret[i] == 0 {
+            EventKind::BlockFree
+        } else {
+            continue;
+        };
+        let pid = events.pid[i];
+        let d = by.entry(pid).or_insert_with(|| DeviceStream { device: pid, ..DeviceStream::default() });
+        d.events.push(Req {
+            ts_ns: events.ts_ns[i],
+            kind: k,
+            addr: events.addr[i],
+            size: events.size[i],
+            requested: events.size[i],
+            stream: 0,
+            device_free: None,
+        });
+    }
+    by.into_values().collect()
 }
 
 /// The request stream of each device of an imported snapshot (its time-

@@ -179,9 +179,13 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
     md.push_str(&leaks_md(a));
     if let Some(w) = &a.whatif {
         md.push_str("\n## What the allocator settings would change\n\n");
+        let what = match w.source {
+            crate::analysis::whatif::Source::Snapshot => "This snapshot's requests",
+            crate::analysis::whatif::Source::DeviceLevel => "This trace's requests (every cudaMalloc)",
+        };
         let _ = writeln!(
             md,
-            "This snapshot's requests replayed through a model of PyTorch's caching allocator (details: `fragscope whatif`). Recommendation: `{}` — {}.\n",
+            "{what} replayed through a model of PyTorch's caching allocator (details: `fragscope whatif`). Recommendation: `{}` — {}.\n",
             w.recommendation(),
             w.recommended.1
         );
@@ -611,11 +615,15 @@ pub(crate) fn advice_md(a: &Analysis, s: &Summary) -> String {
     }
     if let Some(w) = a.whatif.as_ref().filter(|w| w.recommended.0 != 0) {
         let (same, n) = w.same_address();
-        items.push(format!(
-            "Allocator settings: `{}` — {} in a replay of this snapshot's requests (the model placed {same} of {n} recorded allocations where PyTorch did).",
-            w.recommendation(),
-            w.recommended.1
-        ));
+        let replay = match w.source {
+            crate::analysis::whatif::Source::Snapshot => format!(
+                "in a replay of this snapshot's requests (the model placed {same} of {n} recorded allocations where PyTorch did)"
+            ),
+            crate::analysis::whatif::Source::DeviceLevel => {
+                "in a replay of this trace's requests through a model of PyTorch's caching allocator (a what-if: the recording used cudaMalloc directly)".to_string()
+            }
+        };
+        items.push(format!("Allocator settings: `{}` — {} {replay}.", w.recommendation(), w.recommended.1));
     }
     if items.is_empty() {
         return String::new();

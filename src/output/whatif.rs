@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde_json::json;
 
-use crate::analysis::whatif::{Scenario, Whatif};
+use crate::analysis::whatif::{Scenario, Source, Whatif};
 use crate::units::bytes;
 
 /// `whatif.json` / `whatif.md` of one input.
@@ -115,6 +115,10 @@ pub fn json(w: &Whatif) -> serde_json::Value {
 /// The fidelity and scenario sections, headed at `level` ("##", "###").
 pub fn sections_md(w: &Whatif, level: &str) -> String {
     let mut md = format!("{level} Fidelity: the model against the recording\n\n");
+    if w.source == Source::DeviceLevel {
+        md.push_str("Not measured: a device-level trace (eBPF or synthetic) has no caching allocator's decisions to check — every cudaMalloc is a request. The first scenario is the recording as it happened; the others put PyTorch's caching allocator, modelled, between the program and the device.\n");
+        return md + &scenarios_md(w, level);
+    }
     md.push_str("Under the snapshot's own settings, from the state before the first trace entry, the model chose a block for every allocation; the recorded choice was then applied.\n\n");
     md.push_str("| device | allocations | at PyTorch's address | same block size | segments asked (same size) | segments only PyTorch / only model | peak reserved recorded → simulated |\n|---|---|---|---|---|---|---|\n");
     for (f, o) in w.fidelity.iter().zip(&w.scenarios[0].devices) {
@@ -157,6 +161,11 @@ pub fn sections_md(w: &Whatif, level: &str) -> String {
             );
         }
     }
+    md + &scenarios_md(w, level)
+}
+
+fn scenarios_md(w: &Whatif, level: &str) -> String {
+    let mut md = String::new();
     let _ = writeln!(md, "\n{level} Scenarios\n");
     let _ = writeln!(
             md,
@@ -186,7 +195,13 @@ pub fn sections_md(w: &Whatif, level: &str) -> String {
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} | {} | {} |",
-            if s.conf.is_empty() { "recorded settings".into() } else { format!("`{}`", s.conf.join(",")) },
+            match (s.conf.is_empty(), s.name.as_str()) {
+                (true, "recorded") if w.source == Source::DeviceLevel =>
+                    "as recorded (cudaMalloc per request)".to_string(),
+                (true, "recorded") => "recorded settings".to_string(),
+                (true, _) => "PyTorch's caching allocator, default settings".to_string(),
+                (false, _) => format!("`{}`", s.conf.join(",")),
+            },
             bytes(s.peak_reserved_bytes),
             bytes(s.peak_allocated_bytes),
             bytes(s.reserved_minus_allocated_at_peak),

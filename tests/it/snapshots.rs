@@ -393,17 +393,15 @@ fn whatif_reports_fidelity_scenarios_and_a_recommendation() {
         .success();
     let w2 = json(&out2.join("whatif.json"));
     assert_eq!(w2["fidelity"][0]["same_address"], f["same_address"]);
-    // A synthetic trace is not a snapshot: a clear refusal.
-    let synth = tmp.path().join("synth");
-    fragscope().args(["synth", "--pattern", "training", "--events", "2000", "-o"]).arg(&synth).assert().success();
+    // A directory that is no trace: the loader's clear refusal.
     fragscope()
         .arg("whatif")
-        .arg(&synth)
+        .arg(tmp.path().join("w"))
         .arg("-o")
         .arg(tmp.path().join("dir"))
         .assert()
         .code(1)
-        .stderr(predicates::str::contains("whatif replays PyTorch snapshots"));
+        .stderr(predicates::str::contains("no events-NNNNN.parquet parts"));
 }
 
 /// The allocator model against snapshots whose addresses a separate Python
@@ -439,4 +437,40 @@ fn whatif_reproduces_the_generated_snapshots() {
             assert_eq!(w["capacity_bytes"].as_u64(), Some(200 << 20), "inferred from the oom entries");
         }
     }
+}
+
+/// A device-level trace (synthetic `fragmenting`: every cudaMalloc a
+/// request) replayed through PyTorch's caching allocator: its fragmentation
+/// OOMs remain with plain segments, expandable segments remove every one
+/// of them without reserving more at the peak, and that is the
+/// recommendation.
+#[test]
+fn whatif_on_a_fragmenting_device_trace_recommends_expandable_segments() {
+    let tmp = tempfile::tempdir().unwrap();
+    let trace = tmp.path().join("t");
+    fragscope().args(["synth", "--pattern", "fragmenting", "--events", "20000", "-o"]).arg(&trace).assert().success();
+    let out = tmp.path().join("w");
+    fragscope().arg("whatif").arg(&trace).arg("-o").arg(&out).assert().success();
+    let w = json(&out.join("whatif.json"));
+    let scenario = |name: &str| {
+        w["scenarios"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == name)
+            .unwrap_or_else(|| panic!("{name}: {w}"))
+            .clone()
+    };
+    let (recorded, defaults, expandable) =
+        (scenario("recorded"), scenario("pytorch_defaults"), scenario("expandable_segments:True"));
+    assert!(recorded["ooms"].as_u64().unwrap() > 0, "{recorded}");
+    assert!(defaults["oom_classes"]["fragmentation"].as_u64().unwrap_or(0) > 0, "{defaults}");
+    assert!(expandable["oom_classes"].get("fragmentation").is_none(), "{expandable}");
+    assert!(expandable["peak_reserved_bytes"].as_u64() <= defaults["peak_reserved_bytes"].as_u64());
+    assert_eq!(
+        w["recommendation"]["conf"], "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+        "{}",
+        w["recommendation"]
+    );
+    assert!(w["fidelity"][0]["not_measured"].as_str().unwrap().contains("device-level"));
 }
