@@ -32,6 +32,71 @@ fn load(path: &std::path::Path, device: Option<u32>) -> Result<Loaded> {
     Ok((streams, Settings::default(), serde_json::Value::Null, Source::DeviceLevel, capacity))
 }
 
+/// A scenario's name as a folder name: `expandable_segments=True`,
+/// `max_split_size_mb=64+roundup_power2_divisions=4`.
+fn folder(name: &str) -> String {
+    name.chars()
+        .map(|c| match c {
+            ':' => '=',
+            ',' => '+',
+            c if c.is_ascii_alphanumeric() || "._=+-".contains(c) => c,
+            _ => '_',
+        })
+        .collect()
+}
+
+/// Writes every simulated scenario as a trace directory under `dir`
+/// (`analyze` and `compare` take them). A device-level trace's `recorded`
+/// scenario is the input itself and is not written again. Each is written
+/// to a staging folder and renamed when complete.
+fn write_scenarios(
+    dir: &std::path::Path,
+    input: &std::path::Path,
+    devices: &[DeviceStream],
+    recorded: &Settings,
+    w: &crate::analysis::whatif::Whatif,
+) -> Result<()> {
+    for s in &w.scenarios {
+        if s.name == "recorded" && w.source == Source::DeviceLevel {
+            continue;
+        }
+        let settings = settings_of(recorded, std::slice::from_ref(&s.conf))
+            .map_err(|e| anyhow::anyhow!("--conf {e}"))?
+            .remove(0)
+            .1;
+        let out = dir.join(folder(&s.name));
+        let staging = dir.join(format!(".{}.partial", folder(&s.name)));
+        let _ = std::fs::remove_dir_all(&staging);
+        let mut meta = crate::trace::TraceMeta::new(crate::trace::Source::Simulated);
+        meta.capacity_bytes = w.capacity;
+        meta.details = crate::trace::details::Details::Other(serde_json::json!({
+            "scenario": s.name,
+            "conf": s.conf,
+            "input": input.display().to_string(),
+        }));
+        let mut writer = crate::trace::TraceWriter::create(&staging, meta, 1 << 20)?;
+        let mut failed: Option<anyhow::Error> = None;
+        for d in devices {
+            let mut sink = |e: crate::trace::event::Event| {
+                if failed.is_none()
+                    && let Err(err) = writer.push(e)
+                {
+                    failed = Some(err);
+                }
+            };
+            crate::analysis::whatif::simulate_into(d, &settings, w.capacity, &s.name, &s.conf, Some(&mut sink));
+        }
+        if let Some(e) = failed {
+            let _ = std::fs::remove_dir_all(&staging);
+            return Err(e.context(format!("cannot write scenario {}", s.name)));
+        }
+        writer.finish()?;
+        let _ = std::fs::remove_dir_all(&out);
+        std::fs::rename(&staging, &out).with_context(|| format!("cannot write {}", out.display()))?;
+    }
+    Ok(())
+}
+
 pub fn run(args: &WhatifArgs) -> Result<u8> {
     let confs: Vec<Vec<String>> = args
         .conf
@@ -49,6 +114,7 @@ pub fn run(args: &WhatifArgs) -> Result<u8> {
         .map_err(|e| anyhow::anyhow!("--conf {e}"))?;
     let report = Report::new(&args.input, settings_json, whatif);
     std::fs::create_dir_all(&args.output).with_context(|| format!("cannot create {}", args.output.display()))?;
+    write_scenarios(&args.output.join("scenarios"), &args.input, &devices, &recorded, &report.whatif)?;
     crate::trace::write_atomic(&args.output.join("whatif.json"), &serde_json::to_vec_pretty(&report.json())?)?;
     crate::trace::write_atomic(&args.output.join("whatif.md"), report.markdown().as_bytes())?;
     println!("{}", report.headline());

@@ -254,6 +254,10 @@ pub struct Allocator {
     ranges: BTreeMap<(u64, bool), (u64, u64)>,
     /// Mapped pages of the ranges: start → page size.
     mapped: BTreeMap<u64, u64>,
+    /// When on: the segment changes (`segment_alloc`, `segment_free`,
+    /// `segment_map`, `segment_unmap`: kind, address, size) since the
+    /// last [`Allocator::take_log`].
+    pub log: Option<Vec<(crate::trace::event::EventKind, u64, u64)>>,
 }
 
 /// Where a request was placed.
@@ -290,7 +294,19 @@ impl Allocator {
     }
 
     /// Adds a segment at `addr` (all free). `small`: the small pool's.
+    fn note(&mut self, kind: crate::trace::event::EventKind, addr: u64, size: u64) {
+        if let Some(log) = &mut self.log {
+            log.push((kind, addr, size));
+        }
+    }
+
+    /// The segment changes noted since the last call.
+    pub fn take_log(&mut self) -> Vec<(crate::trace::event::EventKind, u64, u64)> {
+        self.log.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
     pub fn add_segment(&mut self, addr: u64, size: u64, stream: u64, small: bool) {
+        self.note(crate::trace::event::EventKind::SegmentAlloc, addr, size);
         self.segments.insert(addr, Segment { size, stream, small, freed_at: self.clock });
         self.reserved += size;
         self.insert_free(addr, Block { size, stream, allocated: false, small, segment: addr });
@@ -301,6 +317,7 @@ impl Allocator {
         let Some(s) = self.segments.get(&addr).copied() else { return false };
         match self.blocks.get(&addr) {
             Some(b) if !b.allocated && b.size == s.size => {
+                self.note(crate::trace::event::EventKind::SegmentFree, addr, s.size);
                 self.remove_free(addr);
                 self.segments.remove(&addr);
                 self.reserved -= s.size;
@@ -515,6 +532,7 @@ impl Allocator {
         for p in (first..last).step_by(page as usize) {
             if self.mapped.insert(p, page).is_none() {
                 self.reserved += page;
+                self.note(crate::trace::event::EventKind::SegmentMap, p, page);
                 any = true;
             }
         }
@@ -540,6 +558,7 @@ impl Allocator {
         for (p, s) in free {
             self.mapped.remove(&p);
             self.reserved -= s;
+            self.note(crate::trace::event::EventKind::SegmentUnmap, p, s);
         }
         before - self.reserved
     }

@@ -264,8 +264,38 @@ pub struct Outcome {
 
 /// Runs the requests of `d` through the model under `settings`.
 pub fn simulate(d: &DeviceStream, settings: &Settings, capacity: Option<u64>, name: &str, conf: &[String]) -> Outcome {
+    simulate_into(d, settings, capacity, name, conf, None)
+}
+
+/// [`simulate`], also sending the scenario's events to `sink`: the initial
+/// state as recorded, then each request at its recorded time with the
+/// simulated address (`block_alloc`, `block_free`; `oom` for a request
+/// the scenario cannot serve) after the segment changes it caused.
+pub fn simulate_into(
+    d: &DeviceStream,
+    settings: &Settings,
+    capacity: Option<u64>,
+    name: &str,
+    conf: &[String],
+    mut sink: Option<&mut dyn FnMut(Event)>,
+) -> Outcome {
     let mut a = Allocator::new(settings.clone());
     initial_state(&mut a, d);
+    let ev = |ts_ns: u64, kind: EventKind, addr: u64, size: u64, requested: Option<u64>, stream: u64| Event {
+        ts_ns,
+        pid: d.device,
+        device: Some(d.device as i32),
+        stream: Some(stream),
+        extra: crate::trace::event::Extra { requested, ..Default::default() },
+        ..Event::new(ts_ns, d.device, kind, addr, size)
+    };
+    if let Some(sink) = sink.as_mut() {
+        for r in &d.events[..d.initial] {
+            let requested = (r.kind == EventKind::BlockAlloc).then_some(r.requested);
+            sink(ev(r.ts_ns, r.kind, r.addr, r.size, requested, r.stream));
+        }
+        a.log = Some(Vec::new());
+    }
     // Fresh device addresses above everything the recording used.
     let top = d.events.iter().map(|r| r.addr.saturating_add(r.size)).max().unwrap_or(0);
     let mut next = top.div_ceil(1 << 30).saturating_add(1) << 30;
@@ -283,6 +313,9 @@ pub fn simulate(d: &DeviceStream, settings: &Settings, capacity: Option<u64>, na
         d.events[..d.initial].iter().filter(|r| r.kind == EventKind::BlockAlloc).map(|r| (r.addr, r.addr)).collect();
     let mut classes: std::collections::BTreeMap<OomClass, u64> = Default::default();
     let trace = &d.events[d.initial..];
+    // This request's own event, sent after the segment changes it caused.
+    let mut pending: Vec<Event> = Vec::new();
+    let logging = sink.is_some();
     for (i, r) in trace.iter().enumerate() {
         match r.kind {
             // The end of a run of `segment_free`s that is not the allocator's
@@ -303,6 +336,9 @@ pub fn simulate(d: &DeviceStream, settings: &Settings, capacity: Option<u64>, na
                 Ok(p) => {
                     out.segment_allocs += u64::from(p.new_segment.is_some());
                     out.allocations += 1;
+                    if logging {
+                        pending.push(ev(r.ts_ns, EventKind::BlockAlloc, p.addr, p.size, Some(r.requested), r.stream));
+                    }
                     if r.kind == EventKind::Oom {
                         // It failed in the recording, so nothing tells how
                         // long it would have lived: served, then freed at
@@ -314,6 +350,9 @@ pub fn simulate(d: &DeviceStream, settings: &Settings, capacity: Option<u64>, na
                 }
                 Err(Refused::OutOfMemory { reserved, .. }) => {
                     out.ooms += 1;
+                    if logging {
+                        pending.push(ev(r.ts_ns, EventKind::Oom, 0, r.requested, Some(r.requested), r.stream));
+                    }
                     let cap = capacity.unwrap_or(u64::MAX);
                     let rounded = a.settings.round(r.requested);
                     let free = cap.saturating_sub(a.allocated);
@@ -323,11 +362,22 @@ pub fn simulate(d: &DeviceStream, settings: &Settings, capacity: Option<u64>, na
                 }
             },
             EventKind::BlockFree => {
-                if let Some(at) = placed.remove(&r.addr) {
-                    a.free(at);
+                if let Some(at) = placed.remove(&r.addr)
+                    && let Some(size) = a.free(at)
+                    && logging
+                {
+                    pending.push(ev(r.ts_ns, EventKind::BlockFree, at, size, Some(r.requested), r.stream));
                 }
             }
             _ => {}
+        }
+        if let Some(sink) = sink.as_mut() {
+            for (kind, addr, size) in a.take_log() {
+                sink(ev(r.ts_ns, kind, addr, size, None, r.stream));
+            }
+            for e in pending.drain(..) {
+                sink(e);
+            }
         }
         if a.reserved > peak.0 {
             peak = (a.reserved, a.allocated);

@@ -38,6 +38,9 @@ pub enum Source {
     Ebpf,
     PytorchSnapshot,
     Synthetic,
+    /// A `whatif` scenario: recorded requests placed by the allocator
+    /// model under other settings.
+    Simulated,
 }
 
 impl Source {
@@ -46,6 +49,7 @@ impl Source {
             Source::Ebpf => "ebpf",
             Source::PytorchSnapshot => "pytorch-snapshot",
             Source::Synthetic => "synthetic",
+            Source::Simulated => "simulated",
         }
     }
 }

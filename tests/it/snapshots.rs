@@ -351,6 +351,14 @@ fn whatif_reports_fidelity_scenarios_and_a_recommendation() {
     }
     assert!(w["recommendation"]["conf"].as_str().is_some());
     assert!(std::fs::read_to_string(out.join("whatif.md")).unwrap().contains("## Fidelity"));
+    // Every scenario is a trace directory analyze takes; the recorded
+    // settings' one has as many allocations as the snapshot's trace.
+    let scenario = out.join("scenarios/recorded");
+    let a_rec = tmp.path().join("a-rec");
+    fragscope().arg("analyze").arg(&scenario).arg("-o").arg(&a_rec).arg("--no-plots").assert().success();
+    let rep = json(&a_rec.join("report.json"));
+    assert_eq!(rep["trace"]["source"], "simulated", "{}", rep["trace"]);
+    assert!(out.join("scenarios/max_split_size_mb=64+roundup_power2_divisions=4/trace.json").is_file());
 
     fragscope()
         .arg("whatif")
@@ -473,4 +481,18 @@ fn whatif_on_a_fragmenting_device_trace_recommends_expandable_segments() {
         w["recommendation"]
     );
     assert!(w["fidelity"][0]["not_measured"].as_str().unwrap().contains("device-level"));
+    // The recommended scenario as a trace: compare says its OOMs are gone.
+    let cmp = tmp.path().join("cmp");
+    fragscope()
+        .arg("compare")
+        .arg(&trace)
+        .arg(out.join("scenarios/expandable_segments=True"))
+        .arg("-o")
+        .arg(&cmp)
+        .assert()
+        .success();
+    let c = json(&cmp.join("compare.json"));
+    let ooms = c["metrics"].as_array().unwrap().iter().find(|m| m["key"] == "ooms").unwrap().clone();
+    assert_eq!((ooms["b"].as_f64(), ooms["judgement"].as_str()), (Some(0.0), Some("better")), "{ooms}");
+    assert!(!out.join("scenarios/recorded").exists(), "a device-level recording is the input itself");
 }
