@@ -132,7 +132,7 @@ pub struct CompareArgs {
 pub struct WhatifArgs {
     /// A PyTorch memory snapshot pickle.
     pub input: PathBuf,
-    /// Output directory (whatif.json, whatif.md).
+    /// Output directory (whatif.json, whatif.md, whatif.png, scenarios/NAME/ trace directories).
     #[arg(short, long)]
     pub output: PathBuf,
     /// A scenario: PYTORCH_CUDA_ALLOC_CONF entries on top of the recorded settings, comma-separated

@@ -117,6 +117,7 @@ pub fn run(args: &WhatifArgs) -> Result<u8> {
     write_scenarios(&args.output.join("scenarios"), &args.input, &devices, &recorded, &report.whatif)?;
     crate::trace::write_atomic(&args.output.join("whatif.json"), &serde_json::to_vec_pretty(&report.json())?)?;
     crate::trace::write_atomic(&args.output.join("whatif.md"), report.markdown().as_bytes())?;
+    crate::output::whatif::render_png(&report.whatif, 1600, 700)?.write_png(&args.output.join("whatif.png"))?;
     println!("{}", report.headline());
     println!(
         "  {} scenario(s) in {:.2} s; wrote {}",

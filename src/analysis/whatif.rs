@@ -260,6 +260,47 @@ pub struct Outcome {
     pub oom_classes: Vec<(String, u64)>,
     /// Requests (allocations and recorded OOMs) the scenario served.
     pub allocations: u64,
+    /// Reserved and allocated bytes over time, at most [`SERIES_POINTS`]
+    /// points (each the highest reserved of its stretch of requests), and
+    /// the times of the OOMs: for whatif.png.
+    #[serde(skip)]
+    pub series: Vec<(u64, u64, u64)>,
+    #[serde(skip)]
+    pub oom_times: Vec<u64>,
+}
+
+/// Points of [`Outcome::series`] at most.
+pub const SERIES_POINTS: usize = 2000;
+
+/// Keeps the highest reserved of each stretch of `every` samples.
+struct Sampler {
+    every: usize,
+    seen: usize,
+    best: Option<(u64, u64, u64)>,
+}
+
+impl Sampler {
+    fn new(samples: usize) -> Sampler {
+        Sampler { every: samples.div_ceil(SERIES_POINTS).max(1), seen: 0, best: None }
+    }
+
+    fn add(&mut self, out: &mut Vec<(u64, u64, u64)>, point: (u64, u64, u64)) {
+        if self.best.is_none_or(|b| point.1 > b.1) {
+            self.best = Some(point);
+        }
+        self.seen += 1;
+        if self.seen % self.every == 0
+            && let Some(b) = self.best.take()
+        {
+            out.push(b);
+        }
+    }
+
+    fn finish(&mut self, out: &mut Vec<(u64, u64, u64)>) {
+        if let Some(b) = self.best.take() {
+            out.push(b);
+        }
+    }
 }
 
 /// Runs the requests of `d` through the model under `settings`.
@@ -313,6 +354,7 @@ pub fn simulate_into(
         d.events[..d.initial].iter().filter(|r| r.kind == EventKind::BlockAlloc).map(|r| (r.addr, r.addr)).collect();
     let mut classes: std::collections::BTreeMap<OomClass, u64> = Default::default();
     let trace = &d.events[d.initial..];
+    let mut sampler = Sampler::new(trace.len());
     // This request's own event, sent after the segment changes it caused.
     let mut pending: Vec<Event> = Vec::new();
     let logging = sink.is_some();
@@ -350,6 +392,7 @@ pub fn simulate_into(
                 }
                 Err(Refused::OutOfMemory { reserved, .. }) => {
                     out.ooms += 1;
+                    out.oom_times.push(r.ts_ns);
                     if logging {
                         pending.push(ev(r.ts_ns, EventKind::Oom, 0, r.requested, Some(r.requested), r.stream));
                     }
@@ -383,7 +426,9 @@ pub fn simulate_into(
             peak = (a.reserved, a.allocated);
         }
         out.peak_allocated_bytes = out.peak_allocated_bytes.max(a.allocated);
+        sampler.add(&mut out.series, (r.ts_ns, a.reserved, a.allocated));
     }
+    sampler.finish(&mut out.series);
     out.peak_reserved_bytes = peak.0;
     out.reserved_minus_allocated_at_peak = peak.0 - peak.1;
     let mut classes: Vec<(OomClass, u64)> = classes.into_iter().collect();
@@ -625,6 +670,7 @@ fn as_recorded(d: &DeviceStream) -> Outcome {
     let mut live: HashMap<u64, u64> = HashMap::new();
     let (mut now, mut peak) = (0u64, 0u64);
     let mut out = Outcome { name: "recorded".into(), ..Outcome::default() };
+    let mut sampler = Sampler::new(d.events.len());
     for r in &d.events {
         match r.kind {
             EventKind::BlockAlloc => {
@@ -637,10 +683,15 @@ fn as_recorded(d: &DeviceStream) -> Outcome {
                 out.segment_allocs += 1;
             }
             EventKind::BlockFree => now -= live.remove(&r.addr).unwrap_or(0),
-            EventKind::Oom => out.ooms += 1,
+            EventKind::Oom => {
+                out.ooms += 1;
+                out.oom_times.push(r.ts_ns);
+            }
             _ => {}
         }
+        sampler.add(&mut out.series, (r.ts_ns, now, now));
     }
+    sampler.finish(&mut out.series);
     out.peak_reserved_bytes = peak;
     out.peak_allocated_bytes = peak;
     if out.ooms > 0 {

@@ -481,6 +481,9 @@ fn whatif_on_a_fragmenting_device_trace_recommends_expandable_segments() {
         w["recommendation"]
     );
     assert!(w["fidelity"][0]["not_measured"].as_str().unwrap().contains("device-level"));
+    let png = image::open(out.join("whatif.png")).unwrap();
+    assert_eq!((png.width(), png.height()), (1600, 700));
+    crate::common::assert_clear_border(&out.join("whatif.png"), 4);
     // The recommended scenario as a trace: compare says its OOMs are gone.
     let cmp = tmp.path().join("cmp");
     fragscope()
