@@ -672,6 +672,16 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
+    /// A device that hands out segments one after the other from `start`.
+    fn bump(start: u64) -> impl FnMut(u64) -> u64 {
+        let mut next = start;
+        move |size| {
+            let at = next;
+            next += size;
+            at
+        }
+    }
+
     #[test]
     fn rounding_follows_pytorch() {
         let s = Settings::default();
@@ -695,12 +705,7 @@ mod tests {
     #[test]
     fn best_fit_split_and_merge() {
         let mut a = Allocator::new(Settings::default());
-        let mut next = 0x1000_0000u64;
-        let mut dev = |size: u64| {
-            let at = next;
-            next += size;
-            at
-        };
+        let mut dev = bump(0x1000_0000);
         let x = a.malloc(3 * MIB, 0, None, &mut dev).unwrap();
         assert_eq!(x.new_segment, Some(20 * MIB));
         let y = a.malloc(3 * MIB, 0, None, &mut dev).unwrap();
@@ -740,12 +745,7 @@ mod tests {
                 s.apply("expandable_segments:True").unwrap();
             }
             let mut a = Allocator::new(s);
-            let mut next = 0u64;
-            let mut dev = |size: u64| {
-                let at = next;
-                next += size;
-                at
-            };
+            let mut dev = bump(0);
             let cap = Some(60 * MIB);
             let x = a.malloc(30 * MIB, 0, cap, &mut dev).unwrap();
             a.free(x.addr).unwrap();
@@ -766,12 +766,7 @@ mod tests {
     #[test]
     fn out_of_memory_releases_the_cache_first() {
         let mut a = Allocator::new(Settings::default());
-        let mut next = 0u64;
-        let mut dev = |size: u64| {
-            let at = next;
-            next += size;
-            at
-        };
+        let mut dev = bump(0);
         let cap = Some(40 * MIB);
         let x = a.malloc(12 * MIB, 0, cap, &mut dev).unwrap();
         a.free(x.addr);
