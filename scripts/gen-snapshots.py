@@ -33,7 +33,21 @@ SMALL = MiB
 MIN_BLOCK = 512
 
 
-def round_size(n):
+def round_size(n, divisions=0):
+    """PyTorch's round_size: 512 B steps, or with roundup_power2_divisions
+    d > 1 (and n above 512·d) the next of d equal steps between the powers
+    of two around n."""
+    if n <= MIN_BLOCK:
+        return MIN_BLOCK
+    if divisions > 1 and n > MIN_BLOCK * divisions:
+        if n & (n - 1) == 0:
+            return n
+        floor = 1 << (n.bit_length() - 1)
+        step = floor // divisions
+        if step == 0:
+            return floor * 2
+        down = n - n % step
+        return n if down == n else down + step
     return max(1, (n + MIN_BLOCK - 1) // MIN_BLOCK) * MIN_BLOCK
 
 
@@ -46,7 +60,12 @@ def segment_size(req):
 
 
 class Device:
-    def __init__(self, index, capacity, sites, expandable=False, time_us=True, rng=None):
+    def __init__(self, index, capacity, sites, expandable=False, time_us=True, rng=None,
+                 max_split=None, divisions=0):
+        # max_split: PyTorch's max_split_size in bytes (None: unlimited);
+        # divisions: roundup_power2_divisions for every size.
+        self.max_split = max_split
+        self.divisions = divisions
         self.index = index
         self.capacity = capacity
         self.sites = sites
@@ -129,10 +148,19 @@ class Device:
                 if b["state"] == "inactive" and b["size"] >= rounded:
                     if best is None or b["size"] < best[0]["blocks"][best[1]]["size"]:
                         best = (seg, i)
+        if best is not None and self.max_split is not None:
+            # Only the best fit is looked at: an oversize block is never
+            # taken by a request below max_split_size, nor by a larger one
+            # it would leave 20 MiB or more of.
+            size = best[0]["blocks"][best[1]]["size"]
+            if rounded < self.max_split and size >= self.max_split:
+                return None
+            if rounded >= self.max_split and size >= rounded + 20 * MiB:
+                return None
         return best
 
     def malloc(self, req, stream=0):
-        rounded = round_size(req)
+        rounded = round_size(req, self.divisions)
         pool = "small" if req <= SMALL else "large"
         if self.expandable and pool == "large":
             found = self.find_free(rounded, stream, pool)
@@ -145,7 +173,7 @@ class Device:
         else:
             found = self.find_free(rounded, stream, pool)
             if found is None:
-                seg = self.new_segment(segment_size(req), stream, pool)
+                seg = self.new_segment(segment_size(rounded if self.divisions > 1 else req), stream, pool)
                 found = (seg, 0) if seg else None
         site = self.rng.choice(self.sites)
         if found is None:
@@ -154,7 +182,8 @@ class Device:
         seg, i = found
         b = seg["blocks"][i]
         rest = b["size"] - rounded
-        split = rest >= MIN_BLOCK if pool == "small" else rest > SMALL
+        unlimited = self.max_split is None or rounded < self.max_split
+        split = rest >= MIN_BLOCK if pool == "small" else (rest > SMALL and unlimited)
         if split:
             seg["blocks"].insert(i + 1, {"address": b["address"] + rounded, "size": rest, "requested": 0,
                                          "state": "inactive", "frames": []})
@@ -346,6 +375,17 @@ def cases(out):
     legacy = {"segments": d.snapshot_segments(legacy_history=True, drop_addresses=True),
               "device_traces": [d.trace]}
     write_case(out, "legacy_history", legacy, [d], protocol=2)
+
+    # max_split_size_mb:40 and roundup_power2_divisions:4, each on its own:
+    # the settings change where blocks go; the snapshot records them.
+    for name, kw, seed in (("max_split", {"max_split": 40 * MiB}, 9), ("roundup", {"divisions": 4}, 10)):
+        d = Device(0, 8 << 30, sites, rng=random.Random(seed), **kw)
+        workload(d, 3000, churn=0.45)
+        snap = snapshot_of([d])
+        snap["allocator_settings"]["max_split_size"] = kw.get("max_split", -1)
+        snap["allocator_settings"]["roundup_power2_divisions"] = {
+            str(1 << i): kw.get("divisions", 0) for i in range(16)}
+        write_case(out, name, snap, [d])
 
     compare_pair(out)
 

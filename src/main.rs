@@ -12,6 +12,17 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> ExitCode {
     fragscope::trace::install_panic_hook();
     let cli = fragscope::cli::Cli::parse();
+    // `fragscope analyze … | head` must end quietly, as Unix tools do, not
+    // panic on a closed stdout: the default SIGPIPE action (Rust ignores
+    // the signal). Not for `record`, which writes to its own pipes and must
+    // never die before its trace is complete.
+    if !matches!(cli.command, fragscope::cli::Command::Record(_)) {
+        // SAFETY: setting a signal disposition to the default, before any
+        // thread is started.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let default = match cli.verbose {
         0 => "warn",
         1 => "info",

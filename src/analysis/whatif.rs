@@ -16,8 +16,9 @@
 //! entry too, freed at once when a scenario serves them, since nothing
 //! tells how long they would have lived) run through the model alone from the same initial state; new
 //! segments get fresh addresses. The program's own `empty_cache()` calls
-//! (a run of `segment_free` entries not followed by the allocator's retry
-//! or OOM) are replayed. Without a capacity (`--capacity`, or one inferred
+//! (a run of `segment_free` entries, unless an `oom` follows or the next
+//! segment would not have fit the capacity without it: then it was the
+//! allocator's release before a retry) are replayed. Without a capacity (`--capacity`, or one inferred
 //! from an `oom` entry) nothing can run out, so OOMs are only counted with
 //! one.
 
@@ -355,22 +356,40 @@ pub fn simulate_into(
     let mut classes: std::collections::BTreeMap<OomClass, u64> = Default::default();
     let trace = &d.events[d.initial..];
     let mut sampler = Sampler::new(trace.len());
+    // What the recording had reserved, to tell its releases apart.
+    let mut rec_reserved: u64 = d.events[..d.initial]
+        .iter()
+        .filter(|r| matches!(r.kind, EventKind::SegmentAlloc | EventKind::SegmentMap))
+        .map(|r| r.size)
+        .sum();
     // This request's own event, sent after the segment changes it caused.
     let mut pending: Vec<Event> = Vec::new();
     let logging = sink.is_some();
     for (i, r) in trace.iter().enumerate() {
         match r.kind {
-            // The end of a run of `segment_free`s that is not the allocator's
-            // own release before a retry or an OOM (then a `segment_alloc`
-            // or an `oom` follows): the program's `empty_cache()`, which
-            // every scenario does at the same point.
-            EventKind::SegmentFree
-                if !matches!(
-                    trace[i + 1..].iter().find(|n| n.kind != EventKind::SegmentFree).map(|n| n.kind),
-                    Some(EventKind::SegmentAlloc | EventKind::Oom)
-                ) && trace.get(i + 1).is_none_or(|n| n.kind != EventKind::SegmentFree) =>
-            {
-                a.release_cache();
+            EventKind::SegmentAlloc | EventKind::SegmentMap => rec_reserved += r.size,
+            EventKind::SegmentFree | EventKind::SegmentUnmap => rec_reserved = rec_reserved.saturating_sub(r.size),
+            _ => {}
+        }
+        match r.kind {
+            // The end of a run of `segment_free`s that the program's
+            // `empty_cache()` made, which every scenario replays at the same
+            // point. The allocator's own release before a retry comes only
+            // when the device is full: an `oom` follows, or a new segment
+            // that would not have fit beside what was reserved before the
+            // run.
+            EventKind::SegmentFree if trace.get(i + 1).is_none_or(|n| n.kind != EventKind::SegmentFree) => {
+                let run: u64 =
+                    trace[..=i].iter().rev().take_while(|n| n.kind == EventKind::SegmentFree).map(|n| n.size).sum();
+                let before = rec_reserved + run;
+                let allocators = match trace[i + 1..].iter().find(|n| n.kind != EventKind::SegmentFree) {
+                    Some(n) if n.kind == EventKind::Oom => true,
+                    Some(n) if n.kind == EventKind::SegmentAlloc => capacity.is_some_and(|c| before + n.size > c),
+                    _ => false,
+                };
+                if !allocators {
+                    a.release_cache();
+                }
             }
             // A request the recording served, or one that failed there
             // (an `oom` entry): the scenario may serve either.

@@ -3,4 +3,5 @@
 //! a restricted [`pickle`] reader and converted by [`snapshot`].
 
 pub mod pickle;
+pub mod settings;
 pub mod snapshot;

@@ -31,14 +31,10 @@ use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
 use crate::import::pickle::Value;
+use crate::import::settings::{MIN_BLOCK, SMALL_SIZE, Settings};
 use crate::trace::details::{Annotation, Details, Reconstruction, SegmentRow, SnapshotDetails, Totals};
 use crate::trace::event::{Event, EventKind, Extra, NO_STACK};
 use crate::trace::{Frame, Stacks};
-
-/// PyTorch's block granularity (`kMinBlockSize`).
-const MIN_BLOCK: u64 = 512;
-/// Requests up to this size use the small pool (`kSmallSize`).
-const SMALL_SIZE: u64 = 1 << 20;
 
 /// A block's state in the snapshot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -538,15 +534,21 @@ fn remove_range(r: &mut Ranges, a: u64, b: u64) -> bool {
 }
 
 /// The size the caching allocator gives a request placed at `addr`, where
-/// the free space runs up to `free_end`.
-fn block_size_rule(requested: u64, addr: u64, free_end: u64) -> u64 {
-    let rounded = requested.max(1).div_ceil(MIN_BLOCK) * MIN_BLOCK;
+/// the free space runs up to `free_end`, under the recorded `settings`
+/// (rounding with `roundup_power2_divisions`; no split at or above
+/// `max_split_size`).
+fn block_size_rule(settings: &Settings, requested: u64, addr: u64, free_end: u64) -> u64 {
+    let rounded = settings.round(requested.max(1));
     let room = free_end.saturating_sub(addr);
     if room <= rounded {
         return rounded.min(room.max(rounded.min(room)));
     }
     let rest = room - rounded;
-    let unsplit = if requested > SMALL_SIZE { rest <= SMALL_SIZE } else { rest < MIN_BLOCK };
+    let unsplit = if rounded > SMALL_SIZE {
+        rest <= SMALL_SIZE || settings.max_split_size.is_some_and(|m| rounded >= m)
+    } else {
+        rest < MIN_BLOCK
+    };
     if unsplit { room } else { rounded }
 }
 
@@ -555,6 +557,7 @@ fn block_size_rule(requested: u64, addr: u64, free_end: u64) -> u64 {
 /// state when the device's trace is empty.
 pub fn reconstruct(snap: &Snapshot, device: u32, t0_ns: u64, out: Sink<'_>) -> Result<Reconstruction> {
     let entries: &[Entry] = snap.traces.get(device as usize).map_or(&[], |t| t.as_slice());
+    let settings = Settings::from_snapshot(&snap.allocator_settings);
     let mut rec = Reconstruction { device, entries: entries.len() as u64, ..Default::default() };
     let segs: Vec<&Segment> = snap.segments.iter().filter(|s| s.device == device).collect();
 
@@ -638,7 +641,8 @@ pub fn reconstruct(snap: &Snapshot, device: u32, t0_ns: u64, out: Sink<'_>) -> R
     initial.sort_unstable_by_key(|p| p.0);
     rec.initial_blocks = initial.len() as u64;
     for (addr, mut b) in initial.into_iter().rev() {
-        let size = b.size.unwrap_or_else(|| block_size_rule(b.requested, addr, free_end(&placed, &ranges, addr)));
+        let size =
+            b.size.unwrap_or_else(|| block_size_rule(&settings, b.requested, addr, free_end(&placed, &ranges, addr)));
         b.size = Some(size);
         placed.insert(addr, b);
     }
@@ -654,7 +658,7 @@ pub fn reconstruct(snap: &Snapshot, device: u32, t0_ns: u64, out: Sink<'_>) -> R
                 if placed.contains_key(&e.addr) {
                     continue; // counted as inconsistent on the way back
                 }
-                let rule = block_size_rule(e.size, e.addr, free_end(&placed, &ranges, e.addr));
+                let rule = block_size_rule(&settings, e.size, e.addr, free_end(&placed, &ranges, e.addr));
                 let size = match known[i] {
                     Some(real) => {
                         rec.sizes_checked += 1;

@@ -106,6 +106,8 @@ fn every_generated_layout_imports_exactly() {
         "no_time",
         "legacy_list",
         "legacy_history",
+        "max_split",
+        "roundup",
     ];
     for name in names {
         let meta = import(&dir.join(format!("{name}.pickle")), &tmp.path().join(name), &[]);
@@ -413,7 +415,8 @@ fn whatif_reports_fidelity_scenarios_and_a_recommendation() {
 }
 
 /// The allocator model against snapshots whose addresses a separate Python
-/// model of the allocator chose (scripts/gen-snapshots.py): every
+/// model of the allocator chose (scripts/gen-snapshots.py; `max_split` and
+/// `roundup` recorded under those settings): every
 /// allocation where it put it, every OOM where it ran out, and the recorded
 /// settings' replay ends with the same OOMs and peak. A trace whose start
 /// was lost (`ring`) starts from a reconstructed state whose free-block
@@ -422,7 +425,7 @@ fn whatif_reports_fidelity_scenarios_and_a_recommendation() {
 fn whatif_reproduces_the_generated_snapshots() {
     let Some(dir) = generated() else { return };
     let tmp = tempfile::tempdir().unwrap();
-    for case in ["basic", "oom", "two_devices", "no_time", "legacy_history", "ring"] {
+    for case in ["basic", "oom", "two_devices", "no_time", "legacy_history", "max_split", "roundup", "ring"] {
         let out = tmp.path().join(case);
         fragscope().arg("whatif").arg(dir.join(format!("{case}.pickle"))).arg("-o").arg(&out).assert().success();
         let w = json(&out.join("whatif.json"));

@@ -1,0 +1,155 @@
+//! The caching allocator's settings (`PYTORCH_CUDA_ALLOC_CONF`, and the
+//! `allocator_settings` a snapshot records) and the request rounding they
+//! imply: what the import needs to reconstruct block sizes, and what the
+//! allocator model ([`crate::analysis::allocator`]) runs under. Rounding
+//! follows PyTorch ≥ 2.4 (`roundup_power2_divisions` of 1 means plain
+//! 512 B rounding).
+
+/// PyTorch's constants.
+pub const MIN_BLOCK: u64 = 512;
+pub const SMALL_SIZE: u64 = 1 << 20;
+pub const SMALL_BUFFER: u64 = 2 << 20;
+pub const LARGE_BUFFER: u64 = 20 << 20;
+
+/// The settings of `PYTORCH_CUDA_ALLOC_CONF` the model follows.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settings {
+    /// None: unlimited (PyTorch's default).
+    pub max_split_size: Option<u64>,
+    /// Divisions per power-of-two interval, from 1 MiB (index 0 for every
+    /// size below) up; 0 or 1: plain 512 B rounding.
+    pub roundup_power2_divisions: Vec<u64>,
+    /// Fraction of the capacity; None: off.
+    pub garbage_collection_threshold: Option<f64>,
+    pub expandable_segments: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            max_split_size: None,
+            roundup_power2_divisions: vec![0; 16],
+            garbage_collection_threshold: None,
+            expandable_segments: false,
+        }
+    }
+}
+
+impl Settings {
+    /// The settings a snapshot's `allocator_settings` records (missing
+    /// keys keep PyTorch's defaults).
+    pub fn from_snapshot(s: &serde_json::Value) -> Settings {
+        let mut out = Settings::default();
+        if let Some(m) = s.get("max_split_size").and_then(|v| v.as_i64()) {
+            out.max_split_size = (m > 0 && m < i64::MAX).then_some(m as u64);
+        }
+        if let Some(d) = s.get("roundup_power2_divisions") {
+            match d {
+                serde_json::Value::Object(map) => {
+                    // Keys are interval starts in MiB-ish units ("1", "2", …);
+                    // in order of size they are the intervals from 1 MiB up.
+                    let mut by_size: Vec<(u64, u64)> = map
+                        .iter()
+                        .filter_map(|(k, v)| Some((k.parse::<u64>().ok()?, v.as_u64().unwrap_or(0))))
+                        .collect();
+                    by_size.sort_unstable();
+                    for (i, (_, v)) in by_size.into_iter().enumerate().take(out.roundup_power2_divisions.len()) {
+                        out.roundup_power2_divisions[i] = v;
+                    }
+                }
+                serde_json::Value::Array(list) => {
+                    for (i, v) in list.iter().enumerate().take(out.roundup_power2_divisions.len()) {
+                        out.roundup_power2_divisions[i] = v.as_u64().unwrap_or(0);
+                    }
+                }
+                serde_json::Value::Number(n) => out.roundup_power2_divisions.fill(n.as_u64().unwrap_or(0)),
+                _ => {}
+            }
+        }
+        if let Some(g) = s.get("garbage_collection_threshold").and_then(|v| v.as_f64()) {
+            out.garbage_collection_threshold = (g > 0.0).then_some(g);
+        }
+        out.expandable_segments = s.get("expandable_segments").and_then(|v| v.as_bool()).unwrap_or(false);
+        out
+    }
+
+    /// Applies one `PYTORCH_CUDA_ALLOC_CONF` entry (`key:value`).
+    pub fn apply(&mut self, entry: &str) -> Result<(), String> {
+        let (key, value) = entry
+            .split_once(':')
+            .ok_or_else(|| format!("`{entry}`: expected KEY:VALUE, as in PYTORCH_CUDA_ALLOC_CONF"))?;
+        let bad = |what: &str| format!("`{entry}`: {key} takes {what}");
+        match key.trim() {
+            "max_split_size_mb" => {
+                let mb: u64 = value.trim().parse().map_err(|_| bad("a whole number of MiB"))?;
+                if mb * (1 << 20) <= LARGE_BUFFER {
+                    return Err(bad("more than 20 (MiB), as PyTorch requires"));
+                }
+                self.max_split_size = Some(mb << 20);
+            }
+            "roundup_power2_divisions" => {
+                let d: u64 = value.trim().parse().map_err(|_| bad("a power of two (one value for every size)"))?;
+                if d != 0 && !d.is_power_of_two() {
+                    return Err(bad("a power of two"));
+                }
+                self.roundup_power2_divisions.fill(d);
+            }
+            "garbage_collection_threshold" => {
+                let g: f64 = value.trim().parse().map_err(|_| bad("a fraction between 0 and 1"))?;
+                if !(g > 0.0 && g < 1.0) {
+                    return Err(bad("a fraction strictly between 0 and 1"));
+                }
+                self.garbage_collection_threshold = Some(g);
+            }
+            "expandable_segments" => {
+                self.expandable_segments = match value.trim() {
+                    "True" | "true" => true,
+                    "False" | "false" => false,
+                    _ => return Err(bad("True or False")),
+                };
+            }
+            other => {
+                return Err(format!(
+                    "`{entry}`: unknown key `{other}` (known: max_split_size_mb, roundup_power2_divisions, \
+                     garbage_collection_threshold, expandable_segments)"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The allocated size of a request.
+    pub fn round(&self, size: u64) -> u64 {
+        if size <= MIN_BLOCK {
+            return MIN_BLOCK;
+        }
+        let divisions = self.divisions(size);
+        if divisions > 1 && size > MIN_BLOCK * divisions {
+            next_division(size, divisions)
+        } else {
+            size.div_ceil(MIN_BLOCK) * MIN_BLOCK
+        }
+    }
+
+    fn divisions(&self, size: u64) -> u64 {
+        // Interval 0 holds every size up to 1 MiB; then one per power of two.
+        let log = 63 - size.leading_zeros() as usize;
+        let index = log.saturating_sub(20).min(self.roundup_power2_divisions.len().saturating_sub(1));
+        self.roundup_power2_divisions.get(index).copied().unwrap_or(0)
+    }
+}
+
+/// `roundup_power2_next_division`: up to the next of `divisions` equal
+/// steps between the powers of two around `size`.
+fn next_division(size: u64, divisions: u64) -> u64 {
+    if size.is_power_of_two() {
+        return size;
+    }
+    let floor = 1u64 << (63 - size.leading_zeros());
+    let step = floor >> (63 - divisions.leading_zeros());
+    if step == 0 {
+        return floor << 1;
+    }
+    let down = size & !(step - 1);
+    if down == size { size } else { down + step }
+}
