@@ -340,6 +340,11 @@ def cases(out):
     d.malloc(150 * MiB)
     d.malloc(900 * MiB)
     write_case(out, "oom", snapshot_of([d]), [d])
+    # The same without time_us: time is entry order.
+    untimed = snapshot_of([d])
+    untimed["device_traces"] = [[{k: v for k, v in e.items() if k != "time_us"} for e in t]
+                                for t in untimed["device_traces"]]
+    write_case(out, "oom_no_time", untimed, [d])
 
     # expandable segments: segment_map / segment_unmap.
     d = Device(0, 2 << 30, sites, expandable=True, rng=random.Random(3))

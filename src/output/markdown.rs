@@ -431,18 +431,21 @@ pub(crate) fn ooms_md(a: &Analysis) -> String {
     if a.capacity.is_none() {
         md.push_str("Device capacity unknown (pass `--capacity`): free memory and classes cannot be computed.\n\n");
     }
-    md.push_str(
-        "| time (s) | pid | requested | device free | largest free range | class |\n|---|---|---|---|---|---|\n",
+    // Time since the first event; in entry order (a snapshot without
+    // time_us) the entry number, as 1 ns stands for one entry there.
+    let (when, at): (&str, fn(u64) -> String) =
+        if a.entry_order() { ("entry", |d| d.to_string()) } else { ("time (s)", |d| format!("{:.6}", d as f64 / 1e9)) };
+    let _ = writeln!(
+        md,
+        "| {when} | {} | requested | device free | largest free range | class |\n|---|---|---|---|---|---|",
+        a.unit()
     );
-    if a.allocator_view {
-        md = md.replace("| pid |", "| device |");
-    }
     let shown = 20;
     for o in a.ooms.iter().take(shown) {
         let _ = writeln!(
             md,
-            "| {:.6} | {} | {} | {} | {} | {} |",
-            (o.t_ns - a.first_ts) as f64 / 1e9,
+            "| {} | {} | {} | {} | {} | {} |",
+            at(o.t_ns - a.first_ts),
             o.pid,
             bytes(o.requested),
             o.device_free.map_or("unknown".into(), bytes),

@@ -135,6 +135,27 @@ fn every_generated_layout_imports_exactly() {
     assert_eq!(events("basic"), events("proto2"));
 }
 
+/// Without `time_us` the OOM table counts trace entries, not seconds.
+#[test]
+fn untimed_oom_tables_give_the_entry() {
+    let Some(dir) = generated() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    fragscope()
+        .arg("analyze")
+        .arg(dir.join("oom_no_time.pickle"))
+        .arg("-o")
+        .arg(&out)
+        .arg("--no-plots")
+        .assert()
+        .success();
+    let md = fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("| entry | device | requested |"), "{md}");
+    let timed = tmp.path().join("timed");
+    fragscope().arg("analyze").arg(dir.join("oom.pickle")).arg("-o").arg(&timed).arg("--no-plots").assert().success();
+    assert!(fs::read_to_string(timed.join("report.md")).unwrap().contains("| time (s) | device | requested |"));
+}
+
 #[test]
 fn oom_classes_and_call_sites_match_the_allocator_model() {
     let Some(dir) = generated() else { return };
