@@ -569,8 +569,7 @@ fn predict_process(
             [e, k, s, c, l, u, m.score]
         })
         .collect();
-    let prediction = crate::analysis::predict::predict(&series, cfg, period);
-    let backtest = crate::analysis::predict::backtest(&series, cfg);
+    let (prediction, backtest) = crate::analysis::predict::predict_with_backtest(&series, cfg, period);
     for (k, &i) in idx.iter().enumerate() {
         rows[i].forecast = backtest.forecasts[k].clone();
         rows[i].risk_online = backtest.risk[k];

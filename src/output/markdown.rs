@@ -335,7 +335,10 @@ pub(crate) fn forecaster_phrase(f: ForecasterKind) -> &'static str {
 pub(crate) fn skill_phrase(pr: &crate::analysis::predict::Prediction) -> String {
     match (pr.forecaster, pr.skill) {
         (ForecasterKind::Persistence, _) => "nothing forecast better than no change".into(),
-        (_, Some(s)) if s > 0.0 => format!("beats no change, skill {s:+.2}"),
+        // Less than 5 % better is within what another set of origins
+        // could reverse: not claimed as a win.
+        (_, Some(s)) if s >= 0.05 => format!("beats no change, skill {s:+.2}"),
+        (_, Some(s)) if s > 0.0 => format!("about as good as no change, skill {s:+.2} (under 5 % better)"),
         (_, Some(s)) => format!("does not beat no change, skill {s:+.2}"),
         (_, None) => "not validated: too few steps to compare with no change".into(),
     }
@@ -666,4 +669,28 @@ pub fn stdout_summary(a: &Analysis, out: &Path) -> String {
         if s.anomalies == 1 { "y" } else { "ies" },
         out.display()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::predict::{PredictConfig, Step, predict};
+
+    #[test]
+    fn a_skill_under_five_percent_is_not_called_a_win() {
+        let series: Vec<Step> =
+            (0..120).map(|i| [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 20.0 + 3.0 * (i % 10) as f64]).collect();
+        let mut p = predict(&series, &PredictConfig::default(), Some(10));
+        assert_eq!(p.forecaster, ForecasterKind::Seasonal);
+        for (skill, phrase) in [
+            (0.48, "beats no change, skill +0.48"),
+            (0.05, "beats no change, skill +0.05"),
+            (0.021, "about as good as no change, skill +0.02 (under 5 % better)"),
+        ] {
+            p.skill = Some(skill);
+            assert_eq!(skill_phrase(&p), phrase);
+        }
+        p.forecaster = ForecasterKind::Persistence;
+        assert_eq!(skill_phrase(&p), "nothing forecast better than no change");
+    }
 }
