@@ -46,9 +46,10 @@ fn folder(name: &str) -> String {
 }
 
 /// Writes every simulated scenario as a trace directory under `dir`
-/// (`analyze` and `compare` take them). A device-level trace's `recorded`
-/// scenario is the input itself and is not written again. Each is written
-/// to a staging folder and renamed when complete.
+/// (`analyze` and `compare` take them), the scenarios in parallel. A
+/// device-level trace's `recorded` scenario is the input itself and is not
+/// written again. Each is written to a staging folder and renamed when
+/// complete.
 fn write_scenarios(
     dir: &std::path::Path,
     input: &std::path::Path,
@@ -56,44 +57,65 @@ fn write_scenarios(
     recorded: &Settings,
     w: &crate::analysis::whatif::Whatif,
 ) -> Result<()> {
-    for s in &w.scenarios {
-        if s.name == "recorded" && w.source == Source::DeviceLevel {
-            continue;
-        }
-        let settings = settings_of(recorded, std::slice::from_ref(&s.conf))
-            .map_err(|e| anyhow::anyhow!("--conf {e}"))?
-            .remove(0)
-            .1;
-        let out = dir.join(folder(&s.name));
-        let staging = dir.join(format!(".{}.partial", folder(&s.name)));
-        let _ = std::fs::remove_dir_all(&staging);
-        let mut meta = crate::trace::TraceMeta::new(crate::trace::Source::Simulated);
-        meta.capacity_bytes = w.capacity;
-        meta.details = crate::trace::details::Details::Other(serde_json::json!({
-            "scenario": s.name,
-            "conf": s.conf,
-            "input": input.display().to_string(),
-        }));
-        let mut writer = crate::trace::TraceWriter::create(&staging, meta, 1 << 20)?;
-        let mut failed: Option<anyhow::Error> = None;
-        for d in devices {
-            let mut sink = |e: crate::trace::event::Event| {
-                if failed.is_none()
-                    && let Err(err) = writer.push(e)
-                {
-                    failed = Some(err);
-                }
-            };
-            crate::analysis::whatif::simulate_into(d, &settings, w.capacity, &s.name, &s.conf, Some(&mut sink));
-        }
-        if let Some(e) = failed {
-            let _ = std::fs::remove_dir_all(&staging);
-            return Err(e.context(format!("cannot write scenario {}", s.name)));
-        }
-        writer.finish()?;
-        let _ = std::fs::remove_dir_all(&out);
-        std::fs::rename(&staging, &out).with_context(|| format!("cannot write {}", out.display()))?;
+    let todo: Vec<&crate::analysis::whatif::Scenario> =
+        w.scenarios.iter().filter(|s| !(s.name == "recorded" && w.source == Source::DeviceLevel)).collect();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(todo.len()).max(1);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| -> Result<()> {
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(s) = todo.get(i) else { return Ok(()) };
+                        write_scenario(dir, input, devices, recorded, w, s)?;
+                    }
+                })
+            })
+            .collect();
+        workers.into_iter().try_for_each(|h| h.join().map_err(|_| anyhow::anyhow!("a scenario writer panicked"))?)
+    })
+}
+
+fn write_scenario(
+    dir: &std::path::Path,
+    input: &std::path::Path,
+    devices: &[DeviceStream],
+    recorded: &Settings,
+    w: &crate::analysis::whatif::Whatif,
+    s: &crate::analysis::whatif::Scenario,
+) -> Result<()> {
+    let settings =
+        settings_of(recorded, std::slice::from_ref(&s.conf)).map_err(|e| anyhow::anyhow!("--conf {e}"))?.remove(0).1;
+    let out = dir.join(folder(&s.name));
+    let staging = dir.join(format!(".{}.partial", folder(&s.name)));
+    let _ = std::fs::remove_dir_all(&staging);
+    let mut meta = crate::trace::TraceMeta::new(crate::trace::Source::Simulated);
+    meta.capacity_bytes = w.capacity;
+    meta.details = crate::trace::details::Details::Other(serde_json::json!({
+        "scenario": s.name,
+        "conf": s.conf,
+        "input": input.display().to_string(),
+    }));
+    let mut writer = crate::trace::TraceWriter::create(&staging, meta, 1 << 20)?;
+    let mut failed: Option<anyhow::Error> = None;
+    for d in devices {
+        let mut sink = |e: crate::trace::event::Event| {
+            if failed.is_none()
+                && let Err(err) = writer.push(e)
+            {
+                failed = Some(err);
+            }
+        };
+        crate::analysis::whatif::simulate_into(d, &settings, w.capacity, &s.name, &s.conf, Some(&mut sink));
     }
+    if let Some(e) = failed {
+        let _ = std::fs::remove_dir_all(&staging);
+        return Err(e.context(format!("cannot write scenario {}", s.name)));
+    }
+    writer.finish()?;
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::rename(&staging, &out).with_context(|| format!("cannot write {}", out.display()))?;
     Ok(())
 }
 
@@ -110,11 +132,15 @@ pub fn run(args: &WhatifArgs) -> Result<u8> {
     }
     let started = std::time::Instant::now();
     let (devices, recorded, settings_json, source, trace_capacity) = load(&args.input, args.device)?;
+    let t = std::time::Instant::now();
     let whatif = crate::analysis::whatif::run(&devices, &recorded, args.capacity.or(trace_capacity), confs, source)
         .map_err(|e| anyhow::anyhow!("--conf {e}"))?;
+    tracing::debug!("fidelity and scenarios in {:.3} s", t.elapsed().as_secs_f64());
     let report = Report::new(&args.input, settings_json, whatif);
     std::fs::create_dir_all(&args.output).with_context(|| format!("cannot create {}", args.output.display()))?;
+    let t = std::time::Instant::now();
     write_scenarios(&args.output.join("scenarios"), &args.input, &devices, &recorded, &report.whatif)?;
+    tracing::debug!("scenario traces written in {:.3} s", t.elapsed().as_secs_f64());
     crate::trace::write_atomic(&args.output.join("whatif.json"), &serde_json::to_vec_pretty(&report.json())?)?;
     crate::trace::write_atomic(&args.output.join("whatif.md"), report.markdown().as_bytes())?;
     crate::output::whatif::render_png(&report.whatif, 1600, 700)?.write_png(&args.output.join("whatif.png"))?;
