@@ -49,6 +49,11 @@ pub enum Command {
         after_help = "Examples:\n  fragscope whatif snapshot.pickle -o whatif\n  fragscope whatif snapshot.pickle -o whatif --capacity 80GiB --conf max_split_size_mb:128 --conf roundup_power2_divisions:4"
     )]
     Whatif(WhatifArgs),
+    /// Write a trace in another tool's format: PyTorch's memory_viz, Chrome/Perfetto trace JSON, speedscope.
+    #[command(
+        after_help = "Examples:\n  fragscope export trace --format memory-viz -o trace.pickle   (open at pytorch.org/memory_viz)\n  fragscope export snapshot.pickle --format memory-viz --time-window 2..5 -o slice.pickle\n  fragscope export trace --format chrome -o trace.json   (chrome://tracing or ui.perfetto.dev)\n  fragscope export snapshot.pickle --format speedscope -o stacks.speedscope.json"
+    )]
+    Export(ExportArgs),
     /// Record CUDA allocations, frees, copies and kernel launches of a program with eBPF (needs root).
     #[command(
         after_help = "Examples:\n  sudo fragscope record -o trace -- python train.py\n  sudo fragscope record -o trace --pid 4242\n  sudo fragscope record -o trace --lib ./app -- ./app   (runtime linked into the executable)\n\nExit status: the command's, when it ran to its end; 0 when stopped by Ctrl-C, SIGTERM, --duration or the end of --pid; 1 on errors."
@@ -144,6 +149,25 @@ pub struct WhatifArgs {
     #[arg(long, value_parser = parse_bytes)]
     pub capacity: Option<u64>,
     /// Only this CUDA device (default: every device of the snapshot).
+    #[arg(long)]
+    pub device: Option<u32>,
+}
+
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// A trace directory or a PyTorch snapshot.
+    pub input: PathBuf,
+    /// memory-viz: a PyTorch snapshot pickle (pytorch.org/memory_viz, SnapViewer); chrome: Trace
+    /// Event JSON (chrome://tracing, ui.perfetto.dev); speedscope: the flamegraph stacks.
+    #[arg(long, value_enum)]
+    pub format: crate::output::export::Format,
+    /// The file to write.
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Only events from A to B seconds after the first event (A.., ..B and A..B).
+    #[arg(long, value_name = "A..B")]
+    pub time_window: Option<String>,
+    /// Only this CUDA device of a snapshot.
     #[arg(long)]
     pub device: Option<u32>,
 }

@@ -41,6 +41,7 @@ pub fn run(cli: Cli) -> Result<u8> {
         Command::Analyze(args) => batch::run(&args),
         Command::Import(args) => run_import(&args),
         Command::Whatif(args) => whatif::run(&args),
+        Command::Export(args) => output::export::run(&args),
         Command::Record(args) => run_record(&args),
         Command::Compare(args) => {
             let opts = Options { step: args.step, device: args.device, ..Options::default() };

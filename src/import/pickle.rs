@@ -19,6 +19,9 @@
 //! there), so millions of entry dicts never exist at once. Values are 16
 //! bytes.
 //!
+//! [`write`] writes the same data subset as a protocol-4 pickle, with memo
+//! sharing, for `export --format memory-viz`.
+//!
 //! Written by hand because no maintained crate reads pickles without also
 //! being able to construct arbitrary objects (serde-pickle resolves some
 //! globals) or without deep-copying memoised objects.
@@ -571,6 +574,143 @@ pub fn parse_stream<R: std::io::Read>(
     }
 }
 
+/// Writes `v` as a protocol-4 pickle, as CPython's `pickle.dump(v,
+/// protocol=4)` would read it back. Shared lists, dicts and strings (the
+/// same `Rc`) are written once and referenced through the memo, as
+/// PyTorch's own snapshots share their frame lists; without that a
+/// snapshot of millions of entries would repeat every frame. Written by
+/// hand next to the reader: `serde-pickle` writes protocol 3 and has no
+/// memo sharing.
+pub fn write<W: std::io::Write>(v: &Value, out: W) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut w = Writer { out: std::io::BufWriter::with_capacity(1 << 20, out), memo: AHashMap::new() };
+    w.out.write_all(&[0x80, 4])?;
+    w.value(v)?;
+    w.out.write_all(b".")?;
+    w.out.flush()
+}
+
+struct Writer<W: std::io::Write> {
+    out: std::io::BufWriter<W>,
+    /// Shared object → its memo index.
+    memo: AHashMap<usize, u32>,
+}
+
+use std::io::Write as _;
+
+impl<W: std::io::Write> Writer<W> {
+    /// For a shared object seen before: writes the memo reference and
+    /// returns true.
+    fn recall(&mut self, id: usize) -> std::io::Result<bool> {
+        match self.memo.get(&id) {
+            Some(&i) if i < 256 => self.out.write_all(&[b'h', i as u8]).map(|_| true),
+            Some(&i) => {
+                self.out.write_all(b"j")?;
+                self.out.write_all(&i.to_le_bytes()).map(|_| true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    fn memoize(&mut self, id: usize) -> std::io::Result<()> {
+        let i = self.memo.len() as u32;
+        self.memo.insert(id, i);
+        self.out.write_all(&[0x94])
+    }
+
+    fn int(&mut self, v: i128) -> std::io::Result<()> {
+        if let Ok(i) = i32::try_from(v) {
+            self.out.write_all(b"J")?;
+            return self.out.write_all(&i.to_le_bytes());
+        }
+        // LONG1: little-endian two's complement, as short as it goes.
+        let bytes = v.to_le_bytes();
+        let mut n = 16;
+        while n > 1 {
+            let (last, prev) = (bytes[n - 1], bytes[n - 2]);
+            if (last == 0 && prev & 0x80 == 0) || (last == 0xff && prev & 0x80 != 0) {
+                n -= 1;
+            } else {
+                break;
+            }
+        }
+        self.out.write_all(&[0x8a, n as u8])?;
+        self.out.write_all(&bytes[..n])
+    }
+
+    fn value(&mut self, v: &Value) -> std::io::Result<()> {
+        match v {
+            Value::None => self.out.write_all(b"N"),
+            Value::Bool(true) => self.out.write_all(&[0x88]),
+            Value::Bool(false) => self.out.write_all(&[0x89]),
+            Value::Int(i) => self.int(i128::from(*i)),
+            Value::UInt(u) => self.int(i128::from(*u)),
+            Value::Float(f) => {
+                self.out.write_all(b"G")?;
+                self.out.write_all(&f.to_be_bytes())
+            }
+            Value::Str(s) => {
+                let id = Rc::as_ptr(s) as usize;
+                if self.recall(id)? {
+                    return Ok(());
+                }
+                let b = s.as_bytes();
+                if b.len() < 256 {
+                    self.out.write_all(&[0x8c, b.len() as u8])?;
+                } else {
+                    self.out.write_all(b"X")?;
+                    self.out.write_all(&(b.len() as u32).to_le_bytes())?;
+                }
+                self.out.write_all(b)?;
+                if Rc::strong_count(s) > 1 {
+                    self.memoize(id)?;
+                }
+                Ok(())
+            }
+            Value::List(l) => {
+                let id = Rc::as_ptr(l) as *const u8 as usize;
+                if self.recall(id)? {
+                    return Ok(());
+                }
+                self.out.write_all(b"]")?;
+                self.memoize(id)?;
+                for chunk in l.borrow().chunks(1000) {
+                    self.out.write_all(b"(")?;
+                    for x in chunk {
+                        self.value(x)?;
+                    }
+                    self.out.write_all(b"e")?;
+                }
+                Ok(())
+            }
+            Value::Tuple(t) => {
+                self.out.write_all(b"(")?;
+                for x in t.iter() {
+                    self.value(x)?;
+                }
+                self.out.write_all(b"t")
+            }
+            Value::Dict(d) => {
+                let id = Rc::as_ptr(d) as *const u8 as usize;
+                if self.recall(id)? {
+                    return Ok(());
+                }
+                self.out.write_all(b"}")?;
+                self.memoize(id)?;
+                for chunk in d.borrow().chunks(1000) {
+                    self.out.write_all(b"(")?;
+                    for (k, x) in chunk {
+                        self.value(k)?;
+                        self.value(x)?;
+                    }
+                    self.out.write_all(b"u")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
 /// The identity of a container value (the address of its shared cell).
 pub fn container(v: &Value) -> Option<usize> {
     match v {
@@ -615,6 +755,71 @@ mod tests {
             return None;
         }
         Some(out.stdout)
+    }
+
+    fn sample_value() -> Value {
+        let shared_name = Value::Str(Rc::new("layer".to_string()));
+        let frame = Value::Dict(Rc::new(RefCell::new(vec![
+            (Value::Str(Rc::new("name".into())), shared_name.clone()),
+            (Value::Str(Rc::new("line".into())), Value::Int(12)),
+        ])));
+        let frames = Value::List(Rc::new(RefCell::new(vec![frame.clone(), frame])));
+        let entries: Vec<Value> = (0..2500)
+            .map(|i| {
+                Value::Dict(Rc::new(RefCell::new(vec![
+                    (Value::Str(Rc::new("addr".into())), Value::UInt(u64::MAX - i)),
+                    (Value::Str(Rc::new("size".into())), Value::Int(-(i as i64) * 70_000)),
+                    (Value::Str(Rc::new("frames".into())), frames.clone()),
+                ])))
+            })
+            .collect();
+        Value::Dict(Rc::new(RefCell::new(vec![
+            (Value::Str(Rc::new("entries".into())), Value::List(Rc::new(RefCell::new(entries)))),
+            (Value::Str(Rc::new("pool".into())), Value::Tuple(Rc::new(vec![Value::Int(0), Value::Int(1 << 40)]))),
+            (Value::Str(Rc::new("ok".into())), Value::Bool(true)),
+            (Value::Str(Rc::new("none".into())), Value::None),
+            (Value::Str(Rc::new("x".into())), Value::Float(0.25)),
+            (Value::Str(Rc::new("long".into())), Value::Str(Rc::new("é".repeat(300)))),
+        ])))
+    }
+
+    #[test]
+    fn written_pickles_read_back_and_share_what_was_shared() {
+        let mut buf = Vec::new();
+        write(&sample_value(), &mut buf).unwrap();
+        assert_eq!(&buf[..2], &[0x80, 4]);
+        let v = parse(&buf).unwrap();
+        let entries = v.get("entries").unwrap().items().unwrap();
+        assert_eq!(entries.len(), 2500);
+        assert_eq!(entries[7].get("addr").unwrap().as_int(), Some(i128::from(u64::MAX - 7)));
+        assert_eq!(entries[7].get("size").unwrap().as_int(), Some(-490_000));
+        assert!(entries[0].get("frames").unwrap().same_object(&entries[2499].get("frames").unwrap()));
+        assert_eq!(v.get("pool").unwrap().items().unwrap()[1].as_int(), Some(1 << 40));
+        assert_eq!(v.get("long").unwrap().as_str().map(|s| s.chars().count()), Some(300));
+        // One frame list for 2 500 entries (each would take 40 bytes more).
+        assert!(buf.len() < 2500 * 50, "{} bytes", buf.len());
+    }
+
+    #[test]
+    fn cpython_reads_written_pickles() {
+        let mut buf = Vec::new();
+        write(&sample_value(), &mut buf).unwrap();
+        let dir = std::env::temp_dir().join(format!("fragscope-pickle-{}", std::process::id()));
+        std::fs::write(&dir, &buf).unwrap();
+        let script = "import pickle,sys; v=pickle.load(open(sys.argv[1],'rb')); e=v['entries']; \
+            assert len(e)==2500 and e[7]['addr']==2**64-1-7 and e[7]['size']==-490000; \
+            assert e[0]['frames'] is e[2499]['frames'] and e[0]['frames'][0]['name']=='layer'; \
+            assert v['pool']==(0,2**40) and v['ok'] is True and v['none'] is None and v['x']==0.25; \
+            assert v['long']=='é'*300; print('ok')";
+        let out = std::process::Command::new("python3").args(["-c", script]).arg(&dir).output();
+        let _ = std::fs::remove_file(&dir);
+        match out {
+            Ok(o) => assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr)),
+            Err(e) => {
+                assert!(std::env::var_os("FRAGSCOPE_REQUIRE_PYTHON").is_none(), "python3: {e}");
+                eprintln!("skipped: no python3 ({e})");
+            }
+        }
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! complete.
 
 pub(crate) mod compare;
+pub mod export;
 pub(crate) mod json;
 pub(crate) mod markdown;
 pub mod plot;

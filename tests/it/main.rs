@@ -9,6 +9,7 @@ mod batch;
 mod cli;
 mod compare;
 mod diagnosis;
+mod export;
 mod plots;
 mod properties;
 mod record;

@@ -20,7 +20,7 @@ fn json(path: &Path) -> Value {
 /// The generated snapshots (once per test run), or None with a visible
 /// note when python3 is missing — a failure when FRAGSCOPE_REQUIRE_PYTHON=1
 /// (CI).
-fn generated() -> Option<&'static Path> {
+pub(crate) fn generated() -> Option<&'static Path> {
     static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("fragscope-snapshots-{}", std::process::id()));
