@@ -76,6 +76,40 @@ fn run_record(_: &cli::RecordArgs) -> Result<u8> {
 
 fn run_import(args: &cli::ImportArgs) -> Result<u8> {
     let started = std::time::Instant::now();
+    if crate::trace::input::classify(&args.snapshot) == Some(crate::trace::input::Input::Profiler) {
+        anyhow::ensure!(
+            args.device.is_none(),
+            "--device selects a device of a PyTorch snapshot, not of a profiler trace"
+        );
+        let c = import::profiler::import(&args.snapshot, &args.output)?;
+        let total: u64 = c.meta.event_counts.values().sum();
+        println!(
+            "{}: {} events from {} in {:.2} s",
+            args.output.display(),
+            total,
+            args.snapshot.display(),
+            started.elapsed().as_secs_f64()
+        );
+        if let crate::trace::details::Details::Profiler(p) = &c.meta.details {
+            println!(
+                "{} CUDA memory events on device(s) {:?} ({} CPU events skipped); {} ProfilerStep spans; before the first event: {} allocated, {} placed (freed later), {} never freed (no address)",
+                p.cuda_memory_events,
+                p.devices,
+                p.cpu_events_skipped,
+                p.profiler_steps,
+                crate::units::bytes(p.allocated_before_trace_bytes),
+                crate::units::bytes(p.reconstructed_bytes),
+                crate::units::bytes(p.unplaced_before_trace_bytes),
+            );
+            if p.total_allocated_breaks > 0 {
+                eprintln!(
+                    "warning: {} events disagree with the profiler's `Total Allocated` (events lost?)",
+                    p.total_allocated_breaks
+                );
+            }
+        }
+        return Ok(exit::OK);
+    }
     let c = import::snapshot::import(&args.snapshot, &args.output, args.device)?;
     let total: u64 = c.meta.event_counts.values().sum();
     println!(

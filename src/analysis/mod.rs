@@ -293,7 +293,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
 
     let started = std::time::Instant::now();
     let annotations: &[crate::trace::details::Annotation] =
-        trace.meta.as_ref().and_then(|m| m.details.snapshot()).map_or(&[], |d| d.annotations.as_slice());
+        trace.meta.as_ref().map_or(&[], |m| m.details.annotations());
     // Call-site iterations are a snapshot's (allocator view); a device-level
     // trace, with recorded stacks or not, uses its period.
     let snapshot_stacks = stacks.as_deref().filter(|_| allocator_view);

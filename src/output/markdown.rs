@@ -50,6 +50,28 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
     let _ = writeln!(md, "| steps | {} ({}), {} rows |", a.step_count, a.options.step, a.rows.len());
     let _ = writeln!(md, "| parts | {} read, {} skipped |", a.trace.parts.len(), a.trace.skipped.len());
     if let Some(m) = &a.trace.meta {
+        if let crate::trace::details::Details::Profiler(p) = &m.details {
+            let _ = writeln!(
+                md,
+                "| profiler | {} CUDA memory events ({} CPU ones skipped), {} `ProfilerStep` spans |",
+                p.cuda_memory_events, p.cpu_events_skipped, p.profiler_steps
+            );
+            if p.unplaced_before_trace_bytes > 0 {
+                let _ = writeln!(
+                    md,
+                    "| before the trace | {} allocated before the profiler started and never freed in it: no address, so not in these figures (live bytes here are the trace's own) |",
+                    bytes(p.unplaced_before_trace_bytes)
+                );
+            }
+            if let (Some(alloc), Some(res)) = (p.peak_allocated_bytes, p.peak_reserved_bytes) {
+                let _ = writeln!(
+                    md,
+                    "| profiler's own peaks | {} allocated, {} reserved (`Total Allocated`, `Total Reserved`) |",
+                    bytes(alloc),
+                    bytes(res)
+                );
+            }
+        }
         if m.lost_events > 0 {
             let _ = writeln!(
                 md,

@@ -9,13 +9,14 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 /// `trace.json` `details`. Told apart by their required fields:
-/// `snapshot`, `undecodable_records`, `pattern`.
+/// `snapshot`, `undecodable_records`, `pattern`, `profiler_trace`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Details {
     Snapshot(Box<SnapshotDetails>),
     Record(RecordDetails),
     Synthetic(SynthDetails),
+    Profiler(Box<ProfilerDetails>),
     Other(serde_json::Value),
 }
 
@@ -28,6 +29,16 @@ impl Default for Details {
 impl Details {
     pub fn snapshot(&self) -> Option<&SnapshotDetails> {
         if let Details::Snapshot(s) = self { Some(s) } else { None }
+    }
+
+    /// Profiler ranges (`record_function`, `ProfilerStep#N`) of a snapshot
+    /// or a profiler trace: where `analyze` takes iterations from first.
+    pub fn annotations(&self) -> &[Annotation] {
+        match self {
+            Details::Snapshot(s) => &s.annotations,
+            Details::Profiler(p) => &p.annotations,
+            _ => &[],
+        }
     }
 }
 
@@ -189,6 +200,53 @@ pub struct RecordDetails {
     pub end: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recorder_cpu_s: Option<f64>,
+}
+
+/// An imported PyTorch-profiler trace (`import::profiler`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProfilerDetails {
+    /// The trace file's path.
+    pub profiler_trace: String,
+    #[serde(default)]
+    pub file_bytes: u64,
+    #[serde(default)]
+    pub trace_events: u64,
+    /// `"[memory]"` events, of every device type.
+    #[serde(default)]
+    pub memory_events: u64,
+    #[serde(default)]
+    pub cuda_memory_events: u64,
+    #[serde(default)]
+    pub cpu_events_skipped: u64,
+    #[serde(default)]
+    pub other_device_events_skipped: u64,
+    #[serde(default)]
+    pub devices: Vec<i32>,
+    /// `Total Allocated` before the first event, summed over devices.
+    #[serde(default)]
+    pub allocated_before_trace_bytes: u64,
+    /// Blocks freed in the trace but allocated before it (placed at the
+    /// first event's time).
+    #[serde(default)]
+    pub reconstructed_blocks: u64,
+    #[serde(default)]
+    pub reconstructed_bytes: u64,
+    /// Allocated before the trace and never freed in it: no address.
+    #[serde(default)]
+    pub unplaced_before_trace_bytes: u64,
+    #[serde(default)]
+    pub peak_allocated_bytes: Option<u64>,
+    /// The peak of `Total Reserved` (the caching allocator's segments).
+    #[serde(default)]
+    pub peak_reserved_bytes: Option<u64>,
+    /// Events where the previous `Total Allocated` plus `Bytes` is not
+    /// this one's (0 in every real trace we checked).
+    #[serde(default)]
+    pub total_allocated_breaks: u64,
+    #[serde(default)]
+    pub profiler_steps: u64,
+    #[serde(default)]
+    pub annotations: Vec<Annotation>,
 }
 
 /// A synthetic trace (`fragscope synth`).

@@ -1,5 +1,6 @@
 //! The one way in: what a path named on the command line is (a trace
-//! directory or a PyTorch snapshot, decided here and nowhere else), and
+//! directory, a PyTorch snapshot or a PyTorch-profiler trace, decided here
+//! and nowhere else), and
 //! loading it into a [`Trace`] and its time-sorted [`Events`]. A new input
 //! format plugs in here.
 
@@ -17,14 +18,18 @@ pub enum Input {
     Trace,
     /// A PyTorch memory snapshot pickle, imported in memory.
     Snapshot,
+    /// A PyTorch-profiler trace (`.json`, `.json.gz`), imported in memory.
+    Profiler,
 }
 
 /// What `path` is, or None when it is neither input.
 pub fn classify(path: &Path) -> Option<Input> {
     if path.is_dir() {
         Trace::is_trace_dir(path).then_some(Input::Trace)
+    } else if crate::import::snapshot::looks_like_pickle(path) {
+        Some(Input::Snapshot)
     } else {
-        crate::import::snapshot::looks_like_pickle(path).then_some(Input::Snapshot)
+        crate::import::profiler::looks_like_profiler_trace(path).then_some(Input::Profiler)
     }
 }
 
@@ -60,6 +65,31 @@ pub fn open(dir: &Path, device: Option<u32>) -> Result<Loaded> {
             ustack_ids: false,
             modified: std::fs::metadata(dir).and_then(|m| m.modified()).ok(),
             stacks: Some(std::sync::Arc::new(converted.stacks)),
+        };
+        tracing::info!("{}: imported {} events in {:.3} s", trace.name, events.len(), start.elapsed().as_secs_f64());
+        return Ok(Loaded { trace, events, out_of_order });
+    }
+    if classify(dir) == Some(Input::Profiler) {
+        if device.is_some() {
+            bail!("{}: --device selects a device of a PyTorch snapshot; this is a profiler trace", dir.display());
+        }
+        let mut events = Events::default();
+        let converted = crate::import::profiler::convert_file(dir, &mut |e| {
+            events.push(&e);
+            Ok(())
+        })?;
+        let out_of_order = events.sort_by_time();
+        let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
+        let trace = Trace {
+            dir: dir.to_path_buf(),
+            name,
+            meta: Some(converted.meta),
+            parts: Vec::new(),
+            skipped: Vec::new(),
+            pytorch_columns: false,
+            ustack_ids: false,
+            modified: std::fs::metadata(dir).and_then(|m| m.modified()).ok(),
+            stacks: None,
         };
         tracing::info!("{}: imported {} events in {:.3} s", trace.name, events.len(), start.elapsed().as_secs_f64());
         return Ok(Loaded { trace, events, out_of_order });

@@ -37,6 +37,8 @@ pub const META_FILE: &str = "trace.json";
 pub enum Source {
     Ebpf,
     PytorchSnapshot,
+    /// A PyTorch-profiler trace (`profile_memory=True`), imported.
+    PytorchProfiler,
     Synthetic,
     /// A `whatif` scenario: recorded requests placed by the allocator
     /// model under other settings.
@@ -48,6 +50,7 @@ impl Source {
         match self {
             Source::Ebpf => "ebpf",
             Source::PytorchSnapshot => "pytorch-snapshot",
+            Source::PytorchProfiler => "pytorch-profiler",
             Source::Synthetic => "synthetic",
             Source::Simulated => "simulated",
         }

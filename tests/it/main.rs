@@ -11,6 +11,7 @@ mod compare;
 mod diagnosis;
 mod export;
 mod plots;
+mod profiler;
 mod properties;
 mod record;
 mod snapshots;
