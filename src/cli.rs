@@ -37,7 +37,7 @@ pub enum Command {
     Synth(SynthArgs),
     /// Replay traces and compute fragmentation metrics, reports and summaries.
     Analyze(AnalyzeArgs),
-    /// Convert a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot) or a PyTorch-profiler trace (profile_memory=True) into a trace.
+    /// Convert a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot), a PyTorch-profiler trace (profile_memory=True) or an Nsight Systems SQLite export into a trace.
     Import(ImportArgs),
     /// Compare two traces or snapshots: did memory get better or worse from A to B?
     #[command(
@@ -174,7 +174,8 @@ pub struct ExportArgs {
 
 #[derive(Debug, Args)]
 pub struct ImportArgs {
-    /// The snapshot pickle, or a PyTorch-profiler trace (`.json`, `.json.gz`).
+    /// The snapshot pickle, a PyTorch-profiler trace (`.json`, `.json.gz`) or an Nsight Systems
+    /// export (`nsys export --type sqlite`).
     pub snapshot: PathBuf,
     /// Output trace directory (must not already hold a trace).
     #[arg(short, long)]

@@ -76,6 +76,29 @@ fn run_record(_: &cli::RecordArgs) -> Result<u8> {
 
 fn run_import(args: &cli::ImportArgs) -> Result<u8> {
     let started = std::time::Instant::now();
+    if crate::trace::input::classify(&args.snapshot) == Some(crate::trace::input::Input::Nsys) {
+        anyhow::ensure!(
+            args.device.is_none(),
+            "--device selects a device of a PyTorch snapshot, not of an Nsight export"
+        );
+        let c = import::nsys::import(&args.snapshot, &args.output)?;
+        if let crate::trace::details::Details::Nsys(d) = &c.meta.details {
+            println!(
+                "{}: {} device-memory events of {} rows from {} (device(s) {:?}, {} from memory pools) in {:.2} s",
+                args.output.display(),
+                d.device_events,
+                d.rows,
+                args.snapshot.display(),
+                d.devices,
+                d.pooled,
+                started.elapsed().as_secs_f64()
+            );
+            if !d.skipped.is_empty() {
+                println!("skipped (not device memory): {:?}", d.skipped);
+            }
+        }
+        return Ok(exit::OK);
+    }
     if crate::trace::input::classify(&args.snapshot) == Some(crate::trace::input::Input::Profiler) {
         anyhow::ensure!(
             args.device.is_none(),

@@ -432,21 +432,12 @@ pub fn convert_file(path: &Path, sink: Sink<'_>) -> Result<Converted> {
 
 /// `fragscope import` of a profiler trace: writes the trace directory.
 pub fn import(path: &Path, out: &Path) -> Result<Converted> {
-    let meta = crate::trace::TraceMeta::new(crate::trace::Source::PytorchProfiler);
-    // Read first: a bad file must not leave an empty trace directory.
-    let mut events = Vec::new();
-    let converted = convert_file(path, &mut |e| {
-        events.push(e);
-        Ok(())
-    })?;
-    let mut writer = crate::trace::TraceWriter::create(out, meta, 1 << 18)?;
-    for e in events {
-        if let Err(err) = writer.push(e) {
-            writer.abandon();
-            return Err(err);
-        }
-    }
-    writer.set_details(converted.meta.details.clone());
-    let meta = writer.finish()?;
+    let meta =
+        super::import_file(
+            path,
+            out,
+            crate::trace::Source::PytorchProfiler,
+            |p, sink| Ok(convert_file(p, sink)?.meta),
+        )?;
     Ok(Converted { meta })
 }

@@ -9,7 +9,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 /// `trace.json` `details`. Told apart by their required fields:
-/// `snapshot`, `undecodable_records`, `pattern`, `profiler_trace`.
+/// `snapshot`, `undecodable_records`, `pattern`, `profiler_trace`,
+/// `nsys_export`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Details {
@@ -17,6 +18,7 @@ pub enum Details {
     Record(RecordDetails),
     Synthetic(SynthDetails),
     Profiler(Box<ProfilerDetails>),
+    Nsys(Box<NsysDetails>),
     Other(serde_json::Value),
 }
 
@@ -247,6 +249,29 @@ pub struct ProfilerDetails {
     pub profiler_steps: u64,
     #[serde(default)]
     pub annotations: Vec<Annotation>,
+}
+
+/// An imported Nsight Systems export (`import::nsys`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NsysDetails {
+    /// The export's path.
+    pub nsys_export: String,
+    #[serde(default)]
+    pub file_bytes: u64,
+    /// Rows of `CUDA_GPU_MEMORY_USAGE_EVENTS`.
+    #[serde(default)]
+    pub rows: u64,
+    /// Device (and managed) memory allocations and frees kept.
+    #[serde(default)]
+    pub device_events: u64,
+    /// Allocations from a memory pool (`cudaMallocAsync`).
+    #[serde(default)]
+    pub pooled: u64,
+    /// Rows skipped, by memory kind (the export's own names).
+    #[serde(default)]
+    pub skipped: BTreeMap<String, u64>,
+    #[serde(default)]
+    pub devices: Vec<i32>,
 }
 
 /// A synthetic trace (`fragscope synth`).

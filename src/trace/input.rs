@@ -1,8 +1,8 @@
 //! The one way in: what a path named on the command line is (a trace
-//! directory, a PyTorch snapshot or a PyTorch-profiler trace, decided here
-//! and nowhere else), and
-//! loading it into a [`Trace`] and its time-sorted [`Events`]. A new input
-//! format plugs in here.
+//! directory, a PyTorch snapshot, a PyTorch-profiler trace or an Nsight
+//! Systems export, decided here and nowhere else), and loading it into a
+//! [`Trace`] and its time-sorted [`Events`]. A new input format plugs in
+//! here.
 
 use std::path::{Path, PathBuf};
 
@@ -20,6 +20,8 @@ pub enum Input {
     Snapshot,
     /// A PyTorch-profiler trace (`.json`, `.json.gz`), imported in memory.
     Profiler,
+    /// An Nsight Systems SQLite export, imported in memory.
+    Nsys,
 }
 
 /// What `path` is, or None when it is neither input.
@@ -28,6 +30,8 @@ pub fn classify(path: &Path) -> Option<Input> {
         Trace::is_trace_dir(path).then_some(Input::Trace)
     } else if crate::import::snapshot::looks_like_pickle(path) {
         Some(Input::Snapshot)
+    } else if crate::import::nsys::looks_like_sqlite(path) {
+        Some(Input::Nsys)
     } else {
         crate::import::profiler::looks_like_profiler_trace(path).then_some(Input::Profiler)
     }
@@ -53,46 +57,24 @@ pub fn open(dir: &Path, device: Option<u32>) -> Result<Loaded> {
             events.push(&e);
             Ok(())
         })?;
-        let out_of_order = events.sort_by_time();
-        let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
-        let trace = Trace {
-            dir: dir.to_path_buf(),
-            name,
-            meta: Some(converted.meta),
-            parts: Vec::new(),
-            skipped: Vec::new(),
-            pytorch_columns: true,
-            ustack_ids: false,
-            modified: std::fs::metadata(dir).and_then(|m| m.modified()).ok(),
-            stacks: Some(std::sync::Arc::new(converted.stacks)),
-        };
-        tracing::info!("{}: imported {} events in {:.3} s", trace.name, events.len(), start.elapsed().as_secs_f64());
-        return Ok(Loaded { trace, events, out_of_order });
+        let stacks = Some(std::sync::Arc::new(converted.stacks));
+        return Ok(imported(dir, converted.meta, stacks, events, start));
     }
-    if classify(dir) == Some(Input::Profiler) {
+    if let Some(kind @ (Input::Profiler | Input::Nsys)) = classify(dir) {
         if device.is_some() {
-            bail!("{}: --device selects a device of a PyTorch snapshot; this is a profiler trace", dir.display());
+            bail!("{}: --device selects a device of a PyTorch snapshot; this input is not one", dir.display());
         }
         let mut events = Events::default();
-        let converted = crate::import::profiler::convert_file(dir, &mut |e| {
+        let mut sink = |e: crate::trace::event::Event| {
             events.push(&e);
             Ok(())
-        })?;
-        let out_of_order = events.sort_by_time();
-        let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
-        let trace = Trace {
-            dir: dir.to_path_buf(),
-            name,
-            meta: Some(converted.meta),
-            parts: Vec::new(),
-            skipped: Vec::new(),
-            pytorch_columns: false,
-            ustack_ids: false,
-            modified: std::fs::metadata(dir).and_then(|m| m.modified()).ok(),
-            stacks: None,
         };
-        tracing::info!("{}: imported {} events in {:.3} s", trace.name, events.len(), start.elapsed().as_secs_f64());
-        return Ok(Loaded { trace, events, out_of_order });
+        let meta = if kind == Input::Profiler {
+            crate::import::profiler::convert_file(dir, &mut sink)?.meta
+        } else {
+            crate::import::nsys::convert_file(dir, &mut sink)?.meta
+        };
+        return Ok(imported(dir, meta, None, events, start));
     }
     let mut trace = Trace::open(dir)?;
     match &trace.meta {
@@ -121,6 +103,32 @@ pub fn open(dir: &Path, device: Option<u32>) -> Result<Loaded> {
     }
     tracing::info!("{}: loaded {} events in {:.3} s", trace.name, events.len(), start.elapsed().as_secs_f64());
     Ok(Loaded { trace, events, out_of_order })
+}
+
+/// A file imported in memory as a trace: its events sorted by time. The
+/// PyTorch columns are there when the importer kept stacks (snapshots).
+fn imported(
+    path: &Path,
+    meta: crate::trace::TraceMeta,
+    stacks: Option<std::sync::Arc<crate::trace::Stacks>>,
+    mut events: Events,
+    start: std::time::Instant,
+) -> Loaded {
+    let out_of_order = events.sort_by_time();
+    let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+    let trace = Trace {
+        dir: path.to_path_buf(),
+        name,
+        meta: Some(meta),
+        parts: Vec::new(),
+        skipped: Vec::new(),
+        pytorch_columns: stacks.is_some(),
+        ustack_ids: false,
+        modified: std::fs::metadata(path).and_then(|m| m.modified()).ok(),
+        stacks,
+    };
+    tracing::info!("{}: imported {} events in {:.3} s", trace.name, events.len(), start.elapsed().as_secs_f64());
+    Loaded { trace, events, out_of_order }
 }
 
 /// The traces named on the command line: trace directories, or

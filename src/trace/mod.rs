@@ -39,6 +39,8 @@ pub enum Source {
     PytorchSnapshot,
     /// A PyTorch-profiler trace (`profile_memory=True`), imported.
     PytorchProfiler,
+    /// An Nsight Systems SQLite export (`--cuda-memory-usage=true`), imported.
+    NsightSystems,
     Synthetic,
     /// A `whatif` scenario: recorded requests placed by the allocator
     /// model under other settings.
@@ -51,6 +53,7 @@ impl Source {
             Source::Ebpf => "ebpf",
             Source::PytorchSnapshot => "pytorch-snapshot",
             Source::PytorchProfiler => "pytorch-profiler",
+            Source::NsightSystems => "nsight-systems",
             Source::Synthetic => "synthetic",
             Source::Simulated => "simulated",
         }
