@@ -10,6 +10,7 @@
 
 pub(crate) mod compare;
 pub mod export;
+pub mod html;
 pub(crate) mod json;
 pub(crate) mod markdown;
 pub mod plot;
@@ -32,8 +33,9 @@ pub use json::report_json;
 pub use markdown::{report_md, stdout_summary};
 pub use summary::write_batch_summary;
 
-/// Writes `metrics.parquet`, `report.json` and `report.md` into `out`.
-/// With a plot configuration, also `mdtp.png` and `timeline.png`.
+/// Writes `metrics.parquet`, `report.json`, `report.md` and `report.html`
+/// into `out`. With a plot configuration, also `mdtp.png` and
+/// `timeline.png`.
 pub fn write_trace_outputs(a: &Analysis, out: &Path, plot: Option<&PlotConfig>) -> Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let pictures = plot.map(|cfg| plot::render(a, cfg)).transpose()?.flatten();
@@ -54,6 +56,9 @@ pub fn write_trace_outputs(a: &Analysis, out: &Path, plot: Option<&PlotConfig>) 
             write_atomic(&out.join("flamegraph.svg"), &svg)?;
         }
     }
+    // Last, from the files above: one self-contained page for CI artifacts.
+    let html = html::report_html(out, &format!("fragscope report: {}", a.trace.name))?;
+    write_atomic(&out.join("report.html"), html.as_bytes())?;
     Ok(())
 }
 

@@ -136,7 +136,8 @@ pub(crate) fn summary_frame(
 /// Writes the batch summary, worst first: `summary.parquet` — a
 /// hive-partitioned dataset (`summary.parquet/source=S/date=D/part-0.parquet`)
 /// that DuckDB, Spark or polars query in place —, `summary.csv` (one flat
-/// file, every column) and `summary.md`. `clusters` (aligned with `rows`)
+/// file, every column), `summary.md` and `index.html` (the same, linking
+/// to each trace's `report.html`). `clusters` (aligned with `rows`)
 /// and `grouping` come from [`crate::analysis::cluster`] when the batch has enough
 /// traces.
 pub fn write_batch_summary(
@@ -185,7 +186,11 @@ pub fn write_batch_summary(
     }
     let csv = csv.into_inner().context("cannot finish summary.csv")?;
     write_atomic(&out.join("summary.csv"), &csv)?;
-    write_atomic(&out.join("summary.md"), summary_md(rows, &order, clusters, grouping).as_bytes())?;
+    let md = summary_md(rows, &order, clusters, grouping);
+    write_atomic(&out.join("summary.md"), md.as_bytes())?;
+    // Links only to the traces that have a report.
+    let names: Vec<&str> = rows.iter().filter(|r| r.1.is_ok()).map(|r| r.0.as_str()).collect();
+    write_atomic(&out.join("index.html"), super::html::index_html(&md, &names).as_bytes())?;
     Ok(())
 }
 

@@ -10,6 +10,7 @@ mod cli;
 mod compare;
 mod diagnosis;
 mod export;
+mod html;
 mod nsys;
 mod plots;
 mod profiler;

@@ -1,0 +1,137 @@
+//! Self-contained HTML for CI artifacts: `report.html` next to each
+//! trace's `report.md`, and `index.html` next to a batch's `summary.md`.
+//!
+//! One file each, opened from a file system or an artifact store: the
+//! Markdown report rendered to HTML (pulldown-cmark), the PNGs inline as
+//! `data:` URIs, the flamegraph SVG inline as an image (its own script
+//! does not run there), links to the Parquet files beside it. No external
+//! URL and no JavaScript framework: the index's table sorts on a header
+//! click with a dozen lines of plain script.
+
+use std::path::Path;
+
+use base64::Engine as _;
+
+/// The page's styles: readable tables, images fitted to the width.
+const STYLE: &str = "body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222;line-height:1.45}\
+table{border-collapse:collapse;margin:1em 0;font-size:.92em}th,td{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top}\
+th{background:#f3f3f3}tr:nth-child(even) td{background:#fafafa}code{background:#f3f3f3;padding:0 .2em}\
+img{max-width:100%;border:1px solid #ddd;margin:.5em 0}h1{font-size:1.6em}h2{margin-top:1.6em;border-bottom:1px solid #ddd}\
+th.sortable{cursor:pointer}th.sortable:after{content:' \\2195';color:#999}";
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+/// Markdown (tables on) to HTML.
+fn markdown_to_html(md: &str) -> String {
+    let parser = pulldown_cmark::Parser::new_ext(md, pulldown_cmark::Options::ENABLE_TABLES);
+    let mut html = String::with_capacity(md.len() * 2);
+    pulldown_cmark::html::push_html(&mut html, parser);
+    html
+}
+
+fn page(title: &str, body: &str, script: &str) -> String {
+    format!(
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<meta name=\"generator\" content=\"fragscope {}\">\n<title>{}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n{body}\n{script}</body>\n</html>\n",
+        env!("CARGO_PKG_VERSION"),
+        escape(title)
+    )
+}
+
+fn data_uri(mime: &str, bytes: &[u8]) -> String {
+    format!("data:{mime};base64,{}", base64::engine::general_purpose::STANDARD.encode(bytes))
+}
+
+/// `report.html` from the trace folder `dir` as `write_trace_outputs`
+/// left it: `report.md`, the pictures and the flamegraph that are there,
+/// and links to the data files.
+pub fn report_html(dir: &Path, title: &str) -> anyhow::Result<String> {
+    use anyhow::Context as _;
+    let md = std::fs::read_to_string(dir.join("report.md"))
+        .with_context(|| format!("cannot read {}", dir.join("report.md").display()))?;
+    let mut body = markdown_to_html(&md);
+    let mut pictures = String::new();
+    for (file, alt) in [
+        ("mdtp.png", "memory layout over time (MDTP)"),
+        ("timeline.png", "fragmentation score and live memory over time"),
+        ("whatif.png", "reserved and allocated memory under other allocator settings"),
+    ] {
+        if let Ok(bytes) = std::fs::read(dir.join(file)) {
+            pictures.push_str(&format!(
+                "<figure><img src=\"{}\" alt=\"{alt}\"><figcaption>{file}: {alt}</figcaption></figure>\n",
+                data_uri("image/png", &bytes)
+            ));
+        }
+    }
+    if let Ok(svg) = std::fs::read(dir.join("flamegraph.svg")) {
+        pictures.push_str(&format!(
+            "<figure><img src=\"{}\" alt=\"live memory by call stack\"><figcaption>flamegraph.svg: live memory by call stack at the end and at the peak</figcaption></figure>\n",
+            data_uri("image/svg+xml", &svg)
+        ));
+    }
+    if !pictures.is_empty() {
+        body.push_str("<h2>Pictures</h2>\n");
+        body.push_str(&pictures);
+    }
+    let files: Vec<String> = ["metrics.parquet", "report.json", "report.md", "flamegraph.folded"]
+        .iter()
+        .filter(|f| dir.join(f).is_file())
+        .map(|f| format!("<a href=\"{f}\">{f}</a>"))
+        .collect();
+    body.push_str(&format!("<h2>Data</h2>\n<p>{}</p>\n", files.join(" · ")));
+    Ok(page(title, &body, ""))
+}
+
+/// The script that sorts a table by the clicked header: sizes ("2.36
+/// GiB") by their bytes, other numbers as numbers, text as text.
+const SORT_SCRIPT: &str = "<script>\
+var U={B:1,KiB:1024,MiB:1048576,GiB:1073741824,TiB:1099511627776};\
+function key(r,i){var s=r.cells[i].textContent.trim();var m=s.match(/^(-?[0-9.]+) (B|KiB|MiB|GiB|TiB)$/);\
+if(m)return parseFloat(m[1])*U[m[2]];var n=parseFloat(s);return isNaN(n)?s:n;}\
+document.querySelectorAll('table').forEach(function(t){var h=t.tHead;if(!h)return;\
+Array.prototype.forEach.call(h.rows[0].cells,function(th,i){th.className='sortable';var asc=false;\
+th.addEventListener('click',function(){asc=!asc;var b=t.tBodies[0];var rows=Array.prototype.slice.call(b.rows);\
+rows.sort(function(x,y){var a=key(x,i),c=key(y,i);var r=(typeof a==='number'&&typeof c==='number')?a-c:String(a).localeCompare(String(c));return asc?r:-r;});\
+rows.forEach(function(r){b.appendChild(r);});});});});\
+</script>\n";
+
+/// `index.html` of a batch from its `summary.md`: the same tables, each
+/// trace's name linking to its `report.html`, sortable by any column.
+pub fn index_html(summary_md: &str, names: &[&str]) -> String {
+    let mut body = markdown_to_html(summary_md);
+    for name in names {
+        let cell = format!("<td>{}</td>", escape(name));
+        let link = format!("<td><a href=\"{0}/report.html\">{1}</a></td>", url_path(name), escape(name));
+        body = body.replacen(&cell, &link, 1);
+    }
+    page("fragscope batch summary", &body, SORT_SCRIPT)
+}
+
+/// A folder name as a relative URL path segment.
+fn url_path(name: &str) -> String {
+    name.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markdown_tables_become_html_tables_and_names_become_links() {
+        let md = "# t\n\n| trace | p95 |\n|---|---|\n| a b&c | 1.0 |\n| other | 2.0 |\n";
+        let html = index_html(md, &["a b&c"]);
+        assert!(html.starts_with("<!DOCTYPE html>"));
+        assert!(html.contains("<td><a href=\"a%20b%26c/report.html\">a b&amp;c</a></td>"), "{html}");
+        assert!(html.contains("<td>other</td>"));
+        assert!(!html.contains("http://") && !html.contains("https://"), "no external URL");
+    }
+}
