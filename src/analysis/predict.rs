@@ -529,7 +529,8 @@ impl Forecaster {
             patience: cfg.patience,
             ..GradientDescent::default()
         };
-        let tail = (acc.head.n < acc.all.n).then(|| acc.all.minus(&acc.head));
+        // The held-out tail only matters to gradient descent (ridge fits on all).
+        let tail = (learner == Learner::GradientDescent && acc.head.n < acc.all.n).then(|| acc.all.minus(&acc.head));
         let mut models = Vec::with_capacity(cfg.horizon);
         for k in 0..cfg.horizon {
             let scale = acc.all.target_scale(k);
