@@ -11,42 +11,67 @@ use anyhow::{Context, Result};
 
 use crate::analysis::Options;
 use crate::analysis::summary::{Summary, SummaryRow};
-use crate::cli::{self, AnalyzeArgs};
+use crate::cli::{self, AnalyzeArgs, SummarizeArgs};
 use crate::exit;
 use crate::output::plot::PlotConfig;
+use crate::store::Location;
 
 /// `fragscope analyze`: one trace, or a batch of them into per-trace folders
-/// and a summary.
+/// and a summary; with `--shard`, one shard of a batch.
 pub fn run(args: &AnalyzeArgs) -> Result<u8> {
     let opts = args.options();
     let plot = args.plot_config();
     opts.metrics.validate()?;
-    let (traces, batch) = crate::trace::input::discover(&args.traces)?;
-    if !batch {
-        let a = crate::analysis::analyze_path(&traces[0], &opts)?;
+    for p in args.traces.iter().chain([&args.output]) {
+        if crate::store::is_url(&p.to_string_lossy()) {
+            anyhow::bail!(
+                "{}: analyze reads and writes local folders only for now; `summarize` takes an object-store URL",
+                p.display()
+            );
+        }
+    }
+    let (found, batch) = crate::trace::input::discover(&args.traces)?;
+    if !batch && args.shard.is_none() {
+        let a = crate::analysis::analyze_path(&found[0].0, &opts)?;
         crate::output::write_trace_outputs(&a, &args.output, plot.as_ref())?;
         print!("{}", crate::output::stdout_summary(&a, &args.output));
         return Ok(gate(&[(a.trace.name.clone(), Ok(Summary::of(&a)))], &args.gates));
     }
-    std::fs::create_dir_all(&args.output).with_context(|| format!("cannot create {}", args.output.display()))?;
-    let names = unique_names(&traces);
+    let loc = Location::open(&args.output.to_string_lossy(), true)?;
+    // Names over the whole input set, so that every shard names a trace
+    // as the unsharded run would.
+    let paths: Vec<PathBuf> = found.iter().map(|f| f.0.clone()).collect();
+    let all_names = unique_names(&paths);
+    let (traces, names): (Vec<PathBuf>, Vec<String>) = found
+        .iter()
+        .zip(all_names)
+        .filter(|((_, rel), _)| args.shard.is_none_or(|s| s.holds(rel)))
+        .map(|((p, _), n)| (p.clone(), n))
+        .unzip();
     let jobs = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
     let started = std::time::Instant::now();
     let (rows, per_trace) = analyze_all(&traces, &names, &args.output, &opts, plot.as_ref(), jobs);
-    let ok: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].1.is_ok()).collect();
-    let features: Vec<_> = ok.iter().filter_map(|&i| rows[i].1.as_ref().ok().map(|s| s.features)).collect();
-    for (&i, f) in ok.iter().zip(&features) {
-        tracing::debug!("grouping features of {}: {:?}", rows[i].0, f.map(|x| (x * 1000.0).round() / 1000.0));
-    }
-    let grouping = crate::analysis::cluster::cluster(&features, args.cluster_seed)?;
-    let mut clusters: Vec<Option<(usize, String)>> = vec![None; rows.len()];
-    if let Some(g) = &grouping {
-        for (k, &i) in ok.iter().enumerate() {
-            let c = g.assignments[k];
-            clusters[i] = Some((c, g.labels[c].clone()));
+    crate::output::write_parts(&loc, &rows, args.shard)?;
+    let failed = rows.iter().filter(|r| r.1.is_err()).count();
+    match args.shard {
+        None => {
+            crate::output::summarize(&loc, args.cluster_seed)?;
+            println!(
+                "{} traces analysed, {} failed; summary in {}",
+                rows.len() - failed,
+                failed,
+                loc.show("summary.md")
+            );
         }
+        Some(shard) => println!(
+            "shard {shard}: {} of {} traces analysed, {} failed; parts in {}. Once every shard is done: fragscope summarize {}",
+            rows.len() - failed,
+            found.len(),
+            failed,
+            loc.show(crate::output::summary::DATASET),
+            loc.show("")
+        ),
     }
-    crate::output::write_batch_summary(&rows, &args.output, &clusters, grouping.as_ref())?;
     // The batch's own cost (scheduling, grouping, summaries) against the
     // traces' (scripts/bench-batch reads this line).
     tracing::info!(
@@ -54,17 +79,69 @@ pub fn run(args: &AnalyzeArgs) -> Result<u8> {
         rows.len(),
         started.elapsed().as_secs_f64()
     );
-    let failed = rows.iter().filter(|r| r.1.is_err()).count();
-    println!(
-        "{} traces analysed, {} failed; summary in {}",
-        rows.len() - failed,
-        failed,
-        args.output.join("summary.md").display()
-    );
     if failed > 0 {
         return Ok(exit::ERROR);
     }
     Ok(gate(&rows, &args.gates))
+}
+
+/// `fragscope summarize OUT`: the batch summary from the parts of its shards.
+pub fn summarize(args: &SummarizeArgs) -> Result<u8> {
+    let loc = Location::open(&args.output.to_string_lossy(), false)?;
+    let batch = crate::output::summarize(&loc, args.cluster_seed)?;
+    let failed = batch.rows.iter().filter(|r| r.1.is_err()).count();
+    println!(
+        "{} traces, {} failed, {}; summary in {}",
+        batch.rows.len(),
+        failed,
+        batch.grouping.as_ref().map_or("not grouped".to_string(), |g| format!("{} groups", g.k)),
+        loc.show("summary.md")
+    );
+    Ok(exit::OK)
+}
+
+/// One shard of a batch: `--shard I/N`, 0 ≤ I < N.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    pub index: u32,
+    pub count: u32,
+}
+
+impl Shard {
+    /// Whether the trace at `rel` (its path relative to the input root,
+    /// `/`-separated) belongs to this shard: FNV-1a (64 bit) of the path's
+    /// UTF-8 bytes, modulo N. FNV is fixed by its definition, unlike std's
+    /// hasher, so the assignment is the same on every machine and release.
+    pub fn holds(self, rel: &str) -> bool {
+        let rel = rel.replace('\\', "/");
+        let mut h = fnv::FnvHasher::default();
+        std::hash::Hasher::write(&mut h, rel.trim_matches('/').as_bytes());
+        std::hash::Hasher::finish(&h) % u64::from(self.count) == u64::from(self.index)
+    }
+
+    /// The file name of this shard's summary parts.
+    pub fn part_name(self) -> String {
+        format!("part-{}-of-{}.parquet", self.index, self.count)
+    }
+}
+
+impl std::fmt::Display for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
+impl std::str::FromStr for Shard {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Shard, String> {
+        let bad = || format!("`{s}`: expected I/N with 0 ≤ I < N (e.g. 0/4 … 3/4)");
+        let (i, n) = s.split_once('/').ok_or_else(bad)?;
+        let (i, n) = (i.trim().parse::<u32>().map_err(|_| bad())?, n.trim().parse::<u32>().map_err(|_| bad())?);
+        if n == 0 || i >= n {
+            return Err(bad());
+        }
+        Ok(Shard { index: i, count: n })
+    }
 }
 
 /// Analyses every trace on `jobs` threads into `out/NAME`; returns a row
@@ -206,4 +283,38 @@ fn unique_names(traces: &[PathBuf]) -> Vec<String> {
             if *n == 1 { base } else { format!("{base}-{n}") }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_specs_parse_and_reject() {
+        assert_eq!("2/4".parse::<Shard>(), Ok(Shard { index: 2, count: 4 }));
+        assert_eq!(" 0 / 1 ".parse::<Shard>(), Ok(Shard { index: 0, count: 1 }));
+        for bad in ["3/2", "2/2", "0/0", "1", "a/b", "-1/2", "1/2/3"] {
+            assert!(bad.parse::<Shard>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn shards_are_disjoint_cover_and_are_pinned() {
+        // FNV-1a 64 of "a" is 0xaf63dc4c8601ec8c, which is 5 mod 7: the
+        // assignment must never change between releases.
+        assert!(Shard { index: 5, count: 7 }.holds("a"));
+        assert!(Shard { index: 5, count: 7 }.holds("/a/"));
+        for n in 1..=9 {
+            for t in 0..500 {
+                let rel = format!("runs/trace-{t}");
+                let owners = (0..n).filter(|&i| Shard { index: i, count: n }.holds(&rel)).count();
+                assert_eq!(owners, 1, "{rel} in {owners} of {n} shards");
+            }
+        }
+        // Roughly even: no shard of 4 gets fewer than a sixth of 2000 names.
+        for i in 0..4 {
+            let k = (0..2000).filter(|t| Shard { index: i, count: 4 }.holds(&format!("t{t}"))).count();
+            assert!(k > 333, "shard {i}/4 holds {k} of 2000");
+        }
+    }
 }

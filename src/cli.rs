@@ -54,11 +54,25 @@ pub enum Command {
         after_help = "Examples:\n  fragscope export trace --format memory-viz -o trace.pickle   (open at pytorch.org/memory_viz)\n  fragscope export snapshot.pickle --format memory-viz --time-window 2..5 -o slice.pickle\n  fragscope export trace --format chrome -o trace.json   (chrome://tracing or ui.perfetto.dev)\n  fragscope export snapshot.pickle --format speedscope -o stacks.speedscope.json"
     )]
     Export(ExportArgs),
+    /// Rebuild summary.csv, summary.md, index.html and the groups of a batch from the summary parts under OUT (after `analyze --shard`).
+    #[command(
+        after_help = "Example (two machines, then one):\n  fragscope analyze runs/ -o out --shard 0/2\n  fragscope analyze runs/ -o out --shard 1/2\n  fragscope summarize out"
+    )]
+    Summarize(SummarizeArgs),
     /// Record CUDA allocations, frees, copies and kernel launches of a program with eBPF (needs root).
     #[command(
         after_help = "Examples:\n  sudo fragscope record -o trace -- python train.py\n  sudo fragscope record -o trace --pid 4242\n  sudo fragscope record -o trace --lib ./app -- ./app   (runtime linked into the executable)\n\nExit status: the command's, when it ran to its end; 0 when stopped by Ctrl-C, SIGTERM, --duration or the end of --pid; 1 on errors."
     )]
     Record(RecordArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SummarizeArgs {
+    /// The output root of the sharded `analyze` runs (a folder or an object-store URL).
+    pub output: PathBuf,
+    /// Seed of the k-means grouping (8 traces or more).
+    #[arg(long, default_value_t = 1)]
+    pub cluster_seed: u64,
 }
 
 #[derive(Debug, Args)]
@@ -242,6 +256,12 @@ pub struct AnalyzeArgs {
     /// Seed of the k-means grouping of a batch (8 traces or more).
     #[arg(long, default_value_t = 1)]
     pub cluster_seed: u64,
+    /// Analyse only shard I of N (0 ≤ I < N): the traces whose stable hash
+    /// of their path relative to the input root falls in it. Writes the
+    /// per-trace folders and summary parts; run `fragscope summarize OUT`
+    /// once every shard is done.
+    #[arg(long, value_name = "I/N")]
+    pub shard: Option<crate::batch::Shard>,
     /// Page size P of the unusable-free-space index (power of two).
     #[arg(long, value_parser = parse_bytes, default_value = "4KiB")]
     pub page_size: u64,

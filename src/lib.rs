@@ -9,12 +9,13 @@
 //! arguments and turns them into options.
 
 pub mod analysis;
-pub(crate) mod batch;
+pub mod batch;
 pub mod cli;
 pub(crate) mod import;
 pub mod output;
 #[cfg(feature = "record")]
 pub(crate) mod record;
+pub mod store;
 pub(crate) mod synth;
 pub mod trace;
 pub(crate) mod units;
@@ -39,6 +40,7 @@ pub fn run(cli: Cli) -> Result<u8> {
     match cli.command {
         Command::Synth(args) => run_synth(&args),
         Command::Analyze(args) => batch::run(&args),
+        Command::Summarize(args) => batch::summarize(&args),
         Command::Import(args) => run_import(&args),
         Command::Whatif(args) => whatif::run(&args),
         Command::Export(args) => output::export::run(&args),

@@ -34,6 +34,13 @@ impl OomClass {
         }
     }
 
+    /// The class named `name` ([`OomClass::name`]).
+    pub fn from_name(name: &str) -> Option<OomClass> {
+        [OomClass::Capacity, OomClass::Fragmentation, OomClass::AllocatorPolicy, OomClass::Unknown]
+            .into_iter()
+            .find(|c| c.name() == name)
+    }
+
     /// Classifies a request of `requested` bytes.
     pub fn of(requested: u64, device_free: Option<u64>, largest_free: Option<u64>) -> OomClass {
         match (device_free, largest_free) {

@@ -99,12 +99,23 @@ rows.forEach(function(r){b.appendChild(r);});});});});\
 /// `index.html` of a batch from its `summary.md`: the same tables, each
 /// trace's name linking to its `report.html`, sortable by any column.
 pub fn index_html(summary_md: &str, names: &[&str]) -> String {
-    let mut body = markdown_to_html(summary_md);
-    for name in names {
-        let cell = format!("<td>{}</td>", escape(name));
-        let link = format!("<td><a href=\"{0}/report.html\">{1}</a></td>", url_path(name), escape(name));
-        body = body.replacen(&cell, &link, 1);
+    let html = markdown_to_html(summary_md);
+    // One pass over the cells (a batch may hold 10 000 traces): the first
+    // cell that holds exactly a trace's name becomes its link.
+    let mut pending: std::collections::HashMap<String, &str> = names.iter().map(|n| (escape(n), *n)).collect();
+    let mut body = String::with_capacity(html.len() + names.len() * 40);
+    let mut rest = html.as_str();
+    while let Some(at) = rest.find("<td>") {
+        body.push_str(&rest[..at + 4]);
+        rest = &rest[at + 4..];
+        if let Some(end) = rest.find("</td>")
+            && let Some(name) = pending.remove(&rest[..end])
+        {
+            body.push_str(&format!("<a href=\"{}/report.html\">{}</a>", url_path(name), &rest[..end]));
+            rest = &rest[end..];
+        }
     }
+    body.push_str(rest);
     page("fragscope batch summary", &body, SORT_SCRIPT)
 }
 

@@ -31,7 +31,7 @@ use crate::trace::write_atomic;
 
 pub use json::report_json;
 pub use markdown::{report_md, stdout_summary};
-pub use summary::write_batch_summary;
+pub use summary::{summarize, write_parts, write_summary_files};
 
 /// Writes `metrics.parquet`, `report.json`, `report.md` and `report.html`
 /// into `out`. With a plot configuration, also `mdtp.png` and

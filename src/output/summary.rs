@@ -2,15 +2,14 @@
 //! by source and date), `summary.csv` and `summary.md`, with the groups.
 
 use std::fmt::Write as _;
-use std::path::Path;
 
 use anyhow::{Context, Result};
 use polars::prelude::*;
 
 use crate::analysis::predict::Risk;
 use crate::analysis::summary::*;
-use crate::output::write_parquet;
-use crate::trace::write_atomic;
+use crate::batch::Shard;
+use crate::store::Location;
 use crate::units::bytes;
 
 /// The columns of the batch summary, in order (csv and Parquet).
@@ -98,7 +97,7 @@ pub(crate) fn summary_frame(
     let text = |f: fn(&Summary) -> Option<String>| {
         rows.iter().map(|r| r.1.as_ref().ok().and_then(f)).collect::<Vec<Option<String>>>()
     };
-    Ok(DataFrame::new_infer_height(vec![
+    let mut columns = vec![
         Column::new("trace".into(), rows.iter().map(|r| r.0.to_string()).collect::<Vec<String>>()),
         Column::new(
             "status".into(),
@@ -125,59 +124,250 @@ pub(crate) fn summary_frame(
         ),
         Column::new("leaked_bytes".into(), oku(|s| s.leaked_bytes.max(0) as u64)),
         Column::new("anomalies".into(), oku(|s| s.anomalies)),
+    ];
+    // The grouping features, so that `summarize` can group traces that
+    // other processes analysed.
+    for (j, f) in crate::analysis::cluster::FEATURES.iter().enumerate() {
+        columns.push(Column::new(
+            format!("feature_{f}").into(),
+            rows.iter().map(|r| r.1.as_ref().ok().map(|s| s.features[j])).collect::<Vec<Option<f64>>>(),
+        ));
+    }
+    columns.extend([
         Column::new("cluster".into(), rows.iter().map(|r| r.2.map(|c| c.0 as u32)).collect::<Vec<Option<u32>>>()),
         Column::new(
             "cluster_label".into(),
             rows.iter().map(|r| r.2.map(|c| c.1.clone())).collect::<Vec<Option<String>>>(),
         ),
-    ])?)
+    ]);
+    Ok(DataFrame::new_infer_height(columns)?)
 }
 
-/// Writes the batch summary, worst first: `summary.parquet` — a
-/// hive-partitioned dataset (`summary.parquet/source=S/date=D/part-0.parquet`)
-/// that DuckDB, Spark or polars query in place —, `summary.csv` (one flat
-/// file, every column), `summary.md` and `index.html` (the same, linking
-/// to each trace's `report.html`). `clusters` (aligned with `rows`)
-/// and `grouping` come from [`crate::analysis::cluster`] when the batch has enough
-/// traces.
-pub fn write_batch_summary(
-    rows: &[SummaryRow],
-    out: &Path,
-    clusters: &[Option<(usize, String)>],
-    grouping: Option<&crate::analysis::cluster::Clustering>,
-) -> Result<()> {
+/// The summary dataset's folder under the output root.
+pub const DATASET: &str = "summary.parquet";
+
+/// Worst first (by p95 score, failed traces on top), then by name.
+fn worst_first(rows: &[SummaryRow]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..rows.len()).collect();
     order.sort_by(|&a, &b| {
         let key = |r: &SummaryRow| r.1.as_ref().map_or(f64::INFINITY, |s| s.score.p95);
         key(&rows[b]).total_cmp(&key(&rows[a])).then_with(|| rows[a].0.cmp(&rows[b].0))
     });
-    let cluster_of = |i: usize| clusters.get(i).and_then(|c| c.as_ref());
+    order
+}
 
-    // The dataset, one folder per (source, date), through a staging folder.
+/// Writes one shard's rows (all rows when `shard` is None) as parts of the
+/// hive-partitioned dataset: `summary.parquet/source=S/date=D/part-I-of-N.parquet`,
+/// worst first, without groups (`summarize` adds them). Then removes the
+/// shard's own parts that this run did not write (a re-run replaces only
+/// its parts); without a shard, the run owns the dataset and every other
+/// part goes.
+pub fn write_parts(loc: &Location, rows: &[SummaryRow], shard: Option<Shard>) -> Result<()> {
+    let own = shard.unwrap_or(Shard { index: 0, count: 1 }).part_name();
     let mut parts: std::collections::BTreeMap<(String, String), Vec<usize>> = Default::default();
-    for &i in &order {
+    for i in worst_first(rows) {
         let (source, date) = match &rows[i].1 {
             Ok(s) => (s.source.clone(), s.date.clone()),
             Err(_) => ("unknown".to_string(), today()),
         };
         parts.entry((source, date)).or_default().push(i);
     }
-    let dataset = out.join("summary.parquet");
-    let staging = out.join(".summary.parquet.partial");
-    let _ = std::fs::remove_dir_all(&staging);
+    let mut written = std::collections::HashSet::new();
     for ((source, date), idx) in &parts {
-        let dir = staging.join(format!("source={}", partition_value(source))).join(format!("date={date}"));
-        std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        let part: Vec<_> = idx.iter().map(|&i| (rows[i].0.as_str(), &rows[i].1, cluster_of(i))).collect();
-        write_parquet(&mut summary_frame(&part)?, &dir.join("part-0.parquet"))?;
+        let rel = format!("{DATASET}/source={}/date={date}/{own}", partition_value(source));
+        let part: Vec<_> = idx.iter().map(|&i| (rows[i].0.as_str(), &rows[i].1, None)).collect();
+        loc.put(&rel, parquet_bytes(&mut summary_frame(&part)?, &loc.show(&rel))?)?;
+        written.insert(rel);
     }
-    if dataset.is_dir() {
-        std::fs::remove_dir_all(&dataset).with_context(|| format!("cannot replace {}", dataset.display()))?;
-    } else if dataset.exists() {
-        std::fs::remove_file(&dataset).with_context(|| format!("cannot replace {}", dataset.display()))?;
+    for key in loc.list(DATASET)? {
+        let name = key.rsplit('/').next().unwrap_or_default();
+        if !written.contains(&key) && (shard.is_none() || name == own) {
+            loc.delete(&key)?;
+        }
     }
-    std::fs::rename(&staging, &dataset).with_context(|| format!("cannot write {}", dataset.display()))?;
+    Ok(())
+}
 
+/// A batch as `summarize` rebuilds it: the rows of every part, their groups
+/// (aligned with the rows) and the grouping.
+pub struct Batch {
+    pub rows: Vec<SummaryRow>,
+    pub clusters: Vec<Option<(usize, String)>>,
+    pub grouping: Option<crate::analysis::cluster::Clustering>,
+}
+
+/// `fragscope summarize`: reads every part under `loc/summary.parquet`,
+/// groups the traces (k-means with the gap statistic, over the traces in
+/// name order, so the groups do not depend on how the batch was sharded),
+/// writes the groups back into the parts, and writes `summary.csv`,
+/// `summary.md` and `index.html`.
+pub fn summarize(loc: &Location, seed: u64) -> Result<Batch> {
+    let keys: Vec<String> = loc
+        .list(DATASET)?
+        .into_iter()
+        .filter(|k| k.rsplit('/').next().is_some_and(|n| n.starts_with("part-") && n.ends_with(".parquet")))
+        .collect();
+    if keys.is_empty() {
+        anyhow::bail!(
+            "{}: no summary parts (source=…/date=…/part-*.parquet); run `fragscope analyze` into {} first",
+            loc.show(DATASET),
+            loc.show("")
+        );
+    }
+    let mut rows: Vec<SummaryRow> = Vec::new();
+    let mut spans: Vec<(String, std::ops::Range<usize>)> = Vec::new();
+    for key in keys {
+        let shown = loc.show(&key);
+        let bytes = loc.get(&key)?;
+        let df = ParquetReader::new(std::io::Cursor::new(bytes))
+            .finish()
+            .map_err(|e| anyhow::anyhow!("{shown}: not a Parquet file ({e})"))?;
+        let (source, date) = partition_of(&key).with_context(|| format!("{shown}: not under source=…/date=…"))?;
+        let start = rows.len();
+        rows.extend(rows_of(&df, &source, &date).with_context(|| format!("{shown}: not a fragscope summary part"))?);
+        spans.push((key, start..rows.len()));
+    }
+    let mut seen: std::collections::HashMap<&str, &str> = Default::default();
+    for (key, span) in &spans {
+        for r in &rows[span.clone()] {
+            if let Some(other) = seen.insert(&r.0, key) {
+                anyhow::bail!(
+                    "trace {} is in two summary parts, {} and {}: a part is left over from an earlier run (another --shard count?); delete the stale one and run summarize again",
+                    r.0,
+                    loc.show(other),
+                    loc.show(key)
+                );
+            }
+        }
+    }
+    let mut by_name: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].1.is_ok()).collect();
+    by_name.sort_by(|&a, &b| rows[a].0.cmp(&rows[b].0));
+    let features: Vec<_> = by_name.iter().filter_map(|&i| rows[i].1.as_ref().ok().map(|s| s.features)).collect();
+    let grouping = crate::analysis::cluster::cluster(&features, seed)?;
+    let mut clusters: Vec<Option<(usize, String)>> = vec![None; rows.len()];
+    if let Some(g) = &grouping {
+        for (k, &i) in by_name.iter().enumerate() {
+            let c = g.assignments[k];
+            clusters[i] = Some((c, g.labels[c].clone()));
+        }
+    }
+    for (key, span) in &spans {
+        let part: Vec<_> = span.clone().map(|i| (rows[i].0.as_str(), &rows[i].1, clusters[i].as_ref())).collect();
+        loc.put(key, parquet_bytes(&mut summary_frame(&part)?, &loc.show(key))?)?;
+    }
+    write_summary_files(loc, &rows, &clusters, grouping.as_ref())?;
+    Ok(Batch { rows, clusters, grouping })
+}
+
+/// `source=S/date=D` of a part's key.
+fn partition_of(key: &str) -> Option<(String, String)> {
+    let mut source = None;
+    let mut date = None;
+    for seg in key.split('/') {
+        if let Some(v) = seg.strip_prefix("source=") {
+            source = Some(v.to_string());
+        } else if let Some(v) = seg.strip_prefix("date=") {
+            date = Some(v.to_string());
+        }
+    }
+    Some((source?, date?))
+}
+
+/// The rows of one part, back as summaries.
+fn rows_of(df: &DataFrame, source: &str, date: &str) -> Result<Vec<SummaryRow>> {
+    let text = |name: &str| -> Result<Vec<Option<String>>> {
+        Ok(df.column(name)?.str()?.iter().map(|v| v.map(String::from)).collect())
+    };
+    let uint = |name: &str| -> Result<Vec<u64>> {
+        Ok(df.column(name)?.cast(&DataType::UInt64)?.u64()?.iter().map(|v| v.unwrap_or(0)).collect())
+    };
+    let float = |name: &str| -> Result<Vec<f64>> {
+        Ok(df.column(name)?.cast(&DataType::Float64)?.f64()?.iter().map(|v| v.unwrap_or(0.0)).collect())
+    };
+    let trace = text("trace")?;
+    let status = text("status")?;
+    let error = text("error")?;
+    let (events, processes, peak_live, peak_reserved, allocs, ooms, leaked, anomalies) = (
+        uint("events")?,
+        uint("processes")?,
+        uint("peak_live_bytes")?,
+        uint("peak_reserved_bytes")?,
+        uint("allocs")?,
+        uint("ooms")?,
+        uint("leaked_bytes")?,
+        uint("anomalies")?,
+    );
+    let (duration, final_, mean, p95, max, ext) = (
+        float("duration_s")?,
+        float("score_final")?,
+        float("score_mean")?,
+        float("score_p95")?,
+        float("score_max")?,
+        float("ext_frag_at_peak")?,
+    );
+    let oom_class = text("oom_class")?;
+    let risk = text("risk")?;
+    let leaking: Vec<bool> = df.column("leaking")?.bool()?.iter().map(|v| v.unwrap_or(false)).collect();
+    let features: Vec<Vec<f64>> =
+        crate::analysis::cluster::FEATURES.iter().map(|f| float(&format!("feature_{f}"))).collect::<Result<_>>()?;
+    let mut out = Vec::with_capacity(df.height());
+    for i in 0..df.height() {
+        let name = trace[i].clone().context("a row without a trace name")?;
+        if status[i].as_deref() != Some("ok") {
+            out.push((name, Err(error[i].clone().unwrap_or_else(|| "failed".into()))));
+            continue;
+        }
+        let class = oom_class[i].as_deref().and_then(crate::analysis::oom::OomClass::from_name);
+        out.push((
+            name.clone(),
+            Ok(Summary {
+                name,
+                source: source.to_string(),
+                events: events[i],
+                processes: processes[i] as usize,
+                duration_s: duration[i],
+                peak_live_bytes: peak_live[i],
+                score: ScoreStats { final_: final_[i], mean: mean[i], p95: p95[i], max: max[i] },
+                ooms: ooms[i],
+                anomalies: anomalies[i],
+                risk: risk[i].as_deref().and_then(|r| <Risk as clap::ValueEnum>::from_str(r, true).ok()),
+                // The part keeps the most frequent class only.
+                oom_classes: class.map(|c| vec![(c, ooms[i])]).unwrap_or_default(),
+                leaking: leaking[i],
+                leaked_bytes: leaked[i] as i64,
+                allocs: allocs[i],
+                alloc_rate: if duration[i] > 0.0 { allocs[i] as f64 / duration[i] } else { 0.0 },
+                peak_reserved_bytes: peak_reserved[i],
+                ext_frag_at_peak: ext[i],
+                features: std::array::from_fn(|j| features[j][i]),
+                date: date.to_string(),
+            }),
+        ));
+    }
+    Ok(out)
+}
+
+fn parquet_bytes(df: &mut DataFrame, shown: &str) -> Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    ParquetWriter::new(&mut buf)
+        .with_compression(ParquetCompression::Zstd(None))
+        .finish(df)
+        .map_err(|e| anyhow::anyhow!("cannot write {shown}: {e}"))?;
+    Ok(buf)
+}
+
+/// Writes `summary.csv` (one flat file, every column), `summary.md` and
+/// `index.html` (the same, linking to each trace's `report.html`), worst
+/// first. `clusters` (aligned with `rows`) and `grouping` come from
+/// [`crate::analysis::cluster`] when the batch has enough traces.
+pub fn write_summary_files(
+    loc: &Location,
+    rows: &[SummaryRow],
+    clusters: &[Option<(usize, String)>],
+    grouping: Option<&crate::analysis::cluster::Clustering>,
+) -> Result<()> {
+    let order = worst_first(rows);
+    let cluster_of = |i: usize| clusters.get(i).and_then(|c| c.as_ref());
     let mut csv = csv::Writer::from_writer(Vec::new());
     csv.write_record(SUMMARY_COLUMNS)?;
     for &i in &order {
@@ -185,12 +375,12 @@ pub fn write_batch_summary(
         csv.write_record(cells.into_iter().map(|c| c.unwrap_or_default()))?;
     }
     let csv = csv.into_inner().context("cannot finish summary.csv")?;
-    write_atomic(&out.join("summary.csv"), &csv)?;
+    loc.put("summary.csv", csv)?;
     let md = summary_md(rows, &order, clusters, grouping);
-    write_atomic(&out.join("summary.md"), md.as_bytes())?;
     // Links only to the traces that have a report.
     let names: Vec<&str> = rows.iter().filter(|r| r.1.is_ok()).map(|r| r.0.as_str()).collect();
-    write_atomic(&out.join("index.html"), super::html::index_html(&md, &names).as_bytes())?;
+    loc.put("index.html", super::html::index_html(&md, &names).into_bytes())?;
+    loc.put("summary.md", md.into_bytes())?;
     Ok(())
 }
 
@@ -246,7 +436,10 @@ pub(crate) fn summary_md(
                 "| group | traces | what stands out (z-score of the centroid) | examples |\n|---|---|---|---|\n",
             );
             for (c, label) in g.labels.iter().enumerate() {
-                let members: Vec<&str> = (0..rows.len())
+                // Worst first, as the table above.
+                let members: Vec<&str> = order
+                    .iter()
+                    .copied()
                     .filter(|&i| clusters.get(i).and_then(|x| x.as_ref()).is_some_and(|x| x.0 == c))
                     .map(|i| rows[i].0.as_str())
                     .collect();

@@ -132,9 +132,11 @@ fn imported(
 }
 
 /// The traces named on the command line: trace directories, or
-/// directories of trace directories. `batch` is true when the output should
-/// be one folder per trace plus a summary.
-pub fn discover(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, bool)> {
+/// directories of trace directories, each with its path relative to the
+/// input root (the name inside a directory of traces; its own name when
+/// named directly), which `--shard` hashes. `batch` is true when the output
+/// should be one folder per trace plus a summary.
+pub fn discover(paths: &[PathBuf]) -> Result<(Vec<(PathBuf, String)>, bool)> {
     let mut found = Vec::new();
     let mut batch = paths.len() > 1;
     for p in paths {
@@ -152,10 +154,14 @@ pub fn discover(paths: &[PathBuf]) -> Result<(Vec<PathBuf>, bool)> {
                 );
             }
             subs.sort();
-            found.extend(subs);
+            found.extend(subs.into_iter().map(|s| {
+                let rel = s.strip_prefix(p).unwrap_or(&s).to_string_lossy().into_owned();
+                (s, rel)
+            }));
             batch = true;
         } else {
-            found.push(p.clone());
+            let rel = p.file_name().unwrap_or(p.as_os_str()).to_string_lossy().into_owned();
+            found.push((p.clone(), rel));
         }
     }
     Ok((found, batch))

@@ -126,3 +126,191 @@ fn small_batches_are_not_grouped() {
     assert_eq!(df.column("cluster").unwrap().null_count(), 3);
     assert!(fs::read_to_string(out.join("summary.md")).unwrap().contains("Groups: not computed"));
 }
+
+/// Every file under `dir` (relative path → bytes).
+fn files(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.insert(p.strip_prefix(dir).unwrap().to_string_lossy().into_owned(), fs::read(&p).unwrap());
+            }
+        }
+    }
+    out
+}
+
+/// The dataset's rows, sorted by trace, as csv text (parts may differ).
+fn dataset_rows(dir: &Path) -> String {
+    let df = read_dataset(dir).sort(["trace"], Default::default()).unwrap();
+    let mut text = String::new();
+    for c in df.columns() {
+        let values: Vec<String> =
+            c.cast(&DataType::String).unwrap().str().unwrap().iter().map(|v| v.unwrap_or("null").to_string()).collect();
+        text += &format!("{}: {}\n", c.name(), values.join(","));
+    }
+    text
+}
+
+#[test]
+fn shards_cover_the_batch_and_summarize_equals_the_unsharded_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let runs = tmp.path().join("runs");
+    for (k, pattern) in ["steady", "fragmenting", "leak"].iter().enumerate() {
+        for seed in 1..=7 {
+            fragscope()
+                .args(["synth", "--pattern", pattern, "--events", "12k", "--seed", &(seed + 10 * k).to_string(), "-o"])
+                .arg(runs.join(format!("{pattern}-{seed}")))
+                .assert()
+                .success();
+        }
+    }
+    let all = tmp.path().join("all");
+    fragscope().arg("analyze").arg(&runs).args(["--no-plots", "-o"]).arg(&all).assert().success();
+
+    // Three shards, the inputs listed differently each time: the directory,
+    // its traces one by one in reverse, and the directory again.
+    let sharded = tmp.path().join("sharded");
+    let mut listed: Vec<PathBuf> = fs::read_dir(&runs).unwrap().map(|e| e.unwrap().path()).collect();
+    listed.sort();
+    listed.reverse();
+    let mut held = 0;
+    for i in 0..3 {
+        let mut cmd = fragscope();
+        cmd.arg("analyze");
+        if i == 1 {
+            cmd.args(&listed)
+        } else {
+            cmd.arg(&runs)
+        };
+        let out = cmd.args(["--no-plots", "--shard", &format!("{i}/3"), "-o"]).arg(&sharded).assert().success();
+        let stdout = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+        assert!(stdout.contains(&format!("shard {i}/3")) && stdout.contains("fragscope summarize"), "{stdout}");
+        assert!(!sharded.join("summary.csv").exists(), "a shard does not write the summary");
+        let parts: Vec<String> = files(&sharded.join("summary.parquet")).into_keys().collect();
+        let own: Vec<&String> = parts.iter().filter(|p| p.ends_with(&format!("part-{i}-of-3.parquet"))).collect();
+        let rows = read_dataset(&sharded.join("summary.parquet")).height();
+        assert!(rows > held, "shard {i}/3 added no rows ({parts:?})");
+        assert!(!own.is_empty());
+        held = rows;
+    }
+    // Disjoint and covering: 21 rows, 21 distinct traces, every folder.
+    let df = read_dataset(&sharded.join("summary.parquet"));
+    assert_eq!(df.height(), 21);
+    assert_eq!(df.column("trace").unwrap().n_unique().unwrap(), 21);
+    assert_eq!(df.column("cluster").unwrap().null_count(), 21, "groups wait for summarize");
+    for e in fs::read_dir(&runs).unwrap() {
+        assert!(sharded.join(e.unwrap().file_name()).join("report.md").is_file());
+    }
+
+    let out = fragscope().arg("summarize").arg(&sharded).assert().success();
+    let stdout = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    assert!(stdout.contains("21 traces, 0 failed, 3 groups"), "{stdout}");
+    for f in ["summary.csv", "summary.md", "index.html"] {
+        assert_eq!(
+            fs::read_to_string(sharded.join(f)).unwrap(),
+            fs::read_to_string(all.join(f)).unwrap(),
+            "{f} differs from the unsharded run's"
+        );
+    }
+    assert_eq!(dataset_rows(&sharded.join("summary.parquet")), dataset_rows(&all.join("summary.parquet")));
+    assert!(fs::read_to_string(sharded.join("summary.md")).unwrap().contains("k = 3 chosen by the gap statistic"));
+
+    // A re-run of shard 1 replaces its own parts and touches no other.
+    let before = files(&sharded.join("summary.parquet"));
+    fragscope().arg("analyze").arg(&runs).args(["--no-plots", "--shard", "1/3", "-o"]).arg(&sharded).assert().success();
+    let after = files(&sharded.join("summary.parquet"));
+    assert_eq!(before.keys().collect::<Vec<_>>(), after.keys().collect::<Vec<_>>());
+    for (k, v) in &before {
+        if k.ends_with("part-1-of-3.parquet") {
+            assert_ne!(&after[k], v, "{k} was not rewritten");
+        } else {
+            assert_eq!(&after[k], v, "{k} was touched by another shard");
+        }
+    }
+
+    // A part left over from a run with another shard count is named.
+    let (stale, bytes) = before.iter().find(|(k, _)| k.ends_with("part-0-of-3.parquet")).unwrap();
+    let copy = sharded.join("summary.parquet").join(stale.replace("part-0-of-3", "part-4-of-5"));
+    fs::write(&copy, bytes).unwrap();
+    let out = fragscope().arg("summarize").arg(&sharded).assert().code(1);
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    assert!(stderr.contains("part-4-of-5.parquet") && stderr.contains("two summary parts"), "{stderr}");
+    // The unsharded run owns the whole dataset: the stale part goes.
+    fragscope().arg("analyze").arg(&runs).args(["--no-plots", "-o"]).arg(&sharded).assert().success();
+    assert!(!copy.exists());
+    assert_eq!(dataset_rows(&sharded.join("summary.parquet")), dataset_rows(&all.join("summary.parquet")));
+}
+
+#[test]
+fn bad_shard_specs_and_empty_summaries_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    for bad in ["3/2", "0/0", "1", "x/4"] {
+        let out = fragscope()
+            .arg("analyze")
+            .arg(tmp.path())
+            .args(["--shard", bad, "-o"])
+            .arg(tmp.path().join("out"))
+            .assert()
+            .code(2);
+        let stderr = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+        assert!(stderr.contains("I/N"), "{bad}: {stderr}");
+    }
+    let out = fragscope().arg("summarize").arg(tmp.path()).assert().code(1);
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    assert!(stderr.contains("no summary parts") && stderr.contains(&tmp.path().display().to_string()), "{stderr}");
+}
+
+/// scripts/ray-batch.py on a local Ray cluster (2 CPUs): one task per
+/// shard, then summarize; the summary equals the unsharded run's.
+#[test]
+fn the_ray_driver_matches_the_unsharded_run() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = root.join("target/pyenv/bin/python3");
+    let has_ray =
+        std::process::Command::new(&python).args(["-c", "import ray"]).output().is_ok_and(|o| o.status.success());
+    if !has_ray {
+        let required = std::env::var("FRAGSCOPE_REQUIRE_PYTHON").as_deref() == Ok("1");
+        assert!(!required, "target/pyenv lacks ray (scripts/install-deps installs it) and FRAGSCOPE_REQUIRE_PYTHON=1");
+        eprintln!("skipped: target/pyenv lacks ray (scripts/install-deps installs it)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let runs = tmp.path().join("runs");
+    let patterns = ["steady", "fragmenting", "leak", "filling"];
+    for i in 0..20 {
+        fragscope()
+            .args(["synth", "--pattern", patterns[i % 4], "--events", "3k", "--seed", &i.to_string(), "-o"])
+            .arg(runs.join(format!("{}-{i}", patterns[i % 4])))
+            .assert()
+            .success();
+    }
+    let all = tmp.path().join("all");
+    fragscope().arg("analyze").arg(&runs).args(["--no-plots", "-o"]).arg(&all).assert().success();
+    let ray = tmp.path().join("ray");
+    let bin = assert_cmd::cargo::cargo_bin("fragscope");
+    let out = std::process::Command::new(&python)
+        .arg(root.join("scripts/ray-batch.py"))
+        .arg(&runs)
+        .arg("-o")
+        .arg(&ray)
+        .args(["--num-cpus", "2", "--shards", "4", "--fragscope"])
+        .arg(&bin)
+        .args(["--", "--no-plots"])
+        .env("RAY_USAGE_STATS_ENABLED", "0")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "ray-batch.py failed: {stderr}");
+    for i in 0..4 {
+        assert!(stderr.contains(&format!("shard {i}/4: exit 0")), "{stderr}");
+    }
+    for f in ["summary.csv", "summary.md"] {
+        assert_eq!(fs::read_to_string(ray.join(f)).unwrap(), fs::read_to_string(all.join(f)).unwrap(), "{f}");
+    }
+    assert_eq!(dataset_rows(&ray.join("summary.parquet")), dataset_rows(&all.join("summary.parquet")));
+}

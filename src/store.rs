@@ -1,0 +1,222 @@
+//! Where a batch's files live: a local folder or an object-store URL
+//! (`s3://`, `gs://`, `az://`, `file://`), through the `object_store` crate
+//! that polars also uses. Credentials and endpoints come from the standard
+//! environment variables of each store (`AWS_ACCESS_KEY_ID`,
+//! `AWS_ENDPOINT_URL`, `GOOGLE_APPLICATION_CREDENTIALS`,
+//! `AZURE_STORAGE_ACCOUNT_NAME`, …; see the README).
+//!
+//! A [`Location`] is a root: files under it are named by `/`-separated
+//! relative keys. Writes are atomic (a local file is written beside its
+//! name and renamed; an object appears whole when its upload completes), so
+//! a reader never sees half a file.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use futures::TryStreamExt;
+use object_store::path::Path as Key;
+use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, ObjectStoreScheme, PutPayload, RetryConfig};
+
+/// A local folder or an object-store prefix.
+#[derive(Clone, Debug)]
+pub struct Location {
+    store: Arc<dyn ObjectStore>,
+    prefix: Key,
+    /// As the user wrote it, for messages.
+    shown: String,
+    /// The folder, when local.
+    local: Option<PathBuf>,
+}
+
+/// True when `s` names an object-store URL rather than a local path.
+pub fn is_url(s: &str) -> bool {
+    s.split_once("://").is_some_and(|(scheme, _)| {
+        !scheme.is_empty() && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+    })
+}
+
+impl Location {
+    /// Opens `s`: a URL, or a local folder (created when `create`).
+    pub fn open(s: &str, create: bool) -> Result<Location> {
+        if !is_url(s) {
+            return Location::local(Path::new(s), create);
+        }
+        let url = url::Url::parse(s).with_context(|| format!("{s}: not a valid URL"))?;
+        let (scheme, prefix) = ObjectStoreScheme::parse(&url)
+            .map_err(|_| anyhow!("{s}: unsupported URL (use s3://, gs://, az:// or file://)"))?;
+        // Fail fast on an unreachable store instead of object_store's default
+        // of ten retries over three minutes.
+        let retry = RetryConfig { max_retries: 2, retry_timeout: Duration::from_secs(20), ..Default::default() };
+        let client = ClientOptions::new().with_connect_timeout(Duration::from_secs(5));
+        let bad = |e: object_store::Error| anyhow!("{s}: {e}");
+        let store: Arc<dyn ObjectStore> = match scheme {
+            ObjectStoreScheme::Local => return Location::local(Path::new(url.path()), create),
+            ObjectStoreScheme::AmazonS3 => Arc::new(
+                object_store::aws::AmazonS3Builder::from_env()
+                    .with_url(s)
+                    .with_retry(retry)
+                    .with_client_options(client)
+                    .build()
+                    .map_err(bad)?,
+            ),
+            ObjectStoreScheme::GoogleCloudStorage => Arc::new(
+                object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                    .with_url(s)
+                    .with_retry(retry)
+                    .with_client_options(client)
+                    .build()
+                    .map_err(bad)?,
+            ),
+            ObjectStoreScheme::MicrosoftAzure => Arc::new(
+                object_store::azure::MicrosoftAzureBuilder::from_env()
+                    .with_url(s)
+                    .with_retry(retry)
+                    .with_client_options(client)
+                    .build()
+                    .map_err(bad)?,
+            ),
+            _ => bail!("{s}: unsupported URL (use s3://, gs://, az:// or file://)"),
+        };
+        Ok(Location { store, prefix, shown: s.trim_end_matches('/').to_string(), local: None })
+    }
+
+    fn local(dir: &Path, create: bool) -> Result<Location> {
+        if create {
+            std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        } else if !dir.is_dir() {
+            bail!("{}: no such folder", dir.display());
+        }
+        let abs = std::path::absolute(dir).with_context(|| format!("{}: bad path", dir.display()))?;
+        let store = object_store::local::LocalFileSystem::new_with_prefix(&abs)
+            .with_context(|| format!("cannot open {}", dir.display()))?;
+        Ok(Location {
+            store: Arc::new(store),
+            prefix: Key::default(),
+            shown: dir.display().to_string(),
+            local: Some(dir.to_path_buf()),
+        })
+    }
+
+    /// The folder, when the location is local.
+    pub fn local_dir(&self) -> Option<&Path> {
+        self.local.as_deref()
+    }
+
+    /// `rel` under this location, as shown to the user.
+    pub fn show(&self, rel: &str) -> String {
+        if rel.is_empty() { self.shown.clone() } else { format!("{}/{rel}", self.shown) }
+    }
+
+    fn key(&self, rel: &str) -> Key {
+        rel.split('/').filter(|p| !p.is_empty()).fold(self.prefix.clone(), |k, p| k.clone().join(p))
+    }
+
+    /// Writes `bytes` to `rel`, replacing what was there.
+    pub fn put(&self, rel: &str, bytes: Vec<u8>) -> Result<()> {
+        let key = self.key(rel);
+        block_on(self.store.put(&key, PutPayload::from(bytes)))
+            .map_err(|e| anyhow!("cannot write {}: {}", self.show(rel), brief(&e)))?;
+        Ok(())
+    }
+
+    /// Reads `rel` whole.
+    pub fn get(&self, rel: &str) -> Result<Vec<u8>> {
+        let key = self.key(rel);
+        let bytes = block_on(async { self.store.get(&key).await?.bytes().await })
+            .map_err(|e| anyhow!("cannot read {}: {}", self.show(rel), brief(&e)))?;
+        Ok(bytes.to_vec())
+    }
+
+    /// Deletes `rel`; a missing file is not an error.
+    pub fn delete(&self, rel: &str) -> Result<()> {
+        let key = self.key(rel);
+        match block_on(self.store.delete(&key)) {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(anyhow!("cannot delete {}: {}", self.show(rel), brief(&e))),
+        }
+    }
+
+    /// Every file under `rel` (recursively), as keys relative to this
+    /// location, sorted. A missing folder lists as empty.
+    pub fn list(&self, rel: &str) -> Result<Vec<String>> {
+        let base = self.key(rel);
+        // LocalFileSystem refuses to list a folder that does not exist.
+        if let Some(dir) = &self.local
+            && !dir.join(rel).is_dir()
+        {
+            return Ok(Vec::new());
+        }
+        let metas: Vec<object_store::ObjectMeta> = block_on(self.store.list(Some(&base)).try_collect())
+            .map_err(|e| anyhow!("cannot list {}: {}", self.show(rel), brief(&e)))?;
+        let mut keys: Vec<String> = metas
+            .into_iter()
+            .filter_map(|m| {
+                let parts: Vec<String> =
+                    m.location.prefix_match(&self.prefix)?.map(|p| p.as_ref().to_string()).collect();
+                Some(parts.join("/"))
+            })
+            .collect();
+        keys.sort();
+        Ok(keys)
+    }
+}
+
+/// The first line of an object_store error, without its debug chain.
+fn brief(e: &object_store::Error) -> String {
+    let mut s = e.to_string();
+    if let Some(src) = std::error::Error::source(e) {
+        let src = src.to_string();
+        if !s.contains(&src) {
+            s = format!("{s} ({src})");
+        }
+    }
+    s
+}
+
+/// Runs a future on the one runtime of the process (object_store is
+/// async; the rest of fragscope is not).
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name("fragscope-io")
+                .enable_all()
+                .build()
+                .expect("cannot start the I/O runtime")
+        })
+        .block_on(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_and_paths_are_told_apart() {
+        assert!(is_url("s3://bucket/prefix"));
+        assert!(is_url("file:///tmp/x"));
+        assert!(!is_url("/tmp/x"));
+        assert!(!is_url("runs/a://b"));
+        assert!(!is_url("C:\\runs"));
+    }
+
+    #[test]
+    fn a_local_location_puts_lists_and_deletes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let loc = Location::open(tmp.path().join("out").to_str().unwrap(), true).unwrap();
+        loc.put("a/b/part-0-of-2.parquet", b"x".to_vec()).unwrap();
+        loc.put("a/c.txt", b"yz".to_vec()).unwrap();
+        assert_eq!(loc.list("a").unwrap(), vec!["a/b/part-0-of-2.parquet", "a/c.txt"]);
+        assert_eq!(loc.list("missing").unwrap(), Vec::<String>::new());
+        assert_eq!(loc.get("a/c.txt").unwrap(), b"yz");
+        loc.delete("a/c.txt").unwrap();
+        loc.delete("a/c.txt").unwrap();
+        assert_eq!(loc.list("").unwrap(), vec!["a/b/part-0-of-2.parquet"]);
+        let err = loc.get("a/c.txt").unwrap_err().to_string();
+        assert!(err.contains("a/c.txt"), "{err}");
+    }
+}
