@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use anyhow::{Context, Result};
@@ -22,35 +22,34 @@ pub fn run(args: &AnalyzeArgs) -> Result<u8> {
     let opts = args.options();
     let plot = args.plot_config();
     opts.metrics.validate()?;
-    for p in args.traces.iter().chain([&args.output]) {
-        if crate::store::is_url(&p.to_string_lossy()) {
-            anyhow::bail!(
-                "{}: analyze reads and writes local folders only for now; `summarize` takes an object-store URL",
-                p.display()
-            );
-        }
-    }
-    let (found, batch) = crate::trace::input::discover(&args.traces)?;
-    if !batch && args.shard.is_none() {
-        let a = crate::analysis::analyze_path(&found[0].0, &opts)?;
+    let remote = args.traces.iter().any(|p| crate::store::is_url(&p.to_string_lossy()))
+        || crate::store::is_url(&args.output.to_string_lossy());
+    let (found, batch) =
+        if remote { discover_all(&args.traces)? } else { local(crate::trace::input::discover(&args.traces)?) };
+    if !batch && args.shard.is_none() && !remote {
+        let TraceIn::Local(path) = &found[0].0 else { unreachable!("local inputs") };
+        let a = crate::analysis::analyze_path(path, &opts)?;
         crate::output::write_trace_outputs(&a, &args.output, plot.as_ref())?;
         print!("{}", crate::output::stdout_summary(&a, &args.output));
         return Ok(gate(&[(a.trace.name.clone(), Ok(Summary::of(&a)))], &args.gates));
     }
     let loc = Location::open(&args.output.to_string_lossy(), true)?;
+    // An unreachable store or a missing bucket fails here, before any work.
+    loc.list(crate::output::summary::DATASET)?;
     // Names over the whole input set, so that every shard names a trace
     // as the unsharded run would.
-    let paths: Vec<PathBuf> = found.iter().map(|f| f.0.clone()).collect();
+    let paths: Vec<PathBuf> = found.iter().map(|f| f.0.path_for_name()).collect();
     let all_names = unique_names(&paths);
-    let (traces, names): (Vec<PathBuf>, Vec<String>) = found
-        .iter()
+    let (traces, names): (Vec<TraceIn>, Vec<String>) = found
+        .into_iter()
         .zip(all_names)
         .filter(|((_, rel), _)| args.shard.is_none_or(|s| s.holds(rel)))
-        .map(|((p, _), n)| (p.clone(), n))
+        .map(|((t, _), n)| (t, n))
         .unzip();
+    let total = paths.len();
     let jobs = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
     let started = std::time::Instant::now();
-    let (rows, per_trace) = analyze_all(&traces, &names, &args.output, &opts, plot.as_ref(), jobs);
+    let (rows, per_trace) = analyze_all(&traces, &names, &loc, &opts, plot.as_ref(), jobs);
     crate::output::write_parts(&loc, &rows, args.shard)?;
     let failed = rows.iter().filter(|r| r.1.is_err()).count();
     match args.shard {
@@ -66,7 +65,7 @@ pub fn run(args: &AnalyzeArgs) -> Result<u8> {
         Some(shard) => println!(
             "shard {shard}: {} of {} traces analysed, {} failed; parts in {}. Once every shard is done: fragscope summarize {}",
             rows.len() - failed,
-            found.len(),
+            total,
             failed,
             loc.show(crate::output::summary::DATASET),
             loc.show("")
@@ -148,9 +147,9 @@ impl std::str::FromStr for Shard {
 /// per trace, in input order, and the seconds of per-trace work summed over
 /// the threads.
 fn analyze_all(
-    traces: &[PathBuf],
+    traces: &[TraceIn],
     names: &[String],
-    out: &Path,
+    out: &Location,
     opts: &Options,
     plot: Option<&PlotConfig>,
     jobs: usize,
@@ -180,7 +179,7 @@ fn analyze_all(
                     // A bug in one trace's analysis must not take the batch
                     // down: its panic becomes that trace's error row.
                     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        analyze_one(path, &out.join(name), opts, plot)
+                        analyze_one(path, name, out, opts, plot)
                     }))
                     .unwrap_or_else(|panic| {
                         let what = panic
@@ -190,7 +189,7 @@ fn analyze_all(
                             .unwrap_or_else(|| "unknown panic".into());
                         Err(anyhow::anyhow!(
                             "{}: internal error while analysing (a bug, please report it): {what}",
-                            path.display()
+                            path.show()
                         ))
                     });
                     per_trace_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -243,20 +242,142 @@ fn gate(rows: &[SummaryRow], gates: &cli::GateArgs) -> u8 {
     if tripped { exit::GATE } else { exit::OK }
 }
 
-/// Analyses one trace of a batch into `out`, through a staging folder so a
-/// failed trace leaves no half-written folder.
-fn analyze_one(path: &Path, out: &Path, opts: &Options, plot: Option<&PlotConfig>) -> Result<Summary> {
-    let a = crate::analysis::analyze_path(path, opts)?;
-    let staging = out.with_file_name(format!(
-        ".{}.partial",
-        out.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
-    ));
+/// A trace of a batch: a local path, or the files of one trace under an
+/// object-store prefix.
+enum TraceIn {
+    Local(PathBuf),
+    /// A trace folder or a file under `loc`: its keys, each with the path
+    /// it is downloaded to (relative to a scratch folder), the path of the
+    /// trace there, and its URL for messages.
+    Remote {
+        loc: Location,
+        keys: Vec<(String, String)>,
+        local: String,
+        shown: String,
+    },
+}
+
+impl TraceIn {
+    fn show(&self) -> String {
+        match self {
+            TraceIn::Local(p) => p.display().to_string(),
+            TraceIn::Remote { shown, .. } => shown.clone(),
+        }
+    }
+
+    /// The path its output folder is named after.
+    fn path_for_name(&self) -> PathBuf {
+        match self {
+            TraceIn::Local(p) => p.clone(),
+            TraceIn::Remote { local, .. } => PathBuf::from(local),
+        }
+    }
+}
+
+fn local((found, batch): (Vec<(PathBuf, String)>, bool)) -> (Vec<(TraceIn, String)>, bool) {
+    (found.into_iter().map(|(p, rel)| (TraceIn::Local(p), rel)).collect(), batch)
+}
+
+/// The traces of the inputs when some are object-store URLs: a URL names a
+/// prefix holding traces, one per top-level entry — a folder (a trace
+/// directory) or a file (a snapshot, profiler trace or Nsight export). A
+/// run with remote inputs or output is always a batch.
+fn discover_all(inputs: &[PathBuf]) -> Result<(Vec<(TraceIn, String)>, bool)> {
+    let mut out = Vec::new();
+    for input in inputs {
+        let s = input.to_string_lossy();
+        if !crate::store::is_url(&s) {
+            out.extend(local(crate::trace::input::discover(std::slice::from_ref(input))?).0);
+            continue;
+        }
+        let loc = Location::open(&s, false)?;
+        let mut entries: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        for key in loc.list("")? {
+            let top = key.split('/').next().unwrap_or_default().to_string();
+            if !top.starts_with('.') {
+                entries.entry(top).or_default().push(key);
+            }
+        }
+        if entries.is_empty() {
+            anyhow::bail!("{}: no traces or snapshots under this prefix", loc.show(""));
+        }
+        // The prefix is itself one trace directory.
+        if entries.contains_key("trace.json") || entries.keys().any(|k| k.starts_with("events-")) {
+            let name = s.trim_end_matches('/').rsplit('/').next().unwrap_or("trace").to_string();
+            let keys = entries.into_values().flatten().map(|k| (k.clone(), format!("{name}/{k}"))).collect();
+            let shown = loc.show("");
+            out.push((TraceIn::Remote { loc, local: name.clone(), keys, shown }, name));
+            continue;
+        }
+        for (rel, keys) in entries {
+            let keys = keys.into_iter().map(|k| (k.clone(), k)).collect();
+            let shown = loc.show(&rel);
+            out.push((TraceIn::Remote { loc: loc.clone(), local: rel.clone(), keys, shown }, rel));
+        }
+    }
+    Ok((out, true))
+}
+
+/// Analyses one trace of a batch into `out/name`, through a staging folder
+/// so a failed trace leaves no half-written folder. A remote trace is
+/// downloaded into a temporary folder first (the importers and the replay
+/// read whole files); a remote output folder is written locally, uploaded
+/// file by file, and its stale files are removed.
+fn analyze_one(
+    input: &TraceIn,
+    name: &str,
+    out: &Location,
+    opts: &Options,
+    plot: Option<&PlotConfig>,
+) -> Result<Summary> {
+    let scratch =
+        tempfile::Builder::new().prefix("fragscope-").tempdir().context("cannot create a temporary folder")?;
+    let path = match input {
+        TraceIn::Local(p) => p.clone(),
+        TraceIn::Remote { loc, keys, local, .. } => {
+            for (key, to) in keys {
+                let dest = scratch.path().join("in").join(to);
+                if let Some(dir) = dest.parent() {
+                    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+                }
+                std::fs::write(&dest, loc.get(key)?).with_context(|| format!("cannot write {}", dest.display()))?;
+            }
+            scratch.path().join("in").join(local)
+        }
+    };
+    let a = crate::analysis::analyze_path(&path, opts).with_context(|| input.show())?;
+    let Some(dir) = out.local_dir() else {
+        let folder = scratch.path().join("out");
+        crate::output::write_trace_outputs(&a, &folder, plot)?;
+        let mut written = std::collections::HashSet::new();
+        let mut stack = vec![folder.clone()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).with_context(|| format!("cannot read {}", d.display()))? {
+                let p = e?.path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else if let Ok(rel) = p.strip_prefix(&folder) {
+                    let key = format!("{name}/{}", rel.to_string_lossy());
+                    out.put(&key, std::fs::read(&p).with_context(|| format!("cannot read {}", p.display()))?)?;
+                    written.insert(key);
+                }
+            }
+        }
+        for key in out.list(name)? {
+            if !written.contains(&key) {
+                out.delete(&key)?;
+            }
+        }
+        return Ok(Summary::of(&a));
+    };
+    let out = dir.join(name);
+    let staging = out.with_file_name(format!(".{name}.partial"));
     let _ = std::fs::remove_dir_all(&staging);
     let written = crate::output::write_trace_outputs(&a, &staging, plot).and_then(|()| {
         if out.exists() {
-            std::fs::remove_dir_all(out).with_context(|| format!("cannot replace {}", out.display()))?;
+            std::fs::remove_dir_all(&out).with_context(|| format!("cannot replace {}", out.display()))?;
         }
-        std::fs::rename(&staging, out).with_context(|| format!("cannot write {}", out.display()))
+        std::fs::rename(&staging, &out).with_context(|| format!("cannot write {}", out.display()))
     });
     if written.is_err() {
         let _ = std::fs::remove_dir_all(&staging);

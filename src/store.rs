@@ -17,7 +17,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, bail};
 use futures::TryStreamExt;
 use object_store::path::Path as Key;
-use object_store::{ClientOptions, ObjectStore, ObjectStoreExt, ObjectStoreScheme, PutPayload, RetryConfig};
+use object_store::{ObjectStore, ObjectStoreExt, ObjectStoreScheme, PutPayload, RetryConfig};
 
 /// A local folder or an object-store prefix.
 #[derive(Clone, Debug)]
@@ -47,25 +47,19 @@ impl Location {
         let (scheme, prefix) = ObjectStoreScheme::parse(&url)
             .map_err(|_| anyhow!("{s}: unsupported URL (use s3://, gs://, az:// or file://)"))?;
         // Fail fast on an unreachable store instead of object_store's default
-        // of ten retries over three minutes.
+        // of ten retries over three minutes. (Client options are left to the
+        // environment: AWS_ALLOW_HTTP, timeouts, proxies.)
         let retry = RetryConfig { max_retries: 2, retry_timeout: Duration::from_secs(20), ..Default::default() };
-        let client = ClientOptions::new().with_connect_timeout(Duration::from_secs(5));
         let bad = |e: object_store::Error| anyhow!("{s}: {e}");
         let store: Arc<dyn ObjectStore> = match scheme {
             ObjectStoreScheme::Local => return Location::local(Path::new(url.path()), create),
             ObjectStoreScheme::AmazonS3 => Arc::new(
-                object_store::aws::AmazonS3Builder::from_env()
-                    .with_url(s)
-                    .with_retry(retry)
-                    .with_client_options(client)
-                    .build()
-                    .map_err(bad)?,
+                object_store::aws::AmazonS3Builder::from_env().with_url(s).with_retry(retry).build().map_err(bad)?,
             ),
             ObjectStoreScheme::GoogleCloudStorage => Arc::new(
                 object_store::gcp::GoogleCloudStorageBuilder::from_env()
                     .with_url(s)
                     .with_retry(retry)
-                    .with_client_options(client)
                     .build()
                     .map_err(bad)?,
             ),
@@ -73,7 +67,6 @@ impl Location {
                 object_store::azure::MicrosoftAzureBuilder::from_env()
                     .with_url(s)
                     .with_retry(retry)
-                    .with_client_options(client)
                     .build()
                     .map_err(bad)?,
             ),

@@ -314,3 +314,137 @@ fn the_ray_driver_matches_the_unsharded_run() {
     }
     assert_eq!(dataset_rows(&ray.join("summary.parquet")), dataset_rows(&all.join("summary.parquet")));
 }
+
+/// moto's S3 server on 127.0.0.1, killed on drop.
+struct S3Server {
+    child: std::process::Child,
+    endpoint: String,
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `code` in target/pyenv's Python with boto3 pointed at `endpoint`
+/// (`s3` in scope); panics with its stderr on failure.
+fn boto(endpoint: &str, code: &str) -> String {
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/pyenv/bin/python3");
+    let script = format!(
+        "import boto3, os, sys\ns3 = boto3.client('s3', endpoint_url='{endpoint}', aws_access_key_id='test', aws_secret_access_key='test', region_name='us-east-1')\n{code}"
+    );
+    let out = std::process::Command::new(python).args(["-c", &script]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn object_store_inputs_and_outputs_work_against_a_local_s3_server() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let moto = root.join("target/pyenv/bin/moto_server");
+    if !moto.is_file() {
+        let required = std::env::var("FRAGSCOPE_REQUIRE_PYTHON").as_deref() == Ok("1");
+        assert!(!required, "target/pyenv lacks moto (scripts/install-deps installs it) and FRAGSCOPE_REQUIRE_PYTHON=1");
+        eprintln!("skipped: target/pyenv lacks moto (scripts/install-deps installs it)");
+        return;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let server = S3Server {
+        child: std::process::Command::new(&moto)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+        endpoint: format!("http://127.0.0.1:{port}"),
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(std::time::Instant::now() < deadline, "moto_server did not start");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+
+    let tmp = tempfile::tempdir().unwrap();
+    let runs = tmp.path().join("runs");
+    for (i, pattern) in ["steady", "fragmenting", "leak", "filling", "steady", "leak"].iter().enumerate() {
+        fragscope()
+            .args(["synth", "--pattern", pattern, "--events", "3k", "--seed", &i.to_string(), "-o"])
+            .arg(runs.join(format!("{pattern}-{i}")))
+            .assert()
+            .success();
+    }
+    let all = tmp.path().join("all");
+    fragscope().arg("analyze").arg(&runs).args(["--no-plots", "-o"]).arg(&all).assert().success();
+    boto(
+        &server.endpoint,
+        &format!(
+            "s3.create_bucket(Bucket='fleet')\nroot = {:?}\nfor d, _, fs in os.walk(root):\n    for f in fs:\n        p = os.path.join(d, f)\n        s3.upload_file(p, 'fleet', 'runs/' + os.path.relpath(p, root))",
+            runs.display().to_string()
+        ),
+    );
+    let s3 = |cmd: &mut assert_cmd::Command| {
+        cmd.env("AWS_ENDPOINT_URL", &server.endpoint)
+            .env("AWS_ALLOW_HTTP", "true")
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .env("AWS_REGION", "us-east-1");
+    };
+    // Two shards reading and writing the bucket, then summarize there.
+    for i in 0..2 {
+        let mut cmd = fragscope();
+        s3(&mut cmd);
+        cmd.args(["analyze", "s3://fleet/runs", "-o", "s3://fleet/out", "--no-plots", "--shard", &format!("{i}/2")])
+            .assert()
+            .success();
+    }
+    let mut cmd = fragscope();
+    s3(&mut cmd);
+    cmd.args(["summarize", "s3://fleet/out"]).assert().success();
+    let listing = boto(
+        &server.endpoint,
+        "for o in s3.list_objects_v2(Bucket='fleet', Prefix='out/')['Contents']: print(o['Key'])",
+    );
+    for i in 0..2 {
+        assert!(listing.contains(&format!("part-{i}-of-2.parquet")), "{listing}");
+    }
+    assert!(listing.contains("out/steady-0/report.md") && listing.contains("out/index.html"), "{listing}");
+    let csv = boto(
+        &server.endpoint,
+        "sys.stdout.write(s3.get_object(Bucket='fleet', Key='out/summary.csv')['Body'].read().decode())",
+    );
+    assert_eq!(csv, fs::read_to_string(all.join("summary.csv")).unwrap());
+
+    // A prefix that is itself one trace directory is one trace.
+    let mut cmd = fragscope();
+    s3(&mut cmd);
+    cmd.args(["analyze", "s3://fleet/runs/steady-0/", "-o", "s3://fleet/single", "--no-plots"]).assert().success();
+    let listing = boto(
+        &server.endpoint,
+        "for o in s3.list_objects_v2(Bucket='fleet', Prefix='single/')['Contents']: print(o['Key'])",
+    );
+    assert!(listing.contains("single/steady-0/report.md") && listing.contains("single/summary.md"), "{listing}");
+
+    // An unreachable store: a clear error naming the URL, before any work.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let out = fragscope()
+        .env("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{closed}"))
+        .env("AWS_ALLOW_HTTP", "true")
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_REGION", "us-east-1")
+        .arg("analyze")
+        .arg(&runs)
+        .args(["-o", "s3://fleet/elsewhere", "--no-plots"])
+        .assert()
+        .code(1);
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    assert!(stderr.contains("s3://fleet/elsewhere"), "{stderr}");
+    // A missing bucket names it.
+    let mut cmd = fragscope();
+    s3(&mut cmd);
+    let out = cmd.args(["summarize", "s3://nobucket/out"]).assert().code(1);
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    assert!(stderr.contains("s3://nobucket/out") && stderr.contains("NoSuchBucket"), "{stderr}");
+}
