@@ -247,11 +247,11 @@ fn gate(rows: &[SummaryRow], gates: &cli::GateArgs) -> u8 {
 enum TraceIn {
     Local(PathBuf),
     /// A trace folder or a file under `loc`: its keys, each with the path
-    /// it is downloaded to (relative to a scratch folder), the path of the
-    /// trace there, and its URL for messages.
+    /// it is downloaded to (relative to a scratch folder) and its last
+    /// modification, the path of the trace there, and its URL for messages.
     Remote {
         loc: Location,
-        keys: Vec<(String, String)>,
+        keys: Vec<(String, String, std::time::SystemTime)>,
         local: String,
         shown: String,
     },
@@ -291,28 +291,45 @@ fn discover_all(inputs: &[PathBuf]) -> Result<(Vec<(TraceIn, String)>, bool)> {
             continue;
         }
         let loc = Location::open(&s, false)?;
-        let mut entries: std::collections::BTreeMap<String, Vec<String>> = Default::default();
-        for key in loc.list("")? {
-            let top = key.split('/').next().unwrap_or_default().to_string();
-            if !top.starts_with('.') {
-                entries.entry(top).or_default().push(key);
-            }
-        }
-        if entries.is_empty() {
-            anyhow::bail!("{}: no traces or snapshots under this prefix", loc.show(""));
-        }
+        let listed = loc.list_modified("")?;
+        let part_or_meta = |k: &str| k == "trace.json" || crate::trace::is_part_name(k);
         // The prefix is itself one trace directory.
-        if entries.contains_key("trace.json") || entries.keys().any(|k| k.starts_with("events-")) {
+        if listed.iter().any(|(k, _)| part_or_meta(k)) {
             let name = s.trim_end_matches('/').rsplit('/').next().unwrap_or("trace").to_string();
-            let keys = entries.into_values().flatten().map(|k| (k.clone(), format!("{name}/{k}"))).collect();
+            let keys = listed.into_iter().map(|(k, t)| (k.clone(), format!("{name}/{k}"), t)).collect();
             let shown = loc.show("");
             out.push((TraceIn::Remote { loc, local: name.clone(), keys, shown }, name));
             continue;
         }
+        // Else one trace per top-level entry: a folder holding a trace
+        // (trace.json or events parts directly in it), or a file with an
+        // input's extension. Other entries (a README, _SUCCESS markers) are
+        // skipped, as `classify` skips them in a local folder.
+        let before = out.len();
+        let mut entries: std::collections::BTreeMap<String, Vec<(String, std::time::SystemTime)>> = Default::default();
+        for (key, t) in listed {
+            let top = key.split('/').next().unwrap_or_default().to_string();
+            entries.entry(top).or_default().push((key, t));
+        }
+        let input_file = |k: &str| {
+            let k = k.to_ascii_lowercase();
+            [".pickle", ".pkl", ".json", ".json.gz", ".sqlite"].iter().any(|e| k.ends_with(e))
+        };
         for (rel, keys) in entries {
-            let keys = keys.into_iter().map(|k| (k.clone(), k)).collect();
+            let is_file = keys.len() == 1 && keys[0].0 == rel;
+            let is_trace = keys.iter().any(|(k, _)| {
+                k.strip_prefix(&format!("{rel}/")).is_some_and(|inner| !inner.contains('/') && part_or_meta(inner))
+            });
+            if rel.starts_with('.') || !(is_trace || is_file && input_file(&rel)) {
+                tracing::debug!("{}: not a trace, skipped", loc.show(&rel));
+                continue;
+            }
+            let keys = keys.into_iter().map(|(k, t)| (k.clone(), k, t)).collect();
             let shown = loc.show(&rel);
             out.push((TraceIn::Remote { loc: loc.clone(), local: rel.clone(), keys, shown }, rel));
+        }
+        if out.len() == before {
+            anyhow::bail!("{}: no traces or snapshots under this prefix", loc.show(""));
         }
     }
     Ok((out, true))
@@ -335,12 +352,15 @@ fn analyze_one(
     let path = match input {
         TraceIn::Local(p) => p.clone(),
         TraceIn::Remote { loc, keys, local, .. } => {
-            for (key, to) in keys {
+            for (key, to, modified) in keys {
                 let dest = scratch.path().join("in").join(to);
                 if let Some(dir) = dest.parent() {
                     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
                 }
                 std::fs::write(&dest, loc.get(key)?).with_context(|| format!("cannot write {}", dest.display()))?;
+                // The object's date, not the download's: a trace without a
+                // recorded start is dated by its files (the date partition).
+                let _ = std::fs::File::options().write(true).open(&dest).and_then(|f| f.set_modified(*modified));
             }
             scratch.path().join("in").join(local)
         }

@@ -52,7 +52,10 @@ impl Location {
         let retry = RetryConfig { max_retries: 2, retry_timeout: Duration::from_secs(20), ..Default::default() };
         let bad = |e: object_store::Error| anyhow!("{s}: {e}");
         let store: Arc<dyn ObjectStore> = match scheme {
-            ObjectStoreScheme::Local => return Location::local(Path::new(url.path()), create),
+            ObjectStoreScheme::Local => {
+                let path = url.to_file_path().map_err(|()| anyhow!("{s}: not a local file URL"))?;
+                return Location::local(&path, create);
+            }
             ObjectStoreScheme::AmazonS3 => Arc::new(
                 object_store::aws::AmazonS3Builder::from_env().with_url(s).with_retry(retry).build().map_err(bad)?,
             ),
@@ -102,8 +105,20 @@ impl Location {
         if rel.is_empty() { self.shown.clone() } else { format!("{}/{rel}", self.shown) }
     }
 
+    /// The object_store path of `rel`. A remote store's keys are taken as
+    /// they are (an S3 key may hold `[`, `%` or spaces, and must be asked
+    /// for verbatim); a local folder's are percent-encoded, which is how
+    /// object_store names files with such characters.
     fn key(&self, rel: &str) -> Key {
-        rel.split('/').filter(|p| !p.is_empty()).fold(self.prefix.clone(), |k, p| k.clone().join(p))
+        let parts = rel.split('/').filter(|p| !p.is_empty());
+        if self.local.is_none() {
+            let raw: Vec<&str> =
+                self.prefix.as_ref().split('/').filter(|p| !p.is_empty()).chain(parts.clone()).collect();
+            if let Ok(key) = Key::parse(raw.join("/")) {
+                return key;
+            }
+        }
+        parts.fold(self.prefix.clone(), |k, p| k.clone().join(p))
     }
 
     /// Writes `bytes` to `rel`, replacing what was there.
@@ -134,6 +149,11 @@ impl Location {
     /// Every file under `rel` (recursively), as keys relative to this
     /// location, sorted. A missing folder lists as empty.
     pub fn list(&self, rel: &str) -> Result<Vec<String>> {
+        Ok(self.list_modified(rel)?.into_iter().map(|k| k.0).collect())
+    }
+
+    /// [`Location::list`] with each file's last modification.
+    pub fn list_modified(&self, rel: &str) -> Result<Vec<(String, std::time::SystemTime)>> {
         let base = self.key(rel);
         // LocalFileSystem refuses to list a folder that does not exist.
         if let Some(dir) = &self.local
@@ -143,12 +163,20 @@ impl Location {
         }
         let metas: Vec<object_store::ObjectMeta> = block_on(self.store.list(Some(&base)).try_collect())
             .map_err(|e| anyhow!("cannot list {}: {}", self.show(rel), brief(&e)))?;
-        let mut keys: Vec<String> = metas
+        let mut keys: Vec<(String, std::time::SystemTime)> = metas
             .into_iter()
             .filter_map(|m| {
-                let parts: Vec<String> =
-                    m.location.prefix_match(&self.prefix)?.map(|p| p.as_ref().to_string()).collect();
-                Some(parts.join("/"))
+                // A local file's parts come back percent-encoded, and `key`
+                // encodes them again; a remote key comes back verbatim.
+                let parts: Vec<String> = m
+                    .location
+                    .prefix_match(&self.prefix)?
+                    .map(|p| match self.local {
+                        Some(_) => percent_encoding::percent_decode_str(p.as_ref()).decode_utf8_lossy().into_owned(),
+                        None => p.as_ref().to_string(),
+                    })
+                    .collect();
+                Some((parts.join("/"), std::time::SystemTime::from(m.last_modified)))
             })
             .collect();
         keys.sort();
@@ -198,11 +226,26 @@ mod tests {
     }
 
     #[test]
+    fn file_urls_are_decoded() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("my out");
+        let url = url::Url::from_file_path(&dir).unwrap();
+        let loc = Location::open(url.as_str(), true).unwrap();
+        loc.put("f", b"1".to_vec()).unwrap();
+        assert!(dir.join("f").is_file(), "{url}");
+    }
+
+    #[test]
     fn a_local_location_puts_lists_and_deletes() {
         let tmp = tempfile::tempdir().unwrap();
         let loc = Location::open(tmp.path().join("out").to_str().unwrap(), true).unwrap();
         loc.put("a/b/part-0-of-2.parquet", b"x".to_vec()).unwrap();
         loc.put("a/c.txt", b"yz".to_vec()).unwrap();
+        // A name object_store percent-encodes on disk lists back as written.
+        loc.put("x#y [1].txt", b"o".to_vec()).unwrap();
+        assert!(loc.list("").unwrap().contains(&"x#y [1].txt".to_string()));
+        assert_eq!(loc.get("x#y [1].txt").unwrap(), b"o");
+        loc.delete("x#y [1].txt").unwrap();
         assert_eq!(loc.list("a").unwrap(), vec!["a/b/part-0-of-2.parquet", "a/c.txt"]);
         assert_eq!(loc.list("missing").unwrap(), Vec::<String>::new());
         assert_eq!(loc.get("a/c.txt").unwrap(), b"yz");

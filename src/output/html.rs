@@ -101,14 +101,17 @@ rows.forEach(function(r){b.appendChild(r);});});});});\
 pub fn index_html(summary_md: &str, names: &[&str]) -> String {
     let html = markdown_to_html(summary_md);
     // One pass over the cells (a batch may hold 10 000 traces): the first
-    // cell that holds exactly a trace's name becomes its link.
+    // row-opening cell that holds exactly a trace's name becomes its link
+    // (a trace named like a status or a risk must not link those cells).
     let mut pending: std::collections::HashMap<String, &str> = names.iter().map(|n| (escape(n), *n)).collect();
     let mut body = String::with_capacity(html.len() + names.len() * 40);
     let mut rest = html.as_str();
     while let Some(at) = rest.find("<td>") {
         body.push_str(&rest[..at + 4]);
         rest = &rest[at + 4..];
-        if let Some(end) = rest.find("</td>")
+        let opens_row = body[..body.len() - 4].trim_end().ends_with("<tr>");
+        if opens_row
+            && let Some(end) = rest.find("</td>")
             && let Some(name) = pending.remove(&rest[..end])
         {
             body.push_str(&format!("<a href=\"{}/report.html\">{}</a>", url_path(name), &rest[..end]));
@@ -138,8 +141,11 @@ mod tests {
 
     #[test]
     fn markdown_tables_become_html_tables_and_names_become_links() {
-        let md = "# t\n\n| trace | p95 |\n|---|---|\n| a b&c | 1.0 |\n| other | 2.0 |\n";
-        let html = index_html(md, &["a b&c"]);
+        let md = "# t\n\n| trace | p95 |\n|---|---|\n| x | ok |\n| a b&c | 1.0 |\n| other | 2.0 |\n| ok | 3.0 |\n";
+        let html = index_html(md, &["a b&c", "ok"]);
+        // A trace named like a status cell links its own row only.
+        assert!(html.contains("<td>x</td><td>ok</td>"), "{html}");
+        assert!(html.contains("<td><a href=\"ok/report.html\">ok</a></td>"), "{html}");
         assert!(html.starts_with("<!DOCTYPE html>"));
         assert!(html.contains("<td><a href=\"a%20b%26c/report.html\">a b&amp;c</a></td>"), "{html}");
         assert!(html.contains("<td>other</td>"));

@@ -541,7 +541,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
-fn is_part_name(name: &str) -> bool {
+pub(crate) fn is_part_name(name: &str) -> bool {
     name.strip_prefix("events-")
         .and_then(|r| r.strip_suffix(".parquet"))
         .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))

@@ -369,9 +369,11 @@ fn object_store_inputs_and_outputs_work_against_a_local_s3_server() {
     let tmp = tempfile::tempdir().unwrap();
     let runs = tmp.path().join("runs");
     for (i, pattern) in ["steady", "fragmenting", "leak", "filling", "steady", "leak"].iter().enumerate() {
+        // One name that object_store percent-encodes in keys.
+        let name = if i == 5 { format!("{pattern} [{i}] 50%") } else { format!("{pattern}-{i}") };
         fragscope()
             .args(["synth", "--pattern", pattern, "--events", "3k", "--seed", &i.to_string(), "-o"])
-            .arg(runs.join(format!("{pattern}-{i}")))
+            .arg(runs.join(name))
             .assert()
             .success();
     }
@@ -380,7 +382,7 @@ fn object_store_inputs_and_outputs_work_against_a_local_s3_server() {
     boto(
         &server.endpoint,
         &format!(
-            "s3.create_bucket(Bucket='fleet')\nroot = {:?}\nfor d, _, fs in os.walk(root):\n    for f in fs:\n        p = os.path.join(d, f)\n        s3.upload_file(p, 'fleet', 'runs/' + os.path.relpath(p, root))",
+            "s3.create_bucket(Bucket='fleet')\nroot = {:?}\nfor d, _, fs in os.walk(root):\n    for f in fs:\n        p = os.path.join(d, f)\n        s3.upload_file(p, 'fleet', 'runs/' + os.path.relpath(p, root))\ns3.put_object(Bucket='fleet', Key='runs/README.md', Body=b'not a trace')\ns3.put_object(Bucket='fleet', Key='runs/_SUCCESS', Body=b'')",
             runs.display().to_string()
         ),
     );
@@ -410,6 +412,8 @@ fn object_store_inputs_and_outputs_work_against_a_local_s3_server() {
         assert!(listing.contains(&format!("part-{i}-of-2.parquet")), "{listing}");
     }
     assert!(listing.contains("out/steady-0/report.md") && listing.contains("out/index.html"), "{listing}");
+    assert!(listing.contains("out/leak [5] 50%/report.md"), "{listing}");
+    assert!(!listing.contains("README") && !listing.contains("_SUCCESS"), "{listing}");
     let csv = boto(
         &server.endpoint,
         "sys.stdout.write(s3.get_object(Bucket='fleet', Key='out/summary.csv')['Body'].read().decode())",
