@@ -49,9 +49,9 @@ pub enum Command {
         after_help = "Examples:\n  fragscope whatif snapshot.pickle -o whatif\n  fragscope whatif snapshot.pickle -o whatif --capacity 80GiB --conf max_split_size_mb:128 --conf roundup_power2_divisions:4"
     )]
     Whatif(WhatifArgs),
-    /// Write a trace in another tool's format: PyTorch's memory_viz, Chrome/Perfetto trace JSON, speedscope.
+    /// Write a trace in another tool's format: PyTorch's memory_viz, a Perfetto protobuf trace, Chrome trace JSON, speedscope.
     #[command(
-        after_help = "Examples:\n  fragscope export trace --format memory-viz -o trace.pickle   (open at pytorch.org/memory_viz)\n  fragscope export snapshot.pickle --format memory-viz --time-window 2..5 -o slice.pickle\n  fragscope export trace --format chrome -o trace.json   (chrome://tracing or ui.perfetto.dev)\n  fragscope export snapshot.pickle --format speedscope -o stacks.speedscope.json"
+        after_help = "Examples:\n  fragscope export trace --format memory-viz -o trace.pickle   (open at pytorch.org/memory_viz)\n  fragscope export snapshot.pickle --format memory-viz --time-window 2..5 -o slice.pickle\n  fragscope export trace --format perfetto -o trace.pftrace   (ui.perfetto.dev, trace_processor)\n  fragscope export trace --format chrome -o trace.json   (chrome://tracing or ui.perfetto.dev)\n  fragscope export snapshot.pickle --format speedscope -o stacks.speedscope.json"
     )]
     Export(ExportArgs),
     /// Rebuild summary.csv, summary.md, index.html and the groups of a batch from the summary parts under OUT (after `analyze --shard`).
@@ -171,8 +171,9 @@ pub struct WhatifArgs {
 pub struct ExportArgs {
     /// A trace directory or a PyTorch snapshot.
     pub input: PathBuf,
-    /// memory-viz: a PyTorch snapshot pickle (pytorch.org/memory_viz, SnapViewer); chrome: Trace
-    /// Event JSON (chrome://tracing, ui.perfetto.dev); speedscope: the flamegraph stacks.
+    /// memory-viz: a PyTorch snapshot pickle (pytorch.org/memory_viz, SnapViewer); perfetto: a
+    /// Perfetto protobuf trace (ui.perfetto.dev, trace_processor); chrome: Trace Event JSON
+    /// (chrome://tracing, ui.perfetto.dev); speedscope: the flamegraph stacks.
     #[arg(long, value_enum)]
     pub format: crate::output::export::Format,
     /// The file to write.
@@ -189,7 +190,7 @@ pub struct ExportArgs {
 #[derive(Debug, Args)]
 pub struct ImportArgs {
     /// The snapshot pickle, a PyTorch-profiler trace (`.json`, `.json.gz`) or an Nsight Systems
-    /// export (`nsys export --type sqlite`).
+    /// export (`nsys export --type sqlite`, or the folder of `--type parquetdir`).
     pub snapshot: PathBuf,
     /// Output trace directory (must not already hold a trace).
     #[arg(short, long)]

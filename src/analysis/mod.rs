@@ -170,6 +170,18 @@ pub struct Row {
     /// The iteration this row falls in (None before the first boundary,
     /// or when no iterations were found).
     pub iteration: Option<u32>,
+    /// The reserved bytes the producer reported at this instant, summed
+    /// over the process's devices (PyTorch-profiler traces: `Total
+    /// Reserved`); None elsewhere.
+    pub reported_reserved: Option<u64>,
+}
+
+impl Row {
+    /// Reserved bytes: the allocator view's segments, else what the
+    /// producer reported.
+    pub fn reserved_bytes(&self) -> Option<u64> {
+        self.alloc.map(|a| a.reserved_bytes).or(self.reported_reserved)
+    }
 }
 
 /// The prediction of one process and when it first warned.
@@ -298,6 +310,9 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     // trace, with recorded stacks or not, uses its period.
     let snapshot_stacks = stacks.as_deref().filter(|_| allocator_view);
     let iterations = find_iterations(events, &peaks, snapshot_stacks, annotations, &mut rows);
+    if let Some(m) = trace.meta.as_ref() {
+        fill_reported_reserved(m.details.reserved_series(), &mut rows);
+    }
     tracing::debug!("iterations in {:.3} s", started.elapsed().as_secs_f64());
 
     let started = std::time::Instant::now();
@@ -408,6 +423,7 @@ fn walk(
         risk_online: None,
         alloc: replay.allocator_figures(pid),
         iteration: None,
+        reported_reserved: None,
     };
     let mut i = 0usize;
     for (step, &(end, t_ns)) in bounds.iter().enumerate() {
@@ -466,6 +482,33 @@ fn diagnose_oom(
         diagnosis.top_sites = sites::top_sites(st, &replay.live_blocks_detailed(e.pid), 10);
     }
     diagnosis
+}
+
+/// Each row's reserved bytes from the producer's reported series: per
+/// process, the sum over its devices of the latest sample at or before
+/// the row. Rows before a process's first sample stay None.
+fn fill_reported_reserved(series: &[crate::trace::details::ReservedSample], rows: &mut [Row]) {
+    if series.is_empty() {
+        return;
+    }
+    let mut samples = series.to_vec();
+    samples.sort_by_key(|s| s.t_ns);
+    let mut order: Vec<usize> = (0..rows.len()).collect();
+    order.sort_by_key(|&i| rows[i].t_ns);
+    let mut now: std::collections::BTreeMap<(u32, i32), u64> = std::collections::BTreeMap::new();
+    let mut next = 0;
+    for i in order {
+        while next < samples.len() && samples[next].t_ns <= rows[i].t_ns {
+            let s = samples[next];
+            now.insert((s.pid, s.device), s.bytes);
+            next += 1;
+        }
+        let pid = rows[i].pid;
+        let mut devices = now.range((pid, i32::MIN)..=(pid, i32::MAX)).peekable();
+        if devices.peek().is_some() {
+            rows[i].reported_reserved = Some(devices.map(|(_, &b)| b).sum());
+        }
+    }
 }
 
 /// The iterations of each process with device memory, and each row's

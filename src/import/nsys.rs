@@ -1,5 +1,6 @@
 //! Nsight Systems exports (`nsys profile --cuda-memory-usage=true`, then
-//! `nsys export --type sqlite`) as fragscope traces.
+//! `nsys export --type sqlite`, or `--type parquetdir`) as fragscope
+//! traces.
 //!
 //! Read: table `CUDA_GPU_MEMORY_USAGE_EVENTS` (`start` ns, `globalPid`,
 //! `deviceId`, `address`, `bytes`, `memKind`, `memoryOperationType`, the
@@ -15,7 +16,11 @@
 //! too; the operation type tells them apart.
 //!
 //! SQLite is read with `rusqlite` and its bundled SQLite, so no system
-//! library is needed.
+//! library is needed. A `parquetdir` export is a folder with one
+//! `<TABLE>.parquet` file per table (`CUDA_GPU_MEMORY_USAGE_EVENTS.parquet`,
+//! `ENUM_CUDA_MEM_KIND.parquet`, …): the same tables and columns, read with
+//! polars; a folder holding `CUDA_GPU_MEMORY_USAGE_EVENTS.parquet` is taken
+//! for one.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -70,8 +75,113 @@ pub struct Converted {
     pub meta: crate::trace::TraceMeta,
 }
 
-/// Reads the export and emits its device-memory events in time order.
+/// One row of `CUDA_GPU_MEMORY_USAGE_EVENTS`, the columns read.
+#[derive(Clone, Copy, Debug)]
+struct Row {
+    start: i64,
+    global_pid: i64,
+    device: i64,
+    address: i64,
+    bytes: i64,
+    mem_kind: i64,
+    operation: i64,
+    /// `localMemoryPoolAddress` is set.
+    pooled: bool,
+}
+
+/// Turns rows, in time order, into events: the same for both export kinds.
+struct Converter<'a> {
+    path: &'a Path,
+    mem_kinds: BTreeMap<i64, String>,
+    opers: BTreeMap<i64, String>,
+    alloc_op: i64,
+    free_op: i64,
+    d: NsysDetails,
+    skipped: BTreeMap<String, u64>,
+    devices: std::collections::BTreeSet<i32>,
+    /// The kind of each live allocation: its free has the same family.
+    live: BTreeMap<(u32, u64), EventKind>,
+}
+
+impl<'a> Converter<'a> {
+    fn new(
+        path: &'a Path,
+        file_bytes: u64,
+        mem_kinds: BTreeMap<i64, String>,
+        opers: BTreeMap<i64, String>,
+    ) -> Result<Converter<'a>> {
+        let oper = |want: &str| opers.iter().find(|(_, n)| n.to_ascii_uppercase().ends_with(want)).map(|(&id, _)| id);
+        let (Some(alloc_op), Some(free_op)) = (oper("_ALLOCATION"), oper("_DEALLOCATION")) else {
+            bail!("{}: {OPER_ENUM} names no ALLOCATION and DEALLOCATION operations: {opers:?}", path.display());
+        };
+        Ok(Converter {
+            path,
+            mem_kinds,
+            opers,
+            alloc_op,
+            free_op,
+            d: NsysDetails { nsys_export: path.display().to_string(), file_bytes, ..Default::default() },
+            skipped: BTreeMap::new(),
+            devices: Default::default(),
+            live: BTreeMap::new(),
+        })
+    }
+
+    fn row(&mut self, r: Row, sink: Sink<'_>) -> Result<()> {
+        self.d.rows += 1;
+        let kind_name = self.mem_kinds.get(&r.mem_kind).cloned().unwrap_or_else(|| format!("memKind {}", r.mem_kind));
+        let Some((alloc_kind, free_kind)) = kinds_of(&kind_name, r.pooled) else {
+            *self.skipped.entry(kind_name).or_default() += 1;
+            return Ok(());
+        };
+        let pid = ((r.global_pid as u64 >> 24) & 0xff_ffff) as u32;
+        let (ts, addr, size) = (r.start.max(0) as u64, r.address as u64, r.bytes.unsigned_abs());
+        let event_kind = if r.operation == self.alloc_op {
+            self.live.insert((pid, addr), alloc_kind);
+            alloc_kind
+        } else if r.operation == self.free_op {
+            match self.live.remove(&(pid, addr)) {
+                Some(EventKind::AllocAsync) => EventKind::FreeAsync,
+                _ => free_kind,
+            }
+        } else {
+            let name = self.opers.get(&r.operation).cloned().unwrap_or(r.operation.to_string());
+            *self.skipped.entry(format!("operation {name}")).or_default() += 1;
+            return Ok(());
+        };
+        self.d.pooled += u64::from(r.pooled && r.operation == self.alloc_op);
+        self.devices.insert(r.device as i32);
+        let mut e = Event::new(ts, pid, event_kind, addr, size);
+        e.device = Some(r.device as i32);
+        sink(e)?;
+        self.d.device_events += 1;
+        Ok(())
+    }
+
+    fn finish(self) -> Result<Converted> {
+        let mut d = self.d;
+        if d.device_events == 0 {
+            bail!(
+                "{}: {TABLE} has {} rows but no device-memory allocation or free (skipped: {:?})",
+                self.path.display(),
+                d.rows,
+                self.skipped
+            );
+        }
+        d.skipped = self.skipped;
+        d.devices = self.devices.into_iter().collect();
+        let mut meta = crate::trace::TraceMeta::new(crate::trace::Source::NsightSystems);
+        meta.details = Details::Nsys(Box::new(d));
+        Ok(Converted { meta })
+    }
+}
+
+/// Reads the export (an SQLite file, or a `parquetdir` folder) and emits
+/// its device-memory events in time order.
 pub fn convert_file(path: &Path, sink: Sink<'_>) -> Result<Converted> {
+    if path.is_dir() {
+        return convert_parquetdir(path, sink);
+    }
     let file_bytes = std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?.len();
     let db = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
         .with_context(|| format!("{}: cannot open as SQLite", path.display()))?;
@@ -87,12 +197,7 @@ pub fn convert_file(path: &Path, sink: Sink<'_>) -> Result<Converted> {
             path.display()
         );
     }
-    let mem_kinds = names(&db, path, KIND_ENUM)?;
-    let opers = names(&db, path, OPER_ENUM)?;
-    let oper = |want: &str| opers.iter().find(|(_, n)| n.to_ascii_uppercase().ends_with(want)).map(|(&id, _)| id);
-    let (Some(alloc_op), Some(free_op)) = (oper("_ALLOCATION"), oper("_DEALLOCATION")) else {
-        bail!("{}: {OPER_ENUM} names no ALLOCATION and DEALLOCATION operations: {opers:?}", path.display());
-    };
+    let mut c = Converter::new(path, file_bytes, names(&db, path, KIND_ENUM)?, names(&db, path, OPER_ENUM)?)?;
     let mut st = db
         .prepare(&format!(
             "SELECT start, globalPid, deviceId, address, bytes, memKind, memoryOperationType, \
@@ -100,56 +205,111 @@ pub fn convert_file(path: &Path, sink: Sink<'_>) -> Result<Converted> {
         ))
         .with_context(|| format!("{}: {TABLE} lacks the columns of the published schema", path.display()))?;
     let mut rows = st.query([])?;
-    let mut d = NsysDetails { nsys_export: path.display().to_string(), file_bytes, ..Default::default() };
-    let mut skipped: BTreeMap<String, u64> = BTreeMap::new();
-    let mut devices = std::collections::BTreeSet::new();
-    // The kind of each live allocation: its free has the same family.
-    let mut live: BTreeMap<(u32, u64), EventKind> = BTreeMap::new();
+    let mut n = 0u64;
     while let Some(r) = rows.next().with_context(|| format!("{}: cannot read {TABLE}", path.display()))? {
-        d.rows += 1;
-        let get = |i: usize| r.get::<_, i64>(i).with_context(|| format!("{}: {TABLE} row {}", path.display(), d.rows));
-        let (start, gpid, device, addr, bytes, kind, op) =
-            (get(0)?, get(1)?, get(2)?, get(3)?, get(4)?, get(5)?, get(6)?);
-        let pooled = r.get::<_, bool>(7).unwrap_or(false);
-        let kind_name = mem_kinds.get(&kind).cloned().unwrap_or_else(|| format!("memKind {kind}"));
-        let Some((alloc_kind, free_kind)) = kinds_of(&kind_name, pooled) else {
-            *skipped.entry(kind_name).or_default() += 1;
-            continue;
+        n += 1;
+        let get = |i: usize| r.get::<_, i64>(i).with_context(|| format!("{}: {TABLE} row {n}", path.display()));
+        let row = Row {
+            start: get(0)?,
+            global_pid: get(1)?,
+            device: get(2)?,
+            address: get(3)?,
+            bytes: get(4)?,
+            mem_kind: get(5)?,
+            operation: get(6)?,
+            pooled: r.get::<_, bool>(7).unwrap_or(false),
         };
-        let pid = ((gpid as u64 >> 24) & 0xff_ffff) as u32;
-        let (ts, addr, size) = (start.max(0) as u64, addr as u64, bytes.unsigned_abs());
-        let event_kind = if op == alloc_op {
-            live.insert((pid, addr), alloc_kind);
-            alloc_kind
-        } else if op == free_op {
-            match live.remove(&(pid, addr)) {
-                Some(EventKind::AllocAsync) => EventKind::FreeAsync,
-                _ => free_kind,
-            }
-        } else {
-            *skipped.entry(format!("operation {}", opers.get(&op).cloned().unwrap_or(op.to_string()))).or_default() +=
-                1;
-            continue;
+        c.row(row, sink)?;
+    }
+    c.finish()
+}
+
+/// Whether `dir` is an Nsight Systems `parquetdir` export (`nsys export
+/// --type parquetdir`: one `<TABLE>.parquet` file per table) holding the
+/// memory-usage table.
+pub fn looks_like_parquetdir(dir: &Path) -> bool {
+    dir.is_dir() && dir.join(format!("{TABLE}.parquet")).is_file()
+}
+
+/// A table of a `parquetdir` export, or an error naming the missing file.
+fn parquet_table(dir: &Path, table: &str, what: &str) -> Result<polars::prelude::DataFrame> {
+    use polars::prelude::{ParquetReader, SerReader};
+    let path = dir.join(format!("{table}.parquet"));
+    let file = std::fs::File::open(&path).with_context(|| {
+        format!("{}: no {table}.parquet ({what}): not a complete `nsys export --type parquetdir`?", dir.display())
+    })?;
+    ParquetReader::new(file).finish().with_context(|| format!("{}: not a readable Parquet file", path.display()))
+}
+
+/// An integer column of a `parquetdir` table, nulls as `None`.
+fn int_column(df: &polars::prelude::DataFrame, path: &Path, name: &str) -> Result<Vec<Option<i64>>> {
+    use polars::prelude::DataType;
+    let col = df
+        .column(name)
+        .with_context(|| format!("{}: no column {name} (the published schema of {TABLE} has it)", path.display()))?;
+    let cast = col
+        .cast(&DataType::Int64)
+        .with_context(|| format!("{}: column {name} is {}, not an integer", path.display(), col.dtype()))?;
+    Ok(cast.i64().with_context(|| format!("{}: column {name}", path.display()))?.iter().collect())
+}
+
+/// The id → name table of an enum in a `parquetdir` export.
+fn parquet_names(dir: &Path, table: &str) -> Result<BTreeMap<i64, String>> {
+    let df = parquet_table(dir, table, &format!("the enum names of {TABLE}"))?;
+    let path = dir.join(format!("{table}.parquet"));
+    let ids = int_column(&df, &path, "id")?;
+    let names = df
+        .column("name")
+        .and_then(|c| c.str().cloned())
+        .with_context(|| format!("{}: no text column name", path.display()))?;
+    Ok(ids
+        .into_iter()
+        .zip(names.iter())
+        .filter_map(|(id, name)| Some((id?, name.unwrap_or_default().to_string())))
+        .collect())
+}
+
+/// A `parquetdir` export: the table is read whole (Parquet has no row
+/// order to stream by time) and sorted stably by `start`, as the SQLite
+/// reader's `ORDER BY start, rowid` does.
+fn convert_parquetdir(dir: &Path, sink: Sink<'_>) -> Result<Converted> {
+    let path = dir.join(format!("{TABLE}.parquet"));
+    let df = parquet_table(dir, TABLE, "the memory-usage events; record with `nsys profile --cuda-memory-usage=true`")?;
+    let file_bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    let mut c = Converter::new(dir, file_bytes, parquet_names(dir, KIND_ENUM)?, parquet_names(dir, OPER_ENUM)?)?;
+    let col = |name: &str| int_column(&df, &path, name);
+    let (start, gpid, device, address, bytes, kind, op) = (
+        col("start")?,
+        col("globalPid")?,
+        col("deviceId")?,
+        col("address")?,
+        col("bytes")?,
+        col("memKind")?,
+        col("memoryOperationType")?,
+    );
+    let pooled: Vec<bool> = match df.column("localMemoryPoolAddress") {
+        Ok(c) => c.is_not_null().iter().map(|b| b.unwrap_or(false)).collect(),
+        Err(_) => vec![false; df.height()],
+    };
+    let mut order: Vec<usize> = (0..df.height()).collect();
+    order.sort_by_key(|&i| start[i]);
+    for i in order {
+        let need = |v: &[Option<i64>], name: &str| {
+            v[i].with_context(|| format!("{}: row {} has no {name}", path.display(), i + 1))
         };
-        d.pooled += u64::from(pooled && op == alloc_op);
-        devices.insert(device as i32);
-        let mut e = Event::new(ts, pid, event_kind, addr, size);
-        e.device = Some(device as i32);
-        sink(e)?;
-        d.device_events += 1;
+        let row = Row {
+            start: need(&start, "start")?,
+            global_pid: need(&gpid, "globalPid")?,
+            device: need(&device, "deviceId")?,
+            address: need(&address, "address")?,
+            bytes: need(&bytes, "bytes")?,
+            mem_kind: need(&kind, "memKind")?,
+            operation: need(&op, "memoryOperationType")?,
+            pooled: pooled[i],
+        };
+        c.row(row, sink)?;
     }
-    if d.device_events == 0 {
-        bail!(
-            "{}: {TABLE} has {} rows but no device-memory allocation or free (skipped: {skipped:?})",
-            path.display(),
-            d.rows
-        );
-    }
-    d.skipped = skipped;
-    d.devices = devices.into_iter().collect();
-    let mut meta = crate::trace::TraceMeta::new(crate::trace::Source::NsightSystems);
-    meta.details = Details::Nsys(Box::new(d));
-    Ok(Converted { meta })
+    c.finish()
 }
 
 /// `fragscope import` of an Nsight Systems export: writes the trace.

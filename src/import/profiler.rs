@@ -27,9 +27,12 @@
 //! freed has no address in the trace: its size (the first event's `Total
 //! Allocated` minus `Bytes`, minus the reconstructed blocks) is reported,
 //! not placed. `Total Reserved` is the allocator's reserved memory: its
-//! peak is in `details` (the trace has no segments, so `analyze` uses the
-//! device view of the blocks: fragmentation is the free space between
-//! live blocks, the cached memory the allocator keeps).
+//! peak, and its value wherever it changes (`reserved_series`), are in
+//! `details`; `analyze` gives each metric row the reserved bytes of that
+//! instant (`reserved_bytes` in `metrics.parquet`, the exports' reserved
+//! counters). The trace has no segments, so `analyze` uses the device
+//! view of the blocks: fragmentation is the free space between live
+//! blocks, the cached memory the allocator keeps.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -39,7 +42,7 @@ use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-use crate::trace::details::{Annotation, Details, ProfilerDetails};
+use crate::trace::details::{Annotation, Details, ProfilerDetails, ReservedSample};
 use crate::trace::event::{Event, EventKind};
 
 pub type Sink<'s> = &'s mut dyn FnMut(Event) -> Result<()>;
@@ -352,6 +355,8 @@ pub fn convert_file(path: &Path, sink: Sink<'_>) -> Result<Converted> {
     let mut before: Vec<(u32, i32, u64, u64, u32)> = Vec::new(); // pid, device, addr, size, tid
     let (mut peak_reserved, mut peak_allocated) = (None::<u64>, None::<i64>);
     let mut first_total: BTreeMap<i32, i64> = BTreeMap::new();
+    let mut reserved_series: Vec<ReservedSample> = Vec::new();
+    let mut reserved_now: BTreeMap<(u32, i32), u64> = BTreeMap::new();
     for m in &r.mem {
         let addr = m.addr.unwrap_or(0);
         if let Some(t) = m.total_allocated {
@@ -363,6 +368,9 @@ pub fn convert_file(path: &Path, sink: Sink<'_>) -> Result<Converted> {
         }
         if let Some(res) = m.total_reserved {
             peak_reserved = Some(peak_reserved.map_or(res, |p| p.max(res)));
+            if reserved_now.insert((m.pid, m.device), res) != Some(res) {
+                reserved_series.push(ReservedSample { t_ns: m.ts_ns, pid: m.pid, device: m.device, bytes: res });
+            }
         }
         if m.bytes > 0 {
             live.insert((m.pid, addr), m.bytes as u64);
@@ -425,6 +433,7 @@ pub fn convert_file(path: &Path, sink: Sink<'_>) -> Result<Converted> {
         total_allocated_breaks: breaks,
         profiler_steps: r.steps.len() as u64,
         annotations,
+        reserved_series,
     }));
     tracing::info!("{}: {} memory events, {emitted} trace events", path.display(), r.mem.len());
     Ok(Converted { meta })

@@ -10,6 +10,9 @@
 //!   `segment_alloc` + `alloc`, and `free_requested` + `free_completed` +
 //!   `segment_free`; a failed request is an `oom` entry. The processes of
 //!   a device-level trace become devices 0, 1, … in pid order.
+//! - **perfetto**: the same as a Perfetto protobuf trace of TrackEvents
+//!   (counter tracks, OOM instants, iteration slices, leak markers): see
+//!   [`crate::output::perfetto`].
 //! - **chrome**: Trace Event JSON (`chrome://tracing`, Perfetto's UI):
 //!   per process, counters of live bytes, reserved bytes, the score and
 //!   its components and the online forecast; OOM instants with their
@@ -25,6 +28,7 @@
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::Path;
 use std::rc::Rc;
 
@@ -41,6 +45,9 @@ use crate::trace::input::Loaded;
 pub enum Format {
     /// A PyTorch memory snapshot pickle (memory_viz, SnapViewer).
     MemoryViz,
+    /// A Perfetto protobuf trace of TrackEvents (ui.perfetto.dev,
+    /// trace_processor).
+    Perfetto,
     /// Trace Event JSON (chrome://tracing, ui.perfetto.dev).
     Chrome,
     /// speedscope's JSON (the flamegraph stacks at the end and the peak).
@@ -78,7 +85,7 @@ impl Window {
         Ok(w)
     }
 
-    fn contains(&self, t: u64) -> bool {
+    pub(crate) fn contains(&self, t: u64) -> bool {
         (self.start_ns..=self.end_ns).contains(&t)
     }
 }
@@ -402,8 +409,8 @@ pub fn chrome(a: &crate::analysis::Analysis, window: Window) -> serde_json::Valu
         let ts = us(r.t_ns);
         let m = &r.metrics;
         let mut memory = json!({"live_bytes": m.live_bytes});
-        if let Some(f) = &r.alloc {
-            memory["reserved_bytes"] = json!(f.reserved_bytes);
+        if let Some(reserved) = r.reserved_bytes() {
+            memory["reserved_bytes"] = json!(reserved);
         }
         out.push(json!({"ph": "C", "name": "memory", "pid": r.pid, "tid": 0, "ts": ts, "args": memory}));
         let [e, k, sm, c, l, u] = m.features();
@@ -590,25 +597,38 @@ pub fn run(args: &crate::cli::ExportArgs) -> Result<u8> {
                 started.elapsed().as_secs_f64()
             );
         }
-        Format::Chrome | Format::Speedscope => {
+        Format::Perfetto | Format::Chrome | Format::Speedscope => {
             let opts =
                 crate::analysis::Options { device: args.device, whatif: false, ..crate::analysis::Options::default() };
             let a = crate::analysis::analyze_events(loaded.trace, &loaded.events, loaded.out_of_order, &opts)?;
-            let (doc, what) = if args.format == Format::Chrome {
-                (chrome(&a, window), "Trace Event JSON")
-            } else {
-                let doc = speedscope(&a).with_context(|| {
-                    format!(
-                        "{}: has no call stacks to export (PyTorch snapshots, their imports and traces recorded with `record --stacks` have them)",
-                        args.input.display()
-                    )
-                })?;
-                (doc, "speedscope")
+            let what = match args.format {
+                Format::Perfetto => {
+                    let trace = crate::output::perfetto::perfetto(&a, window);
+                    let bytes = crate::output::perfetto::encode(&trace);
+                    write_file(&args.output, |f| {
+                        f.write_all(&bytes).with_context(|| format!("cannot write {}", args.output.display()))
+                    })?;
+                    format!("Perfetto trace ({} packets)", trace.packet.len())
+                }
+                _ => {
+                    let (doc, what) = if args.format == Format::Chrome {
+                        (chrome(&a, window), "Trace Event JSON")
+                    } else {
+                        let doc = speedscope(&a).with_context(|| {
+                            format!(
+                                "{}: has no call stacks to export (PyTorch snapshots, their imports and traces recorded with `record --stacks` have them)",
+                                args.input.display()
+                            )
+                        })?;
+                        (doc, "speedscope")
+                    };
+                    write_file(&args.output, |f| {
+                        serde_json::to_writer(std::io::BufWriter::new(f), &doc)
+                            .with_context(|| format!("cannot write {}", args.output.display()))
+                    })?;
+                    what.to_string()
+                }
             };
-            write_file(&args.output, |f| {
-                serde_json::to_writer(std::io::BufWriter::new(f), &doc)
-                    .with_context(|| format!("cannot write {}", args.output.display()))
-            })?;
             println!(
                 "{}: {what} of {} in {:.2} s",
                 args.output.display(),

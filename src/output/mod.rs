@@ -13,6 +13,7 @@ pub mod export;
 pub mod html;
 pub(crate) mod json;
 pub(crate) mod markdown;
+pub mod perfetto;
 pub mod plot;
 pub(crate) mod summary;
 pub mod ticks;
@@ -105,6 +106,10 @@ fn write_metrics(rows: &[Row], horizon: usize, path: &Path) -> Result<()> {
         ))?;
         let pt: Vec<Option<f64>> = rows.iter().map(|r| r.alloc.map(|x| x.pytorch_fragmentation)).collect();
         df.with_column(Column::new("pytorch_fragmentation".into(), pt))?;
+    } else if rows.iter().any(|r| r.reported_reserved.is_some()) {
+        // A profiler trace: the reserved bytes it reported (no segments).
+        let reserved: Vec<Option<u64>> = rows.iter().map(|r| r.reported_reserved).collect();
+        df.with_column(Column::new("reserved_bytes".into(), reserved))?;
     }
     write_parquet(&mut df, path)
 }

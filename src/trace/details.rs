@@ -33,6 +33,15 @@ impl Details {
         if let Details::Snapshot(s) = self { Some(s) } else { None }
     }
 
+    /// The reserved bytes a profiler trace reported over time (empty for
+    /// other sources).
+    pub fn reserved_series(&self) -> &[ReservedSample] {
+        match self {
+            Details::Profiler(p) => &p.reserved_series,
+            _ => &[],
+        }
+    }
+
     /// Profiler ranges (`record_function`, `ProfilerStep#N`) of a snapshot
     /// or a profiler trace: where `analyze` takes iterations from first.
     pub fn annotations(&self) -> &[Annotation] {
@@ -249,6 +258,22 @@ pub struct ProfilerDetails {
     pub profiler_steps: u64,
     #[serde(default)]
     pub annotations: Vec<Annotation>,
+    /// `Total Reserved` over time: one sample wherever it changes on a
+    /// device of a process (segments are allocated and freed rarely, so
+    /// this stays short). `analyze` turns it into the rows'
+    /// reserved bytes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reserved_series: Vec<ReservedSample>,
+}
+
+/// The caching allocator's reserved bytes on one device of a process
+/// from `t_ns` on, as the PyTorch profiler reported them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReservedSample {
+    pub t_ns: u64,
+    pub pid: u32,
+    pub device: i32,
+    pub bytes: u64,
 }
 
 /// An imported Nsight Systems export (`import::nsys`).

@@ -20,14 +20,19 @@ pub enum Input {
     Snapshot,
     /// A PyTorch-profiler trace (`.json`, `.json.gz`), imported in memory.
     Profiler,
-    /// An Nsight Systems SQLite export, imported in memory.
+    /// An Nsight Systems export (SQLite, or a `parquetdir` folder),
+    /// imported in memory.
     Nsys,
 }
 
 /// What `path` is, or None when it is neither input.
 pub fn classify(path: &Path) -> Option<Input> {
     if path.is_dir() {
-        Trace::is_trace_dir(path).then_some(Input::Trace)
+        if Trace::is_trace_dir(path) {
+            Some(Input::Trace)
+        } else {
+            crate::import::nsys::looks_like_parquetdir(path).then_some(Input::Nsys)
+        }
     } else if crate::import::snapshot::looks_like_pickle(path) {
         Some(Input::Snapshot)
     } else if crate::import::nsys::looks_like_sqlite(path) {

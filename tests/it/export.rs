@@ -216,3 +216,124 @@ fn bad_requests_say_what_is_wrong() {
         .code(1);
     assert!(String::from_utf8_lossy(&a.get_output().stderr).contains("/proc/"));
 }
+
+/// Reads a Perfetto export back with Perfetto's own generated classes
+/// (scripts/readback-perfetto.py in target/pyenv): None, with a note, when
+/// target/pyenv lacks the `perfetto` package; a failure when
+/// FRAGSCOPE_REQUIRE_PYTHON=1.
+fn perfetto_readback(path: &Path) -> Option<serde_json::Value> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = root.join("target/pyenv/bin/python3");
+    let has = std::process::Command::new(&python)
+        .args(["-c", "import perfetto.protos.perfetto.trace.perfetto_trace_pb2"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has {
+        let required = std::env::var("FRAGSCOPE_REQUIRE_PYTHON").as_deref() == Ok("1");
+        assert!(
+            !required,
+            "target/pyenv lacks perfetto (scripts/install-deps installs it) and FRAGSCOPE_REQUIRE_PYTHON=1"
+        );
+        eprintln!("skipped: target/pyenv lacks perfetto (scripts/install-deps installs it)");
+        return None;
+    }
+    let o =
+        std::process::Command::new(&python).arg(root.join("scripts/readback-perfetto.py")).arg(path).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    Some(serde_json::from_slice(&o.stdout).unwrap())
+}
+
+/// The chrome export's counter `name`.`arg` per pid, as (ns, value).
+fn chrome_series(events: &[serde_json::Value], pid: u64, name: &str, arg: &str) -> Vec<(u64, f64)> {
+    events
+        .iter()
+        .filter(|e| e["ph"] == "C" && e["name"] == name && e["pid"] == pid && !e["args"][arg].is_null())
+        .map(|e| ((e["ts"].as_f64().unwrap() * 1000.0).round() as u64, e["args"][arg].as_f64().unwrap()))
+        .collect()
+}
+
+fn perfetto_series(p: &serde_json::Value, pid: u64, track: &str) -> Vec<(u64, f64)> {
+    p["counters"][format!("{pid}/{track}")]
+        .as_array()
+        .unwrap_or_else(|| panic!("no counter track {pid}/{track}: {:?}", p["tracks"]))
+        .iter()
+        .map(|v| (v[0].as_u64().unwrap(), v[1].as_f64().unwrap()))
+        .collect()
+}
+
+/// Perfetto's own classes read the protobuf export, every field known to
+/// its schema, and find what the Trace Event JSON of the same analysis
+/// holds: the same counter series per process, the same OOM instants with
+/// their class, the same iteration slices and leak markers.
+fn perfetto_matches_chrome(input: &Path, tmp: &Path) -> Option<serde_json::Value> {
+    let pf = tmp.join("t.pftrace");
+    let stdout = export(input, "perfetto", &pf, &[]);
+    assert!(stdout.contains("Perfetto trace"), "{stdout}");
+    let cj = tmp.join("t.json");
+    export(input, "chrome", &cj, &[]);
+    let c: serde_json::Value = serde_json::from_slice(&std::fs::read(&cj).unwrap()).unwrap();
+    let events = c["traceEvents"].as_array().unwrap();
+    let p = perfetto_readback(&pf)?;
+    assert_eq!(p["sequences"], serde_json::json!([1]));
+    let mut pids: Vec<u64> =
+        events.iter().filter(|e| e["ph"] == "M").map(|e| e["pid"].as_u64().unwrap()).collect::<Vec<_>>();
+    pids.sort_unstable();
+    assert_eq!(p["processes"], serde_json::json!(pids));
+    assert_eq!(p["units"]["live bytes"], "UNIT_SIZE_BYTES");
+    for &pid in &pids {
+        let live = perfetto_series(&p, pid, "live bytes");
+        assert!(!live.is_empty());
+        assert_eq!(live, chrome_series(events, pid, "memory", "live_bytes"));
+        assert_eq!(
+            perfetto_series(&p, pid, "fragmentation score"),
+            chrome_series(events, pid, "fragmentation", "score")
+        );
+        assert_eq!(perfetto_series(&p, pid, "size_cv"), chrome_series(events, pid, "fragmentation", "size_cv"));
+        let reserved = chrome_series(events, pid, "memory", "reserved_bytes");
+        if !reserved.is_empty() {
+            assert_eq!(perfetto_series(&p, pid, "reserved bytes"), reserved);
+        }
+        let forecast = chrome_series(events, pid, "forecast", "score_t+1");
+        if !forecast.is_empty() {
+            assert_eq!(perfetto_series(&p, pid, "forecast t+1"), forecast);
+        }
+    }
+    let instants = p["instants"].as_array().unwrap();
+    let chrome_instants: Vec<(u64, String)> = events
+        .iter()
+        .filter(|e| e["ph"] == "i")
+        .map(|e| (e["pid"].as_u64().unwrap(), e["name"].as_str().unwrap().to_string()))
+        .collect();
+    let mut got: Vec<(u64, String)> =
+        instants.iter().map(|i| (i["pid"].as_u64().unwrap(), i["name"].as_str().unwrap().to_string())).collect();
+    let mut want = chrome_instants.clone();
+    got.sort();
+    want.sort();
+    assert_eq!(got, want);
+    for i in instants.iter().filter(|i| i["track"] == "OOMs") {
+        assert!(i["name"].as_str().unwrap().contains(i["args"]["class"].as_str().unwrap()), "{i}");
+        assert!(i["args"]["requested_bytes"].as_u64().unwrap() > 0);
+    }
+    let slices = p["slices"].as_array().unwrap();
+    assert_eq!(slices.len(), events.iter().filter(|e| e["ph"] == "X").count());
+    assert!(slices.iter().all(|s| s["begin"].as_u64() < s["end"].as_u64()));
+    Some(p)
+}
+
+#[test]
+fn perfetto_protobuf_holds_what_the_chrome_json_holds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let trace = tmp.path().join("t");
+    fragscope().args(["synth", "--pattern", "fragmenting", "--events", "20k", "-o"]).arg(&trace).assert().success();
+    let Some(p) = perfetto_matches_chrome(&trace, tmp.path()) else { return };
+    let names: Vec<&str> = p["instants"].as_array().unwrap().iter().map(|i| i["name"].as_str().unwrap()).collect();
+    assert!(names.iter().any(|n| n.starts_with("OOM (fragmentation)")), "{names:?}");
+    assert!(!p["slices"].as_array().unwrap().is_empty(), "iteration slices");
+    // A snapshot: the allocator view, with reserved bytes, per device.
+    if let Some(g) = generated() {
+        let dir = tmp.path().join("snap");
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = perfetto_matches_chrome(&g.join("basic.pickle"), &dir).unwrap();
+        assert!(p["tracks"].as_array().unwrap().iter().any(|t| t == "reserved bytes"), "{:?}", p["tracks"]);
+    }
+}

@@ -1,4 +1,4 @@
-//! Nsight Systems SQLite exports: import and analyze an export written by
+//! Nsight Systems SQLite and `parquetdir` exports: import and analyze an export written by
 //! scripts/gen-nsys.py from the published schema (no real export with the
 //! memory table exists in public repositories), with the enum ids
 //! shuffled so only their names can give the meaning; and the errors of
@@ -28,13 +28,11 @@ fn generate(dir: &Path, extra: &[&str]) -> Option<PathBuf> {
     }
 }
 
-#[test]
-fn an_export_imports_by_the_names_of_its_enums() {
-    let tmp = tempfile::tempdir().unwrap();
-    let Some(db) = generate(tmp.path(), &["--shuffle-enums", "--seed", "3"]) else { return };
-    let expected = json(&tmp.path().join("report.expected.json"));
-    let dir = tmp.path().join("t");
-    fragscope().arg("import").arg(&db).arg("-o").arg(&dir).assert().success();
+/// Imports and analyzes `input` (a file or a folder) and checks both
+/// against what the generator computed.
+fn imports_as_expected(input: &Path, expected: &Value, tmp: &Path) {
+    let dir = tmp.join("t");
+    fragscope().arg("import").arg(input).arg("-o").arg(&dir).assert().success();
     let meta = json(&dir.join("trace.json"));
     assert_eq!(meta["source"], "nsight-systems");
     let d = &meta["details"];
@@ -46,14 +44,63 @@ fn an_export_imports_by_the_names_of_its_enums() {
     assert_eq!(n("alloc_async"), expected["pooled"].as_u64().unwrap());
     assert_eq!(n("alloc") + n("alloc_async") + n("alloc_managed"), expected["allocs"].as_u64().unwrap());
     assert_eq!(n("free") + n("free_async"), expected["frees"].as_u64().unwrap());
-    // analyze takes the file directly.
-    let a = tmp.path().join("a");
-    fragscope().arg("analyze").arg(&db).arg("-o").arg(&a).arg("--no-plots").assert().success();
+    // analyze takes the export directly.
+    let a = tmp.join("a");
+    fragscope().arg("analyze").arg(input).arg("-o").arg(&a).arg("--no-plots").assert().success();
     let r = json(&a.join("report.json"));
     assert_eq!(r["processes"][0]["pid"], expected["pid"]);
     assert_eq!(r["processes"][0]["peak_live_bytes"], expected["peak_live_bytes"]);
     assert_eq!(r["anomalies"]["unknown_free"], 0);
     assert_eq!(r["anomalies"]["overlap"], 0);
+}
+
+#[test]
+fn an_export_imports_by_the_names_of_its_enums() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(db) = generate(tmp.path(), &["--shuffle-enums", "--seed", "3"]) else { return };
+    let expected = json(&tmp.path().join("report.expected.json"));
+    imports_as_expected(&db, &expected, &tmp.path().join("sqlite"));
+}
+
+/// The same rows as a `parquetdir` export (one `<TABLE>.parquet` per
+/// table, written by scripts/nsys-parquetdir.py with DuckDB): the same
+/// trace, and a folder without an enum table says which file is missing.
+#[test]
+fn a_parquetdir_export_imports_like_the_sqlite_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(db) = generate(tmp.path(), &["--shuffle-enums", "--seed", "5"]) else { return };
+    let expected = json(&tmp.path().join("report.expected.json"));
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let python = root.join("target/pyenv/bin/python3");
+    let pq = tmp.path().join("report_pqtdir");
+    let written = std::process::Command::new(&python)
+        .arg(root.join("scripts/nsys-parquetdir.py"))
+        .arg(&db)
+        .arg(&pq)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !written {
+        let required = std::env::var("FRAGSCOPE_REQUIRE_PYTHON").as_deref() == Ok("1");
+        assert!(!required, "target/pyenv could not write the parquetdir (DuckDB; scripts/install-deps installs it)");
+        eprintln!("skipped: target/pyenv lacks DuckDB to write the parquetdir");
+        return;
+    }
+    imports_as_expected(&pq, &expected, &tmp.path().join("pq"));
+    // The two imports hold the same events.
+    let sqlite_trace = tmp.path().join("sqlite");
+    fragscope().arg("import").arg(&db).arg("-o").arg(&sqlite_trace).assert().success();
+    let read = |dir: &Path| {
+        let e = fragscope::trace::input::open(dir, None).unwrap().events;
+        (e.ts_ns, e.pid, e.kind, e.addr, e.size)
+    };
+    assert_eq!(read(&sqlite_trace), read(&tmp.path().join("pq/t")));
+    // A folder missing an enum table: an error naming the file.
+    std::fs::remove_file(pq.join("ENUM_CUDA_MEM_KIND.parquet")).unwrap();
+    let out = tmp.path().join("out");
+    let a = fragscope().arg("import").arg(&pq).arg("-o").arg(&out).assert().code(1);
+    let err = String::from_utf8_lossy(&a.get_output().stderr).into_owned();
+    assert!(err.contains("ENUM_CUDA_MEM_KIND.parquet") && err.contains("report_pqtdir"), "{err}");
+    assert!(!out.exists());
 }
 
 #[test]

@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use polars::prelude::*;
 use serde_json::Value;
 
 use crate::common::fragscope;
@@ -34,7 +35,9 @@ cur = peak = before
 for e in m:
     cur += e['args']['Bytes']; peak = max(peak, cur)
 steps = [e for e in d['traceEvents'] if str(e.get('name', '')).startswith('ProfilerStep#') and e.get('ph') == 'X' and e.get('cat') != 'gpu_user_annotation']
-print(json.dumps({'cuda': len(m), 'peak': peak, 'steps': len(steps)}))
+reserved = [e['args']['Total Reserved'] for e in m if 'Total Reserved' in e['args']]
+print(json.dumps({'cuda': len(m), 'peak': peak, 'steps': len(steps),
+                  'reserved_values': sorted(set(reserved)), 'reserved_last': reserved[-1] if reserved else None}))
 "#;
 
 fn python_view(path: &Path) -> Option<Value> {
@@ -83,6 +86,20 @@ fn real_profiler_traces_import_and_analyze_with_their_steps() {
             assert_eq!(
                 r["processes"][0]["peak_live_bytes"], py["peak"],
                 "{file}: peak live bytes against Python's replay"
+            );
+            // Each row's reserved bytes are a `Total Reserved` the trace
+            // reported (one device per process here), the last row's the
+            // last one.
+            let m = ParquetReader::new(std::fs::File::open(a.join("metrics.parquet")).unwrap()).finish().unwrap();
+            let reserved: Vec<Option<u64>> = m.column("reserved_bytes").unwrap().u64().unwrap().iter().collect();
+            let values: Vec<u64> =
+                py["reserved_values"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+            assert!(!values.is_empty(), "{file}");
+            assert!(reserved.iter().flatten().all(|v| values.contains(v)), "{file}: {reserved:?} not in {values:?}");
+            assert_eq!(reserved.last().copied().flatten(), py["reserved_last"].as_u64(), "{file}");
+            assert!(
+                reserved.iter().flatten().count() * 10 >= reserved.len() * 9,
+                "{file}: rows without reserved bytes"
             );
         }
     }
