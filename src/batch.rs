@@ -347,13 +347,23 @@ fn analyze_one(
     opts: &Options,
     plot: Option<&PlotConfig>,
 ) -> Result<Summary> {
-    let scratch =
-        tempfile::Builder::new().prefix("fragscope-").tempdir().context("cannot create a temporary folder")?;
+    // A temporary folder only where something remote needs one: local
+    // batches make no folder per trace.
+    let mut scratch_dir: Option<tempfile::TempDir> = None;
+    let mut scratch = || -> Result<PathBuf> {
+        if scratch_dir.is_none() {
+            let d =
+                tempfile::Builder::new().prefix("fragscope-").tempdir().context("cannot create a temporary folder")?;
+            scratch_dir = Some(d);
+        }
+        Ok(scratch_dir.as_ref().expect("just made").path().to_path_buf())
+    };
     let path = match input {
         TraceIn::Local(p) => p.clone(),
         TraceIn::Remote { loc, keys, local, .. } => {
+            let scratch = scratch()?;
             for (key, to, modified) in keys {
-                let dest = scratch.path().join("in").join(to);
+                let dest = scratch.join("in").join(to);
                 if let Some(dir) = dest.parent() {
                     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
                 }
@@ -362,12 +372,12 @@ fn analyze_one(
                 // recorded start is dated by its files (the date partition).
                 let _ = std::fs::File::options().write(true).open(&dest).and_then(|f| f.set_modified(*modified));
             }
-            scratch.path().join("in").join(local)
+            scratch.join("in").join(local)
         }
     };
     let a = crate::analysis::analyze_path(&path, opts).with_context(|| input.show())?;
     let Some(dir) = out.local_dir() else {
-        let folder = scratch.path().join("out");
+        let folder = scratch()?.join("out");
         crate::output::write_trace_outputs(&a, &folder, plot)?;
         let mut written = std::collections::HashSet::new();
         let mut stack = vec![folder.clone()];

@@ -28,6 +28,50 @@ pub struct Location {
     shown: String,
     /// The folder, when local.
     local: Option<PathBuf>,
+    /// Said after a failure when the environment names no credentials for
+    /// the store (it then falls back to the machine's identity: instance
+    /// metadata, and the like).
+    hint: Option<&'static str>,
+}
+
+/// What to say when a store's request fails and the environment names no
+/// credentials for it: None when it names some.
+fn credentials_hint(scheme: &ObjectStoreScheme) -> Option<&'static str> {
+    let any = |vars: &[&str]| vars.iter().any(|v| std::env::var_os(v).is_some_and(|x| !x.is_empty()));
+    match scheme {
+        ObjectStoreScheme::AmazonS3 => (!any(&[
+            "AWS_ACCESS_KEY_ID",
+            "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+            "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+            "AWS_WEB_IDENTITY_TOKEN_FILE",
+            "AWS_SKIP_SIGNATURE",
+        ]))
+        .then_some(
+            "no AWS credentials in the environment, so the instance-metadata service was asked for them: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or run where an instance role is attached)",
+        ),
+        ObjectStoreScheme::GoogleCloudStorage => (!any(&[
+            "GOOGLE_SERVICE_ACCOUNT",
+            "GOOGLE_SERVICE_ACCOUNT_PATH",
+            "GOOGLE_SERVICE_ACCOUNT_KEY",
+            "GOOGLE_APPLICATION_CREDENTIALS",
+        ]))
+        .then_some(
+            "no Google credentials in the environment, so the metadata server was asked for them: set GOOGLE_APPLICATION_CREDENTIALS (or GOOGLE_SERVICE_ACCOUNT)",
+        ),
+        ObjectStoreScheme::MicrosoftAzure => (!any(&[
+            "AZURE_STORAGE_ACCOUNT_KEY",
+            "AZURE_STORAGE_ACCESS_KEY",
+            "AZURE_STORAGE_SAS_KEY",
+            "AZURE_STORAGE_SAS_TOKEN",
+            "AZURE_CLIENT_SECRET",
+            "AZURE_FEDERATED_TOKEN_FILE",
+            "AZURE_STORAGE_USE_EMULATOR",
+        ]))
+        .then_some(
+            "no Azure credentials in the environment, so the managed identity was asked for them: set AZURE_STORAGE_ACCOUNT_KEY (or a SAS token, or a service principal)",
+        ),
+        _ => None,
+    }
 }
 
 /// True when `s` names an object-store URL rather than a local path.
@@ -51,7 +95,7 @@ impl Location {
         // environment: AWS_ALLOW_HTTP, timeouts, proxies.)
         let retry = RetryConfig { max_retries: 2, retry_timeout: Duration::from_secs(20), ..Default::default() };
         let bad = |e: object_store::Error| anyhow!("{s}: {e}");
-        let store: Arc<dyn ObjectStore> = match scheme {
+        let store: Arc<dyn ObjectStore> = match &scheme {
             ObjectStoreScheme::Local => {
                 let path = url.to_file_path().map_err(|()| anyhow!("{s}: not a local file URL"))?;
                 return Location::local(&path, create);
@@ -75,7 +119,13 @@ impl Location {
             ),
             _ => bail!("{s}: unsupported URL (use s3://, gs://, az:// or file://)"),
         };
-        Ok(Location { store, prefix, shown: s.trim_end_matches('/').to_string(), local: None })
+        Ok(Location {
+            store,
+            prefix,
+            shown: s.trim_end_matches('/').to_string(),
+            local: None,
+            hint: credentials_hint(&scheme),
+        })
     }
 
     fn local(dir: &Path, create: bool) -> Result<Location> {
@@ -92,6 +142,7 @@ impl Location {
             prefix: Key::default(),
             shown: dir.display().to_string(),
             local: Some(dir.to_path_buf()),
+            hint: None,
         })
     }
 
@@ -121,19 +172,30 @@ impl Location {
         parts.fold(self.prefix.clone(), |k, p| k.clone().join(p))
     }
 
+    /// The error of a failed request: what, where, object_store's reason,
+    /// and the credentials hint where the environment names none.
+    fn failed(&self, verb: &str, rel: &str, e: &object_store::Error) -> anyhow::Error {
+        let why = brief(e);
+        match self.hint {
+            Some(hint) if !matches!(e, object_store::Error::NotFound { .. }) => {
+                anyhow!("cannot {verb} {}: {why} ({hint})", self.show(rel))
+            }
+            _ => anyhow!("cannot {verb} {}: {why}", self.show(rel)),
+        }
+    }
+
     /// Writes `bytes` to `rel`, replacing what was there.
     pub fn put(&self, rel: &str, bytes: Vec<u8>) -> Result<()> {
         let key = self.key(rel);
-        block_on(self.store.put(&key, PutPayload::from(bytes)))
-            .map_err(|e| anyhow!("cannot write {}: {}", self.show(rel), brief(&e)))?;
+        block_on(self.store.put(&key, PutPayload::from(bytes))).map_err(|e| self.failed("write", rel, &e))?;
         Ok(())
     }
 
     /// Reads `rel` whole.
     pub fn get(&self, rel: &str) -> Result<Vec<u8>> {
         let key = self.key(rel);
-        let bytes = block_on(async { self.store.get(&key).await?.bytes().await })
-            .map_err(|e| anyhow!("cannot read {}: {}", self.show(rel), brief(&e)))?;
+        let bytes =
+            block_on(async { self.store.get(&key).await?.bytes().await }).map_err(|e| self.failed("read", rel, &e))?;
         Ok(bytes.to_vec())
     }
 
@@ -142,7 +204,7 @@ impl Location {
         let key = self.key(rel);
         match block_on(self.store.delete(&key)) {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(anyhow!("cannot delete {}: {}", self.show(rel), brief(&e))),
+            Err(e) => Err(self.failed("delete", rel, &e)),
         }
     }
 
@@ -161,8 +223,8 @@ impl Location {
         {
             return Ok(Vec::new());
         }
-        let metas: Vec<object_store::ObjectMeta> = block_on(self.store.list(Some(&base)).try_collect())
-            .map_err(|e| anyhow!("cannot list {}: {}", self.show(rel), brief(&e)))?;
+        let metas: Vec<object_store::ObjectMeta> =
+            block_on(self.store.list(Some(&base)).try_collect()).map_err(|e| self.failed("list", rel, &e))?;
         let mut keys: Vec<(String, std::time::SystemTime)> = metas
             .into_iter()
             .filter_map(|m| {

@@ -451,4 +451,57 @@ fn object_store_inputs_and_outputs_work_against_a_local_s3_server() {
     let out = cmd.args(["summarize", "s3://nobucket/out"]).assert().code(1);
     let stderr = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
     assert!(stderr.contains("s3://nobucket/out") && stderr.contains("NoSuchBucket"), "{stderr}");
+
+    // Missing credentials: with no keys in the environment object_store
+    // asks the instance-metadata endpoint, here a closed loopback port
+    // (AWS_METADATA_ENDPOINT) instead of 169.254.169.254. A clear error
+    // naming the URL, in bounded time, and the parts another shard wrote
+    // before stay.
+    let mut cmd = fragscope();
+    s3(&mut cmd);
+    cmd.args(["analyze", "s3://fleet/runs", "-o", "s3://fleet/keep", "--no-plots", "--shard", "0/2"])
+        .assert()
+        .success();
+    let keep = |server: &S3Server| {
+        let mut parts: Vec<String> = boto(
+            &server.endpoint,
+            "for o in s3.list_objects_v2(Bucket='fleet', Prefix='keep/')['Contents']: print(o['Key'], o['Size'])",
+        )
+        .lines()
+        .filter(|l| l.contains(".parquet"))
+        .map(str::to_string)
+        .collect();
+        parts.sort();
+        parts
+    };
+    let before = keep(&server);
+    assert!(!before.is_empty());
+    let started = std::time::Instant::now();
+    let mut cmd = fragscope();
+    for var in [
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_ROLE_ARN",
+    ] {
+        cmd.env_remove(var);
+    }
+    let out = cmd
+        .env("AWS_ENDPOINT_URL", &server.endpoint)
+        .env("AWS_ALLOW_HTTP", "true")
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_METADATA_ENDPOINT", format!("http://127.0.0.1:{closed}"))
+        .args(["analyze", "s3://fleet/runs", "-o", "s3://fleet/keep", "--no-plots", "--shard", "1/2"])
+        .assert()
+        .code(1);
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    assert!(stderr.contains("s3://fleet/"), "{stderr}");
+    assert!(stderr.to_lowercase().contains("credential"), "{stderr}");
+    assert!(took < std::time::Duration::from_secs(60), "took {took:?}");
+    eprintln!("missing credentials: exit 1 after {took:?}");
+    assert_eq!(keep(&server), before, "the parts shard 0 wrote stay");
 }
