@@ -3,12 +3,15 @@
 `<TABLE>.parquet` per table with the same columns and types: the layout of
 `nsys export --type parquetdir`. fragscope's tests turn the export of
 scripts/gen-nsys.py into such a folder with it, so the Parquet reader is
-tested on the same rows as the SQLite reader. Needs DuckDB (installed in
-target/pyenv by scripts/install-deps).
+tested on the same rows as the SQLite reader. The rows of the memory table
+are written in a shuffled order (seeded), so the reader's sort by `start`
+is exercised: a Parquet file promises no row order. Needs DuckDB
+(installed in target/pyenv by scripts/install-deps).
 
 Usage: nsys-parquetdir.py EXPORT.sqlite OUTDIR
 """
 import os
+import random
 import sqlite3
 import sys
 
@@ -26,6 +29,8 @@ def main(src, out):
         cols = [(c[1], TYPES.get(c[2].upper(), "VARCHAR")) for c in db.execute(f"PRAGMA table_info({t})")]
         duck.execute(f'CREATE TABLE "{t}" ({", ".join(f"{n} {ty}" for n, ty in cols)})')
         rows = db.execute(f'SELECT * FROM "{t}"').fetchall()
+        if t == "CUDA_GPU_MEMORY_USAGE_EVENTS":
+            random.Random(7).shuffle(rows)
         if rows:
             duck.executemany(f'INSERT INTO "{t}" VALUES ({", ".join("?" for _ in cols)})', rows)
         duck.execute(f"""COPY "{t}" TO '{os.path.join(out, t + ".parquet")}' (FORMAT PARQUET)""")

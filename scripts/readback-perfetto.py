@@ -2,7 +2,8 @@
 """Reads a Perfetto trace written by `fragscope export --format perfetto`
 with Perfetto's own generated classes (the `perfetto` package's
 perfetto_trace_pb2) and prints what it holds as JSON: the tracks, each
-counter track's (ts, value) series, the instants with their debug
+counter track's (ts, value) series keyed by its top-level track's name
+(`pid N`, `device N`) and its own, the instants with their debug
 annotations, and the slices. fragscope's tests compare this with the
 Trace Event JSON export of the same trace.
 
@@ -48,8 +49,9 @@ def main(path):
             parent = tracks.get(d.parent_uuid) if d.HasField("parent_uuid") else None
             pid = d.process.pid if d.HasField("process") else (parent["pid"] if parent else None)
             unit = pb.CounterDescriptor.Unit.Name(d.counter.unit) if d.HasField("counter") else None
+            root = parent["root"] if parent else d.name
             tracks[d.uuid] = {"name": d.name, "pid": pid, "unit": unit, "counter": d.HasField("counter"),
-                             "process": d.HasField("process")}
+                              "process": d.HasField("process"), "root": root}
             continue
         if not p.HasField("track_event"):
             continue
@@ -62,22 +64,23 @@ def main(path):
         if kind == "TYPE_COUNTER":
             assert track["counter"], track
             v = e.double_counter_value if e.HasField("double_counter_value") else e.counter_value
-            counters.setdefault(f'{track["pid"]}/{track["name"]}', []).append([p.timestamp, v])
+            counters.setdefault(f'{track["root"]}/{track["name"]}', []).append([p.timestamp, v])
         elif kind == "TYPE_INSTANT":
             args = dict(annotation(a) for a in e.debug_annotations)
-            instants.append({"pid": track["pid"], "track": track["name"], "name": e.name, "ts": p.timestamp,
-                             "args": args})
+            instants.append({"root": track["root"], "pid": track["pid"], "track": track["name"], "name": e.name,
+                             "ts": p.timestamp, "args": args})
         elif kind == "TYPE_SLICE_BEGIN":
             assert e.track_uuid not in open_slices, f"packet[{i}]: a slice begins inside another"
             open_slices[e.track_uuid] = (e.name, p.timestamp)
         elif kind == "TYPE_SLICE_END":
             name, begin = open_slices.pop(e.track_uuid)
-            slices.append({"pid": track["pid"], "track": track["name"], "name": name, "begin": begin,
-                           "end": p.timestamp})
+            slices.append({"root": track["root"], "pid": track["pid"], "track": track["name"], "name": name,
+                           "begin": begin, "end": p.timestamp})
     assert not open_slices, open_slices
     json.dump({"packets": len(trace.packet), "sequences": sorted(sequences),
                "tracks": sorted(t["name"] for t in tracks.values()),
                "processes": sorted(t["pid"] for t in tracks.values() if t["process"]),
+               "roots": sorted(t["name"] for t in tracks.values() if t["root"] == t["name"]),
                "units": {t["name"]: t["unit"] for t in tracks.values() if t["counter"]},
                "counters": counters, "instants": instants, "slices": slices}, sys.stdout)
 

@@ -486,7 +486,9 @@ fn diagnose_oom(
 
 /// Each row's reserved bytes from the producer's reported series: per
 /// process, the sum over its devices of the latest sample at or before
-/// the row. Rows before a process's first sample stay None.
+/// the row. Rows before a process's first sample stay None; a device not
+/// yet reported on counts nothing (the profiler reports a device's
+/// reserved bytes with its first memory event there).
 fn fill_reported_reserved(series: &[crate::trace::details::ReservedSample], rows: &mut [Row]) {
     if series.is_empty() {
         return;
@@ -626,4 +628,43 @@ fn predict_process(
             .map(|r| (oom_step.saturating_sub(r.step), (first.t_ns - r.t_ns) as f64 / 1e9))
     });
     ProcessPrediction { pid, prediction, lead_time }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::details::ReservedSample;
+
+    fn row(t_ns: u64, pid: u32) -> Row {
+        Row {
+            step: 0,
+            t_ns,
+            pid,
+            at_oom: false,
+            metrics: Metrics::default(),
+            forecast: None,
+            risk_online: None,
+            alloc: None,
+            iteration: None,
+            reported_reserved: None,
+        }
+    }
+
+    /// The latest sample at or before each row, summed over the process's
+    /// devices; a sample at the row's own time counts; other processes'
+    /// samples do not.
+    #[test]
+    fn reported_reserved_is_the_latest_sample_per_device() {
+        let s = |t_ns, pid, device, bytes| ReservedSample { t_ns, pid, device, bytes };
+        let series = [s(20, 1, 0, 100), s(10, 1, 0, 50), s(30, 1, 1, 7), s(30, 2, 0, 1000), s(40, 1, 0, 80)];
+        let mut rows: Vec<Row> = [5, 10, 19, 20, 30, 39, 40, 50].iter().map(|&t| row(t, 1)).collect();
+        rows.push(row(25, 2));
+        rows.push(row(35, 2));
+        fill_reported_reserved(&series, &mut rows);
+        let got: Vec<Option<u64>> = rows.iter().map(|r| r.reported_reserved).collect();
+        assert_eq!(
+            got,
+            vec![None, Some(50), Some(50), Some(100), Some(107), Some(107), Some(87), Some(87), None, Some(1000)]
+        );
+    }
 }

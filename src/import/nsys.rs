@@ -248,7 +248,7 @@ fn int_column(df: &polars::prelude::DataFrame, path: &Path, name: &str) -> Resul
         .column(name)
         .with_context(|| format!("{}: no column {name} (the published schema of {TABLE} has it)", path.display()))?;
     let cast = col
-        .cast(&DataType::Int64)
+        .strict_cast(&DataType::Int64)
         .with_context(|| format!("{}: column {name} is {}, not an integer", path.display(), col.dtype()))?;
     Ok(cast.i64().with_context(|| format!("{}: column {name}", path.display()))?.iter().collect())
 }
@@ -287,10 +287,21 @@ fn convert_parquetdir(dir: &Path, sink: Sink<'_>) -> Result<Converted> {
         col("memKind")?,
         col("memoryOperationType")?,
     );
-    let pooled: Vec<bool> = match df.column("localMemoryPoolAddress") {
-        Ok(c) => c.is_not_null().iter().map(|b| b.unwrap_or(false)).collect(),
-        Err(_) => vec![false; df.height()],
-    };
+    // Required, as the SQLite reader's query requires it: the published
+    // schema has it, and without it pooled allocations would pass for
+    // plain ones.
+    let pooled: Vec<bool> = df
+        .column("localMemoryPoolAddress")
+        .map_err(|_| {
+            anyhow::anyhow!(
+                "{}: no column localMemoryPoolAddress (the published schema of {TABLE} has it)",
+                path.display()
+            )
+        })?
+        .is_not_null()
+        .iter()
+        .map(|b| b.unwrap_or(false))
+        .collect();
     let mut order: Vec<usize> = (0..df.height()).collect();
     order.sort_by_key(|&i| start[i]);
     for i in order {

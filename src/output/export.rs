@@ -390,6 +390,53 @@ pub fn memory_viz(l: &Loaded, window: Window) -> Result<(Value, MemoryVizSummary
     Ok((snapshot, summary))
 }
 
+/// The processes (devices) of an analysis with rows, in order: the
+/// processes both timeline exports draw.
+pub(crate) fn timeline_pids(a: &crate::analysis::Analysis) -> Vec<u32> {
+    let mut pids: Vec<u32> = a.rows.iter().map(|r| r.pid).collect();
+    pids.sort_unstable();
+    pids.dedup();
+    pids
+}
+
+/// One iteration as the timeline exports draw it.
+pub(crate) struct IterationSpan {
+    pub pid: u32,
+    /// 1-based.
+    pub number: usize,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub source: String,
+}
+
+/// The iterations that overlap `window`, clipped to it and to the trace's
+/// first event (the exports' time zero; a profiler's step can open before
+/// the first memory event). Spans left empty by the clipping are dropped.
+pub(crate) fn iteration_spans(a: &crate::analysis::Analysis, window: Window) -> Vec<IterationSpan> {
+    let lo = window.start_ns.max(a.first_ts);
+    let mut spans = Vec::new();
+    for it in &a.iterations {
+        for (n, w) in it.boundaries_t_ns.windows(2).enumerate() {
+            let (start_ns, end_ns) = (w[0].max(lo), w[1].min(window.end_ns));
+            if start_ns < end_ns {
+                spans.push(IterationSpan {
+                    pid: it.pid,
+                    number: n + 1,
+                    start_ns,
+                    end_ns,
+                    source: format!("{:?}", it.source),
+                });
+            }
+        }
+    }
+    spans
+}
+
+/// Where the leak markers go: the end of the trace, within the window.
+pub(crate) fn leak_marker_ns(a: &crate::analysis::Analysis, window: Window) -> u64 {
+    a.last_ts.min(window.end_ns).max(window.start_ns.min(a.last_ts))
+}
+
 /// Trace Event JSON of an analysis: per process (device, for snapshots)
 /// the counters `memory` (live and, in the allocator view, reserved
 /// bytes), `fragmentation` (the score and its six components) and
@@ -399,10 +446,7 @@ pub fn memory_viz(l: &Loaded, window: Window) -> Result<(Value, MemoryVizSummary
 pub fn chrome(a: &crate::analysis::Analysis, window: Window) -> serde_json::Value {
     let us = |t: u64| t.saturating_sub(a.first_ts) as f64 / 1000.0;
     let mut out = Vec::new();
-    let mut pids: Vec<u32> = a.rows.iter().map(|r| r.pid).collect();
-    pids.sort_unstable();
-    pids.dedup();
-    for &pid in &pids {
+    for pid in timeline_pids(a) {
         out.push(json!({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": format!("{} {pid}", a.unit())}}));
     }
     for r in a.rows.iter().filter(|r| window.contains(r.t_ns)) {
@@ -431,19 +475,15 @@ pub fn chrome(a: &crate::analysis::Analysis, window: Window) -> serde_json::Valu
             "largest_gap_bytes": o.largest_gap, "device_free_bytes": o.device_free, "site": o.request_site,
         }}));
     }
-    for it in &a.iterations {
-        let b = &it.boundaries_t_ns;
-        for (n, w) in b.windows(2).enumerate() {
-            if window.contains(w[0]) || window.contains(w[1]) {
-                out.push(json!({"ph": "X", "name": format!("iteration {}", n + 1), "cat": "iteration", "pid": it.pid,
-                    "tid": 1, "ts": us(w[0]), "dur": (w[1] - w[0]) as f64 / 1000.0, "args": {"source": format!("{:?}", it.source)}}));
-            }
-        }
+    for it in iteration_spans(a, window) {
+        out.push(json!({"ph": "X", "name": format!("iteration {}", it.number), "cat": "iteration", "pid": it.pid,
+            "tid": 1, "ts": us(it.start_ns), "dur": (it.end_ns - it.start_ns) as f64 / 1000.0, "args": {"source": it.source}}));
     }
-    let end = a.last_ts.min(window.end_ns);
+    let end = leak_marker_ns(a, window);
     for l in &a.leaks {
         out.push(json!({"ph": "i", "s": "p", "name": format!("leak: {}", l.verdict.name()), "pid": l.pid, "tid": 0,
-            "ts": us(end), "args": {"verdict": l.verdict.name(), "reason": l.reason, "growth_bytes": l.growth_bytes}}));
+            "ts": us(end), "args": {"verdict": l.verdict.name(), "reason": l.reason, "growth_bytes": l.growth_bytes,
+            "rate_bytes_per_s": l.rate_bytes_per_s}}));
     }
     json!({
         "traceEvents": out,

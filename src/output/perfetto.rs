@@ -3,8 +3,9 @@
 //! which ui.perfetto.dev and `trace_processor` open beside the program's
 //! own profiles.
 //!
-//! Per process (device, in the allocator view of a snapshot) a process
-//! track holds:
+//! Per process a process track (per device, in the allocator view of a
+//! snapshot, a top-level track `device N` without a process descriptor,
+//! since device indices are not process ids) holds:
 //! - counter tracks: `live bytes`, `reserved bytes` (allocator view, or as a
 //!   profiler trace reported it),
 //!   `fragmentation score` and its six components, and `forecast t+k` for
@@ -12,7 +13,8 @@
 //! - an `OOMs` track of instants named `OOM (<class>)`, whose debug
 //!   annotations carry the class, the request, the live bytes, the largest
 //!   gap, the device's free memory and the call site;
-//! - an `iterations` track with one slice per iteration;
+//! - an `iterations` track with one slice per iteration (clipped to the
+//!   window and to the first event);
 //! - a `leaks` track with one instant per leak verdict, at the end.
 //!
 //! Timestamps are ns from the trace's first event (entries, for a snapshot
@@ -170,10 +172,15 @@ impl Builder {
         uuid
     }
 
-    fn process(&mut self, pid: u32, name: String) -> u64 {
+    /// A process's top-level track. Device series (the allocator view of
+    /// a snapshot, keyed by device index) are plain top-level tracks: a
+    /// ProcessDescriptor would claim a real process 0, 1, ….
+    fn process(&mut self, pid: Option<u32>, name: String) -> u64 {
         let uuid = self.track(None, name.clone(), None);
-        let d = self.descriptors.last_mut().expect("just pushed");
-        d.process = Some(ProcessDescriptor { pid: Some(pid as i32), process_name: Some(name) });
+        if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
+            let d = self.descriptors.last_mut().expect("just pushed");
+            d.process = Some(ProcessDescriptor { pid: Some(pid), process_name: Some(name) });
+        }
         uuid
     }
 
@@ -268,15 +275,13 @@ const COMPONENTS: [&str; 6] = [
 pub fn perfetto(a: &Analysis, window: Window) -> Trace {
     let rel = |t: u64| t.saturating_sub(a.first_ts);
     let mut b = Builder { descriptors: Vec::new(), events: Vec::new() };
-    let mut pids: Vec<u32> = a.rows.iter().map(|r| r.pid).chain(a.ooms.iter().map(|o| o.pid)).collect();
-    pids.sort_unstable();
-    pids.dedup();
+    let pids = crate::output::export::timeline_pids(a);
     let bytes = || Some(CounterDescriptor { unit: Some(UNIT_SIZE_BYTES), unit_name: None });
     let plain = || Some(CounterDescriptor { unit: None, unit_name: None });
     let horizon = a.rows.iter().find_map(|r| r.forecast.as_ref().map(|f| f.len())).unwrap_or(0);
     let mut tracks: std::collections::BTreeMap<u32, Tracks> = std::collections::BTreeMap::new();
     for &pid in &pids {
-        let p = b.process(pid, format!("{} {pid}", a.unit()));
+        let p = b.process((!a.allocator_view).then_some(pid), format!("{} {pid}", a.unit()));
         let has_reserved = a.rows.iter().any(|r| r.pid == pid && r.reserved_bytes().is_some());
         let t = Tracks {
             live: b.track(Some(p), "live bytes".into(), bytes()),
@@ -320,36 +325,32 @@ pub fn perfetto(a: &Analysis, window: Window) -> Trace {
         if let Some(site) = &o.request_site {
             args.push(annotation("site", Arg::S(site.clone())));
         }
-        let track = tracks[&o.pid].ooms;
+        let Some(t) = tracks.get(&o.pid) else { continue };
+        let track = t.ooms;
         b.instant(rel(o.t_ns), track, format!("OOM ({})", o.class.name()), "oom", args);
     }
-    for it in &a.iterations {
+    for it in crate::output::export::iteration_spans(a, window) {
         let Some(t) = tracks.get(&it.pid) else { continue };
         let track = t.iterations;
-        for (n, w) in it.boundaries_t_ns.windows(2).enumerate() {
-            if !(window.contains(w[0]) || window.contains(w[1])) {
-                continue;
-            }
-            b.event(
-                rel(w[0]),
-                1,
-                TrackEvent {
-                    r#type: Some(SLICE_BEGIN),
-                    track_uuid: Some(track),
-                    name: Some(format!("iteration {}", n + 1)),
-                    categories: vec!["iteration".into()],
-                    debug_annotations: vec![annotation("source", Arg::S(format!("{:?}", it.source)))],
-                    ..Default::default()
-                },
-            );
-            b.event(
-                rel(w[1]),
-                0,
-                TrackEvent { r#type: Some(SLICE_END), track_uuid: Some(track), ..Default::default() },
-            );
-        }
+        b.event(
+            rel(it.start_ns),
+            1,
+            TrackEvent {
+                r#type: Some(SLICE_BEGIN),
+                track_uuid: Some(track),
+                name: Some(format!("iteration {}", it.number)),
+                categories: vec!["iteration".into()],
+                debug_annotations: vec![annotation("source", Arg::S(it.source))],
+                ..Default::default()
+            },
+        );
+        b.event(
+            rel(it.end_ns),
+            0,
+            TrackEvent { r#type: Some(SLICE_END), track_uuid: Some(track), ..Default::default() },
+        );
     }
-    let end = rel(a.last_ts.min(window.end_ns));
+    let end = rel(crate::output::export::leak_marker_ns(a, window));
     for l in &a.leaks {
         let Some(t) = tracks.get(&l.pid) else { continue };
         let track = t.leaks;
@@ -378,7 +379,7 @@ mod tests {
     #[test]
     fn packets_in_time_order_with_descriptors_first() {
         let mut b = Builder { descriptors: Vec::new(), events: Vec::new() };
-        let p = b.process(7, "pid 7".into());
+        let p = b.process(Some(7), "pid 7".into());
         let it = b.track(Some(p), "iterations".into(), None);
         let slice = |ty| TrackEvent { r#type: Some(ty), track_uuid: Some(it), ..Default::default() };
         b.event(200, 1, slice(SLICE_BEGIN));

@@ -248,14 +248,19 @@ fn chrome_series(events: &[serde_json::Value], pid: u64, name: &str, arg: &str) 
     events
         .iter()
         .filter(|e| e["ph"] == "C" && e["name"] == name && e["pid"] == pid && !e["args"][arg].is_null())
-        .map(|e| ((e["ts"].as_f64().unwrap() * 1000.0).round() as u64, e["args"][arg].as_f64().unwrap()))
+        .map(|e| (ns(&e["ts"]), e["args"][arg].as_f64().unwrap()))
         .collect()
 }
 
-fn perfetto_series(p: &serde_json::Value, pid: u64, track: &str) -> Vec<(u64, f64)> {
-    p["counters"][format!("{pid}/{track}")]
+/// A chrome timestamp (µs from the first event) in ns.
+fn ns(us: &serde_json::Value) -> u64 {
+    (us.as_f64().unwrap() * 1000.0).round() as u64
+}
+
+fn perfetto_series(p: &serde_json::Value, root: &str, track: &str) -> Vec<(u64, f64)> {
+    p["counters"][format!("{root}/{track}")]
         .as_array()
-        .unwrap_or_else(|| panic!("no counter track {pid}/{track}: {:?}", p["tracks"]))
+        .unwrap_or_else(|| panic!("no counter track {root}/{track}: {:?}", p["tracks"]))
         .iter()
         .map(|v| (v[0].as_u64().unwrap(), v[1].as_f64().unwrap()))
         .collect()
@@ -263,50 +268,75 @@ fn perfetto_series(p: &serde_json::Value, pid: u64, track: &str) -> Vec<(u64, f6
 
 /// Perfetto's own classes read the protobuf export, every field known to
 /// its schema, and find what the Trace Event JSON of the same analysis
-/// holds: the same counter series per process, the same OOM instants with
-/// their class, the same iteration slices and leak markers.
-fn perfetto_matches_chrome(input: &Path, tmp: &Path) -> Option<serde_json::Value> {
+/// holds: every counter series of every process, the OOM instants and leak
+/// markers at the same times with the same class and verdict, and the same
+/// iteration slices. `extra` goes to both exports (a time window).
+fn perfetto_matches_chrome(input: &Path, tmp: &Path, extra: &[&str]) -> Option<serde_json::Value> {
     let pf = tmp.join("t.pftrace");
-    let stdout = export(input, "perfetto", &pf, &[]);
+    let stdout = export(input, "perfetto", &pf, extra);
     assert!(stdout.contains("Perfetto trace"), "{stdout}");
     let cj = tmp.join("t.json");
-    export(input, "chrome", &cj, &[]);
+    export(input, "chrome", &cj, extra);
     let c: serde_json::Value = serde_json::from_slice(&std::fs::read(&cj).unwrap()).unwrap();
     let events = c["traceEvents"].as_array().unwrap();
     let p = perfetto_readback(&pf)?;
     assert_eq!(p["sequences"], serde_json::json!([1]));
-    let mut pids: Vec<u64> =
-        events.iter().filter(|e| e["ph"] == "M").map(|e| e["pid"].as_u64().unwrap()).collect::<Vec<_>>();
-    pids.sort_unstable();
-    assert_eq!(p["processes"], serde_json::json!(pids));
+    // Processes (devices) by name, as chrome's metadata names them.
+    let names: std::collections::BTreeMap<u64, String> = events
+        .iter()
+        .filter(|e| e["ph"] == "M")
+        .map(|e| (e["pid"].as_u64().unwrap(), e["args"]["name"].as_str().unwrap().to_string()))
+        .collect();
+    let roots: Vec<&String> = names.values().collect();
+    assert_eq!(p["roots"], serde_json::json!(roots));
     assert_eq!(p["units"]["live bytes"], "UNIT_SIZE_BYTES");
-    for &pid in &pids {
-        let live = perfetto_series(&p, pid, "live bytes");
-        assert!(!live.is_empty());
-        assert_eq!(live, chrome_series(events, pid, "memory", "live_bytes"));
-        assert_eq!(
-            perfetto_series(&p, pid, "fragmentation score"),
-            chrome_series(events, pid, "fragmentation", "score")
-        );
-        assert_eq!(perfetto_series(&p, pid, "size_cv"), chrome_series(events, pid, "fragmentation", "size_cv"));
-        let reserved = chrome_series(events, pid, "memory", "reserved_bytes");
-        if !reserved.is_empty() {
-            assert_eq!(perfetto_series(&p, pid, "reserved bytes"), reserved);
+    let horizon =
+        p["tracks"].as_array().unwrap().iter().filter(|t| t.as_str().unwrap().starts_with("forecast t+")).count()
+            / names.len();
+    for (&pid, root) in &names {
+        let mut pairs = vec![
+            ("live bytes", "memory", "live_bytes".to_string()),
+            ("fragmentation score", "fragmentation", "score".into()),
+        ];
+        for c in [
+            "external_fragmentation",
+            "kernel_unusable_index",
+            "small_alloc_ratio",
+            "size_cv",
+            "large_gap_ratio",
+            "utilization",
+        ] {
+            pairs.push((c, "fragmentation", c.to_string()));
         }
-        let forecast = chrome_series(events, pid, "forecast", "score_t+1");
-        if !forecast.is_empty() {
-            assert_eq!(perfetto_series(&p, pid, "forecast t+1"), forecast);
+        let forecast_tracks: Vec<String> = (1..=horizon).map(|k| format!("forecast t+{k}")).collect();
+        for (k, t) in forecast_tracks.iter().enumerate() {
+            pairs.push((t, "forecast", format!("score_t+{}", k + 1)));
+        }
+        if !chrome_series(events, pid, "memory", "reserved_bytes").is_empty() {
+            pairs.push(("reserved bytes", "memory", "reserved_bytes".into()));
+        }
+        for (track, name, arg) in pairs {
+            let want = chrome_series(events, pid, name, &arg);
+            assert_eq!(perfetto_series(&p, root, track), want, "{root}/{track}");
         }
     }
-    let instants = p["instants"].as_array().unwrap();
-    let chrome_instants: Vec<(u64, String)> = events
+    // Instants: the same (process, name, time), OOMs with their class.
+    let mut want: Vec<(String, String, u64)> = events
         .iter()
         .filter(|e| e["ph"] == "i")
-        .map(|e| (e["pid"].as_u64().unwrap(), e["name"].as_str().unwrap().to_string()))
+        .map(|e| (names[&e["pid"].as_u64().unwrap()].clone(), e["name"].as_str().unwrap().to_string(), ns(&e["ts"])))
         .collect();
-    let mut got: Vec<(u64, String)> =
-        instants.iter().map(|i| (i["pid"].as_u64().unwrap(), i["name"].as_str().unwrap().to_string())).collect();
-    let mut want = chrome_instants.clone();
+    let instants = p["instants"].as_array().unwrap();
+    let mut got: Vec<(String, String, u64)> = instants
+        .iter()
+        .map(|i| {
+            (
+                i["root"].as_str().unwrap().to_string(),
+                i["name"].as_str().unwrap().to_string(),
+                i["ts"].as_u64().unwrap(),
+            )
+        })
+        .collect();
     got.sort();
     want.sort();
     assert_eq!(got, want);
@@ -314,9 +344,27 @@ fn perfetto_matches_chrome(input: &Path, tmp: &Path) -> Option<serde_json::Value
         assert!(i["name"].as_str().unwrap().contains(i["args"]["class"].as_str().unwrap()), "{i}");
         assert!(i["args"]["requested_bytes"].as_u64().unwrap() > 0);
     }
-    let slices = p["slices"].as_array().unwrap();
-    assert_eq!(slices.len(), events.iter().filter(|e| e["ph"] == "X").count());
-    assert!(slices.iter().all(|s| s["begin"].as_u64() < s["end"].as_u64()));
+    // Slices: the same iterations, begin and end.
+    let mut want: Vec<(String, String, u64, u64)> = events
+        .iter()
+        .filter(|e| e["ph"] == "X")
+        .map(|e| {
+            let (b, d) = (ns(&e["ts"]), ns(&e["dur"]));
+            (names[&e["pid"].as_u64().unwrap()].clone(), e["name"].as_str().unwrap().to_string(), b, b + d)
+        })
+        .collect();
+    let mut got: Vec<(String, String, u64, u64)> = p["slices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let f = |k: &str| s[k].as_str().unwrap().to_string();
+            (f("root"), f("name"), s["begin"].as_u64().unwrap(), s["end"].as_u64().unwrap())
+        })
+        .collect();
+    got.sort();
+    want.sort();
+    assert_eq!(got, want);
     Some(p)
 }
 
@@ -325,15 +373,61 @@ fn perfetto_protobuf_holds_what_the_chrome_json_holds() {
     let tmp = tempfile::tempdir().unwrap();
     let trace = tmp.path().join("t");
     fragscope().args(["synth", "--pattern", "fragmenting", "--events", "20k", "-o"]).arg(&trace).assert().success();
-    let Some(p) = perfetto_matches_chrome(&trace, tmp.path()) else { return };
+    // Without the Python read-back, prost's own decoding still checks the
+    // structure: time order, known tracks, balanced slices per track.
+    let pf = tmp.path().join("structure.pftrace");
+    export(&trace, "perfetto", &pf, &[]);
+    structure_is_sound(&pf);
+    let Some(p) = perfetto_matches_chrome(&trace, tmp.path(), &[]) else { return };
     let names: Vec<&str> = p["instants"].as_array().unwrap().iter().map(|i| i["name"].as_str().unwrap()).collect();
     assert!(names.iter().any(|n| n.starts_with("OOM (fragmentation)")), "{names:?}");
-    assert!(!p["slices"].as_array().unwrap().is_empty(), "iteration slices");
-    // A snapshot: the allocator view, with reserved bytes, per device.
+    assert!(p["slices"].as_array().unwrap().len() > 10, "iteration slices");
+    assert_eq!(p["processes"], serde_json::json!([4100]));
+    // A window that cuts iterations: clipped slices, still balanced.
+    let dir = tmp.path().join("window");
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = perfetto_matches_chrome(&trace, &dir, &["--time-window", "0.02..0.05"]).unwrap();
+    let slices = p["slices"].as_array().unwrap();
+    assert!(!slices.is_empty() && slices.iter().all(|s| s["begin"].as_u64().unwrap() >= 20_000_000));
+    // A snapshot: the allocator view, with reserved bytes, per device (no
+    // process descriptor: device indices are not process ids).
     if let Some(g) = generated() {
         let dir = tmp.path().join("snap");
         std::fs::create_dir_all(&dir).unwrap();
-        let p = perfetto_matches_chrome(&g.join("basic.pickle"), &dir).unwrap();
+        let p = perfetto_matches_chrome(&g.join("basic.pickle"), &dir, &[]).unwrap();
         assert!(p["tracks"].as_array().unwrap().iter().any(|t| t == "reserved bytes"), "{:?}", p["tracks"]);
+        assert_eq!(p["processes"], serde_json::json!([]));
     }
+}
+
+/// What can be checked of a Perfetto export in Rust alone: packets in
+/// time order after the descriptors, every event on a described track, and
+/// each track's slices balanced.
+fn structure_is_sound(path: &Path) {
+    use fragscope::output::perfetto::Trace;
+    use prost::Message;
+    let t = Trace::decode(std::fs::read(path).unwrap().as_slice()).unwrap();
+    let mut tracks = std::collections::HashSet::new();
+    let mut open: std::collections::HashMap<u64, i32> = Default::default();
+    let mut last = 0;
+    for p in &t.packet {
+        if let Some(d) = &p.track_descriptor {
+            assert!(tracks.insert(d.uuid.unwrap()));
+            continue;
+        }
+        let e = p.track_event.as_ref().unwrap();
+        let ts = p.timestamp.unwrap();
+        assert!(ts >= last);
+        last = ts;
+        let track = e.track_uuid.unwrap();
+        assert!(tracks.contains(&track));
+        let depth = open.entry(track).or_default();
+        match e.r#type {
+            Some(1) => *depth += 1,
+            Some(2) => *depth -= 1,
+            _ => {}
+        }
+        assert!((0..=1).contains(depth), "slices nest or end before they begin");
+    }
+    assert!(open.values().all(|&d| d == 0));
 }
