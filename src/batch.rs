@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::io::IsTerminal;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use anyhow::{Context, Result};
@@ -38,15 +38,15 @@ pub fn run(args: &AnalyzeArgs) -> Result<u8> {
     loc.list(crate::output::summary::DATASET)?;
     // Names over the whole input set, so that every shard names a trace
     // as the unsharded run would.
-    let paths: Vec<PathBuf> = found.iter().map(|f| f.0.path_for_name()).collect();
-    let all_names = unique_names(&paths);
+    let bases: Vec<String> = found.iter().map(|f| f.0.name_base()).collect();
+    let total = bases.len();
+    let all_names = unique_names(bases);
     let (traces, names): (Vec<TraceIn>, Vec<String>) = found
         .into_iter()
         .zip(all_names)
         .filter(|((_, rel), _)| args.shard.is_none_or(|s| s.holds(rel)))
         .map(|((t, _), n)| (t, n))
         .unzip();
-    let total = paths.len();
     let jobs = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
     let started = std::time::Instant::now();
     let (rows, per_trace) = analyze_all(&traces, &names, &loc, &opts, plot.as_ref(), jobs);
@@ -265,12 +265,16 @@ impl TraceIn {
         }
     }
 
-    /// The path its output folder is named after.
-    fn path_for_name(&self) -> PathBuf {
+    /// What its output folder is named after: a local trace's own name
+    /// (through links: `runs/latest` → the folder it points to); a remote
+    /// one's last key part, as listed (never a local file's name).
+    fn name_base(&self) -> String {
+        let name = |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned());
         match self {
-            TraceIn::Local(p) => p.clone(),
-            TraceIn::Remote { local, .. } => PathBuf::from(local),
+            TraceIn::Local(p) => p.canonicalize().ok().and_then(|c| name(&c)).or_else(|| name(p)),
+            TraceIn::Remote { local, .. } => name(Path::new(local)),
         }
+        .unwrap_or_else(|| "trace".into())
     }
 }
 
@@ -416,19 +420,13 @@ fn analyze_one(
     Ok(Summary::of(&a))
 }
 
-/// Output folder names: the trace directory's name, suffixed when two
-/// traces share one.
-fn unique_names(traces: &[PathBuf]) -> Vec<String> {
+/// Output folder names: each trace's base name, suffixed when two traces
+/// share one.
+fn unique_names(bases: Vec<String>) -> Vec<String> {
     let mut seen: HashMap<String, usize> = HashMap::new();
-    traces
-        .iter()
-        .map(|p| {
-            let base = p
-                .canonicalize()
-                .ok()
-                .and_then(|c| c.file_name().map(|n| n.to_string_lossy().into_owned()))
-                .or_else(|| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-                .unwrap_or_else(|| "trace".into());
+    bases
+        .into_iter()
+        .map(|base| {
             let n = seen.entry(base.clone()).or_insert(0);
             *n += 1;
             if *n == 1 { base } else { format!("{base}-{n}") }
@@ -439,6 +437,29 @@ fn unique_names(traces: &[PathBuf]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A remote trace is named by its key, even where a file of the same
+    /// name in the working directory is a link elsewhere; local ones are
+    /// named through links; equal names get suffixes.
+    #[test]
+    fn output_names_follow_keys_and_links() {
+        let tmp = tempfile::tempdir().unwrap();
+        let target = tmp.path().join("real-run");
+        std::fs::create_dir(&target).unwrap();
+        let link = tmp.path().join("latest");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert_eq!(TraceIn::Local(link.clone()).name_base(), "real-run");
+        let remote = TraceIn::Remote {
+            loc: Location::open(tmp.path().to_str().unwrap(), false).unwrap(),
+            keys: Vec::new(),
+            // As if downloaded under the scratch folder; the same relative
+            // name resolves to the link from the working directory here.
+            local: link.to_string_lossy().into_owned(),
+            shown: "s3://b/latest".into(),
+        };
+        assert_eq!(remote.name_base(), "latest");
+        assert_eq!(unique_names(vec!["a".into(), "b".into(), "a".into(), "a".into()]), vec!["a", "b", "a-2", "a-3"]);
+    }
 
     #[test]
     fn shard_specs_parse_and_reject() {

@@ -34,6 +34,14 @@ pub struct Location {
     hint: Option<&'static str>,
 }
 
+/// Whether gcloud's application-default credentials file exists (object_store
+/// reads it when no variable names credentials).
+fn gcloud_default_credentials() -> bool {
+    std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .is_some_and(|h| h.join(".config/gcloud/application_default_credentials.json").is_file())
+}
+
 /// What to say when a store's request fails and the environment names no
 /// credentials for it: None when it names some.
 fn credentials_hint(scheme: &ObjectStoreScheme) -> Option<&'static str> {
@@ -54,7 +62,7 @@ fn credentials_hint(scheme: &ObjectStoreScheme) -> Option<&'static str> {
             "GOOGLE_SERVICE_ACCOUNT_PATH",
             "GOOGLE_SERVICE_ACCOUNT_KEY",
             "GOOGLE_APPLICATION_CREDENTIALS",
-        ]))
+        ]) && !gcloud_default_credentials())
         .then_some(
             "no Google credentials in the environment, so the metadata server was asked for them: set GOOGLE_APPLICATION_CREDENTIALS (or GOOGLE_SERVICE_ACCOUNT)",
         ),
@@ -66,6 +74,9 @@ fn credentials_hint(scheme: &ObjectStoreScheme) -> Option<&'static str> {
             "AZURE_CLIENT_SECRET",
             "AZURE_FEDERATED_TOKEN_FILE",
             "AZURE_STORAGE_USE_EMULATOR",
+            "AZURE_STORAGE_TOKEN",
+            "AZURE_USE_AZURE_CLI",
+            "AZURE_SKIP_SIGNATURE",
         ]))
         .then_some(
             "no Azure credentials in the environment, so the managed identity was asked for them: set AZURE_STORAGE_ACCOUNT_KEY (or a SAS token, or a service principal)",
