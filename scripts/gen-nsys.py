@@ -11,7 +11,7 @@ The enum ids are shuffled on purpose (--shuffle-enums): a reader must take
 the names from the enum tables, not the numbers. Besides the database,
 OUT.expected.json holds what Python computes from the rows it wrote.
 
-Usage: gen-nsys.py OUT.sqlite [--shuffle-enums] [--seed N]
+Usage: gen-nsys.py OUT.sqlite [--shuffle-enums] [--seed N] [--events N (default 3000)]
 """
 import json
 import random
@@ -22,7 +22,7 @@ KINDS = ["PAGEABLE", "PINNED", "DEVICE", "ARRAY", "MANAGED", "DEVICE_STATIC", "M
 OPERS = ["ALLOCATION", "DEALLOCATION"]
 
 
-def main(out, shuffle, seed):
+def main(out, shuffle, seed, events=3000):
     rng = random.Random(seed)
     kind_ids = list(range(len(KINDS)))
     oper_ids = [0, 1]
@@ -59,7 +59,7 @@ def main(out, shuffle, seed):
     nxt = {"dev": 0x7F00_0000_0000, "pool": 0x7E00_0000_0000, "host": 0x5500_0000_0000, "managed": 0x7D00_0000_0000}
     device_live = peak = 0
     expected = {"rows": 0, "device_events": 0, "pooled": 0, "skipped": {}, "allocs": 0, "frees": 0}
-    for _ in range(3000):
+    for _ in range(events):
         t += rng.randint(100, 5000)
         if live and rng.random() < 0.45:
             addr = rng.choice(sorted(live))
@@ -112,4 +112,5 @@ if __name__ == "__main__":
         sys.exit(__doc__)
     args = sys.argv[1:]
     seed = int(args[args.index("--seed") + 1]) if "--seed" in args else 1
-    main(args[0], "--shuffle-enums" in args, seed)
+    events = int(args[args.index("--events") + 1]) if "--events" in args else 3000
+    main(args[0], "--shuffle-enums" in args, seed, events)
