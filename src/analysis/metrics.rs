@@ -127,6 +127,17 @@ pub fn target_block(blocks: &BlockStats, page_size: u64) -> u64 {
 }
 
 impl Metrics {
+    /// The names of [`Metrics::features`], in the same order (the
+    /// `metrics.parquet` column names).
+    pub const FEATURE_NAMES: [&'static str; 6] = [
+        "external_fragmentation",
+        "kernel_unusable_index",
+        "small_alloc_ratio",
+        "size_cv",
+        "large_gap_ratio",
+        "utilization",
+    ];
+
     /// The six features of SPEC §6, in its order: E, K, S, C, L, U.
     pub fn features(&self) -> [f64; 6] {
         [

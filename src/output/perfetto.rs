@@ -261,15 +261,6 @@ struct Tracks {
     leaks: u64,
 }
 
-const COMPONENTS: [&str; 6] = [
-    "external_fragmentation",
-    "kernel_unusable_index",
-    "small_alloc_ratio",
-    "size_cv",
-    "large_gap_ratio",
-    "utilization",
-];
-
 /// The Perfetto trace of an analysis, restricted to `window` as the
 /// chrome export is.
 pub fn perfetto(a: &Analysis, window: Window) -> Trace {
@@ -287,7 +278,7 @@ pub fn perfetto(a: &Analysis, window: Window) -> Trace {
             live: b.track(Some(p), "live bytes".into(), bytes()),
             reserved: has_reserved.then(|| b.track(Some(p), "reserved bytes".into(), bytes())),
             score: b.track(Some(p), "fragmentation score".into(), plain()),
-            components: COMPONENTS.map(|c| b.track(Some(p), c.into(), plain())),
+            components: crate::analysis::metrics::Metrics::FEATURE_NAMES.map(|c| b.track(Some(p), c.into(), plain())),
             forecast: (1..=horizon).map(|k| b.track(Some(p), format!("forecast t+{k}"), plain())).collect(),
             ooms: b.track(Some(p), "OOMs".into(), None),
             iterations: b.track(Some(p), "iterations".into(), None),

@@ -298,14 +298,7 @@ fn perfetto_matches_chrome(input: &Path, tmp: &Path, extra: &[&str]) -> Option<s
             ("live bytes", "memory", "live_bytes".to_string()),
             ("fragmentation score", "fragmentation", "score".into()),
         ];
-        for c in [
-            "external_fragmentation",
-            "kernel_unusable_index",
-            "small_alloc_ratio",
-            "size_cv",
-            "large_gap_ratio",
-            "utilization",
-        ] {
+        for c in fragscope::analysis::metrics::Metrics::FEATURE_NAMES {
             pairs.push((c, "fragmentation", c.to_string()));
         }
         let forecast_tracks: Vec<String> = (1..=horizon).map(|k| format!("forecast t+{k}")).collect();
