@@ -3,7 +3,7 @@
 benchmarks, with the expected answers beside them.
 
     python3 scripts/gen-snapshots.py OUT_DIR            # the test cases
-    python3 scripts/gen-snapshots.py OUT_DIR --big MB   # one large snapshot
+    python3 scripts/gen-snapshots.py OUT_DIR --big MB [ring]   # one large snapshot (ring: late start, random addresses)
 
 A small model of PyTorch's caching allocator produces them, so the final
 segments and blocks are consistent with the trace: requests are rounded to
@@ -418,15 +418,22 @@ def compare_pair(out):
         json.dump({"only_a": sorted(ka - kb), "only_b": sorted(kb - ka)}, f, indent=1)
 
 
-def big(out, megabytes):
+def big(out, megabytes, shape="train"):
     """One large snapshot, fast: a training-like loop over size classes, each
     with its own 2 MiB-aligned segments cut into equal slots (exact sizes, so
     the import's size rule holds), 200 shared call sites, time_us, and
-    segment growth over the run. About 58 bytes of pickle per entry."""
+    segment growth over the run. About 58 bytes of pickle per entry.
+
+    shape "ring": the import's hard case. Segments of 2 MiB (so thousands of
+    them), slots taken at random (addresses jump around), and the trace is
+    what a ring buffer that started late holds: its first 40 % is dropped,
+    so many frees are of blocks it never saw allocated, and many segments
+    were alive before its first entry."""
     rng = random.Random(11)
     sites = make_sites(200)
     classes = [512, 8192, 262_144, 2 * MiB + 512, 24 * MiB]
-    per_seg = {c: max(1, (20 * MiB) // c) for c in classes}
+    seg_bytes = 2 * MiB if shape == "ring" else 20 * MiB
+    per_seg = {c: max(1, seg_bytes // c) for c in classes}
     seg_len = {c: per_seg[c] * c for c in classes}
     segments = []  # [address, class, slots: list of None | (requested, site)]
     free_slots = {c: [] for c in classes}
@@ -435,7 +442,8 @@ def big(out, megabytes):
     addr = 0x7F0000000000
     live = []
     target = megabytes * MiB
-    while len(trace) * 58 < target:
+    scale = 1 / 0.6 if shape == "ring" else 1
+    while len(trace) * 58 < target * scale:
         c = rng.choice(classes)
         if not free_slots[c]:
             segments.append([addr, c, [None] * per_seg[c]])
@@ -443,6 +451,10 @@ def big(out, megabytes):
             trace.append({"action": "segment_alloc", "addr": addr, "size": seg_len[c], "stream": 0, "time_us": clock})
             free_slots[c] = [(len(segments) - 1, i) for i in reversed(range(per_seg[c]))]
             addr += (seg_len[c] + 4 * MiB) // (2 * MiB) * (2 * MiB)
+        if shape == "ring":
+            slots = free_slots[c]
+            k = rng.randrange(len(slots))
+            slots[k], slots[-1] = slots[-1], slots[k]
         si, slot = free_slots[c].pop()
         site = sites[rng.randrange(len(sites))]
         segments[si][2][slot] = site
@@ -474,7 +486,9 @@ def big(out, megabytes):
         out_segs.append({"device": 0, "address": a, "total_size": len(slots) * c, "stream": 0,
                          "segment_type": "small" if c <= SMALL else "large", "is_expandable": False,
                          "frames": [], "blocks": blocks})
-    path = os.path.join(out, f"big-{megabytes}MB.pickle")
+    if shape == "ring":
+        trace = trace[int(len(trace) * 0.4):]
+    path = os.path.join(out, f"big-{megabytes}MB.pickle" if shape == "train" else f"big-{shape}-{megabytes}MB.pickle")
     with open(path, "wb") as f:
         pickle.dump({"segments": out_segs, "device_traces": [trace]}, f, protocol=4)
     print(f"{path}: {os.path.getsize(path)} bytes, {len(trace)} trace entries, {len(out_segs)} segments")
@@ -485,6 +499,6 @@ if __name__ == "__main__":
         sys.exit(__doc__)
     os.makedirs(sys.argv[1], exist_ok=True)
     if len(sys.argv) >= 4 and sys.argv[2] == "--big":
-        big(sys.argv[1], int(sys.argv[3]))
+        big(sys.argv[1], int(sys.argv[3]), sys.argv[4] if len(sys.argv) >= 5 else "train")
     else:
         cases(sys.argv[1])
