@@ -23,7 +23,7 @@
 //! for one.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use rusqlite::{Connection, OpenFlags};
@@ -231,14 +231,18 @@ pub fn looks_like_parquetdir(dir: &Path) -> bool {
     dir.is_dir() && dir.join(format!("{TABLE}.parquet")).is_file()
 }
 
-/// A table of a `parquetdir` export, or an error naming the missing file.
-fn parquet_table(dir: &Path, table: &str, what: &str) -> Result<polars::prelude::DataFrame> {
+/// A table of a `parquetdir` export and its file's path, or an error
+/// naming the missing file.
+fn parquet_table(dir: &Path, table: &str, what: &str) -> Result<(polars::prelude::DataFrame, PathBuf)> {
     use polars::prelude::{ParquetReader, SerReader};
     let path = dir.join(format!("{table}.parquet"));
     let file = std::fs::File::open(&path).with_context(|| {
         format!("{}: no {table}.parquet ({what}): not a complete `nsys export --type parquetdir`?", dir.display())
     })?;
-    ParquetReader::new(file).finish().with_context(|| format!("{}: not a readable Parquet file", path.display()))
+    let df = ParquetReader::new(file)
+        .finish()
+        .with_context(|| format!("{}: not a readable Parquet file", path.display()))?;
+    Ok((df, path))
 }
 
 /// An integer column of a `parquetdir` table, nulls as `None`.
@@ -255,8 +259,7 @@ fn int_column(df: &polars::prelude::DataFrame, path: &Path, name: &str) -> Resul
 
 /// The id → name table of an enum in a `parquetdir` export.
 fn parquet_names(dir: &Path, table: &str) -> Result<BTreeMap<i64, String>> {
-    let df = parquet_table(dir, table, &format!("the enum names of {TABLE}"))?;
-    let path = dir.join(format!("{table}.parquet"));
+    let (df, path) = parquet_table(dir, table, &format!("the enum names of {TABLE}"))?;
     let ids = int_column(&df, &path, "id")?;
     let names = df
         .column("name")
@@ -273,8 +276,8 @@ fn parquet_names(dir: &Path, table: &str) -> Result<BTreeMap<i64, String>> {
 /// order to stream by time) and sorted stably by `start`, as the SQLite
 /// reader's `ORDER BY start, rowid` does.
 fn convert_parquetdir(dir: &Path, sink: Sink<'_>) -> Result<Converted> {
-    let path = dir.join(format!("{TABLE}.parquet"));
-    let df = parquet_table(dir, TABLE, "the memory-usage events; record with `nsys profile --cuda-memory-usage=true`")?;
+    let (df, path) =
+        parquet_table(dir, TABLE, "the memory-usage events; record with `nsys profile --cuda-memory-usage=true`")?;
     let file_bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
     let mut c = Converter::new(dir, file_bytes, parquet_names(dir, KIND_ENUM)?, parquet_names(dir, OPER_ENUM)?)?;
     let col = |name: &str| int_column(&df, &path, name);

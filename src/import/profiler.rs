@@ -353,7 +353,7 @@ pub fn convert_file(path: &Path, sink: Sink<'_>) -> Result<Converted> {
     // Blocks freed before any allocation in the trace: allocated before it.
     let mut live: BTreeMap<(u32, u64), u64> = BTreeMap::new();
     let mut before: Vec<(u32, i32, u64, u64, u32)> = Vec::new(); // pid, device, addr, size, tid
-    let (mut peak_reserved, mut peak_allocated) = (None::<u64>, None::<i64>);
+    let mut peak_allocated = None::<i64>;
     let mut first_total: BTreeMap<i32, i64> = BTreeMap::new();
     let mut reserved_series: Vec<ReservedSample> = Vec::new();
     let mut reserved_now: BTreeMap<(u32, i32), u64> = BTreeMap::new();
@@ -367,7 +367,6 @@ pub fn convert_file(path: &Path, sink: Sink<'_>) -> Result<Converted> {
             peak_allocated = Some(peak_allocated.map_or(t, |p| p.max(t)));
         }
         if let Some(res) = m.total_reserved {
-            peak_reserved = Some(peak_reserved.map_or(res, |p| p.max(res)));
             if reserved_now.insert((m.pid, m.device), res) != Some(res) {
                 reserved_series.push(ReservedSample { t_ns: m.ts_ns, pid: m.pid, device: m.device, bytes: res });
             }
@@ -429,7 +428,8 @@ pub fn convert_file(path: &Path, sink: Sink<'_>) -> Result<Converted> {
         reconstructed_bytes,
         unplaced_before_trace_bytes: (before_trace.max(0) as u64).saturating_sub(reconstructed_bytes),
         peak_allocated_bytes: peak_allocated.map(|p| p.max(0) as u64),
-        peak_reserved_bytes: peak_reserved,
+        // Every value is in the series, or equal to the one before it there.
+        peak_reserved_bytes: reserved_series.iter().map(|s| s.bytes).max(),
         total_allocated_breaks: breaks,
         profiler_steps: r.steps.len() as u64,
         annotations,

@@ -641,34 +641,28 @@ pub fn run(args: &crate::cli::ExportArgs) -> Result<u8> {
             let opts =
                 crate::analysis::Options { device: args.device, whatif: false, ..crate::analysis::Options::default() };
             let a = crate::analysis::analyze_events(loaded.trace, &loaded.events, loaded.out_of_order, &opts)?;
-            let what = match args.format {
+            let (bytes, what) = match args.format {
                 Format::Perfetto => {
                     let trace = crate::output::perfetto::perfetto(&a, window);
-                    let bytes = crate::output::perfetto::encode(&trace);
-                    write_file(&args.output, |f| {
-                        f.write_all(&bytes).with_context(|| format!("cannot write {}", args.output.display()))
-                    })?;
-                    format!("Perfetto trace ({} packets)", trace.packet.len())
+                    (
+                        crate::output::perfetto::encode(&trace),
+                        format!("Perfetto trace ({} packets)", trace.packet.len()),
+                    )
                 }
+                Format::Chrome => (serde_json::to_vec(&chrome(&a, window))?, "Trace Event JSON".to_string()),
                 _ => {
-                    let (doc, what) = if args.format == Format::Chrome {
-                        (chrome(&a, window), "Trace Event JSON")
-                    } else {
-                        let doc = speedscope(&a).with_context(|| {
-                            format!(
-                                "{}: has no call stacks to export (PyTorch snapshots, their imports and traces recorded with `record --stacks` have them)",
-                                args.input.display()
-                            )
-                        })?;
-                        (doc, "speedscope")
-                    };
-                    write_file(&args.output, |f| {
-                        serde_json::to_writer(std::io::BufWriter::new(f), &doc)
-                            .with_context(|| format!("cannot write {}", args.output.display()))
+                    let doc = speedscope(&a).with_context(|| {
+                        format!(
+                            "{}: has no call stacks to export (PyTorch snapshots, their imports and traces recorded with `record --stacks` have them)",
+                            args.input.display()
+                        )
                     })?;
-                    what.to_string()
+                    (serde_json::to_vec(&doc)?, "speedscope".to_string())
                 }
             };
+            write_file(&args.output, |f| {
+                f.write_all(&bytes).with_context(|| format!("cannot write {}", args.output.display()))
+            })?;
             println!(
                 "{}: {what} of {} in {:.2} s",
                 args.output.display(),
