@@ -21,19 +21,27 @@
 //!    more), the one at whose spacing live memory best repeats itself
 //!    (autocorrelation ≥ 0.3) — cuts the series into periods; each period's highest live
 //!    memory is an iteration's peak (after its lowest point, when the
-//!    period opens with the previous iteration's descent). Between two
-//!    peaks separated by a valley (live memory comes down from the first)
-//!    lies one iteration start: the moment live memory leaves its
+//!    period opens with the previous iteration's descent; the last time
+//!    the highest level is reached). Between two
+//!    peaks separated by a valley (live memory comes down from the first,
+//!    or, after a first iteration that keeps all it allocated, rises above
+//!    its level and comes back to it) lies one iteration start: the moment
+//!    live memory leaves its
 //!    lowest level in that stretch for the last time (the first allocation
 //!    request of that last flat run at the floor, or the event that leaves
-//!    it). Iterations give back what they took: when the level at each
+//!    it). The anchor keeps its place in the iteration, so starts lie on
+//!    one side of it; a start found on the other side (the warm-up's low
+//!    point before optimizer state is allocated) is looked for again on
+//!    the usual side. Iterations give back what they took: when the level at each
 //!    start rises by more than half the climb in between (median), the
 //!    repetition is accumulation — the layers of one forward pass — and no
 //!    iterations are claimed. After the last anchor, an iteration the trace
 //!    cut short counts
 //!    once the stretch reaches as far past the anchor as starts usually
 //!    lie and live memory rises there. Where live memory is flat there are
-//!    no peaks, and no iterations are claimed.
+//!    no peaks, and no iterations are claimed: a run that goes on after
+//!    memory is full, every request failing, has its iterations counted
+//!    only up to there.
 //!
 //! An iteration runs from one boundary to the next; the stretch before the
 //! first boundary and after the last is partial. `complete` counts the
@@ -270,11 +278,14 @@ fn from_periodicity(events: &Events, pid: u32, rows: &[usize]) -> Option<Iterati
         // no peak: then the highest point after its lowest.
         let stretch = &live[lo..=a];
         let (min, max) = (*stretch.iter().min()?, *stretch.iter().max()?);
-        let mut at = stretch.iter().position(|&v| v == max)?;
-        if at == 0 {
+        // The last time it is reached: a temporary of the previous
+        // iteration's tail can reach the level of an iteration whose
+        // requests mostly failed.
+        let mut at = stretch.iter().rposition(|&v| v == max)?;
+        if stretch[0] == max {
             let min_at = stretch.iter().position(|&v| v == min)?;
             let after = *stretch[min_at..].iter().max()?;
-            at = min_at + stretch[min_at..].iter().position(|&v| v == after)?;
+            at = min_at + stretch[min_at..].iter().rposition(|&v| v == after)?;
         }
         if stretch[at] > min {
             peaks.push(lo + at);
@@ -297,12 +308,49 @@ fn from_periodicity(events: &Events, pid: u32, rows: &[usize]) -> Option<Iterati
     // Only a valley separates two iterations: live memory must come down
     // from the first peak (the first period of a run that is still loading
     // its weights only climbs).
+    // A first iteration that keeps everything it allocated (state that
+    // lives on) ends at its peak level, not below it: that counts as a
+    // valley too when live memory, after the peak, rose above that level
+    // and came back to it before the climb to the next peak (temporaries
+    // given back), which loading alone never does.
     let valley = |w: &[usize]| -> bool {
-        let floor = live[w[0] + 1..=w[1]].iter().copied().min().unwrap_or(0);
-        live[w[0]] > floor
+        let stretch = &live[w[0] + 1..=w[1]];
+        let floor = stretch.iter().copied().min().unwrap_or(0);
+        if live[w[0]] > floor {
+            return true;
+        }
+        let Some(last) = stretch.iter().rposition(|&v| v == floor) else { return false };
+        live[w[0]] == floor && stretch[..last].iter().any(|&v| v > floor)
     };
-    let mut starts: Vec<usize> =
-        peaks.windows(2).filter(|w| w[0] < w[1] && valley(w)).filter_map(|w| start_between(w[0] + 1, w[1])).collect();
+    // Each pair of peaks with a valley between them, the anchor that lies
+    // between them, and the start found there.
+    let mut found: Vec<(usize, usize, usize, usize)> = peaks
+        .windows(2)
+        .filter(|w| w[0] < w[1] && valley(w))
+        .filter_map(|w| {
+            let a = anchors[anchors.partition_point(|&a| a < w[0])];
+            start_between(w[0] + 1, w[1]).map(|st| (w[0], a, w[1], st))
+        })
+        .collect();
+    // The anchor holds its place in the iteration, so starts lie on one
+    // side of it. Where one does not, its stretch held a lower point that
+    // is not a start: state allocated late in the warm-up (optimizer
+    // moments after the first backward) lifts the level at which the next
+    // iteration begins above the first iteration's lowest point. Such a
+    // start is looked for again on the usual side of the anchor.
+    let after = found.iter().filter(|f| f.3 > f.1).count();
+    if after * 2 != found.len() {
+        let usual_after = after * 2 > found.len();
+        for f in &mut found {
+            if (f.3 > f.1) != usual_after {
+                let redo = if usual_after { start_between(f.1 + 1, f.2) } else { start_between(f.0 + 1, f.1) };
+                if let Some(st) = redo {
+                    f.3 = st;
+                }
+            }
+        }
+    }
+    let mut starts: Vec<usize> = found.iter().map(|f| f.3).collect();
     // After the last anchor the trace may have cut the last iteration
     // short: its start counts once the stretch reaches as far past the
     // anchor as starts usually lie, and live memory rises there.

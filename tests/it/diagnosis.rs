@@ -75,25 +75,30 @@ fn true_starts(trace: &Path) -> std::collections::BTreeMap<String, Vec<u64>> {
     serde_json::from_value(meta["details"]["iteration_starts"].clone()).unwrap()
 }
 
-/// (pattern, events, exact): the sizes at which each pattern has at least
-/// six iterations per process (periodicity needs five repetitions).
-const ITERATION_CASES: &[(&str, u64, bool)] = &[
-    ("training", 100_000, true),
-    ("leak", 60_000, true),
-    ("steady", 60_000, true),
-    ("filling", 100_000, true),
-    ("multi", 400_000, true),
-    // Interleaved lifetimes blur a few valleys: near-exact.
-    ("fragmenting", 100_000, false),
+/// (pattern, events, seed): sizes at which each pattern has at least six
+/// iterations per process (periodicity needs five repetitions). Seeds 3
+/// and 4 are the ones that once found the warm-up's optimizer moments
+/// (training) and an iteration whose requests mostly failed
+/// (fragmenting) in the wrong place.
+const ITERATION_CASES: &[(&str, u64, u64)] = &[
+    ("training", 100_000, 1),
+    ("training", 100_000, 4),
+    ("leak", 60_000, 1),
+    ("steady", 60_000, 1),
+    ("filling", 100_000, 1),
+    ("multi", 400_000, 1),
+    ("fragmenting", 100_000, 1),
+    ("fragmenting", 100_000, 3),
 ];
 
 #[test]
 fn iteration_boundaries_match_what_synth_generated() {
     let tmp = tempfile::tempdir().unwrap();
-    for &(pattern, events, exact) in ITERATION_CASES {
-        let trace = tmp.path().join(pattern);
-        synth(&trace, pattern, events, 1);
-        let r = analyze(&trace, &tmp.path().join(format!("{pattern}-a")), &["--no-plots"]);
+    for &(pattern, events, seed) in ITERATION_CASES {
+        let trace = tmp.path().join(format!("{pattern}-{seed}"));
+        synth(&trace, pattern, events, seed);
+        let out = tmp.path().join(format!("{pattern}-{seed}-a"));
+        let r = analyze(&trace, &out, &["--no-plots"]);
         for (pid, starts) in true_starts(&trace) {
             let it = r["iterations"]
                 .as_array()
@@ -104,24 +109,11 @@ fn iteration_boundaries_match_what_synth_generated() {
             assert_eq!(it["source"], "periodicity");
             let got: Vec<u64> = serde_json::from_value(it["boundaries_t_ns"].clone()).unwrap();
             // The first iteration begins with the trace: no boundary there.
-            let want = &starts[1..];
-            if exact {
-                assert_eq!(&got[..], want, "{pattern} pid {pid}");
-            } else {
-                let missing = want.iter().filter(|t| !got.contains(t)).count();
-                let extra = got.iter().filter(|t| !want.contains(t)).count();
-                assert!(
-                    missing * 100 <= want.len() && extra * 100 <= want.len(),
-                    "{pattern}: {missing} missing, {extra} extra of {}",
-                    want.len()
-                );
-            }
+            assert_eq!(&got[..], &starts[1..], "{pattern} seed {seed} pid {pid}");
             assert_eq!(it["complete"].as_u64().unwrap() as usize, got.len() - 1);
         }
         // Every regular row past the first boundary has its iteration.
-        let df = ParquetReader::new(fs::File::open(tmp.path().join(format!("{pattern}-a/metrics.parquet"))).unwrap())
-            .finish()
-            .unwrap();
+        let df = ParquetReader::new(fs::File::open(out.join("metrics.parquet")).unwrap()).finish().unwrap();
         let iteration = df.column("iteration").unwrap();
         assert!(iteration.null_count() < df.height(), "{pattern}");
         assert!(iteration.u32().unwrap().get(0).is_none(), "{pattern}: before the first boundary");
