@@ -377,7 +377,7 @@ pub struct PredictArgs {
     /// Steps over which the trend (score slope) is fitted.
     #[arg(long, default_value_t = 20)]
     pub trend_window: usize,
-    /// Cross-validation origins (evenly spaced).
+    /// Cross-validation origins (one per equal stretch of the series).
     #[arg(long, default_value_t = 50)]
     pub cv_origins: usize,
     /// The online backtest retrains every this many steps.

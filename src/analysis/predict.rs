@@ -749,16 +749,36 @@ fn seasonal_index(t: usize, k: usize, period: usize) -> Option<usize> {
 }
 
 /// The rolling origins of the cross-validation: at most `cv_origins`,
-/// evenly spaced from the first step with enough history to the last with
-/// H steps after it. Empty when there is no such step.
+/// from the first step with enough history to the last with H steps after
+/// it, one in each of `cv_origins` equal stretches of that range. Empty
+/// when there is no such step.
+///
+/// Within its stretch, origin i sits at the fraction frac(i·φ) (the golden
+/// ratio's low-discrepancy sequence), not at the stretch's start. Evenly
+/// spaced origins alias with a periodic score: 50 origins over 1 000 steps
+/// of 49 iterations are exactly one period apart, so every origin fell at
+/// the same phase, and the cross-validation never saw the once-per-
+/// iteration spike that decides between the forecasters. The sequence is
+/// deterministic, so reruns agree.
 fn cv_origins(n: usize, cfg: &PredictConfig) -> Vec<usize> {
     let (w, h) = (cfg.window, cfg.horizon);
     let first = w - 1 + min_samples(cfg) - 1 + h;
     let Some(last) = n.checked_sub(h + 1).filter(|&last| first <= last) else {
         return Vec::new();
     };
-    let count = (last - first + 1).min(cfg.cv_origins.max(1));
-    (0..count).map(|i| if count == 1 { last } else { first + i * (last - first) / (count - 1) }).collect()
+    let span = last - first + 1;
+    let count = span.min(cfg.cv_origins.max(1));
+    const PHI: f64 = 0.618_033_988_749_894_9;
+    if count == 1 {
+        return vec![last];
+    }
+    (0..count)
+        .map(|i| {
+            let (lo, hi) = (i * span / count, (i + 1) * span / count);
+            let within = ((i as f64 * PHI).fract() * (hi - lo) as f64) as usize;
+            first + lo + within.min(hi - lo - 1)
+        })
+        .collect()
 }
 
 /// The absolute errors of the cross-validation, summed as the origins go.
@@ -856,7 +876,7 @@ impl CvTally {
 }
 
 /// Rolling-origin cross-validation: at each origin t (at most
-/// `cv_origins`, evenly spaced), forecasters trained only on samples whose
+/// `cv_origins`, spread over the series), forecasters trained only on samples whose
 /// targets end at or before t predict t+1 … t+H. `period` is the iteration
 /// period in steps, when known. None when no origin has enough history.
 pub fn cross_validate(series: &[Step], cfg: &PredictConfig, period: Option<usize>) -> Option<CvMae> {
@@ -1171,6 +1191,27 @@ mod tests {
         assert_eq!(p.cv_mae.unwrap().origins, cfg.cv_origins);
         // The model's forecast at the last step is the backtest's there.
         assert_eq!(p.model_forecast, b.forecasts[149]);
+    }
+
+    #[test]
+    fn cv_origins_spread_over_the_phases_of_a_period() {
+        // 1 000 steps of a 20-step period: evenly spaced origins were
+        // exactly 20 steps apart and all fell on 3 of the 20 phases.
+        let cfg = PredictConfig::default();
+        let origins = cv_origins(1000, &cfg);
+        assert_eq!(origins.len(), cfg.cv_origins);
+        assert!(origins.windows(2).all(|w| w[0] < w[1]));
+        let first = cfg.window - 1 + min_samples(&cfg) - 1 + cfg.horizon;
+        assert!(origins[0] >= first && *origins.last().unwrap() <= 1000 - cfg.horizon - 1);
+        let mut phases = [0usize; 20];
+        for t in &origins {
+            phases[t % 20] += 1;
+        }
+        assert!(phases.iter().filter(|&&c| c > 0).count() >= 10, "{phases:?}");
+        assert!(phases.iter().all(|&c| c <= cfg.cv_origins / 5), "{phases:?}");
+        // Short series: every step with enough history is an origin.
+        assert_eq!(cv_origins(first + 10 + cfg.horizon + 1, &cfg), (first..=first + 10).collect::<Vec<_>>());
+        assert_eq!(cv_origins(first + cfg.horizon, &cfg), Vec::<usize>::new());
     }
 
     #[test]
