@@ -8,6 +8,10 @@
 //! The model is SPEC §6's windowed linear model: z-scored features and
 //! score of the last W steps (7·W values) → one linear model per horizon
 //! step, trained by batch gradient descent on the mean squared error.
+//! When the iteration period is known, the inputs also hold, per horizon
+//! step, the change the seasonal baseline forecasts (z-scored with the
+//! score's std; see [`Inputs`]): W steps cannot tell where in a longer
+//! iteration they stand. With zero weight on them it is SPEC §6's model.
 //! It predicts the *change* of the score from the last step, divided by
 //! its std but not centred, so all-zero parameters mean persistence ("no
 //! change") and gradient descent starts from there.
@@ -323,10 +327,6 @@ impl Normalizer {
         }
         Normalizer { mean, std }
     }
-
-    fn apply(&self, s: &Step, c: usize) -> f64 {
-        (s[c] - self.mean[c]) / self.std[c]
-    }
 }
 
 /// How the windowed linear problem is fitted.
@@ -403,10 +403,9 @@ impl Sums {
     /// (0-based): features z-scored with `norm`, the target (the score's
     /// change over k + 1 steps) divided by `scale` but not centred, so
     /// that all-zero parameters mean "no change".
-    fn normalized(&self, norm: &Normalizer, k: usize, scale: f64) -> GramStats {
+    fn normalized(&self, (mu, sd): &(Vec<f64>, Vec<f64>), k: usize, scale: f64) -> GramStats {
         let d = self.sx.len();
         let n = self.n;
-        let (mu, sd): (Vec<f64>, Vec<f64>) = (0..d).map(|a| (norm.mean[a % COLUMNS], norm.std[a % COLUMNS])).unzip();
         let mut gram = Array2::zeros((d, d));
         for a in 0..d {
             for b in a..d {
@@ -422,6 +421,60 @@ impl Sums {
     }
 }
 
+/// What the linear maps see at an origin t: the seven columns of steps
+/// t−W+1 … t, and, when the iteration period p is known, for each horizon
+/// step k the change the seasonal baseline forecasts (the score at the
+/// same phase one period earlier, minus the score at t; 0 before one
+/// period of history). A window of W steps cannot tell where in an
+/// iteration of p > W steps it stands; with these inputs the model can
+/// learn how far to follow the seasonal pattern, and with weight 0 on
+/// them it is SPEC §6's model.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Inputs {
+    w: usize,
+    h: usize,
+    period: Option<usize>,
+}
+
+impl Inputs {
+    /// A period below one step, or as long as the series, gives nothing.
+    fn new(cfg: &PredictConfig, period: Option<usize>, n: usize) -> Inputs {
+        Inputs { w: cfg.window, h: cfg.horizon, period: period.filter(|&p| p >= 1 && p < n) }
+    }
+
+    fn width(&self) -> usize {
+        COLUMNS * self.w + if self.period.is_some() { self.h } else { 0 }
+    }
+
+    /// The raw (not normalised) inputs of origin `t`.
+    fn raw(&self, series: &[Step], t: usize, x: &mut [f64]) {
+        for (j, step) in series[t + 1 - self.w..=t].iter().enumerate() {
+            x[j * COLUMNS..(j + 1) * COLUMNS].copy_from_slice(step);
+        }
+        if let Some(p) = self.period {
+            let now = series[t][COLUMNS - 1];
+            for k in 1..=self.h {
+                x[COLUMNS * self.w + k - 1] = seasonal_index(t, k, p).map_or(0.0, |i| series[i][COLUMNS - 1] - now);
+            }
+        }
+    }
+
+    /// The (mean, std) input column `a` is z-scored with: its step
+    /// column's, and for a seasonal change the score's std, not centred
+    /// (a change of two z-scored scores).
+    fn column_norms(&self, norm: &Normalizer) -> (Vec<f64>, Vec<f64>) {
+        (0..self.width())
+            .map(|a| {
+                if a < COLUMNS * self.w {
+                    (norm.mean[a % COLUMNS], norm.std[a % COLUMNS])
+                } else {
+                    (0.0, norm.std[COLUMNS - 1])
+                }
+            })
+            .unzip()
+    }
+}
+
 /// The sufficient statistics of the windowed samples, accumulated as the
 /// training range grows: a sample enters once, in origin order, so the
 /// cross-validation and the backtest, whose training sets are growing
@@ -432,8 +485,7 @@ impl Sums {
 /// stopping watches (the last fifth of the samples, see [`held_out`]).
 struct Accumulator<'s> {
     series: &'s [Step],
-    w: usize,
-    h: usize,
+    inputs: Inputs,
     all: Sums,
     head: Sums,
 }
@@ -445,16 +497,14 @@ fn held_out(n: usize, cfg: &PredictConfig) -> usize {
 }
 
 impl<'s> Accumulator<'s> {
-    fn new(series: &'s [Step], w: usize, h: usize) -> Self {
-        let d = COLUMNS * w;
-        Accumulator { series, w, h, all: Sums::new(d, h), head: Sums::new(d, h) }
+    fn new(series: &'s [Step], inputs: Inputs) -> Self {
+        let (d, h) = (inputs.width(), inputs.h);
+        Accumulator { series, inputs, all: Sums::new(d, h), head: Sums::new(d, h) }
     }
 
-    /// The window and targets of the sample with origin `t`.
+    /// The inputs and targets of the sample with origin `t`.
     fn sample(&self, t: usize, x: &mut [f64], ys: &mut [f64]) {
-        for (j, step) in self.series[t + 1 - self.w..=t].iter().enumerate() {
-            x[j * COLUMNS..(j + 1) * COLUMNS].copy_from_slice(step);
-        }
+        self.inputs.raw(self.series, t, x);
         for (k, y) in ys.iter_mut().enumerate() {
             // The target is the change from the last step's score.
             *y = self.series[t + 1 + k][COLUMNS - 1] - self.series[t][COLUMNS - 1];
@@ -465,12 +515,12 @@ impl<'s> Accumulator<'s> {
     /// the head to all but the last `held` of them (`held` may only make
     /// the head grow).
     fn advance(&mut self, upto: usize, cfg: &PredictConfig) {
-        let mut x = vec![0.0; COLUMNS * self.w];
-        let mut ys = vec![0.0; self.h];
-        let first = self.w - 1;
+        let mut x = vec![0.0; self.inputs.width()];
+        let mut ys = vec![0.0; self.inputs.h];
+        let first = self.inputs.w - 1;
         loop {
             let t = first + self.all.n as usize;
-            if t + self.h > upto || t + self.h >= self.series.len() {
+            if t + self.inputs.h > upto || t + self.inputs.h >= self.series.len() {
                 break;
             }
             self.sample(t, &mut x, &mut ys);
@@ -494,9 +544,11 @@ struct Linear {
     scale: f64,
 }
 
-/// H fitted linear models and the normalisation they were trained with.
+/// H fitted linear models, and the inputs and normalisation they were
+/// trained with.
 struct Forecaster {
     norm: Normalizer,
+    inputs: Inputs,
     models: Vec<Linear>,
 }
 
@@ -523,6 +575,7 @@ impl Forecaster {
             return None;
         }
         let norm = Normalizer::fit(&acc.series[..=upto]);
+        let cols = acc.inputs.column_norms(&norm);
         let gd = GradientDescent {
             learning_rate: cfg.learning_rate,
             max_iterations: cfg.max_iterations,
@@ -539,22 +592,22 @@ impl Forecaster {
                     let from = start.and_then(|f| f.models.get(k)).map(|m| (&m.weights, m.bias));
                     let fitted = match &tail {
                         Some(tail) => gd.fit_monitored(
-                            &acc.head.normalized(&norm, k, scale),
-                            Some(&tail.normalized(&norm, k, scale)),
+                            &acc.head.normalized(&cols, k, scale),
+                            Some(&tail.normalized(&cols, k, scale)),
                             from,
                         ),
-                        None => gd.fit_monitored(&acc.all.normalized(&norm, k, scale), None, from),
+                        None => gd.fit_monitored(&acc.all.normalized(&cols, k, scale), None, from),
                     };
                     (fitted.weights, fitted.bias)
                 }
                 Learner::Ridge(c) => {
-                    let st = acc.all.normalized(&norm, k, scale);
+                    let st = acc.all.normalized(&cols, k, scale);
                     ridge(&st, c * st.n)?
                 }
             };
             models.push(Linear { weights, bias, scale });
         }
-        let mut f = Forecaster { norm, models };
+        let mut f = Forecaster { norm, inputs: acc.inputs, models };
         if learner == Learner::GradientDescent && tail.is_some() {
             f.no_harm(acc);
         }
@@ -567,11 +620,11 @@ impl Forecaster {
     /// flat, spiky scores of real single-step snapshots a linear fit of 35
     /// inputs otherwise chases noise.
     fn no_harm(&mut self, acc: &Accumulator) {
-        let first = acc.w - 1;
+        let first = acc.inputs.w - 1;
         let h = self.models.len();
         let (mut model, mut none) = (vec![0.0; h], vec![0.0; h]);
         for t in first + acc.head.n as usize..first + acc.all.n as usize {
-            let f = self.forecast(acc.series, t, acc.w);
+            let f = self.forecast(acc.series, t);
             let last = acc.series[t][COLUMNS - 1];
             for k in 0..h {
                 let y = acc.series[t + 1 + k][COLUMNS - 1];
@@ -587,10 +640,12 @@ impl Forecaster {
         }
     }
 
-    /// Scores for t+1 … t+H from the window ending at `t`, in score units.
-    fn forecast(&self, series: &[Step], t: usize, w: usize) -> Vec<f64> {
-        let x = design(series, &[t], &self.norm, w);
-        let x = x.row(0);
+    /// Scores for t+1 … t+H from the inputs of origin `t`, in score units.
+    fn forecast(&self, series: &[Step], t: usize) -> Vec<f64> {
+        let mut raw = vec![0.0; self.inputs.width()];
+        self.inputs.raw(series, t, &mut raw);
+        let (mu, sd) = self.inputs.column_norms(&self.norm);
+        let x: Array1<f64> = (0..raw.len()).map(|a| (raw[a] - mu[a]) / sd[a]).collect();
         let last = series[t][COLUMNS - 1];
         self.models.iter().map(|m| last + (x.dot(&m.weights) + m.bias) * m.scale).collect()
     }
@@ -661,20 +716,6 @@ const RIDGE_GRID: [f64; 6] = [1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0];
 
 fn min_samples(cfg: &PredictConfig) -> usize {
     (cfg.window + cfg.horizon).max(8)
-}
-
-/// The design matrix: one row per origin t, the normalised columns of
-/// steps t−W+1 … t.
-fn design(series: &[Step], origins: &[usize], norm: &Normalizer, w: usize) -> Array2<f64> {
-    let mut x = Array2::zeros((origins.len(), COLUMNS * w));
-    for (r, &t) in origins.iter().enumerate() {
-        for (j, step) in series[t + 1 - w..=t].iter().enumerate() {
-            for c in 0..COLUMNS {
-                x[[r, j * COLUMNS + c]] = norm.apply(step, c);
-            }
-        }
-    }
-    x
 }
 
 /// The forecasters compared by the cross-validation.
@@ -815,13 +856,13 @@ impl CvTally {
     /// Scores origin `t`: the model's forecast `f` (trained up to `t`),
     /// persistence, seasonal, and ridge at every penalty of the grid.
     fn add(&mut self, acc: &mut Accumulator, t: usize, f: &[f64], cfg: &PredictConfig, period: Option<usize>) {
-        let (w, h) = (cfg.window, cfg.horizon);
+        let h = cfg.horizon;
         let series = acc.series;
         let fr: Vec<Option<Vec<f64>>> = RIDGE_GRID
             .iter()
             .map(|&c| {
                 Forecaster::train(acc, t, cfg, Learner::Ridge(c), None)
-                    .map(|r| r.forecast(series, t, w))
+                    .map(|r| r.forecast(series, t))
                     .filter(|v| v.iter().all(|x| x.is_finite()))
             })
             .collect();
@@ -906,7 +947,7 @@ fn run(series: &[Step], cfg: &PredictConfig, period: Option<usize>) -> Pass {
     let period = period.filter(|&p| p >= 1 && p < n);
     let origins = cv_origins(n, cfg);
     let every = retrain_interval(cfg, n);
-    let mut acc = Accumulator::new(series, cfg.window, cfg.horizon);
+    let mut acc = Accumulator::new(series, Inputs::new(cfg, period, n));
     let mut tally = CvTally::new();
     let mut next_origin = origins.iter().copied().peekable();
     let mut model: Option<Forecaster> = None;
@@ -923,7 +964,7 @@ fn run(series: &[Step], cfg: &PredictConfig, period: Option<usize>) -> Pass {
             tally.failed |= at_origin;
             continue;
         };
-        let f = m.forecast(series, t, cfg.window);
+        let f = m.forecast(series, t);
         if at_origin {
             if trained_at == Some(t) {
                 tally.add(&mut acc, t, &f, cfg, period);
@@ -1028,7 +1069,7 @@ pub fn predict_with_backtest(series: &[Step], cfg: &PredictConfig, period: Optio
         return (p, backtest);
     };
     let clamp = |f: Vec<f64>| -> Vec<f64> { f.into_iter().map(|v| v.clamp(0.0, 100.0)).collect() };
-    let model_forecast = clamp(model.forecast(series, last, cfg.window));
+    let model_forecast = clamp(model.forecast(series, last));
     let confidence_of = |mae: f64| (1.0 - mae / 50.0).max(0.1);
     // Without a cross-validation origin nothing is proven: the model, at
     // the lowest confidence.
@@ -1040,9 +1081,9 @@ pub fn predict_with_backtest(series: &[Step], cfg: &PredictConfig, period: Optio
             (1..=cfg.horizon).map(|k| seasonal_index(last, k, per).map(|i| scores[i])).collect::<Option<Vec<_>>>()
         }),
         ForecasterKind::Ridge => cv.as_ref().and_then(|c| c.ridge_lambda).and_then(|c| {
-            let mut acc = Accumulator::new(series, cfg.window, cfg.horizon);
+            let mut acc = Accumulator::new(series, Inputs::new(cfg, period, series.len()));
             Forecaster::train(&mut acc, last, cfg, Learner::Ridge(c), None)
-                .map(|r| r.forecast(series, last, cfg.window))
+                .map(|r| r.forecast(series, last))
         }),
     };
     // A forecaster that cannot forecast now falls back to "no change".
@@ -1089,9 +1130,10 @@ pub fn retrain_interval(cfg: &PredictConfig, steps: usize) -> usize {
 /// The online backtest: at each step t, the model's forecast from a model
 /// trained on data up to the last retraining point ≤ t (see
 /// [`retrain_interval`]; the cross-validation origins are retraining
-/// points too), using only steps ≤ t.
-pub fn backtest(series: &[Step], cfg: &PredictConfig) -> Backtest {
-    run(series, cfg, None).backtest
+/// points too), using only steps ≤ t. `period`: the iteration period in
+/// steps, when known (an input of the model).
+pub fn backtest(series: &[Step], cfg: &PredictConfig, period: Option<usize>) -> Backtest {
+    run(series, cfg, period).backtest
 }
 
 #[cfg(test)]
@@ -1186,11 +1228,28 @@ mod tests {
         let cfg = PredictConfig::default();
         let (p, b) = predict_with_backtest(&series, &cfg, Some(21));
         assert_eq!(p, predict(&series, &cfg, Some(21)));
-        assert_eq!(b, backtest(&series, &cfg));
+        assert_eq!(b, backtest(&series, &cfg, Some(21)));
         assert_eq!(p.cv_mae, cross_validate(&series, &cfg, Some(21)));
         assert_eq!(p.cv_mae.unwrap().origins, cfg.cv_origins);
         // The model's forecast at the last step is the backtest's there.
         assert_eq!(p.model_forecast, b.forecasts[149]);
+    }
+
+    #[test]
+    fn seasonal_inputs_let_the_model_follow_a_periodic_spike() {
+        // A spike at one phase of a 10-step period, longer than the window:
+        // the last W steps cannot say when it comes; one period earlier can.
+        let series: Vec<Step> = (0..400)
+            .map(|i| {
+                let spike = if i % 10 == 9 { 30.0 } else { 0.0 };
+                [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 10.0 + spike + (i as f64 * 1.3).sin()]
+            })
+            .collect();
+        let cfg = PredictConfig::default();
+        let with = cross_validate(&series, &cfg, Some(10)).unwrap();
+        let without = cross_validate(&series, &cfg, None).unwrap();
+        assert!(with.model < 0.5 * with.persistence, "{with:?}");
+        assert!(with.model < 0.5 * without.model, "{with:?} {without:?}");
     }
 
     #[test]
@@ -1220,7 +1279,7 @@ mod tests {
         let p = predict(&constant_series(cfg.window + cfg.horizon, 40.0), &cfg, None);
         assert_eq!(p.forecast, None);
         assert_eq!(p.risk, None);
-        assert!(backtest(&constant_series(3, 40.0), &cfg).risk.iter().all(Option::is_none));
+        assert!(backtest(&constant_series(3, 40.0), &cfg, None).risk.iter().all(Option::is_none));
     }
 
     #[test]
@@ -1264,29 +1323,27 @@ mod tests {
         for s in &mut other[61..] {
             *s = [0.9, 0.9, 0.9, 3.0, 0.9, 0.1, 99.0];
         }
-        for upto in [30, 45, 60] {
-            let a = Forecaster::train(
-                &mut Accumulator::new(&base, cfg.window, cfg.horizon),
-                upto,
-                &cfg,
-                Learner::GradientDescent,
-                None,
-            )
-            .unwrap();
-            let b = Forecaster::train(
-                &mut Accumulator::new(&other, cfg.window, cfg.horizon),
-                upto,
-                &cfg,
-                Learner::GradientDescent,
-                None,
-            )
-            .unwrap();
-            assert_eq!(a.forecast(&base, upto, cfg.window), b.forecast(&other, upto, cfg.window));
+        // With and without the seasonal inputs of a known period.
+        for period in [None, Some(9)] {
+            for upto in [30, 45, 60] {
+                let train = |series: &[Step]| {
+                    Forecaster::train(
+                        &mut Accumulator::new(series, Inputs::new(&cfg, period, series.len())),
+                        upto,
+                        &cfg,
+                        Learner::GradientDescent,
+                        None,
+                    )
+                    .unwrap()
+                    .forecast(series, upto)
+                };
+                assert_eq!(train(&base), train(&other), "{period:?} {upto}");
+            }
+            // And the backtest at t only uses steps ≤ t.
+            let ba = backtest(&base, &cfg, period);
+            let bb = backtest(&other, &cfg, period);
+            assert_eq!(ba.forecasts[..=60], bb.forecasts[..=60]);
         }
-        // And the backtest at t only uses steps ≤ t.
-        let ba = backtest(&base, &cfg);
-        let bb = backtest(&other, &cfg);
-        assert_eq!(ba.forecasts[..=60], bb.forecasts[..=60]);
     }
 
     #[test]
