@@ -46,7 +46,7 @@
 //! follows PyTorch ≥ 2.4 (`roundup_power2_divisions` of 1 means plain
 //! 512 B rounding).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 pub use crate::import::settings::{LARGE_BUFFER, MIN_BLOCK, SMALL_BUFFER, SMALL_SIZE, Settings};
 
@@ -109,6 +109,13 @@ pub struct Allocator {
     ranges: BTreeMap<(u64, bool), (u64, u64)>,
     /// Mapped pages of the ranges: start → page size.
     mapped: BTreeMap<u64, u64>,
+    /// Expandable segments: allocated blocks touching each page, and the
+    /// mapped pages none touches — what `release_cached_blocks` unmaps.
+    /// Kept as blocks come and go, so that releasing the cache before
+    /// each out-of-memory retry does not walk every block (a run that
+    /// keeps failing requests once memory is full made that quadratic).
+    page_users: HashMap<u64, u32>,
+    idle_pages: BTreeSet<u64>,
     /// When on: the segment changes (`segment_alloc`, `segment_free`,
     /// `segment_map`, `segment_unmap`: kind, address, size) since the
     /// last [`Allocator::take_log`].
@@ -238,6 +245,7 @@ impl Allocator {
         self.blocks.insert(addr, Block { size, allocated: true, ..b });
         self.allocated += size;
         self.clock += 1;
+        self.count_users(addr, size, b.small, true);
         Some(size)
     }
 
@@ -260,7 +268,36 @@ impl Allocator {
         self.blocks.insert(addr, Block { size, allocated: true, ..b });
         self.allocated += size;
         self.clock += 1;
+        self.count_users(addr, size, b.small, true);
         true
+    }
+
+    /// With expandable segments: counts a block that becomes allocated
+    /// (`used`) or free on the pages it touches, keeping `idle_pages`.
+    fn count_users(&mut self, addr: u64, size: u64, small: bool, used: bool) {
+        if !self.settings.expandable_segments {
+            return;
+        }
+        let page = Self::page(small);
+        let mut p = addr / page * page;
+        while p < addr + size {
+            let n = self.page_users.entry(p).or_default();
+            if used {
+                *n += 1;
+                if *n == 1 {
+                    self.idle_pages.remove(&p);
+                }
+            } else {
+                *n -= 1;
+                if *n == 0 {
+                    self.page_users.remove(&p);
+                    if self.mapped.contains_key(&p) {
+                        self.idle_pages.insert(p);
+                    }
+                }
+            }
+            p += page;
+        }
     }
 
     /// Frees the allocated block at `addr`, merging it with free
@@ -269,6 +306,7 @@ impl Allocator {
         let b = *self.blocks.get(&addr).filter(|b| b.allocated)?;
         self.blocks.remove(&addr);
         self.allocated -= b.size;
+        self.count_users(addr, b.size, b.small, false);
         self.clock += 1;
         let (mut start, mut size) = (addr, b.size);
         if let Some((&p, &pb)) = self.blocks.range(..addr).next_back()
@@ -386,6 +424,9 @@ impl Allocator {
         let mut any = false;
         for p in (first..last).step_by(page as usize) {
             if self.mapped.insert(p, page).is_none() {
+                if !self.page_users.contains_key(&p) {
+                    self.idle_pages.insert(p);
+                }
                 self.reserved += page;
                 self.note(crate::trace::event::EventKind::SegmentMap, p, page);
                 any = true;
@@ -398,22 +439,12 @@ impl Allocator {
     /// (`release_cached_blocks` with expandable segments); returns the
     /// bytes released.
     fn unmap_free_pages(&mut self) -> u64 {
-        let mut used: BTreeSet<u64> = BTreeSet::new();
-        for (&addr, b) in self.blocks.iter().filter(|(_, b)| b.allocated) {
-            let page = Self::page(b.small);
-            let mut p = addr / page * page;
-            while p < addr + b.size {
-                used.insert(p);
-                p += page;
-            }
-        }
         let before = self.reserved;
-        let free: Vec<(u64, u64)> =
-            self.mapped.iter().filter(|(p, _)| !used.contains(p)).map(|(&p, &s)| (p, s)).collect();
-        for (p, s) in free {
-            self.mapped.remove(&p);
-            self.reserved -= s;
-            self.note(crate::trace::event::EventKind::SegmentUnmap, p, s);
+        for p in std::mem::take(&mut self.idle_pages) {
+            if let Some(s) = self.mapped.remove(&p) {
+                self.reserved -= s;
+                self.note(crate::trace::event::EventKind::SegmentUnmap, p, s);
+            }
         }
         before - self.reserved
     }
@@ -616,6 +647,53 @@ mod tests {
         let (got, reserved, base) = run(true);
         let p = got.unwrap();
         assert_eq!((p.addr, p.size, reserved), (base + 4 * MIB, 40 * MIB, 60 * MIB));
+    }
+
+    #[test]
+    fn idle_pages_are_the_mapped_pages_no_allocated_block_touches() {
+        // Random requests and frees of mixed sizes on two streams, on a
+        // device small enough to fail some: after every step the pages kept
+        // idle equal those a walk over every block finds.
+        let mut s = Settings::default();
+        s.apply("expandable_segments:True").unwrap();
+        let mut a = Allocator::new(s);
+        let mut dev = bump(0);
+        let mut live: Vec<u64> = Vec::new();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut rand = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let (mut served, mut failed) = (0, 0);
+        for _ in 0..3000 {
+            if live.is_empty() || rand(3) != 0 {
+                let size = if rand(2) == 0 { 1 + rand(MIB) } else { MIB + rand(60 * MIB) };
+                match a.malloc(size, rand(2), Some(600 * MIB), &mut dev) {
+                    Ok(p) => {
+                        live.push(p.addr);
+                        served += 1;
+                    }
+                    Err(_) => failed += 1,
+                }
+            } else {
+                let i = rand(live.len() as u64) as usize;
+                a.free(live.swap_remove(i)).unwrap();
+            }
+            let mut used = BTreeSet::new();
+            for (&addr, b) in a.blocks.iter().filter(|(_, b)| b.allocated) {
+                let page = Allocator::page(b.small);
+                let mut p = addr / page * page;
+                while p < addr + b.size {
+                    used.insert(p);
+                    p += page;
+                }
+            }
+            let idle: BTreeSet<u64> = a.mapped.keys().filter(|p| !used.contains(p)).copied().collect();
+            assert_eq!(idle, a.idle_pages);
+        }
+        assert!(served > 1000 && failed > 10, "{served} served, {failed} failed");
     }
 
     #[test]

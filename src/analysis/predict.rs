@@ -1082,8 +1082,7 @@ pub fn predict_with_backtest(series: &[Step], cfg: &PredictConfig, period: Optio
         }),
         ForecasterKind::Ridge => cv.as_ref().and_then(|c| c.ridge_lambda).and_then(|c| {
             let mut acc = Accumulator::new(series, Inputs::new(cfg, period, series.len()));
-            Forecaster::train(&mut acc, last, cfg, Learner::Ridge(c), None)
-                .map(|r| r.forecast(series, last))
+            Forecaster::train(&mut acc, last, cfg, Learner::Ridge(c), None).map(|r| r.forecast(series, last))
         }),
     };
     // A forecaster that cannot forecast now falls back to "no change".
