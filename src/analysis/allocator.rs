@@ -480,6 +480,13 @@ impl Allocator {
                 at
             }
         };
+        // A free block of a plain segment (one alive before the trace, in
+        // the recorded state) is reserved already: nothing to map.
+        let segment = self.blocks.get(&addr).map_or(start, |b| b.segment);
+        if !self.ranges.values().any(|&(s, _)| s == segment) {
+            let size = self.take(addr, rounded).unwrap_or(rounded);
+            return Ok(Placement { addr, size, new_segment: None });
+        }
         let need = self.unmapped_in(addr, rounded, page);
         let fits = |a: &Allocator| capacity.is_none_or(|c| a.reserved + need <= c);
         if !fits(self) {
@@ -647,6 +654,28 @@ mod tests {
         let (got, reserved, base) = run(true);
         let p = got.unwrap();
         assert_eq!((p.addr, p.size, reserved), (base + 4 * MIB, 40 * MIB, 60 * MIB));
+    }
+
+    #[test]
+    fn expandable_requests_reuse_plain_segments_without_mapping_them_again() {
+        // The recorded state before the trace has plain segments; a
+        // scenario with expandable segments serves a request from their
+        // free space without reserving it a second time.
+        let mut s = Settings::default();
+        s.apply("expandable_segments:True").unwrap();
+        let mut a = Allocator::new(s);
+        a.add_segment(1 << 30, 40 * MIB, 0, false);
+        assert!(a.take_exact(1 << 30, 10 * MIB));
+        let mut dev = bump(0);
+        let p = a.malloc(25 * MIB, 0, Some(60 * MIB), &mut dev).unwrap();
+        assert_eq!((p.addr, p.new_segment, a.reserved), ((1 << 30) + 10 * MIB, None, 40 * MIB));
+        // Only what does not fit grows the range: 20 MiB pages.
+        let q = a.malloc(15 * MIB, 0, Some(60 * MIB), &mut dev).unwrap();
+        assert_eq!((q.new_segment, a.reserved), (Some(20 * MIB), 60 * MIB));
+        a.free(p.addr).unwrap();
+        a.free(q.addr).unwrap();
+        assert_eq!(a.release_cache(), 20 * MIB, "the range's page is unmapped, the plain segment still holds a block");
+        assert_eq!(a.reserved, 40 * MIB);
     }
 
     #[test]
