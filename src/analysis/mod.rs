@@ -316,12 +316,16 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     tracing::debug!("iterations in {:.3} s", started.elapsed().as_secs_f64());
 
     let started = std::time::Instant::now();
+    // Each process's series is forecast on its own: a trace of several
+    // ranks uses the cores it is given.
+    let forecasts = map_in_parallel(&peaks, |p| {
+        let period = iterations.iter().find(|it| it.pid == p.pid).and_then(|it| period_steps(it, &rows));
+        predict_series(p.pid, &rows, &opts.predict, period)
+    });
     let predictions: Vec<ProcessPrediction> = peaks
         .iter()
-        .map(|p| {
-            let period = iterations.iter().find(|it| it.pid == p.pid).and_then(|it| period_steps(it, &rows));
-            predict_process(p.pid, &mut rows, &ooms, &opts.predict, period)
-        })
+        .zip(forecasts)
+        .map(|(p, (idx, prediction, backtest))| apply_prediction(p.pid, idx, prediction, backtest, &mut rows, &ooms))
         .collect();
     tracing::debug!("predictor and backtest in {:.3} s", started.elapsed().as_secs_f64());
     let leaks = find_leaks(events, &peaks, &rows, &iterations, &mut replay, stacks.as_deref());
@@ -595,16 +599,45 @@ fn pids_now(replay: &mut Replay) -> (u64, u64) {
         .fold((0, 0), |(l, g), m| (l + m.live_bytes, g + (m.span_bytes - m.live_bytes).min(m.span_bytes)))
 }
 
+/// `f` over `items` on up to as many threads as the machine has cores (a
+/// plain thread each, taking the next item as it is done), in order.
+fn map_in_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(items.len());
+    if threads <= 1 {
+        return items.iter().map(f).collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut out: Vec<Option<R>> = items.iter().map(|_| None).collect();
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(item) = items.get(i) else { break done };
+                        done.push((i, f(item)));
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            for (i, r) in w.join().unwrap_or_else(|e| std::panic::resume_unwind(e)) {
+                out[i] = Some(r);
+            }
+        }
+    });
+    out.into_iter().map(|r| r.expect("every item was mapped")).collect()
+}
+
 /// Runs the predictor and the online backtest on one process's regular
-/// rows, writes the backtest into those rows, and measures the warning lead
-/// time before the process's first OOM.
-fn predict_process(
+/// rows: the rows' indices, the prediction and the backtest.
+fn predict_series(
     pid: u32,
-    rows: &mut [Row],
-    ooms: &[OomDiagnosis],
+    rows: &[Row],
     cfg: &PredictConfig,
     period: Option<usize>,
-) -> ProcessPrediction {
+) -> (Vec<usize>, Prediction, crate::analysis::predict::Backtest) {
     let idx: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].pid == pid && !rows[i].at_oom).collect();
     let series: Vec<crate::analysis::predict::Step> = idx
         .iter()
@@ -615,6 +648,19 @@ fn predict_process(
         })
         .collect();
     let (prediction, backtest) = crate::analysis::predict::predict_with_backtest(&series, cfg, period);
+    (idx, prediction, backtest)
+}
+
+/// Writes a process's backtest (from [`predict_series`]) into its rows,
+/// and measures the warning lead time before the process's first OOM.
+fn apply_prediction(
+    pid: u32,
+    idx: Vec<usize>,
+    prediction: Prediction,
+    backtest: crate::analysis::predict::Backtest,
+    rows: &mut [Row],
+    ooms: &[OomDiagnosis],
+) -> ProcessPrediction {
     for (k, &i) in idx.iter().enumerate() {
         rows[i].forecast = backtest.forecasts[k].clone();
         rows[i].risk_online = backtest.risk[k];
@@ -634,6 +680,15 @@ fn predict_process(
 mod tests {
     use super::*;
     use crate::trace::details::ReservedSample;
+
+    #[test]
+    fn map_in_parallel_keeps_the_order_of_a_sequential_map() {
+        // Items of uneven cost, more than there are threads.
+        let items: Vec<u64> = (0..37).map(|i| (i * 7919) % 101).collect();
+        let f = |&n: &u64| (0..n * 1000).fold(n, |a, x| a.wrapping_mul(31).wrapping_add(x));
+        assert_eq!(map_in_parallel(&items, f), items.iter().map(f).collect::<Vec<_>>());
+        assert!(map_in_parallel(&[] as &[u64], f).is_empty());
+    }
 
     fn row(t_ns: u64, pid: u32) -> Row {
         Row {
