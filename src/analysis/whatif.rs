@@ -254,7 +254,8 @@ pub struct Outcome {
     pub conf: Vec<String>,
     pub peak_reserved_bytes: u64,
     pub peak_allocated_bytes: u64,
-    /// Reserved minus allocated at the peak of reserved.
+    /// Reserved minus allocated at the peak of reserved: the least of it
+    /// while reserved is at its peak (where allocated is highest).
     pub reserved_minus_allocated_at_peak: u64,
     pub segment_allocs: u64,
     pub ooms: u64,
@@ -441,7 +442,10 @@ pub fn simulate_into(
                 sink(e);
             }
         }
-        if a.reserved > peak.0 {
+        // While reserved stays at its peak, the most allocated: the bytes
+        // held beyond the need when memory was fullest (the first instant
+        // of the peak can be long before the demand that keeps it).
+        if a.reserved > peak.0 || (a.reserved == peak.0 && a.allocated > peak.1) {
             peak = (a.reserved, a.allocated);
         }
         out.peak_allocated_bytes = out.peak_allocated_bytes.max(a.allocated);
@@ -837,5 +841,22 @@ mod tests {
         assert!(o.peak_reserved_bytes >= 50 * MIB && o.peak_allocated_bytes >= 32 * MIB, "{o:?}");
         let tight = simulate(&d, &Settings::default(), Some(40 * MIB), "tight", &[]);
         assert!(tight.ooms > 0 && tight.peak_reserved_bytes <= 40 * MIB, "{tight:?}");
+    }
+
+    #[test]
+    fn slack_at_peak_is_taken_where_allocated_is_highest() {
+        // 8 MiB opens a 20 MiB segment (12 MiB slack), then 6 MiB fits in
+        // it: reserved stays at its peak while the slack falls to 6 MiB.
+        let base = 1 << 40;
+        let events = vec![
+            req(EventKind::BlockAlloc, base, 8 * MIB, 8 * MIB),
+            req(EventKind::BlockAlloc, base + 8 * MIB, 6 * MIB, 6 * MIB),
+            req(EventKind::BlockFree, base, 8 * MIB, 8 * MIB),
+            req(EventKind::BlockFree, base + 8 * MIB, 6 * MIB, 6 * MIB),
+        ];
+        let d = DeviceStream { device: 0, initial: 0, events };
+        let o = simulate(&d, &Settings::default(), None, "recorded", &[]);
+        assert_eq!((o.peak_reserved_bytes, o.peak_allocated_bytes), (20 * MIB, 14 * MIB));
+        assert_eq!(o.reserved_minus_allocated_at_peak, 6 * MIB);
     }
 }

@@ -209,6 +209,7 @@ fn scenarios_md(w: &Whatif, level: &str) -> String {
             s.ooms
         );
     }
+    md.push_str("\nReserved − allocated at peak: while reserved was at its peak, what it held beyond the most that was allocated then.\n");
     md.push_str("\nNot modelled: CUDA graph pools, pending `record_stream` events; a recording made with expandable segments is replayed in scenarios but its fidelity is not measured. Every scenario starts from the recorded state before the first trace entry.\n");
     md
 }
