@@ -265,7 +265,9 @@ impl Events {
         self.addr.push(e.addr);
         self.size.push(e.size);
         self.ret.push(e.ret);
-        if e.extra != Extra::default() || self.has_extra() {
+        // A stream counts as a PyTorch column too: a trace that starts with
+        // a segment event of stream 5 (no extras) must not read as stream 0.
+        if e.extra != Extra::default() || e.stream.is_some_and(|s| s != 0) || self.has_extra() {
             let n = self.ts_ns.len() - 1;
             self.requested.resize(n, u64::MAX);
             self.stack.resize(n, NO_STACK);
@@ -397,6 +399,22 @@ mod tests {
         }
         assert_eq!(EventKind::ALL.len(), 25);
         assert_eq!(EventKind::from_name("cudaMalloc"), None);
+    }
+
+    #[test]
+    fn a_stream_before_the_first_extras_is_kept() {
+        // A snapshot's trace may start with `segment_map` on stream 5 (no
+        // requested size, no stack) before the first allocation.
+        let mut ev = Events::default();
+        let mut e = Event::new(1, 0, EventKind::SegmentMap, 0x1000, 2 << 20);
+        e.stream = Some(5);
+        ev.push(&e);
+        let mut a = Event::new(2, 0, EventKind::BlockAlloc, 0x1000, 512);
+        a.stream = Some(7);
+        a.extra.requested = Some(100);
+        ev.push(&a);
+        assert_eq!(ev.stream, vec![5, 7]);
+        assert_eq!(ev.get(0).unwrap().stream, Some(5));
     }
 
     #[test]
