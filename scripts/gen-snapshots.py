@@ -60,7 +60,7 @@ def segment_size(req):
 
 
 class Device:
-    def __init__(self, index, capacity, sites, expandable=False, time_us=True, rng=None,
+    def __init__(self, index, capacity, sites, time_us=True, rng=None,
                  max_split=None, divisions=0):
         # max_split: PyTorch's max_split_size in bytes (None: unlimited);
         # divisions: roundup_power2_divisions for every size.
@@ -69,10 +69,10 @@ class Device:
         self.index = index
         self.capacity = capacity
         self.sites = sites
-        self.expandable = expandable
+        self.expandable = False
         self.time_us = time_us
         self.rng = rng or random.Random(index)
-        self.segments = []  # dicts: address, size, stream, pool, expandable, blocks
+        self.segments = []  # dicts: address, size, stream, pool, blocks
         self.trace = []
         self.next_addr = 0x7F0000000000 + (index << 40)
         self.clock = 1_748_729_391_000_000 + index * 17
@@ -95,7 +95,7 @@ class Device:
             self.empty_cache()
         if self.reserved() + size > self.capacity:
             return None
-        seg = {"address": self.next_addr, "size": size, "stream": stream, "pool": pool, "expandable": False,
+        seg = {"address": self.next_addr, "size": size, "stream": stream, "pool": pool,
                "blocks": [{"address": self.next_addr, "size": size, "requested": 0, "state": "inactive",
                            "frames": []}]}
         self.next_addr += size + 64 * MiB  # cudaMalloc leaves holes between segments
@@ -103,38 +103,8 @@ class Device:
         self.entry("segment_alloc", addr=seg["address"], size=size, stream=stream)
         return seg
 
-    def grow_expandable(self, need, stream):
-        """Maps pages at the end of the stream's expandable segment."""
-        seg = next((s for s in self.segments if s["expandable"] and s["stream"] == stream), None)
-        pages = (need + 2 * MiB - 1) // (2 * MiB) * (2 * MiB)
-        if self.reserved() + pages > self.capacity:
-            return None
-        if seg is None:
-            seg = {"address": self.next_addr, "size": 0, "stream": stream, "pool": "large", "expandable": True,
-                   "blocks": []}
-            self.next_addr += 1 << 36
-            self.segments.append(seg)
-        addr = seg["address"] + seg["size"]
-        seg["size"] += pages
-        last = seg["blocks"][-1] if seg["blocks"] else None
-        if last is not None and last["state"] == "inactive":
-            last["size"] += pages
-        else:
-            seg["blocks"].append({"address": addr, "size": pages, "requested": 0, "state": "inactive", "frames": []})
-        self.entry("segment_map", addr=addr, size=pages, stream=stream)
-        return seg
-
     def empty_cache(self):
         for seg in list(self.segments):
-            if seg["expandable"]:
-                last = seg["blocks"][-1] if seg["blocks"] else None
-                if last is not None and last["state"] == "inactive":
-                    seg["size"] -= last["size"]
-                    seg["blocks"].pop()
-                    self.entry("segment_unmap", addr=last["address"], size=last["size"], stream=seg["stream"])
-                    if seg["size"] == 0:
-                        self.segments.remove(seg)
-                continue
             if all(b["state"] == "inactive" for b in seg["blocks"]):
                 self.segments.remove(seg)
                 self.entry("segment_free", addr=seg["address"], size=seg["size"], stream=seg["stream"])
@@ -162,19 +132,10 @@ class Device:
     def malloc(self, req, stream=0):
         rounded = round_size(req, self.divisions)
         pool = "small" if req <= SMALL else "large"
-        if self.expandable and pool == "large":
-            found = self.find_free(rounded, stream, pool)
-            if found is None:
-                seg = self.grow_expandable(rounded, stream)
-                if seg is None:
-                    self.empty_cache()
-                    seg = self.grow_expandable(rounded, stream)
-                found = self.find_free(rounded, stream, pool) if seg else None
-        else:
-            found = self.find_free(rounded, stream, pool)
-            if found is None:
-                seg = self.new_segment(segment_size(rounded if self.divisions > 1 else req), stream, pool)
-                found = (seg, 0) if seg else None
+        found = self.find_free(rounded, stream, pool)
+        if found is None:
+            seg = self.new_segment(segment_size(rounded if self.divisions > 1 else req), stream, pool)
+            found = (seg, 0) if seg else None
         site = self.rng.choice(self.sites)
         if found is None:
             self.record_oom(req, stream, site)
@@ -243,10 +204,235 @@ class Device:
                 "allocated_size": active, "active_size": active,
                 "requested_size": sum(b["requested"] for b in s["blocks"]),
                 "stream": s["stream"], "segment_type": s["pool"], "segment_pool_id": (0, 0),
-                "is_expandable": s["expandable"], "frames": [], "blocks": blocks,
+                "is_expandable": False, "frames": [], "blocks": blocks,
             })
         return out
 
+
+class ExpandableDevice:
+    """PyTorch's caching allocator with `expandable_segments:True`
+    (CUDACachingAllocator.cpp of PyTorch 2.4/2.5), written independently of
+    fragscope's Rust model, in the simplest form: every range is a list of
+    blocks in address order, each "active_allocated", "inactive" (free and
+    mapped) or "unmapped", and every search is a scan.
+
+    - One virtual range per (stream, pool), 9/8 of the device in pages of
+      2 MiB (small pool) or 20 MiB (large pool), all unmapped at first.
+    - A request takes the best fit among the free mapped blocks of its
+      stream and pool (size, then address), moving on to the next larger
+      one while that could grow less (a block's size plus the unmapped
+      block right after it).
+    - Else the lowest unmapped block (with the free block before it) that
+      has room: its pages are mapped (`segment_map`), merged with free
+      neighbours; then more after it if needed.
+    - The block is split when at least 512 bytes remain.
+    - Freed blocks stay mapped. Releasing the cache (`empty_cache`, and
+      before the allocator's last retry) unmaps the whole pages inside
+      every free block (`segment_unmap`), large pool first, each pool in
+      (size, address) order; a range left wholly unmapped is dropped.
+    - When mapping would exceed the capacity: release the cache, retry,
+      then an `oom` entry. Pages mapped before a failing mapping stay."""
+
+    def __init__(self, index, capacity, sites, rng):
+        self.index = index
+        self.capacity = capacity
+        self.sites = sites
+        self.rng = rng
+        self.ranges = []  # dicts: base, size, stream, pool, blocks
+        self.trace = []
+        self.next_addr = 0x7E0000000000 + (index << 40)
+        self.clock = 1_748_729_391_000_000 + index * 17
+        self.ooms = []
+        self.reserved = 0
+
+    entry = Device.entry
+    time_us = True
+
+    @staticmethod
+    def page(pool):
+        return 2 * MiB if pool == "small" else 20 * MiB
+
+    def pool_blocks(self, stream, pool, state):
+        return [(r, b) for r in self.ranges if r["stream"] == stream and r["pool"] == pool
+                for b in r["blocks"] if b["state"] == state]
+
+    @staticmethod
+    def neighbour(r, b, step):
+        i = r["blocks"].index(b) + step
+        return r["blocks"][i] if 0 <= i < len(r["blocks"]) else None
+
+    def best_fit(self, rounded, stream, pool):
+        free = sorted(self.pool_blocks(stream, pool, "inactive"), key=lambda rb: (rb[1]["size"], rb[1]["address"]))
+        fits = [rb for rb in free if rb[1]["size"] >= rounded]
+        if not fits:
+            return None
+
+        def growable(rb):
+            nxt = self.neighbour(rb[0], rb[1], 1)
+            return rb[1]["size"] + (nxt["size"] if nxt and nxt["state"] == "unmapped" else 0)
+        i = 0
+        while i + 1 < len(fits) and growable(fits[i + 1]) < growable(fits[i]):
+            i += 1
+        return fits[i]
+
+    def merge(self, r, b):
+        """Merges b with neighbours of the same mapped-ness that are free."""
+        same = (lambda x: x["state"] == "unmapped") if b["state"] == "unmapped" else (lambda x: x["state"] == "inactive")
+        for step in (-1, 1):
+            n = self.neighbour(r, b, step)
+            if n is not None and same(n):
+                lo, hi = (n, b) if step < 0 else (b, n)
+                lo["size"] += hi["size"]
+                r["blocks"].remove(hi)
+                b = lo
+        return b
+
+    def map_pages(self, r, b, size):
+        """Maps the pages covering the first `size` bytes of unmapped b."""
+        page = self.page(r["pool"])
+        end = r["base"] + -(-(b["address"] + size - r["base"]) // page) * page
+        end = min(end, b["address"] + b["size"])
+        nbytes = end - b["address"]
+        if self.reserved + nbytes > self.capacity:
+            return None
+        if end < b["address"] + b["size"]:
+            i = r["blocks"].index(b)
+            r["blocks"].insert(i + 1, {"address": end, "size": b["address"] + b["size"] - end, "state": "unmapped",
+                                       "requested": 0, "frames": []})
+            b["size"] = nbytes
+        b["state"] = "inactive"
+        self.reserved += nbytes
+        self.entry("segment_map", addr=b["address"], size=nbytes, stream=r["stream"])
+        return self.merge(r, b)
+
+    def grow(self, rounded, stream, pool):
+        """try_allocate_expandable_block: a free block of at least `rounded`
+        bytes made by mapping pages, or None."""
+        cands = sorted(self.pool_blocks(stream, pool, "unmapped"), key=lambda rb: rb[1]["address"])
+        found = None
+        for r, u in cands:
+            prev = self.neighbour(r, u, -1)
+            start = prev if prev is not None and prev["state"] != "active_allocated" else u
+            i, room = r["blocks"].index(start), 0
+            while room < rounded and i < len(r["blocks"]) and r["blocks"][i]["state"] != "active_allocated":
+                room += r["blocks"][i]["size"]
+                i += 1
+            if room >= rounded:
+                found = (r, start)
+                break
+        if found is None:
+            page = self.page(pool)
+            span = -(-(self.capacity + self.capacity // 8) // page) * page
+            r = {"base": self.next_addr, "size": span, "stream": stream, "pool": pool,
+                 "blocks": [{"address": self.next_addr, "size": span, "state": "unmapped", "requested": 0,
+                             "frames": []}]}
+            self.next_addr += span + 6 * MiB  # the driver leaves room between reservations
+            self.ranges.append(r)
+            found = (r, r["blocks"][0])
+        r, c = found
+        if c["state"] == "unmapped":
+            c = self.map_pages(r, c, min(c["size"], rounded))
+            if c is None:
+                return None
+        while c["size"] < rounded:
+            nxt = self.neighbour(r, c, 1)
+            c = self.map_pages(r, nxt, min(rounded - c["size"], nxt["size"]))
+            if c is None:
+                return None
+        return r, c
+
+    def empty_cache(self):
+        for pool in ("large", "small"):
+            free = sorted(((r, b) for r in self.ranges if r["pool"] == pool for b in r["blocks"]
+                           if b["state"] == "inactive"),
+                          key=lambda rb: (rb[0]["stream"], rb[1]["size"], rb[1]["address"]))
+            for r, b in free:
+                page = self.page(pool)
+                lo = r["base"] + -(-(b["address"] - r["base"]) // page) * page
+                hi = r["base"] + (b["address"] + b["size"] - r["base"]) // page * page
+                if lo >= hi:
+                    continue
+                i = r["blocks"].index(b)
+                parts = []
+                if lo > b["address"]:
+                    parts.append({"address": b["address"], "size": lo - b["address"], "state": "inactive",
+                                  "requested": 0, "frames": []})
+                mid = {"address": lo, "size": hi - lo, "state": "unmapped", "requested": 0, "frames": []}
+                parts.append(mid)
+                if hi < b["address"] + b["size"]:
+                    parts.append({"address": hi, "size": b["address"] + b["size"] - hi, "state": "inactive",
+                                  "requested": 0, "frames": []})
+                r["blocks"][i:i + 1] = parts
+                self.merge(r, mid)
+                self.reserved -= hi - lo
+                self.entry("segment_unmap", addr=lo, size=hi - lo, stream=r["stream"])
+                if len(r["blocks"]) == 1:
+                    self.ranges.remove(r)
+
+    def malloc(self, req, stream=0):
+        rounded = round_size(req)
+        pool = "small" if rounded <= SMALL else "large"
+        found = self.best_fit(rounded, stream, pool)
+        if found is None:
+            found = self.grow(rounded, stream, pool)
+            if found is None:
+                self.empty_cache()
+                found = self.grow(rounded, stream, pool)
+        site = self.rng.choice(self.sites)
+        if found is None:
+            device_free = self.capacity - self.reserved
+            free = [b["size"] for r in self.ranges for b in r["blocks"] if b["state"] == "inactive"]
+            total, largest = device_free + sum(free), max([device_free] + free)
+            cls = "capacity" if req > total else ("fragmentation" if req > largest else "allocator_policy")
+            self.entry("oom", size=req, device_free=device_free, stream=stream, frames=site)
+            self.ooms.append({"requested": req, "device_free": device_free, "class": cls})
+            return None
+        r, b = found
+        if b["size"] - rounded >= MIN_BLOCK:
+            i = r["blocks"].index(b)
+            r["blocks"].insert(i + 1, {"address": b["address"] + rounded, "size": b["size"] - rounded,
+                                       "state": "inactive", "requested": 0, "frames": []})
+            b["size"] = rounded
+        b.update(state="active_allocated", requested=req, frames=site)
+        self.entry("alloc", addr=b["address"], size=req, stream=stream, frames=site)
+        return b["address"]
+
+    def free(self, addr):
+        for r in self.ranges:
+            for b in r["blocks"]:
+                if b["address"] == addr and b["state"] == "active_allocated":
+                    for action in ("free_requested", "free_completed"):
+                        self.entry(action, addr=addr, size=b["requested"], stream=r["stream"], frames=b["frames"])
+                    b.update(state="inactive", requested=0, frames=[])
+                    self.merge(r, b)
+                    return True
+        raise AssertionError("free of an unknown block")
+
+    def snapshot_segments(self):
+        """One segment per run of mapped blocks, as PyTorch reports them."""
+        out = []
+        for r in self.ranges:
+            run = []
+            for b in r["blocks"] + [None]:
+                if b is not None and b["state"] != "unmapped":
+                    run.append(b)
+                    continue
+                if run:
+                    active = sum(x["size"] for x in run if x["state"] == "active_allocated")
+                    out.append({
+                        "device": self.index, "address": run[0]["address"], "total_size": sum(x["size"] for x in run),
+                        "allocated_size": active, "active_size": active,
+                        "requested_size": sum(x["requested"] for x in run),
+                        "stream": r["stream"], "segment_type": r["pool"], "segment_pool_id": (0, 0),
+                        "is_expandable": True, "frames": [],
+                        "blocks": [{"address": x["address"], "size": x["size"], "state": x["state"],
+                                    "requested_size": x["requested"], "frames": x["frames"]} for x in run],
+                    })
+                run = []
+        return sorted(out, key=lambda s: s["address"])
+
+    # Reused by the OOM checks of the expected answers.
+    expandable = True
 
 def make_sites(n=6):
     """Frame lists shared between entries, as PyTorch's memo shares them."""
@@ -346,10 +532,20 @@ def cases(out):
                                 for t in untimed["device_traces"]]
     write_case(out, "oom_no_time", untimed, [d])
 
-    # expandable segments: segment_map / segment_unmap.
-    d = Device(0, 2 << 30, sites, expandable=True, rng=random.Random(3))
-    workload(d, 2000)
+    # expandable segments (ExpandableDevice: segment_map / segment_unmap):
+    # two streams, both pools, empty_cache() now and then.
+    d = ExpandableDevice(0, 2 << 30, sites, rng=random.Random(3))
+    workload(d, 3000, streams=(0, 5))
     write_case(out, "expandable", snapshot_of([d]), [d])
+    # ... and on a small device: mappings that fail, the cache released
+    # before the last retry, OOMs.
+    d = ExpandableDevice(0, 300 * MiB, sites, rng=random.Random(12))
+    live = workload(d, 900, streams=(0, 5), churn=0.35)
+    for a in live[::2]:
+        d.free(a)
+    for size in (120 * MiB, 250 * MiB, 900 * MiB):
+        d.malloc(size, stream=5)
+    write_case(out, "expandable_oom", snapshot_of([d]), [d])
 
     # two devices, several streams.
     d0 = Device(0, 2 << 30, sites, rng=random.Random(4))

@@ -1,6 +1,7 @@
 //! A model of PyTorch's CUDA caching allocator (`CUDACachingAllocator.cpp`,
-//! the native allocator of PyTorch 2.1–2.5, without expandable segments),
-//! for replaying a recorded request stream under other settings.
+//! the native allocator of PyTorch 2.4–2.5; the expandable-segment code
+//! was read at two commits of that era, eb42ad6 and 001074d), for
+//! replaying a recorded request stream under other settings.
 //!
 //! What it follows:
 //! - **Rounding**: requests below 512 B become 512 B; with
@@ -29,14 +30,32 @@
 //!   reserved memory exceeds the threshold × capacity, whole free segments
 //!   are released, oldest first, until reserved is below it.
 //!
-//! - **Expandable segments** (`expandable_segments:True`): one virtual
-//!   range per stream and pool that grows at its end; a block maps the
-//!   2 MiB (small) or 20 MiB (large) pages it covers, any remainder of
-//!   ≥ 512 B is split off, and freed pages stay mapped until the cache is
-//!   released — before an OOM, every page no allocated block touches is
-//!   unmapped, so holes cost no physical memory. Best fit takes a free
-//!   block's current size, not what it could grow to (PyTorch also counts
-//!   an unmapped neighbour), and garbage collection does not apply.
+//! - **Expandable segments** (`expandable_segments:True`), as PyTorch:
+//!   - A virtual range per stream and pool (`ExpandableSegment`), 9/8 of
+//!     the capacity in pages of 2 MiB (small pool) or 20 MiB (large pool),
+//!     its blocks tiling it: allocated, free and mapped, or unmapped.
+//!   - Best fit among the free mapped blocks, then on to the next larger
+//!     one while it could grow less (its size plus an unmapped block right
+//!     after it).
+//!   - Else `find_expandable_block`: the lowest-addressed unmapped block of
+//!     the stream's pool, with a free block just before it, that has room
+//!     for the request through free and unmapped blocks; else a new range.
+//!     The pages covering what is needed are mapped (`map_block`, one
+//!     `segment_map` each, merged with free mapped neighbours), then more
+//!     after it until the block is large enough. Pages mapped before a
+//!     mapping fails stay mapped.
+//!   - A rest of ≥ 512 B is split off in either pool.
+//!   - Freed blocks merge only with mapped free neighbours and stay
+//!     mapped; releasing the cache (`release_blocks`: large pool, then
+//!     small, in pool order) unmaps the whole pages inside every free
+//!     block, and a range left wholly unmapped is dropped.
+//!   - Out of memory: release the cache, retry, fail.
+//!   - Garbage collection and `release_available_cached_blocks` touch only
+//!     plain segments (PyTorch asserts that `release_block` never sees an
+//!     expandable one).
+//!   - Without a capacity a new range spans 1 TiB. Following a recording,
+//!     a range starts at its first mapping and ends where other memory
+//!     begins.
 //!
 //! Not modelled: CUDA graph pools, pending
 //! `record_stream` events (a block is reusable at its `free_completed`),
@@ -46,7 +65,7 @@
 //! follows PyTorch ≥ 2.4 (`roundup_power2_divisions` of 1 means plain
 //! 512 B rounding).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 pub use crate::import::settings::{LARGE_BUFFER, MIN_BLOCK, SMALL_BUFFER, SMALL_SIZE, Settings};
 
@@ -71,8 +90,18 @@ struct Block {
     stream: u64,
     allocated: bool,
     small: bool,
-    /// Start of its segment.
+    /// Start of its segment, or of its expandable range.
     segment: u64,
+    /// False for the unmapped stretches of an expandable range.
+    mapped: bool,
+}
+
+/// An expandable segment's virtual range (`ExpandableSegment`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Range {
+    size: u64,
+    stream: u64,
+    small: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,18 +133,15 @@ pub struct Allocator {
     pub reserved: u64,
     pub allocated: u64,
     clock: u64,
-    /// Expandable segments: per (stream, small pool) one virtual range,
-    /// its start and the end of the blocks in it.
-    ranges: BTreeMap<(u64, bool), (u64, u64)>,
-    /// Mapped pages of the ranges: start → page size.
-    mapped: BTreeMap<u64, u64>,
-    /// Expandable segments: allocated blocks touching each page, and the
-    /// mapped pages none touches — what `release_cached_blocks` unmaps.
-    /// Kept as blocks come and go, so that releasing the cache before
-    /// each out-of-memory retry does not walk every block (a run that
-    /// keeps failing requests once memory is full made that quadratic).
-    page_users: HashMap<u64, u32>,
-    idle_pages: BTreeSet<u64>,
+    /// Expandable segments: the virtual ranges by start. Their blocks tile
+    /// them: allocated, free and mapped, or unmapped.
+    ranges: BTreeMap<u64, Range>,
+    /// The unmapped blocks of the ranges, per pool, by (stream, address):
+    /// PyTorch's `BlockPool::unmapped`.
+    unmapped_small: BTreeSet<(u64, u64)>,
+    unmapped_large: BTreeSet<(u64, u64)>,
+    /// Bytes mapped so far (to tell what one request mapped).
+    mapped_total: u64,
     /// When on: the segment changes (`segment_alloc`, `segment_free`,
     /// `segment_map`, `segment_unmap`: kind, address, size) since the
     /// last [`Allocator::take_log`].
@@ -140,9 +166,19 @@ impl Allocator {
         if small { &mut self.free_small } else { &mut self.free_large }
     }
 
+    fn unmapped_set(&mut self, small: bool) -> &mut BTreeSet<(u64, u64)> {
+        if small { &mut self.unmapped_small } else { &mut self.unmapped_large }
+    }
+
+    /// A free block: mapped ones go to their pool, unmapped ones to the
+    /// pool's unmapped set.
     fn insert_free(&mut self, addr: u64, b: Block) {
         self.blocks.insert(addr, Block { allocated: false, ..b });
-        self.pool(b.small).insert((b.stream, b.size, addr));
+        if b.mapped {
+            self.pool(b.small).insert((b.stream, b.size, addr));
+        } else {
+            self.unmapped_set(b.small).insert((b.stream, addr));
+        }
     }
 
     fn remove_free(&mut self, addr: u64) -> Option<Block> {
@@ -150,9 +186,29 @@ impl Allocator {
         if b.allocated {
             return None;
         }
-        self.pool(b.small).remove(&(b.stream, b.size, addr));
+        if b.mapped {
+            self.pool(b.small).remove(&(b.stream, b.size, addr));
+        } else {
+            self.unmapped_set(b.small).remove(&(b.stream, addr));
+        }
         self.blocks.remove(&addr);
         Some(b)
+    }
+
+    /// The block just before `addr` in the same segment or range.
+    fn prev_block(&self, addr: u64, segment: u64) -> Option<(u64, Block)> {
+        let (&p, &pb) = self.blocks.range(..addr).next_back()?;
+        (pb.segment == segment && p + pb.size == addr).then_some((p, pb))
+    }
+
+    /// The block starting at `addr` when it is in `segment`.
+    fn block_at(&self, addr: u64, segment: u64) -> Option<Block> {
+        self.blocks.get(&addr).copied().filter(|b| b.segment == segment)
+    }
+
+    /// Whether a block belongs to an expandable range.
+    fn in_range(&self, b: &Block) -> bool {
+        self.ranges.contains_key(&b.segment)
     }
 
     /// Adds a segment at `addr` (all free). `small`: the small pool's.
@@ -168,10 +224,11 @@ impl Allocator {
     }
 
     pub fn add_segment(&mut self, addr: u64, size: u64, stream: u64, small: bool) {
+        self.cut_range_at(addr);
         self.note(crate::trace::event::EventKind::SegmentAlloc, addr, size);
         self.segments.insert(addr, Segment { size, stream, small, freed_at: self.clock });
         self.reserved += size;
-        self.insert_free(addr, Block { size, stream, allocated: false, small, segment: addr });
+        self.insert_free(addr, Block { size, stream, allocated: false, small, segment: addr, mapped: true });
     }
 
     /// Removes the segment at `addr` when it is entirely free.
@@ -193,9 +250,27 @@ impl Allocator {
     pub fn find_free(&self, rounded: u64, stream: u64) -> Option<u64> {
         let small = rounded <= SMALL_SIZE;
         let pool = if small { &self.free_small } else { &self.free_large };
-        let &(s, size, addr) = pool.range((stream, rounded, 0)..).next()?;
+        let mut candidates = pool.range((stream, rounded, 0)..);
+        let &(s, mut size, mut addr) = candidates.next()?;
         if s != stream {
             return None;
+        }
+        // In an expandable range, best fit weighs a block by what it can
+        // grow to (an unmapped block after it counts): the next larger
+        // block is taken while it can grow less.
+        if self.settings.expandable_segments {
+            let growable = |size: u64, addr: u64| {
+                let b = self.blocks[&addr];
+                size + self.block_at(addr + size, b.segment).filter(|n| !n.mapped).map_or(0, |n| n.size)
+            };
+            while self.in_range(&self.blocks[&addr]) {
+                match candidates.next() {
+                    Some(&(s, next_size, next)) if s == stream && growable(next_size, next) < growable(size, addr) => {
+                        (size, addr) = (next_size, next);
+                    }
+                    _ => break,
+                }
+            }
         }
         if let Some(max) = self.settings.max_split_size {
             if rounded < max && size >= max {
@@ -227,7 +302,14 @@ impl Allocator {
     /// The size of the block a rounded request would get from a new
     /// segment of `segment` bytes.
     pub fn would_take_new(&self, segment: u64, rounded: u64) -> u64 {
-        let b = Block { size: segment, stream: 0, allocated: false, small: rounded <= SMALL_SIZE, segment: 0 };
+        let b = Block {
+            size: segment,
+            stream: 0,
+            allocated: false,
+            small: rounded <= SMALL_SIZE,
+            segment: 0,
+            mapped: true,
+        };
         if self.should_split(&b, rounded) { rounded } else { segment }
     }
 
@@ -235,6 +317,9 @@ impl Allocator {
     /// the rest stays free when the split rules allow. Returns the block's
     /// size.
     pub fn take(&mut self, addr: u64, rounded: u64) -> Option<u64> {
+        if !self.blocks.get(&addr)?.mapped {
+            return None;
+        }
         let b = self.remove_free(addr)?;
         let size = if self.should_split(&b, rounded) {
             self.insert_free(addr + rounded, Block { size: b.size - rounded, ..b });
@@ -245,7 +330,6 @@ impl Allocator {
         self.blocks.insert(addr, Block { size, allocated: true, ..b });
         self.allocated += size;
         self.clock += 1;
-        self.count_users(addr, size, b.small, true);
         Some(size)
     }
 
@@ -254,7 +338,7 @@ impl Allocator {
     /// False when no free block covers it.
     pub fn take_exact(&mut self, addr: u64, size: u64) -> bool {
         let Some((&start, &b)) = self.blocks.range(..=addr).next_back() else { return false };
-        if b.allocated || addr + size > start + b.size {
+        if b.allocated || !b.mapped || addr + size > start + b.size {
             return false;
         }
         self.remove_free(start);
@@ -268,36 +352,7 @@ impl Allocator {
         self.blocks.insert(addr, Block { size, allocated: true, ..b });
         self.allocated += size;
         self.clock += 1;
-        self.count_users(addr, size, b.small, true);
         true
-    }
-
-    /// With expandable segments: counts a block that becomes allocated
-    /// (`used`) or free on the pages it touches, keeping `idle_pages`.
-    fn count_users(&mut self, addr: u64, size: u64, small: bool, used: bool) {
-        if !self.settings.expandable_segments {
-            return;
-        }
-        let page = Self::page(small);
-        let mut p = addr / page * page;
-        while p < addr + size {
-            let n = self.page_users.entry(p).or_default();
-            if used {
-                *n += 1;
-                if *n == 1 {
-                    self.idle_pages.remove(&p);
-                }
-            } else {
-                *n -= 1;
-                if *n == 0 {
-                    self.page_users.remove(&p);
-                    if self.mapped.contains_key(&p) {
-                        self.idle_pages.insert(p);
-                    }
-                }
-            }
-            p += page;
-        }
     }
 
     /// Frees the allocated block at `addr`, merging it with free
@@ -306,21 +361,20 @@ impl Allocator {
         let b = *self.blocks.get(&addr).filter(|b| b.allocated)?;
         self.blocks.remove(&addr);
         self.allocated -= b.size;
-        self.count_users(addr, b.size, b.small, false);
         self.clock += 1;
         let (mut start, mut size) = (addr, b.size);
-        if let Some((&p, &pb)) = self.blocks.range(..addr).next_back()
+        // Free neighbours merge, mapped with mapped (`try_merge_blocks`).
+        if let Some((p, pb)) = self.prev_block(addr, b.segment)
             && !pb.allocated
-            && pb.segment == b.segment
-            && p + pb.size == addr
+            && pb.mapped
         {
             self.remove_free(p);
             start = p;
             size += pb.size;
         }
-        if let Some(&nb) = self.blocks.get(&(addr + b.size))
+        if let Some(nb) = self.block_at(addr + b.size, b.segment)
             && !nb.allocated
-            && nb.segment == b.segment
+            && nb.mapped
         {
             self.remove_free(addr + b.size);
             size += nb.size;
@@ -338,9 +392,19 @@ impl Allocator {
     /// Releases every entirely free segment (`release_cached_blocks`);
     /// returns the bytes released.
     pub fn release_cache(&mut self) -> u64 {
-        // With expandable segments: the unused pages of the ranges, and
-        // any plain segment left from before (the recorded initial state).
-        let unmapped = if self.settings.expandable_segments { self.unmap_free_pages() } else { 0 };
+        // Expandable ranges: every free block's whole pages are unmapped
+        // (`release_blocks`, large pool then small, each in pool order);
+        // then every entirely free plain segment.
+        let mut unmapped = 0;
+        if !self.ranges.is_empty() {
+            for small in [false, true] {
+                let pool = if small { &self.free_small } else { &self.free_large };
+                let free: Vec<u64> = pool.iter().map(|k| k.2).filter(|a| self.in_range(&self.blocks[a])).collect();
+                for addr in free {
+                    unmapped += self.unmap_block(addr);
+                }
+            }
+        }
         let whole: Vec<u64> = self
             .segments
             .iter()
@@ -413,93 +477,321 @@ impl Allocator {
         if small { SMALL_BUFFER } else { LARGE_BUFFER }
     }
 
-    /// Bytes of pages covering [addr, addr + size) that are not mapped.
-    fn unmapped_in(&self, addr: u64, size: u64, page: u64) -> u64 {
-        let (first, last) = (addr / page * page, (addr + size).div_ceil(page) * page);
-        (first..last).step_by(page as usize).filter(|p| !self.mapped.contains_key(p)).count() as u64 * page
-    }
-
-    fn map(&mut self, addr: u64, size: u64, page: u64) -> bool {
-        let (first, last) = (addr / page * page, (addr + size).div_ceil(page) * page);
-        let mut any = false;
-        for p in (first..last).step_by(page as usize) {
-            if self.mapped.insert(p, page).is_none() {
-                if !self.page_users.contains_key(&p) {
-                    self.idle_pages.insert(p);
-                }
-                self.reserved += page;
-                self.note(crate::trace::event::EventKind::SegmentMap, p, page);
-                any = true;
-            }
-        }
-        any
-    }
-
-    /// Unmaps every mapped page no allocated block touches
-    /// (`release_cached_blocks` with expandable segments); returns the
-    /// bytes released.
-    fn unmap_free_pages(&mut self) -> u64 {
-        let before = self.reserved;
-        for p in std::mem::take(&mut self.idle_pages) {
-            if let Some(s) = self.mapped.remove(&p) {
-                self.reserved -= s;
-                self.note(crate::trace::event::EventKind::SegmentUnmap, p, s);
-            }
-        }
-        before - self.reserved
-    }
-
-    /// A request with expandable segments: the best-fit free block of the
-    /// stream's range, else the range grows at its end; the pages the
-    /// block covers are mapped, releasing unused pages first when the
-    /// capacity would be exceeded. Returns the placement; `new_segment` is
-    /// the bytes newly mapped.
-    fn malloc_expandable(&mut self, rounded: u64, stream: u64, capacity: Option<u64>) -> Result<Placement, Refused> {
-        let small = rounded <= SMALL_SIZE;
+    /// The virtual size of a new expandable range: 9/8 of the device's
+    /// memory in whole pages, as PyTorch reserves; 1 TiB when the capacity
+    /// is unknown.
+    pub fn range_span(small: bool, capacity: Option<u64>) -> u64 {
         let page = Self::page(small);
-        // Fresh virtual ranges, 1 TiB apart, starting on a page.
-        let next_start = ((1u64 << 44) + (self.ranges.len() as u64) * (1u64 << 40)).div_ceil(page) * page;
-        let (start, end) = *self.ranges.entry((stream, small)).or_insert((next_start, next_start));
-        let addr = match self.find_free(rounded, stream) {
-            Some(a) => a,
-            None => {
-                // Grow: the free block at the end of the range, or the end.
-                let at = match self.blocks.range(start..end).next_back() {
-                    Some((&a, b)) if !b.allocated && a + b.size == end => a,
-                    _ => end,
-                };
-                let new_end = end.max(at + rounded);
-                if at < end {
-                    let b = self.remove_free(at).expect("the last block is free");
-                    self.insert_free(at, Block { size: new_end - at, ..b });
-                } else {
-                    let b = Block { size: new_end - end, stream, allocated: false, small, segment: start };
-                    self.insert_free(end, b);
+        capacity.map_or(1 << 40, |c| c + c / 8).div_ceil(page) * page
+    }
+
+    /// Ends the expandable range that reaches over `addr` there, when all
+    /// it has from `addr` on is its unmapped tail (ranges never overlap
+    /// other memory). False when something else lies there.
+    fn cut_range_at(&mut self, addr: u64) -> bool {
+        let Some((&base, &r)) = self.ranges.range(..=addr).next_back() else { return true };
+        if base + r.size <= addr {
+            return true;
+        }
+        // The range keeps whole pages.
+        let page = Self::page(r.small);
+        let end = base + (addr - base) / page * page;
+        let Some((&t, &tb)) = self.blocks.range(..=addr).next_back() else { return false };
+        if tb.mapped || tb.allocated || tb.segment != base || t + tb.size != base + r.size || t > end {
+            return false;
+        }
+        self.remove_free(t);
+        if t < end {
+            self.insert_free(t, Block { size: end - t, ..tb });
+        }
+        if end == base {
+            self.ranges.remove(&base);
+        } else {
+            self.ranges.insert(base, Range { size: end - base, ..r });
+        }
+        true
+    }
+
+    /// Starts an expandable range at `base`, all unmapped, ending at the
+    /// next memory the model holds if that comes before `span`.
+    fn add_range(&mut self, base: u64, span: u64, stream: u64, small: bool) -> bool {
+        if !self.cut_range_at(base) || self.blocks.range(..=base).next_back().is_some_and(|(&a, b)| a + b.size > base) {
+            return false;
+        }
+        let page = Self::page(small);
+        let size = self.blocks.range(base..).next().map_or(span, |(&a, _)| span.min((a - base) / page * page));
+        if size == 0 {
+            return false;
+        }
+        self.ranges.insert(base, Range { size, stream, small });
+        self.insert_free(base, Block { size, stream, allocated: false, small, segment: base, mapped: false });
+        true
+    }
+
+    /// `find_expandable_block`: the lowest unmapped block of the stream's
+    /// pool (with the free block before it, if any) that has `size` bytes
+    /// of free or unmapped space from its start; else a new range from
+    /// `new_range_at`. Returns the start of that space.
+    fn find_expandable_block(
+        &mut self,
+        stream: u64,
+        small: bool,
+        size: u64,
+        capacity: Option<u64>,
+        new_range_at: &mut dyn FnMut(u64) -> u64,
+    ) -> Option<u64> {
+        let mut from = (stream, 0);
+        loop {
+            let set = if small { &self.unmapped_small } else { &self.unmapped_large };
+            let Some(&(s, c)) = set.range(from..).next() else { break };
+            if s != stream {
+                break;
+            }
+            from = (stream, c + 1);
+            let segment = self.blocks[&c].segment;
+            let start = match self.prev_block(c, segment) {
+                Some((p, pb)) if !pb.allocated => p,
+                _ => c,
+            };
+            let (mut bytes, mut at) = (0, start);
+            while bytes < size {
+                match self.block_at(at, segment) {
+                    Some(b) if !b.allocated => {
+                        bytes += b.size;
+                        at += b.size;
+                    }
+                    _ => break,
                 }
-                self.ranges.insert((stream, small), (start, new_end));
-                at
+            }
+            if bytes >= size {
+                return Some(start);
+            }
+        }
+        let span = Self::range_span(small, capacity);
+        let base = new_range_at(span);
+        self.add_range(base, span, stream, small).then_some(base)
+    }
+
+    /// `map_block`: maps the pages covering the first `size` bytes of the
+    /// unmapped block at `addr` (the rest stays unmapped) and merges them
+    /// with free mapped neighbours. False when the device has no room.
+    fn map_block(&mut self, addr: u64, size: u64, capacity: Option<u64>) -> bool {
+        let Some(b) = self.blocks.get(&addr).copied().filter(|b| !b.mapped && !b.allocated) else { return false };
+        let Some(r) = self.ranges.get(&b.segment).copied() else { return false };
+        let page = Self::page(r.small);
+        let end = (b.segment + (addr + size - b.segment).div_ceil(page) * page).min(addr + b.size);
+        let bytes = end - addr;
+        if capacity.is_some_and(|c| self.reserved + bytes > c) {
+            return false;
+        }
+        self.remove_free(addr);
+        if end < addr + b.size {
+            self.insert_free(end, Block { size: addr + b.size - end, ..b });
+        }
+        self.insert_mapped(addr, bytes, b);
+        self.reserved += bytes;
+        self.mapped_total += bytes;
+        self.note(crate::trace::event::EventKind::SegmentMap, addr, bytes);
+        true
+    }
+
+    /// Inserts [addr, addr + size) as a free mapped block of `like`'s
+    /// range, merged with free mapped neighbours.
+    fn insert_mapped(&mut self, addr: u64, size: u64, like: Block) {
+        let (mut start, mut len) = (addr, size);
+        if let Some((p, pb)) = self.prev_block(addr, like.segment)
+            && !pb.allocated
+            && pb.mapped
+        {
+            self.remove_free(p);
+            start = p;
+            len += pb.size;
+        }
+        if let Some(nb) = self.block_at(addr + size, like.segment)
+            && !nb.allocated
+            && nb.mapped
+        {
+            self.remove_free(addr + size);
+            len += nb.size;
+        }
+        self.insert_free(start, Block { size: len, mapped: true, ..like });
+    }
+
+    /// Inserts [addr, addr + size) as an unmapped block of `like`'s range,
+    /// merged with unmapped neighbours; a range left wholly unmapped is
+    /// released (`release_expandable_segment`).
+    fn insert_unmapped(&mut self, addr: u64, size: u64, like: Block) {
+        let (mut start, mut len) = (addr, size);
+        if let Some((p, pb)) = self.prev_block(addr, like.segment)
+            && !pb.mapped
+        {
+            self.remove_free(p);
+            start = p;
+            len += pb.size;
+        }
+        if let Some(nb) = self.block_at(addr + size, like.segment)
+            && !nb.mapped
+        {
+            self.remove_free(addr + size);
+            len += nb.size;
+        }
+        if self.ranges.get(&like.segment).is_some_and(|r| start == like.segment && len == r.size) {
+            self.ranges.remove(&like.segment);
+            self.blocks.remove(&start);
+        } else {
+            self.insert_free(start, Block { size: len, mapped: false, ..like });
+        }
+    }
+
+    /// `unmap_block`: unmaps the whole pages inside the free mapped block
+    /// at `addr`; the ends stay free and mapped. Returns the bytes unmapped.
+    fn unmap_block(&mut self, addr: u64) -> u64 {
+        let Some(b) = self.blocks.get(&addr).copied().filter(|b| b.mapped && !b.allocated) else { return 0 };
+        let Some(r) = self.ranges.get(&b.segment).copied() else { return 0 };
+        let page = Self::page(r.small);
+        let first = b.segment + (addr - b.segment).div_ceil(page) * page;
+        let last = b.segment + (addr + b.size - b.segment) / page * page;
+        if first >= last {
+            return 0;
+        }
+        self.unmap_exact(first, last - first)
+    }
+
+    /// Unmaps [addr, addr + size), which a free mapped block of a range
+    /// covers. Returns the bytes unmapped (0 when no such block covers it).
+    pub fn unmap_exact(&mut self, addr: u64, size: u64) -> u64 {
+        let Some((&start, &b)) = self.blocks.range(..=addr).next_back() else { return 0 };
+        if b.allocated || !b.mapped || !self.in_range(&b) || addr + size > start + b.size {
+            return 0;
+        }
+        self.remove_free(start);
+        if start < addr {
+            self.insert_free(start, Block { size: addr - start, ..b });
+        }
+        if addr + size < start + b.size {
+            self.insert_free(addr + size, Block { size: start + b.size - addr - size, ..b });
+        }
+        self.insert_unmapped(addr, size, b);
+        self.reserved -= size;
+        self.note(crate::trace::event::EventKind::SegmentUnmap, addr, size);
+        size
+    }
+
+    /// Maps [addr, addr + size) as the recording did: inside an unmapped
+    /// block of a range of the stream's pool, else as the start of a new
+    /// range there (ending the unmapped tail of another range that reached
+    /// over it). False when that cannot be done.
+    pub fn map_exact(&mut self, addr: u64, size: u64, stream: u64, small: bool, capacity: Option<u64>) -> bool {
+        let covering = self
+            .blocks
+            .range(..=addr)
+            .next_back()
+            .filter(|(a, b)| **a + b.size > addr)
+            .map(|(a, b)| (*a, *b))
+            .filter(|(_, b)| self.ranges.get(&b.segment).is_some_and(|r| r.stream == stream && r.small == small));
+        let (start, b) = match covering {
+            Some(c) => c,
+            None => {
+                if !self.add_range(addr, Self::range_span(small, capacity), stream, small) {
+                    return false;
+                }
+                (addr, self.blocks[&addr])
             }
         };
-        // A free block of a plain segment (one alive before the trace, in
-        // the recorded state) is reserved already: nothing to map.
-        let segment = self.blocks.get(&addr).map_or(start, |b| b.segment);
-        if !self.ranges.values().any(|&(s, _)| s == segment) {
+        if b.mapped || b.allocated || addr + size > start + b.size {
+            return false;
+        }
+        self.remove_free(start);
+        if start < addr {
+            self.insert_free(start, Block { size: addr - start, ..b });
+        }
+        if addr + size < start + b.size {
+            self.insert_free(addr + size, Block { size: start + b.size - addr - size, ..b });
+        }
+        self.insert_mapped(addr, size, b);
+        self.reserved += size;
+        self.mapped_total += size;
+        self.note(crate::trace::event::EventKind::SegmentMap, addr, size);
+        true
+    }
+
+    /// The pool of the stream's expandable range that holds `addr`, if
+    /// the model has one.
+    pub fn range_pool_at(&self, addr: u64, stream: u64) -> Option<bool> {
+        let (&base, r) = self.ranges.range(..=addr).next_back()?;
+        (base + r.size > addr && r.stream == stream).then_some(r.small)
+    }
+
+    /// `try_allocate_expandable_block`: finds room (see
+    /// [`Allocator::find_expandable_block`]) and maps what of it is
+    /// unmapped, up to `size` bytes. Returns the free block's start. Pages
+    /// mapped before a later mapping fails stay mapped, as in PyTorch.
+    fn try_allocate_expandable(
+        &mut self,
+        size: u64,
+        stream: u64,
+        small: bool,
+        capacity: Option<u64>,
+        new_range_at: &mut dyn FnMut(u64) -> u64,
+    ) -> Option<u64> {
+        let c = self.find_expandable_block(stream, small, size, capacity, new_range_at)?;
+        let mut candidate = c;
+        let b = self.blocks[&c];
+        if !b.mapped {
+            if !self.map_block(c, b.size.min(size), capacity) {
+                return None;
+            }
+            // Merged with a free block before it, if any.
+            candidate = *self.blocks.range(..=c).next_back()?.0;
+        }
+        loop {
+            let b = self.blocks[&candidate];
+            if b.size >= size {
+                return Some(candidate);
+            }
+            let next = candidate + b.size;
+            let nb = self.block_at(next, b.segment).filter(|n| !n.mapped)?;
+            if !self.map_block(next, (size - b.size).min(nb.size), capacity) {
+                return None;
+            }
+        }
+    }
+
+    /// A request with expandable segments (PyTorch's `malloc` with
+    /// `expandable_segments:True`): a free block by best fit, else map
+    /// pages of the stream's range; when the device is full, release the
+    /// cache (unmapping every free page) and try once more.
+    fn malloc_expandable(
+        &mut self,
+        rounded: u64,
+        stream: u64,
+        capacity: Option<u64>,
+        new_range_at: &mut dyn FnMut(u64) -> u64,
+    ) -> Result<Placement, Refused> {
+        let small = rounded <= SMALL_SIZE;
+        if let Some(addr) = self.find_free(rounded, stream) {
             let size = self.take(addr, rounded).unwrap_or(rounded);
             return Ok(Placement { addr, size, new_segment: None });
         }
-        let need = self.unmapped_in(addr, rounded, page);
-        let fits = |a: &Allocator| capacity.is_none_or(|c| a.reserved + need <= c);
-        if !fits(self) {
-            self.unmap_free_pages();
-            let need = self.unmapped_in(addr, rounded, page);
-            if capacity.is_some_and(|c| self.reserved + need > c) {
-                return Err(Refused::OutOfMemory { reserved: self.reserved, segment: need });
-            }
+        if let (Some(g), Some(cap)) = (self.settings.garbage_collection_threshold, capacity)
+            && self.reserved as f64 > g * cap as f64
+        {
+            self.collect_garbage((g * cap as f64) as u64);
         }
-        let before = self.reserved;
+        let before = self.mapped_total;
+        let mut found = self.try_allocate_expandable(rounded, stream, small, capacity, new_range_at);
+        if found.is_none() && self.release_available(rounded, stream) {
+            found = self.try_allocate_expandable(rounded, stream, small, capacity, new_range_at);
+        }
+        if found.is_none() {
+            self.release_cache();
+            found = self.try_allocate_expandable(rounded, stream, small, capacity, new_range_at);
+        }
+        let Some(addr) = found else {
+            return Err(Refused::OutOfMemory { reserved: self.reserved, segment: rounded });
+        };
         let size = self.take(addr, rounded).unwrap_or(rounded);
-        self.map(addr, size, page);
-        let mapped = self.reserved - before;
+        let mapped = self.mapped_total - before;
         Ok(Placement { addr, size, new_segment: (mapped > 0).then_some(mapped) })
     }
 
@@ -516,7 +808,7 @@ impl Allocator {
     ) -> Result<Placement, Refused> {
         let rounded = self.settings.round(requested);
         if self.settings.expandable_segments {
-            return self.malloc_expandable(rounded, stream, capacity);
+            return self.malloc_expandable(rounded, stream, capacity, new_segment_at);
         }
         if let Some(addr) = self.find_free(rounded, stream) {
             let size = self.take(addr, rounded).unwrap_or(rounded);
@@ -678,15 +970,58 @@ mod tests {
         assert_eq!(a.reserved, 40 * MIB);
     }
 
+    /// The invariants of expandable ranges, checked by a walk over every
+    /// block.
+    fn check_ranges(a: &Allocator) {
+        let mut mapped = 0;
+        for (&base, r) in &a.ranges {
+            let page = Allocator::page(r.small);
+            let (mut at, mut last): (u64, Option<Block>) = (base, None);
+            for (&addr, b) in a.blocks.range(base..base + r.size) {
+                assert_eq!(addr, at, "the blocks of a range tile it");
+                assert_eq!((b.segment, b.stream, b.small), (base, r.stream, r.small));
+                if !b.mapped {
+                    assert!(!b.allocated);
+                    assert!((addr - base) % page == 0 && b.size % page == 0, "unmapped blocks are whole pages");
+                    assert!(a.unmapped_set_of(b.small).contains(&(b.stream, addr)));
+                } else {
+                    mapped += b.size;
+                    assert_eq!(!b.allocated, a.pool_of(b.small).contains(&(b.stream, b.size, addr)));
+                }
+                if let Some(l) = last {
+                    assert!(l.allocated || b.allocated || l.mapped != b.mapped, "free neighbours of one kind merge");
+                }
+                last = Some(*b);
+                at += b.size;
+            }
+            assert_eq!(at, base + r.size);
+        }
+        let plain: u64 = a.segments.values().map(|s| s.size).sum();
+        assert_eq!(a.reserved, mapped + plain);
+        let allocated: u64 = a.blocks.values().filter(|b| b.allocated).map(|b| b.size).sum();
+        assert_eq!(a.allocated, allocated);
+        let free = a.blocks.values().filter(|b| !b.allocated && b.mapped).count();
+        assert_eq!(free, a.free_small.len() + a.free_large.len());
+        assert_eq!(a.blocks.values().filter(|b| !b.mapped).count(), a.unmapped_small.len() + a.unmapped_large.len());
+    }
+
+    impl Allocator {
+        fn pool_of(&self, small: bool) -> &BTreeSet<(u64, u64, u64)> {
+            if small { &self.free_small } else { &self.free_large }
+        }
+        fn unmapped_set_of(&self, small: bool) -> &BTreeSet<(u64, u64)> {
+            if small { &self.unmapped_small } else { &self.unmapped_large }
+        }
+    }
+
     #[test]
-    fn idle_pages_are_the_mapped_pages_no_allocated_block_touches() {
-        // Random requests and frees of mixed sizes on two streams, on a
-        // device small enough to fail some: after every step the pages kept
-        // idle equal those a walk over every block finds.
+    fn expandable_ranges_keep_their_invariants() {
+        // Random requests and frees of mixed sizes on two streams, cache
+        // releases now and then, on a device small enough to fail some.
         let mut s = Settings::default();
         s.apply("expandable_segments:True").unwrap();
         let mut a = Allocator::new(s);
-        let mut dev = bump(0);
+        let mut dev = bump(1 << 40);
         let mut live: Vec<u64> = Vec::new();
         let mut x = 0x2545_f491_4f6c_dd1du64;
         let mut rand = move |n: u64| {
@@ -695,9 +1030,11 @@ mod tests {
             x ^= x << 17;
             x % n
         };
-        let (mut served, mut failed) = (0, 0);
+        let (mut served, mut failed, mut released) = (0, 0, 0);
         for _ in 0..3000 {
-            if live.is_empty() || rand(3) != 0 {
+            if rand(50) == 0 {
+                released += a.release_cache();
+            } else if live.is_empty() || rand(3) != 0 {
                 let size = if rand(2) == 0 { 1 + rand(MIB) } else { MIB + rand(60 * MIB) };
                 match a.malloc(size, rand(2), Some(600 * MIB), &mut dev) {
                     Ok(p) => {
@@ -710,19 +1047,47 @@ mod tests {
                 let i = rand(live.len() as u64) as usize;
                 a.free(live.swap_remove(i)).unwrap();
             }
-            let mut used = BTreeSet::new();
-            for (&addr, b) in a.blocks.iter().filter(|(_, b)| b.allocated) {
-                let page = Allocator::page(b.small);
-                let mut p = addr / page * page;
-                while p < addr + b.size {
-                    used.insert(p);
-                    p += page;
-                }
-            }
-            let idle: BTreeSet<u64> = a.mapped.keys().filter(|p| !used.contains(p)).copied().collect();
-            assert_eq!(idle, a.idle_pages);
+            check_ranges(&a);
         }
-        assert!(served > 1000 && failed > 10, "{served} served, {failed} failed");
+        assert!(served > 1000 && failed > 10 && released > 0, "{served} served, {failed} failed");
+        for addr in live {
+            a.free(addr).unwrap();
+        }
+        a.release_cache();
+        check_ranges(&a);
+        assert_eq!((a.reserved, a.ranges.len()), (0, 0), "everything unmapped, every range dropped");
+    }
+
+    #[test]
+    fn expandable_best_fit_prefers_blocks_that_cannot_grow() {
+        let mut s = Settings::default();
+        s.apply("expandable_segments:True").unwrap();
+        let mut a = Allocator::new(s);
+        let mut dev = bump(1 << 40);
+        let x = a.malloc(6 * MIB, 0, None, &mut dev).unwrap();
+        assert_eq!((x.new_segment, a.reserved), (Some(20 * MIB), 20 * MIB), "one 20 MiB page");
+        let base = x.addr;
+        let y = a.malloc(10 * MIB, 0, None, &mut dev).unwrap();
+        assert_eq!((y.addr, y.new_segment), (base + 6 * MIB, None));
+        a.free(x.addr).unwrap();
+        // Free: 6 MiB at the start, 4 MiB at the end of the page with the
+        // unmapped rest of the range after it. Best fit by size would take
+        // the 4 MiB block; PyTorch walks on to the 6 MiB one, which cannot
+        // grow.
+        let z = a.malloc(3 * MIB, 0, None, &mut dev).unwrap();
+        assert_eq!(z.addr, base);
+        // 30 MiB: no free block fits. The free 4 MiB tail and the unmapped
+        // block after it have room; 26 MiB more are needed, so two pages
+        // (40 MiB) are mapped, and the block starts at the tail.
+        let w = a.malloc(30 * MIB, 0, None, &mut dev).unwrap();
+        assert_eq!((w.addr, w.new_segment, a.reserved), (base + 16 * MIB, Some(40 * MIB), 60 * MIB));
+        check_ranges(&a);
+        // Freed, the merged block [16, 60) MiB is unmapped from 20 MiB on;
+        // the 4 MiB before that page boundary stay mapped.
+        a.free(w.addr).unwrap();
+        assert_eq!(a.release_cache(), 40 * MIB);
+        assert_eq!(a.reserved, 20 * MIB);
+        check_ranges(&a);
     }
 
     #[test]

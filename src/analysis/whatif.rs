@@ -24,7 +24,7 @@
 
 use std::collections::HashMap;
 
-use crate::analysis::allocator::{Allocator, Refused, Settings, segment_size};
+use crate::analysis::allocator::{Allocator, LARGE_BUFFER, MIN_BLOCK, Refused, SMALL_SIZE, Settings, segment_size};
 use crate::analysis::oom::OomClass;
 use crate::trace::event::{Event, EventKind};
 
@@ -120,16 +120,58 @@ fn is_small_segment(size: u64) -> bool {
 
 /// Builds the initial state of a device into `a`; returns how many
 /// initial events could not be placed.
+///
+/// A mapped stretch of an expandable segment belongs to the small pool
+/// when every block alive in it is a small one (≤ 1 MiB, plus what the
+/// split rule leaves on it), or, with none alive, when it is not a whole
+/// number of 20 MiB pages. The first stretch of a stream and pool starts
+/// its range (what lay below it before the trace is not known).
 fn initial_state(a: &mut Allocator, d: &DeviceStream) -> u64 {
+    let init = &d.events[..d.initial];
+    let mut blocks: Vec<(u64, u64)> =
+        init.iter().filter(|r| r.kind == EventKind::BlockAlloc).map(|r| (r.addr, r.size)).collect();
+    blocks.sort_unstable();
     let mut bad = 0;
-    for r in &d.events[..d.initial] {
+    for r in init {
         match r.kind {
-            EventKind::SegmentAlloc | EventKind::SegmentMap => {
-                a.add_segment(r.addr, r.size, r.stream, is_small_segment(r.size))
+            EventKind::SegmentAlloc => a.add_segment(r.addr, r.size, r.stream, is_small_segment(r.size)),
+            EventKind::SegmentMap => {
+                let from = blocks.partition_point(|b| b.0 < r.addr);
+                let to = blocks.partition_point(|b| b.0 < r.addr.saturating_add(r.size));
+                let inside = &blocks[from..to];
+                let small = if inside.is_empty() {
+                    r.size % LARGE_BUFFER != 0
+                } else {
+                    inside.iter().all(|b| b.1 < SMALL_SIZE + MIN_BLOCK)
+                };
+                bad += u64::from(!a.map_exact(r.addr, r.size, r.stream, small, None));
             }
             EventKind::BlockAlloc => bad += u64::from(!a.take_exact(r.addr, r.size)),
             _ => {}
         }
+    }
+    a.take_log();
+    bad
+}
+
+/// Follows the recording's mappings (`segment_map`) in the model, in the
+/// pool of the request that asked for them (`small`; when `known` is
+/// false, a guess: the pool of the stream's range they fall in comes
+/// first). Returns how many could not be followed.
+fn follow_maps(a: &mut Allocator, pending: &mut Vec<Req>, small: bool, known: bool, capacity: Option<u64>) -> u64 {
+    let mut bad = 0;
+    for p in pending.drain(..) {
+        let ok = match p.kind {
+            EventKind::SegmentMap => {
+                let pool = if known { small } else { a.range_pool_at(p.addr, p.stream).unwrap_or(small) };
+                a.map_exact(p.addr, p.size, p.stream, pool, capacity)
+            }
+            _ => {
+                a.add_segment(p.addr, p.size, p.stream, is_small_segment(p.size));
+                true
+            }
+        };
+        bad += u64::from(!ok);
     }
     bad
 }
@@ -138,8 +180,11 @@ fn initial_state(a: &mut Allocator, d: &DeviceStream) -> u64 {
 /// snapshot's own), following the recording after each decision.
 pub fn fidelity(d: &DeviceStream, settings: &Settings) -> Fidelity {
     let mut f = Fidelity { device: d.device, ..Fidelity::default() };
-    if settings.expandable_segments || d.events.iter().any(|r| r.kind == EventKind::SegmentMap) {
-        f.not_measured = Some("expandable segments are not modelled yet".into());
+    if settings.expandable_segments {
+        return fidelity_expandable(d, settings, f);
+    }
+    if d.events.iter().any(|r| r.kind == EventKind::SegmentMap) {
+        f.not_measured = Some("expandable segments in a recording whose settings say they are off".into());
         return f;
     }
     let mut a = Allocator::new(settings.clone());
@@ -167,17 +212,8 @@ pub fn fidelity(d: &DeviceStream, settings: &Settings) -> Fidelity {
                 let agrees = a.find_free(rounded, r.stream).is_none()
                     && f.inferred_capacity.is_some_and(|c| a.reserved + segment_size(rounded) > c);
                 f.ooms_same += u64::from(agrees);
-                if !agrees && f.first_mismatches.len() < KEPT_MISMATCHES {
-                    f.first_mismatches.push(Mismatch {
-                        allocation: f.allocations,
-                        t_ns: r.ts_ns,
-                        requested: r.requested,
-                        stream: r.stream,
-                        recorded_addr: 0,
-                        recorded_size: 0,
-                        model_addr: a.find_free(rounded, r.stream),
-                        why: "PyTorch ran out of memory here, the model would not have".into(),
-                    });
+                if !agrees {
+                    keep(&mut f, r, 0, 0, a.find_free(rounded, r.stream), OOM_NOT_IN_MODEL);
                 }
             }
             EventKind::BlockAlloc => {
@@ -197,12 +233,7 @@ pub fn fidelity(d: &DeviceStream, settings: &Settings) -> Fidelity {
                             f.segments_same_size += u64::from(want == seg.size);
                             let size = if want == seg.size {
                                 let mut probe = a.clone();
-                                probe.add_segment(
-                                    seg.addr,
-                                    seg.size,
-                                    seg.stream,
-                                    rounded <= crate::analysis::allocator::SMALL_SIZE,
-                                );
+                                probe.add_segment(seg.addr, seg.size, seg.stream, rounded <= SMALL_SIZE);
                                 probe.take(seg.addr, rounded)
                             } else {
                                 None
@@ -216,33 +247,142 @@ pub fn fidelity(d: &DeviceStream, settings: &Settings) -> Fidelity {
                     },
                 };
                 // Follow the recording.
-                for p in pending.drain(..) {
-                    a.add_segment(p.addr, p.size, p.stream, is_small_segment(p.size));
-                }
-                let followed = a.take_exact(r.addr, r.size);
-                f.desynchronised += u64::from(!followed);
-                f.recorded_peak_reserved = f.recorded_peak_reserved.max(a.reserved);
-                let same = model_addr == Some(r.addr);
-                f.same_address += u64::from(same);
-                f.same_size += u64::from(same && model_size == Some(r.size));
-                if !same && f.first_mismatches.len() < KEPT_MISMATCHES {
-                    f.first_mismatches.push(Mismatch {
-                        allocation: f.allocations,
-                        t_ns: r.ts_ns,
-                        requested: r.requested,
-                        stream: r.stream,
-                        recorded_addr: r.addr,
-                        recorded_size: r.size,
-                        model_addr,
-                        why: why.into(),
-                    });
-                }
-                f.allocations += 1;
+                f.desynchronised += follow_maps(&mut a, &mut pending, rounded <= SMALL_SIZE, true, None);
+                follow_block(&mut f, &mut a, r, model_addr, model_size, why);
             }
             _ => {}
         }
     }
     f
+}
+
+/// [`fidelity`] of a recording made with expandable segments. At each
+/// allocation the model says which free block it would take, or which
+/// pages it would map first (`segment_map`: address and size) and where
+/// the block then goes; the recorded mappings and block are then applied.
+/// A mapping PyTorch made counts as a segment requested; "same size" means
+/// the model maps the same pages.
+fn fidelity_expandable(d: &DeviceStream, settings: &Settings, mut f: Fidelity) -> Fidelity {
+    let mut a = Allocator::new(settings.clone());
+    f.desynchronised += initial_state(&mut a, d);
+    f.recorded_peak_reserved = a.reserved;
+    f.initial_reserved = a.reserved;
+    let mut pending: Vec<Req> = Vec::new();
+    for r in &d.events[d.initial..] {
+        let small = a.settings.round(r.requested) <= SMALL_SIZE;
+        match r.kind {
+            EventKind::SegmentMap | EventKind::SegmentAlloc => pending.push(*r),
+            EventKind::SegmentUnmap | EventKind::SegmentFree => {
+                // A release (the program's `empty_cache()` or the
+                // allocator's before a retry) after mappings of a request
+                // that then failed: those come first.
+                f.desynchronised += follow_maps(&mut a, &mut pending, small, false, f.inferred_capacity);
+                let done = if r.kind == EventKind::SegmentFree {
+                    a.release_segment(r.addr)
+                } else {
+                    a.unmap_exact(r.addr, r.size) == r.size
+                };
+                f.desynchronised += u64::from(!done);
+            }
+            EventKind::BlockFree => f.desynchronised += u64::from(a.free(r.addr).is_none()),
+            EventKind::Oom => {
+                f.desynchronised += follow_maps(&mut a, &mut pending, small, true, f.inferred_capacity);
+                f.recorded_ooms += 1;
+                if f.inferred_capacity.is_none() {
+                    f.inferred_capacity = r.device_free.map(|free| free + a.reserved);
+                }
+                let mut probe = a.clone();
+                let mut nowhere = |_| u64::MAX / 2;
+                let agrees = f.inferred_capacity.is_some()
+                    && probe.malloc(r.requested, r.stream, f.inferred_capacity, &mut nowhere).is_err();
+                f.ooms_same += u64::from(agrees);
+                if !agrees {
+                    keep(&mut f, r, 0, 0, a.find_free(a.settings.round(r.requested), r.stream), OOM_NOT_IN_MODEL);
+                }
+            }
+            EventKind::BlockAlloc => {
+                let rounded = a.settings.round(r.requested);
+                let (model_addr, model_size, why) = match a.find_free(rounded, r.stream) {
+                    Some(at) => {
+                        f.segments_only_recorded += u64::from(!pending.is_empty());
+                        (Some(at), a.would_take(at, rounded), "a different free block")
+                    }
+                    None => {
+                        // What would the model map? A new range goes where
+                        // the recording's first mapping is.
+                        let mut probe = a.clone();
+                        probe.log = Some(Vec::new());
+                        let first = pending.first().map_or(u64::MAX / 2, |p| p.addr);
+                        let mut device = |_| first;
+                        match probe.malloc(r.requested, r.stream, f.inferred_capacity, &mut device) {
+                            Ok(p) => {
+                                let maps: Vec<(u64, u64)> = probe
+                                    .take_log()
+                                    .into_iter()
+                                    .filter(|m| m.0 == EventKind::SegmentMap)
+                                    .map(|m| (m.1, m.2))
+                                    .collect();
+                                let recorded: Vec<(u64, u64)> = pending.iter().map(|p| (p.addr, p.size)).collect();
+                                if recorded.is_empty() {
+                                    f.segments_only_model += 1;
+                                    (Some(p.addr), Some(p.size), "new pages mapped, where PyTorch found a free block")
+                                } else {
+                                    f.segments_requested += 1;
+                                    f.segments_same_size += u64::from(maps == recorded);
+                                    let why = if maps == recorded { "a different block" } else { "other pages mapped" };
+                                    (Some(p.addr), Some(p.size), why)
+                                }
+                            }
+                            Err(_) => (None, None, "the model ran out of memory here"),
+                        }
+                    }
+                };
+                f.desynchronised += follow_maps(&mut a, &mut pending, rounded <= SMALL_SIZE, true, f.inferred_capacity);
+                follow_block(&mut f, &mut a, r, model_addr, model_size, why);
+            }
+            _ => {}
+        }
+    }
+    f
+}
+
+const OOM_NOT_IN_MODEL: &str = "PyTorch ran out of memory here, the model would not have";
+
+/// Places the recorded block `r` in the model after its prediction
+/// (`model_addr`, `model_size`, `why` it differs) and counts the outcome.
+fn follow_block(
+    f: &mut Fidelity,
+    a: &mut Allocator,
+    r: &Req,
+    model_addr: Option<u64>,
+    model_size: Option<u64>,
+    why: &str,
+) {
+    f.desynchronised += u64::from(!a.take_exact(r.addr, r.size));
+    f.recorded_peak_reserved = f.recorded_peak_reserved.max(a.reserved);
+    let same = model_addr == Some(r.addr);
+    f.same_address += u64::from(same);
+    f.same_size += u64::from(same && model_size == Some(r.size));
+    if !same {
+        keep(f, r, r.addr, r.size, model_addr, why);
+    }
+    f.allocations += 1;
+}
+
+/// Keeps a mismatch at the current allocation, up to [`KEPT_MISMATCHES`].
+fn keep(f: &mut Fidelity, r: &Req, recorded_addr: u64, recorded_size: u64, model_addr: Option<u64>, why: &str) {
+    if f.first_mismatches.len() < KEPT_MISMATCHES {
+        f.first_mismatches.push(Mismatch {
+            allocation: f.allocations,
+            t_ns: r.ts_ns,
+            requested: r.requested,
+            stream: r.stream,
+            recorded_addr,
+            recorded_size,
+            model_addr,
+            why: why.into(),
+        });
+    }
 }
 
 /// What one setting did with the requests.
@@ -303,6 +443,11 @@ impl Sampler {
             out.push(b);
         }
     }
+}
+
+/// Whether an event gives memory back to the device.
+fn is_release(kind: EventKind) -> bool {
+    matches!(kind, EventKind::SegmentFree | EventKind::SegmentUnmap)
 }
 
 /// Runs the requests of `d` through the model under `settings`.
@@ -379,13 +524,18 @@ pub fn simulate_into(
             // when the device is full: an `oom` follows, or a new segment
             // that would not have fit beside what was reserved before the
             // run.
-            EventKind::SegmentFree if trace.get(i + 1).is_none_or(|n| n.kind != EventKind::SegmentFree) => {
-                let run: u64 =
-                    trace[..=i].iter().rev().take_while(|n| n.kind == EventKind::SegmentFree).map(|n| n.size).sum();
+            // (With expandable segments the release is a run of
+            // `segment_unmap`s, and the new memory a `segment_map`.)
+            EventKind::SegmentFree | EventKind::SegmentUnmap
+                if trace.get(i + 1).is_none_or(|n| !is_release(n.kind)) =>
+            {
+                let run: u64 = trace[..=i].iter().rev().take_while(|n| is_release(n.kind)).map(|n| n.size).sum();
                 let before = rec_reserved + run;
-                let allocators = match trace[i + 1..].iter().find(|n| n.kind != EventKind::SegmentFree) {
+                let allocators = match trace[i + 1..].iter().find(|n| !is_release(n.kind)) {
                     Some(n) if n.kind == EventKind::Oom => true,
-                    Some(n) if n.kind == EventKind::SegmentAlloc => capacity.is_some_and(|c| before + n.size > c),
+                    Some(n) if matches!(n.kind, EventKind::SegmentAlloc | EventKind::SegmentMap) => {
+                        capacity.is_some_and(|c| before + n.size > c)
+                    }
                     _ => false,
                 };
                 if !allocators {
@@ -464,7 +614,7 @@ pub fn simulate_into(
 /// the large requests (their median, 90th percentile and largest, rounded
 /// up to a power of two MiB above 20), `roundup_power2_divisions:4`, and
 /// with a capacity `garbage_collection_threshold:0.8`.
-pub fn default_sweep(d: &[DeviceStream], capacity: Option<u64>) -> Vec<Vec<String>> {
+pub fn default_sweep(d: &[DeviceStream], recorded: &Settings, capacity: Option<u64>) -> Vec<Vec<String>> {
     let mut large: Vec<u64> = d
         .iter()
         .flat_map(|s| s.events.iter())
@@ -479,7 +629,10 @@ pub fn default_sweep(d: &[DeviceStream], capacity: Option<u64>) -> Vec<Vec<Strin
         .collect();
     splits.sort_unstable();
     splits.dedup();
-    let mut sweep: Vec<Vec<String>> = vec![vec!["expandable_segments:True".into()]];
+    // A recording made with expandable segments: what plain segments
+    // would have done instead.
+    let flip = if recorded.expandable_segments { "expandable_segments:False" } else { "expandable_segments:True" };
+    let mut sweep: Vec<Vec<String>> = vec![vec![flip.into()]];
     sweep.extend(splits.into_iter().map(|mb| vec![format!("max_split_size_mb:{mb}")]));
     sweep.push(vec!["roundup_power2_divisions:4".into()]);
     if capacity.is_some() {
@@ -577,6 +730,9 @@ pub struct Whatif {
     pub capacity: Option<u64>,
     pub capacity_inferred: bool,
     pub source: Source,
+    /// The recorded settings that differ from PyTorch's defaults, as
+    /// `PYTORCH_CUDA_ALLOC_CONF` entries: a recommendation keeps them.
+    pub recorded_conf: Vec<String>,
 }
 
 impl Whatif {
@@ -595,7 +751,13 @@ impl Whatif {
         } else if self.scenarios[*i].conf.is_empty() {
             "PyTorch's caching allocator with its default settings".into()
         } else {
-            format!("PYTORCH_CUDA_ALLOC_CONF={}", self.scenarios[*i].conf.join(","))
+            // The recorded settings stay, unless the scenario sets the key.
+            let conf = &self.scenarios[*i].conf;
+            let key = |e: &String| e.split(':').next().unwrap_or_default().to_string();
+            let keys: Vec<String> = conf.iter().map(key).collect();
+            let kept = self.recorded_conf.iter().filter(|e| !keys.contains(&key(e)));
+            let line: Vec<&String> = kept.chain(conf).collect();
+            format!("PYTORCH_CUDA_ALLOC_CONF={}", line.iter().map(|e| e.as_str()).collect::<Vec<_>>().join(","))
         }
     }
 }
@@ -636,25 +798,14 @@ pub fn run(
     confs: Vec<Vec<String>>,
     source: Source,
 ) -> Result<Whatif, String> {
-    let mut confs = if confs.is_empty() { default_sweep(devices, capacity) } else { confs };
+    let mut confs = if confs.is_empty() { default_sweep(devices, recorded, capacity) } else { confs };
     if source == Source::DeviceLevel {
         confs.insert(0, Vec::new());
     }
     let runs = settings_of(recorded, &confs)?;
     let fidelity: Vec<Fidelity> = match source {
         Source::Snapshot => devices.iter().map(|d| fidelity(d, recorded)).collect(),
-        Source::DeviceLevel => devices
-            .iter()
-            .map(|d| Fidelity {
-                device: d.device,
-                not_measured: Some(
-                    "a device-level trace: every cudaMalloc is a request, there are no allocator decisions to check"
-                        .into(),
-                ),
-                recorded_ooms: d.events.iter().filter(|r| r.kind == EventKind::Oom).count() as u64,
-                ..Fidelity::default()
-            })
-            .collect(),
+        Source::DeviceLevel => devices.iter().map(device_level_fidelity).collect(),
     };
     // Each device's capacity: the one given, else inferred from its OOM.
     let capacities: Vec<Option<u64>> = fidelity.iter().map(|f| capacity.or(f.inferred_capacity)).collect();
@@ -684,7 +835,20 @@ pub fn run(
     }
     let capacity_inferred = capacity.is_none() && capacities.iter().any(Option::is_some);
     let capacity = capacity.or_else(|| capacities.iter().flatten().copied().max());
-    Ok(Whatif { fidelity, scenarios, recommended, capacity, capacity_inferred, source })
+    let recorded_conf = recorded.conf_entries();
+    Ok(Whatif { fidelity, scenarios, recommended, capacity, capacity_inferred, source, recorded_conf })
+}
+
+/// A device-level trace has no allocator decisions to check.
+fn device_level_fidelity(d: &DeviceStream) -> Fidelity {
+    Fidelity {
+        device: d.device,
+        not_measured: Some(
+            "a device-level trace: every cudaMalloc is a request, there are no allocator decisions to check".into(),
+        ),
+        recorded_ooms: d.events.iter().filter(|r| r.kind == EventKind::Oom).count() as u64,
+        ..Fidelity::default()
+    }
 }
 
 /// A device-level recording as it happened: live bytes are what is
@@ -823,6 +987,50 @@ mod tests {
         let f = fidelity(&other, &Settings::default());
         assert_eq!((f.same_address, f.first_mismatches.len()), (2, 1));
         assert_eq!(f.first_mismatches[0].model_addr, Some(base));
+    }
+
+    /// The same with expandable segments: pages mapped in a range, blocks
+    /// in them; a wrong mapping and a wrong block are both reported.
+    #[test]
+    fn an_expandable_recording_is_checked_page_by_page() {
+        let base = 1 << 40;
+        let mut s = Settings::default();
+        s.apply("expandable_segments:True").unwrap();
+        let d = DeviceStream {
+            device: 0,
+            initial: 0,
+            events: vec![
+                req(EventKind::SegmentMap, base, 20 * MIB, 0),
+                req(EventKind::BlockAlloc, base, 12 * MIB, 12 * MIB),
+                // 12 MiB more: the free 8 MiB at the end and one more page.
+                req(EventKind::SegmentMap, base + 20 * MIB, 20 * MIB, 0),
+                req(EventKind::BlockAlloc, base + 12 * MIB, 12 * MIB, 12 * MIB),
+                // Freed, then the cache released: the whole page inside
+                // the free [12, 40) MiB is unmapped.
+                req(EventKind::BlockFree, base + 12 * MIB, 12 * MIB, 12 * MIB),
+                req(EventKind::SegmentUnmap, base + 20 * MIB, 20 * MIB, 0),
+                req(EventKind::BlockAlloc, base + 12 * MIB, 2 * MIB, 2 * MIB),
+            ],
+        };
+        let f = fidelity(&d, &s);
+        assert!(f.not_measured.is_none(), "{f:?}");
+        assert_eq!((f.allocations, f.same_address, f.same_size), (3, 3, 3), "{f:?}");
+        assert_eq!((f.segments_requested, f.segments_same_size, f.desynchronised), (2, 2, 0), "{f:?}");
+        // PyTorch mapping two pages where the model maps one.
+        let mut other = d.clone();
+        other.events[2].size = 40 * MIB;
+        let f = fidelity(&other, &s);
+        assert_eq!((f.segments_requested, f.segments_same_size, f.same_address), (2, 1, 3), "{f:?}");
+        // A block placed elsewhere than the model would.
+        let mut other = d.clone();
+        other.events[6].addr = base + 14 * MIB;
+        let f = fidelity(&other, &s);
+        assert_eq!((f.same_address, f.first_mismatches.len()), (2, 1), "{f:?}");
+        assert_eq!(f.first_mismatches[0].model_addr, Some(base + 12 * MIB));
+        // An unmapping of pages that are not free cannot be followed.
+        let mut other = d.clone();
+        other.events[5].addr = base;
+        assert_eq!(fidelity(&other, &s).desynchronised, 1, "a page a live block holds");
     }
 
     #[test]

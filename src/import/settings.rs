@@ -118,6 +118,32 @@ impl Settings {
         Ok(())
     }
 
+    /// The settings that differ from PyTorch's defaults, as
+    /// `PYTORCH_CUDA_ALLOC_CONF` entries (`roundup_power2_divisions` as
+    /// one value when every interval has it, else PyTorch's list form).
+    pub fn conf_entries(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(m) = self.max_split_size {
+            out.push(format!("max_split_size_mb:{}", m >> 20));
+        }
+        let d = &self.roundup_power2_divisions;
+        if d.iter().any(|&v| v > 1) {
+            if d.iter().all(|&v| v == d[0]) {
+                out.push(format!("roundup_power2_divisions:{}", d[0]));
+            } else {
+                let list: Vec<String> = d.iter().enumerate().map(|(i, v)| format!("{}:{v}", 1u64 << i)).collect();
+                out.push(format!("roundup_power2_divisions:[{}]", list.join(",")));
+            }
+        }
+        if let Some(g) = self.garbage_collection_threshold {
+            out.push(format!("garbage_collection_threshold:{g}"));
+        }
+        if self.expandable_segments {
+            out.push("expandable_segments:True".into());
+        }
+        out
+    }
+
     /// The allocated size of a request.
     pub fn round(&self, size: u64) -> u64 {
         if size <= MIN_BLOCK {
@@ -152,4 +178,29 @@ fn next_division(size: u64, divisions: u64) -> u64 {
     }
     let down = size & !(step - 1);
     if down == size { size } else { down + step }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conf_entries_give_back_what_differs_from_the_defaults() {
+        assert!(Settings::default().conf_entries().is_empty());
+        let mut s = Settings::default();
+        for e in ["max_split_size_mb:64", "roundup_power2_divisions:4", "expandable_segments:True"] {
+            s.apply(e).unwrap();
+        }
+        let entries = s.conf_entries();
+        assert_eq!(entries, ["max_split_size_mb:64", "roundup_power2_divisions:4", "expandable_segments:True"]);
+        // They parse back to the same settings.
+        let mut back = Settings::default();
+        for e in &entries {
+            back.apply(e).unwrap();
+        }
+        assert_eq!(back, s);
+        // Divisions that differ by interval: PyTorch's list form.
+        s.roundup_power2_divisions[3] = 8;
+        assert!(s.conf_entries()[1].starts_with("roundup_power2_divisions:[1:4,2:4,4:4,8:8,"));
+    }
 }

@@ -536,7 +536,8 @@ fn remove_range(r: &mut Ranges, a: u64, b: u64) -> bool {
 /// The size the caching allocator gives a request placed at `addr`, where
 /// the free space runs up to `free_end`, under the recorded `settings`
 /// (rounding with `roundup_power2_divisions`; no split at or above
-/// `max_split_size`).
+/// `max_split_size`; with expandable segments a rest of 512 B is split off
+/// in the large pool too).
 fn block_size_rule(settings: &Settings, requested: u64, addr: u64, free_end: u64) -> u64 {
     let rounded = settings.round(requested.max(1));
     let room = free_end.saturating_sub(addr);
@@ -544,7 +545,8 @@ fn block_size_rule(settings: &Settings, requested: u64, addr: u64, free_end: u64
         return rounded.min(room.max(rounded.min(room)));
     }
     let rest = room - rounded;
-    let unsplit = if rounded > SMALL_SIZE {
+    // With expandable segments every pool splits off a rest of 512 B.
+    let unsplit = if rounded > SMALL_SIZE && !settings.expandable_segments {
         rest <= SMALL_SIZE || settings.max_split_size.is_some_and(|m| rounded >= m)
     } else {
         rest < MIN_BLOCK

@@ -606,13 +606,22 @@ pub(crate) fn advice_md(a: &Analysis, s: &Summary) -> String {
     if let Some(o) = frag.first() {
         let free = o.device_free.unwrap_or(0);
         let largest = o.largest_free.unwrap_or(0);
-        if a.trace.source() == Some(crate::trace::Source::PytorchSnapshot) {
+        let expandable =
+            a.whatif.as_ref().is_some_and(|w| w.recorded_conf.iter().any(|e| e == "expandable_segments:True"));
+        if a.trace.source() == Some(crate::trace::Source::PytorchSnapshot) && expandable {
+            items.push(format!(
+                "Fragmentation OOMs: a request of {} failed with {} free but at most {} contiguous, with expandable segments already on. What they leave is page granularity: a page (20 MiB in the large pool, 2 MiB in the small) stays mapped while any live block touches it, and a request maps whole pages from where its free space starts. Long-lived blocks scattered over many pages pin them: allocate those together and early, or leave headroom (a smaller batch).",
+                bytes(o.requested),
+                bytes(free),
+                bytes(largest)
+            ));
+        } else if a.trace.source() == Some(crate::trace::Source::PytorchSnapshot) {
             items.push(format!(
                 "Fragmentation OOMs: a request of {} failed with {} free but at most {} contiguous. Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` so segments grow in place instead of leaving holes, or `max_split_size_mb:{}` so blocks larger than that are never split.",
                 bytes(o.requested),
                 bytes(free),
                 bytes(largest),
-                (largest >> 20).max(20)
+                (largest >> 20).max(21)
             ));
         } else {
             items.push(format!(

@@ -87,7 +87,7 @@ pub fn json(w: &Whatif) -> serde_json::Value {
             (Some(_), true) => Some("inferred from an oom entry (free memory CUDA reported + reserved then)"),
             (Some(_), false) => Some("--capacity"),
         },
-        "model": "PyTorch CUDACachingAllocator (2.4-2.5 native allocator; expandable segments simplified); see src/analysis/allocator.rs",
+        "model": "PyTorch CUDACachingAllocator (2.4-2.5 native allocator, expandable segments included); see src/analysis/allocator.rs",
         "fidelity": w.fidelity.iter().zip(&recorded.devices).map(|(f, o)| json!({
             "device": f.device,
             "allocations": f.allocations,
@@ -119,7 +119,7 @@ pub fn sections_md(w: &Whatif, level: &str) -> String {
         md.push_str("Not measured: a device-level trace (eBPF or synthetic) has no caching allocator's decisions to check — every cudaMalloc is a request. The first scenario is the recording as it happened; the others put PyTorch's caching allocator, modelled, between the program and the device.\n");
         return md + &scenarios_md(w, level);
     }
-    md.push_str("Under the snapshot's own settings, from the state before the first trace entry, the model chose a block for every allocation; the recorded choice was then applied.\n\n");
+    md.push_str("Under the snapshot's own settings, from the state before the first trace entry, the model chose a block for every allocation; the recorded choice was then applied. With expandable segments a segment asked is the pages one request mapped (`segment_map`), and the same size means the same pages.\n\n");
     md.push_str("| device | allocations | at PyTorch's address | same block size | segments asked (same size) | segments only PyTorch / only model | peak reserved recorded → simulated |\n|---|---|---|---|---|---|---|\n");
     for (f, o) in w.fidelity.iter().zip(&w.scenarios[0].devices) {
         if let Some(why) = &f.not_measured {
@@ -210,7 +210,7 @@ fn scenarios_md(w: &Whatif, level: &str) -> String {
         );
     }
     md.push_str("\nReserved − allocated at peak: while reserved was at its peak, what it held beyond the most that was allocated then.\n");
-    md.push_str("\nNot modelled: CUDA graph pools, pending `record_stream` events; a recording made with expandable segments is replayed in scenarios but its fidelity is not measured. Every scenario starts from the recorded state before the first trace entry.\n");
+    md.push_str("\nNot modelled: CUDA graph pools, pending `record_stream` events. Every scenario starts from the recorded state before the first trace entry.\n");
     md
 }
 

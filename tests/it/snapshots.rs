@@ -101,6 +101,7 @@ fn every_generated_layout_imports_exactly() {
         "proto5",
         "oom",
         "expandable",
+        "expandable_oom",
         "two_devices",
         "ring",
         "no_time",
@@ -436,8 +437,9 @@ fn whatif_reports_fidelity_scenarios_and_a_recommendation() {
 }
 
 /// The allocator model against snapshots whose addresses a separate Python
-/// model of the allocator chose (scripts/gen-snapshots.py; `max_split` and
-/// `roundup` recorded under those settings): every
+/// model of the allocator chose (scripts/gen-snapshots.py; `max_split`,
+/// `roundup` and the two `expandable` cases recorded under those
+/// settings): every
 /// allocation where it put it, every OOM where it ran out, and the recorded
 /// settings' replay ends with the same OOMs and peak. A trace whose start
 /// was lost (`ring`) starts from a reconstructed state whose free-block
@@ -446,7 +448,19 @@ fn whatif_reports_fidelity_scenarios_and_a_recommendation() {
 fn whatif_reproduces_the_generated_snapshots() {
     let Some(dir) = generated() else { return };
     let tmp = tempfile::tempdir().unwrap();
-    for case in ["basic", "oom", "two_devices", "no_time", "legacy_history", "max_split", "roundup", "ring"] {
+    let cases = [
+        "basic",
+        "oom",
+        "two_devices",
+        "no_time",
+        "legacy_history",
+        "max_split",
+        "roundup",
+        "ring",
+        "expandable",
+        "expandable_oom",
+    ];
+    for case in cases {
         let out = tmp.path().join(case);
         fragscope().arg("whatif").arg(dir.join(format!("{case}.pickle"))).arg("-o").arg(&out).assert().success();
         let w = json(&out.join("whatif.json"));
@@ -461,6 +475,39 @@ fn whatif_reproduces_the_generated_snapshots() {
             }
             assert_eq!(f["ooms_same"], f["recorded_ooms"], "{case}");
             assert_eq!(f["simulated_ooms"], f["recorded_ooms"], "{case}");
+            if case.starts_with("expandable") {
+                // Mappings: the model maps the pages PyTorch mapped.
+                assert!(f["not_measured"].is_null(), "{case}: {f}");
+                assert!(f["segments_requested"].as_u64().unwrap() > 20, "{case}: {f}");
+                assert_eq!(f["segments_same_size"], f["segments_requested"], "{case}: {f}");
+                assert_eq!(f["segments_only_model"], 0, "{case}: {f}");
+                assert_eq!(f["segments_only_recorded"], 0, "{case}: {f}");
+                assert_eq!(f["desynchronised_events"], 0, "{case}: {f}");
+            }
+        }
+        if case == "expandable_oom" {
+            let expected = json(&dir.join("expandable_oom.expected.json"));
+            assert!(expected["ooms"].as_array().unwrap().len() > 10);
+            assert_eq!(w["capacity_bytes"].as_u64(), Some(300 << 20), "inferred from the oom entries");
+            // Recorded with expandable segments: the sweep tries them off,
+            // and a recommended line keeps them unless it turns them off.
+            let names: Vec<&str> =
+                w["scenarios"].as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap()).collect();
+            assert!(names.contains(&"expandable_segments:False") && !names.contains(&"expandable_segments:True"));
+            let line = w["recommendation"]["conf"].as_str().unwrap();
+            assert!(
+                line == "keep the current settings"
+                    || line == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False"
+                    || line.starts_with("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,"),
+                "{line}"
+            );
+            // The advice does not tell its owner to turn on what is on.
+            let a = tmp.path().join("expandable_oom-analyze");
+            fragscope().arg("analyze").arg(dir.join("expandable_oom.pickle")).arg("-o").arg(&a).assert().success();
+            let md = fs::read_to_string(a.join("report.md")).unwrap();
+            let advice = &md[md.find("## Advice").unwrap()..];
+            assert!(advice.contains("expandable segments already on"), "{advice}");
+            assert!(!advice.contains("Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`"), "{advice}");
         }
         if case == "oom" {
             let expected = json(&dir.join("oom.expected.json"));
