@@ -372,6 +372,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
             ),
             None => (whatif::device_level_streams(events), allocator::Settings::default(), whatif::Source::DeviceLevel),
         };
+        tracing::debug!("whatif: request streams in {:.3} s", started.elapsed().as_secs_f64());
         // The default sweep cannot fail to parse; an error would be a bug.
         analysis.whatif = whatif::run(&streams, &settings, capacity, Vec::new(), source)
             .map_err(|e| tracing::warn!("whatif: {e}"))

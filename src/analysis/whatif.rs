@@ -445,6 +445,25 @@ impl Sampler {
     }
 }
 
+/// The capacity a recording's first `oom` entry implies: the free memory
+/// CUDA reported plus what the recording had reserved then.
+pub fn inferred_capacity(d: &DeviceStream) -> Option<u64> {
+    let mut reserved: u64 = 0;
+    for r in &d.events {
+        match r.kind {
+            EventKind::SegmentAlloc | EventKind::SegmentMap => reserved += r.size,
+            EventKind::SegmentFree | EventKind::SegmentUnmap => reserved = reserved.saturating_sub(r.size),
+            EventKind::Oom => {
+                if let Some(free) = r.device_free {
+                    return Some(free + reserved);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
 /// Whether an event gives memory back to the device.
 fn is_release(kind: EventKind) -> bool {
     matches!(kind, EventKind::SegmentFree | EventKind::SegmentUnmap)
@@ -803,22 +822,28 @@ pub fn run(
         confs.insert(0, Vec::new());
     }
     let runs = settings_of(recorded, &confs)?;
-    let fidelity: Vec<Fidelity> = match source {
-        Source::Snapshot => devices.iter().map(|d| fidelity(d, recorded)).collect(),
-        Source::DeviceLevel => devices.iter().map(device_level_fidelity).collect(),
-    };
+    let started = std::time::Instant::now();
     // Each device's capacity: the one given, else inferred from its OOM.
-    let capacities: Vec<Option<u64>> = fidelity.iter().map(|f| capacity.or(f.inferred_capacity)).collect();
+    let capacities: Vec<Option<u64>> = devices.iter().map(|d| capacity.or_else(|| inferred_capacity(d))).collect();
     let run_all = |name: &str, conf: &[String], s: &Settings| -> Scenario {
         let outcomes = devices.iter().zip(&capacities).map(|(d, &c)| simulate(d, s, c, name, conf)).collect();
         Scenario::of(name, conf, outcomes)
     };
-    let mut scenarios = vec![match source {
-        Source::Snapshot => run_all("recorded", &[], recorded),
-        Source::DeviceLevel => Scenario::of("recorded", &[], devices.iter().map(as_recorded).collect()),
-    }];
-    let others: Vec<Scenario> = std::thread::scope(|scope| {
-        let handles: Vec<_> = runs
+    // Fidelity, the recorded settings and every scenario at once, on
+    // threads: none depends on another.
+    fn join<T>(h: std::thread::ScopedJoinHandle<'_, T>) -> T {
+        h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))
+    }
+    let (fidelity, scenarios) = std::thread::scope(|scope| {
+        let fidelity = scope.spawn(|| match source {
+            Source::Snapshot => devices.iter().map(|d| fidelity(d, recorded)).collect::<Vec<Fidelity>>(),
+            Source::DeviceLevel => devices.iter().map(device_level_fidelity).collect(),
+        });
+        let first = scope.spawn(|| match source {
+            Source::Snapshot => run_all("recorded", &[], recorded),
+            Source::DeviceLevel => Scenario::of("recorded", &[], devices.iter().map(as_recorded).collect()),
+        });
+        let others: Vec<_> = runs
             .iter()
             .map(|(conf, s)| {
                 let run_all = &run_all;
@@ -826,9 +851,11 @@ pub fn run(
                 scope.spawn(move || run_all(&name, conf, s))
             })
             .collect();
-        handles.into_iter().filter_map(|h| h.join().ok()).collect()
+        let mut scenarios = vec![join(first)];
+        scenarios.extend(others.into_iter().map(join));
+        (join(fidelity), scenarios)
     });
-    scenarios.extend(others);
+    tracing::debug!("whatif: fidelity and {} scenarios in {:.3} s", scenarios.len(), started.elapsed().as_secs_f64());
     let mut recommended = recommend(&scenarios);
     if source == Source::DeviceLevel && recommended.0 != 0 && scenarios[recommended.0].conf.is_empty() {
         recommended.1 = format!("{} with PyTorch's caching allocator as it comes", recommended.1);
@@ -935,6 +962,11 @@ pub fn streams(
             },
         );
     }
+    if let [only] = details.reconstruction.as_slice()
+        && let Some(d) = by.get_mut(&only.device)
+    {
+        d.events.reserve_exact(events.len());
+    }
     for i in 0..events.len() {
         let Some(kind) = events.kind[i] else { continue };
         let Some(d) = by.get_mut(&events.pid[i]) else { continue };
@@ -1031,6 +1063,32 @@ mod tests {
         let mut other = d.clone();
         other.events[5].addr = base;
         assert_eq!(fidelity(&other, &s).desynchronised, 1, "a page a live block holds");
+    }
+
+    #[test]
+    fn the_capacity_is_read_off_the_first_oom() {
+        let base = 1 << 40;
+        let mut oom = req(EventKind::Oom, 0, 0, 30 * MIB);
+        oom.device_free = Some(12 * MIB);
+        let mut later = oom;
+        later.device_free = Some(1);
+        let d = DeviceStream {
+            device: 0,
+            initial: 1,
+            events: vec![
+                req(EventKind::SegmentAlloc, base, 20 * MIB, 0),
+                req(EventKind::SegmentMap, base + 40 * MIB, 40 * MIB, 0),
+                req(EventKind::SegmentUnmap, base + 60 * MIB, 20 * MIB, 0),
+                oom,
+                later,
+            ],
+        };
+        // 20 + 40 − 20 MiB reserved, 12 MiB free.
+        assert_eq!(inferred_capacity(&d), Some(52 * MIB));
+        // What the fidelity replay finds there too.
+        assert_eq!(fidelity(&d, &Settings::default()).inferred_capacity, None, "a plain recording with a mapping");
+        let plain = DeviceStream { events: vec![d.events[0], d.events[3]], ..d.clone() };
+        assert_eq!(fidelity(&plain, &Settings::default()).inferred_capacity, inferred_capacity(&plain));
     }
 
     #[test]
