@@ -223,12 +223,24 @@ impl Allocator {
         self.log.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
-    pub fn add_segment(&mut self, addr: u64, size: u64, stream: u64, small: bool) {
-        self.cut_range_at(addr);
+    /// Adds a plain segment at `addr`, all free. False (and nothing added)
+    /// when it is empty or overlaps memory the model holds.
+    pub fn add_segment(&mut self, addr: u64, size: u64, stream: u64, small: bool) -> bool {
+        if size == 0 || !self.cut_range_at(addr) || !self.is_vacant(addr, size) {
+            return false;
+        }
         self.note(crate::trace::event::EventKind::SegmentAlloc, addr, size);
         self.segments.insert(addr, Segment { size, stream, small, freed_at: self.clock });
         self.reserved += size;
         self.insert_free(addr, Block { size, stream, allocated: false, small, segment: addr, mapped: true });
+        true
+    }
+
+    /// Whether no block the model holds overlaps [addr, addr + size).
+    fn is_vacant(&self, addr: u64, size: u64) -> bool {
+        let end = addr.saturating_add(size);
+        self.blocks.range(addr..end).next().is_none()
+            && self.blocks.range(..addr).next_back().is_none_or(|(&a, b)| a.saturating_add(b.size) <= addr)
     }
 
     /// Removes the segment at `addr` when it is entirely free.
@@ -338,7 +350,7 @@ impl Allocator {
     /// False when no free block covers it.
     pub fn take_exact(&mut self, addr: u64, size: u64) -> bool {
         let Some((&start, &b)) = self.blocks.range(..=addr).next_back() else { return false };
-        if b.allocated || !b.mapped || addr + size > start + b.size {
+        if size == 0 || b.allocated || !b.mapped || addr.saturating_add(size) > start + b.size {
             return false;
         }
         self.remove_free(start);
@@ -515,10 +527,11 @@ impl Allocator {
     /// Starts an expandable range at `base`, all unmapped, ending at the
     /// next memory the model holds if that comes before `span`.
     fn add_range(&mut self, base: u64, span: u64, stream: u64, small: bool) -> bool {
-        if !self.cut_range_at(base) || self.blocks.range(..=base).next_back().is_some_and(|(&a, b)| a + b.size > base) {
+        if !self.cut_range_at(base) || !self.is_vacant(base, 1) {
             return false;
         }
         let page = Self::page(small);
+        let span = span.min((u64::MAX - base) / page * page);
         let size = self.blocks.range(base..).next().map_or(span, |(&a, _)| span.min((a - base) / page * page));
         if size == 0 {
             return false;
@@ -547,7 +560,8 @@ impl Allocator {
             if s != stream {
                 break;
             }
-            from = (stream, c + 1);
+            let Some(next) = c.checked_add(1) else { break };
+            from = (stream, next);
             let segment = self.blocks[&c].segment;
             let start = match self.prev_block(c, segment) {
                 Some((p, pb)) if !pb.allocated => p,
@@ -556,7 +570,7 @@ impl Allocator {
             let (mut bytes, mut at) = (0, start);
             while bytes < size {
                 match self.block_at(at, segment) {
-                    Some(b) if !b.allocated => {
+                    Some(b) if !b.allocated && b.size > 0 => {
                         bytes += b.size;
                         at += b.size;
                     }
@@ -661,7 +675,7 @@ impl Allocator {
     /// covers. Returns the bytes unmapped (0 when no such block covers it).
     pub fn unmap_exact(&mut self, addr: u64, size: u64) -> u64 {
         let Some((&start, &b)) = self.blocks.range(..=addr).next_back() else { return 0 };
-        if b.allocated || !b.mapped || !self.in_range(&b) || addr + size > start + b.size {
+        if size == 0 || b.allocated || !b.mapped || !self.in_range(&b) || addr.saturating_add(size) > start + b.size {
             return 0;
         }
         self.remove_free(start);
@@ -698,7 +712,7 @@ impl Allocator {
                 (addr, self.blocks[&addr])
             }
         };
-        if b.mapped || b.allocated || addr + size > start + b.size {
+        if size == 0 || b.mapped || b.allocated || addr.saturating_add(size) > start + b.size {
             return false;
         }
         self.remove_free(start);
@@ -831,9 +845,18 @@ impl Allocator {
             }
         }
         let addr = new_segment_at(seg);
-        self.add_segment(addr, seg, stream, rounded <= SMALL_SIZE);
+        if !self.add_segment(addr, seg, stream, rounded <= SMALL_SIZE) {
+            // The device gave memory the model holds: cannot happen with
+            // the fresh addresses of a scenario.
+            return Err(Refused::OutOfMemory { reserved: self.reserved, segment: seg });
+        }
         let size = self.take(addr, rounded).unwrap_or(rounded);
         Ok(Placement { addr, size, new_segment: Some(seg) })
+    }
+
+    /// The end of the highest memory the model holds (ranges included).
+    pub fn top(&self) -> u64 {
+        self.blocks.last_key_value().map_or(0, |(&a, b)| a.saturating_add(b.size))
     }
 
     /// The largest free block, in either pool.
@@ -912,7 +935,7 @@ mod tests {
         let mut s = Settings::default();
         s.apply("max_split_size_mb:64").unwrap();
         let mut a = Allocator::new(s);
-        a.add_segment(0, 100 * MIB, 0, false);
+        assert!(a.add_segment(0, 100 * MIB, 0, false));
         assert_eq!(a.find_free(4 * MIB, 0), None, "a small request never takes an oversize block");
         assert_eq!(a.find_free(90 * MIB, 0), Some(0));
         assert_eq!(a.find_free(70 * MIB, 0), None, "it would waste 30 MiB ≥ 20 MiB");
@@ -956,7 +979,7 @@ mod tests {
         let mut s = Settings::default();
         s.apply("expandable_segments:True").unwrap();
         let mut a = Allocator::new(s);
-        a.add_segment(1 << 30, 40 * MIB, 0, false);
+        assert!(a.add_segment(1 << 30, 40 * MIB, 0, false));
         assert!(a.take_exact(1 << 30, 10 * MIB));
         let mut dev = bump(0);
         let p = a.malloc(25 * MIB, 0, Some(60 * MIB), &mut dev).unwrap();
@@ -1087,6 +1110,33 @@ mod tests {
         a.free(w.addr).unwrap();
         assert_eq!(a.release_cache(), 40 * MIB);
         assert_eq!(a.reserved, 20 * MIB);
+        check_ranges(&a);
+    }
+
+    #[test]
+    fn empty_or_overlapping_memory_is_refused() {
+        // A corrupt snapshot can carry mappings, unmappings or segments of
+        // size 0, or overlapping ones: refused, so that no block of size 0
+        // (on which the search for room would never advance) gets in.
+        let mut s = Settings::default();
+        s.apply("expandable_segments:True").unwrap();
+        let mut a = Allocator::new(s);
+        assert!(!a.map_exact(1 << 40, 0, 0, false, None));
+        assert!(a.map_exact(1 << 40, 20 * MIB, 0, false, None));
+        assert!(!a.map_exact((1 << 40) + 20 * MIB, 0, 0, false, None));
+        assert_eq!(a.unmap_exact(1 << 40, 0), 0);
+        assert!(!a.take_exact(1 << 40, 0));
+        assert!(!a.add_segment(1 << 41, 0, 0, false));
+        assert!(!a.add_segment((1 << 40) + 4 * MIB, 40 * MIB, 0, false), "inside the range");
+        assert!(a.add_segment(1 << 30, 40 * MIB, 0, false));
+        assert!(!a.add_segment((1 << 30) + 20 * MIB, 40 * MIB, 0, false), "over a segment");
+        check_ranges(&a);
+        // Requests are still served.
+        let mut dev = bump(1 << 42);
+        let p = a.malloc(30 * MIB, 0, None, &mut dev).unwrap();
+        assert_eq!(p.addr, 1 << 30, "the plain segment's free block fits best");
+        let q = a.malloc(60 * MIB, 0, None, &mut dev).unwrap();
+        assert_eq!(q.addr, 1 << 40, "the range grows from its free start");
         check_ranges(&a);
     }
 

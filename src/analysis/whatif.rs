@@ -126,7 +126,8 @@ fn is_small_segment(size: u64) -> bool {
 /// split rule leaves on it), or, with none alive, when it is not a whole
 /// number of 20 MiB pages. The first stretch of a stream and pool starts
 /// its range (what lay below it before the trace is not known).
-fn initial_state(a: &mut Allocator, d: &DeviceStream) -> u64 {
+/// `capacity` sizes the ranges (9/8 of it, as PyTorch reserves).
+fn initial_state(a: &mut Allocator, d: &DeviceStream, capacity: Option<u64>) -> u64 {
     let init = &d.events[..d.initial];
     let mut blocks: Vec<(u64, u64)> =
         init.iter().filter(|r| r.kind == EventKind::BlockAlloc).map(|r| (r.addr, r.size)).collect();
@@ -134,7 +135,9 @@ fn initial_state(a: &mut Allocator, d: &DeviceStream) -> u64 {
     let mut bad = 0;
     for r in init {
         match r.kind {
-            EventKind::SegmentAlloc => a.add_segment(r.addr, r.size, r.stream, is_small_segment(r.size)),
+            EventKind::SegmentAlloc => {
+                bad += u64::from(!a.add_segment(r.addr, r.size, r.stream, is_small_segment(r.size)))
+            }
             EventKind::SegmentMap => {
                 let from = blocks.partition_point(|b| b.0 < r.addr);
                 let to = blocks.partition_point(|b| b.0 < r.addr.saturating_add(r.size));
@@ -144,7 +147,7 @@ fn initial_state(a: &mut Allocator, d: &DeviceStream) -> u64 {
                 } else {
                     inside.iter().all(|b| b.1 < SMALL_SIZE + MIN_BLOCK)
                 };
-                bad += u64::from(!a.map_exact(r.addr, r.size, r.stream, small, None));
+                bad += u64::from(!a.map_exact(r.addr, r.size, r.stream, small, capacity));
             }
             EventKind::BlockAlloc => bad += u64::from(!a.take_exact(r.addr, r.size)),
             _ => {}
@@ -166,10 +169,7 @@ fn follow_maps(a: &mut Allocator, pending: &mut Vec<Req>, small: bool, known: bo
                 let pool = if known { small } else { a.range_pool_at(p.addr, p.stream).unwrap_or(small) };
                 a.map_exact(p.addr, p.size, p.stream, pool, capacity)
             }
-            _ => {
-                a.add_segment(p.addr, p.size, p.stream, is_small_segment(p.size));
-                true
-            }
+            _ => a.add_segment(p.addr, p.size, p.stream, is_small_segment(p.size)),
         };
         bad += u64::from(!ok);
     }
@@ -188,7 +188,7 @@ pub fn fidelity(d: &DeviceStream, settings: &Settings) -> Fidelity {
         return f;
     }
     let mut a = Allocator::new(settings.clone());
-    f.desynchronised += initial_state(&mut a, d);
+    f.desynchronised += initial_state(&mut a, d, None);
     f.recorded_peak_reserved = a.reserved;
     f.initial_reserved = a.reserved;
     let mut pending: Vec<Req> = Vec::new();
@@ -233,8 +233,10 @@ pub fn fidelity(d: &DeviceStream, settings: &Settings) -> Fidelity {
                             f.segments_same_size += u64::from(want == seg.size);
                             let size = if want == seg.size {
                                 let mut probe = a.clone();
-                                probe.add_segment(seg.addr, seg.size, seg.stream, rounded <= SMALL_SIZE);
-                                probe.take(seg.addr, rounded)
+                                probe
+                                    .add_segment(seg.addr, seg.size, seg.stream, rounded <= SMALL_SIZE)
+                                    .then(|| probe.take(seg.addr, rounded))
+                                    .flatten()
                             } else {
                                 None
                             };
@@ -262,9 +264,14 @@ pub fn fidelity(d: &DeviceStream, settings: &Settings) -> Fidelity {
 /// the block then goes; the recorded mappings and block are then applied.
 /// A mapping PyTorch made counts as a segment requested; "same size" means
 /// the model maps the same pages.
+///
+/// The device's capacity, read off the recording's first `oom` entry (see
+/// [`inferred_capacity`]), bounds the model from the start: PyTorch
+/// mapped within it all along, and it sizes the ranges.
 fn fidelity_expandable(d: &DeviceStream, settings: &Settings, mut f: Fidelity) -> Fidelity {
+    let capacity = inferred_capacity(d);
     let mut a = Allocator::new(settings.clone());
-    f.desynchronised += initial_state(&mut a, d);
+    f.desynchronised += initial_state(&mut a, d, capacity);
     f.recorded_peak_reserved = a.reserved;
     f.initial_reserved = a.reserved;
     let mut pending: Vec<Req> = Vec::new();
@@ -276,7 +283,7 @@ fn fidelity_expandable(d: &DeviceStream, settings: &Settings, mut f: Fidelity) -
                 // A release (the program's `empty_cache()` or the
                 // allocator's before a retry) after mappings of a request
                 // that then failed: those come first.
-                f.desynchronised += follow_maps(&mut a, &mut pending, small, false, f.inferred_capacity);
+                f.desynchronised += follow_maps(&mut a, &mut pending, small, false, capacity);
                 let done = if r.kind == EventKind::SegmentFree {
                     a.release_segment(r.addr)
                 } else {
@@ -286,15 +293,14 @@ fn fidelity_expandable(d: &DeviceStream, settings: &Settings, mut f: Fidelity) -
             }
             EventKind::BlockFree => f.desynchronised += u64::from(a.free(r.addr).is_none()),
             EventKind::Oom => {
-                f.desynchronised += follow_maps(&mut a, &mut pending, small, true, f.inferred_capacity);
+                f.desynchronised += follow_maps(&mut a, &mut pending, small, true, capacity);
                 f.recorded_ooms += 1;
                 if f.inferred_capacity.is_none() {
                     f.inferred_capacity = r.device_free.map(|free| free + a.reserved);
                 }
                 let mut probe = a.clone();
                 let mut nowhere = |_| u64::MAX / 2;
-                let agrees = f.inferred_capacity.is_some()
-                    && probe.malloc(r.requested, r.stream, f.inferred_capacity, &mut nowhere).is_err();
+                let agrees = capacity.is_some() && probe.malloc(r.requested, r.stream, capacity, &mut nowhere).is_err();
                 f.ooms_same += u64::from(agrees);
                 if !agrees {
                     keep(&mut f, r, 0, 0, a.find_free(a.settings.round(r.requested), r.stream), OOM_NOT_IN_MODEL);
@@ -314,7 +320,9 @@ fn fidelity_expandable(d: &DeviceStream, settings: &Settings, mut f: Fidelity) -
                         probe.log = Some(Vec::new());
                         let first = pending.first().map_or(u64::MAX / 2, |p| p.addr);
                         let mut device = |_| first;
-                        match probe.malloc(r.requested, r.stream, f.inferred_capacity, &mut device) {
+                        let recorded: Vec<(u64, u64)> = pending.iter().map(|p| (p.addr, p.size)).collect();
+                        f.segments_requested += u64::from(!recorded.is_empty());
+                        match probe.malloc(r.requested, r.stream, capacity, &mut device) {
                             Ok(p) => {
                                 let maps: Vec<(u64, u64)> = probe
                                     .take_log()
@@ -322,12 +330,10 @@ fn fidelity_expandable(d: &DeviceStream, settings: &Settings, mut f: Fidelity) -
                                     .filter(|m| m.0 == EventKind::SegmentMap)
                                     .map(|m| (m.1, m.2))
                                     .collect();
-                                let recorded: Vec<(u64, u64)> = pending.iter().map(|p| (p.addr, p.size)).collect();
                                 if recorded.is_empty() {
-                                    f.segments_only_model += 1;
+                                    f.segments_only_model += u64::from(!maps.is_empty());
                                     (Some(p.addr), Some(p.size), "new pages mapped, where PyTorch found a free block")
                                 } else {
-                                    f.segments_requested += 1;
                                     f.segments_same_size += u64::from(maps == recorded);
                                     let why = if maps == recorded { "a different block" } else { "other pages mapped" };
                                     (Some(p.addr), Some(p.size), why)
@@ -337,7 +343,7 @@ fn fidelity_expandable(d: &DeviceStream, settings: &Settings, mut f: Fidelity) -
                         }
                     }
                 };
-                f.desynchronised += follow_maps(&mut a, &mut pending, rounded <= SMALL_SIZE, true, f.inferred_capacity);
+                f.desynchronised += follow_maps(&mut a, &mut pending, rounded <= SMALL_SIZE, true, capacity);
                 follow_block(&mut f, &mut a, r, model_addr, model_size, why);
             }
             _ => {}
@@ -487,7 +493,7 @@ pub fn simulate_into(
     mut sink: Option<&mut dyn FnMut(Event)>,
 ) -> Outcome {
     let mut a = Allocator::new(settings.clone());
-    initial_state(&mut a, d);
+    initial_state(&mut a, d, capacity);
     let ev = |ts_ns: u64, kind: EventKind, addr: u64, size: u64, requested: Option<u64>, stream: u64| Event {
         ts_ns,
         pid: d.device,
@@ -503,8 +509,9 @@ pub fn simulate_into(
         }
         a.log = Some(Vec::new());
     }
-    // Fresh device addresses above everything the recording used.
-    let top = d.events.iter().map(|r| r.addr.saturating_add(r.size)).max().unwrap_or(0);
+    // Fresh device addresses above everything the recording used, and
+    // above the ranges of its expandable segments.
+    let top = d.events.iter().map(|r| r.addr.saturating_add(r.size)).max().unwrap_or(0).max(a.top());
     let mut next = top.div_ceil(1 << 30).saturating_add(1) << 30;
     let mut device = |size: u64| {
         let at = next;
@@ -1063,6 +1070,46 @@ mod tests {
         let mut other = d.clone();
         other.events[5].addr = base;
         assert_eq!(fidelity(&other, &s).desynchronised, 1, "a page a live block holds");
+        // A corrupt recording: an empty mapping is not followed (and the
+        // model's search for room does not hang on it).
+        let mut other = d.clone();
+        other.events.insert(2, req(EventKind::SegmentMap, base + 20 * MIB, 0, 0));
+        let f = fidelity(&other, &s);
+        assert!(f.desynchronised >= 1 && f.allocations == 3, "{f:?}");
+    }
+
+    /// A scenario's fresh addresses lie above the ranges of the recorded
+    /// state: a range that grows far does not meet a new one, and nothing
+    /// is released for want of an address.
+    #[test]
+    fn new_ranges_do_not_collide_with_recorded_ones() {
+        let base = 1 << 40;
+        let mut s = Settings::default();
+        s.apply("expandable_segments:True").unwrap();
+        let mut on_stream_1 = req(EventKind::BlockAlloc, base + 4 * MIB, 2 * MIB, 2 * MIB);
+        on_stream_1.stream = 1;
+        // The recording's addresses end near `base` (its blocks were
+        // small); the scenario asks for 3 GiB on stream 0.
+        let d = DeviceStream {
+            device: 0,
+            initial: 1,
+            events: vec![
+                req(EventKind::SegmentMap, base, 20 * MIB, 0),
+                req(EventKind::BlockAlloc, base, 2 * MIB, 3 << 30),
+                req(EventKind::BlockFree, base, 2 * MIB, 3 << 30),
+                on_stream_1,
+            ],
+        };
+        let mut kinds = Vec::new();
+        let mut sink = |e: Event| kinds.push(e.kind);
+        let o = simulate_into(&d, &s, None, "recorded", &[], Some(&mut sink));
+        assert_eq!(o.ooms, 0);
+        assert!(!kinds.contains(&EventKind::SegmentUnmap), "{kinds:?}");
+        assert_eq!(
+            o.peak_reserved_bytes,
+            3100 * MIB,
+            "3 GiB in 20 MiB pages (the first one recorded), then one page on stream 1"
+        );
     }
 
     #[test]

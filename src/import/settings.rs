@@ -124,7 +124,7 @@ impl Settings {
     pub fn conf_entries(&self) -> Vec<String> {
         let mut out = Vec::new();
         if let Some(m) = self.max_split_size {
-            out.push(format!("max_split_size_mb:{}", m >> 20));
+            out.push(format!("max_split_size_mb:{}", m.div_ceil(1 << 20)));
         }
         let d = &self.roundup_power2_divisions;
         if d.iter().any(|&v| v > 1) {

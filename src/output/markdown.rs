@@ -606,8 +606,10 @@ pub(crate) fn advice_md(a: &Analysis, s: &Summary) -> String {
     if let Some(o) = frag.first() {
         let free = o.device_free.unwrap_or(0);
         let largest = o.largest_free.unwrap_or(0);
-        let expandable =
-            a.whatif.as_ref().is_some_and(|w| w.recorded_conf.iter().any(|e| e == "expandable_segments:True"));
+        // From the snapshot's own settings (also with --no-whatif).
+        let expandable = a.trace.meta.as_ref().and_then(|m| m.details.snapshot()).is_some_and(|d| {
+            crate::analysis::allocator::Settings::from_snapshot(&d.allocator_settings).expandable_segments
+        });
         if a.trace.source() == Some(crate::trace::Source::PytorchSnapshot) && expandable {
             items.push(format!(
                 "Fragmentation OOMs: a request of {} failed with {} free but at most {} contiguous, with expandable segments already on. What they leave is page granularity: a page (20 MiB in the large pool, 2 MiB in the small) stays mapped while any live block touches it, and a request maps whole pages from where its free space starts. Long-lived blocks scattered over many pages pin them: allocate those together and early, or leave headroom (a smaller batch).",
