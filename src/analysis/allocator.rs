@@ -353,14 +353,7 @@ impl Allocator {
         if size == 0 || b.allocated || !b.mapped || addr.saturating_add(size) > start + b.size {
             return false;
         }
-        self.remove_free(start);
-        if addr > start {
-            self.insert_free(start, Block { size: addr - start, ..b });
-        }
-        let end = start + b.size;
-        if addr + size < end {
-            self.insert_free(addr + size, Block { size: end - addr - size, ..b });
-        }
+        self.carve(start, b, addr, size);
         self.blocks.insert(addr, Block { size, allocated: true, ..b });
         self.allocated += size;
         self.clock += 1;
@@ -374,24 +367,7 @@ impl Allocator {
         self.blocks.remove(&addr);
         self.allocated -= b.size;
         self.clock += 1;
-        let (mut start, mut size) = (addr, b.size);
-        // Free neighbours merge, mapped with mapped (`try_merge_blocks`).
-        if let Some((p, pb)) = self.prev_block(addr, b.segment)
-            && !pb.allocated
-            && pb.mapped
-        {
-            self.remove_free(p);
-            start = p;
-            size += pb.size;
-        }
-        if let Some(nb) = self.block_at(addr + b.size, b.segment)
-            && !nb.allocated
-            && nb.mapped
-        {
-            self.remove_free(addr + b.size);
-            size += nb.size;
-        }
-        self.insert_free(start, Block { size, ..b });
+        let (start, size) = self.insert_mapped(addr, b.size, b);
         if let Some(s) = self.segments.get_mut(&b.segment)
             && start == b.segment
             && size == s.size
@@ -609,13 +585,15 @@ impl Allocator {
         true
     }
 
-    /// Inserts [addr, addr + size) as a free mapped block of `like`'s
-    /// range, merged with free mapped neighbours.
-    fn insert_mapped(&mut self, addr: u64, size: u64, like: Block) {
+    /// Merges [addr, addr + size) with the free neighbours in `like`'s
+    /// segment or range that are `mapped` as it is (PyTorch's
+    /// `try_merge_blocks`: mapped with mapped, unmapped with unmapped),
+    /// and returns the merged block's start and size, not yet inserted.
+    fn merged(&mut self, addr: u64, size: u64, like: Block, mapped: bool) -> (u64, u64) {
         let (mut start, mut len) = (addr, size);
         if let Some((p, pb)) = self.prev_block(addr, like.segment)
             && !pb.allocated
-            && pb.mapped
+            && pb.mapped == mapped
         {
             self.remove_free(p);
             start = p;
@@ -623,32 +601,28 @@ impl Allocator {
         }
         if let Some(nb) = self.block_at(addr + size, like.segment)
             && !nb.allocated
-            && nb.mapped
+            && nb.mapped == mapped
         {
             self.remove_free(addr + size);
             len += nb.size;
         }
-        self.insert_free(start, Block { size: len, mapped: true, ..like });
+        (start, len)
+    }
+
+    /// Inserts [addr, addr + size) as a free mapped block of `like`'s
+    /// segment or range, merged with free mapped neighbours; returns the
+    /// merged block's start and size.
+    fn insert_mapped(&mut self, addr: u64, size: u64, like: Block) -> (u64, u64) {
+        let (start, len) = self.merged(addr, size, like, true);
+        self.insert_free(start, Block { size: len, mapped: true, allocated: false, ..like });
+        (start, len)
     }
 
     /// Inserts [addr, addr + size) as an unmapped block of `like`'s range,
     /// merged with unmapped neighbours; a range left wholly unmapped is
     /// released (`release_expandable_segment`).
     fn insert_unmapped(&mut self, addr: u64, size: u64, like: Block) {
-        let (mut start, mut len) = (addr, size);
-        if let Some((p, pb)) = self.prev_block(addr, like.segment)
-            && !pb.mapped
-        {
-            self.remove_free(p);
-            start = p;
-            len += pb.size;
-        }
-        if let Some(nb) = self.block_at(addr + size, like.segment)
-            && !nb.mapped
-        {
-            self.remove_free(addr + size);
-            len += nb.size;
-        }
+        let (start, len) = self.merged(addr, size, like, false);
         if self.ranges.get(&like.segment).is_some_and(|r| start == like.segment && len == r.size) {
             self.ranges.remove(&like.segment);
             self.blocks.remove(&start);
@@ -671,6 +645,19 @@ impl Allocator {
         self.unmap_exact(first, last - first)
     }
 
+    /// Takes the free block `b` at `start` out, leaving free (mapped or
+    /// not, as it was) what lies before `addr` and after `addr + size`.
+    fn carve(&mut self, start: u64, b: Block, addr: u64, size: u64) {
+        self.remove_free(start);
+        if start < addr {
+            self.insert_free(start, Block { size: addr - start, ..b });
+        }
+        let end = start + b.size;
+        if addr + size < end {
+            self.insert_free(addr + size, Block { size: end - addr - size, ..b });
+        }
+    }
+
     /// Unmaps [addr, addr + size), which a free mapped block of a range
     /// covers. Returns the bytes unmapped (0 when no such block covers it).
     pub fn unmap_exact(&mut self, addr: u64, size: u64) -> u64 {
@@ -678,13 +665,7 @@ impl Allocator {
         if size == 0 || b.allocated || !b.mapped || !self.in_range(&b) || addr.saturating_add(size) > start + b.size {
             return 0;
         }
-        self.remove_free(start);
-        if start < addr {
-            self.insert_free(start, Block { size: addr - start, ..b });
-        }
-        if addr + size < start + b.size {
-            self.insert_free(addr + size, Block { size: start + b.size - addr - size, ..b });
-        }
+        self.carve(start, b, addr, size);
         self.insert_unmapped(addr, size, b);
         self.reserved -= size;
         self.note(crate::trace::event::EventKind::SegmentUnmap, addr, size);
@@ -696,6 +677,9 @@ impl Allocator {
     /// range there (ending the unmapped tail of another range that reached
     /// over it). False when that cannot be done.
     pub fn map_exact(&mut self, addr: u64, size: u64, stream: u64, small: bool, capacity: Option<u64>) -> bool {
+        if size == 0 {
+            return false;
+        }
         let covering = self
             .blocks
             .range(..=addr)
@@ -712,16 +696,10 @@ impl Allocator {
                 (addr, self.blocks[&addr])
             }
         };
-        if size == 0 || b.mapped || b.allocated || addr.saturating_add(size) > start + b.size {
+        if b.mapped || b.allocated || addr.saturating_add(size) > start + b.size {
             return false;
         }
-        self.remove_free(start);
-        if start < addr {
-            self.insert_free(start, Block { size: addr - start, ..b });
-        }
-        if addr + size < start + b.size {
-            self.insert_free(addr + size, Block { size: start + b.size - addr - size, ..b });
-        }
+        self.carve(start, b, addr, size);
         self.insert_mapped(addr, size, b);
         self.reserved += size;
         self.mapped_total += size;
