@@ -574,15 +574,19 @@ impl Allocator {
         if capacity.is_some_and(|c| self.reserved + bytes > c) {
             return false;
         }
-        self.remove_free(addr);
-        if end < addr + b.size {
-            self.insert_free(end, Block { size: addr + b.size - end, ..b });
-        }
-        self.insert_mapped(addr, bytes, b);
-        self.reserved += bytes;
-        self.mapped_total += bytes;
-        self.note(crate::trace::event::EventKind::SegmentMap, addr, bytes);
+        self.map_in(addr, b, addr, bytes);
         true
+    }
+
+    /// Maps [addr, addr + size) of the unmapped block `b` at `start`: the
+    /// rest of `b` stays unmapped, the mapped stretch merges with free
+    /// mapped neighbours, and a `segment_map` is noted.
+    fn map_in(&mut self, start: u64, b: Block, addr: u64, size: u64) {
+        self.carve(start, b, addr, size);
+        self.insert_mapped(addr, size, b);
+        self.reserved += size;
+        self.mapped_total += size;
+        self.note(crate::trace::event::EventKind::SegmentMap, addr, size);
     }
 
     /// Merges [addr, addr + size) with the free neighbours in `like`'s
@@ -699,11 +703,7 @@ impl Allocator {
         if b.mapped || b.allocated || addr.saturating_add(size) > start + b.size {
             return false;
         }
-        self.carve(start, b, addr, size);
-        self.insert_mapped(addr, size, b);
-        self.reserved += size;
-        self.mapped_total += size;
-        self.note(crate::trace::event::EventKind::SegmentMap, addr, size);
+        self.map_in(start, b, addr, size);
         true
     }
 

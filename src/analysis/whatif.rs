@@ -187,10 +187,7 @@ pub fn fidelity(d: &DeviceStream, settings: &Settings) -> Fidelity {
         f.not_measured = Some("expandable segments in a recording whose settings say they are off".into());
         return f;
     }
-    let mut a = Allocator::new(settings.clone());
-    f.desynchronised += initial_state(&mut a, d, None);
-    f.recorded_peak_reserved = a.reserved;
-    f.initial_reserved = a.reserved;
+    let mut a = replay_start(&mut f, d, settings, None);
     let mut pending: Vec<Req> = Vec::new();
     for r in &d.events[d.initial..] {
         match r.kind {
@@ -270,10 +267,7 @@ pub fn fidelity(d: &DeviceStream, settings: &Settings) -> Fidelity {
 /// mapped within it all along, and it sizes the ranges.
 fn fidelity_expandable(d: &DeviceStream, settings: &Settings, mut f: Fidelity) -> Fidelity {
     let capacity = inferred_capacity(d);
-    let mut a = Allocator::new(settings.clone());
-    f.desynchronised += initial_state(&mut a, d, capacity);
-    f.recorded_peak_reserved = a.reserved;
-    f.initial_reserved = a.reserved;
+    let mut a = replay_start(&mut f, d, settings, capacity);
     let mut pending: Vec<Req> = Vec::new();
     for r in &d.events[d.initial..] {
         let small = a.settings.round(r.requested) <= SMALL_SIZE;
@@ -295,9 +289,7 @@ fn fidelity_expandable(d: &DeviceStream, settings: &Settings, mut f: Fidelity) -
             EventKind::Oom => {
                 f.desynchronised += follow_maps(&mut a, &mut pending, small, true, capacity);
                 f.recorded_ooms += 1;
-                if f.inferred_capacity.is_none() {
-                    f.inferred_capacity = r.device_free.map(|free| free + a.reserved);
-                }
+                f.inferred_capacity = capacity;
                 let mut probe = a.clone();
                 let mut nowhere = |_| u64::MAX / 2;
                 let agrees = capacity.is_some() && probe.malloc(r.requested, r.stream, capacity, &mut nowhere).is_err();
@@ -350,6 +342,17 @@ fn fidelity_expandable(d: &DeviceStream, settings: &Settings, mut f: Fidelity) -
         }
     }
     f
+}
+
+/// The model in the recorded initial state, for a fidelity replay: what
+/// could not be placed counts as desynchronised, and the recorded peak
+/// starts at what was reserved then.
+fn replay_start(f: &mut Fidelity, d: &DeviceStream, settings: &Settings, capacity: Option<u64>) -> Allocator {
+    let mut a = Allocator::new(settings.clone());
+    f.desynchronised += initial_state(&mut a, d, capacity);
+    f.recorded_peak_reserved = a.reserved;
+    f.initial_reserved = a.reserved;
+    a
 }
 
 const OOM_NOT_IN_MODEL: &str = "PyTorch ran out of memory here, the model would not have";

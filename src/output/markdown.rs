@@ -606,33 +606,31 @@ pub(crate) fn advice_md(a: &Analysis, s: &Summary) -> String {
     if let Some(o) = frag.first() {
         let free = o.device_free.unwrap_or(0);
         let largest = o.largest_free.unwrap_or(0);
+        let what = format!(
+            "Fragmentation OOMs: a request of {} failed with {} free but at most {} contiguous",
+            bytes(o.requested),
+            bytes(free),
+            bytes(largest)
+        );
+        let snapshot = a.trace.source() == Some(crate::trace::Source::PytorchSnapshot);
         // From the snapshot's own settings (also with --no-whatif).
         let expandable = a.trace.meta.as_ref().and_then(|m| m.details.snapshot()).is_some_and(|d| {
             crate::analysis::allocator::Settings::from_snapshot(&d.allocator_settings).expandable_segments
         });
-        if a.trace.source() == Some(crate::trace::Source::PytorchSnapshot) && expandable {
-            items.push(format!(
-                "Fragmentation OOMs: a request of {} failed with {} free but at most {} contiguous, with expandable segments already on. What they leave is page granularity: a page (20 MiB in the large pool, 2 MiB in the small) stays mapped while any live block touches it, and a request maps whole pages from where its free space starts. Long-lived blocks scattered over many pages pin them: allocate those together and early, or leave headroom (a smaller batch).",
-                bytes(o.requested),
-                bytes(free),
-                bytes(largest)
-            ));
-        } else if a.trace.source() == Some(crate::trace::Source::PytorchSnapshot) {
-            items.push(format!(
-                "Fragmentation OOMs: a request of {} failed with {} free but at most {} contiguous. Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` so segments grow in place instead of leaving holes, or `max_split_size_mb:{}` so blocks larger than that are never split.",
-                bytes(o.requested),
-                bytes(free),
-                bytes(largest),
+        items.push(if snapshot && expandable {
+            format!(
+                "{what}, with expandable segments already on. What they leave is page granularity: a page (20 MiB in the large pool, 2 MiB in the small) stays mapped while any live block touches it, and a request maps whole pages from where its free space starts. Long-lived blocks scattered over many pages pin them: allocate those together and early, or leave headroom (a smaller batch)."
+            )
+        } else if snapshot {
+            format!(
+                "{what}. Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` so segments grow in place instead of leaving holes, or `max_split_size_mb:{}` so blocks larger than that are never split.",
                 (largest >> 20).max(21)
-            ));
+            )
         } else {
-            items.push(format!(
-                "Fragmentation OOMs: a request of {} failed with {} free but at most {} contiguous. Allocate long-lived buffers first and together, reuse buffers of equal size, or use a pooling allocator that can map physical memory into a fresh range (CUDA's stream-ordered pools, or VMM-based expandable segments).",
-                bytes(o.requested),
-                bytes(free),
-                bytes(largest)
-            ));
-        }
+            format!(
+                "{what}. Allocate long-lived buffers first and together, reuse buffers of equal size, or use a pooling allocator that can map physical memory into a fresh range (CUDA's stream-ordered pools, or VMM-based expandable segments)."
+            )
+        });
     }
     if let Some(o) = a.ooms.iter().find(|o| o.class == OomClass::Capacity) {
         items.push(format!(
