@@ -200,10 +200,16 @@ impl GramStats {
 }
 
 impl GramStats {
-    /// The mean squared error of `X·w + b`, given `aw` = XᵀX·w.
-    fn loss(&self, w: &Array1<f64>, b: f64, aw: &Array1<f64>) -> f64 {
-        let sxw = self.sx.dot(w);
-        (w.dot(aw) + 2.0 * b * sxw - 2.0 * self.xty.dot(w) + self.n * b * b - 2.0 * b * self.sy + self.syy) / self.n
+    /// The mean squared error of `X·w + b`, given `waw` = wᵀXᵀX·w,
+    /// `sxw` = Σxᵀw and `xtyw` = (Xᵀy)ᵀw.
+    fn loss(&self, b: f64, waw: f64, sxw: f64, xtyw: f64) -> f64 {
+        (waw + 2.0 * b * sxw - 2.0 * xtyw + self.n * b * b - 2.0 * b * self.sy + self.syy) / self.n
+    }
+
+    /// The rows whose products with w the gradient and the loss need:
+    /// XᵀX, then Σxᵀ and (Xᵀy)ᵀ.
+    fn rows(&self) -> Columns {
+        Columns::of(&self.gram, &[&self.sx, &self.xty])
     }
 }
 
@@ -232,18 +238,28 @@ impl GradientDescent {
         let (mut best, mut since_best) = (f64::INFINITY, 0);
         let mut kept = (w.clone(), b);
         let (mut iterations, mut stopped_early, mut clipped, mut clamped) = (0, false, 0, false);
+        // The products of each iteration with the training rows and the
+        // held-out ones are the whole cost; the rest is O(d) and reuses
+        // these buffers. Each product ends with Σxᵀw and (Xᵀy)ᵀw.
+        let train = st.rows();
+        let check = held_out.map(|v| (v, v.rows()));
+        let (mut aw, mut vw, mut gw) = (Array1::zeros(d + 2), Array1::zeros(d + 2), Array1::zeros(d));
         let loss = loop {
-            let aw = st.gram.dot(&w);
-            let sxw = st.sx.dot(&w);
-            let loss = match held_out {
-                Some(v) => v.loss(&w, b, &v.gram.dot(&w)),
-                None => st.loss(&w, b, &aw),
+            train.times(&w, &mut aw);
+            let sxw = aw[d];
+            let loss = match &check {
+                Some((v, rows)) => {
+                    rows.times(&w, &mut vw);
+                    v.loss(b, w.dot(&vw.slice(ndarray::s![..d])), vw[d], vw[d + 1])
+                }
+                None => st.loss(b, w.dot(&aw.slice(ndarray::s![..d])), sxw, aw[d + 1]),
             };
             if loss < best {
                 best = loss;
                 since_best = 0;
                 if held_out.is_some() {
-                    kept = (w.clone(), b);
+                    kept.0.assign(&w);
+                    kept.1 = b;
                 }
             } else {
                 since_best += 1;
@@ -256,8 +272,11 @@ impl GradientDescent {
                 break loss;
             }
             // ∂/∂w = (2/n)(XᵀX w + b Σx − Xᵀy); ∂/∂b = (2/n)(Σxᵀw + n b − Σy).
-            let mut gw = (aw + &(&st.sx * b) - &st.xty) * (2.0 / n);
-            let mut gb = (sxw + n * b - st.sy) * (2.0 / n);
+            let two_n = 2.0 / n;
+            for (((g, &a), &s), &t) in gw.iter_mut().zip(&aw.slice(ndarray::s![..d])).zip(&st.sx).zip(&st.xty) {
+                *g = (a + s * b - t) * two_n;
+            }
+            let mut gb = (sxw + n * b - st.sy) * two_n;
             let norm = (gw.dot(&gw) + gb * gb).sqrt();
             if norm > self.max_gradient_norm {
                 let scale = self.max_gradient_norm / norm;
@@ -281,6 +300,120 @@ impl GradientDescent {
         };
         FittedGradientDescent { final_loss: loss, weights: w, bias: b, iterations, stopped_early, clipped, clamped }
     }
+}
+
+/// A square matrix laid out for the matrix–vector product of every
+/// gradient-descent iteration: rows in blocks of `lanes`, each block
+/// stored column by column (rows padded with zeros). The product works on
+/// one block at a time, a lane per row: each lane computes its row's dot
+/// product in exactly the order of ndarray's `dot` (eight partial sums,
+/// combined as ndarray combines them, then the rest), so the result is
+/// bit for bit `matrix.dot(w)` — without its latency-bound sums of one row
+/// at a time, and without an allocation. Lanes only do IEEE adds and
+/// multiplies (Rust never fuses them), so the result is also the same
+/// whichever vector width the CPU offers; the width is picked at run time.
+struct Columns {
+    d: usize,
+    lanes: usize,
+    data: Vec<f64>,
+}
+
+impl Columns {
+    /// The rows of `m`, then the `extra` rows.
+    fn of(m: &Array2<f64>, extra: &[&Array1<f64>]) -> Columns {
+        Self::with_lanes(m, extra, if wide_vectors() { 8 } else { 4 })
+    }
+
+    fn with_lanes(m: &Array2<f64>, extra: &[&Array1<f64>], lanes: usize) -> Columns {
+        let (rows, cols) = m.dim();
+        let d = rows + extra.len();
+        let mut data = vec![0.0; d.div_ceil(lanes) * lanes * cols];
+        let all = m.rows().into_iter().chain(extra.iter().map(|e| e.view()));
+        for (r, row) in all.enumerate() {
+            for (c, &v) in row.iter().enumerate() {
+                data[(r / lanes * cols + c) * lanes + r % lanes] = v;
+            }
+        }
+        Columns { d, lanes, data }
+    }
+
+    /// `out = M · w` (one value per row), bit for bit as ndarray computes
+    /// each row's `dot`.
+    fn times(&self, w: &Array1<f64>, out: &mut Array1<f64>) {
+        let w = w.as_slice().expect("a fresh Array1 is contiguous");
+        let out = out.as_slice_mut().expect("a fresh Array1 is contiguous");
+        #[cfg(target_arch = "x86_64")]
+        {
+            // SAFETY: each is called only when the CPU has the features it
+            // is compiled for.
+            if self.lanes == 8 && wide_vectors() {
+                return unsafe { blocks_avx512::<8>(&self.data, w, out, self.d) };
+            }
+            if self.lanes == 4 && std::arch::is_x86_feature_detected!("avx") {
+                return unsafe { blocks_avx::<4>(&self.data, w, out, self.d) };
+            }
+        }
+        match self.lanes {
+            8 => blocks::<8>(&self.data, w, out, self.d),
+            _ => blocks::<4>(&self.data, w, out, self.d),
+        }
+    }
+}
+
+/// Whether 8 doubles fit one vector register (AVX-512).
+fn wide_vectors() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn blocks_avx512<const L: usize>(data: &[f64], w: &[f64], out: &mut [f64], d: usize) {
+    blocks::<L>(data, w, out, d)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn blocks_avx<const L: usize>(data: &[f64], w: &[f64], out: &mut [f64], d: usize) {
+    blocks::<L>(data, w, out, d)
+}
+
+/// The product of [`Columns`], `L` rows at a time.
+#[inline(always)]
+fn blocks<const L: usize>(data: &[f64], w: &[f64], out: &mut [f64], d: usize) {
+    let cols = w.len();
+    let full = cols / 8 * 8;
+    for (block, rows) in data.chunks_exact(cols * L).zip(out.chunks_mut(L)) {
+        let (head, rest) = block.split_at(full * L);
+        let mut p = [[0.0f64; L]; 8];
+        for (chunk, x) in head.chunks_exact(8 * L).zip(w.chunks_exact(8)) {
+            for (i, p) in p.iter_mut().enumerate() {
+                let a = &chunk[i * L..(i + 1) * L];
+                for l in 0..L {
+                    p[l] += a[l] * x[i];
+                }
+            }
+        }
+        let mut sum = [0.0f64; L];
+        for i in 0..4 {
+            for l in 0..L {
+                sum[l] += p[i][l] + p[i + 4][l];
+            }
+        }
+        for (a, &x) in rest.chunks_exact(L).zip(&w[full..]) {
+            for l in 0..L {
+                sum[l] += a[l] * x;
+            }
+        }
+        rows.copy_from_slice(&sum[..rows.len()]);
+    }
+    debug_assert_eq!(out.len(), d);
 }
 
 impl<D: Data<Elem = f64>> Fit<ArrayBase<D, Ix2>, Array1<f64>, linfa::Error> for GradientDescent {
@@ -308,6 +441,9 @@ impl<D: Data<Elem = f64>> PredictInplace<ArrayBase<D, Ix2>, Array1<f64>> for Fit
 // ---------------------------------------------------------------------------
 // The windowed forecaster.
 
+/// Each input's mean and std, from [`Inputs::column_norms`].
+type ColumnNorms = (Vec<f64>, Vec<f64>);
+
 /// Per-column z-score parameters fitted on a training range.
 #[derive(Clone, Debug)]
 struct Normalizer {
@@ -327,15 +463,6 @@ impl Normalizer {
         }
         Normalizer { mean, std }
     }
-}
-
-/// How the windowed linear problem is fitted.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Learner {
-    /// SPEC §6's gradient descent: the model.
-    GradientDescent,
-    /// Ridge with λ = this × the number of samples: the stable baseline.
-    Ridge(f64),
 }
 
 /// Raw (not normalised) sufficient statistics of windowed samples.
@@ -462,7 +589,7 @@ impl Inputs {
     /// The (mean, std) input column `a` is z-scored with: its step
     /// column's, and for a seasonal change the score's std, not centred
     /// (a change of two z-scored scores).
-    fn column_norms(&self, norm: &Normalizer) -> (Vec<f64>, Vec<f64>) {
+    fn column_norms(&self, norm: &Normalizer) -> ColumnNorms {
         (0..self.width())
             .map(|a| {
                 if a < COLUMNS * self.w {
@@ -553,20 +680,10 @@ struct Forecaster {
 }
 
 impl Forecaster {
-    /// Trains on the samples whose targets all lie at or before `upto`
-    /// (an index into `series`), with normalisation fitted on
-    /// `series[..=upto]` (the accumulator is advanced to `upto` here).
-    /// The model is trained on all but the latest fifth of them and stops
-    /// where its error on that fifth stops falling ([`held_out`]); ridge
-    /// is fitted on all of them. None if there are too few samples, or a
-    /// fit is not finite.
-    fn train(
-        acc: &mut Accumulator,
-        upto: usize,
-        cfg: &PredictConfig,
-        learner: Learner,
-        start: Option<&Forecaster>,
-    ) -> Option<Forecaster> {
+    /// Advances the accumulator to `upto` and fits the normalisation on
+    /// `series[..=upto]`: what every training at `upto` shares. None if
+    /// there are too few samples.
+    fn prepare(acc: &mut Accumulator, upto: usize, cfg: &PredictConfig) -> Option<(Normalizer, ColumnNorms)> {
         if cfg.window == 0 || upto + 1 > acc.series.len() {
             return None;
         }
@@ -576,42 +693,81 @@ impl Forecaster {
         }
         let norm = Normalizer::fit(&acc.series[..=upto]);
         let cols = acc.inputs.column_norms(&norm);
+        Some((norm, cols))
+    }
+
+    /// Trains the model on the samples whose targets all lie at or before
+    /// `upto` (an index into `series`), with normalisation fitted on
+    /// `series[..=upto]` (the accumulator is advanced to `upto` here).
+    /// Gradient descent runs on all but the latest fifth of them and stops
+    /// where its error on that fifth stops falling ([`held_out`]). None if
+    /// there are too few samples.
+    fn train(
+        acc: &mut Accumulator,
+        upto: usize,
+        cfg: &PredictConfig,
+        start: Option<&Forecaster>,
+    ) -> Option<Forecaster> {
+        let (norm, cols) = Self::prepare(acc, upto, cfg)?;
         let gd = GradientDescent {
             learning_rate: cfg.learning_rate,
             max_iterations: cfg.max_iterations,
             patience: cfg.patience,
             ..GradientDescent::default()
         };
-        // The held-out tail only matters to gradient descent (ridge fits on all).
-        let tail = (learner == Learner::GradientDescent && acc.head.n < acc.all.n).then(|| acc.all.minus(&acc.head));
+        let tail = (acc.head.n < acc.all.n).then(|| acc.all.minus(&acc.head));
         let mut models = Vec::with_capacity(cfg.horizon);
         for k in 0..cfg.horizon {
             let scale = acc.all.target_scale(k);
-            let (weights, bias) = match learner {
-                Learner::GradientDescent => {
-                    let from = start.and_then(|f| f.models.get(k)).map(|m| (&m.weights, m.bias));
-                    let fitted = match &tail {
-                        Some(tail) => gd.fit_monitored(
-                            &acc.head.normalized(&cols, k, scale),
-                            Some(&tail.normalized(&cols, k, scale)),
-                            from,
-                        ),
-                        None => gd.fit_monitored(&acc.all.normalized(&cols, k, scale), None, from),
-                    };
-                    (fitted.weights, fitted.bias)
-                }
-                Learner::Ridge(c) => {
-                    let st = acc.all.normalized(&cols, k, scale);
-                    ridge(&st, c * st.n)?
-                }
+            let from = start.and_then(|f| f.models.get(k)).map(|m| (&m.weights, m.bias));
+            let fitted = match &tail {
+                Some(tail) => gd.fit_monitored(
+                    &acc.head.normalized(&cols, k, scale),
+                    Some(&tail.normalized(&cols, k, scale)),
+                    from,
+                ),
+                None => gd.fit_monitored(&acc.all.normalized(&cols, k, scale), None, from),
             };
-            models.push(Linear { weights, bias, scale });
+            models.push(Linear { weights: fitted.weights, bias: fitted.bias, scale });
         }
         let mut f = Forecaster { norm, inputs: acc.inputs, models };
-        if learner == Learner::GradientDescent && tail.is_some() {
+        if tail.is_some() {
             f.no_harm(acc);
         }
         Some(f)
+    }
+
+    /// The ridge baseline at `upto`, one per penalty (λ = that × the
+    /// number of samples), fitted on all the samples whose targets lie at
+    /// or before `upto`; the penalties share the normalisation and the
+    /// statistics. None for a penalty whose fit is not finite at some
+    /// horizon step; all None if there are too few samples.
+    fn train_ridges(
+        acc: &mut Accumulator,
+        upto: usize,
+        cfg: &PredictConfig,
+        penalties: &[f64],
+    ) -> Vec<Option<Forecaster>> {
+        let Some((norm, cols)) = Self::prepare(acc, upto, cfg) else {
+            return penalties.iter().map(|_| None).collect();
+        };
+        let mut models: Vec<Option<Vec<Linear>>> = vec![Some(Vec::with_capacity(cfg.horizon)); penalties.len()];
+        for k in 0..cfg.horizon {
+            let scale = acc.all.target_scale(k);
+            let st = acc.all.normalized(&cols, k, scale);
+            for (c, slot) in penalties.iter().zip(&mut models) {
+                if let Some(ms) = slot {
+                    match ridge(&st, c * st.n) {
+                        Some((weights, bias)) => ms.push(Linear { weights, bias, scale }),
+                        None => *slot = None,
+                    }
+                }
+            }
+        }
+        models
+            .into_iter()
+            .map(|m| m.map(|models| Forecaster { norm: norm.clone(), inputs: acc.inputs, models }))
+            .collect()
     }
 
     /// "Do no harm": a horizon step whose forecasts of the held-out
@@ -657,50 +813,57 @@ impl Forecaster {
 fn ridge(st: &GramStats, lambda: f64) -> Option<(Array1<f64>, f64)> {
     let d = st.sx.len();
     let m = d + 1;
-    let mut a = vec![0.0; m * m];
-    for i in 0..d {
-        for j in 0..d {
-            a[i * m + j] = st.gram[[i, j]];
-        }
-        a[i * m + i] += lambda;
-        a[i * m + d] = st.sx[i];
-        a[d * m + i] = st.sx[i];
-    }
-    a[d * m + d] = st.n;
     let mut rhs: Vec<f64> = st.xty.iter().copied().chain(std::iter::once(st.sy)).collect();
-    // Cholesky A = L·Lᵀ in place (lower triangle).
-    for j in 0..m {
-        let mut diag = a[j * m + j];
-        for k in 0..j {
-            diag -= a[j * m + k] * a[j * m + k];
+    // Cholesky A = L·Lᵀ in place, A = [[XᵀX + λI, Σx], [Σxᵀ, n]] and L
+    // stored column by column (c[k·m + i] = L[i][k], lower triangle), so
+    // that the updates of one column run over contiguous rows and
+    // vectorise; every entry sees the same operations in the same order as
+    // the textbook row loop.
+    let mut c = vec![0.0; m * m];
+    for j in 0..d {
+        for i in j..d {
+            c[j * m + i] = st.gram[[i, j]];
         }
-        if !(diag > 1e-12 * (1.0 + a[j * m + j].abs())) {
+        c[j * m + j] += lambda;
+        c[j * m + d] = st.sx[j];
+    }
+    c[d * m + d] = st.n;
+    for j in 0..m {
+        let mut diag = c[j * m + j];
+        for k in 0..j {
+            diag -= c[k * m + j] * c[k * m + j];
+        }
+        if !(diag > 1e-12 * (1.0 + c[j * m + j].abs())) {
             return None; // not positive definite: nothing stable to report
         }
         let l = diag.sqrt();
-        a[j * m + j] = l;
-        for i in j + 1..m {
-            let mut v = a[i * m + j];
-            for k in 0..j {
-                v -= a[i * m + k] * a[j * m + k];
+        let (done, column) = c.split_at_mut(j * m);
+        column[j] = l;
+        let below = &mut column[j + 1..m];
+        for k in 0..j {
+            let (ljk, lk) = (done[k * m + j], &done[k * m + j + 1..k * m + m]);
+            for (v, &lik) in below.iter_mut().zip(lk) {
+                *v -= lik * ljk;
             }
-            a[i * m + j] = v / l;
+        }
+        for v in below {
+            *v /= l;
         }
     }
     // L·z = rhs, then Lᵀ·x = z.
     for i in 0..m {
         let mut v = rhs[i];
         for k in 0..i {
-            v -= a[i * m + k] * rhs[k];
+            v -= c[k * m + i] * rhs[k];
         }
-        rhs[i] = v / a[i * m + i];
+        rhs[i] = v / c[i * m + i];
     }
     for i in (0..m).rev() {
         let mut v = rhs[i];
         for k in i + 1..m {
-            v -= a[k * m + i] * rhs[k];
+            v -= c[i * m + k] * rhs[k];
         }
-        rhs[i] = v / a[i * m + i];
+        rhs[i] = v / c[i * m + i];
     }
     if !rhs.iter().all(|v| v.is_finite()) {
         return None;
@@ -858,13 +1021,9 @@ impl CvTally {
     fn add(&mut self, acc: &mut Accumulator, t: usize, f: &[f64], cfg: &PredictConfig, period: Option<usize>) {
         let h = cfg.horizon;
         let series = acc.series;
-        let fr: Vec<Option<Vec<f64>>> = RIDGE_GRID
-            .iter()
-            .map(|&c| {
-                Forecaster::train(acc, t, cfg, Learner::Ridge(c), None)
-                    .map(|r| r.forecast(series, t))
-                    .filter(|v| v.iter().all(|x| x.is_finite()))
-            })
+        let fr: Vec<Option<Vec<f64>>> = Forecaster::train_ridges(acc, t, cfg, &RIDGE_GRID)
+            .into_iter()
+            .map(|r| r.map(|r| r.forecast(series, t)).filter(|v| v.iter().all(|x| x.is_finite())))
             .collect();
         let score = |i: usize| series[i][COLUMNS - 1];
         for k in 1..=h {
@@ -955,7 +1114,7 @@ fn run(series: &[Step], cfg: &PredictConfig, period: Option<usize>) -> Pass {
     for t in 0..n {
         let at_origin = next_origin.next_if_eq(&t).is_some();
         if t % every == 0 || model.is_none() || at_origin || t == n - 1 {
-            if let Some(m) = Forecaster::train(&mut acc, t, cfg, Learner::GradientDescent, model.as_ref()) {
+            if let Some(m) = Forecaster::train(&mut acc, t, cfg, model.as_ref()) {
                 model = Some(m);
                 trained_at = Some(t);
             }
@@ -1082,7 +1241,7 @@ pub fn predict_with_backtest(series: &[Step], cfg: &PredictConfig, period: Optio
         }),
         ForecasterKind::Ridge => cv.as_ref().and_then(|c| c.ridge_lambda).and_then(|c| {
             let mut acc = Accumulator::new(series, Inputs::new(cfg, period, series.len()));
-            Forecaster::train(&mut acc, last, cfg, Learner::Ridge(c), None).map(|r| r.forecast(series, last))
+            Forecaster::train_ridges(&mut acc, last, cfg, &[c]).pop().flatten().map(|r| r.forecast(series, last))
         }),
     };
     // A forecaster that cannot forecast now falls back to "no change".
@@ -1160,6 +1319,33 @@ mod tests {
         assert!((ols.params()[0] - 0.5).abs() < 1e-9);
         let pred = fit.predict(&x);
         assert!(pred.iter().zip(y.iter()).all(|(p, t)| (p - t).abs() < 1e-3));
+    }
+
+    #[test]
+    fn the_blocked_product_is_bit_for_bit_ndarrays() {
+        // Every width around the 4-row blocks and the 8-wide partial sums,
+        // a matrix that is not symmetric, and values whose sums round.
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+        };
+        for d in 1..=41 {
+            let m = Array2::from_shape_fn((d, d), |(r, c)| next() * 10f64.powi(((r * 7 + c) % 9) as i32 - 4));
+            let w = Array1::from_shape_fn(d, |_| next() * 3.0);
+            let e = Array1::from_shape_fn(d, |_| next());
+            let mut want = m.dot(&w).to_vec();
+            want.push(e.dot(&w));
+            for lanes in [4, 8] {
+                let mut out = Array1::zeros(d + 1);
+                Columns::with_lanes(&m, &[&e], lanes).times(&w, &mut out);
+                for r in 0..=d {
+                    assert_eq!(out[r].to_bits(), want[r].to_bits(), "d = {d}, {lanes} lanes, row {r}");
+                }
+            }
+        }
     }
 
     #[test]
@@ -1330,7 +1516,6 @@ mod tests {
                         &mut Accumulator::new(series, Inputs::new(&cfg, period, series.len())),
                         upto,
                         &cfg,
-                        Learner::GradientDescent,
                         None,
                     )
                     .unwrap()
