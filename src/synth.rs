@@ -93,6 +93,7 @@ pub fn synth(cfg: &SynthConfig, dir: &Path) -> Result<TraceMeta> {
         iteration_starts: None,
     });
     let mut writer = TraceWriter::create(dir, meta, cfg.rows_per_part)?;
+    writer.write_behind();
     let mut rng = Pcg64Mcg::seed_from_u64(cfg.seed);
     let nprocs = if cfg.pattern == Pattern::Multi { 4 } else { 1 };
     let capacity = cfg.capacity / nprocs;

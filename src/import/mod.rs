@@ -28,6 +28,7 @@ pub(crate) fn import_file(
         Ok(())
     })?;
     let mut writer = crate::trace::TraceWriter::create(out, crate::trace::TraceMeta::new(source), 1 << 18)?;
+    writer.write_behind();
     for e in events {
         if let Err(err) = writer.push(e) {
             writer.abandon();

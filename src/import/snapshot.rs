@@ -902,7 +902,8 @@ pub fn import(path: &Path, out: &Path, device: Option<u32>) -> Result<Converted>
     {
         bail!("{}: device {d} is not in this snapshot (it has device(s) {:?})", path.display(), snap.devices());
     }
-    let mut writer = crate::trace::TraceWriter::create(out, meta, 1 << 18)?;
+    let mut writer = crate::trace::TraceWriter::create(out, meta, 1 << 17)?;
+    writer.write_behind();
     let converted = convert(snap, device, &path.display().to_string(), file_bytes, &mut |e| writer.push(e))
         .with_context(|| format!("{}: cannot convert the snapshot", path.display()));
     let converted = match converted {
