@@ -119,9 +119,24 @@ impl Iterations {
 /// The rows of each series (pid) of `events`, in order: computed once for
 /// [`detect`], which looks at one series at a time.
 pub fn rows_by_pid(events: &Events) -> AHashMap<u32, Vec<usize>> {
-    let mut by: AHashMap<u32, Vec<usize>> = AHashMap::new();
+    // Counted first, so that each list is allocated once at its size: at
+    // 10 M events, growing them by doubling copied and zeroed twice the
+    // 80 MB they end with.
+    let mut count: AHashMap<u32, usize> = AHashMap::new();
+    for &pid in &events.pid {
+        *count.entry(pid).or_default() += 1;
+    }
+    let mut by: AHashMap<u32, Vec<usize>> = count.into_iter().map(|(pid, n)| (pid, Vec::with_capacity(n))).collect();
+    let mut last: Option<(u32, &mut Vec<usize>)> = None;
     for (i, &pid) in events.pid.iter().enumerate() {
-        by.entry(pid).or_default().push(i);
+        match &mut last {
+            Some((p, rows)) if *p == pid => rows.push(i),
+            _ => {
+                let rows = by.get_mut(&pid).expect("counted above");
+                rows.push(i);
+                last = Some((pid, rows));
+            }
+        }
     }
     by
 }
