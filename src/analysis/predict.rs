@@ -232,33 +232,36 @@ impl GradientDescent {
     ) -> FittedGradientDescent {
         let (n, d) = (st.n, st.sx.len());
         let (mut w, mut b) = match start {
-            Some((w, b)) if w.len() == d => (w.clone(), b),
-            _ => (Array1::<f64>::zeros(d), 0.0),
+            Some((w, b)) if w.len() == d => (w.to_vec(), b),
+            _ => (vec![0.0; d], 0.0),
         };
         let (mut best, mut since_best) = (f64::INFINITY, 0);
         let mut kept = (w.clone(), b);
         let (mut iterations, mut stopped_early, mut clipped, mut clamped) = (0, false, 0, false);
         // The products of each iteration with the training rows and the
-        // held-out ones are the whole cost; the rest is O(d) and reuses
-        // these buffers. Each product ends with Σxᵀw and (Xᵀy)ᵀw.
+        // held-out ones are the whole cost; the rest is O(d) on plain
+        // slices (ndarray's iterators did not vectorise) and reuses these
+        // buffers. Each product ends with Σxᵀw and (Xᵀy)ᵀw. Every
+        // operation is the one ndarray did, in its order.
         let train = st.rows();
         let check = held_out.map(|v| (v, v.rows()));
-        let (mut aw, mut vw, mut gw) = (Array1::zeros(d + 2), Array1::zeros(d + 2), Array1::zeros(d));
+        let (sx, xty) = (st.sx.to_vec(), st.xty.to_vec());
+        let (mut aw, mut vw, mut gw) = (vec![0.0; d + 2], vec![0.0; d + 2], vec![0.0; d]);
         let loss = loop {
             train.times(&w, &mut aw);
             let sxw = aw[d];
             let loss = match &check {
                 Some((v, rows)) => {
                     rows.times(&w, &mut vw);
-                    v.loss(b, w.dot(&vw.slice(ndarray::s![..d])), vw[d], vw[d + 1])
+                    v.loss(b, dot(&w, &vw[..d]), vw[d], vw[d + 1])
                 }
-                None => st.loss(b, w.dot(&aw.slice(ndarray::s![..d])), sxw, aw[d + 1]),
+                None => st.loss(b, dot(&w, &aw[..d]), sxw, aw[d + 1]),
             };
             if loss < best {
                 best = loss;
                 since_best = 0;
                 if held_out.is_some() {
-                    kept.0.assign(&w);
+                    kept.0.copy_from_slice(&w);
                     kept.1 = b;
                 }
             } else {
@@ -273,22 +276,22 @@ impl GradientDescent {
             }
             // ∂/∂w = (2/n)(XᵀX w + b Σx − Xᵀy); ∂/∂b = (2/n)(Σxᵀw + n b − Σy).
             let two_n = 2.0 / n;
-            for (((g, &a), &s), &t) in gw.iter_mut().zip(&aw.slice(ndarray::s![..d])).zip(&st.sx).zip(&st.xty) {
+            for (((g, &a), &s), &t) in gw.iter_mut().zip(&aw[..d]).zip(&sx).zip(&xty) {
                 *g = (a + s * b - t) * two_n;
             }
             let mut gb = (sxw + n * b - st.sy) * two_n;
-            let norm = (gw.dot(&gw) + gb * gb).sqrt();
+            let norm = (dot(&gw, &gw) + gb * gb).sqrt();
             if norm > self.max_gradient_norm {
                 let scale = self.max_gradient_norm / norm;
-                gw *= scale;
+                gw.iter_mut().for_each(|g| *g *= scale);
                 gb *= scale;
                 clipped += 1;
             }
-            w.zip_mut_with(&gw, |wi, gi| {
+            for (wi, &gi) in w.iter_mut().zip(&gw) {
                 let v = *wi - self.learning_rate * gi;
                 clamped |= v.abs() > self.clamp;
                 *wi = v.clamp(-self.clamp, self.clamp);
-            });
+            }
             let nb = b - self.learning_rate * gb;
             clamped |= nb.abs() > self.clamp;
             b = nb.clamp(-self.clamp, self.clamp);
@@ -298,8 +301,15 @@ impl GradientDescent {
             Some(_) => (best, kept.0, kept.1),
             None => (loss, w, b),
         };
+        let w = Array1::from(w);
         FittedGradientDescent { final_loss: loss, weights: w, bias: b, iterations, stopped_early, clipped, clamped }
     }
+}
+
+/// ndarray's dot product of two slices (its eight partial sums, in its
+/// order).
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    ndarray::ArrayView1::from(a).dot(&ndarray::ArrayView1::from(b))
 }
 
 /// A square matrix laid out for the matrix–vector product of every
@@ -339,9 +349,7 @@ impl Columns {
 
     /// `out = M · w` (one value per row), bit for bit as ndarray computes
     /// each row's `dot`.
-    fn times(&self, w: &Array1<f64>, out: &mut Array1<f64>) {
-        let w = w.as_slice().expect("a fresh Array1 is contiguous");
-        let out = out.as_slice_mut().expect("a fresh Array1 is contiguous");
+    fn times(&self, w: &[f64], out: &mut [f64]) {
         #[cfg(target_arch = "x86_64")]
         {
             // SAFETY: each is called only when the CPU has the features it
@@ -1339,8 +1347,8 @@ mod tests {
             let mut want = m.dot(&w).to_vec();
             want.push(e.dot(&w));
             for lanes in [4, 8] {
-                let mut out = Array1::zeros(d + 1);
-                Columns::with_lanes(&m, &[&e], lanes).times(&w, &mut out);
+                let mut out = vec![0.0; d + 1];
+                Columns::with_lanes(&m, &[&e], lanes).times(w.as_slice().unwrap(), &mut out);
                 for r in 0..=d {
                     assert_eq!(out[r].to_bits(), want[r].to_bits(), "d = {d}, {lanes} lanes, row {r}");
                 }
