@@ -528,9 +528,10 @@ fn fill_reported_reserved(series: &[crate::trace::details::ReservedSample], rows
     }
 }
 
-/// The iterations of each process with device memory, and each row's
-/// iteration.
-/// The iterations of every pid of the trace, by pid.
+/// The iterations of every pid of the trace, by pid (also of pids
+/// without device memory, which [`keep_iterations`] then drops: which
+/// pids have device memory is known only after the replay this runs
+/// beside).
 fn detect_iterations(
     events: &Events,
     snapshot_stacks: Option<&crate::trace::Stacks>,

@@ -350,6 +350,11 @@ impl Columns {
     /// `out = M · w` (one value per row), bit for bit as ndarray computes
     /// each row's `dot`.
     fn times(&self, w: &[f64], out: &mut [f64]) {
+        if w.is_empty() {
+            // No inputs: every row's dot product is ndarray's empty sum.
+            out.fill(0.0);
+            return;
+        }
         #[cfg(target_arch = "x86_64")]
         {
             // SAFETY: each is called only when the CPU has the features it
@@ -1354,6 +1359,14 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn without_inputs_gradient_descent_fits_the_bias() {
+        let ds = Dataset::new(Array2::<f64>::zeros((4, 0)), array![1.0, 2.0, 3.0, 4.0]);
+        let fit = GradientDescent { max_iterations: 5000, ..Default::default() }.fit(&ds).unwrap();
+        assert!(fit.weights.is_empty());
+        assert!((fit.bias - 2.5).abs() < 1e-6, "{}", fit.bias);
     }
 
     #[test]

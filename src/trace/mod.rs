@@ -177,6 +177,8 @@ pub struct TraceWriter {
 /// The write-behind state: whether it is on, and the part in flight.
 struct Behind {
     pending: std::collections::VecDeque<(PathBuf, std::thread::JoinHandle<Result<()>>)>,
+    /// A part failed: no later part or `finish` may pretend otherwise.
+    failed: bool,
 }
 
 /// A writer dropped on an error path still waits for its part, so that no
@@ -203,11 +205,22 @@ impl Behind {
                 Ok(r) => r.with_context(|| format!("cannot write {}", path.display())),
                 Err(_) => Err(anyhow::anyhow!("the thread writing {} panicked", path.display())),
             };
+            if r.is_err() {
+                self.failed = true;
+            }
             if first.is_ok() {
                 first = r;
             }
         }
         first
+    }
+
+    /// An error if a part waited for earlier failed.
+    fn check(&self) -> Result<()> {
+        if self.failed {
+            bail!("an earlier part of this trace could not be written");
+        }
+        Ok(())
     }
 }
 
@@ -245,7 +258,7 @@ impl TraceWriter {
     /// returns): `import` writes the parts of the 220 MB benchmark
     /// snapshot in the shadow of its conversion (BENCHMARKS.md).
     pub fn write_behind(&mut self) {
-        self.behind.get_or_insert(Behind { pending: Default::default() });
+        self.behind.get_or_insert(Behind { pending: Default::default(), failed: false });
     }
 
     /// Gives the directory and every file written from now on to `uid:gid`
@@ -311,6 +324,7 @@ impl TraceWriter {
         let path = self.dir.join(part_name(self.meta.parts));
         match &mut self.behind {
             Some(behind) => {
+                behind.check()?;
                 behind.wait(Behind::IN_FLIGHT - 1)?;
                 let capacity = self.buf.capacity();
                 let rows = std::mem::replace(&mut self.buf, Vec::with_capacity(capacity));
@@ -351,28 +365,58 @@ impl TraceWriter {
             let _ = behind.wait(0);
         }
         for i in 0..self.meta.parts {
-            let _ = fs::remove_file(self.dir.join(part_name(i)));
+            let part = self.dir.join(part_name(i));
+            let _ = fs::remove_file(part.with_extension("parquet.tmp"));
+            let _ = fs::remove_file(part);
         }
         let _ = fs::remove_file(self.dir.join(STACKS_FILE));
+        let _ = fs::remove_file(self.dir.join(META_FILE));
         let _ = fs::remove_dir(&self.dir);
     }
 
-    /// Flushes the last part and writes `trace.json`.
+    /// Flushes the last part and writes `trace.json`. A writer that writes
+    /// behind abandons the trace when this fails (its producer can make it
+    /// again); the recorder's parts are kept, as they hold recorded data.
     pub fn finish(mut self) -> Result<TraceMeta> {
+        match self.complete() {
+            Ok(()) => Ok(self.meta),
+            Err(e) => {
+                if self.behind.is_some() {
+                    self.abandon();
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn complete(&mut self) -> Result<()> {
         self.flush_part()?;
         if let Some(behind) = &mut self.behind {
             behind.wait(0)?;
+            behind.check()?;
         }
         self.meta.event_counts = self.counts.by_name();
         self.meta.pids = self.pids.iter().copied().collect();
         let json = serde_json::to_vec_pretty(&self.meta)?;
         write_atomic(&self.dir.join(META_FILE), &json)?;
-        self.chown(&self.dir.join(META_FILE))?;
-        Ok(self.meta)
+        self.chown(&self.dir.join(META_FILE))
     }
 }
 
 fn write_part(path: &Path, rows: &[Event], zstd_level: i32) -> Result<()> {
+    // Dictionary encoding only where values repeat by design (kind, call):
+    // interning every timestamp and address cost the recorder a third of
+    // its CPU time and bought nothing zstd does not already do.
+    let props = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::try_new(zstd_level)?))
+        .set_dictionary_enabled(false)
+        .set_column_dictionary_enabled("kind".into(), true)
+        .set_column_dictionary_enabled("call".into(), true);
+    write_batch(path, &part_batch(rows)?, props.build())
+}
+
+/// The rows of a part as one record batch of [`events_schema`].
+fn part_batch(rows: &[Event]) -> Result<RecordBatch> {
     let dictionary: Arc<StringArray> = Arc::new(EventKind::ALL.iter().map(|k| Some(k.name())).collect());
     let keys = Int32Array::from_iter_values(rows.iter().map(|e| e.kind as i32));
     let kind = DictionaryArray::<Int32Type>::try_new(keys, dictionary)?;
@@ -408,17 +452,7 @@ fn write_part(path: &Path, rows: &[Event], zstd_level: i32) -> Result<()> {
     ]);
     columns.push(Arc::new(UInt64Array::from_iter(rows.iter().map(|e| e.cuda.launch.map(|l| l.shared_mem)))));
     columns.push(Arc::new(UInt32Array::from_iter(rows.iter().map(|e| e.cuda.ustack))));
-    let batch = RecordBatch::try_new(events_schema(), columns)?;
-    // Dictionary encoding only where values repeat by design (kind, call):
-    // interning every timestamp and address cost the recorder a third of
-    // its CPU time and bought nothing zstd does not already do.
-    let props = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(zstd_level)?))
-        .set_dictionary_enabled(false)
-        .set_column_dictionary_enabled("kind".into(), true)
-        .set_column_dictionary_enabled("call".into(), true)
-        .build();
-    write_batch(path, &batch, props)
+    Ok(RecordBatch::try_new(events_schema(), columns)?)
 }
 
 /// Writes one record batch as a complete Parquet file: under a temporary
@@ -878,14 +912,19 @@ fn check_part(path: &Path) -> std::result::Result<Optional, PartError> {
     }
     let integer = |c: &str| schema.field_with_name(c).is_ok_and(|f| f.data_type().is_integer());
     let meta = md.metadata();
-    let requested =
-        match meta.file_metadata().schema_descr().columns().iter().position(|c| c.name() == PYTORCH_COLUMNS[0]) {
-            Some(i) => meta.row_groups().iter().any(|rg| {
-                let nulls = rg.column(i).statistics().and_then(|s| s.null_count_opt());
-                nulls.is_none_or(|n| (n as i64) < rg.num_rows())
-            }),
-            None => false,
-        };
+    let requested = match meta
+        .file_metadata()
+        .schema_descr()
+        .columns()
+        .iter()
+        .position(|c| c.path().string() == PYTORCH_COLUMNS[0])
+    {
+        Some(i) => meta.row_groups().iter().any(|rg| {
+            let nulls = rg.column(i).statistics().and_then(|s| s.null_count_opt());
+            nulls.is_none_or(|n| (n as i64) < rg.num_rows())
+        }),
+        None => false,
+    };
     Ok(Optional { pytorch: PYTORCH_COLUMNS.iter().all(|c| integer(c)), requested, ustack: integer("ustack_id") })
 }
 
@@ -1128,6 +1167,16 @@ mod tests {
         let (loaded, _) = t.load_events().unwrap();
         assert_eq!(loaded.requested.len(), 3_000);
         assert_eq!(loaded.requested.iter().filter(|&&r| r != u64::MAX).count(), 1);
+        // A part without statistics may hold values: it is read.
+        let bare = tmp.path().join("bare");
+        fs::create_dir(&bare).unwrap();
+        let props = WriterProperties::builder()
+            .set_statistics_enabled(parquet::file::properties::EnabledStatistics::None)
+            .build();
+        write_batch(&bare.join(part_name(0)), &part_batch(&events).unwrap(), props).unwrap();
+        let mut t = Trace::open(&bare).unwrap();
+        assert!(t.pytorch_columns);
+        assert_eq!(t.load_events().unwrap().0.requested.iter().filter(|&&r| r != u64::MAX).count(), 1);
     }
 
     #[test]
@@ -1139,12 +1188,16 @@ mod tests {
         // The second part cannot be renamed into place: a directory has
         // its name.
         fs::create_dir(dir.join(part_name(1))).unwrap();
-        let pushed: Result<()> = some_events(1_000).into_iter().try_for_each(|e| w.push(e));
-        let err = match pushed {
-            Err(e) => e,
-            Ok(()) => w.finish().expect_err("the trace cannot be complete"),
-        };
+        let mut events = some_events(1_000).into_iter();
+        let err = events.try_for_each(|e| w.push(e)).expect_err("part 1 cannot be written");
         assert!(format!("{err:#}").contains(&part_name(1)), "{err:#}");
+        // A producer that goes on anyway is refused again, and finish
+        // cleans up behind itself: no part, no trace.json.
+        let again = events.try_for_each(|e| w.push(e)).expect_err("an earlier part failed");
+        assert!(format!("{again:#}").contains("earlier part"), "{again:#}");
+        let last = w.finish().expect_err("an earlier part failed");
+        assert!(format!("{last:#}").contains("earlier part"), "{last:#}");
+        assert!(!dir.join(part_name(0)).exists(), "part 0 left behind");
         assert!(!dir.join(META_FILE).exists());
     }
 
