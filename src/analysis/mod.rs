@@ -528,18 +528,27 @@ fn fill_reported_reserved(series: &[crate::trace::details::ReservedSample], rows
     }
 }
 
-/// The iterations of every pid of the trace, by pid (also of pids
-/// without device memory, which [`keep_iterations`] then drops: which
-/// pids have device memory is known only after the replay this runs
-/// beside).
+/// The iterations of every pid of the trace that has an event the replay
+/// keeps a process for, by pid. Which of them end up with device memory
+/// is known only after the replay this runs beside; [`keep_iterations`]
+/// drops the others.
 fn detect_iterations(
     events: &Events,
     snapshot_stacks: Option<&crate::trace::Stacks>,
     annotations: &[crate::trace::details::Annotation],
 ) -> ahash::AHashMap<u32, Iterations> {
+    use crate::trace::event::EventKind::{Oom, SegmentAlloc, SegmentFree, SegmentMap, SegmentUnmap};
+    let replayed = |i: &usize| {
+        events.kind[*i].is_some_and(|k| {
+            k.creates_block()
+                || k.releases_block()
+                || matches!(k, Oom | SegmentAlloc | SegmentFree | SegmentMap | SegmentUnmap)
+        })
+    };
     let by_pid = crate::analysis::iterations::rows_by_pid(events);
     by_pid
         .iter()
+        .filter(|(_, rows)| rows.iter().any(replayed))
         .filter_map(|(&pid, rows)| {
             crate::analysis::iterations::detect(events, pid, rows, snapshot_stacks, annotations).map(|it| (pid, it))
         })
