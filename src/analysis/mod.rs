@@ -307,7 +307,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     let (Walk { mut rows, ooms, counts, failed_allocs }, (detected, lives)) = std::thread::scope(|scope| {
         let beside = scope.spawn(|| {
             let started = std::time::Instant::now();
-            let found = detect_iterations(events, snapshot_stacks, annotations);
+            let found = detect_iterations(events, allocator_view, snapshot_stacks, annotations);
             tracing::debug!("iterations in {:.3} s (beside the replay)", started.elapsed().as_secs_f64());
             let started = std::time::Instant::now();
             let lives = opts.layout.then(|| layout::Lives::of(events));
@@ -528,23 +528,17 @@ fn fill_reported_reserved(series: &[crate::trace::details::ReservedSample], rows
     }
 }
 
-/// The iterations of every pid of the trace that has an event the replay
-/// keeps a process for, by pid. Which of them end up with device memory
-/// is known only after the replay this runs beside; [`keep_iterations`]
-/// drops the others.
+/// The iterations of every pid of the trace that the replay keeps a
+/// process for ([`replay::tracks`]), by pid. Which of them end up with
+/// device memory is known only after the replay this runs beside;
+/// [`keep_iterations`] drops the others.
 fn detect_iterations(
     events: &Events,
+    allocator_view: bool,
     snapshot_stacks: Option<&crate::trace::Stacks>,
     annotations: &[crate::trace::details::Annotation],
 ) -> ahash::AHashMap<u32, Iterations> {
-    use crate::trace::event::EventKind::{Oom, SegmentAlloc, SegmentFree, SegmentMap, SegmentUnmap};
-    let replayed = |i: &usize| {
-        events.kind[*i].is_some_and(|k| {
-            k.creates_block()
-                || k.releases_block()
-                || matches!(k, Oom | SegmentAlloc | SegmentFree | SegmentMap | SegmentUnmap)
-        })
-    };
+    let replayed = |i: &usize| events.kind[*i].is_some_and(|k| replay::tracks(k, allocator_view));
     let by_pid = crate::analysis::iterations::rows_by_pid(events);
     by_pid
         .iter()

@@ -300,7 +300,7 @@ impl<'f> Replay<'f> {
             return self.apply_allocator(e);
         }
         let kind = e.kind;
-        if !(kind.is_device_alloc() || kind.is_device_free() || kind == EventKind::Oom) {
+        if !tracks(kind, false) {
             return;
         }
         let i = self.proc_index(e.pid);
@@ -352,7 +352,7 @@ impl<'f> Replay<'f> {
     fn apply_allocator(&mut self, e: &Event) {
         use EventKind::*;
         let kind = e.kind;
-        if !matches!(kind, BlockAlloc | BlockFree | SegmentAlloc | SegmentFree | SegmentMap | SegmentUnmap | Oom) {
+        if !tracks(kind, true) {
             return;
         }
         let i = self.proc_index(e.pid);
@@ -514,6 +514,18 @@ impl<'f> Replay<'f> {
     /// Ends the fold.
     pub fn finish(self) -> Anomalies {
         self.anomalies
+    }
+}
+
+/// Whether the replay keeps a process for a pid with an event of this
+/// kind: device allocations, frees and OOMs, or in the allocator view
+/// (a PyTorch snapshot) its blocks, segments and OOMs.
+pub fn tracks(kind: EventKind, allocator_view: bool) -> bool {
+    use EventKind::*;
+    if allocator_view {
+        matches!(kind, BlockAlloc | BlockFree | SegmentAlloc | SegmentFree | SegmentMap | SegmentUnmap | Oom)
+    } else {
+        kind.is_device_alloc() || kind.is_device_free() || kind == Oom
     }
 }
 
