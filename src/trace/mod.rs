@@ -169,14 +169,17 @@ pub struct TraceWriter {
     pids: std::collections::BTreeSet<u32>,
     owner: Option<(u32, u32)>,
     zstd_level: i32,
-    /// With [`TraceWriter::write_behind`]: the parts being written, each
-    /// on its own thread.
+    /// With [`TraceWriter::write_behind`]: the part being written on its
+    /// own thread.
     behind: Option<Behind>,
 }
 
-/// The write-behind state: whether it is on, and the part in flight.
+/// The write-behind state: whether it is on, and the part in flight. One
+/// part at most: two wrote the 220 MB benchmark snapshot's trace 7 %
+/// faster, but with 20 % more peak RSS (above twice the file's size, the
+/// import's memory target).
 struct Behind {
-    pending: std::collections::VecDeque<(PathBuf, std::thread::JoinHandle<Result<()>>)>,
+    pending: Option<(PathBuf, std::thread::JoinHandle<Result<()>>)>,
     /// A part failed: no later part or `finish` may pretend otherwise.
     failed: bool,
 }
@@ -185,34 +188,20 @@ struct Behind {
 /// thread goes on writing into a directory its producer has given up.
 impl Drop for Behind {
     fn drop(&mut self) {
-        let _ = self.wait(0);
+        let _ = self.wait();
     }
 }
 
 impl Behind {
-    /// Parts in flight at most. Two wrote the 220 MB benchmark snapshot's
-    /// trace 7 % faster than one, but with 20 % more peak RSS (above
-    /// twice the file's size, the import's memory target).
-    const IN_FLIGHT: usize = 1;
-
-    /// Waits, oldest first, until at most `left` parts are in flight; the
-    /// first error of a part waited for (all are waited for).
-    fn wait(&mut self, left: usize) -> Result<()> {
-        let mut first = Ok(());
-        while self.pending.len() > left {
-            let (path, handle) = self.pending.pop_front().expect("more than `left` pending");
-            let r = match handle.join() {
-                Ok(r) => r.with_context(|| format!("cannot write {}", path.display())),
-                Err(_) => Err(anyhow::anyhow!("the thread writing {} panicked", path.display())),
-            };
-            if r.is_err() {
-                self.failed = true;
-            }
-            if first.is_ok() {
-                first = r;
-            }
-        }
-        first
+    /// Waits for the part in flight, with its error if it failed.
+    fn wait(&mut self) -> Result<()> {
+        let Some((path, handle)) = self.pending.take() else { return Ok(()) };
+        let r = match handle.join() {
+            Ok(r) => r.with_context(|| format!("cannot write {}", path.display())),
+            Err(_) => Err(anyhow::anyhow!("the thread writing {} panicked", path.display())),
+        };
+        self.failed |= r.is_err();
+        r
     }
 
     /// An error if a part waited for earlier failed.
@@ -258,7 +247,7 @@ impl TraceWriter {
     /// returns): `import` writes the parts of the 220 MB benchmark
     /// snapshot in the shadow of its conversion (BENCHMARKS.md).
     pub fn write_behind(&mut self) {
-        self.behind.get_or_insert(Behind { pending: Default::default(), failed: false });
+        self.behind.get_or_insert(Behind { pending: None, failed: false });
     }
 
     /// Gives the directory and every file written from now on to `uid:gid`
@@ -271,11 +260,7 @@ impl TraceWriter {
     /// Gives a file the producer wrote beside the parts to the owner set
     /// with [`TraceWriter::set_owner`], if any.
     pub fn chown(&self, path: &Path) -> Result<()> {
-        if let Some((uid, gid)) = self.owner {
-            std::os::unix::fs::chown(path, Some(uid), Some(gid))
-                .with_context(|| format!("cannot give {} to uid {uid}", path.display()))?;
-        }
-        Ok(())
+        give(path, self.owner)
     }
 
     /// zstd level of the parts (default 3). The recorder uses 1: its CPU
@@ -325,22 +310,15 @@ impl TraceWriter {
         match &mut self.behind {
             Some(behind) => {
                 behind.check()?;
-                behind.wait(Behind::IN_FLIGHT - 1)?;
+                behind.wait()?;
                 let capacity = self.buf.capacity();
                 let rows = std::mem::replace(&mut self.buf, Vec::with_capacity(capacity));
                 let (level, owner, at) = (self.zstd_level, self.owner, path.clone());
                 let handle = std::thread::Builder::new()
                     .name("fragscope-part".into())
-                    .spawn(move || {
-                        write_part(&at, &rows, level)?;
-                        if let Some((uid, gid)) = owner {
-                            std::os::unix::fs::chown(&at, Some(uid), Some(gid))
-                                .with_context(|| format!("cannot give {} to uid {uid}", at.display()))?;
-                        }
-                        Ok(())
-                    })
+                    .spawn(move || write_part(&at, &rows, level).and_then(|()| give(&at, owner)))
                     .context("cannot start a thread to write a trace part")?;
-                behind.pending.push_back((path, handle));
+                behind.pending = Some((path, handle));
             }
             None => {
                 write_part(&path, &self.buf, self.zstd_level)
@@ -362,7 +340,7 @@ impl TraceWriter {
     /// nothing else is in it), so no half trace is left behind.
     pub fn abandon(mut self) {
         if let Some(behind) = &mut self.behind {
-            let _ = behind.wait(0);
+            let _ = behind.wait();
         }
         for i in 0..self.meta.parts {
             let part = self.dir.join(part_name(i));
@@ -392,7 +370,7 @@ impl TraceWriter {
     fn complete(&mut self) -> Result<()> {
         self.flush_part()?;
         if let Some(behind) = &mut self.behind {
-            behind.wait(0)?;
+            behind.wait()?;
             behind.check()?;
         }
         self.meta.event_counts = self.counts.by_name();
@@ -401,6 +379,16 @@ impl TraceWriter {
         write_atomic(&self.dir.join(META_FILE), &json)?;
         self.chown(&self.dir.join(META_FILE))
     }
+}
+
+/// Gives `path` to `uid:gid` (see [`TraceWriter::set_owner`]), if an
+/// owner is set.
+fn give(path: &Path, owner: Option<(u32, u32)>) -> Result<()> {
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::chown(path, Some(uid), Some(gid))
+            .with_context(|| format!("cannot give {} to uid {uid}", path.display()))?;
+    }
+    Ok(())
 }
 
 fn write_part(path: &Path, rows: &[Event], zstd_level: i32) -> Result<()> {
