@@ -350,6 +350,7 @@ impl Columns {
     /// `out = M · w` (one value per row), bit for bit as ndarray computes
     /// each row's `dot`.
     fn times(&self, w: &[f64], out: &mut [f64]) {
+        debug_assert_eq!(out.len(), self.d);
         if w.is_empty() {
             // No inputs: every row's dot product is ndarray's empty sum.
             out.fill(0.0);
@@ -360,15 +361,15 @@ impl Columns {
             // SAFETY: each is called only when the CPU has the features it
             // is compiled for.
             if self.lanes == 8 && wide_vectors() {
-                return unsafe { blocks_avx512::<8>(&self.data, w, out, self.d) };
+                return unsafe { blocks_avx512::<8>(&self.data, w, out) };
             }
             if self.lanes == 4 && std::arch::is_x86_feature_detected!("avx") {
-                return unsafe { blocks_avx::<4>(&self.data, w, out, self.d) };
+                return unsafe { blocks_avx::<4>(&self.data, w, out) };
             }
         }
         match self.lanes {
-            8 => blocks::<8>(&self.data, w, out, self.d),
-            _ => blocks::<4>(&self.data, w, out, self.d),
+            8 => blocks::<8>(&self.data, w, out),
+            _ => blocks::<4>(&self.data, w, out),
         }
     }
 }
@@ -387,19 +388,19 @@ fn wide_vectors() -> bool {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn blocks_avx512<const L: usize>(data: &[f64], w: &[f64], out: &mut [f64], d: usize) {
-    blocks::<L>(data, w, out, d)
+unsafe fn blocks_avx512<const L: usize>(data: &[f64], w: &[f64], out: &mut [f64]) {
+    blocks::<L>(data, w, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx")]
-unsafe fn blocks_avx<const L: usize>(data: &[f64], w: &[f64], out: &mut [f64], d: usize) {
-    blocks::<L>(data, w, out, d)
+unsafe fn blocks_avx<const L: usize>(data: &[f64], w: &[f64], out: &mut [f64]) {
+    blocks::<L>(data, w, out)
 }
 
 /// The product of [`Columns`], `L` rows at a time.
 #[inline(always)]
-fn blocks<const L: usize>(data: &[f64], w: &[f64], out: &mut [f64], d: usize) {
+fn blocks<const L: usize>(data: &[f64], w: &[f64], out: &mut [f64]) {
     let cols = w.len();
     let full = cols / 8 * 8;
     for (block, rows) in data.chunks_exact(cols * L).zip(out.chunks_mut(L)) {
@@ -426,7 +427,6 @@ fn blocks<const L: usize>(data: &[f64], w: &[f64], out: &mut [f64], d: usize) {
         }
         rows.copy_from_slice(&sum[..rows.len()]);
     }
-    debug_assert_eq!(out.len(), d);
 }
 
 impl<D: Data<Elem = f64>> Fit<ArrayBase<D, Ix2>, Array1<f64>, linfa::Error> for GradientDescent {
