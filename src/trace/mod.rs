@@ -5,6 +5,7 @@
 //! parquet, zstd); [`Trace::open`] validates one and [`Trace::load_events`]
 //! reads its parts with a polars lazy scan.
 
+pub mod checksum;
 pub mod details;
 pub mod event;
 pub mod input;
@@ -445,13 +446,15 @@ fn part_batch(rows: &[Event]) -> Result<RecordBatch> {
 
 /// Writes one record batch as a complete Parquet file: under a temporary
 /// name, through a buffer (the writer emits many small pieces: page
-/// headers, pages), renamed into place once its footer is written.
+/// headers, pages), renamed into place once its footer is written. The
+/// footer holds the data's checksum ([`checksum`]).
 fn write_batch(path: &Path, batch: &RecordBatch, props: WriterProperties) -> Result<()> {
     let tmp = path.with_extension("parquet.tmp");
     let file = std::io::BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
-    let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(props))?;
+    let mut writer = ArrowWriter::try_new(checksum::Summed::new(file), batch.schema(), Some(props))?;
     writer.write(batch)?;
-    writer.into_inner()?.into_inner().map_err(|e| e.into_error())?;
+    checksum::seal(&mut writer)?;
+    writer.into_inner()?.into_inner().into_inner().map_err(|e| e.into_error())?;
     fs::rename(&tmp, path)?;
     Ok(())
 }
@@ -517,6 +520,11 @@ pub fn write_ustacks(path: &Path, frames: &[UstackFrame]) -> Result<()> {
 /// Reads `ustacks.parquet`.
 pub fn read_ustacks(path: &Path) -> Result<Vec<UstackFrame>> {
     use polars::prelude::{ParquetReader, SerReader, Series};
+    let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let md = ArrowReaderMetadata::load(&file, Default::default())
+        .with_context(|| format!("{}: not a valid Parquet file", path.display()))?;
+    checksum::verify(path, md.metadata()).map_err(|why| anyhow::anyhow!("{}: {why}", path.display()))?;
+    drop(file);
     let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let df = ParquetReader::new(file).finish().map_err(anyhow::Error::from);
     let df = df.with_context(|| format!("{}: not a valid stack table", path.display()))?;
@@ -592,9 +600,10 @@ pub fn read_stacks(path: &Path) -> Result<Stacks> {
     use arrow_array::cast::AsArray;
     use arrow_array::types::{Int64Type, UInt32Type};
     let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
-        .and_then(|b| b.build())
+    let builder = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
         .with_context(|| format!("{}: not a valid Parquet file", path.display()))?;
+    checksum::verify(path, builder.metadata()).map_err(|why| anyhow::anyhow!("{}: {why}", path.display()))?;
+    let reader = builder.build().with_context(|| format!("{}: not a valid Parquet file", path.display()))?;
     let mut out = Stacks::default();
     let mut index: ahash::AHashMap<Frame, u32> = ahash::AHashMap::new();
     for batch in reader {
@@ -773,7 +782,7 @@ impl Trace {
                 Err(PartError::Footer(why)) => {
                     bail!("{}: not a valid Parquet file: {why}", part.display())
                 }
-                Err(PartError::Schema(why)) => bail!("{}: {why}", part.display()),
+                Err(PartError::Schema(why) | PartError::Damaged(why)) => bail!("{}: {why}", part.display()),
             }
         }
         if good.is_empty() {
@@ -857,6 +866,10 @@ fn parse_meta(path: &Path, bytes: &[u8]) -> Result<TraceMeta> {
 enum PartError {
     Footer(String),
     Schema(String),
+    /// Its data does not match its checksum: an error even for the last
+    /// part, which an interrupted recorder leaves without a footer, never
+    /// with a wrong checksum.
+    Damaged(String),
 }
 
 /// The optional columns a part has.
@@ -878,6 +891,7 @@ struct Optional {
 fn check_part(path: &Path) -> std::result::Result<Optional, PartError> {
     let file = File::open(path).map_err(|e| PartError::Footer(format!("cannot open: {e}")))?;
     let md = ArrowReaderMetadata::load(&file, Default::default()).map_err(|e| PartError::Footer(e.to_string()))?;
+    checksum::verify(path, md.metadata()).map_err(PartError::Damaged)?;
     let schema = md.schema();
     for req in REQUIRED {
         match schema.field_with_name(req.name) {
@@ -1187,6 +1201,42 @@ mod tests {
         assert!(format!("{last:#}").contains("earlier part"), "{last:#}");
         assert!(!dir.join(part_name(0)).exists(), "part 0 left behind");
         assert!(!dir.join(META_FILE).exists());
+    }
+
+    /// Every Parquet file the writer makes carries its data's checksum,
+    /// and a flipped bit anywhere in the data is an error naming the file.
+    #[test]
+    fn damaged_data_is_caught_by_the_checksum() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("t");
+        write(&dir, &some_events(1_500), false).unwrap();
+        let stacks = Stacks {
+            frames: vec![Frame { filename: "train.py".into(), line: 3, name: "step".into() }],
+            stacks: vec![vec![0, 0]],
+        };
+        write_stacks(&dir.join(STACKS_FILE), &stacks).unwrap();
+        assert!(Trace::open(&dir).is_ok());
+        for (name, rows) in [(part_name(0), 1_000), (part_name(1), 500), (STACKS_FILE.to_string(), 2)] {
+            let path = dir.join(&name);
+            let good = fs::read(&path).unwrap();
+            let file = File::open(&path).unwrap();
+            let md = ArrowReaderMetadata::load(&file, Default::default()).unwrap();
+            assert_eq!(md.metadata().file_metadata().num_rows(), rows);
+            let covered = md.metadata().row_groups()[0].columns().last().map(|c| {
+                let (start, n) = c.byte_range();
+                start + n
+            });
+            let covered = covered.unwrap() as usize;
+            for at in [4, covered / 2, covered - 1] {
+                let mut bad = good.clone();
+                bad[at] ^= 0x10;
+                fs::write(&path, &bad).unwrap();
+                let err = format!("{:#}", Trace::open(&dir).expect_err("damaged data must be refused"));
+                assert!(err.contains(&name) && err.contains("damaged after it was written"), "{name} @ {at}: {err}");
+            }
+            fs::write(&path, &good).unwrap();
+        }
+        assert!(Trace::open(&dir).is_ok());
     }
 
     #[test]

@@ -240,6 +240,18 @@ fn bad_inputs_get_clear_errors() {
     fs::write(&p, &bytes[..bytes.len() / 2]).unwrap();
     analyze_fails(&trunc, &out, "events-00000.parquet: not a valid Parquet file");
 
+    // Zeroed bytes inside the last part's data, which zstd may decode
+    // without noticing: the part's checksum catches them, and the last
+    // part is not skipped as an unfinished one.
+    let zeroed = tmp.path().join("zeroed");
+    synth(&zeroed, "training", 3000, 1, 1000);
+    let p = zeroed.join("events-00002.parquet");
+    let mut bytes = fs::read(&p).unwrap();
+    let at = bytes.len() / 3;
+    bytes[at..at + 100].fill(0);
+    fs::write(&p, &bytes).unwrap();
+    analyze_fails(&zeroed, &out, "events-00002.parquet: damaged after it was written");
+
     // A corrupt trace.json.
     let meta = tmp.path().join("meta");
     synth(&meta, "steady", 1000, 1, 1000);
