@@ -579,12 +579,18 @@ pub fn reconstruct(snap: &Snapshot, device: u32, t0_ns: u64, out: Sink<'_>) -> R
     let final_live = live.clone();
 
     // Backwards: undo each entry. `known[i]` is the real size of the block
-    // an alloc entry created, when that block is still alive at the end.
-    let mut known: Vec<Option<u64>> = vec![None; entries.len()];
+    // alloc entry i created, when that block is still alive at the end:
+    // a map, since those are few (a vector by entry was 16 bytes for each
+    // of millions of entries, all but a few thousand of them None).
+    let mut known: AHashMap<usize, u64> = AHashMap::new();
     for (i, e) in entries.iter().enumerate().rev() {
         match e.action {
             Action::Alloc => match live.remove(&e.addr) {
-                Some(b) => known[i] = b.size,
+                Some(b) => {
+                    if let Some(size) = b.size {
+                        known.insert(i, size);
+                    }
+                }
                 None => rec.inconsistent_entries += 1,
             },
             Action::FreeCompleted => {
@@ -661,7 +667,7 @@ pub fn reconstruct(snap: &Snapshot, device: u32, t0_ns: u64, out: Sink<'_>) -> R
                     continue; // counted as inconsistent on the way back
                 }
                 let rule = block_size_rule(&settings, e.size, e.addr, free_end(&placed, &ranges, e.addr));
-                let size = match known[i] {
+                let size = match known.get(&i).copied() {
                     Some(real) => {
                         rec.sizes_checked += 1;
                         rec.sizes_agreed += u64::from(real == rule);
@@ -902,7 +908,12 @@ pub fn import(path: &Path, out: &Path, device: Option<u32>) -> Result<Converted>
     {
         bail!("{}: device {d} is not in this snapshot (it has device(s) {:?})", path.display(), snap.devices());
     }
-    let mut writer = crate::trace::TraceWriter::create(out, meta, 1 << 17)?;
+    // Parts of 65 536 rows: the part being filled and the one in flight
+    // hold about 14 MB of events each. Parts twice as big cost 48 MiB more
+    // peak memory on the 100 MB late-ring snapshot (above twice its size)
+    // and 85 MiB on the 220 MB one, for 5 % less time on the latter
+    // (BENCHMARKS.md, "PyTorch snapshots").
+    let mut writer = crate::trace::TraceWriter::create(out, meta, 1 << 16)?;
     writer.write_behind();
     let converted = convert(snap, device, &path.display().to_string(), file_bytes, &mut |e| writer.push(e))
         .with_context(|| format!("{}: cannot convert the snapshot", path.display()));
