@@ -50,7 +50,15 @@ pub fn headline(w: &Whatif) -> String {
     } else {
         format!("model placed {same} of {n} allocations where PyTorch did ({:.1} %)", 100.0 * same as f64 / n as f64)
     };
-    format!("{fidelity}; recommendation: {} ({})", w.recommendation(), w.recommended.1)
+    let lost = desynchronised(w);
+    let lost = if lost == 0 { String::new() } else { format!(", lost step with {lost} recorded event(s)") };
+    format!("{fidelity}{lost}; recommendation: {} ({})", w.recommendation(), w.recommended.1)
+}
+
+/// Recorded events the fidelity replay could not follow, on every device
+/// measured.
+fn desynchronised(w: &Whatif) -> u64 {
+    w.fidelity.iter().filter(|f| f.not_measured.is_none()).map(|f| f.desynchronised).sum()
 }
 
 /// The figures of `whatif.json` (also `whatif` in `report.json`).
@@ -142,6 +150,13 @@ pub fn sections_md(w: &Whatif, level: &str) -> String {
             f.segments_only_model,
             bytes(f.recorded_peak_reserved),
             bytes(o.peak_reserved_bytes)
+        );
+    }
+    for f in w.fidelity.iter().filter(|f| f.not_measured.is_none() && f.desynchronised > 0) {
+        let _ = writeln!(
+            md,
+            "\n**Device {}: the model lost step with the recording at {} event(s)** (a recorded block that was not inside a free block of the model, a free of a block it did not hold, a segment it could not place). The figures above and the scenarios below come from a replay that did not follow the recording there: read them as rough.",
+            f.device, f.desynchronised
         );
     }
     let mismatches: Vec<_> =
@@ -287,4 +302,36 @@ pub fn render_png(w: &Whatif, width: u32, height: u32) -> anyhow::Result<crate::
         root.present().map_err(err)?;
     }
     Ok(Image { pixels: buf, width, height })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::whatif::{Fidelity, Outcome, Scenario, Source};
+
+    fn whatif(desynchronised: u64) -> Whatif {
+        let recorded = Scenario::of("recorded", &[], vec![Outcome { name: "recorded".into(), ..Default::default() }]);
+        Whatif {
+            fidelity: vec![Fidelity { device: 0, allocations: 10, same_address: 9, desynchronised, ..Default::default() }],
+            scenarios: vec![recorded],
+            recommended: (0, "no setting does better".into()),
+            capacity: None,
+            capacity_inferred: false,
+            source: Source::Snapshot,
+            recorded_conf: Vec::new(),
+        }
+    }
+
+    /// Events the fidelity replay could not follow are in the headline and
+    /// the markdown, not only in `whatif.json`; a replay that followed
+    /// everything says nothing about it.
+    #[test]
+    fn a_replay_that_lost_step_says_so() {
+        let (lost, kept) = (whatif(2), whatif(0));
+        assert!(headline(&lost).contains("lost step with 2 recorded event(s)"), "{}", headline(&lost));
+        assert!(!headline(&kept).contains("lost step"), "{}", headline(&kept));
+        assert!(sections_md(&lost, "##").contains("Device 0: the model lost step with the recording at 2 event(s)"));
+        assert!(!sections_md(&kept, "##").contains("lost step"));
+        assert_eq!(json(&lost)["fidelity"][0]["desynchronised_events"], 2);
+    }
 }
