@@ -517,17 +517,24 @@ fn raster_panel(
         let y = p.y1 - 1 - r as i32; // offsets grow upwards
         for c in 0..cols {
             let d = acc[r * (cols + 1) + c];
+            let seg_d = if reserved { seg_acc[r * (cols + 1) + c] } else { 0.0 };
+            let px = ((y as u32 * width + (p.x0 as u32 + c as u32)) * 3) as usize;
+            // Nothing starts or ends here (most columns): the sums, and so
+            // the pixel, are the previous column's.
+            if c > 0 && d == [0.0; 4] && seg_d == 0.0 {
+                buf.copy_within(px - 3..px, px);
+                continue;
+            }
             for k in 0..4 {
                 run[k] += d[k];
             }
             let bg = if reserved {
-                seg_run += seg_acc[r * (cols + 1) + c];
+                seg_run += seg_d;
                 if seg_run > 0.5 { 255.0 } else { UNRESERVED }
             } else {
                 255.0
             };
             let cov = run[0].clamp(0.0, 1.0);
-            let px = ((y as u32 * width + (p.x0 as u32 + c as u32)) * 3) as usize;
             if run[0] > 1e-6 {
                 for k in 0..3 {
                     let colour = run[k + 1] / run[0];
