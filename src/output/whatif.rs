@@ -45,14 +45,20 @@ impl Report {
 /// One line: the fidelity and the recommendation.
 pub fn headline(w: &Whatif) -> String {
     let (same, n) = w.same_address();
-    let fidelity = if n == 0 {
-        "fidelity not measured".to_string()
-    } else {
-        format!("model placed {same} of {n} allocations where PyTorch did ({:.1} %)", 100.0 * same as f64 / n as f64)
+    let lost = match desynchronised(w) {
+        0 => String::new(),
+        k => format!("lost step with {k} recorded event(s)"),
     };
-    let lost = desynchronised(w);
-    let lost = if lost == 0 { String::new() } else { format!(", lost step with {lost} recorded event(s)") };
-    format!("{fidelity}{lost}; recommendation: {} ({})", w.recommendation(), w.recommended.1)
+    let fidelity = match (n, lost.is_empty()) {
+        (0, true) => "fidelity not measured".to_string(),
+        (0, false) => format!("model {lost}"),
+        (_, lost_none) => format!(
+            "model placed {same} of {n} allocations where PyTorch did ({:.1} %){}",
+            100.0 * same as f64 / n as f64,
+            if lost_none { String::new() } else { format!(", {lost}") }
+        ),
+    };
+    format!("{fidelity}; recommendation: {} ({})", w.recommendation(), w.recommended.1)
 }
 
 /// Recorded events the fidelity replay could not follow, on every device
@@ -312,7 +318,13 @@ mod tests {
     fn whatif(desynchronised: u64) -> Whatif {
         let recorded = Scenario::of("recorded", &[], vec![Outcome { name: "recorded".into(), ..Default::default() }]);
         Whatif {
-            fidelity: vec![Fidelity { device: 0, allocations: 10, same_address: 9, desynchronised, ..Default::default() }],
+            fidelity: vec![Fidelity {
+                device: 0,
+                allocations: 10,
+                same_address: 9,
+                desynchronised,
+                ..Default::default()
+            }],
             scenarios: vec![recorded],
             recommended: (0, "no setting does better".into()),
             capacity: None,
@@ -333,5 +345,9 @@ mod tests {
         assert!(sections_md(&lost, "##").contains("Device 0: the model lost step with the recording at 2 event(s)"));
         assert!(!sections_md(&kept, "##").contains("lost step"));
         assert_eq!(json(&lost)["fidelity"][0]["desynchronised_events"], 2);
+        // No allocation to place, but a state that could not be built.
+        let mut early = whatif(3);
+        early.fidelity[0].allocations = 0;
+        assert!(headline(&early).starts_with("model lost step with 3 recorded event(s);"), "{}", headline(&early));
     }
 }

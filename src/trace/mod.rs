@@ -1227,6 +1227,9 @@ mod tests {
                 start + n
             });
             let covered = covered.unwrap() as usize;
+            let entry =
+                md.metadata().file_metadata().key_value_metadata().unwrap().iter().find(|kv| kv.key == checksum::KEY);
+            assert!(entry.unwrap().value.as_ref().unwrap().starts_with(&format!("{covered} ")), "{name}");
             for at in [4, covered / 2, covered - 1] {
                 let mut bad = good.clone();
                 bad[at] ^= 0x10;
@@ -1237,6 +1240,34 @@ mod tests {
             fs::write(&path, &good).unwrap();
         }
         assert!(Trace::open(&dir).is_ok());
+    }
+
+    /// A tool that rewrites a part may copy its footer's entries along: the
+    /// copied checksum describes another file and must not refuse this one.
+    #[test]
+    fn a_checksum_copied_into_a_rewritten_file_is_ignored() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("t");
+        let events = some_events(1_000);
+        write(&dir, &events, false).unwrap();
+        let path = dir.join(part_name(0));
+        let md = ArrowReaderMetadata::load(&File::open(&path).unwrap(), Default::default()).unwrap();
+        let copied = md.metadata().file_metadata().key_value_metadata().unwrap().clone();
+        assert!(copied.iter().any(|kv| kv.key == checksum::KEY));
+        // Fewer rows, the entries copied: by another writer, and by the
+        // `parquet` crate.
+        for created_by in ["parquet-cpp-arrow version 18.1.0", "parquet-rs version 60.1.0"] {
+            let props = WriterProperties::builder()
+                .set_created_by(created_by.into())
+                .set_key_value_metadata(Some(copied.clone()))
+                .build();
+            let batch = part_batch(&events[..600]).unwrap();
+            let mut w = ArrowWriter::try_new(File::create(&path).unwrap(), batch.schema(), Some(props)).unwrap();
+            w.write(&batch).unwrap();
+            w.close().unwrap();
+            let mut t = Trace::open(&dir).unwrap_or_else(|e| panic!("{created_by}: {e:#}"));
+            assert_eq!(t.load_events().unwrap().0.len(), 600, "{created_by}");
+        }
     }
 
     #[test]

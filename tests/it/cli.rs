@@ -247,7 +247,13 @@ fn bad_inputs_get_clear_errors() {
     synth(&zeroed, "training", 3000, 1, 1000);
     let p = zeroed.join("events-00002.parquet");
     let mut bytes = fs::read(&p).unwrap();
-    let at = bytes.len() / 3;
+    // Inside the first column's data: after the magic and the first page
+    // header, before the end of the first column chunk.
+    let md = parquet::arrow::arrow_reader::ArrowReaderMetadata::load(&fs::File::open(&p).unwrap(), Default::default())
+        .unwrap();
+    let (start, len) = md.metadata().row_group(0).column(0).byte_range();
+    assert!(len > 200, "a first column chunk of {len} bytes");
+    let at = (start + len / 2) as usize;
     bytes[at..at + 100].fill(0);
     fs::write(&p, &bytes).unwrap();
     analyze_fails(&zeroed, &out, "events-00002.parquet: damaged after it was written");
