@@ -218,14 +218,18 @@ pub fn score_components(m: &Metrics) -> [f64; 4] {
 
 /// The multiset of gap sizes, maintained incrementally under insertion and
 /// removal, answering every [`GapQuery`] without visiting all gaps:
-/// `shift_sums[j]` = Σ ⌊g / 2^j⌋ for every j, and per size bucket (exponent
-/// and three mantissa bits) the count and sum, so that `sum_above` scans the
-/// ordered map only inside the one bucket that holds the threshold.
+/// `bit_counts[b]` = how many gaps have bit b set (so Σ ⌊g / 2^j⌋ =
+/// Σ_{b ≥ j} bit_counts[b] · 2^(b−j), exactly, for any j), and per size
+/// bucket (exponent and three mantissa bits) the count and sum, so that
+/// `sum_above` scans the ordered map only inside the one bucket that holds
+/// the threshold. Counting set bits costs an update one step per set bit
+/// (gap sizes are mostly round: a few) where sums of every shift cost one
+/// per bit of the size (20 to 35).
 #[derive(Clone, Debug)]
 pub struct GapSet {
     count: u64,
     sum: u64,
-    shift_sums: [u64; 64],
+    bit_counts: [u64; 64],
     bucket_sum: Box<[u64; BUCKETS]>,
     sorted: BTreeMap<u64, u32>,
 }
@@ -242,7 +246,7 @@ fn bucket(g: u64) -> usize {
 
 impl Default for GapSet {
     fn default() -> Self {
-        GapSet { count: 0, sum: 0, shift_sums: [0; 64], bucket_sum: Box::new([0; BUCKETS]), sorted: BTreeMap::new() }
+        GapSet { count: 0, sum: 0, bit_counts: [0; 64], bucket_sum: Box::new([0; BUCKETS]), sorted: BTreeMap::new() }
     }
 }
 
@@ -251,12 +255,9 @@ impl GapSet {
         self.count += 1;
         self.sum += g;
         let mut v = g;
-        for s in self.shift_sums.iter_mut() {
-            if v == 0 {
-                break;
-            }
-            *s += v;
-            v >>= 1;
+        while v != 0 {
+            self.bit_counts[v.trailing_zeros() as usize] += 1;
+            v &= v - 1;
         }
         self.bucket_sum[bucket(g)] += g;
         *self.sorted.entry(g).or_insert(0) += 1;
@@ -274,12 +275,9 @@ impl GapSet {
         self.count -= 1;
         self.sum -= g;
         let mut v = g;
-        for s in self.shift_sums.iter_mut() {
-            if v == 0 {
-                break;
-            }
-            *s -= v;
-            v >>= 1;
+        while v != 0 {
+            self.bit_counts[v.trailing_zeros() as usize] -= 1;
+            v &= v - 1;
         }
         self.bucket_sum[bucket(g)] -= g;
     }
@@ -301,7 +299,8 @@ impl GapQuery for GapSet {
         self.sorted.last_key_value().map_or(0, |(&g, _)| g)
     }
     fn sum_div_pow2(&self, shift: u32) -> u64 {
-        self.shift_sums.get(shift as usize).copied().unwrap_or(0)
+        let from = (shift as usize).min(64);
+        self.bit_counts[from..].iter().enumerate().map(|(k, &n)| n << k).sum()
     }
     fn sum_above(&self, threshold: u64) -> u64 {
         let Some(first) = threshold.checked_add(1) else {
