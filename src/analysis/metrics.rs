@@ -6,8 +6,6 @@
 //! reference implementation's approach — and serves as the oracle in tests
 //! and as the baseline of the benchmark.
 
-use std::collections::BTreeMap;
-
 use anyhow::{Result, bail};
 use serde::Serialize;
 
@@ -220,18 +218,23 @@ pub fn score_components(m: &Metrics) -> [f64; 4] {
 /// removal, answering every [`GapQuery`] without visiting all gaps:
 /// `bit_counts[b]` = how many gaps have bit b set (so Σ ⌊g / 2^j⌋ =
 /// Σ_{b ≥ j} bit_counts[b] · 2^(b−j), exactly, for any j), and per size
-/// bucket (exponent and three mantissa bits) the count and sum, so that
-/// `sum_above` scans the ordered map only inside the one bucket that holds
-/// the threshold. Counting set bits costs an update one step per set bit
-/// (gap sizes are mostly round: a few) where sums of every shift cost one
-/// per bit of the size (20 to 35).
+/// bucket (exponent and three mantissa bits) the sum and the distinct
+/// sizes, so that `largest` and `sum_above` look inside one bucket only.
+/// Counting set bits costs an update one step per set bit (gap sizes are
+/// mostly round: a few) where sums of every shift cost one per bit of the
+/// size (20 to 35). The sizes are counted in a hash map, not an ordered
+/// one: nothing needs them in order, and the map is updated at every gap
+/// that opens or closes.
 #[derive(Clone, Debug)]
 pub struct GapSet {
     count: u64,
     sum: u64,
     bit_counts: [u64; 64],
     bucket_sum: Box<[u64; BUCKETS]>,
-    sorted: BTreeMap<u64, u32>,
+    /// Each distinct size: how many gaps have it, and its index in its
+    /// bucket's `distinct` list.
+    sizes: ahash::AHashMap<u64, (u32, u32)>,
+    distinct: Box<[Vec<u64>]>,
 }
 
 const BUCKETS: usize = 512;
@@ -246,7 +249,14 @@ fn bucket(g: u64) -> usize {
 
 impl Default for GapSet {
     fn default() -> Self {
-        GapSet { count: 0, sum: 0, bit_counts: [0; 64], bucket_sum: Box::new([0; BUCKETS]), sorted: BTreeMap::new() }
+        GapSet {
+            count: 0,
+            sum: 0,
+            bit_counts: [0; 64],
+            bucket_sum: Box::new([0; BUCKETS]),
+            sizes: ahash::AHashMap::new(),
+            distinct: vec![Vec::new(); BUCKETS].into_boxed_slice(),
+        }
     }
 }
 
@@ -259,16 +269,29 @@ impl GapSet {
             self.bit_counts[v.trailing_zeros() as usize] += 1;
             v &= v - 1;
         }
-        self.bucket_sum[bucket(g)] += g;
-        *self.sorted.entry(g).or_insert(0) += 1;
+        let b = bucket(g);
+        self.bucket_sum[b] += g;
+        let list = &mut self.distinct[b];
+        self.sizes.entry(g).and_modify(|(n, _)| *n += 1).or_insert_with(|| {
+            list.push(g);
+            (1, (list.len() - 1) as u32)
+        });
     }
 
     /// Removes one gap of size `g`, which must be present.
     pub fn remove(&mut self, g: u64) {
-        match self.sorted.get_mut(&g) {
-            Some(n) if *n > 1 => *n -= 1,
-            Some(_) => {
-                self.sorted.remove(&g);
+        let b = bucket(g);
+        match self.sizes.get_mut(&g) {
+            Some((n, _)) if *n > 1 => *n -= 1,
+            Some(&mut (_, i)) => {
+                self.sizes.remove(&g);
+                let list = &mut self.distinct[b];
+                list.swap_remove(i as usize);
+                if let Some(&moved) = list.get(i as usize)
+                    && let Some(m) = self.sizes.get_mut(&moved)
+                {
+                    m.1 = i;
+                }
             }
             None => panic!("GapSet::remove of a gap of {g} bytes that is not present (replay bug)"),
         }
@@ -279,12 +302,14 @@ impl GapSet {
             self.bit_counts[v.trailing_zeros() as usize] -= 1;
             v &= v - 1;
         }
-        self.bucket_sum[bucket(g)] -= g;
+        self.bucket_sum[b] -= g;
     }
 
     /// Every gap, smallest first.
     pub fn iter(&self) -> impl Iterator<Item = u64> + '_ {
-        self.sorted.iter().flat_map(|(&g, &n)| std::iter::repeat_n(g, n as usize))
+        let mut sizes: Vec<(u64, u32)> = self.sizes.iter().map(|(&g, &(n, _))| (g, n)).collect();
+        sizes.sort_unstable();
+        sizes.into_iter().flat_map(|(g, n)| std::iter::repeat_n(g, n as usize))
     }
 }
 
@@ -296,7 +321,8 @@ impl GapQuery for GapSet {
         self.sum
     }
     fn largest(&self) -> u64 {
-        self.sorted.last_key_value().map_or(0, |(&g, _)| g)
+        let top = self.distinct.iter().rev().find(|l| !l.is_empty());
+        top.and_then(|l| l.iter().copied().max()).unwrap_or(0)
     }
     fn sum_div_pow2(&self, shift: u32) -> u64 {
         let from = (shift as usize).min(64);
@@ -308,11 +334,8 @@ impl GapQuery for GapSet {
         };
         let b0 = bucket(first);
         let mut total: u64 = self.bucket_sum[b0 + 1..].iter().sum();
-        for (&g, &n) in self.sorted.range(first..) {
-            if bucket(g) != b0 {
-                break;
-            }
-            total += g * u64::from(n);
+        for &g in self.distinct[b0].iter().filter(|&&g| g >= first) {
+            total += g * u64::from(self.sizes[&g].0);
         }
         total
     }
@@ -543,6 +566,40 @@ mod tests {
         }
         assert_eq!(set.largest(), 3 << 20);
         assert_eq!(GapQuery::sum(&set), list.as_slice().sum());
+    }
+
+    /// Many inserts and removals of sizes that share buckets (so removals
+    /// move other sizes inside their bucket's list): every query still
+    /// answers as the plain list does.
+    #[test]
+    fn gap_set_follows_a_list_through_churn() {
+        use rand::RngExt;
+        use rand::SeedableRng;
+        let mut rng = rand_pcg::Pcg64::seed_from_u64(7);
+        let mut set = GapSet::default();
+        let mut list: Vec<u64> = Vec::new();
+        for step in 0..20_000 {
+            if list.is_empty() || rng.random_range(0..3) > 0 {
+                // Sizes clustered in a few buckets, with repeats.
+                let g = (1u64 << rng.random_range(3..30)) + rng.random_range(0..64) * 512;
+                set.insert(g);
+                list.push(g);
+            } else {
+                let g = list.swap_remove(rng.random_range(0..list.len()));
+                set.remove(g);
+            }
+            if step % 97 == 0 {
+                let l = list.as_slice();
+                assert_eq!((set.count(), GapQuery::sum(&set), set.largest()), (l.count(), l.sum(), l.largest()));
+                let t = rng.random_range(0..1u64 << 30);
+                assert_eq!(set.sum_above(t), l.sum_above(t), "step {step}, threshold {t}");
+                let j = rng.random_range(0..40);
+                assert_eq!(set.sum_div_pow2(j), l.sum_div_pow2(j), "step {step}, shift {j}");
+            }
+        }
+        let mut sorted = list.clone();
+        sorted.sort_unstable();
+        assert_eq!(set.iter().collect::<Vec<_>>(), sorted);
     }
 
     #[test]
