@@ -771,6 +771,12 @@ impl Whatif {
         measured.fold((0, 0), |(s, n), f| (s + f.same_address, n + f.allocations))
     }
 
+    /// Recorded events the fidelity replay could not follow, over every
+    /// device measured.
+    pub fn desynchronised(&self) -> u64 {
+        self.fidelity.iter().filter(|f| f.not_measured.is_none()).map(|f| f.desynchronised).sum()
+    }
+
     /// The `PYTORCH_CUDA_ALLOC_CONF` line to use, or "keep the current
     /// settings".
     pub fn recommendation(&self) -> String {

@@ -45,26 +45,20 @@ impl Report {
 /// One line: the fidelity and the recommendation.
 pub fn headline(w: &Whatif) -> String {
     let (same, n) = w.same_address();
-    let lost = match desynchronised(w) {
-        0 => String::new(),
-        k => format!("lost step with {k} recorded event(s)"),
-    };
-    let fidelity = match (n, lost.is_empty()) {
-        (0, true) => "fidelity not measured".to_string(),
-        (0, false) => format!("model {lost}"),
-        (_, lost_none) => format!(
-            "model placed {same} of {n} allocations where PyTorch did ({:.1} %){}",
-            100.0 * same as f64 / n as f64,
-            if lost_none { String::new() } else { format!(", {lost}") }
-        ),
-    };
+    let lost = w.desynchronised();
+    let mut seen = Vec::new();
+    if n > 0 {
+        seen.push(format!(
+            "placed {same} of {n} allocations where PyTorch did ({:.1} %)",
+            100.0 * same as f64 / n as f64
+        ));
+    }
+    if lost > 0 {
+        seen.push(format!("lost step with {lost} recorded event(s)"));
+    }
+    let fidelity =
+        if seen.is_empty() { "fidelity not measured".to_string() } else { format!("model {}", seen.join(", ")) };
     format!("{fidelity}; recommendation: {} ({})", w.recommendation(), w.recommended.1)
-}
-
-/// Recorded events the fidelity replay could not follow, on every device
-/// measured.
-fn desynchronised(w: &Whatif) -> u64 {
-    w.fidelity.iter().filter(|f| f.not_measured.is_none()).map(|f| f.desynchronised).sum()
 }
 
 /// The figures of `whatif.json` (also `whatif` in `report.json`).
