@@ -592,11 +592,29 @@ pub fn check_size(w: u32, h: u32) -> Result<()> {
     Ok(())
 }
 
-/// Writes an RGB buffer as PNG through a temporary file.
+/// Writes an RGB buffer as PNG through a temporary file, renamed into
+/// place only once it is complete. The `png` crate directly, with fast
+/// compression (fdeflate) and adaptive filters: the `image` crate's
+/// defaults, which these files were written with before. Balanced
+/// compression makes them 45 % smaller but a batch of 40 small traces
+/// 10 % slower.
 pub fn write_png(buf: &[u8], w: u32, h: u32, path: &Path) -> Result<()> {
-    let img = image::RgbImage::from_raw(w, h, buf.to_vec()).ok_or_else(|| anyhow!("internal: bad image buffer"))?;
+    if buf.len() as u64 != u64::from(w) * u64::from(h) * 3 {
+        bail!("internal: a {w}x{h} image needs {} bytes, the buffer has {}", u64::from(w) * u64::from(h) * 3, buf.len());
+    }
+    let mut bytes = Vec::new();
+    let mut encoder = png::Encoder::new(&mut bytes, w, h);
+    encoder.set_color(png::ColorType::Rgb);
+    encoder.set_depth(png::BitDepth::Eight);
+    encoder.set_compression(png::Compression::Fast);
+    encoder.set_filter(png::Filter::Adaptive);
+    let encoded = encoder.write_header().and_then(|mut writer| {
+        writer.write_image_data(buf)?;
+        writer.finish()
+    });
+    encoded.with_context(|| format!("cannot encode {}", path.display()))?;
     let tmp = path.with_extension("png.tmp");
-    img.save_with_format(&tmp, image::ImageFormat::Png).with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::write(&tmp, &bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
 }

@@ -43,8 +43,8 @@ fn a_more_fragmented_candidate_is_worse_and_trips_the_gate() {
     assert_eq!(c["gates"].as_array().unwrap().iter().filter(|g| g["tripped"] == true).count(), 2);
     let md = fs::read_to_string(out.join("compare.md")).unwrap();
     assert!(md.contains("**Verdict: WORSE**") && md.contains("| p95 score |"));
-    let img = image::open(out.join("compare.png")).unwrap();
-    assert_eq!((img.width(), img.height()), (2000, 1200));
+    let img = crate::common::read_png(&out.join("compare.png"));
+    assert_eq!((img.width, img.height), (2000, 1200));
     crate::common::assert_clear_border(&out.join("compare.png"), 4);
 
     // The same trace twice: same, and the gates pass.

@@ -34,8 +34,8 @@ fn render(browser: &Path, page: &Path, tmp: &Path) -> (String, f64) {
         .output()
         .unwrap();
     assert!(o.status.success() && shot.is_file(), "{}", String::from_utf8_lossy(&o.stderr));
-    let img = image::open(&shot).unwrap().to_rgb8();
-    let ink = img.pixels().filter(|p| p.0.iter().any(|&c| c < 240)).count() as f64 / img.pixels().len() as f64;
+    let img = crate::common::read_png(&shot);
+    let ink = img.pixels.iter().filter(|p| p.iter().any(|&c| c < 240)).count() as f64 / img.pixels.len() as f64;
     let o = std::process::Command::new(browser)
         .args(common)
         .arg(format!("--user-data-dir={}", tmp.join("ud2").display()))

@@ -110,8 +110,8 @@ fn analyze_writes_both_pngs_at_the_requested_size() {
     let out = tmp.path().join("out");
     fragscope().arg("analyze").arg(&dir).args(["--size", "640x480", "-o"]).arg(&out).assert().success();
     for name in ["mdtp.png", "timeline.png"] {
-        let img = image::open(out.join(name)).unwrap();
-        assert_eq!((img.width(), img.height()), (640, 480), "{name}");
+        let img = crate::common::read_png(&out.join(name));
+        assert_eq!((img.width, img.height), (640, 480), "{name}");
         crate::common::assert_clear_border(&out.join(name), 4);
     }
     // At the default size too, with several processes (multi pattern).
@@ -195,8 +195,8 @@ fn hundreds_of_processes_analyse_with_at_most_max_panels() {
     let leaks = report["leaks"].as_array().unwrap();
     let live_at_end = |pid: u64| leaks.iter().find(|l| l["pid"] == pid).unwrap()["live_at_end_blocks"].as_u64();
     assert_eq!((live_at_end(1), live_at_end(2)), (Some(0), Some(15)));
-    let img = image::open(out.join("mdtp.png")).unwrap();
-    assert_eq!((img.width(), img.height()), (1600, 900));
+    let img = crate::common::read_png(&out.join("mdtp.png"));
+    assert_eq!((img.width, img.height), (1600, 900));
     fragscope().arg("analyze").arg(&dir).args(["--max-panels", "0", "-o"]).arg(tmp.path().join("x")).assert().code(2);
 }
 

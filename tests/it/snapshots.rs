@@ -190,8 +190,8 @@ fn oom_classes_and_call_sites_match_the_allocator_model() {
     assert!(md.contains("Live memory by call site at the first OOM") && md.contains("| device |"), "{md}");
     // The MDTP shows reserved free space white and unreserved address space
     // light grey.
-    let img = image::open(out.join("mdtp.png")).unwrap().to_rgb8();
-    let count = |c: [u8; 3]| img.pixels().filter(|p| p.0 == c).count();
+    let img = crate::common::read_png(&out.join("mdtp.png"));
+    let count = |c: [u8; 3]| img.pixels.iter().filter(|p| **p == c).count();
     assert!(count([225, 225, 225]) > 1000, "no unreserved space drawn");
     assert!(count([255, 255, 255]) > 1000);
     // The allocator-view columns.
@@ -552,8 +552,8 @@ fn whatif_on_a_fragmenting_device_trace_recommends_expandable_segments() {
         w["recommendation"]
     );
     assert!(w["fidelity"][0]["not_measured"].as_str().unwrap().contains("device-level"));
-    let png = image::open(out.join("whatif.png")).unwrap();
-    assert_eq!((png.width(), png.height()), (1600, 700));
+    let png = crate::common::read_png(&out.join("whatif.png"));
+    assert_eq!((png.width, png.height), (1600, 700));
     crate::common::assert_clear_border(&out.join("whatif.png"), 4);
     // The recommended scenario as a trace: compare says its OOMs are gone.
     let cmp = tmp.path().join("cmp");
