@@ -1,4 +1,4 @@
-//! The benchmark's floor: the time polars needs just to scan the replay
+//! The benchmark's floor: the time polars needs just to read the replay
 //! columns of a trace (no kind mapping, no replay). Used by `scripts/bench`.
 
 use std::time::Instant;
@@ -13,11 +13,20 @@ fn main() -> anyhow::Result<()> {
     let dir = std::env::args().nth(1).ok_or_else(|| anyhow::anyhow!("usage: scan_floor TRACE_DIR"))?;
     let start = Instant::now();
     let trace = fragscope::trace::Trace::open(std::path::Path::new(&dir))?;
-    let paths: Vec<PlRefPath> = trace.parts.iter().map(|p| PlRefPath::new(p.to_string_lossy().as_ref())).collect();
-    let args = ScanArgsParquet { rechunk: true, glob: false, ..Default::default() };
-    let df = LazyFrame::scan_parquet_files(paths.into_iter().collect(), args)?
-        .select([col("ts_ns"), col("pid"), col("kind"), col("addr"), col("size"), col("ret")])
-        .collect()?;
+    // Each part read eagerly and stacked, as the loader reads them.
+    let columns: Vec<String> = ["ts_ns", "pid", "kind", "addr", "size", "ret"].map(String::from).to_vec();
+    let mut df: Option<DataFrame> = None;
+    for part in &trace.parts {
+        let read = ParquetReader::new(std::fs::File::open(part)?).with_columns(Some(columns.clone())).finish()?;
+        match &mut df {
+            None => df = Some(read),
+            Some(df) => {
+                df.vstack_mut_owned(read)?;
+            }
+        }
+    }
+    let mut df = df.ok_or_else(|| anyhow::anyhow!("{dir}: no parts"))?;
+    df.rechunk_mut_par();
     println!("{} rows in {:.3} s", df.height(), start.elapsed().as_secs_f64());
     Ok(())
 }

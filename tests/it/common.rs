@@ -10,13 +10,40 @@ pub fn fragscope() -> Command {
     Command::cargo_bin("fragscope").unwrap()
 }
 
-/// A hive-partitioned Parquet dataset (the batch summary), read back.
+/// A hive-partitioned Parquet dataset (the batch summary), read back: every
+/// `KEY=VALUE/…/*.parquet` file below `dir`, with its partition values as
+/// string columns, stacked in path order.
 pub fn read_dataset(dir: &Path) -> DataFrame {
-    let args = ScanArgsParquet {
-        hive_options: HiveOptions { enabled: Some(true), try_parse_dates: false, ..Default::default() },
-        ..Default::default()
-    };
-    LazyFrame::scan_parquet(PlRefPath::new(dir.to_string_lossy().as_ref()), args).unwrap().collect().unwrap()
+    fn files(dir: &Path, keys: &[(String, String)], out: &mut Vec<(std::path::PathBuf, Vec<(String, String)>)>) {
+        let mut entries: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+        entries.sort();
+        for p in entries {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            if p.is_dir() {
+                let (k, v) = name.split_once('=').unwrap_or_else(|| panic!("{}: not KEY=VALUE", p.display()));
+                let mut keys = keys.to_vec();
+                keys.push((k.to_string(), v.to_string()));
+                files(&p, &keys, out);
+            } else if name.ends_with(".parquet") {
+                out.push((p, keys.to_vec()));
+            }
+        }
+    }
+    let mut found = Vec::new();
+    files(dir, &[], &mut found);
+    let mut frames = found.into_iter().map(|(path, keys)| {
+        let mut df = ParquetReader::new(std::fs::File::open(&path).unwrap()).finish().unwrap();
+        let n = df.height();
+        for (k, v) in keys {
+            df.with_column(Column::new(k.as_str().into(), vec![v; n])).unwrap();
+        }
+        df
+    });
+    let mut all = frames.next().unwrap_or_else(|| panic!("{}: no Parquet files", dir.display()));
+    for df in frames {
+        all.vstack_mut_owned(df).unwrap();
+    }
+    all
 }
 
 /// A PNG read back as 8-bit RGB (alpha dropped, grey spread to three

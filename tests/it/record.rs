@@ -160,12 +160,9 @@ fn trace_exits(dir: &Path) -> Vec<u32> {
             continue;
         }
         let df = ParquetReader::new(fs::File::open(&part).unwrap()).finish().unwrap();
-        let df = df
-            .lazy()
-            .filter(col("kind").cast(DataType::String).eq(lit("exit")))
-            .select([col("ts_ns"), col("pid"), col("call"), col("addr"), col("size")])
-            .collect()
-            .unwrap();
+        let kind = df.column("kind").unwrap().cast(&DataType::String).unwrap();
+        let exits = kind.str().unwrap().equal("exit");
+        let df = df.filter(&exits).unwrap().select(["ts_ns", "pid", "call", "addr", "size"]).unwrap();
         assert_eq!(df.column("call").unwrap().null_count(), df.height(), "an exit is no call");
         let (ts, pid) = (df.column("ts_ns").unwrap().u64().unwrap(), df.column("pid").unwrap().u32().unwrap());
         rows.extend(ts.into_no_null_iter().zip(pid.into_no_null_iter()));
@@ -286,11 +283,12 @@ fn single_threaded_workload_is_recorded_exactly() {
     assert!(m["mono_to_wall_offset_ns"].as_i64().unwrap() > 0);
     // Launch configuration and memcpy fields.
     let df = ParquetReader::new(fs::File::open(trace.join("events-00000.parquet")).unwrap()).finish().unwrap();
+    let kind = df.column("kind").unwrap().cast(&DataType::String).unwrap();
+    let ok = kind.str().unwrap().equal("launch") & df.column("ret").unwrap().i32().unwrap().equal(0);
     let launches = df
-        .lazy()
-        .filter(col("kind").cast(DataType::String).eq(lit("launch")).and(col("ret").eq(lit(0))))
-        .select([col("grid_x"), col("grid_y"), col("block_x"), col("shared_mem"), col("stream"), col("duration_ns")])
-        .collect()
+        .filter(&ok)
+        .unwrap()
+        .select(["grid_x", "grid_y", "block_x", "shared_mem", "stream", "duration_ns"])
         .unwrap();
     assert_eq!(launches.height(), 1);
     let row = |c: &str| launches.column(c).unwrap().get(0).unwrap().to_string();
