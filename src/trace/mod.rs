@@ -993,7 +993,10 @@ fn scan(parts: &[PathBuf], pytorch_columns: bool, ustack_ids: bool) -> Result<Ev
     // Each part eagerly (polars' reader decodes its columns in parallel),
     // the columns cast strictly, then the parts stacked and made one chunk
     // each. Eager reading, not a lazy scan: polars' `lazy` feature compiled
-    // seven more crates, a third of the build's critical path.
+    // seven more crates, a third of the build's critical path. Parts are
+    // cast one by one, so a part whose integers another producer wrote
+    // narrower or signed (pyarrow's int32 for `pid`, say) stacks with the
+    // others as long as every value fits; the lazy scan refused the mix.
     let names: Vec<String> = select.iter().map(|(n, _)| n.to_string()).collect();
     let mut df: Option<DataFrame> = None;
     for part in parts {
@@ -1010,11 +1013,21 @@ fn scan(parts: &[PathBuf], pytorch_columns: bool, ustack_ids: bool) -> Result<Ev
             })
             .collect::<PolarsResult<Vec<Column>>>()?;
         drop(read);
-        let frame = DataFrame::new_infer_height(columns)?;
+        let mut frame = DataFrame::new_infer_height(columns)?;
         match &mut df {
             None => df = Some(frame),
             Some(df) => {
-                df.vstack_mut_owned(frame)?;
+                // `kind` dictionary-encoded in some parts and plain in
+                // others (a part rewritten by another tool): both as text.
+                if df.column("kind")?.dtype() != frame.column("kind")?.dtype() {
+                    for d in [&mut *df, &mut frame] {
+                        let text = d.column("kind")?.cast(&DataType::String)?;
+                        d.with_column(text)?;
+                    }
+                }
+                anyhow::Context::with_context(df.vstack_mut_owned(frame), || {
+                    format!("{}: its columns do not stack with the parts before it", part.display())
+                })?;
             }
         }
     }
@@ -1294,6 +1307,42 @@ mod tests {
             let mut t = Trace::open(&dir).unwrap_or_else(|e| panic!("{created_by}: {e:#}"));
             assert_eq!(t.load_events().unwrap().0.len(), 600, "{created_by}");
         }
+    }
+
+    /// A part rewritten by another tool, with narrower or signed integers
+    /// and `kind` as plain text, loads beside the writer's own parts; a
+    /// value that does not fit is an error naming the part.
+    #[test]
+    fn parts_of_other_producers_stack_with_ours() {
+        use arrow_array::Int64Array;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("t");
+        let events = some_events(1_500);
+        write(&dir, &events, false).unwrap();
+        let (want, _) = Trace::open(&dir).unwrap().load_events().unwrap();
+        let rewrite = |pid0: i32| {
+            let rows = &events[1_000..];
+            let columns: Vec<(&str, ArrayRef)> = vec![
+                ("ts_ns", Arc::new(Int64Array::from_iter_values(rows.iter().map(|e| e.ts_ns as i64)))),
+                ("pid", Arc::new(Int32Array::from_iter_values(rows.iter().enumerate().map(|(i, e)| if i == 0 { pid0 } else { e.pid as i32 })))),
+                ("kind", Arc::new(StringArray::from_iter_values(rows.iter().map(|e| e.kind.name())))),
+                ("addr", Arc::new(UInt64Array::from_iter_values(rows.iter().map(|e| e.addr)))),
+                ("size", Arc::new(UInt64Array::from_iter_values(rows.iter().map(|e| e.size)))),
+                ("ret", Arc::new(Int32Array::from_iter_values(rows.iter().map(|_| 0)))),
+            ];
+            let batch = RecordBatch::try_from_iter(columns).unwrap();
+            let path = dir.join(part_name(1));
+            let mut w = ArrowWriter::try_new(File::create(&path).unwrap(), batch.schema(), None).unwrap();
+            w.write(&batch).unwrap();
+            w.close().unwrap();
+        };
+        rewrite(events[1_000].pid as i32);
+        let (got, _) = Trace::open(&dir).unwrap().load_events().unwrap();
+        assert_eq!((&got.ts_ns, &got.pid, &got.addr, &got.size), (&want.ts_ns, &want.pid, &want.addr, &want.size));
+        assert_eq!(got.kind, want.kind);
+        rewrite(-1);
+        let err = format!("{:#}", Trace::open(&dir).unwrap().load_events().expect_err("pid -1 does not fit"));
+        assert!(err.contains(&part_name(1)), "{err}");
     }
 
     #[test]
