@@ -600,7 +600,11 @@ pub fn check_size(w: u32, h: u32) -> Result<()> {
 /// 10 % slower.
 pub fn write_png(buf: &[u8], w: u32, h: u32, path: &Path) -> Result<()> {
     if buf.len() as u64 != u64::from(w) * u64::from(h) * 3 {
-        bail!("internal: a {w}x{h} image needs {} bytes, the buffer has {}", u64::from(w) * u64::from(h) * 3, buf.len());
+        bail!(
+            "internal: a {w}x{h} image needs {} bytes, the buffer has {}",
+            u64::from(w) * u64::from(h) * 3,
+            buf.len()
+        );
     }
     let mut bytes = Vec::new();
     let mut encoder = png::Encoder::new(&mut bytes, w, h);

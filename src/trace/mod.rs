@@ -1324,7 +1324,12 @@ mod tests {
             let rows = &events[1_000..];
             let columns: Vec<(&str, ArrayRef)> = vec![
                 ("ts_ns", Arc::new(Int64Array::from_iter_values(rows.iter().map(|e| e.ts_ns as i64)))),
-                ("pid", Arc::new(Int32Array::from_iter_values(rows.iter().enumerate().map(|(i, e)| if i == 0 { pid0 } else { e.pid as i32 })))),
+                (
+                    "pid",
+                    Arc::new(Int32Array::from_iter_values(
+                        rows.iter().enumerate().map(|(i, e)| if i == 0 { pid0 } else { e.pid as i32 }),
+                    )),
+                ),
                 ("kind", Arc::new(StringArray::from_iter_values(rows.iter().map(|e| e.kind.name())))),
                 ("addr", Arc::new(UInt64Array::from_iter_values(rows.iter().map(|e| e.addr)))),
                 ("size", Arc::new(UInt64Array::from_iter_values(rows.iter().map(|e| e.size)))),

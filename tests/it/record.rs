@@ -285,11 +285,8 @@ fn single_threaded_workload_is_recorded_exactly() {
     let df = ParquetReader::new(fs::File::open(trace.join("events-00000.parquet")).unwrap()).finish().unwrap();
     let kind = df.column("kind").unwrap().cast(&DataType::String).unwrap();
     let ok = kind.str().unwrap().equal("launch") & df.column("ret").unwrap().i32().unwrap().equal(0);
-    let launches = df
-        .filter(&ok)
-        .unwrap()
-        .select(["grid_x", "grid_y", "block_x", "shared_mem", "stream", "duration_ns"])
-        .unwrap();
+    let launches =
+        df.filter(&ok).unwrap().select(["grid_x", "grid_y", "block_x", "shared_mem", "stream", "duration_ns"]).unwrap();
     assert_eq!(launches.height(), 1);
     let row = |c: &str| launches.column(c).unwrap().get(0).unwrap().to_string();
     assert_eq!(
