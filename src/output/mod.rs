@@ -41,13 +41,19 @@ pub fn write_trace_outputs(a: &Analysis, out: &Path, plot: Option<&PlotConfig>) 
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let pictures = plot.map(|cfg| plot::render(a, cfg)).transpose()?.flatten();
     let not_drawn = pictures.as_ref().map_or(0, |p| p.panels_not_drawn);
+    let started = std::time::Instant::now();
+    let lap = |what: &str| tracing::debug!("{what} written at {:.3} s", started.elapsed().as_secs_f64());
     write_metrics(&a.rows, a.options.predict.horizon, &out.join("metrics.parquet"))?;
     let report = report_json(a, not_drawn);
+    lap("metrics.parquet");
     write_atomic(&out.join("report.json"), &serde_json::to_vec_pretty(&report)?)?;
+    lap("report.json");
     write_atomic(&out.join("report.md"), report_md(a, not_drawn).as_bytes())?;
+    lap("report.md");
     if let Some(p) = &pictures {
         p.mdtp.write_png(&out.join("mdtp.png"))?;
         p.timeline.write_png(&out.join("timeline.png"))?;
+        lap("PNGs");
     }
     if let Some(folded) = &a.flamegraph {
         write_atomic(&out.join("flamegraph.folded"), folded.as_bytes())?;
@@ -60,6 +66,7 @@ pub fn write_trace_outputs(a: &Analysis, out: &Path, plot: Option<&PlotConfig>) 
     // Last, from the files above: one self-contained page for CI artifacts.
     let html = html::report_html(out, &format!("fragscope report: {}", a.trace.name))?;
     write_atomic(&out.join("report.html"), html.as_bytes())?;
+    lap("report.html");
     Ok(())
 }
 
