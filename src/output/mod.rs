@@ -44,8 +44,8 @@ pub fn write_trace_outputs(a: &Analysis, out: &Path, plot: Option<&PlotConfig>) 
     let started = std::time::Instant::now();
     let lap = |what: &str| tracing::debug!("{what} written at {:.3} s", started.elapsed().as_secs_f64());
     write_metrics(&a.rows, a.options.predict.horizon, &out.join("metrics.parquet"))?;
-    let report = report_json(a, not_drawn);
     lap("metrics.parquet");
+    let report = report_json(a, not_drawn);
     write_atomic(&out.join("report.json"), &serde_json::to_vec_pretty(&report)?)?;
     lap("report.json");
     write_atomic(&out.join("report.md"), report_md(a, not_drawn).as_bytes())?;

@@ -1176,6 +1176,14 @@ mod tests {
         w.finish()
     }
 
+    /// Writes `batch` as another producer would: a plain ArrowWriter, no
+    /// temporary name, no checksum of ours.
+    fn write_foreign(path: &Path, batch: &RecordBatch, props: Option<WriterProperties>) {
+        let mut w = ArrowWriter::try_new(File::create(path).unwrap(), batch.schema(), props).unwrap();
+        w.write(batch).unwrap();
+        w.close().unwrap();
+    }
+
     #[test]
     fn write_behind_writes_the_trace_a_plain_writer_writes() {
         let tmp = tempfile::tempdir().unwrap();
@@ -1300,10 +1308,7 @@ mod tests {
                 .set_created_by(created_by.into())
                 .set_key_value_metadata(Some(copied.clone()))
                 .build();
-            let batch = part_batch(&events[..600]).unwrap();
-            let mut w = ArrowWriter::try_new(File::create(&path).unwrap(), batch.schema(), Some(props)).unwrap();
-            w.write(&batch).unwrap();
-            w.close().unwrap();
+            write_foreign(&path, &part_batch(&events[..600]).unwrap(), Some(props));
             let mut t = Trace::open(&dir).unwrap_or_else(|e| panic!("{created_by}: {e:#}"));
             assert_eq!(t.load_events().unwrap().0.len(), 600, "{created_by}");
         }
@@ -1335,11 +1340,7 @@ mod tests {
                 ("size", Arc::new(UInt64Array::from_iter_values(rows.iter().map(|e| e.size)))),
                 ("ret", Arc::new(Int32Array::from_iter_values(rows.iter().map(|_| 0)))),
             ];
-            let batch = RecordBatch::try_from_iter(columns).unwrap();
-            let path = dir.join(part_name(1));
-            let mut w = ArrowWriter::try_new(File::create(&path).unwrap(), batch.schema(), None).unwrap();
-            w.write(&batch).unwrap();
-            w.close().unwrap();
+            write_foreign(&dir.join(part_name(1)), &RecordBatch::try_from_iter(columns).unwrap(), None);
         };
         rewrite(events[1_000].pid as i32);
         let (got, _) = Trace::open(&dir).unwrap().load_events().unwrap();
