@@ -162,10 +162,10 @@ fn analyze_all(
         indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} traces {elapsed} {msg}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    // Plain threads pulling the next trace, not a rayon pool: polars waits
-    // for its own pool with rayon's cross-pool install, and a rayon worker
-    // that waits keeps stealing, so traces would nest on one thread (and
-    // more than --jobs of them would be in memory at once).
+    // Plain threads pulling the next trace, not a work-stealing pool: a
+    // worker that waits for the threads a trace starts (the loader's, the
+    // predictor's) would steal another trace meanwhile, so traces would nest
+    // on one thread and more than --jobs of them would be in memory at once.
     let per_trace_ns = AtomicU64::new(0);
     let next = AtomicUsize::new(0);
     let results: Vec<std::sync::Mutex<Option<SummaryRow>>> = traces.iter().map(|_| Default::default()).collect();

@@ -17,6 +17,7 @@ pub mod output;
 pub(crate) mod record;
 pub mod store;
 pub(crate) mod synth;
+pub mod table;
 pub mod trace;
 pub(crate) mod units;
 pub(crate) mod whatif;

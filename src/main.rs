@@ -3,9 +3,9 @@ use std::process::ExitCode;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-// Polars allocates and frees large buffers all the time; mimalloc reuses
-// them instead of returning every one to the kernel (as glibc does for
-// large blocks) and zeroing fresh pages again (polars recommends it).
+// The Parquet decoder and the replay allocate and free large buffers all
+// the time; mimalloc reuses them instead of returning every one to the
+// kernel (as glibc does for large blocks) and zeroing fresh pages again.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -1,9 +1,10 @@
 //! Where a batch's files live: a local folder or an object-store URL
 //! (`s3://`, `gs://`, `az://`, `file://`), through the `object_store` crate
-//! that polars also uses. Credentials and endpoints come from the standard
-//! environment variables of each store (`AWS_ACCESS_KEY_ID`,
-//! `AWS_ENDPOINT_URL`, `GOOGLE_APPLICATION_CREDENTIALS`,
-//! `AZURE_STORAGE_ACCOUNT_NAME`, …; see the README).
+//! (the one arrow-rs, polars and DataFusion use). Credentials and
+//! endpoints come from the standard environment variables of each store
+//! (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`,
+//! `GOOGLE_APPLICATION_CREDENTIALS`, `AZURE_STORAGE_ACCOUNT_NAME`, …; see
+//! the README).
 //!
 //! A [`Location`] is a root: files under it are named by `/`-separated
 //! relative keys. Writes are atomic (a local file is written beside its

@@ -19,15 +19,17 @@
 //! library is needed. A `parquetdir` export is a folder with one
 //! `<TABLE>.parquet` file per table (`CUDA_GPU_MEMORY_USAGE_EVENTS.parquet`,
 //! `ENUM_CUDA_MEM_KIND.parquet`, …): the same tables and columns, read with
-//! polars; a folder holding `CUDA_GPU_MEMORY_USAGE_EVENTS.parquet` is taken
+//! the `parquet` crate; a folder holding `CUDA_GPU_MEMORY_USAGE_EVENTS.parquet` is taken
 //! for one.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use arrow_array::Array;
 use rusqlite::{Connection, OpenFlags};
 
+use crate::table::Table;
 use crate::trace::details::{Details, NsysDetails};
 use crate::trace::event::{Event, EventKind};
 
@@ -233,43 +235,28 @@ pub fn looks_like_parquetdir(dir: &Path) -> bool {
 
 /// A table of a `parquetdir` export and its file's path, or an error
 /// naming the missing file.
-fn parquet_table(dir: &Path, table: &str, what: &str) -> Result<(polars::prelude::DataFrame, PathBuf)> {
-    use polars::prelude::{ParquetReader, SerReader};
+fn parquet_table(dir: &Path, table: &str, what: &str) -> Result<(Table, PathBuf)> {
     let path = dir.join(format!("{table}.parquet"));
-    let file = std::fs::File::open(&path).with_context(|| {
-        format!("{}: no {table}.parquet ({what}): not a complete `nsys export --type parquetdir`?", dir.display())
-    })?;
-    let df = ParquetReader::new(file)
-        .finish()
-        .with_context(|| format!("{}: not a readable Parquet file", path.display()))?;
-    Ok((df, path))
+    if !path.is_file() {
+        bail!("{}: no {table}.parquet ({what}): not a complete `nsys export --type parquetdir`?", dir.display());
+    }
+    Ok((Table::open(&path)?, path))
 }
 
 /// An integer column of a `parquetdir` table, nulls as `None`.
-fn int_column(df: &polars::prelude::DataFrame, path: &Path, name: &str) -> Result<Vec<Option<i64>>> {
-    use polars::prelude::DataType;
-    let col = df
-        .column(name)
-        .with_context(|| format!("{}: no column {name} (the published schema of {TABLE} has it)", path.display()))?;
-    let cast = col
-        .strict_cast(&DataType::Int64)
-        .with_context(|| format!("{}: column {name} is {}, not an integer", path.display(), col.dtype()))?;
-    Ok(cast.i64().with_context(|| format!("{}: column {name}", path.display()))?.iter().collect())
+fn int_column(df: &Table, path: &Path, name: &str) -> Result<Vec<Option<i64>>> {
+    if !df.has(name) {
+        bail!("{}: no column {name} (the published schema of {TABLE} has it)", path.display());
+    }
+    df.ints::<i64>(name)
 }
 
 /// The id → name table of an enum in a `parquetdir` export.
 fn parquet_names(dir: &Path, table: &str) -> Result<BTreeMap<i64, String>> {
     let (df, path) = parquet_table(dir, table, &format!("the enum names of {TABLE}"))?;
     let ids = int_column(&df, &path, "id")?;
-    let names = df
-        .column("name")
-        .and_then(|c| c.str().cloned())
-        .with_context(|| format!("{}: no text column name", path.display()))?;
-    Ok(ids
-        .into_iter()
-        .zip(names.iter())
-        .filter_map(|(id, name)| Some((id?, name.unwrap_or_default().to_string())))
-        .collect())
+    let names = df.texts("name").with_context(|| format!("{}: no text column name", path.display()))?;
+    Ok(ids.into_iter().zip(names).filter_map(|(id, name)| Some((id?, name.unwrap_or_default()))).collect())
 }
 
 /// A `parquetdir` export: the table is read whole (Parquet has no row
@@ -300,11 +287,8 @@ fn convert_parquetdir(dir: &Path, sink: Sink<'_>) -> Result<Converted> {
                 "{}: no column localMemoryPoolAddress (the published schema of {TABLE} has it)",
                 path.display()
             )
-        })?
-        .is_not_null()
-        .iter()
-        .map(|b| b.unwrap_or(false))
-        .collect();
+        })
+        .map(|c| (0..c.len()).map(|i| c.is_valid(i)).collect())?;
     let mut order: Vec<usize> = (0..df.height()).collect();
     order.sort_by_key(|&i| start[i]);
     for i in order {

@@ -19,11 +19,10 @@ pub(crate) mod summary;
 pub mod ticks;
 pub(crate) mod whatif;
 
-use std::fs::File;
 use std::path::Path;
 
+use crate::table::Columns;
 use anyhow::{Context, Result};
-use polars::prelude::*;
 
 use crate::analysis::predict::Risk;
 use crate::analysis::{Analysis, Row};
@@ -71,67 +70,49 @@ pub fn write_trace_outputs(a: &Analysis, out: &Path, plot: Option<&PlotConfig>) 
 }
 
 fn write_metrics(rows: &[Row], horizon: usize, path: &Path) -> Result<()> {
-    let f = |get: fn(&Row) -> f64| rows.iter().map(get).collect::<Vec<f64>>();
-    let u = |get: fn(&Row) -> u64| rows.iter().map(get).collect::<Vec<u64>>();
-    let mut df = DataFrame::new_infer_height(vec![
-        Column::new("step".into(), rows.iter().map(|r| r.step).collect::<Vec<u32>>()),
-        Column::new("t_ns".into(), u(|r| r.t_ns)),
-        Column::new("pid".into(), rows.iter().map(|r| r.pid).collect::<Vec<u32>>()),
-        Column::new("at_oom".into(), rows.iter().map(|r| r.at_oom).collect::<Vec<bool>>()),
-        Column::new("external_fragmentation".into(), f(|r| r.metrics.external_fragmentation)),
-        Column::new("kernel_unusable_index".into(), f(|r| r.metrics.kernel_unusable_index)),
-        Column::new("small_alloc_ratio".into(), f(|r| r.metrics.small_alloc_ratio)),
-        Column::new("size_cv".into(), f(|r| r.metrics.size_cv)),
-        Column::new("large_gap_ratio".into(), f(|r| r.metrics.large_gap_ratio)),
-        Column::new("utilization".into(), f(|r| r.metrics.utilization)),
-        Column::new("score".into(), f(|r| r.metrics.score)),
-        Column::new("live_bytes".into(), u(|r| r.metrics.live_bytes)),
-        Column::new("live_blocks".into(), u(|r| r.metrics.live_blocks)),
-        Column::new("gap_count".into(), u(|r| r.metrics.gap_count)),
-        Column::new("largest_gap".into(), u(|r| r.metrics.largest_gap)),
-        Column::new("span_bytes".into(), u(|r| r.metrics.span_bytes)),
-    ])?;
+    use arrow_array::{BooleanArray, Float64Array, StringArray, UInt32Array, UInt64Array};
+    let f = |get: fn(&Row) -> f64| Float64Array::from_iter_values(rows.iter().map(get));
+    let u = |get: fn(&Row) -> u64| UInt64Array::from_iter_values(rows.iter().map(get));
+    let mut c = Columns::new();
+    c.push("step", UInt32Array::from_iter_values(rows.iter().map(|r| r.step)))
+        .push("t_ns", u(|r| r.t_ns))
+        .push("pid", UInt32Array::from_iter_values(rows.iter().map(|r| r.pid)))
+        .push("at_oom", BooleanArray::from_iter(rows.iter().map(|r| Some(r.at_oom))))
+        .push("external_fragmentation", f(|r| r.metrics.external_fragmentation))
+        .push("kernel_unusable_index", f(|r| r.metrics.kernel_unusable_index))
+        .push("small_alloc_ratio", f(|r| r.metrics.small_alloc_ratio))
+        .push("size_cv", f(|r| r.metrics.size_cv))
+        .push("large_gap_ratio", f(|r| r.metrics.large_gap_ratio))
+        .push("utilization", f(|r| r.metrics.utilization))
+        .push("score", f(|r| r.metrics.score))
+        .push("live_bytes", u(|r| r.metrics.live_bytes))
+        .push("live_blocks", u(|r| r.metrics.live_blocks))
+        .push("gap_count", u(|r| r.metrics.gap_count))
+        .push("largest_gap", u(|r| r.metrics.largest_gap))
+        .push("span_bytes", u(|r| r.metrics.span_bytes));
     for k in 0..horizon {
-        let values: Vec<Option<f64>> =
-            rows.iter().map(|r| r.forecast.as_ref().and_then(|f| f.get(k).copied())).collect();
-        df.with_column(Column::new(format!("forecast_{}", k + 1).into(), values))?;
+        let values = Float64Array::from_iter(rows.iter().map(|r| r.forecast.as_ref().and_then(|f| f.get(k).copied())));
+        c.push(format!("forecast_{}", k + 1), values);
     }
-    let risk: Vec<Option<&str>> = rows.iter().map(|r| r.risk_online.map(Risk::name)).collect();
-    df.with_column(Column::new("risk_online".into(), risk))?;
-    let iteration: Vec<Option<u32>> = rows.iter().map(|r| r.iteration).collect();
-    df.with_column(Column::new("iteration".into(), iteration))?;
+    c.push("risk_online", StringArray::from_iter(rows.iter().map(|r| r.risk_online.map(Risk::name))));
+    c.push("iteration", UInt32Array::from_iter(rows.iter().map(|r| r.iteration)));
     if rows.iter().any(|r| r.alloc.is_some()) {
-        let a = |get: fn(&crate::analysis::replay::AllocatorFigures) -> u64| -> Vec<Option<u64>> {
-            rows.iter().map(|r| r.alloc.as_ref().map(get)).collect()
+        let a = |get: fn(&crate::analysis::replay::AllocatorFigures) -> u64| {
+            UInt64Array::from_iter(rows.iter().map(|r| r.alloc.as_ref().map(get)))
         };
-        df.with_column(Column::new("reserved_bytes".into(), a(|x| x.reserved_bytes)))?;
-        df.with_column(Column::new("allocated_bytes".into(), a(|x| x.allocated_bytes)))?;
-        df.with_column(Column::new("requested_bytes".into(), a(|x| x.requested_bytes)))?;
-        df.with_column(Column::new(
-            "internal_fragmentation_bytes".into(),
-            a(|x| x.allocated_bytes.saturating_sub(x.requested_bytes)),
-        ))?;
-        let pt: Vec<Option<f64>> = rows.iter().map(|r| r.alloc.map(|x| x.pytorch_fragmentation)).collect();
-        df.with_column(Column::new("pytorch_fragmentation".into(), pt))?;
+        c.push("reserved_bytes", a(|x| x.reserved_bytes))
+            .push("allocated_bytes", a(|x| x.allocated_bytes))
+            .push("requested_bytes", a(|x| x.requested_bytes))
+            .push("internal_fragmentation_bytes", a(|x| x.allocated_bytes.saturating_sub(x.requested_bytes)))
+            .push(
+                "pytorch_fragmentation",
+                Float64Array::from_iter(rows.iter().map(|r| r.alloc.map(|x| x.pytorch_fragmentation))),
+            );
     } else if rows.iter().any(|r| r.reported_reserved.is_some()) {
         // A profiler trace: the reserved bytes it reported (no segments).
-        let reserved: Vec<Option<u64>> = rows.iter().map(|r| r.reported_reserved).collect();
-        df.with_column(Column::new("reserved_bytes".into(), reserved))?;
+        c.push("reserved_bytes", UInt64Array::from_iter(rows.iter().map(|r| r.reported_reserved)));
     }
-    write_parquet(&mut df, path)
-}
-
-/// Writes a DataFrame as zstd Parquet through a temporary file.
-pub fn write_parquet(df: &mut DataFrame, path: &Path) -> Result<()> {
-    let tmp = path.with_extension("parquet.tmp");
-    let file = File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    ParquetWriter::new(file)
-        .with_compression(ParquetCompression::Zstd(None))
-        .finish(df)
-        .map_err(anyhow::Error::from)
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
+    c.write(path)
 }
 
 /// Renders folded lines as an SVG flamegraph (bytes as the count).

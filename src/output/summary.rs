@@ -4,7 +4,9 @@
 use std::fmt::Write as _;
 
 use anyhow::{Context, Result};
-use polars::prelude::*;
+use arrow_array::{BooleanArray, Float64Array, StringArray, UInt32Array, UInt64Array};
+
+use crate::table::{Columns, Table};
 
 use crate::analysis::predict::Risk;
 use crate::analysis::summary::*;
@@ -87,60 +89,47 @@ pub(crate) fn today() -> String {
     humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string().chars().take(10).collect()
 }
 
-/// A DataFrame of summary rows with typed columns, without the partition
-/// columns (`source`, `date`) that the dataset's folders hold.
+/// The summary rows as typed columns, without the partition columns
+/// (`source`, `date`) that the dataset's folders hold.
 pub(crate) fn summary_frame(
     rows: &[(&str, &std::result::Result<Summary, String>, Option<&(usize, String)>)],
-) -> Result<DataFrame> {
-    let ok = |f: fn(&Summary) -> f64| rows.iter().map(|r| r.1.as_ref().ok().map(f)).collect::<Vec<Option<f64>>>();
-    let oku = |f: fn(&Summary) -> u64| rows.iter().map(|r| r.1.as_ref().ok().map(f)).collect::<Vec<Option<u64>>>();
-    let text = |f: fn(&Summary) -> Option<String>| {
-        rows.iter().map(|r| r.1.as_ref().ok().and_then(f)).collect::<Vec<Option<String>>>()
-    };
-    let mut columns = vec![
-        Column::new("trace".into(), rows.iter().map(|r| r.0.to_string()).collect::<Vec<String>>()),
-        Column::new(
-            "status".into(),
-            rows.iter().map(|r| if r.1.is_ok() { "ok" } else { "error" }).collect::<Vec<&str>>(),
-        ),
-        Column::new("error".into(), rows.iter().map(|r| r.1.as_ref().err().cloned()).collect::<Vec<Option<String>>>()),
-        Column::new("events".into(), oku(|s| s.events)),
-        Column::new("processes".into(), oku(|s| s.processes as u64)),
-        Column::new("duration_s".into(), ok(|s| s.duration_s)),
-        Column::new("peak_live_bytes".into(), oku(|s| s.peak_live_bytes)),
-        Column::new("peak_reserved_bytes".into(), oku(|s| s.peak_reserved_bytes)),
-        Column::new("allocs".into(), oku(|s| s.allocs)),
-        Column::new("score_final".into(), ok(|s| s.score.final_)),
-        Column::new("score_mean".into(), ok(|s| s.score.mean)),
-        Column::new("score_p95".into(), ok(|s| s.score.p95)),
-        Column::new("score_max".into(), ok(|s| s.score.max)),
-        Column::new("ext_frag_at_peak".into(), ok(|s| s.ext_frag_at_peak)),
-        Column::new("ooms".into(), oku(|s| s.ooms)),
-        Column::new("oom_class".into(), text(|s| s.oom_classes.first().map(|c| c.0.name().to_string()))),
-        Column::new("risk".into(), text(|s| s.risk.map(|r| r.name().to_string()))),
-        Column::new(
-            "leaking".into(),
-            rows.iter().map(|r| r.1.as_ref().ok().map(|s| s.leaking)).collect::<Vec<Option<bool>>>(),
-        ),
-        Column::new("leaked_bytes".into(), oku(|s| s.leaked_bytes.max(0) as u64)),
-        Column::new("anomalies".into(), oku(|s| s.anomalies)),
-    ];
+) -> Columns {
+    let ok = |f: fn(&Summary) -> f64| Float64Array::from_iter(rows.iter().map(|r| r.1.as_ref().ok().map(f)));
+    let oku = |f: fn(&Summary) -> u64| UInt64Array::from_iter(rows.iter().map(|r| r.1.as_ref().ok().map(f)));
+    let text =
+        |f: fn(&Summary) -> Option<String>| StringArray::from_iter(rows.iter().map(|r| r.1.as_ref().ok().and_then(f)));
+    let mut c = Columns::new();
+    c.push("trace", StringArray::from_iter_values(rows.iter().map(|r| r.0)))
+        .push("status", StringArray::from_iter_values(rows.iter().map(|r| if r.1.is_ok() { "ok" } else { "error" })))
+        .push("error", StringArray::from_iter(rows.iter().map(|r| r.1.as_ref().err())))
+        .push("events", oku(|s| s.events))
+        .push("processes", oku(|s| s.processes as u64))
+        .push("duration_s", ok(|s| s.duration_s))
+        .push("peak_live_bytes", oku(|s| s.peak_live_bytes))
+        .push("peak_reserved_bytes", oku(|s| s.peak_reserved_bytes))
+        .push("allocs", oku(|s| s.allocs))
+        .push("score_final", ok(|s| s.score.final_))
+        .push("score_mean", ok(|s| s.score.mean))
+        .push("score_p95", ok(|s| s.score.p95))
+        .push("score_max", ok(|s| s.score.max))
+        .push("ext_frag_at_peak", ok(|s| s.ext_frag_at_peak))
+        .push("ooms", oku(|s| s.ooms))
+        .push("oom_class", text(|s| s.oom_classes.first().map(|c| c.0.name().to_string())))
+        .push("risk", text(|s| s.risk.map(|r| r.name().to_string())))
+        .push("leaking", BooleanArray::from_iter(rows.iter().map(|r| r.1.as_ref().ok().map(|s| s.leaking))))
+        .push("leaked_bytes", oku(|s| s.leaked_bytes.max(0) as u64))
+        .push("anomalies", oku(|s| s.anomalies));
     // The grouping features, so that `summarize` can group traces that
     // other processes analysed.
     for (j, f) in crate::analysis::cluster::FEATURES.iter().enumerate() {
-        columns.push(Column::new(
-            format!("feature_{f}").into(),
-            rows.iter().map(|r| r.1.as_ref().ok().map(|s| s.features[j])).collect::<Vec<Option<f64>>>(),
-        ));
+        c.push(
+            format!("feature_{f}"),
+            Float64Array::from_iter(rows.iter().map(|r| r.1.as_ref().ok().map(|s| s.features[j]))),
+        );
     }
-    columns.extend([
-        Column::new("cluster".into(), rows.iter().map(|r| r.2.map(|c| c.0 as u32)).collect::<Vec<Option<u32>>>()),
-        Column::new(
-            "cluster_label".into(),
-            rows.iter().map(|r| r.2.map(|c| c.1.clone())).collect::<Vec<Option<String>>>(),
-        ),
-    ]);
-    Ok(DataFrame::new_infer_height(columns)?)
+    c.push("cluster", UInt32Array::from_iter(rows.iter().map(|r| r.2.map(|c| c.0 as u32))))
+        .push("cluster_label", StringArray::from_iter(rows.iter().map(|r| r.2.map(|c| c.1.as_str()))));
+    c
 }
 
 /// The summary dataset's folder under the output root.
@@ -176,7 +165,7 @@ pub fn write_parts(loc: &Location, rows: &[SummaryRow], shard: Option<Shard>) ->
     for ((source, date), idx) in &parts {
         let rel = format!("{DATASET}/source={}/date={date}/{own}", partition_value(source));
         let part: Vec<_> = idx.iter().map(|&i| (rows[i].0.as_str(), &rows[i].1, None)).collect();
-        loc.put(&rel, parquet_bytes(&mut summary_frame(&part)?, &loc.show(&rel))?)?;
+        loc.put(&rel, parquet_bytes(&summary_frame(&part), &loc.show(&rel))?)?;
         written.insert(rel);
     }
     for key in loc.list(DATASET)? {
@@ -219,9 +208,7 @@ pub fn summarize(loc: &Location, seed: u64) -> Result<Batch> {
     for key in keys {
         let shown = loc.show(&key);
         let bytes = loc.get(&key)?;
-        let df = ParquetReader::new(std::io::Cursor::new(bytes))
-            .finish()
-            .map_err(|e| anyhow::anyhow!("{shown}: not a Parquet file ({e})"))?;
+        let df = Table::from_bytes(bytes, &shown)?;
         let (source, date) = partition_of(&key).with_context(|| format!("{shown}: not under source=…/date=…"))?;
         let start = rows.len();
         rows.extend(rows_of(&df, &source, &date).with_context(|| format!("{shown}: not a fragscope summary part"))?);
@@ -253,7 +240,7 @@ pub fn summarize(loc: &Location, seed: u64) -> Result<Batch> {
     }
     for (key, span) in &spans {
         let part: Vec<_> = span.clone().map(|i| (rows[i].0.as_str(), &rows[i].1, clusters[i].as_ref())).collect();
-        loc.put(key, parquet_bytes(&mut summary_frame(&part)?, &loc.show(key))?)?;
+        loc.put(key, parquet_bytes(&summary_frame(&part), &loc.show(key))?)?;
     }
     write_summary_files(loc, &rows, &clusters, grouping.as_ref())?;
     Ok(Batch { rows, clusters, grouping })
@@ -274,16 +261,12 @@ fn partition_of(key: &str) -> Option<(String, String)> {
 }
 
 /// The rows of one part, back as summaries.
-fn rows_of(df: &DataFrame, source: &str, date: &str) -> Result<Vec<SummaryRow>> {
-    let text = |name: &str| -> Result<Vec<Option<String>>> {
-        Ok(df.column(name)?.str()?.iter().map(|v| v.map(String::from)).collect())
-    };
-    let uint = |name: &str| -> Result<Vec<u64>> {
-        Ok(df.column(name)?.cast(&DataType::UInt64)?.u64()?.iter().map(|v| v.unwrap_or(0)).collect())
-    };
-    let float = |name: &str| -> Result<Vec<f64>> {
-        Ok(df.column(name)?.cast(&DataType::Float64)?.f64()?.iter().map(|v| v.unwrap_or(0.0)).collect())
-    };
+fn rows_of(df: &Table, source: &str, date: &str) -> Result<Vec<SummaryRow>> {
+    let text = |name: &str| df.texts(name);
+    let uint =
+        |name: &str| -> Result<Vec<u64>> { Ok(df.ints::<u64>(name)?.into_iter().map(|v| v.unwrap_or(0)).collect()) };
+    let float =
+        |name: &str| -> Result<Vec<f64>> { Ok(df.floats(name)?.into_iter().map(|v| v.unwrap_or(0.0)).collect()) };
     let trace = text("trace")?;
     let status = text("status")?;
     let error = text("error")?;
@@ -307,7 +290,7 @@ fn rows_of(df: &DataFrame, source: &str, date: &str) -> Result<Vec<SummaryRow>> 
     );
     let oom_class = text("oom_class")?;
     let risk = text("risk")?;
-    let leaking: Vec<bool> = df.column("leaking")?.bool()?.iter().map(|v| v.unwrap_or(false)).collect();
+    let leaking: Vec<bool> = df.bools("leaking")?.into_iter().map(|v| v.unwrap_or(false)).collect();
     let features: Vec<Vec<f64>> =
         crate::analysis::cluster::FEATURES.iter().map(|f| float(&format!("feature_{f}"))).collect::<Result<_>>()?;
     let mut out = Vec::with_capacity(df.height());
@@ -347,13 +330,8 @@ fn rows_of(df: &DataFrame, source: &str, date: &str) -> Result<Vec<SummaryRow>> 
     Ok(out)
 }
 
-fn parquet_bytes(df: &mut DataFrame, shown: &str) -> Result<Vec<u8>> {
-    let mut buf = Vec::new();
-    ParquetWriter::new(&mut buf)
-        .with_compression(ParquetCompression::Zstd(None))
-        .finish(df)
-        .map_err(|e| anyhow::anyhow!("cannot write {shown}: {e}"))?;
-    Ok(buf)
+fn parquet_bytes(columns: &Columns, shown: &str) -> Result<Vec<u8>> {
+    columns.to_parquet().with_context(|| format!("cannot write {shown}"))
 }
 
 /// Writes `summary.csv` (one flat file, every column), `summary.md` and

@@ -1,5 +1,5 @@
 //! Batch analysis for CI: the hive-partitioned summary dataset read back
-//! by polars and by DuckDB (or pyarrow), and the grouping of traces by
+//! by fragscope's reader and by DuckDB (or pyarrow), and the grouping of traces by
 //! their problem on a population of known patterns.
 
 use std::fs;
@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 
 use crate::common::{fragscope, read_dataset};
 use fragscope::analysis::cluster::adjusted_rand_index;
-use polars::prelude::*;
 use serde_json::Value;
 
 /// 10 traces each of `steady`, `fragmenting` and `leak` (different seeds),
@@ -33,35 +32,18 @@ fn known_patterns_are_grouped_and_the_dataset_reads_back() {
     let tmp = tempfile::tempdir().unwrap();
     let out = population(tmp.path());
 
-    // The dataset: one folder per (source, date), read in place by polars.
+    // The dataset: one folder per (source, date), read in place.
     let parts: Vec<_> = fs::read_dir(out.join("summary.parquet")).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(parts, vec!["source=synthetic"]);
     let df = read_dataset(&out.join("summary.parquet"));
     assert_eq!(df.height(), 30);
-    let source: Vec<String> = df
-        .column("source")
-        .unwrap()
-        .cast(&DataType::String)
-        .unwrap()
-        .str()
-        .unwrap()
-        .iter()
-        .flatten()
-        .map(String::from)
-        .collect();
+    let source: Vec<String> = df.strs("source").into_iter().flatten().collect();
     assert!(source.iter().all(|s| s == "synthetic"));
-    assert!(df.column("date").is_ok());
-    let names: Vec<String> = df.column("trace").unwrap().str().unwrap().iter().flatten().map(String::from).collect();
-    let clusters: Vec<usize> = df
-        .column("cluster")
-        .unwrap()
-        .u32()
-        .unwrap()
-        .iter()
-        .map(|c| c.expect("every trace has a group") as usize)
-        .collect();
-    let labels: Vec<String> =
-        df.column("cluster_label").unwrap().str().unwrap().iter().flatten().map(String::from).collect();
+    assert!(df.has("date"));
+    let names: Vec<String> = df.strs("trace").into_iter().flatten().collect();
+    let clusters: Vec<usize> =
+        df.u32s("cluster").into_iter().map(|c| c.expect("every trace has a group") as usize).collect();
+    let labels: Vec<String> = df.strs("cluster_label").into_iter().flatten().collect();
 
     // The groups recover the patterns, with k = 3 and fitting names.
     let truth: Vec<usize> = names
@@ -123,7 +105,7 @@ fn small_batches_are_not_grouped() {
     fragscope().arg("analyze").arg(&runs).args(["--no-plots", "-o"]).arg(&out).assert().success();
     let df = read_dataset(&out.join("summary.parquet"));
     assert_eq!(df.height(), 3);
-    assert_eq!(df.column("cluster").unwrap().null_count(), 3);
+    assert_eq!(df.nulls("cluster"), 3);
     assert!(fs::read_to_string(out.join("summary.md")).unwrap().contains("Groups: not computed"));
 }
 
@@ -146,12 +128,15 @@ fn files(dir: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
 
 /// The dataset's rows, sorted by trace, as csv text (parts may differ).
 fn dataset_rows(dir: &Path) -> String {
-    let df = read_dataset(dir).sort(["trace"], Default::default()).unwrap();
+    let df = read_dataset(dir);
+    let traces = df.cells("trace");
+    let mut order: Vec<usize> = (0..df.height()).collect();
+    order.sort_by(|&a, &b| traces[a].cmp(&traces[b]));
     let mut text = String::new();
-    for c in df.columns() {
-        let values: Vec<String> =
-            c.cast(&DataType::String).unwrap().str().unwrap().iter().map(|v| v.unwrap_or("null").to_string()).collect();
-        text += &format!("{}: {}\n", c.name(), values.join(","));
+    for c in df.names() {
+        let cells = df.cells(&c);
+        let values: Vec<&str> = order.iter().map(|&i| cells[i].as_str()).collect();
+        text += &format!("{c}: {}\n", values.join(","));
     }
     text
 }
@@ -201,8 +186,8 @@ fn shards_cover_the_batch_and_summarize_equals_the_unsharded_run() {
     // Disjoint and covering: 21 rows, 21 distinct traces, every folder.
     let df = read_dataset(&sharded.join("summary.parquet"));
     assert_eq!(df.height(), 21);
-    assert_eq!(df.column("trace").unwrap().n_unique().unwrap(), 21);
-    assert_eq!(df.column("cluster").unwrap().null_count(), 21, "groups wait for summarize");
+    assert_eq!(df.strs("trace").into_iter().collect::<std::collections::BTreeSet<_>>().len(), 21);
+    assert_eq!(df.nulls("cluster"), 21, "groups wait for summarize");
     for e in fs::read_dir(&runs).unwrap() {
         assert!(sharded.join(e.unwrap().file_name()).join("report.md").is_file());
     }

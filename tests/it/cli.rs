@@ -4,8 +4,7 @@
 use std::fs;
 use std::path::Path;
 
-use crate::common::{fragscope, read_dataset};
-use polars::prelude::*;
+use crate::common::{fragscope, read_dataset, read_parquet};
 use predicates::prelude::*;
 
 fn synth(dir: &Path, pattern: &str, events: u64, seed: u64, rows_per_part: u64) {
@@ -15,11 +14,6 @@ fn synth(dir: &Path, pattern: &str, events: u64, seed: u64, rows_per_part: u64) 
         .arg(dir)
         .assert()
         .success();
-}
-
-fn read_parquet(path: &Path) -> DataFrame {
-    let file = fs::File::open(path).unwrap();
-    ParquetReader::new(file).finish().unwrap()
 }
 
 /// The batch summary: a hive-partitioned dataset (source=…/date=…).
@@ -63,18 +57,17 @@ fn synth_then_analyze_writes_metrics_and_reports() {
         .stdout(predicate::str::contains("training: 30000 events, 1 process"));
     let df = read_parquet(&out.join("metrics.parquet"));
     for c in COLUMNS {
-        assert!(df.column(c).is_ok(), "metrics.parquet lacks {c}");
+        assert!(df.has(c), "metrics.parquet lacks {c}");
     }
     // 1000 auto steps, one process, no OOMs in training.
     assert_eq!(df.height(), 1000);
-    let score = df.column("score").unwrap().f64().unwrap();
-    assert!(score.into_no_null_iter().all(|s| (0.0..=100.0).contains(&s)));
-    let t = df.column("t_ns").unwrap().u64().unwrap();
-    let t: Vec<u64> = t.into_no_null_iter().collect();
+    let score = df.f64s("score");
+    assert!(score.iter().all(|s| s.is_some_and(|s| (0.0..=100.0).contains(&s))));
+    let t: Vec<u64> = df.u64s("t_ns").into_iter().map(Option::unwrap).collect();
     assert!(t.windows(2).all(|w| w[0] < w[1]), "t_ns strictly increasing");
     // Training allocates weights: something is live at the end.
-    let live = df.column("live_bytes").unwrap().u64().unwrap();
-    assert!(live.get(999).unwrap() > 1 << 30);
+    let live: Vec<u64> = df.u64s("live_bytes").into_iter().map(Option::unwrap).collect();
+    assert!(live[999] > 1 << 30);
 
     let r = report(&out);
     assert_eq!(r["format_version"], 1);
@@ -87,7 +80,7 @@ fn synth_then_analyze_writes_metrics_and_reports() {
     assert_eq!(r["anomalies"]["unknown_free"], 0);
     assert_eq!(r["anomalies"]["double_free"], 0);
     let summary = &r["summary"];
-    assert!(summary["peak_live_bytes"].as_u64().unwrap() >= live.max().unwrap());
+    assert!(summary["peak_live_bytes"].as_u64().unwrap() >= *live.iter().max().unwrap());
     for k in ["final", "mean", "p95", "max"] {
         assert!(summary["score"][k].is_number(), "summary.score.{k}");
     }
@@ -115,8 +108,7 @@ fn fragmenting_ends_in_oom_rows() {
     let out = tmp.path().join("out");
     fragscope().arg("analyze").arg(&trace).arg("-o").arg(&out).assert().success();
     let df = read_parquet(&out.join("metrics.parquet"));
-    let at_oom = df.column("at_oom").unwrap().bool().unwrap();
-    let ooms = at_oom.sum().unwrap_or(0) as usize;
+    let ooms = df.bools("at_oom").into_iter().filter(|b| *b == Some(true)).count();
     let r = report(&out);
     assert!(ooms > 0, "the fragmenting pattern must fail allocations");
     assert_eq!(r["events"]["ooms"].as_u64().unwrap() as usize, ooms);
@@ -134,7 +126,7 @@ fn step_by_event_count_and_duration() {
     let out = tmp.path().join("dur");
     fragscope().arg("analyze").arg(&trace).args(["--step", "1ms", "-o"]).arg(&out).assert().success();
     let df = read_parquet(&out.join("metrics.parquet"));
-    let t: Vec<u64> = df.column("t_ns").unwrap().u64().unwrap().into_no_null_iter().collect();
+    let t: Vec<u64> = df.u64s("t_ns").into_iter().map(Option::unwrap).collect();
     assert!(t.windows(2).take(t.len().saturating_sub(2)).all(|w| w[1] - w[0] == 1_000_000));
     fragscope()
         .arg("analyze")
@@ -156,7 +148,7 @@ fn multi_process_traces_get_rows_per_process() {
     let r = report(&out);
     assert_eq!(r["processes"].as_array().unwrap().len(), 4);
     let df = read_parquet(&out.join("metrics.parquet"));
-    let pids = df.column("pid").unwrap().as_materialized_series().n_unique().unwrap();
+    let pids = df.u32s("pid").into_iter().collect::<std::collections::BTreeSet<_>>().len();
     assert_eq!(pids, 4);
 }
 
@@ -185,7 +177,7 @@ fn batch_with_a_corrupt_trace_completes_the_others() {
     assert!(!out.join("bad").exists(), "no half-written output for the failed trace");
     let summary = read_dataset(&out.join("summary.parquet"));
     assert_eq!(summary.height(), 3);
-    let status: Vec<&str> = summary.column("status").unwrap().str().unwrap().iter().flatten().collect();
+    let status: Vec<String> = summary.strs("status").into_iter().flatten().collect();
     assert_eq!(status.iter().filter(|s| **s == "error").count(), 1);
     let csv = fs::read_to_string(out.join("summary.csv")).unwrap();
     assert!(csv.contains("bad,error,"));
@@ -411,14 +403,10 @@ fn brute_force_mode_gives_the_same_rows() {
     let b = read_parquet(&slow.join("metrics.parquet"));
     assert_eq!(a.height(), b.height());
     for c in ["live_bytes", "gap_count", "largest_gap", "span_bytes"] {
-        assert!(
-            a.column(c).unwrap().as_materialized_series().equals(b.column(c).unwrap().as_materialized_series()),
-            "{c}"
-        );
+        assert_eq!(a.u64s(c), b.u64s(c), "{c}");
     }
-    let sa = a.column("score").unwrap().f64().unwrap();
-    let sb = b.column("score").unwrap().f64().unwrap();
-    assert!(sa.into_no_null_iter().zip(sb.into_no_null_iter()).all(|(x, y)| (x - y).abs() < 1e-9));
+    let (sa, sb) = (a.f64s("score"), b.f64s("score"));
+    assert!(sa.iter().zip(&sb).all(|(x, y)| (x.unwrap() - y.unwrap()).abs() < 1e-9));
 }
 
 /// `record`'s usage and target errors come before anything needs BPF, so

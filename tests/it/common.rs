@@ -3,17 +3,68 @@
 use std::path::Path;
 
 use assert_cmd::Command;
-use polars::prelude::*;
+use fragscope::table::Table;
 
 /// The `fragscope` binary under test.
 pub fn fragscope() -> Command {
     Command::cargo_bin("fragscope").unwrap()
 }
 
+/// A Parquet file read whole, with accessors that panic naming the column
+/// (tests only).
+pub struct Frame(pub Table);
+
+impl Frame {
+    pub fn height(&self) -> usize {
+        self.0.height()
+    }
+    pub fn has(&self, c: &str) -> bool {
+        self.0.has(c)
+    }
+    pub fn nulls(&self, c: &str) -> usize {
+        self.0.null_count(c).unwrap()
+    }
+    pub fn u64s(&self, c: &str) -> Vec<Option<u64>> {
+        self.0.ints(c).unwrap()
+    }
+    pub fn u32s(&self, c: &str) -> Vec<Option<u32>> {
+        self.0.ints(c).unwrap()
+    }
+    pub fn i32s(&self, c: &str) -> Vec<Option<i32>> {
+        self.0.ints(c).unwrap()
+    }
+    pub fn f64s(&self, c: &str) -> Vec<Option<f64>> {
+        self.0.floats(c).unwrap()
+    }
+    pub fn strs(&self, c: &str) -> Vec<Option<String>> {
+        self.0.texts(c).unwrap()
+    }
+    pub fn bools(&self, c: &str) -> Vec<Option<bool>> {
+        self.0.bools(c).unwrap()
+    }
+    /// Every value as text, "null" for nulls.
+    pub fn cells(&self, c: &str) -> Vec<String> {
+        self.0.cells(c).unwrap().into_iter().map(|v| v.unwrap_or_else(|| "null".into())).collect()
+    }
+    pub fn names(&self) -> Vec<String> {
+        self.0.names()
+    }
+}
+
+/// A Parquet file, read whole.
+pub fn read_parquet(path: &Path) -> Frame {
+    Frame(Table::open(path).unwrap_or_else(|e| panic!("{e:#}")))
+}
+
 /// A hive-partitioned Parquet dataset (the batch summary), read back: every
 /// `KEY=VALUE/…/*.parquet` file below `dir`, with its partition values as
 /// string columns, stacked in path order.
-pub fn read_dataset(dir: &Path) -> DataFrame {
+pub fn read_dataset(dir: &Path) -> Frame {
+    use std::sync::Arc;
+
+    use arrow_array::{ArrayRef, RecordBatch, StringArray};
+    use arrow_schema::{Field, Schema};
+
     fn files(dir: &Path, keys: &[(String, String)], out: &mut Vec<(std::path::PathBuf, Vec<(String, String)>)>) {
         let mut entries: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
         entries.sort();
@@ -31,19 +82,23 @@ pub fn read_dataset(dir: &Path) -> DataFrame {
     }
     let mut found = Vec::new();
     files(dir, &[], &mut found);
-    let mut frames = found.into_iter().map(|(path, keys)| {
-        let mut df = ParquetReader::new(std::fs::File::open(&path).unwrap()).finish().unwrap();
-        let n = df.height();
-        for (k, v) in keys {
-            df.with_column(Column::new(k.as_str().into(), vec![v; n])).unwrap();
-        }
-        df
-    });
-    let mut all = frames.next().unwrap_or_else(|| panic!("{}: no Parquet files", dir.display()));
-    for df in frames {
-        all.vstack_mut_owned(df).unwrap();
-    }
-    all
+    let batches: Vec<RecordBatch> = found
+        .into_iter()
+        .map(|(path, keys)| {
+            let batch = read_parquet(&path).0.batch().clone();
+            let n = batch.num_rows();
+            let mut fields: Vec<Field> = batch.schema().fields().iter().map(|f| f.as_ref().clone()).collect();
+            let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
+            for (k, v) in keys {
+                fields.push(Field::new(k, arrow_schema::DataType::Utf8, false));
+                columns.push(Arc::new(StringArray::from(vec![v; n])));
+            }
+            RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).unwrap()
+        })
+        .collect();
+    let first = batches.first().unwrap_or_else(|| panic!("{}: no Parquet files", dir.display()));
+    let all = arrow_select::concat::concat_batches(&first.schema(), &batches).unwrap();
+    Frame(Table::from_batch(all, dir.display().to_string()))
 }
 
 /// A PNG read back as 8-bit RGB (alpha dropped, grey spread to three

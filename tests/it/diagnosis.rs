@@ -5,7 +5,6 @@ use std::fs;
 use std::path::Path;
 
 use crate::common::fragscope;
-use polars::prelude::*;
 use predicates::prelude::*;
 
 fn synth(dir: &Path, pattern: &str, events: u64, seed: u64) {
@@ -113,10 +112,9 @@ fn iteration_boundaries_match_what_synth_generated() {
             assert_eq!(it["complete"].as_u64().unwrap() as usize, got.len() - 1);
         }
         // Every regular row past the first boundary has its iteration.
-        let df = ParquetReader::new(fs::File::open(out.join("metrics.parquet")).unwrap()).finish().unwrap();
-        let iteration = df.column("iteration").unwrap();
-        assert!(iteration.null_count() < df.height(), "{pattern}");
-        assert!(iteration.u32().unwrap().get(0).is_none(), "{pattern}: before the first boundary");
+        let df = crate::common::read_parquet(&out.join("metrics.parquet"));
+        assert!(df.nulls("iteration") < df.height(), "{pattern}");
+        assert!(df.u32s("iteration")[0].is_none(), "{pattern}: before the first boundary");
         let verdicts: Vec<&str> =
             r["leaks"].as_array().unwrap().iter().map(|l| l["verdict"].as_str().unwrap()).collect();
         let want = match pattern {
@@ -201,14 +199,14 @@ fn prediction_is_reported_and_backtest_is_in_the_metrics() {
     assert!(p["lead_time_steps"].as_u64().unwrap() > 0);
     assert!(p["lead_time_s"].as_f64().unwrap() > 0.0);
 
-    let df = ParquetReader::new(fs::File::open(out.join("metrics.parquet")).unwrap()).finish().unwrap();
+    let df = crate::common::read_parquet(&out.join("metrics.parquet"));
     for c in ["forecast_1", "forecast_4", "risk_online"] {
-        assert!(df.column(c).is_ok(), "{c}");
+        assert!(df.has(c), "{c}");
     }
     // Null before enough data, present later.
-    let f1 = df.column("forecast_1").unwrap().f64().unwrap();
-    assert!(f1.get(0).is_none());
-    assert!(f1.get(df.height() - 1).is_some());
+    let f1 = df.f64s("forecast_1");
+    assert!(f1[0].is_none());
+    assert!(f1[df.height() - 1].is_some());
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! fragscope's integration tests, in one binary (each test binary links
-//! polars, so eight of them cost minutes of linking): the command line end
+//! the whole library, so eight of them cost minutes of linking): the command line end
 //! to end, batches and compare, what `analyze` reports, plots, property
 //! tests, PyTorch snapshots, and `record` against ground truth.
 

@@ -4,7 +4,6 @@
 
 use std::path::{Path, PathBuf};
 
-use polars::prelude::*;
 use serde_json::Value;
 
 use crate::common::fragscope;
@@ -90,8 +89,7 @@ fn real_profiler_traces_import_and_analyze_with_their_steps() {
             // Each row's reserved bytes are a `Total Reserved` the trace
             // reported (one device per process here), the last row's the
             // last one.
-            let m = ParquetReader::new(std::fs::File::open(a.join("metrics.parquet")).unwrap()).finish().unwrap();
-            let reserved: Vec<Option<u64>> = m.column("reserved_bytes").unwrap().u64().unwrap().iter().collect();
+            let reserved = crate::common::read_parquet(&a.join("metrics.parquet")).u64s("reserved_bytes");
             let values: Vec<u64> =
                 py["reserved_values"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
             assert!(!values.is_empty(), "{file}");

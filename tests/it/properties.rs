@@ -333,8 +333,15 @@ mod corruption {
     use std::sync::OnceLock;
 
     use fragscope::trace::event::{CUDA_ERROR_OUT_OF_MEMORY, Event, EventKind};
+    use std::sync::Arc;
+
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::UInt64Type;
+    use arrow_array::{ArrayRef, Float64Array, RecordBatch, StringArray, UInt32Array, UInt64Array};
+    use arrow_schema::{Field, Schema};
+    use fragscope::table::Table;
     use fragscope::trace::{Source, TraceMeta, TraceWriter};
-    use polars::prelude::*;
+    use parquet::arrow::ArrowWriter;
     use proptest::prelude::*;
 
     /// Three parts of mixed events (allocations, frees, an OOM, launches)
@@ -442,16 +449,28 @@ mod corruption {
 
     /// Rewrites a part through `f`; a part an earlier damage already made
     /// unreadable, or a change that does not apply to it, is left as it is.
-    fn rewrite(part: &Path, f: impl FnOnce(DataFrame) -> Option<DataFrame>) {
-        // polars panics on some corrupt footers (fragscope turns that into an
-        // error; here it only means the damage does not apply).
-        let read = std::panic::catch_unwind(|| {
-            fs::File::open(part).ok().and_then(|file| ParquetReader::new(file).finish().ok())
-        });
-        let Some(mut df) = read.ok().flatten().and_then(f) else {
+    fn rewrite(part: &Path, f: impl FnOnce(RecordBatch) -> Option<RecordBatch>) {
+        let Some(batch) = Table::open(part).ok().map(|t| t.batch().clone()).and_then(f) else {
             return;
         };
-        ParquetWriter::new(fs::File::create(part).unwrap()).finish(&mut df).unwrap();
+        let mut w = ArrowWriter::try_new(fs::File::create(part).unwrap(), batch.schema(), None).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+    }
+
+    /// `batch` with column `name` replaced by `column` (its type may differ).
+    fn with_column(batch: &RecordBatch, name: &str, column: ArrayRef) -> Option<RecordBatch> {
+        let i = batch.schema().index_of(name).ok()?;
+        let mut fields: Vec<Field> = batch.schema().fields().iter().map(|f| f.as_ref().clone()).collect();
+        fields[i] = Field::new(name, column.data_type().clone(), true);
+        let mut columns = batch.columns().to_vec();
+        columns[i] = column;
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).ok()
+    }
+
+    /// The rows of `batch` at `rows` (a null index gives a null row).
+    fn take_rows(batch: &RecordBatch, rows: Vec<Option<u32>>) -> Option<RecordBatch> {
+        arrow_select::take::take_record_batch(batch, &UInt32Array::from(rows)).ok()
     }
 
     fn apply(dir: &Path, d: &Damage) {
@@ -478,42 +497,46 @@ mod corruption {
                 }
                 fs::write(path, &b[..(b.len() as f64 * keep) as usize]).unwrap();
             }
-            Damage::ColumnType(p, c, text) => rewrite(part(*p), |mut df| {
+            Damage::ColumnType(p, c, text) => rewrite(part(*p), |batch| {
                 let name = COLUMNS[*c];
-                let to = if *text { DataType::String } else { DataType::Float64 };
-                let s = df.column(name).ok()?.cast(&to).ok()?;
-                df.with_column(s).ok()?;
-                Some(df)
+                let table = Table::from_batch(batch.clone(), "part");
+                let column: ArrayRef = if *text {
+                    Arc::new(StringArray::from(table.cells(name).ok()?))
+                } else {
+                    Arc::new(Float64Array::from(table.floats(name).ok()?))
+                };
+                with_column(&batch, name, column)
             }),
-            Damage::Nulls(p, c, k) => rewrite(part(*p), |mut df| {
+            Damage::Nulls(p, c, k) => rewrite(part(*p), |batch| {
                 let name = COLUMNS[*c];
-                let col = df.column(name).ok()?.as_materialized_series().clone();
-                let mask: BooleanChunked = (0..df.height()).map(|i| Some(i % k != 0)).collect();
-                let s = col.zip_with(&mask, &Series::full_null(name.into(), df.height(), col.dtype())).ok()?;
-                df.with_column(s.into_column()).ok()?;
-                Some(df)
+                let column = batch.column_by_name(name)?;
+                let keep: Vec<Option<u32>> =
+                    (0..batch.num_rows() as u32).map(|i| (i as usize % k != 0).then_some(i)).collect();
+                let nulled = arrow_select::take::take(column.as_ref(), &UInt32Array::from(keep), None).ok()?;
+                with_column(&batch, name, nulled)
             }),
-            Damage::Absurd(p) => rewrite(part(*p), |mut df| {
+            Damage::Absurd(p) => rewrite(part(*p), |mut batch| {
                 for (name, v) in [("size", u64::MAX), ("addr", u64::MAX - 7), ("ts_ns", u64::MAX)] {
-                    let vals: Vec<Option<u64>> = df.column(name).ok()?.u64().ok()?.iter().collect();
-                    let s = Series::new(
-                        name.into(),
-                        vals.iter().enumerate().map(|(i, &x)| if i % 3 == 0 { Some(v) } else { x }).collect::<Vec<_>>(),
-                    );
-                    df.with_column(s.into_column()).ok()?;
+                    let column = batch.column_by_name(name)?.as_primitive_opt::<UInt64Type>()?;
+                    let values: UInt64Array =
+                        column.iter().enumerate().map(|(i, x)| if i % 3 == 0 { Some(v) } else { x }).collect();
+                    batch = with_column(&batch, name, Arc::new(values))?;
                 }
-                Some(df)
+                Some(batch)
             }),
-            Damage::Shuffle(p, seed) => rewrite(part(*p), |df| {
-                let n = df.height() as u64;
+            Damage::Shuffle(p, seed) => rewrite(part(*p), |batch| {
+                let n = batch.num_rows() as u64;
                 if n == 0 {
-                    return Some(df);
+                    return Some(batch);
                 }
-                let idx: Vec<IdxSize> =
-                    (0..n).map(|i| ((i.wrapping_mul(seed | 1).wrapping_add(*seed >> 7)) % n) as IdxSize).collect();
-                df.take(&IdxCa::from_vec("i".into(), idx)).ok()
+                let idx =
+                    (0..n).map(|i| Some(((i.wrapping_mul(seed | 1).wrapping_add(*seed >> 7)) % n) as u32)).collect();
+                take_rows(&batch, idx)
             }),
-            Damage::Duplicate(p) => rewrite(part(*p), |df| df.vstack(&df).ok()),
+            Damage::Duplicate(p) => rewrite(part(*p), |batch| {
+                let n = batch.num_rows() as u32;
+                take_rows(&batch, (0..n).chain(0..n).map(Some).collect())
+            }),
             Damage::Json(j) => fs::write(dir.join("trace.json"), JSONS[*j]).unwrap(),
             Damage::Stray(k) => match k {
                 0 => fs::write(dir.join("events-00007.parquet"), b"").unwrap(),

@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use polars::prelude::*;
+use crate::common::read_parquet;
 
 /// One call: (pid, tid, function, return code, address, size).
 type Call = (u32, u32, String, i32, u64, u64);
@@ -115,34 +115,22 @@ fn trace_calls(dir: &Path) -> Vec<Call> {
     parts.sort();
     let mut rows = Vec::new();
     for part in parts {
-        let df = ParquetReader::new(fs::File::open(&part).unwrap()).finish().unwrap();
-        let col = |n: &str| df.column(n).unwrap().as_materialized_series().clone();
-        let ts = col("ts_ns");
-        let (ts, pid, tid, ret, addr, size) = (
-            ts.u64().unwrap().clone(),
-            col("pid").u32().unwrap().clone(),
-            col("tid").u32().unwrap().clone(),
-            col("ret").i32().unwrap().clone(),
-            col("addr").u64().unwrap().clone(),
-            col("size").u64().unwrap().clone(),
-        );
-        let call = col("call").cast(&DataType::String).unwrap();
-        let call = call.str().unwrap();
-        let kind = col("kind").cast(&DataType::String).unwrap();
-        let kind = kind.str().unwrap();
+        let df = read_parquet(&part);
+        let (ts, pid, tid, ret) = (df.u64s("ts_ns"), df.u32s("pid"), df.u32s("tid"), df.i32s("ret"));
+        let (addr, size, call, kind) = (df.u64s("addr"), df.u64s("size"), df.strs("call"), df.strs("kind"));
         for i in 0..df.height() {
-            if kind.get(i) == Some("exit") {
+            if kind[i].as_deref() == Some("exit") {
                 continue; // not a call: see trace_exits
             }
             rows.push((
-                ts.get(i).unwrap(),
+                ts[i].unwrap(),
                 (
-                    pid.get(i).unwrap(),
-                    tid.get(i).unwrap(),
-                    call.get(i).unwrap().to_string(),
-                    ret.get(i).unwrap(),
-                    addr.get(i).unwrap(),
-                    size.get(i).unwrap(),
+                    pid[i].unwrap(),
+                    tid[i].unwrap(),
+                    call[i].clone().unwrap(),
+                    ret[i].unwrap(),
+                    addr[i].unwrap(),
+                    size[i].unwrap(),
                 ),
             ));
         }
@@ -159,13 +147,12 @@ fn trace_exits(dir: &Path) -> Vec<u32> {
         if !part.file_name().unwrap().to_string_lossy().starts_with("events-") {
             continue;
         }
-        let df = ParquetReader::new(fs::File::open(&part).unwrap()).finish().unwrap();
-        let kind = df.column("kind").unwrap().cast(&DataType::String).unwrap();
-        let exits = kind.str().unwrap().equal("exit");
-        let df = df.filter(&exits).unwrap().select(["ts_ns", "pid", "call", "addr", "size"]).unwrap();
-        assert_eq!(df.column("call").unwrap().null_count(), df.height(), "an exit is no call");
-        let (ts, pid) = (df.column("ts_ns").unwrap().u64().unwrap(), df.column("pid").unwrap().u32().unwrap());
-        rows.extend(ts.into_no_null_iter().zip(pid.into_no_null_iter()));
+        let df = read_parquet(&part);
+        let (kind, call, ts, pid) = (df.strs("kind"), df.strs("call"), df.u64s("ts_ns"), df.u32s("pid"));
+        for i in (0..df.height()).filter(|&i| kind[i].as_deref() == Some("exit")) {
+            assert!(call[i].is_none(), "an exit is no call");
+            rows.push((ts[i].unwrap(), pid[i].unwrap()));
+        }
     }
     rows.sort();
     rows.into_iter().map(|r| r.1).collect()
@@ -282,13 +269,12 @@ fn single_threaded_workload_is_recorded_exactly() {
     assert_eq!(m["event_counts"]["alloc"], 50, "{m}");
     assert!(m["mono_to_wall_offset_ns"].as_i64().unwrap() > 0);
     // Launch configuration and memcpy fields.
-    let df = ParquetReader::new(fs::File::open(trace.join("events-00000.parquet")).unwrap()).finish().unwrap();
-    let kind = df.column("kind").unwrap().cast(&DataType::String).unwrap();
-    let ok = kind.str().unwrap().equal("launch") & df.column("ret").unwrap().i32().unwrap().equal(0);
-    let launches =
-        df.filter(&ok).unwrap().select(["grid_x", "grid_y", "block_x", "shared_mem", "stream", "duration_ns"]).unwrap();
-    assert_eq!(launches.height(), 1);
-    let row = |c: &str| launches.column(c).unwrap().get(0).unwrap().to_string();
+    let df = read_parquet(&trace.join("events-00000.parquet"));
+    let (kind, ret) = (df.strs("kind"), df.i32s("ret"));
+    let launches: Vec<usize> =
+        (0..df.height()).filter(|&i| kind[i].as_deref() == Some("launch") && ret[i] == Some(0)).collect();
+    assert_eq!(launches.len(), 1);
+    let row = |c: &str| df.cells(c)[launches[0]].clone();
     assert_eq!(
         (row("grid_x"), row("grid_y"), row("block_x"), row("shared_mem")),
         ("4".into(), "2".into(), "128".into(), "256".into())
