@@ -236,7 +236,12 @@ impl GradientDescent {
             _ => (vec![0.0; d], 0.0),
         };
         let (mut best, mut since_best) = (f64::INFINITY, 0);
-        let mut kept = (w.clone(), b);
+        // The parameters with the lowest held-out loss. While they are the
+        // current ones (`current_is_best`), the next update is written to
+        // `spare` and the buffers rotate, instead of copying w each time
+        // the loss falls.
+        let (mut kept_w, mut kept_b, mut spare) = (w.clone(), b, vec![0.0; d]);
+        let mut current_is_best = false;
         let (mut iterations, mut stopped_early, mut clipped, mut clamped) = (0, false, 0, false);
         // The products of each iteration with the training rows and the
         // held-out ones are the whole cost; the rest is O(d) on plain
@@ -261,8 +266,8 @@ impl GradientDescent {
                 best = loss;
                 since_best = 0;
                 if held_out.is_some() {
-                    kept.0.copy_from_slice(&w);
-                    kept.1 = b;
+                    current_is_best = true;
+                    kept_b = b;
                 }
             } else {
                 since_best += 1;
@@ -287,10 +292,21 @@ impl GradientDescent {
                 gb *= scale;
                 clipped += 1;
             }
-            for (wi, &gi) in w.iter_mut().zip(&gw) {
-                let v = *wi - self.learning_rate * gi;
-                clamped |= v.abs() > self.clamp;
-                *wi = v.clamp(-self.clamp, self.clamp);
+            if current_is_best {
+                for ((next, &wi), &gi) in spare.iter_mut().zip(&w).zip(&gw) {
+                    let v = wi - self.learning_rate * gi;
+                    clamped |= v.abs() > self.clamp;
+                    *next = v.clamp(-self.clamp, self.clamp);
+                }
+                std::mem::swap(&mut kept_w, &mut w);
+                std::mem::swap(&mut w, &mut spare);
+                current_is_best = false;
+            } else {
+                for (wi, &gi) in w.iter_mut().zip(&gw) {
+                    let v = *wi - self.learning_rate * gi;
+                    clamped |= v.abs() > self.clamp;
+                    *wi = v.clamp(-self.clamp, self.clamp);
+                }
             }
             let nb = b - self.learning_rate * gb;
             clamped |= nb.abs() > self.clamp;
@@ -298,7 +314,8 @@ impl GradientDescent {
             iterations += 1;
         };
         let (loss, w, b) = match held_out {
-            Some(_) => (best, kept.0, kept.1),
+            Some(_) if current_is_best => (best, w, b),
+            Some(_) => (best, kept_w, kept_b),
             None => (loss, w, b),
         };
         let w = Array1::from(w);
@@ -539,11 +556,12 @@ impl Sums {
         if sd < 1e-8 { 1.0 } else { sd }
     }
 
-    /// The statistics of the z-scored problem for horizon step `k`
-    /// (0-based): features z-scored with `norm`, the target (the score's
-    /// change over k + 1 steps) divided by `scale` but not centred, so
-    /// that all-zero parameters mean "no change".
-    fn normalized(&self, (mu, sd): &(Vec<f64>, Vec<f64>), k: usize, scale: f64) -> GramStats {
+    /// The statistics of the z-scored problem for each horizon step k
+    /// (0-based), the target divided by `scales[k]`: features z-scored
+    /// with `norm`, the target (the score's change over k + 1 steps) not
+    /// centred, so that all-zero parameters mean "no change". The horizon
+    /// steps share their samples, so XᵀX and Σx are computed once.
+    fn normalized(&self, (mu, sd): &(Vec<f64>, Vec<f64>), scales: &[f64]) -> Vec<GramStats> {
         let d = self.sx.len();
         let n = self.n;
         let mut gram = Array2::zeros((d, d));
@@ -555,9 +573,16 @@ impl Sums {
                 gram[[b, a]] = v;
             }
         }
-        let xty = (0..d).map(|a| (self.sxy[[k, a]] - mu[a] * self.sy[k]) / (sd[a] * scale)).collect();
-        let sx = (0..d).map(|a| (self.sx[a] - n * mu[a]) / sd[a]).collect();
-        GramStats { n, gram, xty, sx, sy: self.sy[k] / scale, syy: self.syy[k] / (scale * scale) }
+        let sx: Array1<f64> = (0..d).map(|a| (self.sx[a] - n * mu[a]) / sd[a]).collect();
+        scales
+            .iter()
+            .enumerate()
+            .map(|(k, &scale)| {
+                let xty = (0..d).map(|a| (self.sxy[[k, a]] - mu[a] * self.sy[k]) / (sd[a] * scale)).collect();
+                let (gram, sx) = (gram.clone(), sx.clone());
+                GramStats { n, gram, xty, sx, sy: self.sy[k] / scale, syy: self.syy[k] / (scale * scale) }
+            })
+            .collect()
     }
 }
 
@@ -729,18 +754,15 @@ impl Forecaster {
             ..GradientDescent::default()
         };
         let tail = (acc.head.n < acc.all.n).then(|| acc.all.minus(&acc.head));
+        let scales: Vec<f64> = (0..cfg.horizon).map(|k| acc.all.target_scale(k)).collect();
+        let (fit, check) = match &tail {
+            Some(tail) => (acc.head.normalized(&cols, &scales), Some(tail.normalized(&cols, &scales))),
+            None => (acc.all.normalized(&cols, &scales), None),
+        };
         let mut models = Vec::with_capacity(cfg.horizon);
-        for k in 0..cfg.horizon {
-            let scale = acc.all.target_scale(k);
+        for (k, (st, &scale)) in fit.iter().zip(&scales).enumerate() {
             let from = start.and_then(|f| f.models.get(k)).map(|m| (&m.weights, m.bias));
-            let fitted = match &tail {
-                Some(tail) => gd.fit_monitored(
-                    &acc.head.normalized(&cols, k, scale),
-                    Some(&tail.normalized(&cols, k, scale)),
-                    from,
-                ),
-                None => gd.fit_monitored(&acc.all.normalized(&cols, k, scale), None, from),
-            };
+            let fitted = gd.fit_monitored(st, check.as_ref().map(|c| &c[k]), from);
             models.push(Linear { weights: fitted.weights, bias: fitted.bias, scale });
         }
         let mut f = Forecaster { norm, inputs: acc.inputs, models };
@@ -764,21 +786,17 @@ impl Forecaster {
         let Some((norm, cols)) = Self::prepare(acc, upto, cfg) else {
             return penalties.iter().map(|_| None).collect();
         };
-        let mut models: Vec<Option<Vec<Linear>>> = vec![Some(Vec::with_capacity(cfg.horizon)); penalties.len()];
-        for k in 0..cfg.horizon {
-            let scale = acc.all.target_scale(k);
-            let st = acc.all.normalized(&cols, k, scale);
-            for (c, slot) in penalties.iter().zip(&mut models) {
-                if let Some(ms) = slot {
-                    match ridge(&st, c * st.n) {
-                        Some((weights, bias)) => ms.push(Linear { weights, bias, scale }),
-                        None => *slot = None,
-                    }
-                }
-            }
-        }
+        let scales: Vec<f64> = (0..cfg.horizon).map(|k| acc.all.target_scale(k)).collect();
+        let sts = acc.all.normalized(&cols, &scales);
+        let models = penalties.iter().map(|c| {
+            let first = sts.first()?;
+            let factor = RidgeFactor::of(first, c * first.n)?;
+            sts.iter()
+                .zip(&scales)
+                .map(|(st, &scale)| factor.solve(st).map(|(weights, bias)| Linear { weights, bias, scale }))
+                .collect::<Option<Vec<Linear>>>()
+        });
         models
-            .into_iter()
             .map(|m| m.map(|models| Forecaster { norm: norm.clone(), inputs: acc.inputs, models }))
             .collect()
     }
@@ -822,68 +840,86 @@ impl Forecaster {
 
 /// Ridge regression from the z-scored sufficient statistics: weights and
 /// an unpenalised bias solving `[[XᵀX + λI, Σx], [Σxᵀ, n]] · [w; b] =
-/// [Xᵀy; Σy]` by Cholesky. None when the result is not finite.
-fn ridge(st: &GramStats, lambda: f64) -> Option<(Array1<f64>, f64)> {
-    let d = st.sx.len();
-    let m = d + 1;
-    let mut rhs: Vec<f64> = st.xty.iter().copied().chain(std::iter::once(st.sy)).collect();
-    // Cholesky A = L·Lᵀ in place, A = [[XᵀX + λI, Σx], [Σxᵀ, n]] and L
-    // stored column by column (c[k·m + i] = L[i][k], lower triangle), so
-    // that the updates of one column run over contiguous rows and
-    // vectorise; every entry sees the same operations in the same order as
-    // the textbook row loop.
-    let mut c = vec![0.0; m * m];
-    for j in 0..d {
-        for i in j..d {
-            c[j * m + i] = st.gram[[i, j]];
+/// [Xᵀy; Σy]` by Cholesky. The matrix depends only on the inputs, so the
+/// horizon steps share one factor ([`RidgeFactor::of`]) and each solves
+/// its own right-hand side ([`RidgeFactor::solve`]).
+struct RidgeFactor {
+    /// L stored column by column (`c[k·m + i]` = L[i][k], lower triangle).
+    c: Vec<f64>,
+    m: usize,
+}
+
+impl RidgeFactor {
+    /// Cholesky A = L·Lᵀ in place, A = [[XᵀX + λI, Σx], [Σxᵀ, n]]. The
+    /// updates of one column run over contiguous rows and vectorise; every
+    /// entry sees the same operations in the same order as the textbook
+    /// row loop. None when A is not (numerically) positive definite:
+    /// nothing stable to report.
+    fn of(st: &GramStats, lambda: f64) -> Option<RidgeFactor> {
+        let d = st.sx.len();
+        let m = d + 1;
+        let mut c = vec![0.0; m * m];
+        for j in 0..d {
+            for i in j..d {
+                c[j * m + i] = st.gram[[i, j]];
+            }
+            c[j * m + j] += lambda;
+            c[j * m + d] = st.sx[j];
         }
-        c[j * m + j] += lambda;
-        c[j * m + d] = st.sx[j];
-    }
-    c[d * m + d] = st.n;
-    for j in 0..m {
-        let mut diag = c[j * m + j];
-        for k in 0..j {
-            diag -= c[k * m + j] * c[k * m + j];
-        }
-        if !(diag > 1e-12 * (1.0 + c[j * m + j].abs())) {
-            return None; // not positive definite: nothing stable to report
-        }
-        let l = diag.sqrt();
-        let (done, column) = c.split_at_mut(j * m);
-        column[j] = l;
-        let below = &mut column[j + 1..m];
-        for k in 0..j {
-            let (ljk, lk) = (done[k * m + j], &done[k * m + j + 1..k * m + m]);
-            for (v, &lik) in below.iter_mut().zip(lk) {
-                *v -= lik * ljk;
+        c[d * m + d] = st.n;
+        for j in 0..m {
+            let mut diag = c[j * m + j];
+            for k in 0..j {
+                diag -= c[k * m + j] * c[k * m + j];
+            }
+            if !(diag > 1e-12 * (1.0 + c[j * m + j].abs())) {
+                return None;
+            }
+            let l = diag.sqrt();
+            let (done, column) = c.split_at_mut(j * m);
+            column[j] = l;
+            let below = &mut column[j + 1..m];
+            for k in 0..j {
+                let (ljk, lk) = (done[k * m + j], &done[k * m + j + 1..k * m + m]);
+                for (v, &lik) in below.iter_mut().zip(lk) {
+                    *v -= lik * ljk;
+                }
+            }
+            for v in below {
+                *v /= l;
             }
         }
-        for v in below {
-            *v /= l;
+        Some(RidgeFactor { c, m })
+    }
+
+    /// Weights and bias for the right-hand side [Xᵀy; Σy] of `st` (whose
+    /// inputs must be those the factor was made from): L·z = rhs, then
+    /// Lᵀ·x = z. None when the result is not finite.
+    fn solve(&self, st: &GramStats) -> Option<(Array1<f64>, f64)> {
+        let (c, m) = (&self.c, self.m);
+        let d = m - 1;
+        let mut rhs: Vec<f64> = st.xty.iter().copied().chain(std::iter::once(st.sy)).collect();
+        for i in 0..m {
+            let mut v = rhs[i];
+            for k in 0..i {
+                v -= c[k * m + i] * rhs[k];
+            }
+            rhs[i] = v / c[i * m + i];
         }
-    }
-    // L·z = rhs, then Lᵀ·x = z.
-    for i in 0..m {
-        let mut v = rhs[i];
-        for k in 0..i {
-            v -= c[k * m + i] * rhs[k];
+        for i in (0..m).rev() {
+            let mut v = rhs[i];
+            for k in i + 1..m {
+                v -= c[i * m + k] * rhs[k];
+            }
+            rhs[i] = v / c[i * m + i];
         }
-        rhs[i] = v / c[i * m + i];
-    }
-    for i in (0..m).rev() {
-        let mut v = rhs[i];
-        for k in i + 1..m {
-            v -= c[i * m + k] * rhs[k];
+        if !rhs.iter().all(|v| v.is_finite()) {
+            return None;
         }
-        rhs[i] = v / c[i * m + i];
+        let bias = rhs[d];
+        rhs.truncate(d);
+        Some((Array1::from(rhs), bias))
     }
-    if !rhs.iter().all(|v| v.is_finite()) {
-        return None;
-    }
-    let bias = rhs[d];
-    rhs.truncate(d);
-    Some((Array1::from(rhs), bias))
 }
 
 /// Ridge penalties tried by the cross-validation, as a multiple of the
@@ -1424,6 +1460,34 @@ mod tests {
         let start = (array![1.0], 0.0);
         let fit = gd.fit_monitored(&train, Some(&held), Some((&start.0, start.1)));
         assert!(fit.weights[0] <= 1.0 && fit.stopped_early);
+    }
+
+    #[test]
+    fn held_out_early_stopping_returns_the_best_point_of_the_path() {
+        // Training says y = x, the held-out samples y = x / 2: the held-out
+        // loss falls while w climbs towards 1/2, then rises. The fit must
+        // return exactly the point of the training path where it was
+        // lowest (the path itself: plain gradient descent stopped after
+        // i updates).
+        let x = array![[1.0], [2.0], [-1.0], [0.5]];
+        let train = GramStats::of(&x, &array![1.0, 2.0, -1.0, 0.5]);
+        let held_y = array![0.5, 1.0, -0.5, 0.25];
+        let held = GramStats::of(&x, &held_y);
+        let gd = GradientDescent::default();
+        let fit = gd.fit_monitored(&train, Some(&held), None);
+        assert!(fit.stopped_early, "{fit:?}");
+        let held_loss = |w: f64, b: f64| {
+            x.column(0).iter().zip(&held_y).map(|(xi, yi)| (xi * w + b - yi).powi(2)).sum::<f64>() / 4.0
+        };
+        let path: Vec<(f64, f64)> = (0..fit.iterations)
+            .map(|i| {
+                let p = GradientDescent { max_iterations: i, patience: usize::MAX, ..gd }.fit_stats(&train);
+                (p.weights[0], p.bias)
+            })
+            .collect();
+        let best = path.iter().copied().min_by(|a, b| held_loss(a.0, a.1).total_cmp(&held_loss(b.0, b.1))).unwrap();
+        assert_eq!((fit.weights[0], fit.bias), best);
+        assert!(best != path[0] && best != path[path.len() - 1], "the best point lies inside the path: {best:?}");
     }
 
     #[test]
