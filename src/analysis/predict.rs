@@ -415,10 +415,23 @@ unsafe fn blocks_avx<const L: usize>(data: &[f64], w: &[f64], out: &mut [f64]) {
     blocks::<L>(data, w, out)
 }
 
-/// The product of [`Columns`], `L` rows at a time.
+/// The product of [`Columns`], `L` rows at a time. The input widths of
+/// the default window (7·5 columns, and 3 seasonal inputs with a known
+/// period) get code compiled for their width: the loops unroll fully and
+/// the tail of fewer than 8 columns runs without a branch per column
+/// (it was a fifth of the product's time). Same operations, same order.
 #[inline(always)]
 fn blocks<const L: usize>(data: &[f64], w: &[f64], out: &mut [f64]) {
-    let cols = w.len();
+    match w.len() {
+        35 => blocks_of::<L>(data, w, out, 35),
+        38 => blocks_of::<L>(data, w, out, 38),
+        cols => blocks_of::<L>(data, w, out, cols),
+    }
+}
+
+#[inline(always)]
+fn blocks_of<const L: usize>(data: &[f64], w: &[f64], out: &mut [f64], cols: usize) {
+    let w = &w[..cols];
     let full = cols / 8 * 8;
     for (block, rows) in data.chunks_exact(cols * L).zip(out.chunks_mut(L)) {
         let (head, rest) = block.split_at(full * L);
@@ -442,7 +455,10 @@ fn blocks<const L: usize>(data: &[f64], w: &[f64], out: &mut [f64]) {
                 sum[l] += a[l] * x;
             }
         }
-        rows.copy_from_slice(&sum[..rows.len()]);
+        match rows.len() {
+            n if n == L => rows.copy_from_slice(&sum),
+            n => rows.copy_from_slice(&sum[..n]),
+        }
     }
 }
 
