@@ -18,6 +18,7 @@ pub mod iterations;
 pub mod kernels;
 pub mod layout;
 pub mod leak;
+pub(crate) mod livemap;
 pub mod metrics;
 pub mod oom;
 pub mod predict;

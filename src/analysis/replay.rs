@@ -29,6 +29,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::analysis::livemap::LiveMap;
+
 use ahash::AHashMap;
 use serde::Serialize;
 
@@ -164,7 +166,7 @@ struct Proc<'f> {
     hashed: AHashMap<u64, u64>,
     /// New blocks not yet in `live`, sorted by address (see `Proc::alloc`).
     pending: Vec<(u64, u64)>,
-    live: BTreeMap<u64, u64>,
+    live: LiveMap,
     blocks: BlockStats,
     gaps: GapSet,
     span: u64,
@@ -270,7 +272,7 @@ impl<'f> Replay<'f> {
                     footprint: self.footprint.procs.get(&pid),
                     hashed: AHashMap::new(),
                     pending: Vec::new(),
-                    live: BTreeMap::new(),
+                    live: LiveMap::new(),
                     blocks: BlockStats::default(),
                     gaps: GapSet::default(),
                     span: 0,
@@ -508,7 +510,7 @@ impl<'f> Replay<'f> {
     /// Live blocks of `pid` as (address, size), sorted by address.
     pub fn live_blocks(&mut self, pid: u32) -> Vec<(u64, u64)> {
         self.flush(pid);
-        self.proc(pid).map_or_else(Vec::new, |p| p.live.iter().map(|(&a, &s)| (a, s)).collect())
+        self.proc(pid).map_or_else(Vec::new, |p| p.live.iter().collect())
     }
 
     /// Ends the fold.
@@ -533,13 +535,6 @@ pub fn tracks(kind: EventKind, allocator_view: bool) -> bool {
 const PENDING_MAX: usize = 64;
 
 impl Proc<'_> {
-    /// Neighbours of `addr` (exclusive) that lie in the region containing it.
-    fn neighbours(&self, addr: u64, region: (u64, u64)) -> (Option<(u64, u64)>, Option<(u64, u64)>) {
-        let pred = self.live.range(..addr).next_back().filter(|(a, _)| **a >= region.0);
-        let succ = self.live.range(addr + 1..).next().filter(|(a, _)| **a < region.1);
-        (pred.map(|(&a, &s)| (a, a + s)), succ.map(|(&a, &s)| (a, a + s)))
-    }
-
     fn add_gap(&mut self, g: u64, cfg: &MetricsConfig) {
         if cfg.is_gap(g) {
             self.gaps.insert(g);
@@ -566,7 +561,7 @@ impl Proc<'_> {
             self.blocks.remove(s, cfg);
             evicted = true;
         }
-        while let Some((&a, &s)) = self.live.range(..end).next_back() {
+        while let Some((a, s)) = self.live.before(end) {
             if a + s <= addr {
                 break;
             }
@@ -607,8 +602,15 @@ impl Proc<'_> {
     fn place(&mut self, addr: u64, size: u64, regions: &[(u64, u64)], cfg: &MetricsConfig) {
         let region = region_of(regions, addr);
         let end = addr + size;
-        let pred = self.live.range(..end).next_back().filter(|(a, _)| **a >= region.0).map(|(&a, &s)| a + s);
-        let succ = self.live.range(end..).next().filter(|(a, _)| **a < region.1).map(|(&a, _)| a);
+        // One descent for both neighbours and the insertion; a block
+        // already at `addr` (only a zero-sized one can be) takes the long way.
+        let (pred, succ) = self.live.insert_between(addr, end, size).unwrap_or_else(|()| {
+            let around = (self.live.before(end), self.live.at_or_after(end));
+            self.live.insert(addr, size);
+            around
+        });
+        let pred = pred.filter(|&(a, _)| a >= region.0).map(|(a, s)| a + s);
+        let succ = succ.filter(|&(a, _)| a < region.1).map(|(a, _)| a);
         match (pred, succ) {
             (Some(p_end), Some(q_start)) => {
                 self.remove_gap(q_start - p_end, cfg);
@@ -625,16 +627,17 @@ impl Proc<'_> {
             }
             (None, None) => self.span += size,
         }
-        self.live.insert(addr, size);
     }
 
     /// Takes the placed block starting at `addr` out of the ordered map,
     /// the gaps and the span; its size, or None.
     fn unplace(&mut self, addr: u64, regions: &[(u64, u64)], cfg: &MetricsConfig) -> Option<u64> {
-        let size = self.live.remove(&addr)?;
+        let (size, pred, succ) = self.live.remove_between(addr)?;
         let end = addr + size;
         let region = region_of(regions, addr);
-        match self.neighbours(addr, region) {
+        let pred = pred.filter(|&(a, _)| a >= region.0).map(|(a, s)| (a, a + s));
+        let succ = succ.filter(|&(a, _)| a < region.1).map(|(a, s)| (a, a + s));
+        match (pred, succ) {
             (Some((_, p_end)), Some((q_start, _))) => {
                 self.remove_gap(addr - p_end, cfg);
                 self.remove_gap(q_start - end, cfg);
@@ -672,7 +675,7 @@ impl Proc<'_> {
     fn free_ranges(&self, s: u64, e: u64) -> Vec<u64> {
         let mut out = Vec::new();
         let mut prev = s;
-        for (&a, &size) in self.live.range(s..e) {
+        for (a, size) in self.live.range(s, e) {
             out.push(a.saturating_sub(prev));
             prev = prev.max(a + size);
         }
@@ -725,9 +728,9 @@ impl Proc<'_> {
             self.remove_free(g, cfg);
         }
         self.segments.remove(&s);
-        let doomed: Vec<(u64, u64)> = self.live.range(a..b).map(|(&x, &y)| (x, y)).collect();
+        let doomed: Vec<(u64, u64)> = self.live.range(a, b).collect();
         for &(addr, size) in &doomed {
-            self.live.remove(&addr);
+            self.live.remove(addr);
             self.blocks.remove(size, cfg);
             if let Some((r, _)) = self.block_info.remove(&addr) {
                 self.requested -= r;
@@ -748,8 +751,8 @@ impl Proc<'_> {
     /// The end of the live block (or segment start) before `addr` and the
     /// start of the live block (or segment end) after `end`, within [s, e).
     fn free_bounds(&self, addr: u64, end: u64, s: u64, e: u64) -> (u64, u64) {
-        let pred = self.live.range(s..addr).next_back().map_or(s, |(&a, &size)| a + size);
-        let succ = self.live.range(end..e).next().map_or(e, |(&a, _)| a);
+        let pred = self.live.before(addr).filter(|&(a, _)| a >= s).map_or(s, |(a, size)| a + size);
+        let succ = self.live.at_or_after(end).filter(|&(a, _)| a < e).map_or(e, |(a, _)| a);
         (pred, succ)
     }
 
@@ -757,7 +760,7 @@ impl Proc<'_> {
     fn block_alloc(&mut self, addr: u64, size: u64, requested: u64, stack: u32, cfg: &MetricsConfig) -> (bool, bool) {
         let end = addr.saturating_add(size);
         let mut overlapped = false;
-        while let Some((&a, &s)) = self.live.range(..end).next_back() {
+        while let Some((a, s)) = self.live.before(end) {
             if a + s <= addr {
                 break;
             }
@@ -781,7 +784,7 @@ impl Proc<'_> {
 
     /// Frees the live block at `addr`; false if there is none.
     fn block_free(&mut self, addr: u64, cfg: &MetricsConfig) -> bool {
-        let Some(size) = self.live.remove(&addr) else { return false };
+        let Some(size) = self.live.remove(addr) else { return false };
         self.blocks.remove(size, cfg);
         if let Some((r, _)) = self.block_info.remove(&addr) {
             self.requested -= r;
