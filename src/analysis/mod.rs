@@ -39,7 +39,7 @@ use crate::analysis::oom::OomDiagnosis;
 use crate::analysis::predict::{PredictConfig, Prediction, Risk};
 use crate::analysis::replay::{AllocatorFigures, Anomalies, ExitRelease, Footprint, Peak, Replay};
 use crate::trace::Trace;
-use crate::trace::event::Events;
+use crate::trace::event::{EventKind, Events};
 use crate::trace::input::Loaded;
 
 /// How the trace is cut into timesteps.
@@ -444,8 +444,12 @@ fn walk(
     let mut i = 0usize;
     for (step, &(end, t_ns)) in bounds.iter().enumerate() {
         while i < end {
-            w.counts.add(events.kind[i]);
-            if let Some(e) = events.get(i) {
+            let kind = events.kind[i];
+            w.counts.add(kind);
+            // Only kinds the replay reads, or that can be a failed request,
+            // are made into an event (a trace is often a third launches).
+            let wanted = kind.is_some_and(|k| replay.reads(k) || k.is_alloc_request() || k == EventKind::MemCreate);
+            if wanted && let Some(e) = events.get(i) {
                 replay.apply(&e);
                 if e.ret != 0 && e.kind.is_alloc_request() {
                     w.failed_allocs += 1;
