@@ -125,7 +125,9 @@ impl LiveMap {
     ) -> Result<(Option<(u64, u64)>, Option<(u64, u64)>), ()> {
         let p = self.lower_bound(key);
         let next = self.at(p);
-        if next.is_some_and(|(k, _)| k < end.max(key.saturating_add(1))) {
+        // The next key is ≥ `key`: a clash when it lies before `end`, or is
+        // `key` itself (a zero-sized block, or `end` ≤ `key`).
+        if next.is_some_and(|(k, _)| k < end || k == key) {
             return Err(());
         }
         let prev = self.before_pos(p);
@@ -310,6 +312,16 @@ mod tests {
                 prop_assert_eq!(leaf[0].0, first);
             }
         }
+    }
+
+    #[test]
+    fn a_present_key_clashes_whatever_the_end() {
+        let mut m = LiveMap::new();
+        assert_eq!(m.insert(u64::MAX, 1), None);
+        assert_eq!(m.insert_between(u64::MAX, u64::MAX, 2), Err(()));
+        assert_eq!(m.insert_between(5, 5, 2), Ok((None, Some((u64::MAX, 1)))));
+        assert_eq!(m.insert_between(5, 0, 3), Err(()));
+        assert_eq!(m.iter().collect::<Vec<_>>(), [(5, 2), (u64::MAX, 1)]);
     }
 
     #[test]

@@ -291,15 +291,15 @@ impl<'f> Replay<'f> {
         i
     }
 
-    /// Applies one event. Events must come in time order. A process joins
-    /// the replay at its first device-memory event (allocation, free or
-    /// OOM, failed or not).
     /// Whether [`Replay::apply`] does anything with an event of this
     /// kind: the kinds it [`tracks`] in its view, and process exits.
     pub fn reads(&self, kind: EventKind) -> bool {
         kind == EventKind::Exit || tracks(kind, self.mode == Mode::Allocator)
     }
 
+    /// Applies one event. Events must come in time order. A process joins
+    /// the replay at its first device-memory event (allocation, free or
+    /// OOM, failed or not).
     pub fn apply(&mut self, e: &Event) {
         if e.kind == EventKind::Exit {
             return self.exit(e.pid, e.ts_ns);
