@@ -39,7 +39,7 @@ use crate::analysis::oom::OomDiagnosis;
 use crate::analysis::predict::{PredictConfig, Prediction, Risk};
 use crate::analysis::replay::{AllocatorFigures, Anomalies, ExitRelease, Footprint, Peak, Replay};
 use crate::trace::Trace;
-use crate::trace::event::{EventKind, Events};
+use crate::trace::event::Events;
 use crate::trace::input::Loaded;
 
 /// How the trace is cut into timesteps.
@@ -446,9 +446,10 @@ fn walk(
         while i < end {
             let kind = events.kind[i];
             w.counts.add(kind);
-            // Only kinds the replay reads, or that can be a failed request,
-            // are made into an event (a trace is often a third launches).
-            let wanted = kind.is_some_and(|k| replay.reads(k) || k.is_alloc_request() || k == EventKind::MemCreate);
+            // Only kinds the replay reads, or that can be a failed request
+            // or an OOM, are made into an event (a trace is often a third
+            // launches).
+            let wanted = kind.is_some_and(|k| replay.reads(k) || k.is_alloc_request() || k.can_run_out_of_memory());
             if wanted && let Some(e) = events.get(i) {
                 replay.apply(&e);
                 if e.ret != 0 && e.kind.is_alloc_request() {

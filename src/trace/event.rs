@@ -94,6 +94,12 @@ impl EventKind {
     pub fn is_alloc_request(self) -> bool {
         self.is_device_alloc() || self == EventKind::AllocHost
     }
+
+    /// A call of this kind that fails with CUDA's out-of-memory code is an
+    /// OOM ([`Event::is_oom`]): device allocations and `cuMemCreate`.
+    pub fn can_run_out_of_memory(self) -> bool {
+        self.is_device_alloc() || self == EventKind::MemCreate
+    }
 }
 
 impl fmt::Display for EventKind {
@@ -182,9 +188,7 @@ impl Event {
     /// A failed device allocation with CUDA's out-of-memory code, or an
     /// explicit `oom` event: the instants the OOM diagnosis looks at.
     pub fn is_oom(&self) -> bool {
-        self.kind == EventKind::Oom
-            || ((self.kind.is_device_alloc() || self.kind == EventKind::MemCreate)
-                && self.ret == CUDA_ERROR_OUT_OF_MEMORY)
+        self.kind == EventKind::Oom || (self.kind.can_run_out_of_memory() && self.ret == CUDA_ERROR_OUT_OF_MEMORY)
     }
 }
 
