@@ -30,6 +30,15 @@ pub(crate) fn metrics_json(m: &crate::analysis::metrics::Metrics) -> serde_json:
     })
 }
 
+/// `config`: the metric constants, and under `predict` the predictor's
+/// settings (SPEC §6's numbers, and `cv_origins` and `retrain_every` as a
+/// run may lower or raise them for speed).
+fn config_json(a: &Analysis) -> serde_json::Value {
+    let mut config = json!(a.options.metrics);
+    config["predict"] = json!(a.options.predict);
+    config
+}
+
 /// `report.json`.
 /// `panels_not_drawn`: processes the MDTP had no room for.
 pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
@@ -78,7 +87,7 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
             "count": a.step_count,
             "rows": a.rows.len(),
         },
-        "config": a.options.metrics,
+        "config": config_json(a),
         "summary": {
             "processes": s.processes,
             "peak_live_bytes": s.peak_live_bytes,

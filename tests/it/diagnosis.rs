@@ -222,6 +222,20 @@ fn too_few_steps_say_insufficient_data() {
 }
 
 #[test]
+fn fewer_origins_and_retrainings_are_reported_in_the_config() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path().join("t");
+    synth(&t, "leak", 20_000, 2);
+    let out = tmp.path().join("out");
+    let r = analyze(&t, &out, &["--cv-origins", "20", "--retrain-every", "25"]);
+    let p = &r["config"]["predict"];
+    assert_eq!((p["cv_origins"].as_u64(), p["retrain_every"].as_u64()), (Some(20), Some(25)));
+    assert_eq!((p["max_iterations"].as_u64(), p["patience"].as_u64()), (Some(1000), Some(20)));
+    // The cross-validation used what the config says.
+    assert_eq!(r["prediction"]["cv_mae"]["origins"].as_u64(), Some(20));
+}
+
+#[test]
 fn ci_gates_exit_3() {
     let tmp = tempfile::tempdir().unwrap();
     let frag = tmp.path().join("frag");
