@@ -726,7 +726,12 @@ impl Trace {
                     dir.display()
                 );
             }
-            bail!("{} is not a trace directory (expected a directory of events-NNNNN.parquet parts)", dir.display());
+            bail!(
+                "{} is not a trace directory (expected a directory of events-NNNNN.parquet parts), and its \
+                 content is none of the files fragscope imports: a PyTorch memory snapshot (a pickle of protocol 2 to 5, \
+                 starting with the PROTO opcode 0x80), a PyTorch-profiler JSON trace or an Nsight Systems SQLite export",
+                dir.display()
+            );
         }
         let meta_path = dir.join(META_FILE);
         let meta = match fs::read(&meta_path) {

@@ -216,6 +216,16 @@ fn bad_inputs_get_clear_errors() {
     let file = tmp.path().join("file.parquet");
     fs::write(&file, b"PAR1 garbage").unwrap();
     analyze_fails(&file, &out, "is not a trace directory");
+    // A damaged file named as a snapshot: what it is not, and what a
+    // snapshot starts with.
+    let garbage = tmp.path().join("garbage.pickle");
+    fs::write(&garbage, [0x13u8, 0x37, 0x00, 0xff].repeat(25)).unwrap();
+    analyze_fails(&garbage, &out, "garbage.pickle is not a trace directory");
+    analyze_fails(
+        &garbage,
+        &out,
+        "a PyTorch memory snapshot (a pickle of protocol 2 to 5, starting with the PROTO opcode 0x80)",
+    );
 
     // A single part that is not Parquet: skipped as an unfinished last part,
     // and then nothing is left.
