@@ -1,28 +1,63 @@
 //! Leaks: memory that stays allocated, iteration after iteration.
 //!
 //! The verdict is `leaking`, `not leaking` or `cannot tell`, never stronger
-//! than the evidence:
-//! - **With iterations** ([`crate::analysis::iterations`]): the *floor* of each
-//!   complete iteration — the least memory held inside it — after the first
-//!   (warm-up) one. It is a leak when those floors rise across at least 3
-//!   complete iterations, by more than the noise threshold (2 % of the peak,
-//!   at least 16 MiB) in all, without falling back (each floor at least the
-//!   previous one, within that threshold). Fewer than 3 such iterations:
-//!   `cannot tell`, since memory allocated once — optimizer moments, caches,
-//!   activations held for backward — looks like growth inside one
-//!   iteration.
-//! - **Without iterations**: the floor of the second quarter of the trace
-//!   against the last quarter (the first quarter is warm-up). No growth
-//!   beyond the threshold: `not leaking`. Growth: `leaking` only when the
-//!   floors of six windows after the first quarter rise at every window (a
-//!   monotone growth over at least 5 windows), else `cannot tell`.
-//! - Too few steps for either: `cannot tell`.
+//! than the evidence. It rests on **exact floors**: the least live
+//! (allocated) bytes of the series over a span of time, computed from the
+//! event stream itself ([`floors`]) — the state entering the span and the
+//! state after each of its events — not from the sampled metric rows,
+//! which can miss the true minimum of a short iteration by a large margin.
 //!
-//! The rate is the growth over the time between the compared floors. Also
-//! reported: the blocks still alive at the end, grouped by size (and by
-//! call site when the trace carries stacks).
+//! - **With iterations** ([`crate::analysis::iterations`]): the floor of
+//!   each complete iteration after the first (warm-up) one. A deterministic
+//!   loop's floors are equal to the byte; with variable shapes they move up
+//!   and down. Their *fluctuation* is the largest fall from one floor to
+//!   the next. Then:
+//!   - `not leaking` when the last floor is no higher than the first by
+//!     more than the fluctuation;
+//!   - `leaking` when the floors rise beyond the fluctuation across at
+//!     least 3 consecutive iterations (two rises in a row), the total rise
+//!     is more than twice the fluctuation, and the floors did not then hold
+//!     still for the last 3 iterations (growth that stops is bounded: a
+//!     cache or state that filled up, `not leaking`);
+//!   - `cannot tell` for other growth, and with fewer than 3 complete
+//!     iterations after the warm-up (memory allocated once — optimizer
+//!     moments, caches, activations held for backward — looks like growth
+//!     inside one iteration).
+//!
+//!   Memory released after the last complete iteration (a function
+//!   returning, a list cleared, the process ending) does not undo a verdict
+//!   reached across the iterations; the reason says that it was released.
+//!   `growth_per_iteration_bytes` is the median of the rises from one floor
+//!   to the next (exact for a constant leak, robust to one odd iteration).
+//!   The call sites of the growth are those of the blocks allocated during
+//!   the iterations after the warm-up and still alive at the last
+//!   iteration's floor.
+//! - **Without iterations**: the floor of the second quarter of the
+//!   series' time against the last quarter (the first quarter is warm-up).
+//!   No growth beyond the noise (2 % of the peak, at least 16 MiB): `not
+//!   leaking` — so growth that is all released by the end is not a leak.
+//!   Growth: `leaking` only when the floors of six windows after the first
+//!   quarter rise at every window, else `cannot tell`.
+//!
+//! Floors use live bytes as the replay counts them (every block by its
+//! address; an allocation at a live address replaces that block; a
+//! process's exit releases all it holds), with one difference: in a
+//! PyTorch snapshot a block counts its *requested* size, the bytes the
+//! program asked for. The block sizes the allocator hands out depend on
+//! its settings (rounding, and remainders of under 1 MiB given out with a
+//! block), so the same program under two settings has the same requested
+//! floors, to the byte, and the same verdict. The replay also removes blocks
+//! that a new one overlaps (frees the recorder lost, counted as `overlap`
+//! anomalies); the floors do not, so they can differ from the replay's
+//! live bytes in a trace with that anomaly.
 
+use ahash::AHashMap;
 use serde::Serialize;
+
+use crate::analysis::iterations::Iterations;
+use crate::analysis::sites::SiteBytes;
+use crate::trace::Stacks;
+use crate::trace::event::{EventKind, Events};
 
 /// Sizes of blocks alive at the end.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -54,7 +89,40 @@ impl Verdict {
     }
 }
 
-/// The leak verdict of one process.
+/// The least live bytes of a series over [`start_t_ns`, `end_t_ns`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Floor {
+    pub start_t_ns: u64,
+    pub end_t_ns: u64,
+    pub bytes: u64,
+    /// When the floor was first reached: the span's start (the state
+    /// entering it) or the time of the event that brought it there.
+    pub at_t_ns: u64,
+    /// Events (of the whole trace) applied when the floor holds: the floor
+    /// is the state after rows `0..after_rows`.
+    #[serde(skip)]
+    pub after_rows: usize,
+}
+
+impl Floor {
+    fn consider(&mut self, bytes: u64, t_ns: u64, after_rows: usize) {
+        if bytes < self.bytes {
+            (self.bytes, self.at_t_ns, self.after_rows) = (bytes, t_ns, after_rows);
+        }
+    }
+}
+
+/// How the verdict was reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Method {
+    /// The floors of complete iterations after the warm-up.
+    Iterations,
+    /// No iterations: the floors of windows of the series' time.
+    Windows,
+}
+
+/// The leak verdict of one process (device, for snapshots).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct LeakReport {
     pub pid: u32,
@@ -63,40 +131,156 @@ pub struct LeakReport {
     pub reason: String,
     /// True only for [`Verdict::Leaking`].
     pub leaking: bool,
+    pub method: Method,
+    /// The first and last floor compared.
     pub floor_early_bytes: u64,
     pub floor_late_bytes: u64,
     pub growth_bytes: i64,
+    /// Iterations: the median rise from one floor to the next (after the
+    /// warm-up); None without iterations or with fewer than two floors.
+    pub growth_per_iteration_bytes: Option<i64>,
+    /// Iterations: the largest fall from one floor to the next, what the
+    /// floors move by on their own.
+    pub fluctuation_bytes: u64,
     pub rate_bytes_per_s: f64,
+    /// Iterations: the floor of every complete iteration, the warm-up
+    /// first; windows: the floors of the six windows.
+    pub floors: Vec<Floor>,
+    /// Memory released after the last complete iteration: (when, how much
+    /// below the last iteration's floor live memory went).
+    pub released_after: Option<(u64, u64)>,
     pub live_at_end_bytes: u64,
     pub live_at_end_blocks: u64,
     /// Largest groups first (by bytes), at most ten.
     pub by_size: Vec<SizeGroup>,
-    /// Live bytes at the end by call site, of the blocks allocated after
-    /// the second quarter (the growth), largest first (traces with stacks).
-    pub top_sites: Vec<crate::analysis::sites::SiteBytes>,
+    /// The call sites of the growth (traces with stacks): iterations, the
+    /// blocks allocated during the iterations after the warm-up and alive
+    /// at the last iteration's floor; windows, the blocks allocated after
+    /// the second quarter and alive at the end. Largest first.
+    pub top_sites: Vec<SiteBytes>,
     /// Traces with stacks and iterations: blocks alive at the end that were
     /// allocated once, in the warm-up (or the only) iteration, by call site
-    /// — state such as optimizer moments, not leaks.
-    pub allocated_once: Vec<crate::analysis::sites::SiteBytes>,
+    /// — state such as optimizer moments, not leaks. A site of the growth
+    /// is never listed here.
+    pub allocated_once: Vec<SiteBytes>,
 }
 
-/// Growth below this is noise: 2 % of the peak, at least 16 MiB.
+/// Growth below this is noise without iterations: 2 % of the peak, at
+/// least 16 MiB.
 fn threshold(peak: u64) -> u64 {
     (peak / 50).max(16 << 20)
 }
 
-/// `series` is (t_ns, live bytes) at each step of the process; `live` its
-/// blocks alive at the end; `peak` its peak live bytes; `iterations` its
-/// iterations, when found.
-pub fn detect(
-    pid: u32,
-    series: &[(u64, u64)],
-    live: &[(u64, u64)],
-    peak: u64,
-    iterations: Option<&crate::analysis::iterations::Iterations>,
-) -> LeakReport {
+/// Live bytes of one series after each of its events, as the replay
+/// counts them.
+struct LiveBytes {
+    allocator_view: bool,
+    blocks: AHashMap<u64, u64>,
+    now: u64,
+}
+
+impl LiveBytes {
+    fn new(allocator_view: bool) -> LiveBytes {
+        LiveBytes { allocator_view, blocks: AHashMap::new(), now: 0 }
+    }
+
+    /// Applies row `i` (of this series).
+    fn apply(&mut self, events: &Events, i: usize) {
+        let Some(kind) = events.kind[i] else { return };
+        if kind == EventKind::Exit {
+            self.blocks.clear();
+            self.now = 0;
+            return;
+        }
+        if events.ret[i] != 0 || !crate::analysis::replay::tracks(kind, self.allocator_view) {
+            return;
+        }
+        let addr = events.addr[i];
+        // The program's own bytes: a snapshot's blocks by the size asked
+        // for, which no allocator setting changes (rounding and unsplit
+        // remainders do).
+        let requested = events.requested.get(i).copied().filter(|&r| r != u64::MAX && r > 0);
+        let size = if self.allocator_view { requested.unwrap_or(events.size[i]) } else { events.size[i] };
+        if kind.creates_block() {
+            if events.size[i] == 0 {
+                return;
+            }
+            if !self.allocator_view && (addr == 0 || addr.checked_add(size).is_none()) {
+                return;
+            }
+            if let Some(old) = self.blocks.insert(addr, size) {
+                self.now -= old;
+            }
+            self.now += size;
+        } else if kind.releases_block()
+            && let Some(size) = self.blocks.remove(&addr)
+        {
+            self.now -= size;
+        }
+    }
+}
+
+/// The exact floor of series `pid` over each of `spans` (ascending, not
+/// overlapping), and its live bytes at the end.
+pub fn floors(events: &Events, pid: u32, allocator_view: bool, spans: &[(u64, u64)]) -> (Vec<Floor>, u64) {
+    let mut out: Vec<Floor> = spans
+        .iter()
+        .map(|&(s, e)| Floor { start_t_ns: s, end_t_ns: e, bytes: u64::MAX, at_t_ns: s, after_rows: 0 })
+        .collect();
+    let mut live = LiveBytes::new(allocator_view);
+    let (mut k, mut entered, mut applied) = (0usize, false, 0usize);
+    for i in 0..events.len() {
+        if events.pid[i] != pid {
+            continue;
+        }
+        let ts = events.ts_ns[i];
+        while k < out.len() && ts >= out[k].end_t_ns {
+            if !entered {
+                let start = out[k].start_t_ns;
+                out[k].consider(live.now, start, applied);
+            }
+            k += 1;
+            entered = false;
+        }
+        if k < out.len() && ts >= out[k].start_t_ns && !entered {
+            let start = out[k].start_t_ns;
+            out[k].consider(live.now, start, applied);
+            entered = true;
+        }
+        live.apply(events, i);
+        applied = i + 1;
+        if entered {
+            out[k].consider(live.now, ts, applied);
+        }
+    }
+    while k < out.len() {
+        if !entered {
+            let start = out[k].start_t_ns;
+            out[k].consider(live.now, start, applied);
+        }
+        k += 1;
+        entered = false;
+    }
+    (out, live.now)
+}
+
+/// What one series' events, iterations and stacks say about a leak.
+pub struct Input<'a> {
+    pub pid: u32,
+    pub events: &'a Events,
+    pub allocator_view: bool,
+    /// Its blocks alive at the end (address, size).
+    pub live: &'a [(u64, u64)],
+    /// Its peak live bytes.
+    pub peak: u64,
+    pub iterations: Option<&'a Iterations>,
+    pub stacks: Option<&'a Stacks>,
+}
+
+/// The leak verdict of one series.
+pub fn detect(input: &Input<'_>) -> LeakReport {
     let mut groups: std::collections::BTreeMap<u64, (u64, u64)> = Default::default();
-    for &(_, size) in live {
+    for &(_, size) in input.live {
         let g = groups.entry(size).or_default();
         g.0 += 1;
         g.1 += size;
@@ -106,115 +290,217 @@ pub fn detect(
     by_size.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.size.cmp(&b.size)));
     by_size.truncate(10);
     let mut report = LeakReport {
-        pid,
+        pid: input.pid,
         verdict: Verdict::CannotTell,
         reason: String::new(),
         leaking: false,
+        method: Method::Windows,
         floor_early_bytes: 0,
         floor_late_bytes: 0,
         growth_bytes: 0,
+        growth_per_iteration_bytes: None,
+        fluctuation_bytes: 0,
         rate_bytes_per_s: 0.0,
-        live_at_end_bytes: live.iter().map(|b| b.1).sum(),
-        live_at_end_blocks: live.len() as u64,
+        floors: Vec::new(),
+        released_after: None,
+        live_at_end_bytes: input.live.iter().map(|b| b.1).sum(),
+        live_at_end_blocks: input.live.len() as u64,
         by_size,
         top_sites: Vec::new(),
         allocated_once: Vec::new(),
     };
-    let noise = threshold(peak);
-    let (verdict, reason) = match iterations {
-        Some(it) => by_iterations(&mut report, series, it, noise),
-        None => by_quarters(&mut report, series, noise),
+    let (verdict, reason) = match input.iterations {
+        Some(it) => by_iterations(&mut report, input, it),
+        None => by_windows(&mut report, input),
     };
     report.verdict = verdict;
     report.leaking = verdict == Verdict::Leaking;
     report.reason = reason;
+    if let (Some(st), Some(it)) = (input.stacks, input.iterations)
+        && let Some(&until) = it.warmup_end_t_ns.as_ref().or(it.boundaries_t_ns.last())
+    {
+        let once = crate::analysis::sites::grown_sites(input.events, st, input.pid, 0, until, usize::MAX);
+        let growth: Vec<&str> = report.top_sites.iter().map(|s| s.site.as_str()).collect();
+        report.allocated_once = once.into_iter().filter(|s| !growth.contains(&s.site.as_str())).take(10).collect();
+    }
     report
 }
 
-/// The floor of `series` over [t0, t1).
-fn floor_between(series: &[(u64, u64)], t0: u64, t1: u64) -> Option<u64> {
-    series.iter().filter(|s| s.0 >= t0 && s.0 < t1).map(|s| s.1).min()
+/// The median of `v` (the lower middle for an even count).
+fn median(v: &[i64]) -> Option<i64> {
+    let mut s = v.to_vec();
+    s.sort_unstable();
+    s.get((s.len().max(1) - 1) / 2).copied()
 }
 
-fn by_iterations(
-    r: &mut LeakReport,
-    series: &[(u64, u64)],
-    it: &crate::analysis::iterations::Iterations,
-    noise: u64,
-) -> (Verdict, String) {
-    // Complete iterations after the warm-up one, with a row inside.
-    let spans: Vec<(u64, u64, u64)> =
-        it.spans().skip(1).filter_map(|(a, b)| floor_between(series, a, b).map(|f| (a, b, f))).collect();
-    if spans.len() < 3 {
+fn by_iterations(r: &mut LeakReport, input: &Input<'_>, it: &Iterations) -> (Verdict, String) {
+    r.method = Method::Iterations;
+    let mut spans: Vec<(u64, u64)> = it.spans().collect();
+    let last_boundary = it.boundaries_t_ns.last().copied();
+    // The stretch after the last boundary, to see what was released there.
+    if let Some(b) = last_boundary {
+        spans.push((b, u64::MAX));
+    }
+    let (mut all, _) = floors(input.events, input.pid, input.allocator_view, &spans);
+    let tail = last_boundary.and_then(|_| all.pop());
+    r.floors = all.clone();
+    let post: Vec<Floor> = all.iter().skip(1).copied().collect();
+    let n = post.len();
+    if n < 3 {
         return (
             Verdict::CannotTell,
             format!(
-                "{} complete iteration{} after the warm-up (at least 3 are needed): memory allocated once — optimizer \
+                "{n} complete iteration{} after the warm-up (at least 3 are needed): memory allocated once — optimizer \
                  moments, caches, activations held for backward — cannot be told from a leak within one iteration",
-                spans.len(),
-                if spans.len() == 1 { "" } else { "s" }
+                if n == 1 { "" } else { "s" }
             ),
         );
     }
-    let (first, last) = (spans[0], spans[spans.len() - 1]);
-    r.floor_early_bytes = first.2;
-    r.floor_late_bytes = last.2;
-    r.growth_bytes = last.2 as i64 - first.2 as i64;
-    let seconds = (last.0 - first.0) as f64 / 1e9;
+    let b = |v: u64| crate::units::bytes(v);
+    let f: Vec<u64> = post.iter().map(|p| p.bytes).collect();
+    let d: Vec<i64> = f.windows(2).map(|w| w[1] as i64 - w[0] as i64).collect();
+    let fluct = d.iter().map(|&x| (-x).max(0) as u64).max().unwrap_or(0);
+    let (first, last) = (post[0], post[n - 1]);
+    r.floor_early_bytes = first.bytes;
+    r.floor_late_bytes = last.bytes;
+    r.growth_bytes = last.bytes as i64 - first.bytes as i64;
+    r.growth_per_iteration_bytes = median(&d);
+    r.fluctuation_bytes = fluct;
+    let seconds = last.at_t_ns.saturating_sub(first.at_t_ns) as f64 / 1e9;
     r.rate_bytes_per_s = if seconds > 0.0 && r.growth_bytes > 0 { r.growth_bytes as f64 / seconds } else { 0.0 };
-    let never_falls = spans.windows(2).all(|w| w[1].2 + noise >= w[0].2);
-    let n = spans.len();
-    if r.growth_bytes > noise as i64 && never_falls {
-        (
-            Verdict::Leaking,
-            format!(
-                "the floor of {n} complete iterations after the warm-up rose from {} to {} without falling back",
-                crate::units::bytes(first.2),
-                crate::units::bytes(last.2)
-            ),
-        )
-    } else if r.growth_bytes > noise as i64 {
-        (
-            Verdict::CannotTell,
-            format!("the floor of {n} complete iterations rose in all but fell back in between: no steady growth"),
-        )
-    } else {
-        (
+    // Iterations are numbered from 1, the warm-up being the first.
+    let total = r.growth_bytes;
+    let within = if fluct == 0 { "equal to the byte".to_string() } else { format!("within {} of each other", b(fluct)) };
+    if total <= fluct as i64 {
+        return (
             Verdict::NotLeaking,
-            format!("the floor of {n} complete iterations after the warm-up did not rise beyond the noise"),
-        )
+            format!(
+                "the floors of the {n} complete iterations after the warm-up are {within} ({} → {})",
+                b(first.bytes),
+                b(last.bytes)
+            ),
+        );
     }
+    // The longest run of rises beyond the fluctuation, and how many of the
+    // last transitions did not rise.
+    let (mut run, mut best, mut best_end) = (0usize, 0usize, 0usize);
+    for (i, &x) in d.iter().enumerate() {
+        run = if x > fluct as i64 { run + 1 } else { 0 };
+        if run > best {
+            (best, best_end) = (run, i);
+        }
+    }
+    let held = d.iter().rev().take_while(|&&x| x <= fluct as i64).count();
+    let fluct_text = if fluct == 0 { "they never fell".to_string() } else { format!("they fluctuate by {}", b(fluct)) };
+    if best >= 2 && total > 2 * fluct as i64 {
+        if held >= 3 {
+            // d[i] is f[i + 1] − f[i]; f[j] is iteration j + 2.
+            let (from, to) = (best_end + 1 - best, best_end + 1);
+            return (
+                Verdict::NotLeaking,
+                format!(
+                    "the floor rose by {} from iteration {} to {}, then held for the last {held} iterations: bounded \
+                     growth (a cache or state that filled up), not a leak",
+                    b(f[to] - f[from]),
+                    from + 2,
+                    to + 2
+                ),
+            );
+        }
+        let mut reason = format!(
+            "the floor of {n} complete iterations after the warm-up rose from {} to {}, by {} per iteration ({fluct_text})",
+            b(first.bytes),
+            b(last.bytes),
+            b(r.growth_per_iteration_bytes.unwrap_or(0).max(0) as u64)
+        );
+        if let Some(t) = tail
+            && t.bytes < last.bytes
+        {
+            r.released_after = Some((t.at_t_ns, last.bytes - t.bytes));
+            reason.push_str(&format!(
+                "; {} was released after the last complete iteration (a function returning, a list cleared or the \
+                 process ending), which does not undo the growth seen across the iterations",
+                b(last.bytes - t.bytes)
+            ));
+        }
+        if let Some(st) = input.stacks {
+            r.top_sites = growth_sites(input, st, first.start_t_ns, last.start_t_ns, last.after_rows);
+        }
+        return (Verdict::Leaking, reason);
+    }
+    (
+        Verdict::CannotTell,
+        format!(
+            "the floor of {n} complete iterations after the warm-up rose from {} to {}, but not steadily beyond its own \
+             fluctuation ({fluct_text}; a leak needs rises at 3 consecutive iterations)",
+            b(first.bytes),
+            b(last.bytes)
+        ),
+    )
 }
 
-fn by_quarters(r: &mut LeakReport, series: &[(u64, u64)], noise: u64) -> (Verdict, String) {
-    let n = series.len();
-    if n < 8 {
-        return (Verdict::CannotTell, format!("{n} steps: too few to compare the floor of live memory over time"));
+/// Live bytes by call site of the blocks of the series allocated in
+/// [`since`, `until`) and alive after the first `after_rows` rows.
+fn growth_sites(input: &Input<'_>, st: &Stacks, since: u64, until: u64, after_rows: usize) -> Vec<SiteBytes> {
+    let ev = input.events;
+    let mut live = crate::trace::event::LiveSet::default();
+    for i in 0..after_rows.min(ev.len()) {
+        if ev.pid[i] == input.pid {
+            live.apply(ev, i);
+        }
     }
-    let floor = |r: std::ops::Range<usize>| series[r].iter().map(|s| s.1).min().unwrap_or(0);
-    let early = floor(n / 4..n / 2);
-    let late = floor(3 * n / 4..n);
-    let growth = late as i64 - early as i64;
-    let seconds = (series[3 * n / 4].0 - series[n / 4].0) as f64 / 1e9;
-    r.floor_early_bytes = early;
-    r.floor_late_bytes = late;
+    let blocks: Vec<(u64, u64, u64, u32)> = live
+        .blocks
+        .into_iter()
+        .filter(|(_, b)| (since..until).contains(&ev.ts_ns[b.row]))
+        .map(|((_, a), b)| (a, b.size, b.size, b.stack))
+        .collect();
+    crate::analysis::sites::top_sites(st, &blocks, 10)
+}
+
+fn by_windows(r: &mut LeakReport, input: &Input<'_>) -> (Verdict, String) {
+    let ev = input.events;
+    let mut times = (0..ev.len()).filter(|&i| ev.pid[i] == input.pid).map(|i| ev.ts_ns[i]);
+    let Some(t0) = times.next() else {
+        return (Verdict::CannotTell, "no events: nothing to compare".into());
+    };
+    let (count, t1) = times.fold((1usize, t0), |(n, _), t| (n + 1, t));
+    if count < 8 || t1 - t0 < 8 {
+        return (Verdict::CannotTell, format!("{count} events: too few to compare the floor of live memory over time"));
+    }
+    let end = t1 + 1;
+    let q = (end - t0) / 4;
+    let rest = end - (t0 + q);
+    let w = rest / 6;
+    // Six windows after the first quarter, then the second quarter and the
+    // last one.
+    let mut spans: Vec<(u64, u64)> = (0..6).map(|k| (t0 + q + k * w, if k == 5 { end } else { t0 + q + (k + 1) * w })).collect();
+    let six = spans.len();
+    let (windows, _) = floors(ev, input.pid, input.allocator_view, &spans);
+    spans = vec![(t0 + q, t0 + 2 * q), (t0 + 3 * q, end)];
+    let (quarters, _) = floors(ev, input.pid, input.allocator_view, &spans);
+    let (early, late) = (quarters[0], quarters[1]);
+    r.floors = windows[..six].to_vec();
+    r.floor_early_bytes = early.bytes;
+    r.floor_late_bytes = late.bytes;
+    let growth = late.bytes as i64 - early.bytes as i64;
     r.growth_bytes = growth;
-    r.rate_bytes_per_s = if seconds > 0.0 { growth as f64 / seconds } else { 0.0 };
+    let seconds = late.at_t_ns.saturating_sub(early.at_t_ns) as f64 / 1e9;
+    r.rate_bytes_per_s = if seconds > 0.0 && growth > 0 { growth as f64 / seconds } else { 0.0 };
+    let noise = threshold(input.peak);
     if growth <= 0 || growth as u64 <= noise {
         return (
             Verdict::NotLeaking,
-            "no iterations found; the floor of live memory did not rise from the second quarter to the last".into(),
+            "no iterations found; the floor of live memory did not rise from the second quarter to the last (memory \
+             given back by the end is no leak)"
+                .into(),
         );
     }
-    // Six windows after the first quarter: a leak rises at each.
-    let rest = &series[n / 4..];
-    let w = rest.len() / 6;
-    let monotone = w > 0 && {
-        let floors: Vec<u64> =
-            (0..6).map(|k| rest[k * w..(k + 1) * w].iter().map(|s| s.1).min().unwrap_or(0)).collect();
-        floors.windows(2).all(|p| p[1] > p[0])
-    };
-    if monotone {
+    if r.floors.windows(2).all(|p| p[1].bytes > p[0].bytes) {
+        if let Some(st) = input.stacks {
+            let since = early.start_t_ns.saturating_sub(1);
+            r.top_sites = crate::analysis::sites::grown_sites(ev, st, input.pid, since, u64::MAX, 10);
+        }
         (
             Verdict::Leaking,
             "no iterations found; the floor of live memory rose at each of six windows after the first quarter".into(),
@@ -232,32 +518,22 @@ fn by_quarters(r: &mut LeakReport, series: &[(u64, u64)], noise: u64) -> (Verdic
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::trace::event::Event;
 
     const MIB: u64 = 1 << 20;
 
-    #[test]
-    fn without_iterations_a_steady_rise_is_a_leak_a_sawtooth_is_not() {
-        // Sawtooth over a constant floor of 1 GiB.
-        let saw: Vec<(u64, u64)> = (0..100).map(|i| (i * 1_000_000, 1024 * MIB + (i % 10) * 100 * MIB)).collect();
-        let r = detect(1, &saw, &[], 2000 * MIB, None);
-        assert_eq!((r.verdict, r.leaking), (Verdict::NotLeaking, false));
-        assert_eq!(r.growth_bytes, 0);
-        // The same with 8 MiB more held every step.
-        let leak: Vec<(u64, u64)> = saw.iter().enumerate().map(|(i, &(t, v))| (t, v + i as u64 * 8 * MIB)).collect();
-        let r = detect(1, &leak, &[(0, MIB), (MIB, MIB), (4 * MIB, 3 * MIB)], 3000 * MIB, None);
-        assert_eq!((r.verdict, r.leaking), (Verdict::Leaking, true));
-        assert!(r.growth_bytes > 0 && r.rate_bytes_per_s > 0.0);
-        assert_eq!(r.by_size[0], SizeGroup { size: 3 * MIB, count: 1, bytes: 3 * MIB });
-        assert_eq!(r.by_size[1], SizeGroup { size: MIB, count: 2, bytes: 2 * MIB });
-        assert_eq!(detect(1, &saw[..5], &[], 0, None).verdict, Verdict::CannotTell);
-        // One pass that grows then plateaus: growth, but not at every window.
-        let pass: Vec<(u64, u64)> = (0..100).map(|i| (i * 1_000_000, (i.min(60)) * 50 * MIB)).collect();
-        let r = detect(1, &pass, &[], 3000 * MIB, None);
-        assert_eq!(r.verdict, Verdict::CannotTell, "{}", r.reason);
+    /// Events of one series: (t, alloc size or 0 to free, address).
+    fn events(list: &[(u64, u64, u64)]) -> Events {
+        let mut ev = Events::default();
+        for &(t, size, addr) in list {
+            let kind = if size > 0 { EventKind::Alloc } else { EventKind::Free };
+            ev.push(&Event::new(t, 1, kind, addr, size));
+        }
+        ev
     }
 
-    fn iterations(boundaries: Vec<u64>) -> crate::analysis::iterations::Iterations {
-        crate::analysis::iterations::Iterations {
+    fn iterations(boundaries: Vec<u64>) -> Iterations {
+        Iterations {
             pid: 1,
             count: boundaries.len(),
             complete: boundaries.len() - 1,
@@ -268,22 +544,158 @@ mod tests {
         }
     }
 
+    /// `iters` iterations of 100 ns: a base block, then per iteration a
+    /// temporary of `temp(i)` freed at once, and `kept` bytes never freed.
+    fn loop_trace(iters: u64, kept: u64, temp: impl Fn(u64) -> u64) -> (Events, Iterations) {
+        let mut list = vec![(1, 512 * MIB, 0x1000_0000)];
+        let mut next = 0x8000_0000u64;
+        for i in 0..iters {
+            let t = 100 * (i + 1);
+            list.push((t + 10, temp(i), 0x4000_0000));
+            list.push((t + 20, 0, 0x4000_0000));
+            if kept > 0 {
+                list.push((t + 30, kept, next));
+                next += kept.max(4096);
+            }
+        }
+        let boundaries = (0..iters).map(|i| 100 * (i + 1)).collect();
+        (events(&list), iterations(boundaries))
+    }
+
+    fn judge(ev: &Events, it: Option<&Iterations>) -> LeakReport {
+        let input = Input { pid: 1, events: ev, allocator_view: false, live: &[], peak: 4096 * MIB, iterations: it, stacks: None };
+        detect(&input)
+    }
+
     #[test]
-    fn with_iterations_the_floors_after_warm_up_decide() {
-        // 10 iterations of 10 steps: a sawtooth from a floor.
-        let series = |growth: u64| -> Vec<(u64, u64)> {
-            (0..100u64).map(|i| (i, 1024 * MIB + (i / 10) * growth + (i % 10) * 100 * MIB)).collect()
-        };
-        let all = iterations((0..10).map(|k| k * 10).collect());
-        let r = detect(1, &series(0), &[], 2000 * MIB, Some(&all));
+    fn floors_are_exact_whatever_the_rows() {
+        // Live: 10 at t=1, 30 at t=5, 20 at t=7, 50 at t=12, 10 at t=15.
+        let ev = events(&[(1, 10, 1), (5, 20, 2), (7, 0, 1), (12, 30, 3), (15, 0, 3)]);
+        let spans = [(0, 5), (5, 10), (10, 12), (12, 20), (20, 30)];
+        let (f, end) = floors(&ev, 1, false, &spans);
+        let got: Vec<(u64, u64)> = f.iter().map(|x| (x.bytes, x.at_t_ns)).collect();
+        // [0,5): 0 on entry; [5,10): entering at 10, then 30, 20 at 7;
+        // [10,12): no event, 20 all along; [12,20): 20 on entry, 50, 20.
+        assert_eq!(got, vec![(0, 0), (10, 5), (20, 10), (20, 12), (20, 20)]);
+        assert_eq!(end, 20);
+        assert_eq!((f[1].after_rows, f[3].after_rows), (1, 3));
+    }
+
+    #[test]
+    fn a_deterministic_loop_is_not_leaking_and_a_kept_block_per_iteration_is() {
+        let (ev, it) = loop_trace(8, 0, |_| 256 * MIB);
+        let r = judge(&ev, Some(&it));
         assert_eq!(r.verdict, Verdict::NotLeaking, "{}", r.reason);
-        let r = detect(1, &series(64 * MIB), &[], 2000 * MIB, Some(&all));
+        assert!(r.reason.contains("equal to the byte"), "{}", r.reason);
+        // 12 MiB kept per iteration: far under any 2 % of the peak.
+        let (ev, it) = loop_trace(8, 12 * MIB, |_| 256 * MIB);
+        let r = judge(&ev, Some(&it));
         assert_eq!(r.verdict, Verdict::Leaking, "{}", r.reason);
-        assert_eq!(r.growth_bytes, 7 * 64 * MIB as i64);
-        // Growth inside one iteration: cannot tell, whatever the quarters say.
-        let one = iterations(vec![0, 50, 99]);
-        let r = detect(1, &series(64 * MIB), &[], 2000 * MIB, Some(&one));
+        assert_eq!(r.growth_per_iteration_bytes, Some(12 * MIB as i64));
+        assert_eq!(r.floors.len(), 7);
+        assert_eq!(r.floors[1].bytes - r.floors[0].bytes, 12 * MIB);
+    }
+
+    #[test]
+    fn release_after_the_last_iteration_does_not_undo_the_verdict() {
+        let (mut ev, it) = loop_trace(8, 12 * MIB, |_| 256 * MIB);
+        // Everything kept is freed after the last boundary.
+        let kept: Vec<u64> = (0..8).map(|i| 0x8000_0000 + i * 12 * MIB).collect();
+        for (k, a) in kept.iter().enumerate() {
+            ev.push(&Event::new(2000 + k as u64, 1, EventKind::Free, *a, 0));
+        }
+        let r = judge(&ev, Some(&it));
+        assert_eq!(r.verdict, Verdict::Leaking, "{}", r.reason);
+        assert!(r.reason.contains("released after the last complete iteration"), "{}", r.reason);
+        assert_eq!(r.released_after.map(|x| x.1), Some(6 * 12 * MIB));
+    }
+
+    #[test]
+    fn variable_shapes_move_the_floor_without_a_leak() {
+        // Each iteration's input (of a varying size) lives until the next
+        // one's has arrived: the floor is the base plus the smaller of two
+        // neighbours, up and down.
+        let sizes = [3, 1, 4, 1, 5, 2, 6, 2, 3, 1, 4];
+        let mut list = vec![(1, 512 * MIB, 0x1000_0000)];
+        for (i, s) in sizes.iter().enumerate() {
+            let t = 100 * (i as u64 + 1);
+            list.push((t + 1, s * MIB, 0x5000_0000 + i as u64 * 16 * MIB));
+            if i > 0 {
+                list.push((t + 2, 0, 0x5000_0000 + (i as u64 - 1) * 16 * MIB));
+            }
+        }
+        let it = iterations((0..sizes.len() as u64).map(|i| 100 * (i + 1)).collect());
+        let ev = events(&list);
+        let r = judge(&ev, Some(&it));
+        assert!(r.floors.windows(2).any(|w| w[0].bytes != w[1].bytes));
+        assert_eq!(r.verdict, Verdict::NotLeaking, "{}", r.reason);
+    }
+
+    #[test]
+    fn growth_that_stops_is_bounded() {
+        // Kept blocks in iterations 2–5 only, then flat ones.
+        let mut list = vec![(1, 512 * MIB, 0x1000_0000)];
+        for i in 0..12u64 {
+            let t = 100 * (i + 1);
+            list.push((t + 10, 64 * MIB, 0x4000_0000));
+            list.push((t + 20, 0, 0x4000_0000));
+            if (2..6).contains(&i) {
+                list.push((t + 30, 8 * MIB, 0x9000_0000 + i * 8 * MIB));
+            }
+        }
+        let ev = events(&list);
+        let it = iterations((0..12).map(|i| 100 * (i + 1)).collect());
+        let r = judge(&ev, Some(&it));
+        assert_eq!(r.verdict, Verdict::NotLeaking, "{}", r.reason);
+        assert!(r.reason.contains("from iteration 3 to 7"), "{}", r.reason);
+    }
+
+    #[test]
+    fn one_iteration_cannot_tell() {
+        let (ev, _) = loop_trace(8, 12 * MIB, |_| 256 * MIB);
+        let r = judge(&ev, Some(&iterations(vec![100, 500, 800])));
         assert_eq!(r.verdict, Verdict::CannotTell);
         assert!(r.reason.contains("optimizer moments"), "{}", r.reason);
+    }
+
+    #[test]
+    fn without_iterations_a_steady_rise_is_a_leak_a_sawtooth_is_not() {
+        // Sawtooth over a constant floor of 1 GiB: a temporary of up to
+        // 900 MiB allocated and freed every 10 ns.
+        let mut saw = vec![(0, 1024 * MIB, 0x1000_0000)];
+        for i in 1..100u64 {
+            saw.push((i * 10, (i % 10) * 100 * MIB + MIB, 0x9000_0000));
+            saw.push((i * 10 + 5, 0, 0x9000_0000));
+        }
+        let r = judge(&events(&saw), None);
+        assert_eq!((r.verdict, r.leaking), (Verdict::NotLeaking, false), "{}", r.reason);
+        assert_eq!(r.growth_bytes, 0);
+        // The same with 64 MiB more held every 10 ns.
+        let mut leak = saw.clone();
+        for i in 1..100u64 {
+            leak.push((i * 10 + 7, 64 * MIB, 0x1_0000_0000 + i * 64 * MIB));
+        }
+        leak.sort_by_key(|x| x.0);
+        let r = judge(&events(&leak), None);
+        assert_eq!((r.verdict, r.leaking), (Verdict::Leaking, true), "{}", r.reason);
+        assert!(r.growth_bytes > 0 && r.rate_bytes_per_s > 0.0);
+        assert_eq!(judge(&events(&saw[..5]), None).verdict, Verdict::CannotTell);
+        // The same growth all given back before the end: no leak.
+        let mut back = leak.clone();
+        for i in 1..100u64 {
+            back.push((2000 + i, 0, 0x1_0000_0000 + i * 64 * MIB));
+        }
+        let r = judge(&events(&back), None);
+        assert_eq!(r.verdict, Verdict::NotLeaking, "{}", r.reason);
+    }
+
+    #[test]
+    fn sizes_alive_at_the_end_are_grouped() {
+        let ev = events(&[(1, MIB, 0), (2, MIB, MIB), (3, 3 * MIB, 4 * MIB)]);
+        let live = [(0, MIB), (MIB, MIB), (4 * MIB, 3 * MIB)];
+        let input = Input { pid: 1, events: &ev, allocator_view: false, live: &live, peak: 5 * MIB, iterations: None, stacks: None };
+        let r = detect(&input);
+        assert_eq!(r.by_size[0], SizeGroup { size: 3 * MIB, count: 1, bytes: 3 * MIB });
+        assert_eq!(r.by_size[1], SizeGroup { size: MIB, count: 2, bytes: 2 * MIB });
     }
 }

@@ -341,7 +341,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         .map(|(p, (idx, prediction, backtest))| apply_prediction(p.pid, idx, prediction, backtest, &mut rows, &ooms))
         .collect();
     tracing::debug!("predictor and backtest in {:.3} s", started.elapsed().as_secs_f64());
-    let leaks = find_leaks(events, &peaks, &rows, &iterations, &mut replay, stacks.as_deref());
+    let leaks = find_leaks(events, &peaks, &iterations, &mut replay, allocator_view, stacks.as_deref());
     let exits = replay.exits().to_vec();
     let mut anomalies = replay.finish();
     anomalies.out_of_order = out_of_order;
@@ -569,36 +569,30 @@ fn keep_iterations(
     iterations
 }
 
-/// The leak verdict of each process with device memory, with the call
-/// sites of its growth and of what it allocated once (traces with stacks).
+/// The leak verdict of each process with device memory, from its exact
+/// floors ([`leak`]), with the call sites of its growth and of what it
+/// allocated once (traces with stacks).
 fn find_leaks(
     events: &Events,
     peaks: &[Peak],
-    rows: &[Row],
     iterations: &[Iterations],
     replay: &mut Replay,
+    allocator_view: bool,
     stacks: Option<&crate::trace::Stacks>,
 ) -> Vec<LeakReport> {
     peaks
         .iter()
         .map(|p| {
-            let series: Vec<(u64, u64)> =
-                rows.iter().filter(|r| r.pid == p.pid && !r.at_oom).map(|r| (r.t_ns, r.metrics.live_bytes)).collect();
-            let its = iterations.iter().find(|it| it.pid == p.pid);
-            let mut leak = crate::analysis::leak::detect(p.pid, &series, &replay.live_blocks(p.pid), p.bytes, its);
-            // Blocks of the warm-up (or only) iteration still alive: state
-            // allocated once, listed apart from leaks.
-            if let (Some(st), Some(it)) = (stacks, its)
-                && let Some(&until) = it.warmup_end_t_ns.as_ref().or(it.boundaries_t_ns.last())
-            {
-                leak.allocated_once = sites::grown_sites(events, st, p.pid, 0, until, 10);
-            }
-            // Call sites of the growth: blocks allocated after the early
-            // floor window (the second quarter) and alive at the end.
-            if let (Some(st), Some(&(since, _))) = (stacks, series.get(series.len() / 2)) {
-                leak.top_sites = sites::grown_sites(events, st, p.pid, since, u64::MAX, 10);
-            }
-            leak
+            let live = replay.live_blocks(p.pid);
+            crate::analysis::leak::detect(&crate::analysis::leak::Input {
+                pid: p.pid,
+                events,
+                allocator_view,
+                live: &live,
+                peak: p.bytes,
+                iterations: iterations.iter().find(|it| it.pid == p.pid),
+                stacks,
+            })
         })
         .collect()
 }

@@ -119,19 +119,7 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
             "source": it.source.name(),
             "boundaries_t_ns": it.boundaries_t_ns,
         })).collect::<Vec<_>>(),
-        "leaks": a.leaks.iter().map(|l| json!({
-            "pid": l.pid,
-            "verdict": l.verdict.name(),
-            "reason": l.reason,
-            "leaking": l.leaking,
-            "floor_early_bytes": l.floor_early_bytes,
-            "floor_late_bytes": l.floor_late_bytes,
-            "growth_bytes": l.growth_bytes,
-            "rate_bytes_per_s": r6(l.rate_bytes_per_s),
-            "live_at_end_bytes": l.live_at_end_bytes,
-            "live_at_end_blocks": l.live_at_end_blocks,
-            "by_size": l.by_size,
-        })).collect::<Vec<_>>(),
+        "leaks": a.leaks.iter().map(leak_json).collect::<Vec<_>>(),
     });
     if !a.exits.is_empty() {
         report["released_at_exit"] = json!(a.exits);
@@ -155,12 +143,43 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
             j["request_site"] = json!(o.request_site);
             j["top_sites"] = json!(o.top_sites);
         }
-        for (l, j) in a.leaks.iter().zip(report["leaks"].as_array_mut().into_iter().flatten()) {
-            j["top_sites"] = json!(l.top_sites);
-            j["allocated_once"] = json!(l.allocated_once);
-        }
     }
     report
+}
+
+/// One series' leak verdict, with its exact floors: per complete
+/// iteration (the warm-up first, `warmup: true`), or the six windows of
+/// the fallback rule.
+pub(crate) fn leak_json(l: &crate::analysis::leak::LeakReport) -> serde_json::Value {
+    let iterations = l.method == crate::analysis::leak::Method::Iterations;
+    json!({
+        "pid": l.pid,
+        "verdict": l.verdict.name(),
+        "reason": l.reason,
+        "leaking": l.leaking,
+        "method": l.method,
+        "floor_early_bytes": l.floor_early_bytes,
+        "floor_late_bytes": l.floor_late_bytes,
+        "growth_bytes": l.growth_bytes,
+        "growth_per_iteration_bytes": l.growth_per_iteration_bytes,
+        "growth_per_iteration_method": iterations.then_some("median of the rises from one iteration's floor to the next, after the warm-up"),
+        "fluctuation_bytes": l.fluctuation_bytes,
+        "rate_bytes_per_s": r6(l.rate_bytes_per_s),
+        "floors": l.floors.iter().enumerate().map(|(i, f)| json!({
+            "index": i,
+            "warmup": iterations && i == 0,
+            "start_t_ns": f.start_t_ns,
+            "end_t_ns": f.end_t_ns,
+            "bytes": f.bytes,
+            "at_t_ns": f.at_t_ns,
+        })).collect::<Vec<_>>(),
+        "released_after_last_iteration": l.released_after.map(|(t, b)| json!({"t_ns": t, "bytes": b})),
+        "live_at_end_bytes": l.live_at_end_bytes,
+        "live_at_end_blocks": l.live_at_end_blocks,
+        "by_size": l.by_size,
+        "top_sites": l.top_sites,
+        "allocated_once": l.allocated_once,
+    })
 }
 
 /// The allocator view's figures per device at the end, and what the

@@ -499,26 +499,36 @@ pub(crate) fn ooms_md(a: &Analysis) -> String {
 }
 
 pub(crate) fn leaks_md(a: &Analysis) -> String {
+    use crate::analysis::leak::{Method, Verdict};
     let mut md = String::from("\n## Leaks\n\n");
-    let _ =
-        writeln!(md, "| {} | verdict | floor compared | growth rate | alive at end |\n|---|---|---|---|---|", a.unit());
+    let _ = writeln!(
+        md,
+        "| {} | verdict | from | floors compared | growth per iteration | growth rate | alive at end |\n|---|---|---|---|---|---|---|",
+        a.unit()
+    );
     for l in &a.leaks {
         let verdict = match l.verdict {
-            crate::analysis::leak::Verdict::Leaking => "**leaking**",
+            Verdict::Leaking => "**leaking**",
             v => v.name(),
         };
-        let floors = if l.floor_early_bytes == 0
-            && l.floor_late_bytes == 0
-            && l.verdict == crate::analysis::leak::Verdict::CannotTell
-        {
+        let floors = if l.floors.is_empty() {
             "—".to_string()
         } else {
             format!("{} → {}", bytes(l.floor_early_bytes), bytes(l.floor_late_bytes))
         };
+        let per = match l.growth_per_iteration_bytes {
+            Some(g) if g >= 0 => bytes(g as u64),
+            Some(g) => format!("−{}", bytes(g.unsigned_abs())),
+            None => "—".into(),
+        };
         let rate = if l.leaking { format!("{}/s", bytes(l.rate_bytes_per_s.max(0.0) as u64)) } else { "—".into() };
+        let from = match l.method {
+            Method::Iterations => "iteration floors",
+            Method::Windows => "windows (no iterations)",
+        };
         let _ = writeln!(
             md,
-            "| {} | {verdict} | {floors} | {rate} | {} in {} |",
+            "| {} | {verdict} | {from} | {floors} | {per} | {rate} | {} in {} |",
             l.pid,
             bytes(l.live_at_end_bytes),
             plural(l.live_at_end_blocks, "block", "blocks")
@@ -527,6 +537,34 @@ pub(crate) fn leaks_md(a: &Analysis) -> String {
     md.push('\n');
     for l in &a.leaks {
         let _ = writeln!(md, "- {} {}: {}.", a.unit(), l.pid, l.reason);
+    }
+    for l in a.leaks.iter().filter(|l| l.method == Method::Iterations && l.floors.len() > 1) {
+        let _ = writeln!(
+            md,
+            "\nFloors of {} {} — the least allocated bytes over the events of each complete iteration (exact, from the event stream):\n\n| iteration | starts at | floor | change |\n|---|---|---|---|",
+            a.unit(),
+            l.pid
+        );
+        let shown = 24;
+        for (i, f) in l.floors.iter().enumerate().take(shown) {
+            let change = match i {
+                0 => "warm-up".to_string(),
+                _ => {
+                    let d = f.bytes as i64 - l.floors[i - 1].bytes as i64;
+                    if d >= 0 { format!("+{}", bytes(d as u64)) } else { format!("−{}", bytes(d.unsigned_abs())) }
+                }
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {change} |",
+                i + 1,
+                a.time_text(f.start_t_ns.saturating_sub(a.first_ts) as f64 / 1e9),
+                bytes(f.bytes)
+            );
+        }
+        if l.floors.len() > shown {
+            let _ = writeln!(md, "\n… and {} more (all in report.json, `leaks[].floors`).", l.floors.len() - shown);
+        }
     }
     if let Some(l) = a.leaks.iter().find(|l| l.leaking) {
         let _ = writeln!(
@@ -539,7 +577,10 @@ pub(crate) fn leaks_md(a: &Analysis) -> String {
             let _ = writeln!(md, "| {} | {} | {} |", bytes(g.size), g.count, bytes(g.bytes));
         }
         if !l.top_sites.is_empty() {
-            md.push_str("\nAllocated after the second quarter and still alive at the end, by call site:\n\n| call site | bytes | blocks |\n|---|---|---|\n");
+            md.push_str(match l.method {
+                Method::Iterations => "\nThe growth by call site: blocks allocated during the iterations after the warm-up and still alive at the last iteration's floor:\n\n| call site | bytes | blocks |\n|---|---|---|\n",
+                Method::Windows => "\nThe growth by call site: blocks allocated after the second quarter and still alive at the end:\n\n| call site | bytes | blocks |\n|---|---|---|\n",
+            });
             for t in &l.top_sites {
                 let _ = writeln!(md, "| `{}` | {} | {} |", t.site, bytes(t.bytes), t.blocks);
             }
