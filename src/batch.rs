@@ -226,10 +226,20 @@ fn gate(rows: &[SummaryRow], gates: &cli::GateArgs) -> u8 {
     let mut tripped = false;
     for (name, s) in rows {
         let Ok(s) = s else { continue };
-        if let (Some(level), Some(risk)) = (gates.fail_on, s.risk)
+        if let Some(level) = gates.fail_on
+            && s.oom_risk >= level
+        {
+            eprintln!("gate: {name}: OOM risk {} is at or above --fail-on {}", s.oom_risk.name(), level.name());
+            tripped = true;
+        }
+        if let (Some(level), Some(risk)) = (gates.fail_on_fragmentation, s.risk)
             && risk >= level
         {
-            eprintln!("gate: {name}: forecast risk {} is at or above --fail-on {}", risk.name(), level.name());
+            eprintln!(
+                "gate: {name}: fragmentation level {} is at or above --fail-on-fragmentation {}",
+                risk.name(),
+                level.name()
+            );
             tripped = true;
         }
         if let Some(max) = gates.max_score

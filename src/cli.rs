@@ -401,9 +401,15 @@ pub struct PredictArgs {
 #[derive(Debug, Args)]
 #[command(next_help_heading = "CI gates (exit code 3)")]
 pub struct GateArgs {
-    /// Fail when any trace's forecast risk is at or above this level.
+    /// Fail when any trace's OOM risk (the headline: low, medium, high,
+    /// critical, oom) is at or above this level. A trace whose capacity is
+    /// unknown has OOM risk `unknown` and trips only at `oom`.
+    #[arg(long, value_parser = parse_oom_risk)]
+    pub fail_on: Option<crate::analysis::risk::OomRisk>,
+    /// Fail when any trace's fragmentation level (the predictor's forecast
+    /// level: minimal, low, medium, high, critical) is at or above this.
     #[arg(long, value_enum)]
-    pub fail_on: Option<Risk>,
+    pub fail_on_fragmentation: Option<Risk>,
     /// Fail when any trace's final score exceeds this.
     #[arg(long)]
     pub max_score: Option<f64>,
@@ -452,5 +458,14 @@ impl AnalyzeArgs {
             normalised_time: false,
             max_panels: self.plots.max_panels,
         })
+    }
+}
+
+/// An OOM risk level for `--fail-on`.
+fn parse_oom_risk(s: &str) -> Result<crate::analysis::risk::OomRisk, String> {
+    use crate::analysis::risk::OomRisk;
+    match OomRisk::from_name(&s.to_ascii_lowercase()) {
+        Some(OomRisk::Unknown) | None => Err(format!("`{s}`: expected one of low, medium, high, critical, oom")),
+        Some(r) => Ok(r),
     }
 }

@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod oom;
 pub mod predict;
 pub mod replay;
+pub mod risk;
 pub mod sites;
 pub(crate) mod summary;
 pub mod whatif;
@@ -164,7 +165,11 @@ pub struct Row {
     pub at_oom: bool,
     pub metrics: Metrics,
     pub forecast: Option<Vec<f64>>,
+    /// The fragmentation level the online backtest forecast at this step.
     pub risk_online: Option<Risk>,
+    /// The OOM risk an online monitor would have reported at this step
+    /// ([`risk`]).
+    pub oom_risk_online: Option<risk::OomRisk>,
     /// Allocator view only: reserved, allocated and requested bytes and
     /// PyTorch's fragmentation figure.
     pub alloc: Option<AllocatorFigures>,
@@ -190,7 +195,7 @@ impl Row {
 pub struct ProcessPrediction {
     pub pid: u32,
     pub prediction: Prediction,
-    /// Steps and seconds between the first online risk ≥ high and the
+    /// Steps and seconds between the first online OOM risk ≥ high and the
     /// process's first OOM (None: no OOM, or no warning before it).
     pub lead_time: Option<(u32, f64)>,
 }
@@ -209,6 +214,9 @@ pub struct Analysis {
     pub ooms: Vec<OomDiagnosis>,
     pub predictions: Vec<ProcessPrediction>,
     pub leaks: Vec<LeakReport>,
+    /// The OOM risk of each device (snapshots), or of the processes'
+    /// device together (device-level traces): the headline.
+    pub oom_risk: Vec<risk::Assessment>,
     /// The capacity the OOM diagnosis used, if any.
     pub capacity: Option<u64>,
     /// What the pictures draw, when `Options::layout` asked for it and
@@ -335,11 +343,27 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         let period = iterations.iter().find(|it| it.pid == p.pid).and_then(|it| period_steps(it, &rows));
         predict_series(p.pid, &rows, &opts.predict, period)
     });
-    let predictions: Vec<ProcessPrediction> = peaks
+    let mut predictions: Vec<ProcessPrediction> = peaks
         .iter()
         .zip(forecasts)
-        .map(|(p, (idx, prediction, backtest))| apply_prediction(p.pid, idx, prediction, backtest, &mut rows, &ooms))
+        .map(|(p, (idx, prediction, backtest))| apply_prediction(p.pid, idx, prediction, backtest, &mut rows))
         .collect();
+    let oom_risk = risk::evaluate(
+        &risk::Inputs {
+            events,
+            allocator_view,
+            peaks: &peaks,
+            peak_live_total: peak_total,
+            ooms: &ooms,
+            given: opts.capacity,
+            recorded: trace.meta.as_ref().and_then(|m| m.capacity_bytes),
+            fragmentation: predictions.iter().map(|p| (p.pid, p.prediction.risk)).collect(),
+        },
+        &mut rows,
+    );
+    for p in &mut predictions {
+        p.lead_time = lead_time(p.pid, &rows, &ooms);
+    }
     tracing::debug!("predictor and backtest in {:.3} s", started.elapsed().as_secs_f64());
     let leaks = find_leaks(events, &peaks, &iterations, &mut replay, allocator_view, stacks.as_deref());
     let exits = replay.exits().to_vec();
@@ -358,6 +382,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         ooms,
         predictions,
         leaks,
+        oom_risk,
         capacity,
         anomalies,
         exits,
@@ -437,6 +462,7 @@ fn walk(
         metrics: replay.metrics(pid),
         forecast: None,
         risk_online: None,
+        oom_risk_online: None,
         alloc: replay.allocator_figures(pid),
         iteration: None,
         reported_reserved: None,
@@ -674,29 +700,31 @@ fn predict_series(
     (idx, prediction, backtest)
 }
 
-/// Writes a process's backtest (from [`predict_series`]) into its rows,
-/// and measures the warning lead time before the process's first OOM.
+/// Writes a process's backtest (from [`predict_series`]) into its rows.
 fn apply_prediction(
     pid: u32,
     idx: Vec<usize>,
     prediction: Prediction,
     backtest: crate::analysis::predict::Backtest,
     rows: &mut [Row],
-    ooms: &[OomDiagnosis],
 ) -> ProcessPrediction {
     for (k, &i) in idx.iter().enumerate() {
         rows[i].forecast = backtest.forecasts[k].clone();
         rows[i].risk_online = backtest.risk[k];
     }
-    let lead_time = ooms.iter().find(|o| o.pid == pid).and_then(|first| {
-        let oom_step = rows.iter().find(|r| r.at_oom && r.pid == pid && r.t_ns == first.t_ns)?.step;
-        idx.iter()
-            .map(|&i| &rows[i])
-            .take_while(|r| r.t_ns < first.t_ns)
-            .find(|r| r.risk_online.is_some_and(|risk| risk >= Risk::High))
-            .map(|r| (oom_step.saturating_sub(r.step), (first.t_ns - r.t_ns) as f64 / 1e9))
-    });
-    ProcessPrediction { pid, prediction, lead_time }
+    ProcessPrediction { pid, prediction, lead_time: None }
+}
+
+/// Steps and seconds from the first row where the online OOM risk of
+/// `pid` reached high to its first OOM.
+fn lead_time(pid: u32, rows: &[Row], ooms: &[OomDiagnosis]) -> Option<(u32, f64)> {
+    let first = ooms.iter().find(|o| o.pid == pid)?;
+    let oom_step = rows.iter().find(|r| r.at_oom && r.pid == pid && r.t_ns == first.t_ns)?.step;
+    rows.iter()
+        .filter(|r| r.pid == pid && !r.at_oom)
+        .take_while(|r| r.t_ns < first.t_ns)
+        .find(|r| r.oom_risk_online.is_some_and(|risk| risk >= risk::OomRisk::High))
+        .map(|r| (oom_step.saturating_sub(r.step), (first.t_ns - r.t_ns) as f64 / 1e9))
 }
 
 #[cfg(test)]
@@ -722,6 +750,7 @@ mod tests {
             metrics: Metrics::default(),
             forecast: None,
             risk_online: None,
+            oom_risk_online: None,
             alloc: None,
             iteration: None,
             reported_reserved: None,

@@ -170,6 +170,7 @@ struct Proc<'f> {
     blocks: BlockStats,
     gaps: GapSet,
     span: u64,
+    peak_span: u64,
     peak_bytes: u64,
     peak_t_ns: u64,
     /// Allocator view only: the live segments (start → end, expandable),
@@ -196,6 +197,9 @@ pub struct Peak {
     pub pid: u32,
     pub bytes: u64,
     pub t_ns: u64,
+    /// Allocator view: the exact peak of the reserved bytes (the segments'
+    /// span), at every segment event. Not used in the device view.
+    pub span_bytes: u64,
 }
 
 /// The replay fold over a whole trace (all processes).
@@ -276,6 +280,7 @@ impl<'f> Replay<'f> {
                     blocks: BlockStats::default(),
                     gaps: GapSet::default(),
                     span: 0,
+                    peak_span: 0,
                     peak_bytes: 0,
                     peak_t_ns: 0,
                     segments: BTreeMap::new(),
@@ -422,6 +427,7 @@ impl<'f> Replay<'f> {
     /// peak and the peak of the total.
     fn note_peaks(&mut self, i: usize, before: u64, t_ns: u64) {
         let proc = &mut self.procs[i];
+        proc.peak_span = proc.peak_span.max(proc.span);
         if proc.blocks.bytes > proc.peak_bytes {
             proc.peak_bytes = proc.blocks.bytes;
             proc.peak_t_ns = t_ns;
@@ -470,7 +476,7 @@ impl<'f> Replay<'f> {
 
     /// Exact peaks per process, in the order of [`Replay::pids`].
     pub fn peaks(&self) -> Vec<Peak> {
-        self.procs.iter().map(|p| Peak { pid: p.pid, bytes: p.peak_bytes, t_ns: p.peak_t_ns }).collect()
+        self.procs.iter().map(|p| Peak { pid: p.pid, bytes: p.peak_bytes, t_ns: p.peak_t_ns, span_bytes: p.peak_span }).collect()
     }
 
     /// Exact peak of the live bytes summed over processes.

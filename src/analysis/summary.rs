@@ -46,8 +46,11 @@ pub struct Summary {
     pub score: ScoreStats,
     pub ooms: u64,
     pub anomalies: u64,
-    /// The highest forecast risk over processes (None: insufficient data).
+    /// The highest fragmentation level (SPEC §6.8) forecast over processes
+    /// (None: insufficient data).
     pub risk: Option<Risk>,
+    /// The highest OOM risk over devices ([`crate::analysis::risk`]).
+    pub oom_risk: crate::analysis::risk::OomRisk,
     /// OOM counts per class, most frequent first.
     pub oom_classes: Vec<(OomClass, u64)>,
     pub leaking: bool,
@@ -91,6 +94,7 @@ impl Summary {
             ooms: a.ooms.len() as u64,
             anomalies: a.anomalies.total(),
             risk: a.predictions.iter().filter_map(|p| p.prediction.risk).max(),
+            oom_risk: a.oom_risk.iter().map(|x| x.level).max().unwrap_or(crate::analysis::risk::OomRisk::Unknown),
             oom_classes: oom_classes(a),
             leaking: a.leaks.iter().any(|l| l.leaking),
             leaked_bytes: a.leaks.iter().filter(|l| l.leaking).map(|l| l.growth_bytes).sum(),

@@ -297,9 +297,11 @@ pub(crate) fn oom_sentence(class: OomClass) -> &'static str {
     }
 }
 
-/// The verdict: risk, score and forecast, OOM causes, leak — first thing.
+/// The verdict: OOM risk, the fragmentation level and its forecast, OOM
+/// causes, leak — first thing.
 pub(crate) fn verdict_md(a: &Analysis, s: &Summary) -> String {
     let mut md = String::new();
+    md.push_str(&oom_risk_md(a));
     match headline(a) {
         Some(p) if p.prediction.forecast.is_some() => {
             let pr = &p.prediction;
@@ -307,8 +309,8 @@ pub(crate) fn verdict_md(a: &Analysis, s: &Summary) -> String {
             let forecast: Vec<String> = f.iter().map(|v| format!("{v:.1}")).collect();
             let _ = writeln!(
                 md,
-                "**Risk: {}** — fragmentation score {:.1} now, forecast {} over the next {} by {} ({}; confidence {:.2}, trend {:+.2} per step).\n",
-                pr.risk.map_or("unknown", Risk::name).to_uppercase(),
+                "Fragmentation level: **{}** — fragmentation score {:.1} now, forecast {} over the next {} by {} ({}; confidence {:.2}, trend {:+.2} per step). The score counts free blocks that a cache keeps on purpose as gaps: on its own it does not say that memory will run out.\n",
+                pr.risk.map_or("unknown", Risk::name),
                 pr.current,
                 forecast.join(" → "),
                 plural(pr.horizon as u64, "step", "steps"),
@@ -321,7 +323,7 @@ pub(crate) fn verdict_md(a: &Analysis, s: &Summary) -> String {
         _ => {
             let _ = writeln!(
                 md,
-                "**Risk: insufficient data** — too few steps for the predictor (it needs window + horizon + 1).\n"
+                "Fragmentation level: insufficient data — too few steps for the predictor (it needs window + horizon + 1).\n"
             );
         }
     }
@@ -330,15 +332,55 @@ pub(crate) fn verdict_md(a: &Analysis, s: &Summary) -> String {
             s.oom_classes.iter().map(|(c, n)| format!("{n} {}", c.name().replace('_', " "))).collect();
         let _ =
             writeln!(md, "**{}: {}** — {}.\n", plural(s.ooms, "OOM", "OOMs"), parts.join(", "), oom_sentence(*class));
+    } else if let Some(why) = no_history(a) {
+        let _ = writeln!(md, "OOMs, leaks, iterations and what-if cannot be judged from this file: {why}.\n");
     } else {
         let _ = writeln!(md, "No OOM in this trace.\n");
     }
     if s.leaking {
         let _ = writeln!(
             md,
-            "**Leak**: the floor of live memory rose by {} and never came back.\n",
+            "**Leak**: the floor of live memory rose by {} across iterations (Leaks).\n",
             bytes(s.leaked_bytes.max(0) as u64)
         );
+    }
+    md
+}
+
+/// A snapshot that holds no trace history: only the state at one instant.
+pub(crate) fn no_history(a: &Analysis) -> Option<String> {
+    let d = a.snapshot_details()?;
+    let entries: u64 = d.reconstruction.iter().map(|r| r.entries).sum();
+    (entries == 0).then(|| {
+        "it holds no trace history (no `alloc`/`free` entries, only the state at one instant: PyTorch's memory history was not recording)".to_string()
+    })
+}
+
+/// The OOM risk headline: one line, or one per device.
+pub(crate) fn oom_risk_md(a: &Analysis) -> String {
+    use crate::analysis::risk::OomRisk;
+    let mut md = String::new();
+    let Some(worst) = a.oom_risk.iter().max_by_key(|x| x.level) else {
+        return "**OOM risk: UNKNOWN** — no device memory activity in this trace.\n\n".into();
+    };
+    let line = |x: &crate::analysis::risk::Assessment| -> String {
+        match x.level {
+            OomRisk::Oom => format!("{} — see OOMs below", x.reason),
+            OomRisk::Unknown => format!("{}; pass `--capacity` to judge the headroom", x.reason),
+            _ => {
+                let c = x.capacity.map_or(String::new(), |c| format!(" (capacity {})", c.source.phrase()));
+                format!("{}{c}", x.reason)
+            }
+        }
+    };
+    if a.oom_risk.len() == 1 {
+        let _ = writeln!(md, "**OOM risk: {}** — {}.\n", worst.level.name().to_uppercase(), line(worst));
+    } else {
+        let _ = writeln!(md, "**OOM risk: {}** (the highest of {} devices):\n", worst.level.name().to_uppercase(), a.oom_risk.len());
+        for x in &a.oom_risk {
+            let _ = writeln!(md, "- device {}: **{}** — {}.", x.device.unwrap_or(0), x.level.name(), line(x));
+        }
+        md.push('\n');
     }
     md
 }
@@ -416,14 +458,24 @@ pub(crate) fn prediction_md(a: &Analysis) -> String {
         Some((steps, secs)) => {
             let _ = writeln!(
                 md,
-                "| warning lead time | risk reached high {} ({}) before the first OOM |",
+                "| warning lead time | the online OOM risk reached high {} ({}) before the first OOM |",
                 plural(steps as u64, "step", "steps"),
                 a.time_text(secs)
             );
         }
         None if a.ooms.iter().any(|o| o.pid == p.pid) => {
-            let _ =
-                writeln!(md, "| warning lead time | none: the online risk did not reach high before the first OOM |");
+            let known = a.rows.iter().any(|r| {
+                r.pid == p.pid && r.oom_risk_online.is_some_and(|x| x != crate::analysis::risk::OomRisk::Unknown)
+            });
+            let _ = writeln!(
+                md,
+                "| warning lead time | {} |",
+                if known {
+                    "none: the online OOM risk did not reach high before the first OOM"
+                } else {
+                    "none: the capacity was not known before the first OOM, so no online OOM risk could be computed"
+                }
+            );
         }
         None => {}
     }
@@ -688,8 +740,8 @@ pub(crate) fn advice_md(a: &Analysis, s: &Summary) -> String {
             bytes(s.leaked_bytes.max(0) as u64)
         ));
     }
-    if a.ooms.is_empty() && s.risk >= Some(Risk::High) {
-        items.push("No OOM yet, but the forecast risk is high: the free space is scattered in gaps; a larger request will not find room.".into());
+    if let Some(x) = a.oom_risk.iter().filter(|x| x.level >= crate::analysis::risk::OomRisk::High && x.level < crate::analysis::risk::OomRisk::Oom).max_by_key(|x| x.level) {
+        items.push(format!("No OOM yet, but the OOM risk is {}: {}.", x.level.name(), x.reason));
     }
     if let Some(w) = a.whatif.as_ref().filter(|w| w.recommended.0 != 0) {
         let (same, n) = w.same_address();
@@ -717,7 +769,7 @@ pub(crate) fn advice_md(a: &Analysis, s: &Summary) -> String {
 pub fn stdout_summary(a: &Analysis, out: &Path) -> String {
     let s = Summary::of(a);
     format!(
-        "{}: {} events, {} {}, {:.3} s, {} steps; risk {}\n  score final {:.1}, mean {:.1}, p95 {:.1}, max {:.1}; peak live {}; {} OOM{}; {} anomal{}\n  wrote {}\n",
+        "{}: {} events, {} {}, {:.3} s, {} steps; OOM risk {}, fragmentation level {}\n  score final {:.1}, mean {:.1}, p95 {:.1}, max {:.1}; peak live {}; {} OOM{}; {} anomal{}\n  wrote {}\n",
         s.name,
         s.events,
         s.processes,
@@ -729,6 +781,7 @@ pub fn stdout_summary(a: &Analysis, out: &Path) -> String {
         },
         s.duration_s,
         a.step_count,
+        s.oom_risk.name(),
         s.risk.map_or("insufficient data", Risk::name),
         s.score.final_,
         s.score.mean,

@@ -94,7 +94,8 @@ fn write_metrics(rows: &[Row], horizon: usize, path: &Path) -> Result<()> {
         let values = Float64Array::from_iter(rows.iter().map(|r| r.forecast.as_ref().and_then(|f| f.get(k).copied())));
         c.push(format!("forecast_{}", k + 1), values);
     }
-    c.push("risk_online", StringArray::from_iter(rows.iter().map(|r| r.risk_online.map(Risk::name))));
+    c.push("fragmentation_level_online", StringArray::from_iter(rows.iter().map(|r| r.risk_online.map(Risk::name))));
+    c.push("oom_risk_online", StringArray::from_iter(rows.iter().map(|r| r.oom_risk_online.map(|x| x.name()))));
     c.push("iteration", UInt32Array::from_iter(rows.iter().map(|r| r.iteration)));
     if rows.iter().any(|r| r.alloc.is_some()) {
         let a = |get: fn(&crate::analysis::replay::AllocatorFigures) -> u64| {

@@ -34,7 +34,8 @@ pub(crate) const SUMMARY_COLUMNS: &[&str] = &[
     "ext_frag_at_peak",
     "ooms",
     "oom_class",
-    "risk",
+    "oom_risk",
+    "fragmentation_level",
     "leaking",
     "leaked_bytes",
     "anomalies",
@@ -69,6 +70,7 @@ pub(crate) fn summary_cells(
                 Some(format!("{:.6}", s.ext_frag_at_peak)),
                 Some(s.ooms.to_string()),
                 s.oom_classes.first().map(|c| c.0.name().to_string()),
+                Some(s.oom_risk.name().to_string()),
                 s.risk.map(|r| r.name().to_string()),
                 Some(s.leaking.to_string()),
                 Some(s.leaked_bytes.max(0).to_string()),
@@ -115,7 +117,8 @@ pub(crate) fn summary_frame(
         .push("ext_frag_at_peak", ok(|s| s.ext_frag_at_peak))
         .push("ooms", oku(|s| s.ooms))
         .push("oom_class", text(|s| s.oom_classes.first().map(|c| c.0.name().to_string())))
-        .push("risk", text(|s| s.risk.map(|r| r.name().to_string())))
+        .push("oom_risk", text(|s| Some(s.oom_risk.name().to_string())))
+        .push("fragmentation_level", text(|s| s.risk.map(|r| r.name().to_string())))
         .push("leaking", BooleanArray::from_iter(rows.iter().map(|r| r.1.as_ref().ok().map(|s| s.leaking))))
         .push("leaked_bytes", oku(|s| s.leaked_bytes.max(0) as u64))
         .push("anomalies", oku(|s| s.anomalies));
@@ -135,12 +138,19 @@ pub(crate) fn summary_frame(
 /// The summary dataset's folder under the output root.
 pub const DATASET: &str = "summary.parquet";
 
-/// Worst first (by p95 score, failed traces on top), then by name.
+/// Worst first (failed traces on top, then by OOM risk, then by p95
+/// score), then by name.
 fn worst_first(rows: &[SummaryRow]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..rows.len()).collect();
     order.sort_by(|&a, &b| {
-        let key = |r: &SummaryRow| r.1.as_ref().map_or(f64::INFINITY, |s| s.score.p95);
-        key(&rows[b]).total_cmp(&key(&rows[a])).then_with(|| rows[a].0.cmp(&rows[b].0))
+        let key = |r: &SummaryRow| {
+            r.1.as_ref().map_or((crate::analysis::risk::OomRisk::Oom, f64::INFINITY, true), |s| (s.oom_risk, s.score.p95, false))
+        };
+        let (ka, kb) = (key(&rows[a]), key(&rows[b]));
+        kb.2.cmp(&ka.2)
+            .then(kb.0.cmp(&ka.0))
+            .then(kb.1.total_cmp(&ka.1))
+            .then_with(|| rows[a].0.cmp(&rows[b].0))
     });
     order
 }
@@ -289,7 +299,8 @@ fn rows_of(df: &Table, source: &str, date: &str) -> Result<Vec<SummaryRow>> {
         float("ext_frag_at_peak")?,
     );
     let oom_class = text("oom_class")?;
-    let risk = text("risk")?;
+    let oom_risk = text("oom_risk")?;
+    let risk = text("fragmentation_level")?;
     let leaking: Vec<bool> = df.bools("leaking")?.into_iter().map(|v| v.unwrap_or(false)).collect();
     let features: Vec<Vec<f64>> =
         crate::analysis::cluster::FEATURES.iter().map(|f| float(&format!("feature_{f}"))).collect::<Result<_>>()?;
@@ -314,6 +325,10 @@ fn rows_of(df: &Table, source: &str, date: &str) -> Result<Vec<SummaryRow>> {
                 ooms: ooms[i],
                 anomalies: anomalies[i],
                 risk: risk[i].as_deref().and_then(|r| <Risk as clap::ValueEnum>::from_str(r, true).ok()),
+                oom_risk: oom_risk[i]
+                    .as_deref()
+                    .and_then(crate::analysis::risk::OomRisk::from_name)
+                    .unwrap_or(crate::analysis::risk::OomRisk::Unknown),
                 // The part keeps the most frequent class only.
                 oom_classes: class.map(|c| vec![(c, ooms[i])]).unwrap_or_default(),
                 leaking: leaking[i],
@@ -373,9 +388,9 @@ pub(crate) fn summary_md(
     clusters: &[Option<(usize, String)>],
     grouping: Option<&crate::analysis::cluster::Clustering>,
 ) -> String {
-    let mut md = String::from("# fragscope batch summary\n\nWorst first (by p95 score); failed traces on top.\n\n");
-    md.push_str("| trace | status | risk | score final | p95 | max | OOMs | OOM class | peak live | group |\n");
-    md.push_str("|---|---|---|---|---|---|---|---|---|---|\n");
+    let mut md = String::from("# fragscope batch summary\n\nWorst first (by OOM risk, then p95 fragmentation score); failed traces on top.\n\n");
+    md.push_str("| trace | status | OOM risk | fragmentation level | score final | p95 | max | OOMs | OOM class | peak live | group |\n");
+    md.push_str("|---|---|---|---|---|---|---|---|---|---|---|\n");
     for &i in order {
         let (name, r) = (&rows[i].0, &rows[i].1);
         let group = clusters.get(i).and_then(|c| c.as_ref()).map_or(String::new(), |c| c.1.clone());
@@ -383,7 +398,8 @@ pub(crate) fn summary_md(
             Ok(s) => {
                 let _ = writeln!(
                     md,
-                    "| {name} | ok | {} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {group} |",
+                    "| {name} | ok | {} | {} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {group} |",
+                    s.oom_risk.name(),
                     s.risk.map_or("n/a", Risk::name),
                     s.score.final_,
                     s.score.p95,
@@ -396,7 +412,7 @@ pub(crate) fn summary_md(
             Err(e) => {
                 let _ = writeln!(
                     md,
-                    "| {name} | **error**: {} | | | | | | | | |",
+                    "| {name} | **error**: {} | | | | | | | | | |",
                     e.replace('|', "\\|").replace('\n', " ")
                 );
             }

@@ -194,13 +194,13 @@ fn prediction_is_reported_and_backtest_is_in_the_metrics() {
     let skill = p["skill"].as_f64().unwrap();
     assert!((skill - (1.0 - best.0 / cv["persistence"].as_f64().unwrap())).abs() < 1e-3, "{p}");
     assert!(p["confidence"].as_f64().unwrap() >= 0.1);
-    assert!(["minimal", "low", "medium", "high", "critical"].contains(&p["risk"].as_str().unwrap()));
+    assert!(["minimal", "low", "medium", "high", "critical"].contains(&p["fragmentation_level"].as_str().unwrap()));
     // The online risk reached high before the first OOM here.
     assert!(p["lead_time_steps"].as_u64().unwrap() > 0);
     assert!(p["lead_time_s"].as_f64().unwrap() > 0.0);
 
     let df = crate::common::read_parquet(&out.join("metrics.parquet"));
-    for c in ["forecast_1", "forecast_4", "risk_online"] {
+    for c in ["forecast_1", "forecast_4", "fragmentation_level_online", "oom_risk_online"] {
         assert!(df.has(c), "{c}");
     }
     // Null before enough data, present later.

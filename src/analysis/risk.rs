@@ -1,0 +1,463 @@
+//! OOM risk (SPEC §6.10): the risk of running out of memory, the headline
+//! of every report. The predictor's level ([`crate::analysis::predict::Risk`],
+//! SPEC §6.8) is the *fragmentation level*: it is high on every cached
+//! PyTorch run, because the free blocks a cache keeps on purpose count as
+//! gaps, so on its own it says nothing about running out of memory.
+//!
+//! The OOM risk of a device (each device of a snapshot; for a device-level
+//! trace, whose events carry no device yet, the one device its processes
+//! share, by their summed live bytes):
+//! - `oom` when the trace holds an OOM there;
+//! - `unknown` when the capacity C is not known: not given (`--capacity`),
+//!   not recorded (`capacity_bytes` in `trace.json`), and not inferred
+//!   from an `oom` entry (CUDA's free memory plus what was reserved then);
+//! - otherwise from the headroom C − R (R: peak reserved for snapshots,
+//!   peak live for device-level traces), the room for a new request now
+//!   (the larger of the largest free range and C − reserved now, since a
+//!   request takes one range), the largest request seen, and the trend of R:
+//!   - `critical`: R ≥ 95 % of C, or the largest request seen would not
+//!     fit in the room now;
+//!   - `high`: R ≥ 85 % of C, or a headroom of less than twice the largest
+//!     request, or R rising at a rate that fills the headroom within as
+//!     many steps again as the trace has had (the trend of the last 20);
+//!   - `medium`: R ≥ 70 % of C;
+//!   - `low` otherwise: a healthy run using a small share of its GPU is
+//!     `low` whatever its fragmentation level.
+//!
+//!   A fragmentation level of high or critical raises the risk by one
+//!   level when R ≥ 70 % of C (scattered free space matters only when room
+//!   is short).
+//!
+//! The online risk of the backtest applies the same rule at each step with
+//! what was known up to that step (peak so far, largest request so far,
+//! the online fragmentation level), so the warning lead time before an OOM
+//! is measured on this risk.
+
+use serde::Serialize;
+
+use crate::analysis::predict::Risk;
+
+/// The risk of running out of memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OomRisk {
+    /// No capacity to compare with.
+    Unknown,
+    Low,
+    Medium,
+    High,
+    Critical,
+    /// The trace ran out of memory.
+    Oom,
+}
+
+impl OomRisk {
+    pub const ALL: [OomRisk; 6] =
+        [OomRisk::Unknown, OomRisk::Low, OomRisk::Medium, OomRisk::High, OomRisk::Critical, OomRisk::Oom];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            OomRisk::Unknown => "unknown",
+            OomRisk::Low => "low",
+            OomRisk::Medium => "medium",
+            OomRisk::High => "high",
+            OomRisk::Critical => "critical",
+            OomRisk::Oom => "oom",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<OomRisk> {
+        OomRisk::ALL.into_iter().find(|r| r.name() == name)
+    }
+
+    fn raised(self) -> OomRisk {
+        match self {
+            OomRisk::Low => OomRisk::Medium,
+            OomRisk::Medium => OomRisk::High,
+            OomRisk::High | OomRisk::Critical => OomRisk::Critical,
+            other => other,
+        }
+    }
+}
+
+/// Where a capacity comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CapacitySource {
+    /// `--capacity`.
+    Given,
+    /// `capacity_bytes` in `trace.json` (the recorder, or `synth`).
+    Recorded,
+    /// An `oom` entry: CUDA's free memory plus what was reserved then.
+    InferredFromOom,
+}
+
+impl CapacitySource {
+    pub fn phrase(self) -> &'static str {
+        match self {
+            CapacitySource::Given => "given with --capacity",
+            CapacitySource::Recorded => "recorded in trace.json",
+            CapacitySource::InferredFromOom => {
+                "inferred from the `oom` entry: the free memory CUDA reported plus what was reserved then"
+            }
+        }
+    }
+}
+
+/// A device's capacity and where it comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Capacity {
+    pub bytes: u64,
+    pub source: CapacitySource,
+}
+
+/// The state of a device at one step, as the rule reads it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct State {
+    /// R: the peak of reserved (snapshots) or live (device-level) bytes so far.
+    pub peak: u64,
+    /// Reserved (or live, or the arenas' span) bytes now.
+    pub reserved_now: u64,
+    /// The largest free range inside what is reserved now.
+    pub largest_free_now: u64,
+    /// The largest request that succeeded so far.
+    pub largest_request: u64,
+    /// Slope of R's series over the last steps, bytes per step.
+    pub trend_per_step: f64,
+    /// Steps so far.
+    pub steps: usize,
+    pub fragmentation: Option<Risk>,
+}
+
+/// The OOM risk of one device, and the figures behind it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Assessment {
+    /// The device (snapshots), or None: the processes of a device-level
+    /// trace together.
+    pub device: Option<u32>,
+    pub level: OomRisk,
+    pub capacity: Option<Capacity>,
+    /// R, and what it is ("peak reserved" or "peak live").
+    pub peak_bytes: u64,
+    pub peak_what: &'static str,
+    pub headroom_bytes: Option<u64>,
+    pub largest_request_bytes: u64,
+    pub room_now_bytes: Option<u64>,
+    pub trend_bytes_per_step: f64,
+    pub ooms: u64,
+    /// The fragmentation level (SPEC §6.8) of the device's forecast.
+    pub fragmentation_level: Option<Risk>,
+    /// Why, in plain words.
+    pub reason: String,
+}
+
+/// The share of the capacity at which each level begins.
+const CRITICAL_SHARE: f64 = 0.95;
+const HIGH_SHARE: f64 = 0.85;
+const MEDIUM_SHARE: f64 = 0.70;
+
+/// The level of a device with capacity `c` in state `s`, and the reasons.
+pub fn assess(c: u64, s: &State) -> (OomRisk, Vec<String>) {
+    let b = crate::units::bytes;
+    let share = if c == 0 { 1.0 } else { s.peak as f64 / c as f64 };
+    let headroom = c.saturating_sub(s.peak);
+    let room = s.largest_free_now.max(c.saturating_sub(s.reserved_now));
+    let mut why = Vec::new();
+    let mut level = if share >= CRITICAL_SHARE {
+        why.push(format!("{:.0} % of the capacity in use at the peak", share * 100.0));
+        OomRisk::Critical
+    } else if room < s.largest_request {
+        why.push(format!(
+            "the largest request seen ({}) would not fit in the largest room now ({})",
+            b(s.largest_request),
+            b(room)
+        ));
+        OomRisk::Critical
+    } else if share >= HIGH_SHARE {
+        why.push(format!("{:.0} % of the capacity in use at the peak", share * 100.0));
+        OomRisk::High
+    } else if headroom < s.largest_request.saturating_mul(2) {
+        why.push(format!(
+            "a headroom of {} is less than twice the largest request seen ({})",
+            b(headroom),
+            b(s.largest_request)
+        ));
+        OomRisk::High
+    } else if share >= MEDIUM_SHARE {
+        why.push(format!("{:.0} % of the capacity in use at the peak", share * 100.0));
+        OomRisk::Medium
+    } else {
+        why.push(format!(
+            "{:.0} % of the capacity in use at the peak, the largest request seen ({}) fits {} times in the headroom",
+            share * 100.0,
+            b(s.largest_request),
+            if s.largest_request == 0 { 0 } else { headroom / s.largest_request }
+        ));
+        OomRisk::Low
+    };
+    if s.trend_per_step > 0.0 && s.steps > 0 && (headroom as f64) < s.trend_per_step * s.steps as f64 {
+        why.push(format!(
+            "rising by {} per step, which fills the headroom of {} within {} steps",
+            b(s.trend_per_step as u64),
+            b(headroom),
+            (headroom as f64 / s.trend_per_step).ceil() as u64
+        ));
+        level = level.max(OomRisk::High);
+    }
+    if share >= MEDIUM_SHARE && s.fragmentation >= Some(Risk::High) && level < OomRisk::Critical {
+        why.push(format!(
+            "the fragmentation level is {} while room is short",
+            s.fragmentation.map_or("unknown", Risk::name)
+        ));
+        level = level.raised();
+    }
+    (level, why)
+}
+
+/// Least-squares slope of the last `window` values, per step.
+pub fn slope(values: &[f64], window: usize) -> f64 {
+    let v = &values[values.len().saturating_sub(window)..];
+    let n = v.len() as f64;
+    if v.len() < 2 {
+        return 0.0;
+    }
+    let mx = (n - 1.0) / 2.0;
+    let my = v.iter().sum::<f64>() / n;
+    let (mut sxy, mut sxx) = (0.0, 0.0);
+    for (i, y) in v.iter().enumerate() {
+        let dx = i as f64 - mx;
+        sxy += dx * (y - my);
+        sxx += dx * dx;
+    }
+    if sxx == 0.0 { 0.0 } else { sxy / sxx }
+}
+
+/// The steps of R's series that the trend reads.
+pub const TREND_WINDOW: usize = 20;
+
+/// What [`evaluate`] reads of an analysed trace.
+pub(crate) struct Inputs<'a> {
+    pub events: &'a crate::trace::event::Events,
+    pub allocator_view: bool,
+    pub peaks: &'a [crate::analysis::replay::Peak],
+    pub peak_live_total: u64,
+    pub ooms: &'a [crate::analysis::oom::OomDiagnosis],
+    pub given: Option<u64>,
+    pub recorded: Option<u64>,
+    /// The fragmentation level of each process's forecast.
+    pub fragmentation: Vec<(u32, Option<Risk>)>,
+}
+
+/// The capacity of a series: given, else recorded, else (snapshots)
+/// inferred from its first `oom` entry that reported CUDA's free memory.
+fn capacity_of(inp: &Inputs<'_>, device: Option<u32>) -> Option<Capacity> {
+    if let Some(bytes) = inp.given {
+        return Some(Capacity { bytes, source: CapacitySource::Given });
+    }
+    if let Some(bytes) = inp.recorded {
+        return Some(Capacity { bytes, source: CapacitySource::Recorded });
+    }
+    let device = device?;
+    inp.ooms
+        .iter()
+        .find(|o| o.pid == device && o.device_free.is_some())
+        .and_then(|o| Some(Capacity { bytes: o.device_free? + o.live_bytes, source: CapacitySource::InferredFromOom }))
+}
+
+/// The running maximum of successful request sizes of a series, at each
+/// time it rose: (t_ns, largest so far).
+fn largest_requests(events: &crate::trace::event::Events, device: Option<u32>, allocator_view: bool) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    let mut max = 0;
+    for i in 0..events.len() {
+        let Some(kind) = events.kind[i] else { continue };
+        if events.ret[i] != 0 || !kind.creates_block() || !crate::analysis::replay::tracks(kind, allocator_view) {
+            continue;
+        }
+        if device.is_some_and(|d| events.pid[i] != d) {
+            continue;
+        }
+        let size = events.requested.get(i).copied().filter(|&r| r != u64::MAX && r > 0).unwrap_or(events.size[i]);
+        if size > max {
+            max = size;
+            out.push((events.ts_ns[i], max));
+        }
+    }
+    out
+}
+
+fn largest_at(list: &[(u64, u64)], t: u64) -> u64 {
+    list.partition_point(|x| x.0 <= t).checked_sub(1).map_or(0, |i| list[i].1)
+}
+
+/// The OOM risk of every device, and each regular row's online OOM risk
+/// (`Row::oom_risk_online`): snapshots per device, device-level traces
+/// over all their processes at once.
+pub(crate) fn evaluate(inp: &Inputs<'_>, rows: &mut [crate::analysis::Row]) -> Vec<Assessment> {
+    // Each series: its device (None: all processes), and its regular rows
+    // grouped by step.
+    let series: Vec<Option<u32>> =
+        if inp.allocator_view { inp.peaks.iter().map(|p| Some(p.pid)).collect() } else { vec![None] };
+    let mut out = Vec::new();
+    for device in series {
+        let capacity = capacity_of(inp, device);
+        let requests = largest_requests(inp.events, device, inp.allocator_view);
+        let mut steps: Vec<(u32, Vec<usize>)> = Vec::new();
+        for (i, r) in rows.iter().enumerate() {
+            if r.at_oom || device.is_some_and(|d| r.pid != d) {
+                continue;
+            }
+            match steps.last_mut() {
+                Some((s, idx)) if *s == r.step => idx.push(i),
+                _ => steps.push((r.step, vec![i])),
+            }
+        }
+        let oom_times: Vec<u64> =
+            inp.ooms.iter().filter(|o| device.is_none_or(|d| o.pid == d)).map(|o| o.t_ns).collect();
+        let first_oom = oom_times.iter().copied().min();
+        let (mut peak, mut history) = (0u64, Vec::with_capacity(steps.len()));
+        let mut last = State::default();
+        for (k, (_, idx)) in steps.iter().enumerate() {
+            let t = rows[idx[0]].t_ns;
+            let r_now: u64 = idx.iter().map(|&i| r_value(&rows[i], inp.allocator_view)).sum();
+            peak = peak.max(r_now);
+            history.push(r_now as f64);
+            let state = State {
+                peak,
+                reserved_now: idx.iter().map(|&i| rows[i].metrics.span_bytes).sum(),
+                largest_free_now: idx.iter().map(|&i| rows[i].metrics.largest_gap).max().unwrap_or(0),
+                largest_request: largest_at(&requests, t),
+                trend_per_step: slope(&history, TREND_WINDOW),
+                steps: k + 1,
+                fragmentation: idx.iter().filter_map(|&i| rows[i].risk_online).max(),
+            };
+            let level = match (first_oom, capacity) {
+                (Some(o), _) if o <= t => OomRisk::Oom,
+                (_, None) => OomRisk::Unknown,
+                (_, Some(c)) => assess(c.bytes, &state).0,
+            };
+            for &i in idx {
+                rows[i].oom_risk_online = Some(level);
+            }
+            last = state;
+        }
+        // The whole trace: the exact peak, every request.
+        last.peak = match device {
+            Some(d) => inp.peaks.iter().find(|p| p.pid == d).map_or(last.peak, |p| p.span_bytes.max(last.peak)),
+            None => inp.peak_live_total.max(last.peak),
+        };
+        last.largest_request = requests.last().map_or(0, |x| x.1);
+        last.fragmentation =
+            inp.fragmentation.iter().filter(|(pid, _)| device.is_none_or(|d| *pid == d)).filter_map(|x| x.1).max();
+        out.push(assessment(device, capacity, &last, oom_times.len() as u64, inp.allocator_view));
+    }
+    out
+}
+
+/// R's series value of a row: reserved bytes (snapshots), live bytes.
+fn r_value(r: &crate::analysis::Row, allocator_view: bool) -> u64 {
+    if allocator_view { r.alloc.map_or(r.metrics.span_bytes, |a| a.reserved_bytes) } else { r.metrics.live_bytes }
+}
+
+fn assessment(device: Option<u32>, capacity: Option<Capacity>, s: &State, ooms: u64, allocator_view: bool) -> Assessment {
+    let b = crate::units::bytes;
+    let peak_what = if allocator_view { "peak reserved" } else { "peak live" };
+    let (level, reason) = match capacity {
+        _ if ooms > 0 => (OomRisk::Oom, format!("{ooms} request{} failed", if ooms == 1 { "" } else { "s" })),
+        None => (
+            OomRisk::Unknown,
+            "the device's capacity is not known: not recorded, not given with --capacity, and no `oom` entry reported CUDA's free memory"
+                .to_string(),
+        ),
+        Some(c) => {
+            let (level, why) = assess(c.bytes, s);
+            (level, format!("{} {} of {}: {}", peak_what, b(s.peak), b(c.bytes), why.join("; ")))
+        }
+    };
+    Assessment {
+        device,
+        level,
+        capacity,
+        peak_bytes: s.peak,
+        peak_what,
+        headroom_bytes: capacity.map(|c| c.bytes.saturating_sub(s.peak)),
+        largest_request_bytes: s.largest_request,
+        room_now_bytes: capacity.map(|c| s.largest_free_now.max(c.bytes.saturating_sub(s.reserved_now))),
+        trend_bytes_per_step: s.trend_per_step,
+        ooms,
+        fragmentation_level: s.fragmentation,
+        reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn state(peak: u64, largest_request: u64) -> State {
+        State {
+            peak,
+            reserved_now: peak,
+            largest_free_now: 0,
+            largest_request,
+            trend_per_step: 0.0,
+            steps: 100,
+            fragmentation: Some(Risk::Critical),
+        }
+    }
+
+    #[test]
+    fn a_small_share_is_low_whatever_the_fragmentation() {
+        let (level, why) = assess(80 * GIB, &state(5 * GIB, GIB / 4));
+        assert_eq!(level, OomRisk::Low, "{why:?}");
+    }
+
+    #[test]
+    fn levels_follow_the_share_and_the_largest_request() {
+        let mut s = state(58 * GIB, GIB / 4);
+        s.fragmentation = None;
+        assert_eq!(assess(80 * GIB, &s).0, OomRisk::Medium);
+        s.peak = 70 * GIB;
+        s.reserved_now = 70 * GIB;
+        assert_eq!(assess(80 * GIB, &s).0, OomRisk::High);
+        s.peak = 77 * GIB;
+        s.reserved_now = 77 * GIB;
+        assert_eq!(assess(80 * GIB, &s).0, OomRisk::Critical);
+        // Half the device, but the largest request no longer fits.
+        let mut s = state(40 * GIB, 30 * GIB);
+        s.reserved_now = 60 * GIB;
+        s.fragmentation = None;
+        assert_eq!(assess(80 * GIB, &s).0, OomRisk::Critical);
+        // Fragmentation raises the level once room is short.
+        let mut s = state(58 * GIB, GIB / 4);
+        assert_eq!(assess(80 * GIB, &s).0, OomRisk::High);
+        s.fragmentation = Some(Risk::Medium);
+        assert_eq!(assess(80 * GIB, &s).0, OomRisk::Medium);
+    }
+
+    #[test]
+    fn a_rising_peak_that_fills_the_headroom_is_high() {
+        let mut s = state(20 * GIB, GIB / 4);
+        s.trend_per_step = (GIB / 2) as f64;
+        assert_eq!(assess(80 * GIB, &s).0, OomRisk::High);
+        s.trend_per_step = (GIB / 1000) as f64;
+        assert_eq!(assess(80 * GIB, &s).0, OomRisk::Low);
+    }
+
+    #[test]
+    fn oom_ranks_above_every_level_and_unknown_below() {
+        assert!(OomRisk::Oom > OomRisk::Critical && OomRisk::Unknown < OomRisk::Low);
+        for r in OomRisk::ALL {
+            assert_eq!(OomRisk::from_name(r.name()), Some(r));
+        }
+    }
+
+    #[test]
+    fn slope_of_a_line() {
+        let v: Vec<f64> = (0..50).map(|i| 3.0 * i as f64 + 7.0).collect();
+        assert!((slope(&v, 20) - 3.0).abs() < 1e-9);
+        assert_eq!(slope(&[1.0], 20), 0.0);
+    }
+}
