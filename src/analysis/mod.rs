@@ -11,6 +11,7 @@
 //! flagged `at_oom` at its instant, describing the state the failed request
 //! saw: every event before it in time order, none after.
 
+pub mod advice;
 pub mod allocator;
 pub mod cluster;
 pub(crate) mod flame;
@@ -245,6 +246,8 @@ pub struct Analysis {
     /// `Options::whatif`): the allocator model's fidelity and the default
     /// sweep of settings.
     pub whatif: Option<whatif::Whatif>,
+    /// What to do ([`advice`]).
+    pub advice: Vec<advice::Advice>,
 }
 
 impl Analysis {
@@ -396,6 +399,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         kernels: Vec::new(),
         alloc_stacks: Vec::new(),
         whatif: None,
+        advice: Vec::new(),
     };
     // The allocator settings' what-if: for a snapshot, and for a
     // device-level trace with OOMs.
@@ -423,6 +427,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
             analysis.alloc_stacks = sites::allocation_stacks(events, st);
         }
     }
+    analysis.advice = advice::advise(&analysis, events);
     if !analysis.peaks.is_empty() {
         analysis.layout = lives.map(|l| l.with(footprint));
     }

@@ -440,7 +440,8 @@ mod tests {
     #[test]
     fn a_rising_peak_that_fills_the_headroom_is_high() {
         let mut s = state(20 * GIB, GIB / 4);
-        s.trend_per_step = (GIB / 2) as f64;
+        // 60 GiB of headroom, 1 GiB more per step over 100 steps.
+        s.trend_per_step = GIB as f64;
         assert_eq!(assess(80 * GIB, &s).0, OomRisk::High);
         s.trend_per_step = (GIB / 1000) as f64;
         assert_eq!(assess(80 * GIB, &s).0, OomRisk::Low);

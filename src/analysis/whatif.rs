@@ -639,8 +639,8 @@ pub fn simulate_into(
     out
 }
 
-/// The default sweep: `expandable_segments:True`, `max_split_size_mb` at up to three values taken from
-/// the large requests (their median, 90th percentile and largest, rounded
+/// The default sweep: `expandable_segments:True`, `max_split_size_mb` at up to four values taken from
+/// the large requests (their 10th percentile, median, 90th percentile and largest, rounded
 /// up to a power of two MiB above 20), `roundup_power2_divisions:4`, and
 /// with a capacity `garbage_collection_threshold:0.8`.
 pub fn default_sweep(d: &[DeviceStream], recorded: &Settings, capacity: Option<u64>) -> Vec<Vec<String>> {
@@ -651,7 +651,10 @@ pub fn default_sweep(d: &[DeviceStream], recorded: &Settings, capacity: Option<u
         .map(|r| r.requested)
         .collect();
     large.sort_unstable();
-    let mut splits: Vec<u64> = [0.5, 0.9, 1.0]
+    // A threshold only helps when it lies below the large requests that
+    // split cached blocks: from the small end of them (the tenth
+    // percentile) to the largest.
+    let mut splits: Vec<u64> = [0.1, 0.5, 0.9, 1.0]
         .iter()
         .filter_map(|q| large.get(((large.len() as f64 - 1.0) * q).round() as usize).copied())
         .map(|b| b.div_ceil(1 << 20).next_power_of_two().max(32))
@@ -723,7 +726,28 @@ fn recommend(scenarios: &[Scenario]) -> (usize, String) {
         );
     }
     let margin = ((rec.peak_reserved_bytes as f64 * SIGNIFICANT) as u64).max(2 << 20);
-    if s.ooms == rec.ooms && s.peak_reserved_bytes + margin < rec.peak_reserved_bytes {
+    let lower = s.ooms == rec.ooms && s.peak_reserved_bytes + margin < rec.peak_reserved_bytes;
+    // With OOMs that nothing removes, a setting that only reserves less
+    // is a secondary saving, never the recommendation.
+    if rec.ooms > 0 {
+        return (
+            0,
+            format!(
+                "no scenario has fewer OOMs than the recorded settings' {}{}",
+                rec.ooms,
+                if lower {
+                    format!(
+                        "; `{}` reserves {} less at the peak, a secondary saving that does not remove them",
+                        s.name,
+                        crate::units::bytes(rec.peak_reserved_bytes - s.peak_reserved_bytes)
+                    )
+                } else {
+                    String::new()
+                }
+            ),
+        );
+    }
+    if lower {
         return (
             b,
             format!(
@@ -743,6 +767,19 @@ fn recommend(scenarios: &[Scenario]) -> (usize, String) {
             crate::units::bytes(rec.peak_reserved_bytes)
         ),
     )
+}
+
+/// The `PYTORCH_CUDA_ALLOC_CONF` line of a scenario's entries: the
+/// recorded settings stay, unless the scenario sets the key.
+pub fn conf_line(recorded: &[String], conf: &[String]) -> String {
+    if conf.is_empty() {
+        return "PyTorch's caching allocator with its default settings".into();
+    }
+    let key = |e: &String| e.split(':').next().unwrap_or_default().to_string();
+    let keys: Vec<String> = conf.iter().map(key).collect();
+    let kept = recorded.iter().filter(|e| !keys.contains(&key(e)));
+    let line: Vec<&String> = kept.chain(conf).collect();
+    format!("PYTORCH_CUDA_ALLOC_CONF={}", line.iter().map(|e| e.as_str()).collect::<Vec<_>>().join(","))
 }
 
 /// What `whatif` found for a set of devices: the model's fidelity per
@@ -777,22 +814,19 @@ impl Whatif {
         self.fidelity.iter().filter(|f| f.not_measured.is_none()).map(|f| f.desynchronised).sum()
     }
 
-    /// The `PYTORCH_CUDA_ALLOC_CONF` line to use, or "keep the current
-    /// settings".
+    /// The `PYTORCH_CUDA_ALLOC_CONF` line to use, "keep the current
+    /// settings", or, when the recorded settings ran out of memory and no
+    /// scenario removes an OOM, that no setting tried helps.
     pub fn recommendation(&self) -> String {
         let (i, _) = &self.recommended;
         if *i == 0 {
-            "keep the current settings".into()
-        } else if self.scenarios[*i].conf.is_empty() {
-            "PyTorch's caching allocator with its default settings".into()
+            if self.scenarios.first().is_some_and(|s| s.ooms > 0) {
+                "no allocator setting tried removes the OOMs: change the program".into()
+            } else {
+                "keep the current settings".into()
+            }
         } else {
-            // The recorded settings stay, unless the scenario sets the key.
-            let conf = &self.scenarios[*i].conf;
-            let key = |e: &String| e.split(':').next().unwrap_or_default().to_string();
-            let keys: Vec<String> = conf.iter().map(key).collect();
-            let kept = self.recorded_conf.iter().filter(|e| !keys.contains(&key(e)));
-            let line: Vec<&String> = kept.chain(conf).collect();
-            format!("PYTORCH_CUDA_ALLOC_CONF={}", line.iter().map(|e| e.as_str()).collect::<Vec<_>>().join(","))
+            conf_line(&self.recorded_conf, &self.scenarios[*i].conf)
         }
     }
 }

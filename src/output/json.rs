@@ -138,6 +138,7 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
         })).collect::<Vec<_>>(),
         "leaks": a.leaks.iter().map(leak_json).collect::<Vec<_>>(),
     });
+    report["advice"] = json!(a.advice);
     if !a.exits.is_empty() {
         report["released_at_exit"] = json!(a.exits);
     }

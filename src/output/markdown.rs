@@ -207,8 +207,8 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
         };
         let _ = writeln!(
             md,
-            "{what} replayed through a model of PyTorch's caching allocator (details: `fragscope whatif`). Recommendation: `{}` — {}.\n",
-            w.recommendation(),
+            "{what} replayed through a model of PyTorch's caching allocator (details: `fragscope whatif`). Recommendation: {} — {}.\n",
+            crate::output::whatif::recommendation_md(w),
             w.recommended.1
         );
         md.push_str(&crate::output::whatif::sections_md(w, "###"));
@@ -692,75 +692,15 @@ pub(crate) fn iterations_md(a: &Analysis) -> String {
     md
 }
 
-/// Advice that follows from the numbers.
-pub(crate) fn advice_md(a: &Analysis, s: &Summary) -> String {
-    let mut items: Vec<String> = Vec::new();
-    let frag: Vec<_> = a.ooms.iter().filter(|o| o.class == OomClass::Fragmentation).collect();
-    if let Some(o) = frag.first() {
-        let free = o.device_free.unwrap_or(0);
-        let largest = o.largest_free.unwrap_or(0);
-        let what = format!(
-            "Fragmentation OOMs: a request of {} failed with {} free but at most {} contiguous",
-            bytes(o.requested),
-            bytes(free),
-            bytes(largest)
-        );
-        let snapshot = a.trace.source() == Some(crate::trace::Source::PytorchSnapshot);
-        // From the snapshot's own settings (also with --no-whatif).
-        let expandable = a.trace.meta.as_ref().and_then(|m| m.details.snapshot()).is_some_and(|d| {
-            crate::analysis::allocator::Settings::from_snapshot(&d.allocator_settings).expandable_segments
-        });
-        items.push(if snapshot && expandable {
-            format!(
-                "{what}, with expandable segments already on. What they leave is page granularity: a page (20 MiB in the large pool, 2 MiB in the small) stays mapped while any live block touches it, and a request maps whole pages from where its free space starts. Long-lived blocks scattered over many pages pin them: allocate those together and early, or leave headroom (a smaller batch)."
-            )
-        } else if snapshot {
-            format!(
-                "{what}. Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` so segments grow in place instead of leaving holes, or `max_split_size_mb:{}` so blocks larger than that are never split.",
-                (largest >> 20).max(21)
-            )
-        } else {
-            format!(
-                "{what}. Allocate long-lived buffers first and together, reuse buffers of equal size, or use a pooling allocator that can map physical memory into a fresh range (CUDA's stream-ordered pools, or VMM-based expandable segments)."
-            )
-        });
-    }
-    if let Some(o) = a.ooms.iter().find(|o| o.class == OomClass::Capacity) {
-        items.push(format!(
-            "Capacity OOMs: a request of {} met only {} free; live memory peaked at {}{}. Defragmenting will not help: reduce the batch, checkpoint activations or offload.",
-            bytes(o.requested),
-            bytes(o.device_free.unwrap_or(0)),
-            bytes(s.peak_live_bytes),
-            a.capacity.map_or(String::new(), |c| format!(" of {}", bytes(c)))
-        ));
-    }
-    if s.leaking {
-        items.push(format!(
-            "Live memory that never returns to its floor grew by {}: look at the blocks alive at the end (Leaks).",
-            bytes(s.leaked_bytes.max(0) as u64)
-        ));
-    }
-    if let Some(x) = a.oom_risk.iter().filter(|x| x.level >= crate::analysis::risk::OomRisk::High && x.level < crate::analysis::risk::OomRisk::Oom).max_by_key(|x| x.level) {
-        items.push(format!("No OOM yet, but the OOM risk is {}: {}.", x.level.name(), x.reason));
-    }
-    if let Some(w) = a.whatif.as_ref().filter(|w| w.recommended.0 != 0) {
-        let (same, n) = w.same_address();
-        let replay = match w.source {
-            crate::analysis::whatif::Source::Snapshot => format!(
-                "in a replay of this snapshot's requests (the model placed {same} of {n} recorded allocations where PyTorch did)"
-            ),
-            crate::analysis::whatif::Source::DeviceLevel => {
-                "in a replay of this trace's requests through a model of PyTorch's caching allocator (a what-if: the recording used cudaMalloc directly)".to_string()
-            }
-        };
-        items.push(format!("Allocator settings: `{}` — {} {replay}.", w.recommendation(), w.recommended.1));
-    }
-    if items.is_empty() {
+/// The analysis's advice ([`crate::analysis::advice`]), each marked as
+/// simulated or not.
+pub(crate) fn advice_md(a: &Analysis, _s: &Summary) -> String {
+    if a.advice.is_empty() {
         return String::new();
     }
     let mut md = String::from("\n## Advice\n\n");
-    for i in items {
-        let _ = writeln!(md, "- {i}");
+    for i in &a.advice {
+        let _ = writeln!(md, "- {}", i.text);
     }
     md
 }

@@ -36,7 +36,7 @@ impl Report {
     pub fn markdown(&self) -> String {
         let w = &self.whatif;
         let mut md = format!("# fragscope whatif: {}\n\n", self.input);
-        let _ = writeln!(md, "**Recommendation: `{}`** — {}.\n", w.recommendation(), w.recommended.1);
+        let _ = writeln!(md, "**Recommendation: {}** — {}.\n", recommendation_md(w), w.recommended.1);
         md.push_str(&sections_md(w, "##"));
         md
     }
@@ -344,4 +344,11 @@ mod tests {
         early.fidelity[0].allocations = 0;
         assert!(headline(&early).starts_with("model lost step with 3 recorded event(s);"), "{}", headline(&early));
     }
+}
+
+/// The recommendation for Markdown: a setting line in code, a sentence as
+/// it is.
+pub(crate) fn recommendation_md(w: &crate::analysis::whatif::Whatif) -> String {
+    let r = w.recommendation();
+    if r.starts_with("PYTORCH_CUDA_ALLOC_CONF") { format!("`{r}`") } else { r }
 }

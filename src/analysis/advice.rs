@@ -1,0 +1,419 @@
+//! Advice: what to do, from the analysis's own evidence. `report.json`'s
+//! `advice` and `report.md`'s Advice render this list.
+//!
+//! How it is chosen:
+//! - **OOMs, with a what-if replay** ([`crate::analysis::whatif`]): every
+//!   allocator setting advised comes from the replay, with its simulated
+//!   figures. A setting whose replay removes every recorded OOM is advised
+//!   (`removes_ooms: true`), the lowest peak reserved first; one that only
+//!   reduces them says so; one the replay shows failing is never advised.
+//!   When no setting tried removes the OOMs, that comes first, then what
+//!   pins the memory — the live blocks that keep partly used segments (or
+//!   expandable pages) from being released, by call site, with counts and
+//!   sizes — and what would help in the program. A setting that only lowers
+//!   peak reserved is a secondary saving, stated as such.
+//! - **OOMs, no replay** (no snapshot and no device-level requests to
+//!   replay): what a setting usually does, marked as not simulated.
+//! - **Program patterns**: a tensor regrown by concatenation at every step
+//!   (one call site whose allocations grow by a constant size, each size
+//!   allocated in its turn, from the smallest to the largest) calls for a
+//!   buffer allocated once at its final size.
+//! - **Leaks** and an **OOM risk** of high or more without an OOM.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::analysis::Analysis;
+use crate::analysis::oom::OomClass;
+use crate::analysis::risk::OomRisk;
+use crate::trace::event::{EventKind, Events};
+use crate::units::bytes;
+
+/// What a piece of advice is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// An allocator setting the replay shows removing (or reducing) OOMs.
+    Setting,
+    /// No setting tried removes the OOMs.
+    NoSetting,
+    /// What pins memory, and what to change in the program.
+    Program,
+    /// A recognised program pattern.
+    Pattern,
+    /// A setting that only lowers peak reserved.
+    Saving,
+    /// A setting from general knowledge, not simulated.
+    Generic,
+    Capacity,
+    Leak,
+    Risk,
+}
+
+/// One piece of advice.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Advice {
+    pub kind: Kind,
+    pub text: String,
+    /// The `PYTORCH_CUDA_ALLOC_CONF=…` line it advises, if any.
+    pub conf: Option<String>,
+    /// Whether the figures come from a replay of this trace's requests.
+    pub simulated: bool,
+    /// For a setting: whether its replay removes every recorded OOM.
+    pub removes_ooms: Option<bool>,
+}
+
+impl Advice {
+    fn new(kind: Kind, text: String) -> Advice {
+        Advice { kind, text, conf: None, simulated: false, removes_ooms: None }
+    }
+}
+
+/// The advice for an analysed trace (`events`: its events, for the
+/// program's patterns and what pins memory at an OOM).
+pub fn advise(a: &Analysis, events: &Events) -> Vec<Advice> {
+    let mut out = Vec::new();
+    if !a.ooms.is_empty() {
+        match a.whatif.as_ref().filter(|w| w.scenarios.len() > 1) {
+            Some(w) => from_replay(a, w, events, &mut out),
+            None => generic(a, &mut out),
+        }
+        if let Some(o) = a.ooms.iter().find(|o| o.class == OomClass::Capacity) {
+            let peak = a.peaks.iter().find(|p| p.pid == o.pid).map_or(0, |p| p.bytes);
+            out.push(Advice::new(
+                Kind::Capacity,
+                format!(
+                    "Capacity OOMs: a request of {} met only {} free; live memory of {} {} peaked at {}. Defragmenting will not help: reduce the batch, checkpoint activations or offload.",
+                    bytes(o.requested),
+                    bytes(o.device_free.unwrap_or(0)),
+                    a.unit(),
+                    o.pid,
+                    bytes(peak)
+                ),
+            ));
+        }
+    } else if let Some(w) = a.whatif.as_ref()
+        && w.recommended.0 != 0
+    {
+        let s = &w.scenarios[w.recommended.0];
+        out.push(Advice {
+            kind: Kind::Saving,
+            text: format!(
+                "No OOM here. `{}` would reserve less in a replay of this trace's requests: peak reserved {} instead of {} — a saving, not a fix.",
+                w.recommendation(),
+                bytes(s.peak_reserved_bytes),
+                bytes(w.scenarios[0].peak_reserved_bytes)
+            ),
+            conf: Some(w.recommendation()),
+            simulated: true,
+            removes_ooms: None,
+        });
+    }
+    if let Some(st) = a.trace.stacks.as_deref() {
+        out.extend(regrown_tensors(events, st));
+    }
+    for l in a.leaks.iter().filter(|l| l.leaking) {
+        let site = l.top_sites.first().map_or(String::new(), |s| format!(", most of it from `{}`", s.site));
+        let per = l.growth_per_iteration_bytes.map_or(String::new(), |g| format!(" ({} per iteration)", bytes(g.max(0) as u64)));
+        out.push(Advice::new(
+            Kind::Leak,
+            format!(
+                "{} {} leaks: its floor grew by {}{per}{site}. Free what each step keeps (a list of tensors that holds their graph, a cache without a bound), or keep Python numbers (`.item()`) instead of tensors.",
+                a.unit(),
+                l.pid,
+                bytes(l.growth_bytes.max(0) as u64)
+            ),
+        ));
+    }
+    if a.ooms.is_empty()
+        && let Some(x) = a.oom_risk.iter().filter(|x| x.level >= OomRisk::High).max_by_key(|x| x.level)
+    {
+        out.push(Advice::new(Kind::Risk, format!("No OOM yet, but the OOM risk is {}: {}.", x.level.name(), x.reason)));
+    }
+    out
+}
+
+/// Advice from the what-if replay of a trace with OOMs.
+fn from_replay(a: &Analysis, w: &crate::analysis::whatif::Whatif, events: &Events, out: &mut Vec<Advice>) {
+    let recorded = &w.scenarios[0];
+    let rec_ooms = recorded.ooms.max(a.ooms.len() as u64);
+    let line = |conf: &[String]| crate::analysis::whatif::conf_line(&w.recorded_conf, conf);
+    let mut fixes: Vec<&crate::analysis::whatif::Scenario> =
+        w.scenarios[1..].iter().filter(|s| s.ooms == 0 && !s.conf.is_empty()).collect();
+    fixes.sort_by_key(|s| s.peak_reserved_bytes);
+    for s in &fixes {
+        out.push(Advice {
+            kind: Kind::Setting,
+            text: format!(
+                "`{}` removes every OOM in a replay of this trace's requests (0 instead of {rec_ooms}; peak reserved {}).",
+                line(&s.conf),
+                bytes(s.peak_reserved_bytes)
+            ),
+            conf: Some(line(&s.conf)),
+            simulated: true,
+            removes_ooms: Some(true),
+        });
+    }
+    let mut fewer: Vec<&crate::analysis::whatif::Scenario> =
+        w.scenarios[1..].iter().filter(|s| s.ooms > 0 && s.ooms < rec_ooms && !s.conf.is_empty()).collect();
+    fewer.sort_by_key(|s| (s.ooms, s.peak_reserved_bytes));
+    for s in fewer.iter().take(2) {
+        out.push(Advice {
+            kind: Kind::Setting,
+            text: format!(
+                "`{}` leaves {} of the {rec_ooms} OOMs in the replay (peak reserved {}): fewer, not none.",
+                line(&s.conf),
+                s.ooms,
+                bytes(s.peak_reserved_bytes)
+            ),
+            conf: Some(line(&s.conf)),
+            simulated: true,
+            removes_ooms: Some(false),
+        });
+    }
+    if fixes.is_empty() {
+        let tried: Vec<String> = w.scenarios[1..].iter().map(|s| format!("`{}`", s.name)).collect();
+        out.push(Advice {
+            kind: Kind::NoSetting,
+            text: format!(
+                "No allocator setting tried removes the OOM: in the replay, {} still fail{}. The program itself must change.",
+                tried.join(", "),
+                if tried.len() == 1 { "s" } else { "" }
+            ),
+            conf: None,
+            simulated: true,
+            removes_ooms: Some(false),
+        });
+        if let Some(p) = pinned(a, events) {
+            out.push(p);
+        }
+        // A lower peak reserved with the same OOMs: a saving only.
+        if let Some(s) = w.scenarios[1..]
+            .iter()
+            .filter(|s| s.ooms >= rec_ooms && s.peak_reserved_bytes < recorded.peak_reserved_bytes)
+            .min_by_key(|s| s.peak_reserved_bytes)
+        {
+            out.push(Advice {
+                kind: Kind::Saving,
+                text: format!(
+                    "`{}` would reserve {} less at the peak ({} instead of {}) but still runs out of memory in the replay: a secondary saving, not a fix.",
+                    line(&s.conf),
+                    bytes(recorded.peak_reserved_bytes - s.peak_reserved_bytes),
+                    bytes(s.peak_reserved_bytes),
+                    bytes(recorded.peak_reserved_bytes)
+                ),
+                conf: Some(line(&s.conf)),
+                simulated: true,
+                removes_ooms: Some(false),
+            });
+        }
+    }
+}
+
+/// What a setting usually does, when no replay could run.
+fn generic(a: &Analysis, out: &mut Vec<Advice>) {
+    let Some(o) = a.ooms.iter().find(|o| o.class == OomClass::Fragmentation) else { return };
+    let what = format!(
+        "Fragmentation OOMs: a request of {} failed with {} free but at most {} contiguous",
+        bytes(o.requested),
+        bytes(o.device_free.unwrap_or(0)),
+        bytes(o.largest_free.unwrap_or(0))
+    );
+    let snapshot = a.snapshot_details();
+    let expandable = snapshot.is_some_and(|d| {
+        crate::analysis::allocator::Settings::from_snapshot(&d.allocator_settings).expandable_segments
+    });
+    let text = if expandable {
+        format!(
+            "{what}, with expandable segments already on. What they leave is page granularity: a page (20 MiB in the large pool, 2 MiB in the small) stays mapped while any live block touches it. Long-lived blocks scattered over many pages pin them: allocate those together and early, or leave headroom. (Not simulated: no what-if replay ran.)"
+        )
+    } else if snapshot.is_some() {
+        format!(
+            "{what}. What usually helps (not simulated: no what-if replay ran, `--no-whatif`): `expandable_segments:True`, so segments grow in place, or a `max_split_size_mb` below the large requests, so large cached blocks are not split. Run `fragscope whatif` to check them against this trace."
+        )
+    } else {
+        format!(
+            "{what}. Allocate long-lived buffers first and together, reuse buffers of equal size, or use a pooling allocator that can map physical memory into a fresh range (CUDA's stream-ordered pools, or VMM-based expandable segments). (Not simulated.)"
+        )
+    };
+    out.push(Advice::new(Kind::Generic, text));
+}
+
+/// At the first OOM of a snapshot: the live blocks that keep partly used
+/// segments (or expandable pages) from being released, by call site and
+/// size.
+fn pinned(a: &Analysis, events: &Events) -> Option<Advice> {
+    if !a.allocator_view {
+        return None;
+    }
+    let first = a.ooms.first()?;
+    let device = first.pid;
+    // Segments (or mapped pages) and blocks of the device at the OOM.
+    let mut segments: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut blocks: BTreeMap<u64, (u64, u32)> = BTreeMap::new();
+    for i in 0..events.len() {
+        if events.ts_ns[i] > first.t_ns {
+            break;
+        }
+        if events.pid[i] != device || events.ret[i] != 0 {
+            continue;
+        }
+        let (addr, size) = (events.addr[i], events.size[i]);
+        let stack = events.stack.get(i).copied().unwrap_or(crate::trace::event::NO_STACK);
+        match events.kind[i] {
+            Some(EventKind::SegmentAlloc | EventKind::SegmentMap) => {
+                segments.insert(addr, size);
+            }
+            Some(EventKind::SegmentFree | EventKind::SegmentUnmap) => {
+                segments.remove(&addr);
+            }
+            Some(EventKind::BlockAlloc) if size > 0 => {
+                blocks.insert(addr, (size, stack));
+            }
+            Some(EventKind::BlockFree) => {
+                blocks.remove(&addr);
+            }
+            _ => {}
+        }
+    }
+    // Per segment: its live blocks (those that overlap it).
+    let mut pinning: BTreeMap<u64, (u64, u32)> = BTreeMap::new();
+    let (mut partly, mut free_in_partly, mut seg_sizes) = (0u64, 0u64, BTreeMap::<u64, u64>::new());
+    for (&s, &len) in &segments {
+        let end = s.saturating_add(len);
+        let start_key = blocks.range(..s).next_back().filter(|(b, v)| **b + v.0 > s).map_or(s, |(b, _)| *b);
+        let inside: Vec<(u64, (u64, u32))> = blocks.range(start_key..end).map(|(&b, &v)| (b, v)).collect();
+        let used: u64 = inside.iter().map(|(b, (sz, _))| (b + sz).min(end) - (*b).max(s)).sum();
+        if inside.is_empty() || used >= len {
+            continue;
+        }
+        partly += 1;
+        free_in_partly += len - used;
+        *seg_sizes.entry(len).or_default() += 1;
+        for (b, v) in inside {
+            pinning.insert(b, v);
+        }
+    }
+    if partly == 0 {
+        return None;
+    }
+    let stacks = a.trace.stacks.as_deref();
+    let mut groups: BTreeMap<(String, u64), u64> = BTreeMap::new();
+    for &(size, stack) in pinning.values() {
+        let site = stacks
+            .and_then(|st| crate::analysis::sites::call_site(st, stack))
+            .unwrap_or_else(|| crate::analysis::sites::NO_SITE.to_string());
+        *groups.entry((site, size)).or_default() += 1;
+    }
+    let mut groups: Vec<((String, u64), u64)> = groups.into_iter().collect();
+    groups.sort_by(|x, y| (y.1 * y.0.1).cmp(&(x.1 * x.0.1)).then(x.0.cmp(&y.0)));
+    let list: Vec<String> = groups
+        .iter()
+        .take(3)
+        .map(|((site, size), n)| format!("{n} live block{} of {} from `{site}`", if *n == 1 { "" } else { "s" }, bytes(*size)))
+        .collect();
+    let (common_size, common_n) = seg_sizes.iter().max_by_key(|x| x.1).map(|(s, n)| (*s, *n)).unwrap_or((0, 0));
+    let unit = if segments.len() > 1 && a.snapshot_details().is_some_and(|d| {
+        crate::analysis::allocator::Settings::from_snapshot(&d.allocator_settings).expandable_segments
+    }) {
+        "mapped pages"
+    } else {
+        "segments"
+    };
+    let one_each = pinning.len() as u64 == partly;
+    Some(Advice::new(
+        Kind::Program,
+        format!(
+            "What pins the memory at the first OOM: {} keep {partly} {unit}{} partly used{}, and the {} free inside them can be neither released nor merged into one range for the request of {}. Free those tensors before the large request, or allocate long-lived tensors before the temporaries (so they share segments instead of each pinning one).",
+            list.join(", "),
+            if common_n == partly {
+                format!(" of {}", bytes(common_size))
+            } else {
+                format!(" ({common_n} of them of {})", bytes(common_size))
+            },
+            if one_each { ", one block in each" } else { "" },
+            bytes(free_in_partly),
+            bytes(first.requested)
+        ),
+    ))
+}
+
+/// The fewest distinct sizes of a regrown tensor.
+const REGROWN_MIN_SIZES: usize = 8;
+
+/// Call sites whose allocations regrow a tensor by a constant size: the
+/// distinct requested sizes of the site form an arithmetic progression
+/// (nine in ten steps equal), first allocated in increasing order.
+fn regrown_tensors(events: &Events, stacks: &crate::trace::Stacks) -> Vec<Advice> {
+    // Per stack id: (first time each requested size appeared, count).
+    let mut by_stack: ahash::AHashMap<u32, (BTreeMap<u64, u64>, u64)> = Default::default();
+    for i in 0..events.len() {
+        if events.kind[i] != Some(EventKind::BlockAlloc) || events.ret[i] != 0 {
+            continue;
+        }
+        let stack = events.stack.get(i).copied().unwrap_or(crate::trace::event::NO_STACK);
+        if stack == crate::trace::event::NO_STACK {
+            continue;
+        }
+        let size = events.requested.get(i).copied().filter(|&r| r != u64::MAX && r > 0).unwrap_or(events.size[i]);
+        let e = by_stack.entry(stack).or_default();
+        e.0.entry(size).or_insert(events.ts_ns[i]);
+        e.1 += 1;
+    }
+    // Merged by call site (one line may be reached through several stacks).
+    let mut by_site: BTreeMap<String, (BTreeMap<u64, u64>, u64)> = BTreeMap::new();
+    for (stack, (sizes, n)) in by_stack {
+        let Some(site) = crate::analysis::sites::call_site(stacks, stack) else { continue };
+        let e = by_site.entry(site).or_default();
+        for (s, t) in sizes {
+            let first = e.0.entry(s).or_insert(t);
+            *first = (*first).min(t);
+        }
+        e.1 += n;
+    }
+    // Sites with the same progression (the K and the V of a cache) make
+    // one piece of advice: (step, sizes, smallest, largest) → (sites, allocations).
+    let mut found: BTreeMap<(u64, usize, u64, u64), (Vec<String>, u64)> = BTreeMap::new();
+    for (site, (sizes, n)) in by_site {
+        if sizes.len() < REGROWN_MIN_SIZES {
+            continue;
+        }
+        let list: Vec<(u64, u64)> = sizes.into_iter().collect();
+        let steps: Vec<u64> = list.windows(2).map(|w| w[1].0 - w[0].0).collect();
+        let mut counts: BTreeMap<u64, usize> = BTreeMap::new();
+        for &d in &steps {
+            *counts.entry(d).or_default() += 1;
+        }
+        let Some((&step, &same)) = counts.iter().max_by_key(|x| (x.1, std::cmp::Reverse(*x.0))) else { continue };
+        let in_order = list.windows(2).filter(|w| w[1].1 >= w[0].1).count();
+        // One progression over the whole range, not a few runs of it.
+        let (lo, hi) = (list[0].0, list[list.len() - 1].0);
+        let spanned = (hi - lo) as f64 / (step as f64 * steps.len() as f64);
+        if same * 10 < steps.len() * 9 || in_order * 10 < steps.len() * 9 || !(0.9..=1.1).contains(&spanned) {
+            continue;
+        }
+        let e = found.entry((step, list.len(), lo, hi)).or_default();
+        e.0.push(format!("`{site}`"));
+        e.1 += n;
+    }
+    let mut out = Vec::new();
+    for ((step, count, lo, hi), (sites, n)) in found {
+        let per_step = n / count as u64 / sites.len() as u64;
+        out.push(Advice::new(
+            Kind::Pattern,
+            format!(
+                "{} regrow{} a tensor at every step: {n} allocations whose size grows by {} at each of {} steps, from {} to {} ({per_step} allocation{} per step{}) — the mark of `torch.cat` onto a growing tensor, such as a KV cache. Each step allocates the whole tensor again and frees the old one, so memory churns and fragments. Allocate it once at its final size and write each step into a slice (`buf[:, t] = x`), or use a static cache.",
+                sites.join(" and "),
+                if sites.len() == 1 { "s" } else { "" },
+                bytes(step),
+                count - 1,
+                bytes(lo),
+                bytes(hi),
+                if per_step == 1 { "" } else { "s" },
+                if sites.len() > 1 { " at each site" } else { "" }
+            ),
+        ));
+    }
+    out
+}
