@@ -155,23 +155,6 @@ fn from_replay(a: &Analysis, w: &crate::analysis::whatif::Whatif, events: &Event
             removes_ooms: Some(true),
         });
     }
-    let mut fewer: Vec<&crate::analysis::whatif::Scenario> =
-        w.scenarios[1..].iter().filter(|s| s.ooms > 0 && s.ooms < rec_ooms && !s.conf.is_empty()).collect();
-    fewer.sort_by_key(|s| (s.ooms, s.peak_reserved_bytes));
-    for s in fewer.iter().take(2) {
-        out.push(Advice {
-            kind: Kind::Setting,
-            text: format!(
-                "`{}` leaves {} of the {rec_ooms} OOMs in the replay (peak reserved {}): fewer, not none.",
-                line(&s.conf),
-                s.ooms,
-                bytes(s.peak_reserved_bytes)
-            ),
-            conf: Some(line(&s.conf)),
-            simulated: true,
-            removes_ooms: Some(false),
-        });
-    }
     if fixes.is_empty() {
         let tried: Vec<String> = w.scenarios[1..].iter().map(|s| format!("`{}`", s.name)).collect();
         out.push(Advice {
@@ -188,6 +171,7 @@ fn from_replay(a: &Analysis, w: &crate::analysis::whatif::Whatif, events: &Event
         if let Some(p) = pinned(a, events) {
             out.push(p);
         }
+        fewer(w, rec_ooms, out);
         // A lower peak reserved with the same OOMs: a saving only.
         if let Some(s) = w.scenarios[1..]
             .iter()
@@ -208,6 +192,28 @@ fn from_replay(a: &Analysis, w: &crate::analysis::whatif::Whatif, events: &Event
                 removes_ooms: Some(false),
             });
         }
+    }
+}
+
+/// The settings whose replay leaves fewer OOMs, but some: said as such.
+fn fewer(w: &crate::analysis::whatif::Whatif, rec_ooms: u64, out: &mut Vec<Advice>) {
+    let line = |conf: &[String]| crate::analysis::whatif::conf_line(&w.recorded_conf, conf);
+    let mut fewer: Vec<&crate::analysis::whatif::Scenario> =
+        w.scenarios[1..].iter().filter(|s| s.ooms > 0 && s.ooms < rec_ooms && !s.conf.is_empty()).collect();
+    fewer.sort_by_key(|s| (s.ooms, s.peak_reserved_bytes));
+    for s in fewer.iter().take(2) {
+        out.push(Advice {
+            kind: Kind::Setting,
+            text: format!(
+                "`{}` leaves {} of the {rec_ooms} OOMs in the replay (peak reserved {}): fewer, not none.",
+                line(&s.conf),
+                s.ooms,
+                bytes(s.peak_reserved_bytes)
+            ),
+            conf: Some(line(&s.conf)),
+            simulated: true,
+            removes_ooms: Some(false),
+        });
     }
 }
 

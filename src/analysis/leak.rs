@@ -17,8 +17,10 @@
 //!   - `leaking` when the floors rise beyond the fluctuation across at
 //!     least 3 consecutive iterations (two rises in a row), the total rise
 //!     is more than twice the fluctuation, and the floors did not then hold
-//!     still for the last 3 iterations (growth that stops is bounded: a
-//!     cache or state that filled up, `not leaking`);
+//!     still for the last 3 iterations (growth that stops by itself is
+//!     bounded: a cache or state that filled up, `not leaking`; growth that
+//!     stops when requests begin to fail ran out of memory, and stays
+//!     `leaking`);
 //!   - `cannot tell` for other growth, and with fewer than 3 complete
 //!     iterations after the warm-up (memory allocated once — optimizer
 //!     moments, caches, activations held for backward — looks like growth
@@ -275,6 +277,8 @@ pub struct Input<'a> {
     pub peak: u64,
     pub iterations: Option<&'a Iterations>,
     pub stacks: Option<&'a Stacks>,
+    /// When its requests failed (OOMs).
+    pub oom_times: &'a [u64],
 }
 
 /// The leak verdict of one series.
@@ -393,9 +397,12 @@ fn by_iterations(r: &mut LeakReport, input: &Input<'_>, it: &Iterations) -> (Ver
     let held = d.iter().rev().take_while(|&&x| x <= fluct as i64).count();
     let fluct_text = if fluct == 0 { "they never fell".to_string() } else { format!("they fluctuate by {}", b(fluct)) };
     if best >= 2 && total > 2 * fluct as i64 {
-        if held >= 3 {
-            // d[i] is f[i + 1] − f[i]; f[j] is iteration j + 2.
-            let (from, to) = (best_end + 1 - best, best_end + 1);
+        // d[i] is f[i + 1] − f[i]; f[j] is iteration j + 2.
+        let (from, to) = (best_end + 1 - best, best_end + 1);
+        // Growth that stopped because requests began to fail did not stop
+        // by itself: memory ran out.
+        let ran_out = input.oom_times.iter().filter(|&&t| t >= post[to].start_t_ns).count();
+        if held >= 3 && ran_out == 0 {
             return (
                 Verdict::NotLeaking,
                 format!(
@@ -413,6 +420,14 @@ fn by_iterations(r: &mut LeakReport, input: &Input<'_>, it: &Iterations) -> (Ver
             b(last.bytes),
             b(r.growth_per_iteration_bytes.unwrap_or(0).max(0) as u64)
         );
+        if held >= 3 {
+            reason.push_str(&format!(
+                "; it stopped at {} only when memory ran out ({ran_out} failed request{} from iteration {} on)",
+                b(f[to]),
+                if ran_out == 1 { "" } else { "s" },
+                to + 2
+            ));
+        }
         if let Some(t) = tail
             && t.bytes < last.bytes
         {
@@ -563,7 +578,16 @@ mod tests {
     }
 
     fn judge(ev: &Events, it: Option<&Iterations>) -> LeakReport {
-        let input = Input { pid: 1, events: ev, allocator_view: false, live: &[], peak: 4096 * MIB, iterations: it, stacks: None };
+        let input = Input {
+            pid: 1,
+            events: ev,
+            allocator_view: false,
+            live: &[],
+            peak: 4096 * MIB,
+            iterations: it,
+            stacks: None,
+            oom_times: &[],
+        };
         detect(&input)
     }
 
@@ -651,6 +675,33 @@ mod tests {
     }
 
     #[test]
+    fn growth_stopped_by_failing_requests_is_still_a_leak() {
+        let mut list = vec![(1, 512 * MIB, 0x1000_0000)];
+        for i in 0..12u64 {
+            let t = 100 * (i + 1);
+            if (2..6).contains(&i) {
+                list.push((t + 30, 8 * MIB, 0x9000_0000 + i * 8 * MIB));
+            }
+        }
+        let ev = events(&list);
+        let it = iterations((0..12).map(|i| 100 * (i + 1)).collect());
+        let ooms = [750, 850, 950];
+        let input = Input {
+            pid: 1,
+            events: &ev,
+            allocator_view: false,
+            live: &[],
+            peak: 4096 * MIB,
+            iterations: Some(&it),
+            stacks: None,
+            oom_times: &ooms,
+        };
+        let r = detect(&input);
+        assert_eq!(r.verdict, Verdict::Leaking, "{}", r.reason);
+        assert!(r.reason.contains("only when memory ran out"), "{}", r.reason);
+    }
+
+    #[test]
     fn one_iteration_cannot_tell() {
         let (ev, _) = loop_trace(8, 12 * MIB, |_| 256 * MIB);
         let r = judge(&ev, Some(&iterations(vec![100, 500, 800])));
@@ -693,9 +744,58 @@ mod tests {
     fn sizes_alive_at_the_end_are_grouped() {
         let ev = events(&[(1, MIB, 0), (2, MIB, MIB), (3, 3 * MIB, 4 * MIB)]);
         let live = [(0, MIB), (MIB, MIB), (4 * MIB, 3 * MIB)];
-        let input = Input { pid: 1, events: &ev, allocator_view: false, live: &live, peak: 5 * MIB, iterations: None, stacks: None };
+        let input = Input {
+            pid: 1,
+            events: &ev,
+            allocator_view: false,
+            live: &live,
+            peak: 5 * MIB,
+            iterations: None,
+            stacks: None,
+            oom_times: &[],
+        };
         let r = detect(&input);
         assert_eq!(r.by_size[0], SizeGroup { size: 3 * MIB, count: 1, bytes: 3 * MIB });
         assert_eq!(r.by_size[1], SizeGroup { size: MIB, count: 2, bytes: 2 * MIB });
+    }
+
+    proptest::proptest! {
+        /// A loop whose allocations return to a constant floor is never
+        /// leaking; the same loop keeping k bytes per iteration is, with a
+        /// growth of k per iteration.
+        #[test]
+        fn a_constant_floor_never_leaks_and_k_kept_per_iteration_does(
+            iters in 5u64..16,
+            temps in proptest::collection::vec((1u64..64, 0u64..3), 1..8),
+            k in 1u64..(64 << 20),
+        ) {
+            let trace = |kept: u64| {
+                let mut list = vec![(1, 256 * MIB, 0x1000_0000)];
+                for i in 0..iters {
+                    let t = 1000 * (i + 1);
+                    // Temporaries of random sizes, nested or not, all
+                    // freed before the iteration ends.
+                    for (j, &(size, order)) in temps.iter().enumerate() {
+                        let a = 0x2000_0000 + j as u64 * 64 * MIB;
+                        list.push((t + 10 + j as u64, size * MIB + i, a));
+                        let free_at = if order == 0 { t + 11 + j as u64 } else { t + 500 + j as u64 };
+                        list.push((free_at, 0, a));
+                    }
+                    if kept > 0 {
+                        list.push((t + 900, kept, 0x1_0000_0000 + i * 128 * MIB));
+                    }
+                }
+                list.sort_by_key(|x| x.0);
+                let boundaries = (0..iters).map(|i| 1000 * (i + 1)).collect();
+                (events(&list), iterations(boundaries))
+            };
+            let (ev, it) = trace(0);
+            let r = judge(&ev, Some(&it));
+            proptest::prop_assert_ne!(r.verdict, Verdict::Leaking, "{}", r.reason);
+            let (ev, it) = trace(k);
+            let r = judge(&ev, Some(&it));
+            proptest::prop_assert_eq!(r.verdict, Verdict::Leaking, "{}", r.reason);
+            proptest::prop_assert_eq!(r.growth_per_iteration_bytes, Some(k as i64));
+        }
     }
 }

@@ -262,6 +262,13 @@ impl Analysis {
         self.snapshot_details().is_some_and(|d| d.entry_order())
     }
 
+    /// False for a snapshot that holds no trace history (only the state at
+    /// one instant): OOMs, leaks, iterations and what-if cannot be judged
+    /// from it.
+    pub fn has_history(&self) -> bool {
+        self.snapshot_details().is_none_or(|d| d.reconstruction.iter().map(|r| r.entries).sum::<u64>() > 0)
+    }
+
     /// What an imported snapshot's `trace.json` says about it.
     pub fn snapshot_details(&self) -> Option<&crate::trace::details::SnapshotDetails> {
         self.trace.meta.as_ref().and_then(|m| m.details.snapshot())
@@ -368,7 +375,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         p.lead_time = lead_time(p.pid, &rows, &ooms);
     }
     tracing::debug!("predictor and backtest in {:.3} s", started.elapsed().as_secs_f64());
-    let leaks = find_leaks(events, &peaks, &iterations, &mut replay, allocator_view, stacks.as_deref());
+    let leaks = find_leaks(events, &peaks, &iterations, &mut replay, allocator_view, stacks.as_deref(), &ooms);
     let exits = replay.exits().to_vec();
     let mut anomalies = replay.finish();
     anomalies.out_of_order = out_of_order;
@@ -425,6 +432,15 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         analysis.kernels = crate::analysis::kernels::kernel_table(&analysis.trace.dir, events);
         if let Some(st) = &stacks {
             analysis.alloc_stacks = sites::allocation_stacks(events, st);
+        }
+    }
+    if !analysis.has_history() {
+        // The state at one instant: nothing happened in it to judge.
+        analysis.whatif = None;
+        for l in &mut analysis.leaks {
+            l.verdict = leak::Verdict::CannotTell;
+            l.leaking = false;
+            l.reason = "the snapshot holds no trace history, only the state at one instant".into();
         }
     }
     analysis.advice = advice::advise(&analysis, events);
@@ -610,11 +626,13 @@ fn find_leaks(
     replay: &mut Replay,
     allocator_view: bool,
     stacks: Option<&crate::trace::Stacks>,
+    ooms: &[OomDiagnosis],
 ) -> Vec<LeakReport> {
     peaks
         .iter()
         .map(|p| {
             let live = replay.live_blocks(p.pid);
+            let oom_times: Vec<u64> = ooms.iter().filter(|o| o.pid == p.pid).map(|o| o.t_ns).collect();
             crate::analysis::leak::detect(&crate::analysis::leak::Input {
                 pid: p.pid,
                 events,
@@ -623,6 +641,7 @@ fn find_leaks(
                 peak: p.bytes,
                 iterations: iterations.iter().find(|it| it.pid == p.pid),
                 stacks,
+                oom_times: &oom_times,
             })
         })
         .collect()

@@ -24,7 +24,7 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
         s.score.mean,
         s.score.p95,
         s.score.max,
-        bytes(s.peak_live_bytes),
+        peak_live_text(a),
         s.ooms,
         if s.ooms == 1 { "" } else { "s" },
         s.processes,
@@ -217,6 +217,21 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
     md
 }
 
+/// The peak live bytes for a reader: per device when a snapshot has
+/// several (each device has its own memory), a sum labelled as one.
+pub(crate) fn peak_live_text(a: &Analysis) -> String {
+    match (a.allocator_view, a.peaks.iter().max_by_key(|p| p.bytes)) {
+        (true, Some(top)) if a.peaks.len() > 1 => format!(
+            "{} on device {} (the highest of {} devices; {} summed over them at one instant)",
+            bytes(top.bytes),
+            top.pid,
+            a.peaks.len(),
+            bytes(a.peak_live_total)
+        ),
+        _ => bytes(a.peak_live_total),
+    }
+}
+
 /// The allocator view: PyTorch's own figures per device, and how the
 /// snapshot import went.
 pub(crate) fn allocator_md(a: &Analysis) -> String {
@@ -349,9 +364,7 @@ pub(crate) fn verdict_md(a: &Analysis, s: &Summary) -> String {
 
 /// A snapshot that holds no trace history: only the state at one instant.
 pub(crate) fn no_history(a: &Analysis) -> Option<String> {
-    let d = a.snapshot_details()?;
-    let entries: u64 = d.reconstruction.iter().map(|r| r.entries).sum();
-    (entries == 0).then(|| {
+    (!a.has_history()).then(|| {
         "it holds no trace history (no `alloc`/`free` entries, only the state at one instant: PyTorch's memory history was not recording)".to_string()
     })
 }
@@ -505,8 +518,23 @@ pub(crate) fn ooms_md(a: &Analysis) -> String {
         return String::new();
     }
     let mut md = String::from("\n## OOMs\n\n");
-    if a.capacity.is_none() {
-        md.push_str("Device capacity unknown (pass `--capacity`): free memory and classes cannot be computed.\n\n");
+    // The capacity of each device with an OOM, and where it comes from:
+    // the same figures the OOM risk and the classes use.
+    for x in a.oom_risk.iter().filter(|x| x.ooms > 0) {
+        let whose = match x.device {
+            Some(d) => format!("device {d}"),
+            None => "the device".to_string(),
+        };
+        let _ = match x.capacity {
+            Some(c) => writeln!(md, "Capacity of {whose}: {}, {}.\n", bytes(c.bytes), c.source.phrase()),
+            None if a.ooms.iter().any(|o| o.device_free.is_some() && x.device.is_none_or(|d| d == o.pid)) => {
+                writeln!(md, "Capacity of {whose}: not known; the free memory below is what the OOM entries reported.\n")
+            }
+            None => writeln!(
+                md,
+                "Capacity of {whose}: not known (pass `--capacity`): free memory and classes cannot be computed.\n"
+            ),
+        };
     }
     // Time since the first event; in entry order (a snapshot without
     // time_us) the entry number, as 1 ns stands for one entry there.
@@ -655,15 +683,34 @@ pub(crate) fn leaks_md(a: &Analysis) -> String {
 pub(crate) fn iterations_md(a: &Analysis) -> String {
     let mut md = String::from("\n## Iterations\n\n");
     if a.iterations.is_empty() {
-        md.push_str(if a.allocator_view {
-            "None found: no profiler annotations and no optimizer step in the call stacks (a snapshot's layers repeat \
-             as regularly as iterations, so its allocation sequence is not used). Leak verdicts fall back to comparing \
-             quarters of the trace, and say so.\n"
+        let annotations = a.trace.meta.as_ref().map_or(&[][..], |m| m.details.annotations());
+        let names: std::collections::BTreeSet<&str> =
+            annotations.iter().map(|x| x.name.split('#').next().unwrap_or(&x.name)).collect();
+        let marks = if annotations.is_empty() {
+            "no profiler annotations".to_string()
         } else {
-            "None found: no profiler annotations, and no period in the allocation sequence (a period needs five \
-             repetitions that give their memory back). Leak verdicts fall back to comparing quarters of the trace, and \
-             say so.\n"
-        });
+            let shown: Vec<String> = names.iter().take(4).map(|n| format!("`{n}`")).collect();
+            format!(
+                "{} profiler annotations ({}{}), none of them a `ProfilerStep#` range or an `Optimizer.step#` end,",
+                annotations.len(),
+                shown.join(", "),
+                if names.len() > 4 { ", …" } else { "" }
+            )
+        };
+        if a.allocator_view {
+            let _ = writeln!(
+                md,
+                "None found: {marks} and no optimizer step in the call stacks (a snapshot's layers repeat as regularly as \
+                 iterations, so its allocation sequence is not used). Leak verdicts fall back to comparing quarters of the \
+                 trace, and say so."
+            );
+            return md;
+        }
+        let _ = writeln!(
+            md,
+            "None found: {marks} and no period in the allocation sequence (a period needs five repetitions that give \
+             their memory back). Leak verdicts fall back to comparing quarters of the trace, and say so."
+        );
         return md;
     }
     let _ = writeln!(
@@ -727,7 +774,7 @@ pub fn stdout_summary(a: &Analysis, out: &Path) -> String {
         s.score.mean,
         s.score.p95,
         s.score.max,
-        bytes(s.peak_live_bytes),
+        peak_live_text(a),
         s.ooms,
         if s.ooms == 1 { "" } else { "s" },
         s.anomalies,

@@ -218,7 +218,7 @@ fn too_few_steps_say_insufficient_data() {
     let r = analyze(&t, &out, &["--step", "500ev"]);
     assert_eq!(r["prediction"]["status"], "insufficient data");
     assert!(r["prediction"]["forecast"].is_null());
-    assert!(fs::read_to_string(out.join("report.md")).unwrap().contains("**Risk: insufficient data**"));
+    assert!(fs::read_to_string(out.join("report.md")).unwrap().contains("Fragmentation level: insufficient data"));
 }
 
 #[test]

@@ -64,14 +64,14 @@ fn report_and_index_pages_are_self_contained_and_render() {
     no_external_urls(&html);
     assert!(html.contains("data:image/png;base64,"), "pictures inline");
     assert!(html.contains("<a href=\"metrics.parquet\">"));
-    assert!(html.contains("<table>") && html.contains("Risk: "));
+    assert!(html.contains("<table>") && html.contains("OOM risk: "));
     let index = out.join("index.html");
     let ihtml = std::fs::read_to_string(&index).unwrap();
     no_external_urls(&ihtml);
     assert!(ihtml.contains("<a href=\"frag/report.html\">frag</a>"), "{ihtml}");
     let Some(browser) = chromium() else { return };
     let (dom, ink) = render(&browser, &report, tmp.path());
-    assert!(dom.contains("<title>fragscope report: frag</title>") && dom.contains("Risk: "), "{dom}");
+    assert!(dom.contains("<title>fragscope report: frag</title>") && dom.contains("OOM risk: "), "{dom}");
     assert!(ink > 0.02, "report.html renders blank ({ink})");
     let (dom, ink) = render(&browser, &index, tmp.path());
     assert!(dom.contains("fragscope batch summary") && dom.contains("frag/report.html"));

@@ -17,3 +17,4 @@ mod profiler;
 mod properties;
 mod record;
 mod snapshots;
+mod verdicts;
