@@ -115,7 +115,9 @@ pub fn advise(a: &Analysis, events: &Events) -> Vec<Advice> {
     }
     for l in a.leaks.iter().filter(|l| l.leaking) {
         let site = l.top_sites.first().map_or(String::new(), |s| format!(", most of it from `{}`", s.site));
-        let per = l.growth_per_iteration_bytes.map_or(String::new(), |g| format!(" ({} per iteration)", bytes(g.max(0) as u64)));
+        let per = l
+            .growth_per_iteration_bytes
+            .map_or(String::new(), |g| format!(" ({} per iteration)", bytes(g.max(0) as u64)));
         out.push(Advice::new(
             Kind::Leak,
             format!(
@@ -317,12 +319,15 @@ fn pinned(a: &Analysis, events: &Events) -> Option<Advice> {
     let list: Vec<String> = groups
         .iter()
         .take(3)
-        .map(|((site, size), n)| format!("{n} live block{} of {} from `{site}`", if *n == 1 { "" } else { "s" }, bytes(*size)))
+        .map(|((site, size), n)| {
+            format!("{n} live block{} of {} from `{site}`", if *n == 1 { "" } else { "s" }, bytes(*size))
+        })
         .collect();
     let (common_size, common_n) = seg_sizes.iter().max_by_key(|x| x.1).map(|(s, n)| (*s, *n)).unwrap_or((0, 0));
-    let unit = if segments.len() > 1 && a.snapshot_details().is_some_and(|d| {
-        crate::analysis::allocator::Settings::from_snapshot(&d.allocator_settings).expandable_segments
-    }) {
+    let unit = if segments.len() > 1
+        && a.snapshot_details().is_some_and(|d| {
+            crate::analysis::allocator::Settings::from_snapshot(&d.allocator_settings).expandable_segments
+        }) {
         "mapped pages"
     } else {
         "segments"

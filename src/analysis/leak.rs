@@ -374,7 +374,8 @@ fn by_iterations(r: &mut LeakReport, input: &Input<'_>, it: &Iterations) -> (Ver
     r.rate_bytes_per_s = if seconds > 0.0 && r.growth_bytes > 0 { r.growth_bytes as f64 / seconds } else { 0.0 };
     // Iterations are numbered from 1, the warm-up being the first.
     let total = r.growth_bytes;
-    let within = if fluct == 0 { "equal to the byte".to_string() } else { format!("within {} of each other", b(fluct)) };
+    let within =
+        if fluct == 0 { "equal to the byte".to_string() } else { format!("within {} of each other", b(fluct)) };
     if total <= fluct as i64 {
         return (
             Verdict::NotLeaking,
@@ -489,7 +490,8 @@ fn by_windows(r: &mut LeakReport, input: &Input<'_>) -> (Verdict, String) {
     let w = rest / 6;
     // Six windows after the first quarter, then the second quarter and the
     // last one.
-    let mut spans: Vec<(u64, u64)> = (0..6).map(|k| (t0 + q + k * w, if k == 5 { end } else { t0 + q + (k + 1) * w })).collect();
+    let mut spans: Vec<(u64, u64)> =
+        (0..6).map(|k| (t0 + q + k * w, if k == 5 { end } else { t0 + q + (k + 1) * w })).collect();
     let six = spans.len();
     let (windows, _) = floors(ev, input.pid, input.allocator_view, &spans);
     spans = vec![(t0 + q, t0 + 2 * q), (t0 + 3 * q, end)];

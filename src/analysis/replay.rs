@@ -476,7 +476,10 @@ impl<'f> Replay<'f> {
 
     /// Exact peaks per process, in the order of [`Replay::pids`].
     pub fn peaks(&self) -> Vec<Peak> {
-        self.procs.iter().map(|p| Peak { pid: p.pid, bytes: p.peak_bytes, t_ns: p.peak_t_ns, span_bytes: p.peak_span }).collect()
+        self.procs
+            .iter()
+            .map(|p| Peak { pid: p.pid, bytes: p.peak_bytes, t_ns: p.peak_t_ns, span_bytes: p.peak_span })
+            .collect()
     }
 
     /// Exact peak of the live bytes summed over processes.

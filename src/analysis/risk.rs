@@ -266,7 +266,11 @@ fn capacity_of(inp: &Inputs<'_>, device: Option<u32>) -> Option<Capacity> {
 
 /// The running maximum of successful request sizes of a series, at each
 /// time it rose: (t_ns, largest so far).
-fn largest_requests(events: &crate::trace::event::Events, device: Option<u32>, allocator_view: bool) -> Vec<(u64, u64)> {
+fn largest_requests(
+    events: &crate::trace::event::Events,
+    device: Option<u32>,
+    allocator_view: bool,
+) -> Vec<(u64, u64)> {
     let mut out: Vec<(u64, u64)> = Vec::new();
     let mut max = 0;
     for i in 0..events.len() {
@@ -359,7 +363,13 @@ fn r_value(r: &crate::analysis::Row, allocator_view: bool) -> u64 {
     if allocator_view { r.alloc.map_or(r.metrics.span_bytes, |a| a.reserved_bytes) } else { r.metrics.live_bytes }
 }
 
-fn assessment(device: Option<u32>, capacity: Option<Capacity>, s: &State, ooms: u64, allocator_view: bool) -> Assessment {
+fn assessment(
+    device: Option<u32>,
+    capacity: Option<Capacity>,
+    s: &State,
+    ooms: u64,
+    allocator_view: bool,
+) -> Assessment {
     let b = crate::units::bytes;
     let peak_what = if allocator_view { "peak reserved" } else { "peak live" };
     let (level, reason) = match capacity {

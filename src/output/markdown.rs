@@ -389,7 +389,12 @@ pub(crate) fn oom_risk_md(a: &Analysis) -> String {
     if a.oom_risk.len() == 1 {
         let _ = writeln!(md, "**OOM risk: {}** — {}.\n", worst.level.name().to_uppercase(), line(worst));
     } else {
-        let _ = writeln!(md, "**OOM risk: {}** (the highest of {} devices):\n", worst.level.name().to_uppercase(), a.oom_risk.len());
+        let _ = writeln!(
+            md,
+            "**OOM risk: {}** (the highest of {} devices):\n",
+            worst.level.name().to_uppercase(),
+            a.oom_risk.len()
+        );
         for x in &a.oom_risk {
             let _ = writeln!(md, "- device {}: **{}** — {}.", x.device.unwrap_or(0), x.level.name(), line(x));
         }
@@ -528,7 +533,10 @@ pub(crate) fn ooms_md(a: &Analysis) -> String {
         let _ = match x.capacity {
             Some(c) => writeln!(md, "Capacity of {whose}: {}, {}.\n", bytes(c.bytes), c.source.phrase()),
             None if a.ooms.iter().any(|o| o.device_free.is_some() && x.device.is_none_or(|d| d == o.pid)) => {
-                writeln!(md, "Capacity of {whose}: not known; the free memory below is what the OOM entries reported.\n")
+                writeln!(
+                    md,
+                    "Capacity of {whose}: not known; the free memory below is what the OOM entries reported.\n"
+                )
             }
             None => writeln!(
                 md,

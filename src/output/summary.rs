@@ -144,13 +144,12 @@ fn worst_first(rows: &[SummaryRow]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..rows.len()).collect();
     order.sort_by(|&a, &b| {
         let key = |r: &SummaryRow| {
-            r.1.as_ref().map_or((crate::analysis::risk::OomRisk::Oom, f64::INFINITY, true), |s| (s.oom_risk, s.score.p95, false))
+            r.1.as_ref().map_or((crate::analysis::risk::OomRisk::Oom, f64::INFINITY, true), |s| {
+                (s.oom_risk, s.score.p95, false)
+            })
         };
         let (ka, kb) = (key(&rows[a]), key(&rows[b]));
-        kb.2.cmp(&ka.2)
-            .then(kb.0.cmp(&ka.0))
-            .then(kb.1.total_cmp(&ka.1))
-            .then_with(|| rows[a].0.cmp(&rows[b].0))
+        kb.2.cmp(&ka.2).then(kb.0.cmp(&ka.0)).then(kb.1.total_cmp(&ka.1)).then_with(|| rows[a].0.cmp(&rows[b].0))
     });
     order
 }
@@ -388,7 +387,9 @@ pub(crate) fn summary_md(
     clusters: &[Option<(usize, String)>],
     grouping: Option<&crate::analysis::cluster::Clustering>,
 ) -> String {
-    let mut md = String::from("# fragscope batch summary\n\nWorst first (by OOM risk, then p95 fragmentation score); failed traces on top.\n\n");
+    let mut md = String::from(
+        "# fragscope batch summary\n\nWorst first (by OOM risk, then p95 fragmentation score); failed traces on top.\n\n",
+    );
     md.push_str("| trace | status | OOM risk | fragmentation level | score final | p95 | max | OOMs | OOM class | peak live | group |\n");
     md.push_str("|---|---|---|---|---|---|---|---|---|---|---|\n");
     for &i in order {
