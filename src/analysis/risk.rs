@@ -214,24 +214,6 @@ pub fn assess(c: u64, s: &State) -> (OomRisk, Vec<String>) {
     (level, why)
 }
 
-/// Least-squares slope of the last `window` values, per step.
-pub fn slope(values: &[f64], window: usize) -> f64 {
-    let v = &values[values.len().saturating_sub(window)..];
-    let n = v.len() as f64;
-    if v.len() < 2 {
-        return 0.0;
-    }
-    let mx = (n - 1.0) / 2.0;
-    let my = v.iter().sum::<f64>() / n;
-    let (mut sxy, mut sxx) = (0.0, 0.0);
-    for (i, y) in v.iter().enumerate() {
-        let dx = i as f64 - mx;
-        sxy += dx * (y - my);
-        sxx += dx * dx;
-    }
-    if sxx == 0.0 { 0.0 } else { sxy / sxx }
-}
-
 /// The steps of R's series that the trend reads.
 pub const TREND_WINDOW: usize = 20;
 
@@ -331,7 +313,7 @@ pub(crate) fn evaluate(inp: &Inputs<'_>, rows: &mut [crate::analysis::Row]) -> V
                 reserved_now: idx.iter().map(|&i| rows[i].metrics.span_bytes).sum(),
                 largest_free_now: idx.iter().map(|&i| rows[i].metrics.largest_gap).max().unwrap_or(0),
                 largest_request: largest_at(&requests, t),
-                trend_per_step: slope(&history, TREND_WINDOW),
+                trend_per_step: crate::analysis::predict::trend(&history, TREND_WINDOW),
                 steps: k + 1,
                 fragmentation: idx.iter().filter_map(|&i| rows[i].risk_online).max(),
             };
@@ -463,12 +445,5 @@ mod tests {
         for r in OomRisk::ALL {
             assert_eq!(OomRisk::from_name(r.name()), Some(r));
         }
-    }
-
-    #[test]
-    fn slope_of_a_line() {
-        let v: Vec<f64> = (0..50).map(|i| 3.0 * i as f64 + 7.0).collect();
-        assert!((slope(&v, 20) - 3.0).abs() < 1e-9);
-        assert_eq!(slope(&[1.0], 20), 0.0);
     }
 }
