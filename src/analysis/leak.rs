@@ -266,6 +266,29 @@ pub fn floors(events: &Events, pid: u32, allocator_view: bool, spans: &[(u64, u6
     (out, live.now)
 }
 
+/// The exact floors of one series' iterations ([`iteration_floors`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct IterationFloors {
+    /// The floor of each complete iteration, the warm-up first.
+    pub complete: Vec<Floor>,
+    /// The floor after the last boundary: what was released there.
+    pub tail: Option<Floor>,
+}
+
+/// The floors of every complete iteration of `it`, and after its last
+/// boundary. They read only the events, so they are computed beside the
+/// replay, as the iterations are.
+pub fn iteration_floors(events: &Events, pid: u32, allocator_view: bool, it: &Iterations) -> IterationFloors {
+    let mut spans: Vec<(u64, u64)> = it.spans().collect();
+    let last_boundary = it.boundaries_t_ns.last().copied();
+    if let Some(b) = last_boundary {
+        spans.push((b, u64::MAX));
+    }
+    let (mut complete, _) = floors(events, pid, allocator_view, &spans);
+    let tail = last_boundary.and_then(|_| complete.pop());
+    IterationFloors { complete, tail }
+}
+
 /// What one series' events, iterations and stacks say about a leak.
 pub struct Input<'a> {
     pub pid: u32,
@@ -275,7 +298,8 @@ pub struct Input<'a> {
     pub live: &'a [(u64, u64)],
     /// Its peak live bytes.
     pub peak: u64,
-    pub iterations: Option<&'a Iterations>,
+    /// Its iterations, when found, and their floors.
+    pub iterations: Option<(&'a Iterations, &'a IterationFloors)>,
     pub stacks: Option<&'a Stacks>,
     /// When its requests failed (OOMs).
     pub oom_times: &'a [u64],
@@ -314,13 +338,13 @@ pub fn detect(input: &Input<'_>) -> LeakReport {
         allocated_once: Vec::new(),
     };
     let (verdict, reason) = match input.iterations {
-        Some(it) => by_iterations(&mut report, input, it),
+        Some((_, floors)) => by_iterations(&mut report, input, floors),
         None => by_windows(&mut report, input),
     };
     report.verdict = verdict;
     report.leaking = verdict == Verdict::Leaking;
     report.reason = reason;
-    if let (Some(st), Some(it)) = (input.stacks, input.iterations)
+    if let (Some(st), Some((it, _))) = (input.stacks, input.iterations)
         && let Some(&until) = it.warmup_end_t_ns.as_ref().or(it.boundaries_t_ns.last())
     {
         let once = crate::analysis::sites::grown_sites(input.events, st, input.pid, 0, until, usize::MAX);
@@ -337,18 +361,11 @@ fn median(v: &[i64]) -> Option<i64> {
     s.get((s.len().max(1) - 1) / 2).copied()
 }
 
-fn by_iterations(r: &mut LeakReport, input: &Input<'_>, it: &Iterations) -> (Verdict, String) {
+fn by_iterations(r: &mut LeakReport, input: &Input<'_>, floors: &IterationFloors) -> (Verdict, String) {
     r.method = Method::Iterations;
-    let mut spans: Vec<(u64, u64)> = it.spans().collect();
-    let last_boundary = it.boundaries_t_ns.last().copied();
-    // The stretch after the last boundary, to see what was released there.
-    if let Some(b) = last_boundary {
-        spans.push((b, u64::MAX));
-    }
-    let (mut all, _) = floors(input.events, input.pid, input.allocator_view, &spans);
-    let tail = last_boundary.and_then(|_| all.pop());
-    r.floors = all.clone();
-    let post: Vec<Floor> = all.iter().skip(1).copied().collect();
+    let tail = floors.tail;
+    r.floors = floors.complete.clone();
+    let post: Vec<Floor> = floors.complete.iter().skip(1).copied().collect();
     let n = post.len();
     if n < 3 {
         return (
@@ -580,6 +597,8 @@ mod tests {
     }
 
     fn judge(ev: &Events, it: Option<&Iterations>) -> LeakReport {
+        let floors = it.map(|it| iteration_floors(ev, 1, false, it));
+        let it = it.zip(floors.as_ref());
         let input = Input {
             pid: 1,
             events: ev,
@@ -688,13 +707,14 @@ mod tests {
         let ev = events(&list);
         let it = iterations((0..12).map(|i| 100 * (i + 1)).collect());
         let ooms = [750, 850, 950];
+        let floors = iteration_floors(&ev, 1, false, &it);
         let input = Input {
             pid: 1,
             events: &ev,
             allocator_view: false,
             live: &[],
             peak: 4096 * MIB,
-            iterations: Some(&it),
+            iterations: Some((&it, &floors)),
             stacks: None,
             oom_times: &ooms,
         };

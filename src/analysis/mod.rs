@@ -323,15 +323,21 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     // they are found on a second core while the replay walks them (on a
     // 10 M-event trace the period search replays live bytes on its own,
     // 0.35 s, and the lives take 0.23 s; the walk 1.2 s).
-    let (Walk { mut rows, ooms, counts, failed_allocs }, (detected, lives)) = std::thread::scope(|scope| {
+    let (Walk { mut rows, ooms, counts, failed_allocs }, (detected, floors, lives)) = std::thread::scope(|scope| {
         let beside = scope.spawn(|| {
             let started = std::time::Instant::now();
             let found = detect_iterations(events, allocator_view, snapshot_stacks, annotations);
             tracing::debug!("iterations in {:.3} s (beside the replay)", started.elapsed().as_secs_f64());
+            // The leak rule's exact floors read only the events and the
+            // iterations: found here too, off the replay's path.
+            let started = std::time::Instant::now();
+            let floors: ahash::AHashMap<u32, leak::IterationFloors> =
+                found.iter().map(|(&pid, it)| (pid, leak::iteration_floors(events, pid, allocator_view, it))).collect();
+            tracing::debug!("iteration floors in {:.3} s (beside the replay)", started.elapsed().as_secs_f64());
             let started = std::time::Instant::now();
             let lives = opts.layout.then(|| layout::Lives::of(events));
             tracing::debug!("layout in {:.3} s (beside the replay)", started.elapsed().as_secs_f64());
-            (found, lives)
+            (found, floors, lives)
         });
         let walked = walk(events, &bounds, &mut replay, allocator_view, capacity, stacks.as_deref());
         (walked, beside.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
@@ -375,7 +381,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         p.lead_time = lead_time(p.pid, &rows, &ooms);
     }
     tracing::debug!("predictor and backtest in {:.3} s", started.elapsed().as_secs_f64());
-    let leaks = find_leaks(events, &peaks, &iterations, &mut replay, allocator_view, stacks.as_deref(), &ooms);
+    let leaks = find_leaks(events, &peaks, &iterations, &floors, &mut replay, allocator_view, stacks.as_deref(), &ooms);
     let exits = replay.exits().to_vec();
     let mut anomalies = replay.finish();
     anomalies.out_of_order = out_of_order;
@@ -623,6 +629,7 @@ fn find_leaks(
     events: &Events,
     peaks: &[Peak],
     iterations: &[Iterations],
+    floors: &ahash::AHashMap<u32, leak::IterationFloors>,
     replay: &mut Replay,
     allocator_view: bool,
     stacks: Option<&crate::trace::Stacks>,
@@ -639,7 +646,10 @@ fn find_leaks(
                 allocator_view,
                 live: &live,
                 peak: p.bytes,
-                iterations: iterations.iter().find(|it| it.pid == p.pid),
+                iterations: iterations
+                    .iter()
+                    .find(|it| it.pid == p.pid)
+                    .and_then(|it| floors.get(&p.pid).map(|f| (it, f))),
                 stacks,
                 oom_times: &oom_times,
             })
