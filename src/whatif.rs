@@ -133,8 +133,11 @@ pub fn run(args: &WhatifArgs) -> Result<u8> {
     let started = std::time::Instant::now();
     let (devices, recorded, settings_json, source, trace_capacity) = load(&args.input, args.device)?;
     let t = std::time::Instant::now();
-    let whatif = crate::analysis::whatif::run(&devices, &recorded, args.capacity.or(trace_capacity), confs, source)
-        .map_err(|e| anyhow::anyhow!("--conf {e}"))?;
+    // A device-level trace's failures are not diagnosed here (`analyze`
+    // does): its recorded OOMs are taken as the trace explains them.
+    let whatif =
+        crate::analysis::whatif::run(&devices, &recorded, args.capacity.or(trace_capacity), confs, source, None)
+            .map_err(|e| anyhow::anyhow!("--conf {e}"))?;
     tracing::debug!("fidelity and scenarios in {:.3} s", t.elapsed().as_secs_f64());
     let report = Report::new(&args.input, settings_json, whatif);
     std::fs::create_dir_all(&args.output).with_context(|| format!("cannot create {}", args.output.display()))?;

@@ -13,7 +13,9 @@
 //!   sizes — and what would help in the program. A setting that only lowers
 //!   peak reserved is a secondary saving, stated as such.
 //! - **OOMs, no replay** (no snapshot and no device-level requests to
-//!   replay): what a setting usually does, marked as not simulated.
+//!   replay), or a replay without a capacity (where no scenario can run
+//!   out of memory, so none can be said to avoid the OOMs): what a setting
+//!   usually does, marked as not simulated.
 //! - **Program patterns**: a tensor regrown by concatenation at every step
 //!   (one call site whose allocations grow by a constant size, each size
 //!   allocated in its turn, from the smallest to the largest) calls for a
@@ -75,8 +77,28 @@ impl Advice {
 pub fn advise(a: &Analysis, events: &Events) -> Vec<Advice> {
     let mut out = Vec::new();
     if !a.ooms.is_empty() {
+        // Without a capacity no scenario can run out of memory: the replay
+        // cannot say which setting avoids these OOMs.
         match a.whatif.as_ref().filter(|w| w.scenarios.len() > 1) {
-            Some(w) => from_replay(a, w, events, &mut out),
+            Some(w) if w.capacity.is_some() => match &w.unreproduced {
+                None => from_replay(a, w, events, &mut out),
+                Some(why) => {
+                    out.push(Advice::new(
+                        Kind::Generic,
+                        format!(
+                            "The what-if replay does not reproduce the recorded OOMs ({why}), so it cannot say which setting would avoid them; none is claimed to."
+                        ),
+                    ));
+                    generic(a, &mut out);
+                }
+            },
+            Some(_) => {
+                out.push(Advice::new(
+                    Kind::Generic,
+                    "The what-if replay cannot tell which allocator setting would avoid these OOMs: the device's capacity is unknown, so no scenario can run out of memory. Pass `--capacity` (the GPU's total memory) to classify the OOMs and to replay the settings against them.".into(),
+                ));
+                generic(a, &mut out);
+            }
             None => generic(a, &mut out),
         }
         if let Some(o) = a.ooms.iter().find(|o| o.class == OomClass::Capacity) {

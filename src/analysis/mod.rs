@@ -429,7 +429,17 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         };
         tracing::debug!("whatif: request streams in {:.3} s", started.elapsed().as_secs_f64());
         // The default sweep cannot fail to parse; an error would be a bug.
-        analysis.whatif = whatif::run(&streams, &settings, capacity, Vec::new(), source)
+        // A failure that a free range large enough would have served, by
+        // the trace's own count, means memory the trace does not see: the
+        // replay cannot reproduce it.
+        let odd = analysis.ooms.iter().filter(|o| o.class == oom::OomClass::AllocatorPolicy).count();
+        let unexplained = (odd > 0).then(|| {
+            format!(
+                "{odd} of the {} failed requests had a free range large enough by this trace's own count: memory it does not see, such as the CUDA context or another process, was in use",
+                analysis.ooms.len()
+            )
+        });
+        analysis.whatif = whatif::run(&streams, &settings, capacity, Vec::new(), source, unexplained)
             .map_err(|e| tracing::warn!("whatif: {e}"))
             .ok();
         tracing::debug!("whatif in {:.3} s", started.elapsed().as_secs_f64());

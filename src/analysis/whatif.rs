@@ -708,9 +708,28 @@ impl Scenario {
 const SIGNIFICANT: f64 = 0.01;
 
 /// The scenario with the fewest OOMs, then the lowest peak reserved; the
-/// recorded settings unless another is better by more than noise.
-fn recommend(scenarios: &[Scenario]) -> (usize, String) {
+/// recorded settings unless another is better by more than noise. Without
+/// a capacity no scenario can run out of memory, so a recording's OOMs
+/// cannot be compared with them.
+fn recommend(scenarios: &[Scenario], capacity_known: bool, unreproduced: Option<&str>) -> (usize, String) {
     let Some(rec) = scenarios.first() else { return (0, "no scenario ran".into()) };
+    if !capacity_known && rec.ooms > 0 {
+        return (
+            0,
+            format!(
+                "the recording's {} OOM(s) cannot be compared with the scenarios: without a capacity (`--capacity`) no scenario can run out of memory",
+                rec.ooms
+            ),
+        );
+    }
+    if let Some(why) = unreproduced {
+        return (
+            0,
+            format!(
+                "the replay does not reproduce the recorded OOMs ({why}), so it cannot say which setting avoids them"
+            ),
+        );
+    }
     let best = (1..scenarios.len()).min_by_key(|&i| (scenarios[i].ooms, scenarios[i].peak_reserved_bytes));
     let Some(b) = best else { return (0, "no other scenario ran".into()) };
     let s = &scenarios[b];
@@ -799,6 +818,11 @@ pub struct Whatif {
     /// The recorded settings that differ from PyTorch's defaults, as
     /// `PYTORCH_CUDA_ALLOC_CONF` entries: a recommendation keeps them.
     pub recorded_conf: Vec<String>,
+    /// Why the replay cannot be trusted about the recorded OOMs, when it
+    /// cannot: a snapshot's model does not fail where the recording failed,
+    /// or a device-level trace's failed requests would have fit by its own
+    /// count. No setting is then said to avoid them.
+    pub unreproduced: Option<String>,
 }
 
 impl Whatif {
@@ -820,7 +844,11 @@ impl Whatif {
     pub fn recommendation(&self) -> String {
         let (i, _) = &self.recommended;
         if *i == 0 {
-            if self.scenarios.first().is_some_and(|s| s.ooms > 0) {
+            if self.scenarios.first().is_some_and(|s| s.ooms > 0) && self.capacity.is_none() {
+                "none: which setting avoids the OOMs cannot be told without a capacity".into()
+            } else if self.unreproduced.is_some() {
+                "none: the replay does not reproduce the recorded OOMs".into()
+            } else if self.scenarios.first().is_some_and(|s| s.ooms > 0) {
                 "no allocator setting tried removes the OOMs: change the program".into()
             } else {
                 "keep the current settings".into()
@@ -859,13 +887,17 @@ pub enum Source {
 /// Fidelity, then the recorded settings and each scenario (`confs`; the
 /// default sweep when empty), run on threads. For a device-level trace the
 /// first scenario is the recording as it happened, and the next one
-/// PyTorch's caching allocator with its defaults.
+/// PyTorch's caching allocator with its defaults. `unexplained`: for a
+/// device-level trace, why its failed requests are not explained by its
+/// own count (from the caller's OOM diagnosis), if they are not; a
+/// snapshot's are checked here, by the fidelity replay.
 pub fn run(
     devices: &[DeviceStream],
     recorded: &Settings,
     capacity: Option<u64>,
     confs: Vec<Vec<String>>,
     source: Source,
+    unexplained: Option<String>,
 ) -> Result<Whatif, String> {
     let mut confs = if confs.is_empty() { default_sweep(devices, recorded, capacity) } else { confs };
     if source == Source::DeviceLevel {
@@ -906,14 +938,26 @@ pub fn run(
         (join(fidelity), scenarios)
     });
     tracing::debug!("whatif: fidelity and {} scenarios in {:.3} s", scenarios.len(), started.elapsed().as_secs_f64());
-    let mut recommended = recommend(&scenarios);
+    let unreproduced = match source {
+        Source::Snapshot => {
+            let (same, recorded) = fidelity
+                .iter()
+                .filter(|f| f.not_measured.is_none())
+                .fold((0, 0), |(s, n), f| (s + f.ooms_same, n + f.recorded_ooms));
+            (same < recorded).then(|| {
+                format!("the model under the recorded settings fails at {same} of the {recorded} recorded OOMs")
+            })
+        }
+        Source::DeviceLevel => unexplained,
+    };
+    let mut recommended = recommend(&scenarios, capacities.iter().all(Option::is_some), unreproduced.as_deref());
     if source == Source::DeviceLevel && recommended.0 != 0 && scenarios[recommended.0].conf.is_empty() {
         recommended.1 = format!("{} with PyTorch's caching allocator as it comes", recommended.1);
     }
     let capacity_inferred = capacity.is_none() && capacities.iter().any(Option::is_some);
     let capacity = capacity.or_else(|| capacities.iter().flatten().copied().max());
     let recorded_conf = recorded.conf_entries();
-    Ok(Whatif { fidelity, scenarios, recommended, capacity, capacity_inferred, source, recorded_conf })
+    Ok(Whatif { fidelity, scenarios, recommended, capacity, capacity_inferred, source, recorded_conf, unreproduced })
 }
 
 /// A device-level trace has no allocator decisions to check.

@@ -117,6 +117,7 @@ pub fn json(w: &Whatif) -> serde_json::Value {
         })).collect::<Vec<_>>(),
         "scenarios": w.scenarios.iter().map(scenario).collect::<Vec<_>>(),
         "recommendation": {"conf": w.recommendation(), "reason": w.recommended.1},
+        "unreproduced_ooms": w.unreproduced,
     })
 }
 
@@ -325,6 +326,7 @@ mod tests {
             capacity_inferred: false,
             source: Source::Snapshot,
             recorded_conf: Vec::new(),
+            unreproduced: None,
         }
     }
 
