@@ -41,7 +41,7 @@ pub enum Command {
     Import(ImportArgs),
     /// Compare two traces or snapshots: did memory get better or worse from A to B?
     #[command(
-        after_help = "Example (CI): fragscope compare main.pickle branch.pickle -o cmp \\\n    --fail-if-worse p95_score:5 --fail-if-worse peak_live:10%\n\nMetrics: peak_live, peak_reserved, allocs, alloc_rate, mean_score, p95_score, max_score, final_score, ext_frag_at_peak, ooms, leaked, risk.\n\nExit codes: 0 success, 1 error, 2 usage error, 3 a --fail-if-worse gate tripped."
+        after_help = "Example (CI): fragscope compare main.pickle branch.pickle -o cmp \\\n    --fail-if-worse p95_score:5 --fail-if-worse peak_live:10%\n\nMetrics: peak_live, peak_reserved, allocs, alloc_rate, mean_score, p95_score, max_score, final_score, ext_frag_at_peak, ooms, leaked, oom_risk, risk (the fragmentation level).\n\nExit codes: 0 success, 1 error, 2 usage error, 3 a --fail-if-worse gate tripped."
     )]
     Compare(CompareArgs),
     /// Replay a PyTorch snapshot's requests through a model of its caching allocator: how faithful the model is, and what other PYTORCH_CUDA_ALLOC_CONF settings would have done.

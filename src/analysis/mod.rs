@@ -417,7 +417,8 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     // The allocator settings' what-if: for a snapshot, and for a
     // device-level trace with OOMs.
     let snapshot = analysis.trace.meta.as_ref().and_then(|m| m.details.snapshot()).filter(|_| allocator_view);
-    if opts.whatif && (snapshot.is_some() || (!allocator_view && !analysis.ooms.is_empty())) {
+    // A snapshot without trace history has no requests to replay.
+    if opts.whatif && analysis.has_history() && (snapshot.is_some() || (!allocator_view && !analysis.ooms.is_empty())) {
         let started = std::time::Instant::now();
         let (streams, settings, source) = match snapshot {
             Some(d) => (
@@ -452,7 +453,6 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     }
     if !analysis.has_history() {
         // The state at one instant: nothing happened in it to judge.
-        analysis.whatif = None;
         for l in &mut analysis.leaks {
             l.verdict = leak::Verdict::CannotTell;
             l.leaking = false;

@@ -43,7 +43,10 @@ pub enum Unit {
     Ratio,
     Count,
     Rate,
+    /// The fragmentation level (SPEC §6.8).
     Risk,
+    /// The OOM risk ([`crate::analysis::risk`]); `unknown` compares as n/a.
+    OomRisk,
 }
 
 /// The metrics compared, in table order: key (for `--fail-if-worse`),
@@ -60,7 +63,8 @@ pub const METRICS: &[(&str, &str, Unit, bool)] = &[
     ("ext_frag_at_peak", "external fragmentation at peak", Unit::Ratio, true),
     ("ooms", "OOMs", Unit::Count, true),
     ("leaked", "leaked bytes", Unit::Bytes, true),
-    ("risk", "forecast risk", Unit::Risk, true),
+    ("oom_risk", "OOM risk", Unit::OomRisk, true),
+    ("risk", "fragmentation level", Unit::Risk, true),
 ];
 
 fn value(s: &Summary, key: &str) -> f64 {
@@ -77,6 +81,10 @@ fn value(s: &Summary, key: &str) -> f64 {
         "ooms" => s.ooms as f64,
         "leaked" => s.leaked_bytes.max(0) as f64,
         "risk" => s.risk.map_or(f64::NAN, |r| Risk::ALL.iter().position(|x| *x == r).unwrap_or(0) as f64),
+        "oom_risk" => match s.oom_risk {
+            crate::analysis::risk::OomRisk::Unknown => f64::NAN,
+            r => crate::analysis::risk::OomRisk::ALL.iter().position(|x| *x == r).unwrap_or(0) as f64,
+        },
         _ => f64::NAN,
     }
 }
@@ -87,7 +95,7 @@ fn tolerance(unit: Unit, a: f64) -> f64 {
         Unit::Score => 1.0,
         Unit::Ratio => 0.01,
         Unit::Bytes => (0.02 * a.abs()).max(1048576.0),
-        Unit::Count | Unit::Rate | Unit::Risk => 0.0,
+        Unit::Count | Unit::Rate | Unit::Risk | Unit::OomRisk => 0.0,
     }
 }
 
@@ -184,6 +192,9 @@ fn show(unit: Unit, v: f64) -> String {
         Unit::Count => format!("{v:.0}"),
         Unit::Rate => format!("{v:.1}/s"),
         Unit::Risk => Risk::ALL.get(v as usize).map_or("n/a".into(), |r| r.name().to_string()),
+        Unit::OomRisk => {
+            crate::analysis::risk::OomRisk::ALL.get(v as usize).map_or("n/a".into(), |r| r.name().to_string())
+        }
     }
 }
 
@@ -194,7 +205,7 @@ fn show_delta(unit: Unit, d: f64) -> String {
     let sign = if d < 0.0 { "−" } else { "+" };
     match unit {
         Unit::Bytes => format!("{sign}{}", bytes(d.abs() as u64)),
-        Unit::Risk => format!("{sign}{:.0} level(s)", d.abs()),
+        Unit::Risk | Unit::OomRisk => format!("{sign}{:.0} level(s)", d.abs()),
         _ => format!("{sign}{}", show(unit, d.abs())),
     }
 }
@@ -419,7 +430,8 @@ pub fn to_json(c: &Comparison, gates: &[(Gate, Option<String>)]) -> serde_json::
             "source": s.source,
             "events": s.events,
             "oom_classes": s.oom_classes.iter().map(|(k, n)| (k.name().to_string(), json!(n))).collect::<serde_json::Map<_, _>>(),
-            "risk": s.risk.map(Risk::name),
+            "oom_risk": s.oom_risk.name(),
+            "fragmentation_level": s.risk.map(Risk::name),
         })
     };
     json!({

@@ -19,14 +19,13 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
     md.push_str(&verdict_md(a, &s));
     let _ = writeln!(
         md,
-        "Fragmentation score now {:.1} / 100 (mean {:.1}, p95 {:.1}, max {:.1}) · peak live {} · {} OOM{} · {}{}.\n",
+        "Fragmentation score now {:.1} / 100 (mean {:.1}, p95 {:.1}, max {:.1}) · peak live {} · {} · {}{}.\n",
         s.score.final_,
         s.score.mean,
         s.score.p95,
         s.score.max,
         peak_live_text(a),
-        s.ooms,
-        if s.ooms == 1 { "" } else { "s" },
+        if a.has_history() { plural(s.ooms, "OOM", "OOMs") } else { "OOMs not recorded".to_string() },
         s.processes,
         match (a.allocator_view, s.processes == 1) {
             (true, true) => " device",
@@ -213,7 +212,7 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
         );
         md.push_str(&crate::output::whatif::sections_md(w, "###"));
     }
-    md.push_str(&advice_md(a, &s));
+    md.push_str(&advice_md(a));
     md
 }
 
@@ -749,7 +748,7 @@ pub(crate) fn iterations_md(a: &Analysis) -> String {
 
 /// The analysis's advice ([`crate::analysis::advice`]), each marked as
 /// simulated or not.
-pub(crate) fn advice_md(a: &Analysis, _s: &Summary) -> String {
+pub(crate) fn advice_md(a: &Analysis) -> String {
     if a.advice.is_empty() {
         return String::new();
     }

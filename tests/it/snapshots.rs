@@ -122,6 +122,21 @@ fn every_generated_layout_imports_exactly() {
     assert!(ring["initial_blocks"].as_u64().unwrap() > 10 && ring["initial_segments"].as_u64().unwrap() > 1);
     // Layout notes.
     assert_eq!(details("legacy_list")["layout"], "bare list of segments");
+    // It holds no trace history: nothing that happened can be judged.
+    let out = tmp.path().join("legacy_list-analyze");
+    fragscope()
+        .arg("analyze")
+        .arg(dir.join("legacy_list.pickle"))
+        .args(["--no-plots", "-o"])
+        .arg(&out)
+        .assert()
+        .success();
+    let md = fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("cannot be judged from this file") && md.contains("OOMs not recorded"), "{md}");
+    assert!(!md.contains("No OOM in this trace") && !md.contains("keep the current settings"), "{md}");
+    let r = json(&out.join("report.json"));
+    assert!(r.get("whatif").is_none());
+    assert_eq!(r["leaks"][0]["verdict"], "cannot tell");
     assert!(details("legacy_history")["legacy_history_blocks"].as_u64().unwrap() > 0);
     assert!(details("legacy_history")["blocks_without_address"].as_u64().unwrap() > 0);
     assert!(details("no_time")["time_source"].as_str().unwrap().starts_with("event order"));
