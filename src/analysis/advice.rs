@@ -89,7 +89,7 @@ pub fn advise(a: &Analysis, events: &Events) -> Vec<Advice> {
                             "The what-if replay does not reproduce the recorded OOMs ({why}), so it cannot say which setting would avoid them; none is claimed to."
                         ),
                     ));
-                    generic(a, &mut out);
+                    generic(a, "the replay cannot judge these OOMs (above)", &mut out);
                 }
             },
             Some(_) => {
@@ -97,9 +97,9 @@ pub fn advise(a: &Analysis, events: &Events) -> Vec<Advice> {
                     Kind::Generic,
                     "The what-if replay cannot tell which allocator setting would avoid these OOMs: the device's capacity is unknown, so no scenario can run out of memory. Pass `--capacity` (the GPU's total memory) to classify the OOMs and to replay the settings against them.".into(),
                 ));
-                generic(a, &mut out);
+                generic(a, "the replay cannot judge these OOMs (above)", &mut out);
             }
-            None => generic(a, &mut out),
+            None => generic(a, "no what-if replay ran", &mut out),
         }
         if let Some(o) = a.ooms.iter().find(|o| o.class == OomClass::Capacity) {
             let peak = a.peaks.iter().find(|p| p.pid == o.pid).map_or(0, |p| p.bytes);
@@ -241,8 +241,9 @@ fn fewer(w: &crate::analysis::whatif::Whatif, rec_ooms: u64, out: &mut Vec<Advic
     }
 }
 
-/// What a setting usually does, when no replay could run.
-fn generic(a: &Analysis, out: &mut Vec<Advice>) {
+/// What a setting usually does, when no replay could judge the OOMs
+/// (`why_not` says why).
+fn generic(a: &Analysis, why_not: &str, out: &mut Vec<Advice>) {
     let Some(o) = a.ooms.iter().find(|o| o.class == OomClass::Fragmentation) else { return };
     let what = format!(
         "Fragmentation OOMs: a request of {} failed with {} free but at most {} contiguous",
@@ -256,15 +257,15 @@ fn generic(a: &Analysis, out: &mut Vec<Advice>) {
     });
     let text = if expandable {
         format!(
-            "{what}, with expandable segments already on. What they leave is page granularity: a page (20 MiB in the large pool, 2 MiB in the small) stays mapped while any live block touches it. Long-lived blocks scattered over many pages pin them: allocate those together and early, or leave headroom. (Not simulated: no what-if replay ran.)"
+            "{what}, with expandable segments already on. What they leave is page granularity: a page (20 MiB in the large pool, 2 MiB in the small) stays mapped while any live block touches it. Long-lived blocks scattered over many pages pin them: allocate those together and early, or leave headroom. (Not simulated: {why_not}.)"
         )
     } else if snapshot.is_some() {
         format!(
-            "{what}. What usually helps (not simulated: no what-if replay ran, `--no-whatif`): `expandable_segments:True`, so segments grow in place, or a `max_split_size_mb` below the large requests, so large cached blocks are not split. Run `fragscope whatif` to check them against this trace."
+            "{what}. What usually helps (not simulated: {why_not}): `expandable_segments:True`, so segments grow in place, or a `max_split_size_mb` below the large requests, so large cached blocks are not split. Run `fragscope whatif` to check them against this trace."
         )
     } else {
         format!(
-            "{what}. Allocate long-lived buffers first and together, reuse buffers of equal size, or use a pooling allocator that can map physical memory into a fresh range (CUDA's stream-ordered pools, or VMM-based expandable segments). (Not simulated.)"
+            "{what}. Allocate long-lived buffers first and together, reuse buffers of equal size, or use a pooling allocator that can map physical memory into a fresh range (CUDA's stream-ordered pools, or VMM-based expandable segments). (Not simulated: {why_not}.)"
         )
     };
     out.push(Advice::new(Kind::Generic, text));
