@@ -55,6 +55,7 @@ pub fn report_html(dir: &Path, title: &str) -> anyhow::Result<String> {
     for (file, alt) in [
         ("mdtp.png", "memory layout over time (MDTP)"),
         ("timeline.png", "fragmentation score and live memory over time"),
+        ("floors.png", "the floor of live memory in each iteration"),
         ("whatif.png", "reserved and allocated memory under other allocator settings"),
     ] {
         if let Ok(bytes) = std::fs::read(dir.join(file)) {

@@ -10,6 +10,7 @@
 
 pub(crate) mod compare;
 pub mod export;
+pub(crate) mod floors;
 pub mod html;
 pub(crate) mod json;
 pub(crate) mod markdown;
@@ -35,7 +36,8 @@ pub use summary::{summarize, write_parts, write_summary_files};
 
 /// Writes `metrics.parquet`, `report.json`, `report.md` and `report.html`
 /// into `out`. With a plot configuration, also `mdtp.png` and
-/// `timeline.png`.
+/// `timeline.png`, and `floors.png` where a leak verdict rests on
+/// iterations.
 pub fn write_trace_outputs(a: &Analysis, out: &Path, plot: Option<&PlotConfig>) -> Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let pictures = plot.map(|cfg| plot::render(a, cfg)).transpose()?.flatten();
@@ -53,6 +55,12 @@ pub fn write_trace_outputs(a: &Analysis, out: &Path, plot: Option<&PlotConfig>) 
         p.mdtp.write_png(&out.join("mdtp.png"))?;
         p.timeline.write_png(&out.join("timeline.png"))?;
         lap("PNGs");
+    }
+    if let Some(cfg) = plot
+        && let Some((pixels, height)) = floors::render(a, cfg.width)?
+    {
+        plot::write_png(&pixels, cfg.width, height, &out.join("floors.png"))?;
+        lap("floors.png");
     }
     if let Some(folded) = &a.flamegraph {
         write_atomic(&out.join("flamegraph.folded"), folded.as_bytes())?;

@@ -25,7 +25,7 @@ use crate::analysis::predict::Risk;
 use crate::output::ticks::{Axis, Unit};
 use crate::units::bytes;
 
-const FONT: &str = "sans-serif";
+pub(crate) const FONT: &str = "sans-serif";
 
 /// Registers the bundled DejaVu Sans once (plotters' ab_glyph backend has
 /// no system font lookup; bundling keeps plots identical everywhere).
@@ -115,7 +115,7 @@ pub const MIN_SIZE: (u32, u32) = (200, 100);
 /// compact form: panels beyond what fits are not drawn.
 const PANEL_MIN_HEIGHT: u32 = 60;
 /// The figure title's font size: 22 px, smaller on narrow images.
-fn title_font(width: u32) -> u32 {
+pub(crate) fn title_font(width: u32) -> u32 {
     (width / 36).clamp(11, 22)
 }
 
@@ -125,7 +125,7 @@ const LEGEND_FROM_WIDTH: u32 = 420;
 const COMPACT_BELOW: u32 = 120;
 /// The first of `candidates` (longest first) whose title fits `width`
 /// pixels, else the last one cut short with an ellipsis.
-fn fit_title(candidates: &[String], width: u32) -> String {
+pub(crate) fn fit_title(candidates: &[String], width: u32) -> String {
     let room = width.saturating_sub(16);
     let fits = |t: &str| text_width(t.chars().count(), title_font(width)) <= room;
     if let Some(t) = candidates.iter().find(|t| fits(t)) {
@@ -140,7 +140,7 @@ fn fit_title(candidates: &[String], width: u32) -> String {
 }
 
 /// Space above the figure title, so that no text touches the image border.
-const TITLE_PAD: u32 = 6;
+pub(crate) const TITLE_PAD: u32 = 6;
 /// Height of the figure title.
 const TITLE_HEIGHT: u32 = 30;
 
@@ -275,18 +275,18 @@ impl Ranged for Ticked {
 }
 
 /// How many x ticks fit `width` pixels of axis (a label every ~110 px).
-fn x_ticks_for(width: u32) -> usize {
+pub(crate) fn x_ticks_for(width: u32) -> usize {
     (width / 110).clamp(2, 10) as usize
 }
 
 /// How many y ticks fit `height` pixels of axis (a label every ~40 px).
-fn y_ticks_for(height: u32) -> usize {
+pub(crate) fn y_ticks_for(height: u32) -> usize {
     (height / 40).clamp(2, 8) as usize
 }
 
 /// Approximate width in pixels of `chars` characters of the label font at
 /// `size` px (DejaVu Sans averages a little over half the size).
-fn text_width(chars: usize, size: u32) -> u32 {
+pub(crate) fn text_width(chars: usize, size: u32) -> u32 {
     (chars as u32 * size * 6).div_ceil(10)
 }
 
@@ -625,7 +625,7 @@ pub fn write_png(buf: &[u8], w: u32, h: u32, path: &Path) -> Result<()> {
 
 type Panel<'a, 'b> = ChartContext<'a, BitMapBackend<'b>, Cartesian2d<Ticked, Ticked>>;
 
-fn draw_err<E: std::error::Error + Send + Sync>(e: DrawingAreaErrorKind<E>) -> anyhow::Error {
+pub(crate) fn draw_err<E: std::error::Error + Send + Sync>(e: DrawingAreaErrorKind<E>) -> anyhow::Error {
     anyhow!("cannot draw the plot: {e}")
 }
 
@@ -792,7 +792,7 @@ pub fn render_timeline(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u8>> {
         }
         line(&mut c, score, BLACK, 1, "score")?;
         let forecast = rows.iter().filter_map(|r| Some((x(r), *r.forecast.as_ref()?.first()?))).collect();
-        line(&mut c, forecast, MAGENTA, 1, "online forecast, next step (strip: risk high, critical)")?;
+        line(&mut c, forecast, MAGENTA, 1, "online forecast, next step (strip: fragmentation level high, critical)")?;
         finish_panel(&mut c, &iterations, &ooms, 100.0)?;
         root.present().map_err(draw_err)?;
     }

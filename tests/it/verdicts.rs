@@ -168,3 +168,21 @@ fn a_recording_whose_failures_the_replay_cannot_reproduce_gets_no_setting() {
         assert!(md.contains("Recommendation: none:"), "{name}: {md}");
     }
 }
+
+#[test]
+fn the_floors_are_drawn_where_a_verdict_rests_on_iterations() {
+    let (Some(leak), Some(kvcat)) = (h100("training-leak.pickle"), h100("kvcat-default.pickle")) else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    for (trace, out) in [(&leak, "l"), (&kvcat, "k")] {
+        fragscope().arg("analyze").arg(trace).arg("-o").arg(tmp.path().join(out)).assert().success();
+    }
+    let png = fs::read(tmp.path().join("l/floors.png")).unwrap();
+    assert_eq!(&png[1..4], b"PNG");
+    // Width 1600, one panel: the IHDR's width and height.
+    let dim = |at: usize| u32::from_be_bytes(png[at..at + 4].try_into().unwrap());
+    assert_eq!((dim(16), dim(20)), (1600, 340));
+    let html = fs::read_to_string(tmp.path().join("l/report.html")).unwrap();
+    assert!(html.contains("floors.png: the floor of live memory in each iteration"));
+    // A generation loop has no iterations: nothing to draw.
+    assert!(!tmp.path().join("k/floors.png").exists());
+}
