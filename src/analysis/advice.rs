@@ -330,20 +330,23 @@ fn pinned(a: &Analysis, events: &Events) -> Option<Advice> {
         return None;
     }
     let stacks = a.trace.stacks.as_deref();
-    let mut groups: BTreeMap<(String, u64), u64> = BTreeMap::new();
+    // By call site: (blocks, bytes, smallest, largest).
+    let mut groups: BTreeMap<String, (u64, u64, u64, u64)> = BTreeMap::new();
     for &(size, stack) in pinning.values() {
         let site = stacks
             .and_then(|st| crate::analysis::sites::call_site(st, stack))
             .unwrap_or_else(|| crate::analysis::sites::NO_SITE.to_string());
-        *groups.entry((site, size)).or_default() += 1;
+        let g = groups.entry(site).or_insert((0, 0, u64::MAX, 0));
+        *g = (g.0 + 1, g.1 + size, g.2.min(size), g.3.max(size));
     }
-    let mut groups: Vec<((String, u64), u64)> = groups.into_iter().collect();
-    groups.sort_by(|x, y| (y.1 * y.0.1).cmp(&(x.1 * x.0.1)).then(x.0.cmp(&y.0)));
+    let mut groups: Vec<(String, (u64, u64, u64, u64))> = groups.into_iter().collect();
+    groups.sort_by(|x, y| y.1.1.cmp(&x.1.1).then(x.0.cmp(&y.0)));
     let list: Vec<String> = groups
         .iter()
         .take(3)
-        .map(|((site, size), n)| {
-            format!("{n} live block{} of {} from `{site}`", if *n == 1 { "" } else { "s" }, bytes(*size))
+        .map(|(site, (n, _, lo, hi))| {
+            let sizes = if lo == hi { bytes(*lo) } else { format!("{} to {}", bytes(*lo), bytes(*hi)) };
+            format!("{n} live block{} of {sizes} from `{site}`", if *n == 1 { "" } else { "s" })
         })
         .collect();
     let (common_size, common_n) = seg_sizes.iter().max_by_key(|x| x.1).map(|(s, n)| (*s, *n)).unwrap_or((0, 0));
