@@ -628,9 +628,10 @@ pub(crate) fn leaks_md(a: &Analysis) -> String {
     for l in a.leaks.iter().filter(|l| l.method == Method::Iterations && l.floors.len() > 1) {
         let _ = writeln!(
             md,
-            "\nFloors of {} {} — the least allocated bytes over the events of each complete iteration (exact, from the event stream):\n\n| iteration | starts at | floor | change |\n|---|---|---|---|",
+            "\nFloors of {} {} — the least live bytes{} over the events of each complete iteration (exact, from the event stream):\n\n| iteration | starts at | floor | change |\n|---|---|---|---|",
             a.unit(),
-            l.pid
+            l.pid,
+            if a.allocator_view { " (the bytes the program requested, whatever the allocator's rounding)" } else { "" }
         );
         let shown = 24;
         for (i, f) in l.floors.iter().enumerate().take(shown) {
