@@ -26,9 +26,15 @@
 //!   oversize cached segments are released (`release_available_cached_blocks`,
 //!   with `max_split_size`), then every cached free segment
 //!   (`release_cached_blocks`), retrying after each; then the request fails.
-//! - **`garbage_collection_threshold`**: before asking for a segment, when
-//!   reserved memory exceeds the threshold × capacity, whole free segments
-//!   are released, oldest first, until reserved is below it.
+//! - **`garbage_collection_threshold`**: only under a per-process memory
+//!   fraction (`torch.cuda.set_per_process_memory_fraction`, as PyTorch
+//!   calls `garbage_collect_cached_blocks` only with `set_fraction`; real
+//!   runs under the threshold alone reserved exactly what the defaults
+//!   did): before asking for a segment, when reserved memory exceeds the
+//!   threshold × the allowed memory, whole free segments are released,
+//!   oldest first, until reserved is below it.
+//! - **Per-process memory fraction** F: the allocator may hold at most
+//!   F × the capacity (the scenario replays on a device that small).
 //!
 //! - **Expandable segments** (`expandable_segments:True`), as PyTorch:
 //!   - A virtual range per stream and pool (`ExpandableSegment`), 9/8 of
@@ -765,7 +771,7 @@ impl Allocator {
             let size = self.take(addr, rounded).unwrap_or(rounded);
             return Ok(Placement { addr, size, new_segment: None });
         }
-        if let (Some(g), Some(cap)) = (self.settings.garbage_collection_threshold, capacity)
+        if let (Some(g), Some(cap)) = (self.settings.collects_garbage(), capacity)
             && self.reserved as f64 > g * cap as f64
         {
             self.collect_garbage((g * cap as f64) as u64);
@@ -807,7 +813,7 @@ impl Allocator {
             return Ok(Placement { addr, size, new_segment: None });
         }
         let seg = segment_size(rounded);
-        if let (Some(g), Some(cap)) = (self.settings.garbage_collection_threshold, capacity)
+        if let (Some(g), Some(cap)) = (self.settings.collects_garbage(), capacity)
             && self.reserved as f64 > g * cap as f64
         {
             self.collect_garbage((g * cap as f64) as u64);

@@ -22,7 +22,7 @@
 //! from an `oom` entry) nothing can run out, so OOMs are only counted with
 //! one.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::analysis::allocator::{Allocator, LARGE_BUFFER, MIN_BLOCK, Refused, SMALL_SIZE, Settings, segment_size};
 use crate::analysis::oom::OomClass;
@@ -495,6 +495,9 @@ pub fn simulate_into(
     conf: &[String],
     mut sink: Option<&mut dyn FnMut(Event)>,
 ) -> Outcome {
+    // Under a per-process memory fraction the allocator sees that much of
+    // the device.
+    let capacity = settings.limit(capacity);
     let mut a = Allocator::new(settings.clone());
     initial_state(&mut a, d, capacity);
     let ev = |ts_ns: u64, kind: EventKind, addr: u64, size: u64, requested: Option<u64>, stream: u64| Event {
@@ -516,9 +519,38 @@ pub fn simulate_into(
     // above the ranges of its expandable segments.
     let top = d.events.iter().map(|r| r.addr.saturating_add(r.size)).max().unwrap_or(0).max(a.top());
     let mut next = top.div_ceil(1 << 30).saturating_add(1) << 30;
+    // The driver's choice of address decides best fit's ties between equal
+    // free blocks (lowest address first), and a driver hands a process's
+    // n-th cudaMalloc much the same address from run to run (ascending,
+    // then from below once a region fills). So the n-th new segment takes
+    // the address the recording's n-th segment got, where it overlaps none
+    // handed out before; else a fresh address above everything.
+    let recorded_at: Vec<(u64, u64)> = if settings.expandable_segments {
+        Vec::new()
+    } else {
+        d.events[d.initial..].iter().filter(|r| r.kind == EventKind::SegmentAlloc).map(|r| (r.addr, r.size)).collect()
+    };
+    let mut handed: BTreeMap<u64, u64> = d.events[..d.initial]
+        .iter()
+        .filter(|r| matches!(r.kind, EventKind::SegmentAlloc | EventKind::SegmentMap))
+        .map(|r| (r.addr, r.size))
+        .collect();
+    let mut nth = 0usize;
     let mut device = |size: u64| {
-        let at = next;
-        next = next.saturating_add(size.div_ceil(1 << 21) << 21);
+        let free_at = |at: u64, handed: &BTreeMap<u64, u64>| {
+            let end = at.saturating_add(size);
+            handed.range(..end).next_back().is_none_or(|(&s, &len)| s.saturating_add(len) <= at)
+        };
+        let at = match recorded_at.get(nth) {
+            Some(&(at, _)) if free_at(at, &handed) => at,
+            _ => {
+                let at = next;
+                next = next.saturating_add(size.div_ceil(1 << 21) << 21);
+                at
+            }
+        };
+        nth += 1;
+        handed.insert(at, size);
         at
     };
     let mut out = Outcome { name: name.into(), conf: conf.to_vec(), ..Outcome::default() };
@@ -642,7 +674,8 @@ pub fn simulate_into(
 /// The default sweep: `expandable_segments:True`, `max_split_size_mb` at up to four values taken from
 /// the large requests (their 10th percentile, median, 90th percentile and largest, rounded
 /// up to a power of two MiB above 20), `roundup_power2_divisions:4`, and
-/// with a capacity `garbage_collection_threshold:0.8`.
+/// with a capacity `garbage_collection_threshold:0.8` under a per-process
+/// memory fraction of 1.0 (PyTorch collects garbage only under one).
 pub fn default_sweep(d: &[DeviceStream], recorded: &Settings, capacity: Option<u64>) -> Vec<Vec<String>> {
     let mut large: Vec<u64> = d
         .iter()
@@ -667,8 +700,10 @@ pub fn default_sweep(d: &[DeviceStream], recorded: &Settings, capacity: Option<u
     let mut sweep: Vec<Vec<String>> = vec![vec![flip.into()]];
     sweep.extend(splits.into_iter().map(|mb| vec![format!("max_split_size_mb:{mb}")]));
     sweep.push(vec!["roundup_power2_divisions:4".into()]);
+    // Garbage collection acts only under a per-process memory fraction:
+    // tried with one of 1.0 (the whole device), never alone.
     if capacity.is_some() {
-        sweep.push(vec!["garbage_collection_threshold:0.8".into()]);
+        sweep.push(vec!["garbage_collection_threshold:0.8".into(), "per_process_memory_fraction:1.0".into()]);
     }
     sweep
 }
@@ -685,6 +720,9 @@ pub struct Scenario {
     pub segment_allocs: u64,
     pub ooms: u64,
     pub devices: Vec<Outcome>,
+    /// What the reader must know about how it replays (a setting that has
+    /// no effect as given).
+    pub note: Option<String>,
 }
 
 impl Scenario {
@@ -699,8 +737,25 @@ impl Scenario {
             segment_allocs: sum(|o| o.segment_allocs),
             ooms: sum(|o| o.ooms),
             devices,
+            note: None,
         }
     }
+}
+
+/// Why settings replay otherwise than they read, if they do.
+fn settings_note(s: &Settings, capacity_known: bool) -> Option<String> {
+    if s.garbage_collection_threshold.is_some() && s.per_process_memory_fraction.is_none() {
+        return Some(
+            "`garbage_collection_threshold` acts only under a per-process memory fraction \
+             (`torch.cuda.set_per_process_memory_fraction`): PyTorch collects garbage only then, so it replays as if \
+             unset"
+                .into(),
+        );
+    }
+    (s.per_process_memory_fraction.is_some() && !capacity_known).then(|| {
+        "a per-process memory fraction needs the device's capacity (`--capacity`): without one it limits nothing here"
+            .into()
+    })
 }
 
 /// A lower peak reserved counts only beyond this share of the recorded
@@ -798,7 +853,19 @@ pub fn conf_line(recorded: &[String], conf: &[String]) -> String {
     let keys: Vec<String> = conf.iter().map(key).collect();
     let kept = recorded.iter().filter(|e| !keys.contains(&key(e)));
     let line: Vec<&String> = kept.chain(conf).collect();
-    format!("PYTORCH_CUDA_ALLOC_CONF={}", line.iter().map(|e| e.as_str()).collect::<Vec<_>>().join(","))
+    // The fraction is a Python call, not an environment entry.
+    let fraction = "per_process_memory_fraction";
+    let env: Vec<&str> = line.iter().filter(|e| key(e) != fraction).map(|e| e.as_str()).collect();
+    let call = line
+        .iter()
+        .find(|e| key(e) == fraction)
+        .and_then(|e| e.split_once(':'))
+        .map(|(_, f)| format!("torch.cuda.set_per_process_memory_fraction({})", f.trim()));
+    match (env.is_empty(), call) {
+        (false, Some(call)) => format!("PYTORCH_CUDA_ALLOC_CONF={} and {call}", env.join(",")),
+        (true, Some(call)) => call,
+        (_, None) => format!("PYTORCH_CUDA_ALLOC_CONF={}", env.join(",")),
+    }
 }
 
 /// What `whatif` found for a set of devices: the model's fidelity per
@@ -909,7 +976,9 @@ pub fn run(
     let capacities: Vec<Option<u64>> = devices.iter().map(|d| capacity.or_else(|| inferred_capacity(d))).collect();
     let run_all = |name: &str, conf: &[String], s: &Settings| -> Scenario {
         let outcomes = devices.iter().zip(&capacities).map(|(d, &c)| simulate(d, s, c, name, conf)).collect();
-        Scenario::of(name, conf, outcomes)
+        let mut scenario = Scenario::of(name, conf, outcomes);
+        scenario.note = settings_note(s, capacities.iter().all(Option::is_some));
+        scenario
     };
     // Fidelity, the recorded settings and every scenario at once, on
     // threads: none depends on another.
@@ -1086,6 +1155,67 @@ mod tests {
 
     fn req(kind: EventKind, addr: u64, size: u64, requested: u64) -> Req {
         Req { ts_ns: 0, kind, addr, size, requested, stream: 0, device_free: None }
+    }
+
+    /// Ten 30 MiB blocks freed into the cache, then ten of 50 MiB, which
+    /// cannot reuse them: garbage collection releases the cached ones, but
+    /// only under a per-process memory fraction, as in PyTorch.
+    #[test]
+    fn garbage_collection_acts_only_under_a_memory_fraction() {
+        let mut events = Vec::new();
+        for i in 0..10 {
+            events.push(req(EventKind::BlockAlloc, (i + 1) << 32, 30 * MIB, 30 * MIB));
+        }
+        for i in 0..10 {
+            events.push(req(EventKind::BlockFree, (i + 1) << 32, 30 * MIB, 30 * MIB));
+        }
+        for i in 0..10 {
+            events.push(req(EventKind::BlockAlloc, (i + 20) << 32, 50 * MIB, 50 * MIB));
+        }
+        let d = DeviceStream { device: 0, initial: 0, events };
+        let peak = |entries: &[&str]| {
+            let mut s = Settings::default();
+            for e in entries {
+                s.apply(e).unwrap();
+            }
+            simulate(&d, &s, Some(1 << 30), "s", &[]).peak_reserved_bytes
+        };
+        let plain = peak(&[]);
+        assert_eq!(plain, 800 * MIB);
+        assert_eq!(peak(&["garbage_collection_threshold:0.3"]), plain);
+        let collected = peak(&["garbage_collection_threshold:0.3", "per_process_memory_fraction:1.0"]);
+        assert!(collected < plain, "{collected}");
+        // A fraction alone is a smaller device: 0.45 GiB, where the 500 MiB
+        // of the second ten does not fit even with the cache released.
+        let mut s = Settings::default();
+        s.apply("per_process_memory_fraction:0.45").unwrap();
+        assert!(simulate(&d, &s, Some(1 << 30), "s", &[]).ooms > 0);
+        s.apply("per_process_memory_fraction:0.5").unwrap();
+        assert_eq!(simulate(&d, &s, Some(1 << 30), "s", &[]).ooms, 0);
+        let note = settings_note(
+            &{
+                let mut s = Settings::default();
+                s.apply("garbage_collection_threshold:0.3").unwrap();
+                s
+            },
+            true,
+        );
+        assert!(note.is_some_and(|n| n.contains("only under a per-process memory fraction")));
+    }
+
+    #[test]
+    fn a_fraction_is_advised_as_the_python_call_beside_the_environment_line() {
+        let conf = ["garbage_collection_threshold:0.8".to_string(), "per_process_memory_fraction:1.0".to_string()];
+        assert_eq!(
+            conf_line(&["expandable_segments:True".to_string()], &conf),
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,garbage_collection_threshold:0.8 and torch.cuda.set_per_process_memory_fraction(1.0)"
+        );
+        assert_eq!(conf_line(&[], &conf[1..]), "torch.cuda.set_per_process_memory_fraction(1.0)");
+        let mut s = Settings::default();
+        for bad in ["per_process_memory_fraction:0", "per_process_memory_fraction:1.5", "per_process_memory_fraction:x"]
+        {
+            assert!(s.apply(bad).is_err(), "{bad}");
+        }
     }
 
     /// A recording the model reproduces: a segment, two blocks in it, a

@@ -19,9 +19,14 @@ pub struct Settings {
     /// Divisions per power-of-two interval, from 1 MiB (index 0 for every
     /// size below) up; 0 or 1: plain 512 B rounding.
     pub roundup_power2_divisions: Vec<u64>,
-    /// Fraction of the capacity; None: off.
+    /// Fraction of the capacity; None: off. PyTorch collects garbage only
+    /// under a per-process memory fraction ([`Settings::collects_garbage`]).
     pub garbage_collection_threshold: Option<f64>,
     pub expandable_segments: bool,
+    /// `torch.cuda.set_per_process_memory_fraction(F)`: not a
+    /// `PYTORCH_CUDA_ALLOC_CONF` key but a Python call; the allocator may
+    /// then hold at most F × the device's memory. None: not called.
+    pub per_process_memory_fraction: Option<f64>,
 }
 
 impl Default for Settings {
@@ -31,6 +36,7 @@ impl Default for Settings {
             roundup_power2_divisions: vec![0; 16],
             garbage_collection_threshold: None,
             expandable_segments: false,
+            per_process_memory_fraction: None,
         }
     }
 }
@@ -108,10 +114,19 @@ impl Settings {
                     _ => return Err(bad("True or False")),
                 };
             }
+            // Stands for torch.cuda.set_per_process_memory_fraction(F).
+            "per_process_memory_fraction" => {
+                let f: f64 = value.trim().parse().map_err(|_| bad("a fraction in (0, 1]"))?;
+                if !(f > 0.0 && f <= 1.0) {
+                    return Err(bad("a fraction in (0, 1]"));
+                }
+                self.per_process_memory_fraction = Some(f);
+            }
             other => {
                 return Err(format!(
                     "`{entry}`: unknown key `{other}` (known: max_split_size_mb, roundup_power2_divisions, \
-                     garbage_collection_threshold, expandable_segments)"
+                     garbage_collection_threshold, expandable_segments, and per_process_memory_fraction for \
+                     torch.cuda.set_per_process_memory_fraction)"
                 ));
             }
         }
@@ -141,7 +156,26 @@ impl Settings {
         if self.expandable_segments {
             out.push("expandable_segments:True".into());
         }
+        if let Some(f) = self.per_process_memory_fraction {
+            out.push(format!("per_process_memory_fraction:{f}"));
+        }
         out
+    }
+
+    /// The garbage collection threshold in force: PyTorch runs
+    /// `garbage_collect_cached_blocks` only when a per-process memory
+    /// fraction is set, so the threshold alone changes nothing.
+    pub fn collects_garbage(&self) -> Option<f64> {
+        self.garbage_collection_threshold.filter(|_| self.per_process_memory_fraction.is_some())
+    }
+
+    /// The memory the allocator may hold on a device of `capacity` bytes:
+    /// the per-process fraction of it, when one is set.
+    pub fn limit(&self, capacity: Option<u64>) -> Option<u64> {
+        match (capacity, self.per_process_memory_fraction) {
+            (Some(c), Some(f)) => Some((f * c as f64) as u64),
+            (c, _) => c,
+        }
     }
 
     /// The allocated size of a request.

@@ -85,6 +85,7 @@ pub fn json(w: &Whatif) -> serde_json::Value {
             "ooms": s.ooms,
             "oom_classes": classes,
             "devices": s.devices,
+            "note": s.note,
         })
     };
     let recorded = &w.scenarios[0];
@@ -224,6 +225,10 @@ fn scenarios_md(w: &Whatif, level: &str) -> String {
             s.segment_allocs,
             s.ooms
         );
+    }
+    for s in w.scenarios.iter().filter(|s| s.note.is_some()) {
+        let who = if s.conf.is_empty() { "recorded settings".to_string() } else { format!("`{}`", s.conf.join(",")) };
+        let _ = writeln!(md, "\nNote on {who}: {}.", s.note.as_deref().unwrap_or_default());
     }
     md.push_str("\nReserved − allocated at peak: while reserved was at its peak, what it held beyond the most that was allocated then.\n");
     md.push_str("\nNot modelled: CUDA graph pools, pending `record_stream` events. Every scenario starts from the recorded state before the first trace entry.\n");

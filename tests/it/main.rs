@@ -12,6 +12,7 @@ mod diagnosis;
 mod export;
 mod html;
 mod nsys;
+mod outcomes;
 mod plots;
 mod profiler;
 mod properties;
