@@ -27,8 +27,9 @@
 //!   with `max_split_size`), then every cached free segment
 //!   (`release_cached_blocks`), retrying after each; then the request fails.
 //! - **`garbage_collection_threshold`**: only under a per-process memory
-//!   fraction (`torch.cuda.set_per_process_memory_fraction`, as PyTorch
-//!   calls `garbage_collect_cached_blocks` only with `set_fraction`; real
+//!   fraction below 1 (`torch.cuda.set_per_process_memory_fraction`, as
+//!   PyTorch 2.11 calls `garbage_collect_cached_blocks` only with an
+//!   `allowed_memory_maximum`, which a fraction of 1 does not set; real
 //!   runs under the threshold alone reserved exactly what the defaults
 //!   did): before asking for a segment, when reserved memory exceeds the
 //!   threshold × the allowed memory, whole free segments are released,

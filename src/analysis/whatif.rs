@@ -675,7 +675,7 @@ pub fn simulate_into(
 /// the large requests (their 10th percentile, median, 90th percentile and largest, rounded
 /// up to a power of two MiB above 20), `roundup_power2_divisions:4`, and
 /// with a capacity `garbage_collection_threshold:0.8` under a per-process
-/// memory fraction of 1.0 (PyTorch collects garbage only under one).
+/// memory fraction of 0.99 (PyTorch collects garbage only under one below 1).
 pub fn default_sweep(d: &[DeviceStream], recorded: &Settings, capacity: Option<u64>) -> Vec<Vec<String>> {
     let mut large: Vec<u64> = d
         .iter()
@@ -700,10 +700,11 @@ pub fn default_sweep(d: &[DeviceStream], recorded: &Settings, capacity: Option<u
     let mut sweep: Vec<Vec<String>> = vec![vec![flip.into()]];
     sweep.extend(splits.into_iter().map(|mb| vec![format!("max_split_size_mb:{mb}")]));
     sweep.push(vec!["roundup_power2_divisions:4".into()]);
-    // Garbage collection acts only under a per-process memory fraction:
-    // tried with one of 1.0 (the whole device), never alone.
+    // Garbage collection acts only under a per-process memory fraction
+    // below 1: tried with one of 0.99 (nearly the whole device), never
+    // alone.
     if capacity.is_some() {
-        sweep.push(vec!["garbage_collection_threshold:0.8".into(), "per_process_memory_fraction:1.0".into()]);
+        sweep.push(vec!["garbage_collection_threshold:0.8".into(), "per_process_memory_fraction:0.99".into()]);
     }
     sweep
 }
@@ -744,9 +745,9 @@ impl Scenario {
 
 /// Why settings replay otherwise than they read, if they do.
 fn settings_note(s: &Settings, capacity_known: bool) -> Option<String> {
-    if s.garbage_collection_threshold.is_some() && s.per_process_memory_fraction.is_none() {
+    if s.garbage_collection_threshold.is_some() && s.collects_garbage().is_none() {
         return Some(
-            "`garbage_collection_threshold` acts only under a per-process memory fraction \
+            "`garbage_collection_threshold` acts only under a per-process memory fraction below 1 \
              (`torch.cuda.set_per_process_memory_fraction`): PyTorch collects garbage only then, so it replays as if \
              unset"
                 .into(),
@@ -1183,7 +1184,9 @@ mod tests {
         let plain = peak(&[]);
         assert_eq!(plain, 800 * MIB);
         assert_eq!(peak(&["garbage_collection_threshold:0.3"]), plain);
-        let collected = peak(&["garbage_collection_threshold:0.3", "per_process_memory_fraction:1.0"]);
+        // A fraction of 1 sets no limit, and no collection (PyTorch 2.11).
+        assert_eq!(peak(&["garbage_collection_threshold:0.3", "per_process_memory_fraction:1.0"]), plain);
+        let collected = peak(&["garbage_collection_threshold:0.3", "per_process_memory_fraction:0.99"]);
         assert!(collected < plain, "{collected}");
         // A fraction alone is a smaller device: 0.45 GiB, where the 500 MiB
         // of the second ten does not fit even with the cache released.

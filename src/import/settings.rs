@@ -162,11 +162,12 @@ impl Settings {
         out
     }
 
-    /// The garbage collection threshold in force: PyTorch runs
+    /// The garbage collection threshold in force: PyTorch 2.11 runs
     /// `garbage_collect_cached_blocks` only when a per-process memory
-    /// fraction is set, so the threshold alone changes nothing.
+    /// fraction below 1 is set (`allowed_memory_maximum`; a fraction of 1
+    /// sets no limit), so the threshold alone changes nothing.
     pub fn collects_garbage(&self) -> Option<f64> {
-        self.garbage_collection_threshold.filter(|_| self.per_process_memory_fraction.is_some())
+        self.garbage_collection_threshold.filter(|_| self.per_process_memory_fraction.is_some_and(|f| f < 1.0))
     }
 
     /// The memory the allocator may hold on a device of `capacity` bytes:
