@@ -208,10 +208,27 @@ fn scenarios_md(w: &Whatif, level: &str) -> String {
             }
         );
     md.push_str("| scenario | peak reserved | peak allocated | reserved − allocated at peak | segments allocated | OOMs |\n|---|---|---|---|---|---|\n");
-    for s in &w.scenarios {
+    // A snapshot's recorded row gives what the recording did, and the
+    // model's replay beside it where the two differ.
+    let recording = (w.source == Source::Snapshot).then(|| {
+        let measured = w.fidelity.iter().filter(|f| f.not_measured.is_none());
+        measured.fold((0u64, 0u64), |(r, o), f| (r + f.recorded_peak_reserved, o + f.recorded_ooms))
+    });
+    for (i, s) in w.scenarios.iter().enumerate() {
+        let (reserved, ooms) = match recording.filter(|_| i == 0) {
+            Some((r, o)) => (
+                if r == s.peak_reserved_bytes {
+                    bytes(r)
+                } else {
+                    format!("{} (model: {})", bytes(r), bytes(s.peak_reserved_bytes))
+                },
+                if o == s.ooms { o.to_string() } else { format!("{o} (model: {})", s.ooms) },
+            ),
+            None => (bytes(s.peak_reserved_bytes), s.ooms.to_string()),
+        };
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} |",
+            "| {} | {reserved} | {} | {} | {} | {ooms} |",
             match (s.conf.is_empty(), s.name.as_str()) {
                 (true, "recorded") if w.source == Source::DeviceLevel =>
                     "as recorded (cudaMalloc per request)".to_string(),
@@ -219,11 +236,9 @@ fn scenarios_md(w: &Whatif, level: &str) -> String {
                 (true, _) => "PyTorch's caching allocator, default settings".to_string(),
                 (false, _) => format!("`{}`", s.conf.join(",")),
             },
-            bytes(s.peak_reserved_bytes),
             bytes(s.peak_allocated_bytes),
             bytes(s.reserved_minus_allocated_at_peak),
             s.segment_allocs,
-            s.ooms
         );
     }
     for s in w.scenarios.iter().filter(|s| s.note.is_some()) {
@@ -310,6 +325,13 @@ pub fn render_png(w: &Whatif, width: u32, height: u32) -> anyhow::Result<crate::
     Ok(Image { pixels: buf, width, height })
 }
 
+/// The recommendation for Markdown: a setting line in code, a sentence as
+/// it is.
+pub(crate) fn recommendation_md(w: &crate::analysis::whatif::Whatif) -> String {
+    let r = w.recommendation();
+    if r.starts_with("PYTORCH_CUDA_ALLOC_CONF") { format!("`{r}`") } else { r }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -351,11 +373,21 @@ mod tests {
         early.fidelity[0].allocations = 0;
         assert!(headline(&early).starts_with("model lost step with 3 recorded event(s);"), "{}", headline(&early));
     }
-}
 
-/// The recommendation for Markdown: a setting line in code, a sentence as
-/// it is.
-pub(crate) fn recommendation_md(w: &crate::analysis::whatif::Whatif) -> String {
-    let r = w.recommendation();
-    if r.starts_with("PYTORCH_CUDA_ALLOC_CONF") { format!("`{r}`") } else { r }
+    /// The recorded row shows what the recording did, and the model's
+    /// replay beside it only where the two differ.
+    #[test]
+    fn the_recorded_row_shows_the_recording() {
+        let mut w = whatif(0);
+        w.fidelity[0].recorded_peak_reserved = 434 << 20;
+        w.fidelity[0].recorded_ooms = 1;
+        w.scenarios[0].peak_reserved_bytes = 414 << 20;
+        let md = sections_md(&w, "##");
+        assert!(md.contains("| recorded settings | 434.00 MiB (model: 414.00 MiB) |"), "{md}");
+        assert!(md.contains("| 1 (model: 0) |"), "{md}");
+        w.scenarios[0].peak_reserved_bytes = 434 << 20;
+        w.scenarios[0].ooms = 1;
+        let md = sections_md(&w, "##");
+        assert!(md.contains("| recorded settings | 434.00 MiB |") && !md.contains("(model:"), "{md}");
+    }
 }
