@@ -92,7 +92,9 @@ class Device:
 
     def new_segment(self, size, stream, pool):
         if self.reserved() + size > self.capacity:
-            self.empty_cache()
+            # The allocator's own release before a retry: its entries carry
+            # the context of the malloc that needed room, not empty_cache's.
+            self.empty_cache(frames=self.sites[0])
         if self.reserved() + size > self.capacity:
             return None
         seg = {"address": self.next_addr, "size": size, "stream": stream, "pool": pool,
@@ -103,11 +105,12 @@ class Device:
         self.entry("segment_alloc", addr=seg["address"], size=size, stream=stream)
         return seg
 
-    def empty_cache(self):
+    def empty_cache(self, frames=None):
+        frames = EMPTY_CACHE_FRAMES if frames is None else frames
         for seg in list(self.segments):
             if all(b["state"] == "inactive" for b in seg["blocks"]):
                 self.segments.remove(seg)
-                self.entry("segment_free", addr=seg["address"], size=seg["size"], stream=seg["stream"])
+                self.entry("segment_free", addr=seg["address"], size=seg["size"], stream=seg["stream"], frames=frames)
 
     def find_free(self, rounded, stream, pool):
         best = None
@@ -341,7 +344,7 @@ class ExpandableDevice:
                 return None
         return r, c
 
-    def empty_cache(self):
+    def empty_cache(self, frames=None):
         for pool in ("large", "small"):
             free = sorted(((r, b) for r in self.ranges if r["pool"] == pool for b in r["blocks"]
                            if b["state"] == "inactive"),
@@ -433,6 +436,12 @@ class ExpandableDevice:
 
     # Reused by the OOM checks of the expected answers.
     expandable = True
+
+# What PyTorch records for a segment freed by the program's
+# torch.cuda.empty_cache(): its Python stack.
+EMPTY_CACHE_FRAMES = [{"name": "empty_cache", "filename": "/env/lib/python3.12/site-packages/torch/cuda/memory.py", "line": 224},
+                      {"name": "<module>", "filename": "/work/train.py", "line": 120}]
+
 
 def make_sites(n=6):
     """Frame lists shared between entries, as PyTorch's memo shares them."""
@@ -587,6 +596,23 @@ def cases(out):
         snap["allocator_settings"]["roundup_power2_divisions"] = {
             str(1 << i): kw.get("divisions", 0) for i in range(16)}
         write_case(out, name, snap, [d])
+
+    # flush: a device that fills with cached segments; a larger request
+    # then finds no room until PyTorch releases its whole cache (no OOM).
+    # The capacity lies between the most reserved before and that plus the
+    # segment the flush made room for.
+    d = Device(0, 600 * MiB, sites, rng=random.Random(13))
+    small = [d.malloc(25 * MiB) for _ in range(20)]
+    for a in small:
+        d.free(a)
+    big = [d.malloc(90 * MiB) for _ in range(5)]
+    for a in big[:3]:
+        d.free(a)
+    for _ in range(8):
+        d.malloc(40 * MiB)
+    flushes = sum(1 for i, e in enumerate(d.trace) if e["action"] == "segment_free"
+                  and (i == 0 or d.trace[i - 1]["action"] != "segment_free"))
+    write_case(out, "flush", snapshot_of([d]), [d], extra={"capacity": d.capacity, "flushes": flushes})
 
     compare_pair(out)
 

@@ -23,7 +23,7 @@ fn load(path: &std::path::Path, device: Option<u32>) -> Result<Loaded> {
     let meta = loaded.trace.meta.as_ref();
     if let Some(details) = meta.and_then(|m| m.details.snapshot()) {
         let recorded = Settings::from_snapshot(&details.allocator_settings);
-        let streams = streams(&loaded.events, details);
+        let streams = streams(&loaded.events, details, loaded.trace.stacks.as_deref());
         return Ok((streams, recorded, details.allocator_settings.clone(), Source::Snapshot, None));
     }
     let streams = device_level_streams(&loaded.events);

@@ -49,6 +49,8 @@ pub enum Kind {
     /// A setting from general knowledge, not simulated.
     Generic,
     Capacity,
+    /// PyTorch released its whole cache because the device was full.
+    Flush,
     Leak,
     Risk,
 }
@@ -131,6 +133,18 @@ pub fn advise(a: &Analysis, events: &Events) -> Vec<Advice> {
             simulated: true,
             removes_ooms: None,
         });
+    }
+    for (d, f) in a.whatif.iter().flat_map(|w| w.flushes.iter()) {
+        out.push(Advice::new(
+            Kind::Flush,
+            format!(
+                "Device {d} ran full {} time{}: PyTorch released its whole cache ({} segments, {}) and retried, which synchronizes the device and frees each segment with `cudaFree` — slow, and the sign that the next larger request may fail. A lower peak reserved (What the allocator settings would change) or a smaller batch avoids it.",
+                f.count,
+                if f.count == 1 { "" } else { "s" },
+                f.segments_freed,
+                bytes(f.bytes_freed)
+            ),
+        ));
     }
     if let Some(st) = a.trace.stacks.as_deref() {
         out.extend(regrown_tensors(events, st));

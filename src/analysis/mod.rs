@@ -359,27 +359,11 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         let period = iterations.iter().find(|it| it.pid == p.pid).and_then(|it| period_steps(it, &rows));
         predict_series(p.pid, &rows, &opts.predict, period)
     });
-    let mut predictions: Vec<ProcessPrediction> = peaks
+    let predictions: Vec<ProcessPrediction> = peaks
         .iter()
         .zip(forecasts)
         .map(|(p, (idx, prediction, backtest))| apply_prediction(p.pid, idx, prediction, backtest, &mut rows))
         .collect();
-    let oom_risk = risk::evaluate(
-        &risk::Inputs {
-            events,
-            allocator_view,
-            peaks: &peaks,
-            peak_live_total: peak_total,
-            ooms: &ooms,
-            given: opts.capacity,
-            recorded: trace.meta.as_ref().and_then(|m| m.capacity_bytes),
-            fragmentation: predictions.iter().map(|p| (p.pid, p.prediction.risk)).collect(),
-        },
-        &mut rows,
-    );
-    for p in &mut predictions {
-        p.lead_time = lead_time(p.pid, &rows, &ooms);
-    }
     tracing::debug!("predictor and backtest in {:.3} s", started.elapsed().as_secs_f64());
     let leaks = find_leaks(events, &peaks, &iterations, &floors, &mut replay, allocator_view, stacks.as_deref(), &ooms);
     let exits = replay.exits().to_vec();
@@ -398,7 +382,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         ooms,
         predictions,
         leaks,
-        oom_risk,
+        oom_risk: Vec::new(),
         capacity,
         anomalies,
         exits,
@@ -422,7 +406,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         let started = std::time::Instant::now();
         let (streams, settings, source) = match snapshot {
             Some(d) => (
-                whatif::streams(events, d),
+                whatif::streams(events, d, stacks.as_deref()),
                 allocator::Settings::from_snapshot(&d.allocator_settings),
                 whatif::Source::Snapshot,
             ),
@@ -450,6 +434,27 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         if let Some(st) = &stacks {
             analysis.alloc_stacks = sites::allocation_stacks(events, st);
         }
+    }
+    // The OOM risk, after the what-if: a capacity its cache flushes imply
+    // counts too.
+    let flushes: Vec<(u32, u64)> =
+        analysis.whatif.iter().flat_map(|w| w.flushes.iter()).filter_map(|(d, f)| Some((*d, f.capacity?.0))).collect();
+    analysis.oom_risk = risk::evaluate(
+        &risk::Inputs {
+            events,
+            allocator_view,
+            peaks: &analysis.peaks,
+            peak_live_total: analysis.peak_live_total,
+            ooms: &analysis.ooms,
+            given: opts.capacity,
+            recorded: analysis.trace.meta.as_ref().and_then(|m| m.capacity_bytes),
+            flushes: &flushes,
+            fragmentation: analysis.predictions.iter().map(|p| (p.pid, p.prediction.risk)).collect(),
+        },
+        &mut analysis.rows,
+    );
+    for p in &mut analysis.predictions {
+        p.lead_time = lead_time(p.pid, &analysis.rows, &analysis.ooms);
     }
     if !analysis.has_history() {
         // The state at one instant: nothing happened in it to judge.

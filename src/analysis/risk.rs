@@ -10,7 +10,8 @@
 //! - `oom` when the trace holds an OOM there;
 //! - `unknown` when the capacity C is not known: not given (`--capacity`),
 //!   not recorded (`capacity_bytes` in `trace.json`), and not inferred
-//!   from an `oom` entry (CUDA's free memory plus what was reserved then);
+//!   from an `oom` entry (CUDA's free memory plus what was reserved then)
+//!   nor from cache flushes (the least capacity they allow);
 //! - otherwise from the headroom C − R (R: peak reserved for snapshots,
 //!   peak live for device-level traces), the room for a new request now
 //!   (the larger of the largest free range and C − reserved now, since a
@@ -90,6 +91,9 @@ pub enum CapacitySource {
     Recorded,
     /// An `oom` entry: CUDA's free memory plus what was reserved then.
     InferredFromOom,
+    /// PyTorch's cache flushes (the device was full): the least capacity
+    /// they allow ([`crate::analysis::whatif::Flushes`]).
+    InferredFromFlushes,
 }
 
 impl CapacitySource {
@@ -99,6 +103,9 @@ impl CapacitySource {
             CapacitySource::Recorded => "recorded in trace.json",
             CapacitySource::InferredFromOom => {
                 "inferred from the `oom` entry: the free memory CUDA reported plus what was reserved then"
+            }
+            CapacitySource::InferredFromFlushes => {
+                "inferred from cache flushes (PyTorch released its whole cache because the device was full): the least capacity they allow"
             }
         }
     }
@@ -226,6 +233,8 @@ pub(crate) struct Inputs<'a> {
     pub ooms: &'a [crate::analysis::oom::OomDiagnosis],
     pub given: Option<u64>,
     pub recorded: Option<u64>,
+    /// Per device, the least capacity its cache flushes allow.
+    pub flushes: &'a [(u32, u64)],
     /// The fragmentation level of each process's forecast.
     pub fragmentation: Vec<(u32, Option<Risk>)>,
 }
@@ -244,6 +253,10 @@ fn capacity_of(inp: &Inputs<'_>, device: Option<u32>) -> Option<Capacity> {
         .iter()
         .find(|o| o.pid == device && o.device_free.is_some())
         .and_then(|o| Some(Capacity { bytes: o.device_free? + o.live_bytes, source: CapacitySource::InferredFromOom }))
+        .or_else(|| {
+            let bytes = inp.flushes.iter().find(|f| f.0 == device)?.1;
+            Some(Capacity { bytes, source: CapacitySource::InferredFromFlushes })
+        })
 }
 
 /// The running maximum of successful request sizes of a series, at each
@@ -358,7 +371,7 @@ fn assessment(
         _ if ooms > 0 => (OomRisk::Oom, format!("{ooms} request{} failed", if ooms == 1 { "" } else { "s" })),
         None => (
             OomRisk::Unknown,
-            "the device's capacity is not known: not recorded, not given with --capacity, and no `oom` entry reported CUDA's free memory"
+            "the device's capacity is not known: not recorded, not given with --capacity, and neither an `oom` entry nor a cache flush shows it"
                 .to_string(),
         ),
         Some(c) => {

@@ -63,6 +63,23 @@ pub struct DeviceStream {
     pub device: u32,
     pub initial: usize,
     pub events: Vec<Req>,
+    /// The times PyTorch released its whole cache because the device was
+    /// full, and the capacity they imply.
+    pub flushes: Flushes,
+}
+
+/// Cache flushes: runs of `segment_free` that PyTorch's allocator made
+/// itself (their stack is the allocation's, not `empty_cache`'s) right
+/// before the segment it made room for. Each says the device was full:
+/// the capacity is below what was reserved then plus that segment, and at
+/// least the most that was ever reserved with a new segment that fit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Flushes {
+    pub count: u64,
+    pub segments_freed: u64,
+    pub bytes_freed: u64,
+    /// The capacity interval [lo, hi] they imply, when consistent.
+    pub capacity: Option<(u64, u64)>,
 }
 
 /// A decision the model got wrong.
@@ -886,6 +903,10 @@ pub struct Whatif {
     /// The recorded settings that differ from PyTorch's defaults, as
     /// `PYTORCH_CUDA_ALLOC_CONF` entries: a recommendation keeps them.
     pub recorded_conf: Vec<String>,
+    /// The inferred capacity comes from cache flushes, not an `oom` entry.
+    pub capacity_from_flushes: bool,
+    /// Each device's cache flushes, where it had any.
+    pub flushes: Vec<(u32, Flushes)>,
     /// Why the replay cannot be trusted about the recorded OOMs, when it
     /// cannot: a snapshot's model does not fail where the recording failed,
     /// or a device-level trace's failed requests would have fit by its own
@@ -974,7 +995,16 @@ pub fn run(
     let runs = settings_of(recorded, &confs)?;
     let started = std::time::Instant::now();
     // Each device's capacity: the one given, else inferred from its OOM.
-    let capacities: Vec<Option<u64>> = devices.iter().map(|d| capacity.or_else(|| inferred_capacity(d))).collect();
+    // Each device's capacity: the one given, else inferred from its OOM,
+    // else the least its cache flushes allow (the cautious end: a setting
+    // said to avoid OOMs must do so on the smallest device the recording
+    // is consistent with).
+    let capacities: Vec<Option<u64>> = devices
+        .iter()
+        .map(|d| capacity.or_else(|| inferred_capacity(d)).or_else(|| d.flushes.capacity.map(|c| c.0)))
+        .collect();
+    let from_flushes =
+        capacity.is_none() && devices.iter().any(|d| inferred_capacity(d).is_none() && d.flushes.capacity.is_some());
     let run_all = |name: &str, conf: &[String], s: &Settings| -> Scenario {
         let outcomes = devices.iter().zip(&capacities).map(|(d, &c)| simulate(d, s, c, name, conf)).collect();
         let mut scenario = Scenario::of(name, conf, outcomes);
@@ -1027,7 +1057,19 @@ pub fn run(
     let capacity_inferred = capacity.is_none() && capacities.iter().any(Option::is_some);
     let capacity = capacity.or_else(|| capacities.iter().flatten().copied().max());
     let recorded_conf = recorded.conf_entries();
-    Ok(Whatif { fidelity, scenarios, recommended, capacity, capacity_inferred, source, recorded_conf, unreproduced })
+    let flushes = devices.iter().map(|d| (d.device, d.flushes)).filter(|x| x.1.count > 0).collect();
+    Ok(Whatif {
+        fidelity,
+        scenarios,
+        recommended,
+        capacity,
+        capacity_inferred,
+        capacity_from_flushes: from_flushes,
+        flushes,
+        source,
+        recorded_conf,
+        unreproduced,
+    })
 }
 
 /// A device-level trace has no allocator decisions to check.
@@ -1114,6 +1156,7 @@ pub fn device_level_streams(events: &crate::trace::event::Events) -> Vec<DeviceS
 pub fn streams(
     events: &crate::trace::event::Events,
     details: &crate::trace::details::SnapshotDetails,
+    stacks: Option<&crate::trace::Stacks>,
 ) -> Vec<DeviceStream> {
     let mut by: std::collections::BTreeMap<u32, DeviceStream> = Default::default();
     for r in &details.reconstruction {
@@ -1123,6 +1166,7 @@ pub fn streams(
                 device: r.device,
                 initial: (r.initial_segments + r.initial_blocks) as usize,
                 events: Vec::new(),
+                flushes: Flushes::default(),
             },
         );
     }
@@ -1145,7 +1189,69 @@ pub fn streams(
             device_free: events.device_free.get(i).copied().filter(|&v| v != u64::MAX),
         });
     }
-    by.into_values().collect()
+    // Segment frees made by the allocator, not by empty_cache(): with a
+    // stack that has no `empty_cache` frame.
+    let by_allocator = |i: usize| {
+        let id = events.stack.get(i).copied().unwrap_or(crate::trace::event::NO_STACK);
+        id != crate::trace::event::NO_STACK
+            && stacks.is_some_and(|st| {
+                st.frames_of(id).next().is_some() && !st.frames_of(id).any(|f| f.name == "empty_cache")
+            })
+    };
+    let mut flagged: std::collections::BTreeMap<u32, Vec<bool>> = Default::default();
+    for i in 0..events.len() {
+        if events.kind[i] == Some(EventKind::SegmentFree) && by.contains_key(&events.pid[i]) {
+            flagged.entry(events.pid[i]).or_default().push(by_allocator(i));
+        }
+    }
+    let mut out: Vec<DeviceStream> = by.into_values().collect();
+    for d in &mut out {
+        d.flushes = find_flushes(d, flagged.get(&d.device).map_or(&[][..], |v| v.as_slice()));
+    }
+    out
+}
+
+/// The cache flushes of a device's stream; `by_allocator[k]`: whether its
+/// k-th `segment_free` was made by the allocator (see [`Flushes`]).
+fn find_flushes(d: &DeviceStream, by_allocator: &[bool]) -> Flushes {
+    let mut f = Flushes::default();
+    let mut reserved: u64 = 0;
+    let (mut lo, mut hi) = (0u64, u64::MAX);
+    let mut nth_free = 0usize;
+    let mut run: Option<(u64, u64, u64, bool)> = None; // (reserved before, segments, bytes, by allocator)
+    for (i, r) in d.events.iter().enumerate() {
+        match r.kind {
+            EventKind::SegmentFree => {
+                let mine = by_allocator.get(nth_free).copied().unwrap_or(false);
+                nth_free += 1;
+                let e = run.get_or_insert((reserved, 0, 0, true));
+                *e = (e.0, e.1 + 1, e.2 + r.size, e.3 && mine);
+                reserved = reserved.saturating_sub(r.size);
+            }
+            EventKind::SegmentAlloc => {
+                if i >= d.initial
+                    && let Some((before, segments, bytes, true)) = run
+                {
+                    f.count += 1;
+                    f.segments_freed += segments;
+                    f.bytes_freed += bytes;
+                    hi = hi.min((before + r.size).saturating_sub(1));
+                }
+                run = None;
+                reserved += r.size;
+                lo = lo.max(reserved);
+            }
+            EventKind::SegmentMap => {
+                run = None;
+                reserved += r.size;
+                lo = lo.max(reserved);
+            }
+            EventKind::SegmentUnmap => reserved = reserved.saturating_sub(r.size),
+            _ => run = None,
+        }
+    }
+    f.capacity = (f.count > 0 && lo <= hi).then_some((lo, hi));
+    f
 }
 
 #[cfg(test)]
@@ -1173,7 +1279,7 @@ mod tests {
         for i in 0..10 {
             events.push(req(EventKind::BlockAlloc, (i + 20) << 32, 50 * MIB, 50 * MIB));
         }
-        let d = DeviceStream { device: 0, initial: 0, events };
+        let d = DeviceStream { device: 0, initial: 0, events, ..Default::default() };
         let peak = |entries: &[&str]| {
             let mut s = Settings::default();
             for e in entries {
@@ -1206,6 +1312,28 @@ mod tests {
         assert!(note.is_some_and(|n| n.contains("only under a per-process memory fraction")));
     }
 
+    /// Twenty cached segments released by the allocator right before the
+    /// 90 MiB one it needed room for: the device was full then. The
+    /// program's own empty_cache() says nothing about the capacity.
+    #[test]
+    fn cache_flushes_bound_the_capacity() {
+        let mut events = Vec::new();
+        for i in 0..20 {
+            events.push(req(EventKind::SegmentAlloc, (i + 1) << 32, 26 * MIB, 0));
+        }
+        for i in 0..20 {
+            events.push(req(EventKind::SegmentFree, (i + 1) << 32, 26 * MIB, 0));
+        }
+        events.push(req(EventKind::SegmentAlloc, 40 << 32, 90 * MIB, 0));
+        events.push(req(EventKind::BlockAlloc, 40 << 32, 90 * MIB, 90 * MIB));
+        let d = DeviceStream { device: 0, initial: 0, events, ..Default::default() };
+        let f = find_flushes(&d, &[true; 20]);
+        assert_eq!((f.count, f.segments_freed, f.bytes_freed), (1, 20, 520 * MIB));
+        assert_eq!(f.capacity, Some((520 * MIB, 610 * MIB - 1)));
+        let program = find_flushes(&d, &[false; 20]);
+        assert_eq!((program.count, program.capacity), (0, None));
+    }
+
     #[test]
     fn a_fraction_is_advised_as_the_python_call_beside_the_environment_line() {
         let conf = ["garbage_collection_threshold:0.8".to_string(), "per_process_memory_fraction:1.0".to_string()];
@@ -1236,6 +1364,7 @@ mod tests {
                 req(EventKind::BlockFree, base, 4 * MIB, 4 * MIB),
                 req(EventKind::BlockAlloc, base, 2 * MIB, 2 * MIB),
             ],
+            flushes: Flushes::default(),
         };
         let f = fidelity(&d, &Settings::default());
         assert_eq!((f.allocations, f.same_address, f.same_size), (3, 3, 3), "{f:?}");
@@ -1270,6 +1399,7 @@ mod tests {
                 req(EventKind::SegmentUnmap, base + 20 * MIB, 20 * MIB, 0),
                 req(EventKind::BlockAlloc, base + 12 * MIB, 2 * MIB, 2 * MIB),
             ],
+            flushes: Flushes::default(),
         };
         let f = fidelity(&d, &s);
         assert!(f.not_measured.is_none(), "{f:?}");
@@ -1319,6 +1449,7 @@ mod tests {
                 req(EventKind::BlockFree, base, 2 * MIB, 3 << 30),
                 on_stream_1,
             ],
+            flushes: Flushes::default(),
         };
         let mut kinds = Vec::new();
         let mut sink = |e: Event| kinds.push(e.kind);
@@ -1349,6 +1480,7 @@ mod tests {
                 oom,
                 later,
             ],
+            flushes: Flushes::default(),
         };
         // 20 + 40 − 20 MiB reserved, 12 MiB free.
         assert_eq!(inferred_capacity(&d), Some(52 * MIB));
@@ -1368,7 +1500,7 @@ mod tests {
             events.push(req(EventKind::BlockAlloc, base + i * 100 * MIB + 50 * MIB, 2 * MIB, 2 * MIB));
             events.push(req(EventKind::BlockFree, base + i * 100 * MIB, 30 * MIB, 30 * MIB));
         }
-        let d = DeviceStream { device: 0, initial: 0, events };
+        let d = DeviceStream { device: 0, initial: 0, events, ..Default::default() };
         let o = simulate(&d, &Settings::default(), None, "recorded", &[]);
         assert_eq!((o.allocations, o.ooms), (8, 0));
         assert!(o.peak_reserved_bytes >= 50 * MIB && o.peak_allocated_bytes >= 32 * MIB, "{o:?}");
@@ -1387,7 +1519,7 @@ mod tests {
             req(EventKind::BlockFree, base, 8 * MIB, 8 * MIB),
             req(EventKind::BlockFree, base + 8 * MIB, 6 * MIB, 6 * MIB),
         ];
-        let d = DeviceStream { device: 0, initial: 0, events };
+        let d = DeviceStream { device: 0, initial: 0, events, ..Default::default() };
         let o = simulate(&d, &Settings::default(), None, "recorded", &[]);
         assert_eq!((o.peak_reserved_bytes, o.peak_allocated_bytes), (20 * MIB, 14 * MIB));
         assert_eq!(o.reserved_minus_allocated_at_peak, 6 * MIB);

@@ -705,7 +705,9 @@ pub fn reconstruct(snap: &Snapshot, device: u32, t0_ns: u64, out: Sink<'_>) -> R
                 if remove_range(&mut ranges, e.addr, end) {
                     let kind =
                         if e.action == Action::SegmentFree { EventKind::SegmentFree } else { EventKind::SegmentUnmap };
-                    out(ev(ts, kind, e.addr, e.size, e.stream, Extra::default()))?;
+                    // Its stack tells the program's empty_cache() from the
+                    // allocator's own release before a retry.
+                    out(ev(ts, kind, e.addr, e.size, e.stream, Extra { stack: e.stack(), ..Extra::default() }))?;
                 }
             }
             Action::Oom => {

@@ -91,11 +91,20 @@ pub fn json(w: &Whatif) -> serde_json::Value {
     let recorded = &w.scenarios[0];
     json!({
         "capacity_bytes": w.capacity,
-        "capacity_source": match (w.capacity, w.capacity_inferred) {
-            (None, _) => None,
-            (Some(_), true) => Some("inferred from an oom entry (free memory CUDA reported + reserved then)"),
-            (Some(_), false) => Some("--capacity"),
+        "capacity_source": match (w.capacity, w.capacity_inferred, w.capacity_from_flushes) {
+            (None, _, _) => None,
+            (Some(_), true, true) => Some("inferred from cache flushes (the least capacity they allow)"),
+            (Some(_), true, false) => Some("inferred from an oom entry (free memory CUDA reported + reserved then)"),
+            (Some(_), false, _) => Some("--capacity"),
         },
+        "cache_flushes": w.flushes.iter().map(|(d, f)| json!({
+            "device": d,
+            "count": f.count,
+            "segments_freed": f.segments_freed,
+            "bytes_freed": f.bytes_freed,
+            "capacity_lo_bytes": f.capacity.map(|c| c.0),
+            "capacity_hi_bytes": f.capacity.map(|c| c.1),
+        })).collect::<Vec<_>>(),
         "model": "PyTorch CUDACachingAllocator (2.4-2.5 native allocator, expandable segments included); see src/analysis/allocator.rs",
         "fidelity": w.fidelity.iter().zip(&recorded.devices).map(|(f, o)| json!({
             "device": f.device,
@@ -193,7 +202,11 @@ fn scenarios_md(w: &Whatif, level: &str) -> String {
                     let mut t = format!(
                         "Capacity {} per device{}: a segment beyond it is refused after the cache is released, and the request fails.",
                         bytes(c),
-                        if w.capacity_inferred { " (inferred from an `oom` entry: the free memory CUDA reported plus what was reserved then)" } else { "" }
+                        match (w.capacity_inferred, w.capacity_from_flushes) {
+                            (true, true) => " (inferred from cache flushes: the least capacity they allow)",
+                            (true, false) => " (inferred from an `oom` entry: the free memory CUDA reported plus what was reserved then)",
+                            (false, _) => "",
+                        }
                     );
                     if start > c {
                         let _ = write!(
@@ -207,6 +220,21 @@ fn scenarios_md(w: &Whatif, level: &str) -> String {
                 None => "No capacity given (`--capacity`): nothing runs out of memory, so the scenarios differ only in the memory they reserve.".into(),
             }
         );
+    for (d, f) in &w.flushes {
+        let _ = writeln!(
+            md,
+            "Cache flushes on device {d}: PyTorch released its whole cache {} time{} ({} segments, {}) because the device was full — each flush synchronizes the device and calls `cudaFree` once per segment.{}\n",
+            f.count,
+            if f.count == 1 { "" } else { "s" },
+            f.segments_freed,
+            bytes(f.bytes_freed),
+            f.capacity.map_or(String::new(), |(lo, hi)| format!(
+                " So its capacity lies between {} and {} (inferred from cache flushes).",
+                bytes(lo),
+                bytes(hi)
+            ))
+        );
+    }
     md.push_str("| scenario | peak reserved | peak allocated | reserved − allocated at peak | segments allocated | OOMs |\n|---|---|---|---|---|---|\n");
     // A snapshot's recorded row gives what the recording did, and the
     // model's replay beside it where the two differ.
@@ -351,6 +379,8 @@ mod tests {
             recommended: (0, "no setting does better".into()),
             capacity: None,
             capacity_inferred: false,
+            capacity_from_flushes: false,
+            flushes: Vec::new(),
             source: Source::Snapshot,
             recorded_conf: Vec::new(),
             unreproduced: None,

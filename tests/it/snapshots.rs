@@ -589,3 +589,32 @@ fn whatif_on_a_fragmenting_device_trace_recommends_expandable_segments() {
     assert_eq!((ooms["b"].as_f64(), ooms["judgement"].as_str()), (Some(0.0), Some("better")), "{ooms}");
     assert!(!out.join("scenarios/recorded").exists(), "a device-level recording is the input itself");
 }
+
+/// PyTorch released its whole cache once because the device (600 MiB) was
+/// full: the capacity is inferred from that flush — an interval that holds
+/// the true one — and the scenarios and the OOM risk run within it.
+#[test]
+fn cache_flushes_give_the_capacity() {
+    let Some(dir) = generated() else { return };
+    let expected = json(&dir.join("flush.expected.json"));
+    let truth = expected["capacity"].as_u64().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("w");
+    fragscope().arg("whatif").arg(dir.join("flush.pickle")).arg("-o").arg(&out).assert().success();
+    let w = json(&out.join("whatif.json"));
+    let f = &w["cache_flushes"][0];
+    assert_eq!(f["count"], expected["flushes"]);
+    let (lo, hi) = (f["capacity_lo_bytes"].as_u64().unwrap(), f["capacity_hi_bytes"].as_u64().unwrap());
+    assert!(lo <= truth && truth <= hi, "{lo} ≤ {truth} ≤ {hi}");
+    assert_eq!(w["capacity_bytes"].as_u64(), Some(lo));
+    assert!(w["capacity_source"].as_str().unwrap().contains("cache flushes"));
+    let md = fs::read_to_string(out.join("whatif.md")).unwrap();
+    assert!(md.contains("released its whole cache 1 time") && md.contains("cudaFree"), "{md}");
+    // analyze: the OOM risk is judged against it, and the advice names the flush.
+    let a = tmp.path().join("a");
+    fragscope().arg("analyze").arg(dir.join("flush.pickle")).args(["--no-plots", "-o"]).arg(&a).assert().success();
+    let r = json(&a.join("report.json"));
+    assert_eq!(r["oom_risk"][0]["capacity_source"], "inferred_from_flushes");
+    assert_ne!(r["summary"]["oom_risk"], "unknown");
+    assert!(r["advice"].as_array().unwrap().iter().any(|x| x["kind"] == "flush"));
+}
