@@ -95,6 +95,10 @@ pub struct Mismatch {
     /// None: the model would have asked for a new segment PyTorch did not.
     pub model_addr: Option<u64>,
     pub why: String,
+    /// The state before the first trace entry decides it: the memory
+    /// involved lies where only the reconstruction says where blocks end
+    /// (see [`Fidelity::unknowable_before_trace`]).
+    pub before_trace: bool,
 }
 
 /// How faithful the model is to one recording.
@@ -117,6 +121,14 @@ pub struct Fidelity {
     /// Events the model could not follow (a recorded block not inside a
     /// free block of the model, a free of a block it does not hold).
     pub desynchronised: u64,
+    /// Allocations placed elsewhere than PyTorch placed them where the
+    /// memory involved (the recorded block, or the model's choice) lies in
+    /// a segment alive before the first trace entry and not yet allocated
+    /// by the trace: the boundaries there are the reconstruction's guess (a
+    /// ring buffer lost them), so the state before the trace decides.
+    pub unknowable_before_trace: u64,
+    /// Allocations placed elsewhere for the model's own rules.
+    pub model_mismatches: u64,
     pub first_mismatches: Vec<Mismatch>,
     /// Why fidelity was not measured, when it was not.
     pub not_measured: Option<String>,
@@ -193,6 +205,45 @@ fn follow_maps(a: &mut Allocator, pending: &mut Vec<Req>, small: bool, known: bo
     bad
 }
 
+/// Memory whose block boundaries only the reconstruction of the state
+/// before the first trace entry gives: the segments alive then, less what
+/// the trace has since allocated (an allocation reveals its block).
+#[derive(Clone, Debug, Default)]
+struct Pristine {
+    ranges: BTreeMap<u64, u64>,
+}
+
+impl Pristine {
+    /// The initial segments (or mapped pages) of `d`.
+    fn of(d: &DeviceStream) -> Pristine {
+        let ranges = d.events[..d.initial]
+            .iter()
+            .filter(|r| matches!(r.kind, EventKind::SegmentAlloc | EventKind::SegmentMap))
+            .map(|r| (r.addr, r.addr.saturating_add(r.size)))
+            .collect();
+        Pristine { ranges }
+    }
+
+    fn overlaps(&self, a: u64, b: u64) -> bool {
+        self.ranges.range(..b).next_back().is_some_and(|(_, &end)| end > a)
+    }
+
+    /// [a, b) is known from now on.
+    fn reveal(&mut self, a: u64, b: u64) {
+        let hit: Vec<(u64, u64)> =
+            self.ranges.range(..b).rev().take_while(|x| *x.1 > a).map(|(&s, &e)| (s, e)).collect();
+        for (s, e) in hit {
+            self.ranges.remove(&s);
+            if s < a {
+                self.ranges.insert(s, a);
+            }
+            if e > b {
+                self.ranges.insert(b, e);
+            }
+        }
+    }
+}
+
 /// Replays a device's recording through the model under `settings` (the
 /// snapshot's own), following the recording after each decision.
 pub fn fidelity(d: &DeviceStream, settings: &Settings) -> Fidelity {
@@ -205,6 +256,7 @@ pub fn fidelity(d: &DeviceStream, settings: &Settings) -> Fidelity {
         return f;
     }
     let mut a = replay_start(&mut f, d, settings, None);
+    let mut pristine = Pristine::of(d);
     let mut pending: Vec<Req> = Vec::new();
     for r in &d.events[d.initial..] {
         match r.kind {
@@ -264,7 +316,7 @@ pub fn fidelity(d: &DeviceStream, settings: &Settings) -> Fidelity {
                 };
                 // Follow the recording.
                 f.desynchronised += follow_maps(&mut a, &mut pending, rounded <= SMALL_SIZE, true, None);
-                follow_block(&mut f, &mut a, r, model_addr, model_size, why);
+                follow_block(&mut f, &mut a, &mut pristine, r, model_addr, model_size, why);
             }
             _ => {}
         }
@@ -285,6 +337,7 @@ pub fn fidelity(d: &DeviceStream, settings: &Settings) -> Fidelity {
 fn fidelity_expandable(d: &DeviceStream, settings: &Settings, mut f: Fidelity) -> Fidelity {
     let capacity = inferred_capacity(d);
     let mut a = replay_start(&mut f, d, settings, capacity);
+    let mut pristine = Pristine::of(d);
     let mut pending: Vec<Req> = Vec::new();
     for r in &d.events[d.initial..] {
         let small = a.settings.round(r.requested) <= SMALL_SIZE;
@@ -353,7 +406,7 @@ fn fidelity_expandable(d: &DeviceStream, settings: &Settings, mut f: Fidelity) -
                     }
                 };
                 f.desynchronised += follow_maps(&mut a, &mut pending, rounded <= SMALL_SIZE, true, capacity);
-                follow_block(&mut f, &mut a, r, model_addr, model_size, why);
+                follow_block(&mut f, &mut a, &mut pristine, r, model_addr, model_size, why);
             }
             _ => {}
         }
@@ -379,6 +432,7 @@ const OOM_NOT_IN_MODEL: &str = "PyTorch ran out of memory here, the model would 
 fn follow_block(
     f: &mut Fidelity,
     a: &mut Allocator,
+    pristine: &mut Pristine,
     r: &Req,
     model_addr: Option<u64>,
     model_size: Option<u64>,
@@ -390,8 +444,23 @@ fn follow_block(
     f.same_address += u64::from(same);
     f.same_size += u64::from(same && model_size == Some(r.size));
     if !same {
+        let end = r.addr.saturating_add(r.size);
+        let before_trace = pristine.overlaps(r.addr, end)
+            || model_addr.is_some_and(|m| pristine.overlaps(m, m.saturating_add(model_size.unwrap_or(r.size))));
+        if before_trace {
+            f.unknowable_before_trace += 1;
+        } else {
+            f.model_mismatches += 1;
+        }
         keep(f, r, r.addr, r.size, model_addr, why);
+        if let Some(m) = f.first_mismatches.last_mut()
+            && m.allocation == f.allocations
+        {
+            m.before_trace = before_trace;
+        }
     }
+    // The replay follows the recording: the boundary it reveals is known.
+    pristine.reveal(r.addr, r.addr.saturating_add(r.size));
     f.allocations += 1;
 }
 
@@ -407,6 +476,7 @@ fn keep(f: &mut Fidelity, r: &Req, recorded_addr: u64, recorded_size: u64, model
             recorded_size,
             model_addr,
             why: why.into(),
+            before_trace: false,
         });
     }
 }
@@ -1310,6 +1380,23 @@ mod tests {
             true,
         );
         assert!(note.is_some_and(|n| n.contains("only under a per-process memory fraction")));
+    }
+
+    #[test]
+    fn pristine_memory_shrinks_as_the_trace_allocates_in_it() {
+        let mut p = Pristine { ranges: [(100, 200), (300, 400)].into_iter().collect() };
+        assert!(p.overlaps(150, 160) && p.overlaps(50, 101) && !p.overlaps(200, 300));
+        p.reveal(120, 130);
+        assert_eq!(
+            p.ranges.iter().map(|(&a, &b)| (a, b)).collect::<Vec<_>>(),
+            vec![(100, 120), (130, 200), (300, 400)]
+        );
+        assert!(!p.overlaps(120, 130));
+        p.reveal(150, 350);
+        assert_eq!(
+            p.ranges.iter().map(|(&a, &b)| (a, b)).collect::<Vec<_>>(),
+            vec![(100, 120), (130, 150), (350, 400)]
+        );
     }
 
     /// Twenty cached segments released by the allocator right before the

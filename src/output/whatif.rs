@@ -48,8 +48,16 @@ pub fn headline(w: &Whatif) -> String {
     let lost = w.desynchronised();
     let mut seen = Vec::new();
     if n > 0 {
+        let measured = w.fidelity.iter().filter(|f| f.not_measured.is_none());
+        let (before, model) =
+            measured.fold((0, 0), |(b, m), f| (b + f.unknowable_before_trace, m + f.model_mismatches));
+        let elsewhere = if before + model == 0 {
+            String::new()
+        } else {
+            format!(" — of the others, {before} decided by the state before the trace, {model} by the model's rules")
+        };
         seen.push(format!(
-            "placed {same} of {n} allocations where PyTorch did ({:.1} %)",
+            "placed {same} of {n} allocations where PyTorch did ({:.1} %){elsewhere}",
             100.0 * same as f64 / n as f64
         ));
     }
@@ -118,6 +126,8 @@ pub fn json(w: &Whatif) -> serde_json::Value {
             "recorded_peak_reserved_bytes": f.recorded_peak_reserved,
             "simulated_peak_reserved_bytes": o.peak_reserved_bytes,
             "desynchronised_events": f.desynchronised,
+            "unknowable_before_trace": f.unknowable_before_trace,
+            "model_mismatches": f.model_mismatches,
             "recorded_ooms": f.recorded_ooms,
             "ooms_same": f.ooms_same,
             "simulated_ooms": o.ooms,
@@ -139,20 +149,22 @@ pub fn sections_md(w: &Whatif, level: &str) -> String {
         return md + &scenarios_md(w, level);
     }
     md.push_str("Under the snapshot's own settings, from the state before the first trace entry, the model chose a block for every allocation; the recorded choice was then applied. With expandable segments a segment asked is the pages one request mapped (`segment_map`), and the same size means the same pages.\n\n");
-    md.push_str("| device | allocations | at PyTorch's address | same block size | segments asked (same size) | segments only PyTorch / only model | peak reserved recorded → simulated |\n|---|---|---|---|---|---|---|\n");
+    md.push_str("| device | allocations | at PyTorch's address | elsewhere: before the trace / model | same block size | segments asked (same size) | segments only PyTorch / only model | peak reserved recorded → simulated |\n|---|---|---|---|---|---|---|---|\n");
     for (f, o) in w.fidelity.iter().zip(&w.scenarios[0].devices) {
         if let Some(why) = &f.not_measured {
-            let _ = writeln!(md, "| {} | — | not measured: {why} | | | | |", f.device);
+            let _ = writeln!(md, "| {} | — | not measured: {why} | | | | | |", f.device);
             continue;
         }
         let pct = |x: u64| if f.allocations == 0 { 100.0 } else { 100.0 * x as f64 / f.allocations as f64 };
         let _ = writeln!(
             md,
-            "| {} | {} | {} ({:.1} %) | {} ({:.1} %) | {} ({}) | {} / {} | {} → {} |",
+            "| {} | {} | {} ({:.1} %) | {} / {} | {} ({:.1} %) | {} ({}) | {} / {} | {} → {} |",
             f.device,
             f.allocations,
             f.same_address,
             pct(f.same_address),
+            f.unknowable_before_trace,
+            f.model_mismatches,
             f.same_size,
             pct(f.same_size),
             f.segments_requested,
