@@ -597,6 +597,23 @@ def cases(out):
             str(1 << i): kw.get("divisions", 0) for i in range(16)}
         write_case(out, name, snap, [d])
 
+    # roundup_growing: roundup_power2_divisions:4 on the sizes of a KV cache
+    # regrown by torch.cat (kvcat on the H100: 2 KiB to 32 MiB, 16 KiB more
+    # per token), small and large pools both.
+    d = Device(0, 8 << 30, sites, rng=random.Random(14), divisions=4)
+    cache = [None] * 8
+    for token in range(160):
+        for layer in range(8):
+            grown = d.malloc(2048 + 16 * 1024 * token + 64 * layer)
+            if cache[layer] is not None:
+                d.free(cache[layer])
+            cache[layer] = grown
+        tmp = d.malloc(300 + 7 * token)
+        d.free(tmp)
+    snap = snapshot_of([d])
+    snap["allocator_settings"]["roundup_power2_divisions"] = {str(1 << i): 4 for i in range(16)}
+    write_case(out, "roundup_growing", snap, [d])
+
     # flush: a device that fills with cached segments; a larger request
     # then finds no room until PyTorch releases its whole cache (no OOM).
     # The capacity lies between the most reserved before and that plus the

@@ -108,6 +108,8 @@ fn every_generated_layout_imports_exactly() {
         "legacy_history",
         "max_split",
         "roundup",
+        "roundup_growing",
+        "flush",
     ];
     for name in names {
         let meta = import(&dir.join(format!("{name}.pickle")), &tmp.path().join(name), &[]);
@@ -469,6 +471,7 @@ fn whatif_reproduces_the_generated_snapshots() {
         "legacy_history",
         "max_split",
         "roundup",
+        "roundup_growing",
         "ring",
         "expandable",
         "expandable_oom",
