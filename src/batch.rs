@@ -9,26 +9,59 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use anyhow::{Context, Result};
 
-use crate::analysis::Options;
+use crate::analysis::predict::Risk;
+use crate::analysis::risk::OomRisk;
 use crate::analysis::summary::{Summary, SummaryRow};
-use crate::cli::{self, AnalyzeArgs, SummarizeArgs};
 use crate::exit;
+use crate::input::Found;
 use crate::output::plot::PlotConfig;
+use crate::output::summary::Shard;
 use crate::store::Location;
+
+/// What `fragscope analyze` is asked for.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Trace directories, snapshots, other tools' files, directories of
+    /// them, or object-store URLs.
+    pub traces: Vec<PathBuf>,
+    /// The output folder (or object-store URL).
+    pub output: PathBuf,
+    /// How each trace is analysed.
+    pub analysis: crate::analysis::Options,
+    /// The pictures to draw (None: no plots).
+    pub plot: Option<PlotConfig>,
+    /// Traces analysed in parallel (None: one per core).
+    pub jobs: Option<usize>,
+    /// Seed of the k-means grouping.
+    pub cluster_seed: u64,
+    /// Only this shard of the batch.
+    pub shard: Option<Shard>,
+    pub gates: Gates,
+}
+
+/// The CI gates: exit code 3 when one trips.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Gates {
+    /// A trace's OOM risk at or above this level.
+    pub fail_on: Option<OomRisk>,
+    /// A trace's fragmentation level at or above this.
+    pub fail_on_fragmentation: Option<Risk>,
+    /// A trace's final score above this.
+    pub max_score: Option<f64>,
+}
 
 /// `fragscope analyze`: one trace, or a batch of them into per-trace folders
 /// and a summary; with `--shard`, one shard of a batch.
-pub fn run(args: &AnalyzeArgs) -> Result<u8> {
-    let opts = args.options();
-    let plot = args.plot_config();
+pub fn run(args: &Options) -> Result<u8> {
+    let opts = &args.analysis;
+    let plot = &args.plot;
     opts.metrics.validate()?;
     let remote = args.traces.iter().any(|p| crate::store::is_url(&p.to_string_lossy()))
         || crate::store::is_url(&args.output.to_string_lossy());
-    let (found, batch) =
-        if remote { discover_all(&args.traces)? } else { local(crate::trace::input::discover(&args.traces)?) };
+    let (found, batch) = if remote { discover_all(&args.traces)? } else { local(crate::input::discover(&args.traces)?) };
     if !batch && args.shard.is_none() && !remote {
-        let TraceIn::Local(path) = &found[0].0 else { unreachable!("local inputs") };
-        let a = crate::analysis::analyze_path(path, &opts)?;
+        let TraceIn::Local(path, kind) = &found[0].0 else { unreachable!("local inputs") };
+        let a = crate::analysis::analyze_loaded(crate::input::load(path, *kind, opts.device)?, opts)?;
         crate::output::write_trace_outputs(&a, &args.output, plot.as_ref())?;
         print!("{}", crate::output::stdout_summary(&a, &args.output));
         return Ok(gate(&[(a.trace.name.clone(), Ok(Summary::of(&a)))], &args.gates));
@@ -49,7 +82,7 @@ pub fn run(args: &AnalyzeArgs) -> Result<u8> {
         .unzip();
     let jobs = args.jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
     let started = std::time::Instant::now();
-    let (rows, per_trace) = analyze_all(&traces, &names, &loc, &opts, plot.as_ref(), jobs);
+    let (rows, per_trace) = analyze_all(&traces, &names, &loc, opts, plot.as_ref(), jobs);
     crate::output::write_parts(&loc, &rows, args.shard)?;
     let failed = rows.iter().filter(|r| r.1.is_err()).count();
     match args.shard {
@@ -85,9 +118,9 @@ pub fn run(args: &AnalyzeArgs) -> Result<u8> {
 }
 
 /// `fragscope summarize OUT`: the batch summary from the parts of its shards.
-pub fn summarize(args: &SummarizeArgs) -> Result<u8> {
-    let loc = Location::open(&args.output.to_string_lossy(), false)?;
-    let batch = crate::output::summarize(&loc, args.cluster_seed)?;
+pub fn summarize(output: &Path, cluster_seed: u64) -> Result<u8> {
+    let loc = Location::open(&output.to_string_lossy(), false)?;
+    let batch = crate::output::summarize(&loc, cluster_seed)?;
     let failed = batch.rows.iter().filter(|r| r.1.is_err()).count();
     println!(
         "{} traces, {} failed, {}; summary in {}",
@@ -99,50 +132,6 @@ pub fn summarize(args: &SummarizeArgs) -> Result<u8> {
     Ok(exit::OK)
 }
 
-/// One shard of a batch: `--shard I/N`, 0 ≤ I < N.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Shard {
-    pub index: u32,
-    pub count: u32,
-}
-
-impl Shard {
-    /// Whether the trace at `rel` (its path relative to the input root,
-    /// `/`-separated) belongs to this shard: FNV-1a (64 bit) of the path's
-    /// UTF-8 bytes, modulo N. FNV is fixed by its definition, unlike std's
-    /// hasher, so the assignment is the same on every machine and release.
-    pub fn holds(self, rel: &str) -> bool {
-        let rel = rel.replace('\\', "/");
-        let mut h = fnv::FnvHasher::default();
-        std::hash::Hasher::write(&mut h, rel.trim_matches('/').as_bytes());
-        std::hash::Hasher::finish(&h) % u64::from(self.count) == u64::from(self.index)
-    }
-
-    /// The file name of this shard's summary parts.
-    pub fn part_name(self) -> String {
-        format!("part-{}-of-{}.parquet", self.index, self.count)
-    }
-}
-
-impl std::fmt::Display for Shard {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.index, self.count)
-    }
-}
-
-impl std::str::FromStr for Shard {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Shard, String> {
-        let bad = || format!("`{s}`: expected I/N with 0 ≤ I < N (e.g. 0/4 … 3/4)");
-        let (i, n) = s.split_once('/').ok_or_else(bad)?;
-        let (i, n) = (i.trim().parse::<u32>().map_err(|_| bad())?, n.trim().parse::<u32>().map_err(|_| bad())?);
-        if n == 0 || i >= n {
-            return Err(bad());
-        }
-        Ok(Shard { index: i, count: n })
-    }
-}
-
 /// Analyses every trace on `jobs` threads into `out/NAME`; returns a row
 /// per trace, in input order, and the seconds of per-trace work summed over
 /// the threads.
@@ -150,7 +139,7 @@ fn analyze_all(
     traces: &[TraceIn],
     names: &[String],
     out: &Location,
-    opts: &Options,
+    opts: &crate::analysis::Options,
     plot: Option<&PlotConfig>,
     jobs: usize,
 ) -> (Vec<SummaryRow>, f64) {
@@ -222,7 +211,7 @@ fn analyze_all(
 }
 
 /// Applies the CI gates to analysed traces; prints each trip on stderr.
-fn gate(rows: &[SummaryRow], gates: &cli::GateArgs) -> u8 {
+fn gate(rows: &[SummaryRow], gates: &Gates) -> u8 {
     let mut tripped = false;
     for (name, s) in rows {
         let Ok(s) = s else { continue };
@@ -255,7 +244,8 @@ fn gate(rows: &[SummaryRow], gates: &cli::GateArgs) -> u8 {
 /// A trace of a batch: a local path, or the files of one trace under an
 /// object-store prefix.
 enum TraceIn {
-    Local(PathBuf),
+    /// A local path, and what it is (classified once, by `discover`).
+    Local(PathBuf, Option<crate::input::Input>),
     /// A trace folder or a file under `loc`: its keys, each with the path
     /// it is downloaded to (relative to a scratch folder) and its last
     /// modification, the path of the trace there, and its URL for messages.
@@ -270,7 +260,7 @@ enum TraceIn {
 impl TraceIn {
     fn show(&self) -> String {
         match self {
-            TraceIn::Local(p) => p.display().to_string(),
+            TraceIn::Local(p, _) => p.display().to_string(),
             TraceIn::Remote { shown, .. } => shown.clone(),
         }
     }
@@ -281,15 +271,15 @@ impl TraceIn {
     fn name_base(&self) -> String {
         let name = |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned());
         match self {
-            TraceIn::Local(p) => p.canonicalize().ok().and_then(|c| name(&c)).or_else(|| name(p)),
+            TraceIn::Local(p, _) => p.canonicalize().ok().and_then(|c| name(&c)).or_else(|| name(p)),
             TraceIn::Remote { local, .. } => name(Path::new(local)),
         }
         .unwrap_or_else(|| "trace".into())
     }
 }
 
-fn local((found, batch): (Vec<(PathBuf, String)>, bool)) -> (Vec<(TraceIn, String)>, bool) {
-    (found.into_iter().map(|(p, rel)| (TraceIn::Local(p), rel)).collect(), batch)
+fn local((found, batch): (Vec<Found>, bool)) -> (Vec<(TraceIn, String)>, bool) {
+    (found.into_iter().map(|f| (TraceIn::Local(f.path, f.kind), f.rel)).collect(), batch)
 }
 
 /// The traces of the inputs when some are object-store URLs: a URL names a
@@ -301,7 +291,7 @@ fn discover_all(inputs: &[PathBuf]) -> Result<(Vec<(TraceIn, String)>, bool)> {
     for input in inputs {
         let s = input.to_string_lossy();
         if !crate::store::is_url(&s) {
-            out.extend(local(crate::trace::input::discover(std::slice::from_ref(input))?).0);
+            out.extend(local(crate::input::discover(std::slice::from_ref(input))?).0);
             continue;
         }
         let loc = Location::open(&s, false)?;
@@ -358,7 +348,7 @@ fn analyze_one(
     input: &TraceIn,
     name: &str,
     out: &Location,
-    opts: &Options,
+    opts: &crate::analysis::Options,
     plot: Option<&PlotConfig>,
 ) -> Result<Summary> {
     // A temporary folder only where something remote needs one: local
@@ -372,8 +362,8 @@ fn analyze_one(
         }
         Ok(scratch_dir.as_ref().expect("just made").path().to_path_buf())
     };
-    let path = match input {
-        TraceIn::Local(p) => p.clone(),
+    let (path, kind) = match input {
+        TraceIn::Local(p, kind) => (p.clone(), *kind),
         TraceIn::Remote { loc, keys, local, .. } => {
             let scratch = scratch()?;
             for (key, to, modified) in keys {
@@ -386,10 +376,14 @@ fn analyze_one(
                 // recorded start is dated by its files (the date partition).
                 let _ = std::fs::File::options().write(true).open(&dest).and_then(|f| f.set_modified(*modified));
             }
-            scratch.join("in").join(local)
+            let path = scratch.join("in").join(local);
+            let kind = crate::input::classify(&path);
+            (path, kind)
         }
     };
-    let a = crate::analysis::analyze_path(&path, opts).with_context(|| input.show())?;
+    let a = crate::input::load(&path, kind, opts.device)
+        .and_then(|loaded| crate::analysis::analyze_loaded(loaded, opts))
+        .with_context(|| input.show())?;
     let Some(dir) = out.local_dir() else {
         let folder = scratch()?.join("out");
         crate::output::write_trace_outputs(&a, &folder, plot)?;
@@ -458,7 +452,7 @@ mod tests {
         std::fs::create_dir(&target).unwrap();
         let link = tmp.path().join("latest");
         std::os::unix::fs::symlink(&target, &link).unwrap();
-        assert_eq!(TraceIn::Local(link.clone()).name_base(), "real-run");
+        assert_eq!(TraceIn::Local(link.clone(), None).name_base(), "real-run");
         let remote = TraceIn::Remote {
             loc: Location::open(tmp.path().to_str().unwrap(), false).unwrap(),
             keys: Vec::new(),
@@ -469,34 +463,5 @@ mod tests {
         };
         assert_eq!(remote.name_base(), "latest");
         assert_eq!(unique_names(vec!["a".into(), "b".into(), "a".into(), "a".into()]), vec!["a", "b", "a-2", "a-3"]);
-    }
-
-    #[test]
-    fn shard_specs_parse_and_reject() {
-        assert_eq!("2/4".parse::<Shard>(), Ok(Shard { index: 2, count: 4 }));
-        assert_eq!(" 0 / 1 ".parse::<Shard>(), Ok(Shard { index: 0, count: 1 }));
-        for bad in ["3/2", "2/2", "0/0", "1", "a/b", "-1/2", "1/2/3"] {
-            assert!(bad.parse::<Shard>().is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn shards_are_disjoint_cover_and_are_pinned() {
-        // FNV-1a 64 of "a" is 0xaf63dc4c8601ec8c, which is 5 mod 7: the
-        // assignment must never change between releases.
-        assert!(Shard { index: 5, count: 7 }.holds("a"));
-        assert!(Shard { index: 5, count: 7 }.holds("/a/"));
-        for n in 1..=9 {
-            for t in 0..500 {
-                let rel = format!("runs/trace-{t}");
-                let owners = (0..n).filter(|&i| Shard { index: i, count: n }.holds(&rel)).count();
-                assert_eq!(owners, 1, "{rel} in {owners} of {n} shards");
-            }
-        }
-        // Roughly even: no shard of 4 gets fewer than a sixth of 2000 names.
-        for i in 0..4 {
-            let k = (0..2000).filter(|t| Shard { index: i, count: 4 }.holds(&format!("t{t}"))).count();
-            assert!(k > 333, "shard {i}/4 holds {k} of 2000");
-        }
     }
 }

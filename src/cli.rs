@@ -1,9 +1,12 @@
-//! Command-line interface: the clap derive types, and their conversion to
-//! the options of the stages ([`AnalyzeArgs::options`],
-//! [`AnalyzeArgs::plot_config`]). The work is done by [`crate::run`].
+//! Command-line interface, the top of the house: the clap derive types,
+//! and [`run`], which turns them into each command's own options
+//! ([`crate::batch::Options`], [`crate::whatif::Options`],
+//! [`crate::output::export::Options`], …) and calls the command. Nothing
+//! below imports this module.
 
 use std::path::PathBuf;
 
+use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 
 use crate::analysis::StepSpec;
@@ -262,7 +265,7 @@ pub struct AnalyzeArgs {
     /// per-trace folders and summary parts; run `fragscope summarize OUT`
     /// once every shard is done.
     #[arg(long, value_name = "I/N")]
-    pub shard: Option<crate::batch::Shard>,
+    pub shard: Option<crate::output::summary::Shard>,
     /// Page size P of the unusable-free-space index (power of two).
     #[arg(long, value_parser = parse_bytes, default_value = "4KiB")]
     pub page_size: u64,
@@ -415,7 +418,93 @@ pub struct GateArgs {
     pub max_score: Option<f64>,
 }
 
+/// Runs a parsed command line; returns the exit code.
+pub fn run(cli: Cli) -> Result<u8> {
+    use crate::exit;
+    match cli.command {
+        Command::Synth(args) => {
+            let cfg = crate::synth::SynthConfig {
+                pattern: args.pattern,
+                events: args.events,
+                seed: args.seed,
+                capacity: args.capacity,
+                rows_per_part: args.rows_per_part.clamp(1, usize::MAX as u64) as usize,
+            };
+            crate::synth::run(&cfg, &args.output)?;
+            Ok(exit::OK)
+        }
+        Command::Analyze(args) => crate::batch::run(&args.batch_options()),
+        Command::Summarize(args) => crate::batch::summarize(&args.output, args.cluster_seed),
+        Command::Import(args) => {
+            crate::input::import(&args.snapshot, &args.output, args.device)?;
+            Ok(exit::OK)
+        }
+        Command::Whatif(args) => crate::whatif::run(&crate::whatif::Options {
+            input: args.input,
+            output: args.output,
+            conf: args.conf,
+            capacity: args.capacity,
+            device: args.device,
+        }),
+        Command::Export(args) => crate::output::export::run(&crate::output::export::Options {
+            input: args.input,
+            format: args.format,
+            output: args.output,
+            time_window: args.time_window,
+            device: args.device,
+        }),
+        Command::Record(args) => run_record(&args),
+        Command::Compare(args) => {
+            let opts = crate::analysis::Options { step: args.step, device: args.device, ..Default::default() };
+            let tripped =
+                crate::output::compare::run(&args.a, &args.b, &args.output, &opts, args.size, &args.fail_if_worse)?;
+            Ok(if tripped { exit::GATE } else { exit::OK })
+        }
+    }
+}
+
+#[cfg(feature = "record")]
+fn run_record(args: &RecordArgs) -> Result<u8> {
+    crate::record::run(&crate::record::Options {
+        output: args.output.clone(),
+        libs: args.libs.clone(),
+        all: args.all,
+        pid: args.pid,
+        command: args.command.clone(),
+        duration: args.duration,
+        launch: !args.no_launch,
+        memcpy: !args.no_memcpy,
+        stacks: args.stacks,
+        part_events: args.part_events,
+        part_interval: args.part_interval,
+        buffer_bytes: args.buffer_size,
+    })
+}
+
+#[cfg(not(feature = "record"))]
+fn run_record(_: &RecordArgs) -> Result<u8> {
+    anyhow::bail!("this fragscope was built without the recorder (the `record` feature); rebuild with default features")
+}
+
 impl AnalyzeArgs {
+    /// The options of `analyze` (one trace or a batch).
+    pub fn batch_options(&self) -> crate::batch::Options {
+        crate::batch::Options {
+            traces: self.traces.clone(),
+            output: self.output.clone(),
+            analysis: self.options(),
+            plot: self.plot_config(),
+            jobs: self.jobs,
+            cluster_seed: self.cluster_seed,
+            shard: self.shard,
+            gates: crate::batch::Gates {
+                fail_on: self.gates.fail_on,
+                fail_on_fragmentation: self.gates.fail_on_fragmentation,
+                max_score: self.gates.max_score,
+            },
+        }
+    }
+
     /// The analysis options these arguments ask for.
     pub fn options(&self) -> crate::analysis::Options {
         let p = &self.predict;

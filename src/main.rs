@@ -42,7 +42,7 @@ fn main() -> ExitCode {
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
-    match fragscope::run(cli) {
+    match fragscope::cli::run(cli) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("Error: {e:#}");

@@ -484,6 +484,23 @@ impl Proc {
     }
 }
 
+/// `fragscope synth`: writes the trace and says what it wrote.
+pub fn run(cfg: &SynthConfig, output: &Path) -> Result<()> {
+    anyhow::ensure!(cfg.capacity >= 64 << 20, "--capacity must be at least 64MiB");
+    let meta = synth(cfg, output)?;
+    let total: u64 = meta.event_counts.values().sum();
+    println!(
+        "{}: {} events ({} pattern, seed {}) in {} part{}",
+        output.display(),
+        total,
+        cfg.pattern.name(),
+        cfg.seed,
+        meta.parts,
+        if meta.parts == 1 { "" } else { "s" }
+    );
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

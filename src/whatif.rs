@@ -7,7 +7,6 @@ use anyhow::{Context, Result};
 
 use crate::analysis::allocator::Settings;
 use crate::analysis::whatif::{DeviceStream, Source, device_level_streams, settings_of, streams};
-use crate::cli::WhatifArgs;
 use crate::exit;
 use crate::output::whatif::Report;
 
@@ -19,7 +18,7 @@ use crate::output::whatif::Report;
 type Loaded = (Vec<DeviceStream>, Settings, serde_json::Value, Source, Option<u64>);
 
 fn load(path: &std::path::Path, device: Option<u32>) -> Result<Loaded> {
-    let loaded = crate::trace::input::open(path, device)?;
+    let loaded = crate::input::open(path, device)?;
     let meta = loaded.trace.meta.as_ref();
     if let Some(details) = meta.and_then(|m| m.details.snapshot()) {
         let recorded = Settings::from_snapshot(&details.allocator_settings);
@@ -119,7 +118,23 @@ fn write_scenario(
     Ok(())
 }
 
-pub fn run(args: &WhatifArgs) -> Result<u8> {
+/// What `fragscope whatif` is asked for.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The snapshot (or trace) whose requests are replayed.
+    pub input: std::path::PathBuf,
+    /// The output directory.
+    pub output: std::path::PathBuf,
+    /// The scenarios, each as `KEY:VALUE[,KEY:VALUE]` (none: the sweep).
+    pub conf: Vec<String>,
+    /// Device memory capacity, when given.
+    pub capacity: Option<u64>,
+    /// Only this device.
+    pub device: Option<u32>,
+}
+
+/// `fragscope whatif`.
+pub fn run(args: &Options) -> Result<u8> {
     let confs: Vec<Vec<String>> = args
         .conf
         .iter()

@@ -42,7 +42,7 @@ use crate::analysis::predict::{PredictConfig, Prediction, Risk};
 use crate::analysis::replay::{AllocatorFigures, Anomalies, ExitRelease, Footprint, Peak, Replay};
 use crate::trace::Trace;
 use crate::trace::event::Events;
-use crate::trace::input::Loaded;
+use crate::input::Loaded;
 
 /// How the trace is cut into timesteps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -289,7 +289,12 @@ impl Analysis {
 
 /// Loads and analyses one trace directory or snapshot pickle.
 pub fn analyze_path(dir: &Path, opts: &Options) -> Result<Analysis> {
-    let Loaded { trace, events, out_of_order } = crate::trace::input::open(dir, opts.device)?;
+    analyze_loaded(crate::input::open(dir, opts.device)?, opts)
+}
+
+/// Analyses a loaded input.
+pub fn analyze_loaded(loaded: Loaded, opts: &Options) -> Result<Analysis> {
+    let Loaded { trace, events, out_of_order } = loaded;
     let start = std::time::Instant::now();
     let analysis = analyze_events(trace, &events, out_of_order, opts)?;
     tracing::info!("{}: replayed in {:.3} s", analysis.trace.name, start.elapsed().as_secs_f64());

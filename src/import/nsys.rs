@@ -29,7 +29,7 @@ use anyhow::{Context, Result, bail};
 use arrow_array::Array;
 use rusqlite::{Connection, OpenFlags};
 
-use crate::table::Table;
+use crate::trace::table::Table;
 use crate::trace::details::{Details, NsysDetails};
 use crate::trace::event::{Event, EventKind};
 

@@ -31,7 +31,7 @@ use crate::analysis::{Analysis, Options};
 use crate::output::plot::Image;
 use crate::output::plot::Ticked;
 use crate::output::ticks::{self, Axis};
-use crate::trace::input::Loaded;
+use crate::input::Loaded;
 use crate::units::bytes;
 
 /// How a metric is shown and judged.
@@ -275,7 +275,7 @@ pub fn compare_summaries(a: &Summary, b: &Summary) -> (Vec<MetricRow>, String) {
 
 /// Loads and analyses both inputs, with MDTPs on one address scale.
 pub fn compare(a: &Path, b: &Path, opts: &Options, size: (u32, u32)) -> Result<Comparison> {
-    let open = |path| crate::trace::input::open(path, opts.device);
+    let open = |path| crate::input::open(path, opts.device);
     let (Loaded { trace: ta, events: ea, out_of_order: oa }, Loaded { trace: tb, events: eb, out_of_order: ob }) =
         (open(a)?, open(b)?);
     let extent = |events: &crate::trace::event::Events| {

@@ -14,7 +14,6 @@ pub(crate) mod floors;
 pub mod html;
 pub(crate) mod json;
 pub(crate) mod markdown;
-pub mod perfetto;
 pub mod plot;
 pub(crate) mod summary;
 pub mod ticks;
@@ -22,7 +21,7 @@ pub(crate) mod whatif;
 
 use std::path::Path;
 
-use crate::table::Columns;
+use crate::trace::table::Columns;
 use anyhow::{Context, Result};
 
 use crate::analysis::predict::Risk;

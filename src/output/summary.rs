@@ -6,11 +6,10 @@ use std::fmt::Write as _;
 use anyhow::{Context, Result};
 use arrow_array::{BooleanArray, Float64Array, StringArray, UInt32Array, UInt64Array};
 
-use crate::table::{Columns, Table};
+use crate::trace::table::{Columns, Table};
 
 use crate::analysis::predict::Risk;
 use crate::analysis::summary::*;
-use crate::batch::Shard;
 use crate::store::Location;
 use crate::units::bytes;
 
@@ -469,4 +468,82 @@ pub(crate) fn summary_md(
         }
     }
     md
+}
+
+/// One shard of a batch: `--shard I/N`, 0 ≤ I < N.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    pub index: u32,
+    pub count: u32,
+}
+
+impl Shard {
+    /// Whether the trace at `rel` (its path relative to the input root,
+    /// `/`-separated) belongs to this shard: FNV-1a (64 bit) of the path's
+    /// UTF-8 bytes, modulo N. FNV is fixed by its definition, unlike std's
+    /// hasher, so the assignment is the same on every machine and release.
+    pub fn holds(self, rel: &str) -> bool {
+        let rel = rel.replace('\\', "/");
+        let mut h = fnv::FnvHasher::default();
+        std::hash::Hasher::write(&mut h, rel.trim_matches('/').as_bytes());
+        std::hash::Hasher::finish(&h) % u64::from(self.count) == u64::from(self.index)
+    }
+
+    /// The file name of this shard's summary parts.
+    pub fn part_name(self) -> String {
+        format!("part-{}-of-{}.parquet", self.index, self.count)
+    }
+}
+
+impl std::fmt::Display for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
+impl std::str::FromStr for Shard {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Shard, String> {
+        let bad = || format!("`{s}`: expected I/N with 0 ≤ I < N (e.g. 0/4 … 3/4)");
+        let (i, n) = s.split_once('/').ok_or_else(bad)?;
+        let (i, n) = (i.trim().parse::<u32>().map_err(|_| bad())?, n.trim().parse::<u32>().map_err(|_| bad())?);
+        if n == 0 || i >= n {
+            return Err(bad());
+        }
+        Ok(Shard { index: i, count: n })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_specs_parse_and_reject() {
+        assert_eq!("2/4".parse::<Shard>(), Ok(Shard { index: 2, count: 4 }));
+        assert_eq!(" 0 / 1 ".parse::<Shard>(), Ok(Shard { index: 0, count: 1 }));
+        for bad in ["3/2", "2/2", "0/0", "1", "a/b", "-1/2", "1/2/3"] {
+            assert!(bad.parse::<Shard>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn shards_are_disjoint_cover_and_are_pinned() {
+        // FNV-1a 64 of "a" is 0xaf63dc4c8601ec8c, which is 5 mod 7: the
+        // assignment must never change between releases.
+        assert!(Shard { index: 5, count: 7 }.holds("a"));
+        assert!(Shard { index: 5, count: 7 }.holds("/a/"));
+        for n in 1..=9 {
+            for t in 0..500 {
+                let rel = format!("runs/trace-{t}");
+                let owners = (0..n).filter(|&i| Shard { index: i, count: n }.holds(&rel)).count();
+                assert_eq!(owners, 1, "{rel} in {owners} of {n} shards");
+            }
+        }
+        // Roughly even: no shard of 4 gets fewer than a sixth of 2000 names.
+        for i in 0..4 {
+            let k = (0..2000).filter(|t| Shard { index: i, count: 4 }.holds(&format!("t{t}"))).count();
+            assert!(k > 333, "shard {i}/4 holds {k} of 2000");
+        }
+    }
 }

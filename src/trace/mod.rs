@@ -8,8 +8,11 @@
 pub mod checksum;
 pub mod details;
 pub mod event;
-pub mod input;
 pub mod symbols;
+pub mod table;
+
+pub use table::install_panic_hook;
+use table::guarded;
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -524,7 +527,7 @@ pub fn read_ustacks(path: &Path) -> Result<Vec<UstackFrame>> {
         .with_context(|| format!("{}: not a valid Parquet file", path.display()))?;
     checksum::verify(path, md.metadata()).map_err(|why| anyhow::anyhow!("{}: {why}", path.display()))?;
     drop(file);
-    let table = crate::table::Table::open(path)?;
+    let table = crate::trace::table::Table::open(path)?;
     let (id, pid) = (table.ints::<u32>("stack_id")?, table.ints::<u32>("pid")?);
     let (depth, addr) = (table.ints::<u32>("depth")?, table.ints::<u64>("addr")?);
     Ok((0..table.height())
@@ -719,13 +722,6 @@ impl Trace {
     pub fn open(dir: &Path) -> Result<Trace> {
         let md = fs::metadata(dir).with_context(|| format!("{}: no such trace", dir.display()))?;
         if !md.is_dir() {
-            if input::classify(dir) == Some(input::Input::Snapshot) {
-                bail!(
-                    "{} looks like a PyTorch memory snapshot (a pickle), not a trace directory: \
-                     `fragscope import` converts it, `fragscope analyze` takes it as it is",
-                    dir.display()
-                );
-            }
             bail!(
                 "{} is not a trace directory (expected a directory of events-NNNNN.parquet parts), and its \
                  content is none of the files fragscope imports: a PyTorch memory snapshot (a pickle of protocol 2 to 5, \
@@ -914,41 +910,6 @@ fn check_part(path: &Path) -> std::result::Result<Optional, PartError> {
 
 const PYTORCH_COLUMNS: [&str; 4] = ["requested_size", "stack_id", "device_free", "stream"];
 
-/// Panics to keep quiet about: while a [`guarded`] read runs, the panic
-/// hook [`install_panic_hook`] sets prints nothing (the panic becomes an
-/// error naming the file instead). Counted, since reads run on several
-/// threads in a batch.
-static QUIET_PANICS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-/// Installs a panic hook that stays silent during `guarded` reads and
-/// prints as usual otherwise. `main` calls it once.
-pub fn install_panic_hook() {
-    let default = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        if QUIET_PANICS.load(std::sync::atomic::Ordering::SeqCst) == 0 {
-            default(info);
-        }
-    }));
-}
-
-/// Runs a Parquet read, turning a panic into an error: polars' footer
-/// reader panicked on some corrupt files (found by the corruption property
-/// test); the `parquet` crate is kept under the same guard.
-pub(crate) fn guarded<T>(read: impl FnOnce() -> Result<T>) -> Result<T> {
-    use std::sync::atomic::Ordering;
-    QUIET_PANICS.fetch_add(1, Ordering::SeqCst);
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(read));
-    QUIET_PANICS.fetch_sub(1, Ordering::SeqCst);
-    result.unwrap_or_else(|panic| {
-        let what = panic
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "unknown".into());
-        bail!("the Parquet reader gave up on a corrupt file ({what})")
-    })
-}
-
 fn scan(parts: &[PathBuf], pytorch_columns: bool, ustack_ids: bool) -> Result<Events> {
     let started = std::time::Instant::now();
     let mut names = vec!["ts_ns", "pid", "kind", "addr", "size", "ret"];
@@ -1045,8 +1006,8 @@ struct PartColumns {
 }
 
 /// Appends the values of an integer column to `out` (see
-/// [`crate::table::fill_integers`]).
-fn append<T: crate::table::Integer + Default>(
+/// [`crate::trace::table::fill_integers`]).
+fn append<T: crate::trace::table::Integer + Default>(
     array: &dyn arrow_array::Array,
     out: &mut Vec<T>,
     null: Option<T>,
@@ -1054,7 +1015,7 @@ fn append<T: crate::table::Integer + Default>(
 ) -> Result<()> {
     let start = out.len();
     out.resize(start + array.len(), T::default());
-    crate::table::fill_integers(array, &mut out[start..], null, column)
+    crate::trace::table::fill_integers(array, &mut out[start..], null, column)
 }
 
 /// Decodes one part's columns, converting integers that another producer
@@ -1075,7 +1036,7 @@ fn decode_part(part: &Path, names: &[&str], pytorch_columns: bool, ustack_ids: b
             |name: &str| batch.column_by_name(name).map(|c| c.as_ref()).with_context(|| format!("no column `{name}`"));
         append(col("ts_ns")?, &mut c.ts_ns, None, "ts_ns")?;
         append(col("pid")?, &mut c.pid, None, "pid")?;
-        let kinds = crate::table::map_texts(col("kind")?, "kind", EventKind::from_name)?;
+        let kinds = crate::trace::table::map_texts(col("kind")?, "kind", EventKind::from_name)?;
         c.kind.extend(kinds.into_iter().map(Option::flatten));
         append(col("addr")?, &mut c.addr, None, "addr")?;
         append(col("size")?, &mut c.size, None, "size")?;
@@ -1313,7 +1274,7 @@ mod tests {
         write(&dir, &some_events(1_500), false).unwrap();
         let (want, _) = Trace::open(&dir).unwrap().load_events().unwrap();
         let part = dir.join(part_name(0));
-        let batch = crate::table::Table::open(&part).unwrap().batch().clone();
+        let batch = crate::trace::table::Table::open(&part).unwrap().batch().clone();
         for codec in [
             Compression::UNCOMPRESSED,
             Compression::SNAPPY,

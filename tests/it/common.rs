@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use assert_cmd::Command;
-use fragscope::table::Table;
+use fragscope::trace::table::Table;
 
 /// The `fragscope` binary under test.
 pub fn fragscope() -> Command {

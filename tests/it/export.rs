@@ -391,7 +391,7 @@ fn perfetto_protobuf_holds_what_the_chrome_json_holds() {
 /// time order after the descriptors, every event on a described track, and
 /// each track's slices balanced.
 fn structure_is_sound(path: &Path) {
-    use fragscope::output::perfetto::Trace;
+    use fragscope::output::export::perfetto::Trace;
     use prost::Message;
     let t = Trace::decode(std::fs::read(path).unwrap().as_slice()).unwrap();
     let mut tracks = std::collections::HashSet::new();

@@ -90,7 +90,7 @@ fn a_parquetdir_export_imports_like_the_sqlite_one() {
     let sqlite_trace = tmp.path().join("sqlite");
     fragscope().arg("import").arg(&db).arg("-o").arg(&sqlite_trace).assert().success();
     let read = |dir: &Path| {
-        let e = fragscope::trace::input::open(dir, None).unwrap().events;
+        let e = fragscope::input::open(dir, None).unwrap().events;
         (e.ts_ns, e.pid, e.kind, e.addr, e.size)
     };
     assert_eq!(read(&sqlite_trace), read(&tmp.path().join("pq/t")));

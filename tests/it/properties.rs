@@ -339,7 +339,7 @@ mod corruption {
     use arrow_array::types::UInt64Type;
     use arrow_array::{ArrayRef, Float64Array, RecordBatch, StringArray, UInt32Array, UInt64Array};
     use arrow_schema::{Field, Schema};
-    use fragscope::table::Table;
+    use fragscope::trace::table::Table;
     use fragscope::trace::{Source, TraceMeta, TraceWriter};
     use parquet::arrow::ArrowWriter;
     use proptest::prelude::*;

@@ -32,10 +32,30 @@
 //! the output with Perfetto's own generated Python classes (the `perfetto`
 //! package's `perfetto_trace_pb2`), so a wrong number would show there.
 
+use std::io::Write;
+
+use anyhow::{Context, Result};
 use prost::Message;
 
 use crate::analysis::Analysis;
-use crate::output::export::Window;
+use crate::output::export::common::{
+    Exporter, Paths, Source, Window, Written, iteration_spans, leak_marker_ns, timeline_pids,
+};
+
+/// The Perfetto format.
+pub(crate) struct Perfetto;
+
+impl Exporter for Perfetto {
+    fn needs_analysis(&self) -> bool {
+        true
+    }
+
+    fn write(&self, paths: &Paths, source: Source<'_>, window: Window, out: &mut dyn Write) -> Result<Written> {
+        let trace = perfetto(source.analysis()?, window);
+        out.write_all(&encode(&trace)).with_context(|| format!("cannot write {}", paths.output.display()))?;
+        Ok(Written { what: format!("Perfetto trace ({} packets)", trace.packet.len()), detail: String::new() })
+    }
+}
 
 #[derive(Clone, PartialEq, Message)]
 pub struct Trace {
@@ -266,7 +286,7 @@ struct Tracks {
 pub fn perfetto(a: &Analysis, window: Window) -> Trace {
     let rel = |t: u64| t.saturating_sub(a.first_ts);
     let mut b = Builder { descriptors: Vec::new(), events: Vec::new() };
-    let pids = crate::output::export::timeline_pids(a);
+    let pids = timeline_pids(a);
     let bytes = || Some(CounterDescriptor { unit: Some(UNIT_SIZE_BYTES), unit_name: None });
     let plain = || Some(CounterDescriptor { unit: None, unit_name: None });
     let horizon = a.rows.iter().find_map(|r| r.forecast.as_ref().map(|f| f.len())).unwrap_or(0);
@@ -320,7 +340,7 @@ pub fn perfetto(a: &Analysis, window: Window) -> Trace {
         let track = t.ooms;
         b.instant(rel(o.t_ns), track, format!("OOM ({})", o.class.name()), "oom", args);
     }
-    for it in crate::output::export::iteration_spans(a, window) {
+    for it in iteration_spans(a, window) {
         let Some(t) = tracks.get(&it.pid) else { continue };
         let track = t.iterations;
         b.event(
@@ -341,7 +361,7 @@ pub fn perfetto(a: &Analysis, window: Window) -> Trace {
             TrackEvent { r#type: Some(SLICE_END), track_uuid: Some(track), ..Default::default() },
         );
     }
-    let end = rel(crate::output::export::leak_marker_ns(a, window));
+    let end = rel(leak_marker_ns(a, window));
     for l in &a.leaks {
         let Some(t) = tracks.get(&l.pid) else { continue };
         let track = t.leaks;

@@ -148,7 +148,7 @@ impl Table {
     }
 
     fn read<R: ChunkReader + 'static>(reader: R, shown: String) -> Result<Table> {
-        let batch = crate::trace::guarded(|| {
+        let batch = guarded(|| {
             let builder = ParquetRecordBatchReaderBuilder::try_new(reader)?;
             let schema = builder.schema().clone();
             let batches = builder.with_batch_size(1 << 16).build()?.collect::<Result<Vec<_>, _>>()?;
@@ -280,6 +280,41 @@ impl Columns {
         std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
         Ok(())
     }
+}
+
+/// Panics to keep quiet about: while a [`guarded`] read runs, the panic
+/// hook [`install_panic_hook`] sets prints nothing (the panic becomes an
+/// error naming the file instead). Counted, since reads run on several
+/// threads in a batch.
+static QUIET_PANICS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Installs a panic hook that stays silent during `guarded` reads and
+/// prints as usual otherwise. `main` calls it once.
+pub fn install_panic_hook() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if QUIET_PANICS.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            default(info);
+        }
+    }));
+}
+
+/// Runs a Parquet read, turning a panic into an error: polars' footer
+/// reader panicked on some corrupt files (found by the corruption property
+/// test); the `parquet` crate is kept under the same guard.
+pub(crate) fn guarded<T>(read: impl FnOnce() -> Result<T>) -> Result<T> {
+    use std::sync::atomic::Ordering;
+    QUIET_PANICS.fetch_add(1, Ordering::SeqCst);
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(read));
+    QUIET_PANICS.fetch_sub(1, Ordering::SeqCst);
+    result.unwrap_or_else(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown".into());
+        bail!("the Parquet reader gave up on a corrupt file ({what})")
+    })
 }
 
 #[cfg(test)]
