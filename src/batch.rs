@@ -58,7 +58,8 @@ pub fn run(args: &Options) -> Result<u8> {
     opts.metrics.validate()?;
     let remote = args.traces.iter().any(|p| crate::store::is_url(&p.to_string_lossy()))
         || crate::store::is_url(&args.output.to_string_lossy());
-    let (found, batch) = if remote { discover_all(&args.traces)? } else { local(crate::input::discover(&args.traces)?) };
+    let (found, batch) =
+        if remote { discover_all(&args.traces)? } else { local(crate::input::discover(&args.traces)?) };
     if !batch && args.shard.is_none() && !remote {
         let TraceIn::Local(path, kind) = &found[0].0 else { unreachable!("local inputs") };
         let a = crate::analysis::analyze_loaded(crate::input::load(path, *kind, opts.device)?, opts)?;
@@ -249,12 +250,7 @@ enum TraceIn {
     /// A trace folder or a file under `loc`: its keys, each with the path
     /// it is downloaded to (relative to a scratch folder) and its last
     /// modification, the path of the trace there, and its URL for messages.
-    Remote {
-        loc: Location,
-        keys: Vec<(String, String, std::time::SystemTime)>,
-        local: String,
-        shown: String,
-    },
+    Remote { loc: Location, keys: Vec<(String, String, std::time::SystemTime)>, local: String, shown: String },
 }
 
 impl TraceIn {

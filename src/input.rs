@@ -207,10 +207,7 @@ pub fn import(path: &Path, output: &Path, device: Option<u32>) -> Result<()> {
     let started = std::time::Instant::now();
     let kind = classify(path);
     if kind == Some(Input::Nsys) {
-        anyhow::ensure!(
-            device.is_none(),
-            "--device selects a device of a PyTorch snapshot, not of an Nsight export"
-        );
+        anyhow::ensure!(device.is_none(), "--device selects a device of a PyTorch snapshot, not of an Nsight export");
         let c = crate::import::nsys::import(path, output)?;
         if let Details::Nsys(d) = &c.meta.details {
             println!(
@@ -230,10 +227,7 @@ pub fn import(path: &Path, output: &Path, device: Option<u32>) -> Result<()> {
         return Ok(());
     }
     if kind == Some(Input::Profiler) {
-        anyhow::ensure!(
-            device.is_none(),
-            "--device selects a device of a PyTorch snapshot, not of a profiler trace"
-        );
+        anyhow::ensure!(device.is_none(), "--device selects a device of a PyTorch snapshot, not of a profiler trace");
         let c = crate::import::profiler::import(path, output)?;
         let total: u64 = c.meta.event_counts.values().sum();
         println!(

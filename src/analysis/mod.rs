@@ -40,9 +40,9 @@ use crate::analysis::metrics::{Metrics, MetricsConfig};
 use crate::analysis::oom::OomDiagnosis;
 use crate::analysis::predict::{PredictConfig, Prediction, Risk};
 use crate::analysis::replay::{AllocatorFigures, Anomalies, ExitRelease, Footprint, Peak, Replay};
+use crate::input::Loaded;
 use crate::trace::Trace;
 use crate::trace::event::Events;
-use crate::input::Loaded;
 
 /// How the trace is cut into timesteps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

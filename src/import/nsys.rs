@@ -29,9 +29,9 @@ use anyhow::{Context, Result, bail};
 use arrow_array::Array;
 use rusqlite::{Connection, OpenFlags};
 
-use crate::trace::table::Table;
 use crate::trace::details::{Details, NsysDetails};
 use crate::trace::event::{Event, EventKind};
+use crate::trace::table::Table;
 
 pub type Sink<'s> = &'s mut dyn FnMut(Event) -> Result<()>;
 

@@ -28,10 +28,10 @@ use serde_json::json;
 use crate::analysis::predict::Risk;
 use crate::analysis::summary::Summary;
 use crate::analysis::{Analysis, Options};
+use crate::input::Loaded;
 use crate::output::plot::Image;
 use crate::output::plot::Ticked;
 use crate::output::ticks::{self, Axis};
-use crate::input::Loaded;
 use crate::units::bytes;
 
 /// How a metric is shown and judged.

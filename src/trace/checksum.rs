@@ -140,6 +140,25 @@ pub fn verify(path: &Path, md: &ParquetMetaData) -> Result<(), String> {
     Ok(())
 }
 
+/// Writes one record batch as a complete Parquet file: under a temporary
+/// name, through a buffer (the writer emits many small pieces: page
+/// headers, pages), renamed into place once its footer is written. The
+/// footer holds the data's checksum ([`seal`]).
+pub(crate) fn write_batch(
+    path: &Path,
+    batch: &arrow_array::RecordBatch,
+    props: parquet::file::properties::WriterProperties,
+) -> anyhow::Result<()> {
+    let tmp = path.with_extension("parquet.tmp");
+    let file = std::io::BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
+    let mut writer = ArrowWriter::try_new(Summed::new(file), batch.schema(), Some(props))?;
+    writer.write(batch)?;
+    seal(&mut writer)?;
+    writer.into_inner()?.into_inner().into_inner().map_err(|e| e.into_error())?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

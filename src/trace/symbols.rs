@@ -14,7 +14,7 @@ use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{Input, Symbolized, Symbolizer};
 
 use crate::trace::event::NO_STACK;
-use crate::trace::{Frame, Stacks, UstackFrame};
+use crate::trace::stacks::{Frame, Stacks, UstackFrame};
 
 /// One file-backed mapping of `/proc/PID/maps`.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -139,7 +139,14 @@ impl CvTally {
 
     /// Scores origin `t`: the model's forecast `f` (trained up to `t`),
     /// persistence, seasonal, and ridge at every penalty of the grid.
-    pub(super) fn add(&mut self, acc: &mut Accumulator, t: usize, f: &[f64], cfg: &PredictConfig, period: Option<usize>) {
+    pub(super) fn add(
+        &mut self,
+        acc: &mut Accumulator,
+        t: usize,
+        f: &[f64],
+        cfg: &PredictConfig,
+        period: Option<usize>,
+    ) {
         let h = cfg.horizon;
         let series = acc.series;
         let fr: Vec<Option<Vec<f64>>> = Forecaster::train_ridges(acc, t, cfg, &RIDGE_GRID)

@@ -72,8 +72,8 @@ use backtest::{Pass, run};
 use baselines::seasonal_index;
 pub use cv::{CvMae, ForecasterKind};
 pub use linalg::GramStats;
-pub use model::{FittedGradientDescent, GradientDescent};
 use model::{Accumulator, Forecaster, Inputs};
+pub use model::{FittedGradientDescent, GradientDescent};
 pub use series::{COLUMNS, PredictConfig, Risk, Step};
 
 /// Rolling-origin cross-validation: at each origin t (at most

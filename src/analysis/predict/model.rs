@@ -431,7 +431,11 @@ impl Forecaster {
     /// Advances the accumulator to `upto` and fits the normalisation on
     /// `series[..=upto]`: what every training at `upto` shares. None if
     /// there are too few samples.
-    pub(super) fn prepare(acc: &mut Accumulator, upto: usize, cfg: &PredictConfig) -> Option<(Normalizer, ColumnNorms)> {
+    pub(super) fn prepare(
+        acc: &mut Accumulator,
+        upto: usize,
+        cfg: &PredictConfig,
+    ) -> Option<(Normalizer, ColumnNorms)> {
         if cfg.window == 0 || upto + 1 > acc.series.len() {
             return None;
         }

@@ -1,7 +1,10 @@
 use super::*;
-use super::{backtest::*, baselines::*, cv::*, linalg::*, model::*};
+use super::{cv::*, linalg::*, model::*};
+use linfa::prelude::*;
+use linfa::traits::Fit;
 use linfa_linear::LinearRegression;
 use ndarray::array;
+use ndarray::{Array1, Array2};
 
 fn constant_series(n: usize, score: f64) -> Vec<Step> {
     (0..n).map(|_| [0.2, 0.1, 0.3, 0.4, 0.1, 0.6, score]).collect()
@@ -130,9 +133,8 @@ fn held_out_early_stopping_returns_the_best_point_of_the_path() {
     let gd = GradientDescent::default();
     let fit = gd.fit_monitored(&train, Some(&held), None);
     assert!(fit.stopped_early, "{fit:?}");
-    let held_loss = |w: f64, b: f64| {
-        x.column(0).iter().zip(&held_y).map(|(xi, yi)| (xi * w + b - yi).powi(2)).sum::<f64>() / 4.0
-    };
+    let held_loss =
+        |w: f64, b: f64| x.column(0).iter().zip(&held_y).map(|(xi, yi)| (xi * w + b - yi).powi(2)).sum::<f64>() / 4.0;
     let path: Vec<(f64, f64)> = (0..fit.iterations)
         .map(|i| {
             let p = GradientDescent { max_iterations: i, patience: usize::MAX, ..gd }.fit_stats(&train);
@@ -300,8 +302,7 @@ fn on_noise_the_headline_is_no_change_or_as_good() {
 fn a_periodic_score_is_best_forecast_by_the_seasonal_baseline() {
     // A sawtooth of period 10 steps: seasonal is exact.
     let cfg = PredictConfig::default();
-    let series: Vec<Step> =
-        (0..200).map(|i| [0.3, 0.2, 0.5, 0.4, 0.2, 0.7, 20.0 + 3.0 * (i % 10) as f64]).collect();
+    let series: Vec<Step> = (0..200).map(|i| [0.3, 0.2, 0.5, 0.4, 0.2, 0.7, 20.0 + 3.0 * (i % 10) as f64]).collect();
     let p = predict(&series, &cfg, Some(10));
     let cv = p.cv_mae.clone().unwrap();
     assert_eq!(cv.seasonal, Some(0.0), "{cv:?}");

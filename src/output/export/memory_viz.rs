@@ -37,7 +37,8 @@ impl Exporter for MemoryViz {
 
     fn write(&self, paths: &Paths, source: Source<'_>, window: Window, out: &mut dyn Write) -> Result<Written> {
         let (snapshot, s) = memory_viz(source.events()?, window)?;
-        crate::import::pickle::write(&snapshot, out).with_context(|| format!("cannot write {}", paths.output.display()))?;
+        crate::import::pickle::write(&snapshot, out)
+            .with_context(|| format!("cannot write {}", paths.output.display()))?;
         let devices = if s.pids.is_empty() {
             format!("{} device(s)", s.devices)
         } else {

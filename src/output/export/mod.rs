@@ -58,7 +58,6 @@ fn write_file<T>(path: &Path, f: impl FnOnce(&mut std::fs::File) -> Result<T>) -
     result
 }
 
-
 /// What `fragscope export` is asked for.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -118,7 +117,8 @@ pub fn run(args: &Options) -> Result<u8> {
     let exporter = args.format.exporter();
     let paths = Paths { input: &args.input, output: &args.output };
     let written = if exporter.needs_analysis() {
-        let opts = crate::analysis::Options { device: args.device, whatif: false, ..crate::analysis::Options::default() };
+        let opts =
+            crate::analysis::Options { device: args.device, whatif: false, ..crate::analysis::Options::default() };
         let a = crate::analysis::analyze_events(loaded.trace, &loaded.events, loaded.out_of_order, &opts)?;
         write_file(&args.output, |f| exporter.write(&paths, Source::Analysis(&a), window, f))?
     } else {

@@ -1,0 +1,425 @@
+//! `fragscope whatif`: the recorded requests of a PyTorch snapshot replayed
+//! through the allocator model ([`crate::analysis::allocator`]) — first
+//! against the recording itself (fidelity: does the model put every block
+//! where PyTorch did?), then under other `PYTORCH_CUDA_ALLOC_CONF`
+//! settings (scenarios).
+//!
+//! Fidelity. Starting from the reconstructed state before the first trace
+//! entry, at each allocation the model says which free block it would take
+//! (or that it needs a new segment, of which size); the recorded outcome is
+//! then applied, so one wrong decision does not spoil the rest. A segment
+//! PyTorch asked for is taken from the recording (the driver chose its
+//! address) and its size is checked against the model's.
+//!
+//! Scenarios. The same requests (requested size, stream, in order; each
+//! free matched to its allocation; the requests that failed with an `oom`
+//! entry too, freed at once when a scenario serves them, since nothing
+//! tells how long they would have lived) run through the model alone from the same initial state; new
+//! segments get fresh addresses. The program's own `empty_cache()` calls
+//! (a run of `segment_free` entries, unless an `oom` follows or the next
+//! segment would not have fit the capacity without it: then it was the
+//! allocator's release before a retry) are replayed. Without a capacity (`--capacity`, or one inferred
+//! from an `oom` entry) nothing can run out, so OOMs are only counted with
+//! one.
+//!
+//! The files: [`stream`] (the requests), [`fidelity`], [`simulate`] (one
+//! scenario); this module runs the sweep and recommends.
+
+mod fidelity;
+mod simulate;
+mod stream;
+
+use self::fidelity::device_level_fidelity;
+use self::simulate::as_recorded;
+use crate::analysis::allocator::Settings;
+use crate::trace::event::EventKind;
+pub use fidelity::{Fidelity, Mismatch, fidelity};
+pub use simulate::{Outcome, SERIES_POINTS, simulate, simulate_into};
+pub use stream::{DeviceStream, Flushes, Req, device_level_streams, inferred_capacity, streams};
+
+/// The default sweep: `expandable_segments:True`, `max_split_size_mb` at up to four values taken from
+/// the large requests (their 10th percentile, median, 90th percentile and largest, rounded
+/// up to a power of two MiB above 20), `roundup_power2_divisions:4`, and
+/// with a capacity `garbage_collection_threshold:0.8` under a per-process
+/// memory fraction of 0.99 (PyTorch collects garbage only under one below 1).
+pub fn default_sweep(d: &[DeviceStream], recorded: &Settings, capacity: Option<u64>) -> Vec<Vec<String>> {
+    let mut large: Vec<u64> = d
+        .iter()
+        .flat_map(|s| s.events.iter())
+        .filter(|r| r.kind == EventKind::BlockAlloc && r.requested > crate::analysis::allocator::SMALL_SIZE)
+        .map(|r| r.requested)
+        .collect();
+    large.sort_unstable();
+    // A threshold only helps when it lies below the large requests that
+    // split cached blocks: from the small end of them (the tenth
+    // percentile) to the largest.
+    let mut splits: Vec<u64> = [0.1, 0.5, 0.9, 1.0]
+        .iter()
+        .filter_map(|q| large.get(((large.len() as f64 - 1.0) * q).round() as usize).copied())
+        .map(|b| b.div_ceil(1 << 20).next_power_of_two().max(32))
+        .collect();
+    splits.sort_unstable();
+    splits.dedup();
+    // A recording made with expandable segments: what plain segments
+    // would have done instead.
+    let flip = if recorded.expandable_segments { "expandable_segments:False" } else { "expandable_segments:True" };
+    let mut sweep: Vec<Vec<String>> = vec![vec![flip.into()]];
+    sweep.extend(splits.into_iter().map(|mb| vec![format!("max_split_size_mb:{mb}")]));
+    sweep.push(vec!["roundup_power2_divisions:4".into()]);
+    // Garbage collection acts only under a per-process memory fraction
+    // below 1: tried with one of 0.99 (nearly the whole device), never
+    // alone.
+    if capacity.is_some() {
+        sweep.push(vec!["garbage_collection_threshold:0.8".into(), "per_process_memory_fraction:0.99".into()]);
+    }
+    sweep
+}
+
+/// One scenario over every device: sums of the devices' outcomes (each
+/// device has its own memory), and the outcomes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scenario {
+    pub name: String,
+    pub conf: Vec<String>,
+    pub peak_reserved_bytes: u64,
+    pub peak_allocated_bytes: u64,
+    pub reserved_minus_allocated_at_peak: u64,
+    pub segment_allocs: u64,
+    pub ooms: u64,
+    pub devices: Vec<Outcome>,
+    /// What the reader must know about how it replays (a setting that has
+    /// no effect as given).
+    pub note: Option<String>,
+}
+
+impl Scenario {
+    pub fn of(name: &str, conf: &[String], devices: Vec<Outcome>) -> Scenario {
+        let sum = |f: fn(&Outcome) -> u64| devices.iter().map(f).sum();
+        Scenario {
+            name: name.into(),
+            conf: conf.to_vec(),
+            peak_reserved_bytes: sum(|o| o.peak_reserved_bytes),
+            peak_allocated_bytes: sum(|o| o.peak_allocated_bytes),
+            reserved_minus_allocated_at_peak: sum(|o| o.reserved_minus_allocated_at_peak),
+            segment_allocs: sum(|o| o.segment_allocs),
+            ooms: sum(|o| o.ooms),
+            devices,
+            note: None,
+        }
+    }
+}
+
+/// Why settings replay otherwise than they read, if they do.
+fn settings_note(s: &Settings, capacity_known: bool) -> Option<String> {
+    if s.garbage_collection_threshold.is_some() && s.collects_garbage().is_none() {
+        return Some(
+            "`garbage_collection_threshold` acts only under a per-process memory fraction below 1 \
+             (`torch.cuda.set_per_process_memory_fraction`): PyTorch collects garbage only then, so it replays as if \
+             unset"
+                .into(),
+        );
+    }
+    (s.per_process_memory_fraction.is_some() && !capacity_known).then(|| {
+        "a per-process memory fraction needs the device's capacity (`--capacity`): without one it limits nothing here"
+            .into()
+    })
+}
+
+/// A lower peak reserved counts only beyond this share of the recorded
+/// scenario's (and 2 MiB): smaller differences are noise of the model.
+const SIGNIFICANT: f64 = 0.01;
+
+/// The scenario with the fewest OOMs, then the lowest peak reserved; the
+/// recorded settings unless another is better by more than noise. Without
+/// a capacity no scenario can run out of memory, so a recording's OOMs
+/// cannot be compared with them.
+fn recommend(scenarios: &[Scenario], capacity_known: bool, unreproduced: Option<&str>) -> (usize, String) {
+    let Some(rec) = scenarios.first() else { return (0, "no scenario ran".into()) };
+    if !capacity_known && rec.ooms > 0 {
+        return (
+            0,
+            format!(
+                "the recording's {} OOM(s) cannot be compared with the scenarios: without a capacity (`--capacity`) no scenario can run out of memory",
+                rec.ooms
+            ),
+        );
+    }
+    if let Some(why) = unreproduced {
+        return (
+            0,
+            format!(
+                "the replay does not reproduce the recorded OOMs ({why}), so it cannot say which setting avoids them"
+            ),
+        );
+    }
+    let best = (1..scenarios.len()).min_by_key(|&i| (scenarios[i].ooms, scenarios[i].peak_reserved_bytes));
+    let Some(b) = best else { return (0, "no other scenario ran".into()) };
+    let s = &scenarios[b];
+    if s.ooms < rec.ooms {
+        return (
+            b,
+            format!(
+                "{} OOM(s) instead of {}, peak reserved {}",
+                s.ooms,
+                rec.ooms,
+                crate::units::bytes(s.peak_reserved_bytes)
+            ),
+        );
+    }
+    let margin = ((rec.peak_reserved_bytes as f64 * SIGNIFICANT) as u64).max(2 << 20);
+    let lower = s.ooms == rec.ooms && s.peak_reserved_bytes + margin < rec.peak_reserved_bytes;
+    // With OOMs that nothing removes, a setting that only reserves less
+    // is a secondary saving, never the recommendation.
+    if rec.ooms > 0 {
+        return (
+            0,
+            format!(
+                "no scenario has fewer OOMs than the recorded settings' {}{}",
+                rec.ooms,
+                if lower {
+                    format!(
+                        "; `{}` reserves {} less at the peak, a secondary saving that does not remove them",
+                        s.name,
+                        crate::units::bytes(rec.peak_reserved_bytes - s.peak_reserved_bytes)
+                    )
+                } else {
+                    String::new()
+                }
+            ),
+        );
+    }
+    if lower {
+        return (
+            b,
+            format!(
+                "peak reserved {} instead of {} ({} less), same OOMs ({})",
+                crate::units::bytes(s.peak_reserved_bytes),
+                crate::units::bytes(rec.peak_reserved_bytes),
+                crate::units::bytes(rec.peak_reserved_bytes - s.peak_reserved_bytes),
+                s.ooms
+            ),
+        );
+    }
+    (
+        0,
+        format!(
+            "no scenario has fewer OOMs ({}) or a peak reserved lower by more than 1 % than the recorded settings' {}",
+            rec.ooms,
+            crate::units::bytes(rec.peak_reserved_bytes)
+        ),
+    )
+}
+
+/// The `PYTORCH_CUDA_ALLOC_CONF` line of a scenario's entries: the
+/// recorded settings stay, unless the scenario sets the key.
+pub fn conf_line(recorded: &[String], conf: &[String]) -> String {
+    if conf.is_empty() {
+        return "PyTorch's caching allocator with its default settings".into();
+    }
+    let key = |e: &String| e.split(':').next().unwrap_or_default().to_string();
+    let keys: Vec<String> = conf.iter().map(key).collect();
+    let kept = recorded.iter().filter(|e| !keys.contains(&key(e)));
+    let line: Vec<&String> = kept.chain(conf).collect();
+    // The fraction is a Python call, not an environment entry.
+    let fraction = "per_process_memory_fraction";
+    let env: Vec<&str> = line.iter().filter(|e| key(e) != fraction).map(|e| e.as_str()).collect();
+    let call = line
+        .iter()
+        .find(|e| key(e) == fraction)
+        .and_then(|e| e.split_once(':'))
+        .map(|(_, f)| format!("torch.cuda.set_per_process_memory_fraction({})", f.trim()));
+    match (env.is_empty(), call) {
+        (false, Some(call)) => format!("PYTORCH_CUDA_ALLOC_CONF={} and {call}", env.join(",")),
+        (true, Some(call)) => call,
+        (_, None) => format!("PYTORCH_CUDA_ALLOC_CONF={}", env.join(",")),
+    }
+}
+
+/// What `whatif` found for a set of devices: the model's fidelity per
+/// device, every scenario (the recorded settings first) and the
+/// recommended one (an index into `scenarios`, 0: keep the recorded
+/// settings) with why.
+#[derive(Clone, Debug)]
+pub struct Whatif {
+    pub fidelity: Vec<Fidelity>,
+    pub scenarios: Vec<Scenario>,
+    pub recommended: (usize, String),
+    /// The capacity given (`--capacity`), else the one inferred from an
+    /// `oom` entry (then `capacity_inferred`).
+    pub capacity: Option<u64>,
+    pub capacity_inferred: bool,
+    pub source: Source,
+    /// The recorded settings that differ from PyTorch's defaults, as
+    /// `PYTORCH_CUDA_ALLOC_CONF` entries: a recommendation keeps them.
+    pub recorded_conf: Vec<String>,
+    /// The inferred capacity comes from cache flushes, not an `oom` entry.
+    pub capacity_from_flushes: bool,
+    /// Each device's cache flushes, where it had any.
+    pub flushes: Vec<(u32, Flushes)>,
+    /// Why the replay cannot be trusted about the recorded OOMs, when it
+    /// cannot: a snapshot's model does not fail where the recording failed,
+    /// or a device-level trace's failed requests would have fit by its own
+    /// count. No setting is then said to avoid them.
+    pub unreproduced: Option<String>,
+}
+
+impl Whatif {
+    /// Allocations placed where PyTorch placed them, over all devices.
+    pub fn same_address(&self) -> (u64, u64) {
+        let measured = self.fidelity.iter().filter(|f| f.not_measured.is_none());
+        measured.fold((0, 0), |(s, n), f| (s + f.same_address, n + f.allocations))
+    }
+
+    /// Recorded events the fidelity replay could not follow, over every
+    /// device measured.
+    pub fn desynchronised(&self) -> u64 {
+        self.fidelity.iter().filter(|f| f.not_measured.is_none()).map(|f| f.desynchronised).sum()
+    }
+
+    /// The `PYTORCH_CUDA_ALLOC_CONF` line to use, "keep the current
+    /// settings", or, when the recorded settings ran out of memory and no
+    /// scenario removes an OOM, that no setting tried helps.
+    pub fn recommendation(&self) -> String {
+        let (i, _) = &self.recommended;
+        if *i == 0 {
+            if self.scenarios.first().is_some_and(|s| s.ooms > 0) && self.capacity.is_none() {
+                "none: which setting avoids the OOMs cannot be told without a capacity".into()
+            } else if self.unreproduced.is_some() {
+                "none: the replay does not reproduce the recorded OOMs".into()
+            } else if self.scenarios.first().is_some_and(|s| s.ooms > 0) {
+                "no allocator setting tried removes the OOMs: change the program".into()
+            } else {
+                "keep the current settings".into()
+            }
+        } else {
+            conf_line(&self.recorded_conf, &self.scenarios[*i].conf)
+        }
+    }
+}
+
+/// Parses each scenario's `PYTORCH_CUDA_ALLOC_CONF` entries on top of
+/// `base`; the error names the bad entry.
+pub fn settings_of(base: &Settings, confs: &[Vec<String>]) -> Result<Vec<(Vec<String>, Settings)>, String> {
+    confs
+        .iter()
+        .map(|entries| {
+            let mut s = base.clone();
+            for e in entries {
+                s.apply(e)?;
+            }
+            Ok((entries.clone(), s))
+        })
+        .collect()
+}
+
+/// What the requests are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// A PyTorch snapshot: its caching allocator's decisions, replayable.
+    Snapshot,
+    /// A device-level trace (eBPF, synthetic): each `cudaMalloc` a request,
+    /// no caching allocator in between.
+    DeviceLevel,
+}
+
+/// Fidelity, then the recorded settings and each scenario (`confs`; the
+/// default sweep when empty), run on threads. For a device-level trace the
+/// first scenario is the recording as it happened, and the next one
+/// PyTorch's caching allocator with its defaults. `unexplained`: for a
+/// device-level trace, why its failed requests are not explained by its
+/// own count (from the caller's OOM diagnosis), if they are not; a
+/// snapshot's are checked here, by the fidelity replay.
+pub fn run(
+    devices: &[DeviceStream],
+    recorded: &Settings,
+    capacity: Option<u64>,
+    confs: Vec<Vec<String>>,
+    source: Source,
+    unexplained: Option<String>,
+) -> Result<Whatif, String> {
+    let mut confs = if confs.is_empty() { default_sweep(devices, recorded, capacity) } else { confs };
+    if source == Source::DeviceLevel {
+        confs.insert(0, Vec::new());
+    }
+    let runs = settings_of(recorded, &confs)?;
+    let started = std::time::Instant::now();
+    // Each device's capacity: the one given, else inferred from its OOM.
+    // Each device's capacity: the one given, else inferred from its OOM,
+    // else the least its cache flushes allow (the cautious end: a setting
+    // said to avoid OOMs must do so on the smallest device the recording
+    // is consistent with).
+    let capacities: Vec<Option<u64>> = devices
+        .iter()
+        .map(|d| capacity.or_else(|| inferred_capacity(d)).or_else(|| d.flushes.capacity.map(|c| c.0)))
+        .collect();
+    let from_flushes =
+        capacity.is_none() && devices.iter().any(|d| inferred_capacity(d).is_none() && d.flushes.capacity.is_some());
+    let run_all = |name: &str, conf: &[String], s: &Settings| -> Scenario {
+        let outcomes = devices.iter().zip(&capacities).map(|(d, &c)| simulate(d, s, c, name, conf)).collect();
+        let mut scenario = Scenario::of(name, conf, outcomes);
+        scenario.note = settings_note(s, capacities.iter().all(Option::is_some));
+        scenario
+    };
+    // Fidelity, the recorded settings and every scenario at once, on
+    // threads: none depends on another.
+    fn join<T>(h: std::thread::ScopedJoinHandle<'_, T>) -> T {
+        h.join().unwrap_or_else(|e| std::panic::resume_unwind(e))
+    }
+    let (fidelity, scenarios) = std::thread::scope(|scope| {
+        let fidelity = scope.spawn(|| match source {
+            Source::Snapshot => devices.iter().map(|d| fidelity(d, recorded)).collect::<Vec<Fidelity>>(),
+            Source::DeviceLevel => devices.iter().map(device_level_fidelity).collect(),
+        });
+        let first = scope.spawn(|| match source {
+            Source::Snapshot => run_all("recorded", &[], recorded),
+            Source::DeviceLevel => Scenario::of("recorded", &[], devices.iter().map(as_recorded).collect()),
+        });
+        let others: Vec<_> = runs
+            .iter()
+            .map(|(conf, s)| {
+                let run_all = &run_all;
+                let name = if conf.is_empty() { "pytorch_defaults".to_string() } else { conf.join(",") };
+                scope.spawn(move || run_all(&name, conf, s))
+            })
+            .collect();
+        let mut scenarios = vec![join(first)];
+        scenarios.extend(others.into_iter().map(join));
+        (join(fidelity), scenarios)
+    });
+    tracing::debug!("whatif: fidelity and {} scenarios in {:.3} s", scenarios.len(), started.elapsed().as_secs_f64());
+    let unreproduced = match source {
+        Source::Snapshot => {
+            let (same, recorded) = fidelity
+                .iter()
+                .filter(|f| f.not_measured.is_none())
+                .fold((0, 0), |(s, n), f| (s + f.ooms_same, n + f.recorded_ooms));
+            (same < recorded).then(|| {
+                format!("the model under the recorded settings fails at {same} of the {recorded} recorded OOMs")
+            })
+        }
+        Source::DeviceLevel => unexplained,
+    };
+    let mut recommended = recommend(&scenarios, capacities.iter().all(Option::is_some), unreproduced.as_deref());
+    if source == Source::DeviceLevel && recommended.0 != 0 && scenarios[recommended.0].conf.is_empty() {
+        recommended.1 = format!("{} with PyTorch's caching allocator as it comes", recommended.1);
+    }
+    let capacity_inferred = capacity.is_none() && capacities.iter().any(Option::is_some);
+    let capacity = capacity.or_else(|| capacities.iter().flatten().copied().max());
+    let recorded_conf = recorded.conf_entries();
+    let flushes = devices.iter().map(|d| (d.device, d.flushes)).filter(|x| x.1.count > 0).collect();
+    Ok(Whatif {
+        fidelity,
+        scenarios,
+        recommended,
+        capacity,
+        capacity_inferred,
+        capacity_from_flushes: from_flushes,
+        flushes,
+        source,
+        recorded_conf,
+        unreproduced,
+    })
+}
+
+#[cfg(test)]
+mod tests;

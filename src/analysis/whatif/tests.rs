@@ -1,0 +1,286 @@
+#[allow(unused_imports)]
+use super::fidelity::*;
+#[allow(unused_imports)]
+use super::simulate::*;
+#[allow(unused_imports)]
+use super::stream::*;
+use super::*;
+use crate::analysis::allocator::Settings;
+use crate::trace::event::{Event, EventKind};
+
+const MIB: u64 = 1 << 20;
+
+fn req(kind: EventKind, addr: u64, size: u64, requested: u64) -> Req {
+    Req { ts_ns: 0, kind, addr, size, requested, stream: 0, device_free: None }
+}
+
+/// Ten 30 MiB blocks freed into the cache, then ten of 50 MiB, which
+/// cannot reuse them: garbage collection releases the cached ones, but
+/// only under a per-process memory fraction, as in PyTorch.
+#[test]
+fn garbage_collection_acts_only_under_a_memory_fraction() {
+    let mut events = Vec::new();
+    for i in 0..10 {
+        events.push(req(EventKind::BlockAlloc, (i + 1) << 32, 30 * MIB, 30 * MIB));
+    }
+    for i in 0..10 {
+        events.push(req(EventKind::BlockFree, (i + 1) << 32, 30 * MIB, 30 * MIB));
+    }
+    for i in 0..10 {
+        events.push(req(EventKind::BlockAlloc, (i + 20) << 32, 50 * MIB, 50 * MIB));
+    }
+    let d = DeviceStream { device: 0, initial: 0, events, ..Default::default() };
+    let peak = |entries: &[&str]| {
+        let mut s = Settings::default();
+        for e in entries {
+            s.apply(e).unwrap();
+        }
+        simulate(&d, &s, Some(1 << 30), "s", &[]).peak_reserved_bytes
+    };
+    let plain = peak(&[]);
+    assert_eq!(plain, 800 * MIB);
+    assert_eq!(peak(&["garbage_collection_threshold:0.3"]), plain);
+    // A fraction of 1 sets no limit, and no collection (PyTorch 2.11).
+    assert_eq!(peak(&["garbage_collection_threshold:0.3", "per_process_memory_fraction:1.0"]), plain);
+    let collected = peak(&["garbage_collection_threshold:0.3", "per_process_memory_fraction:0.99"]);
+    assert!(collected < plain, "{collected}");
+    // A fraction alone is a smaller device: 0.45 GiB, where the 500 MiB
+    // of the second ten does not fit even with the cache released.
+    let mut s = Settings::default();
+    s.apply("per_process_memory_fraction:0.45").unwrap();
+    assert!(simulate(&d, &s, Some(1 << 30), "s", &[]).ooms > 0);
+    s.apply("per_process_memory_fraction:0.5").unwrap();
+    assert_eq!(simulate(&d, &s, Some(1 << 30), "s", &[]).ooms, 0);
+    let note = settings_note(
+        &{
+            let mut s = Settings::default();
+            s.apply("garbage_collection_threshold:0.3").unwrap();
+            s
+        },
+        true,
+    );
+    assert!(note.is_some_and(|n| n.contains("only under a per-process memory fraction")));
+}
+
+#[test]
+fn pristine_memory_shrinks_as_the_trace_allocates_in_it() {
+    let mut p = Pristine { ranges: [(100, 200), (300, 400)].into_iter().collect() };
+    assert!(p.overlaps(150, 160) && p.overlaps(50, 101) && !p.overlaps(200, 300));
+    p.reveal(120, 130);
+    assert_eq!(p.ranges.iter().map(|(&a, &b)| (a, b)).collect::<Vec<_>>(), vec![(100, 120), (130, 200), (300, 400)]);
+    assert!(!p.overlaps(120, 130));
+    p.reveal(150, 350);
+    assert_eq!(p.ranges.iter().map(|(&a, &b)| (a, b)).collect::<Vec<_>>(), vec![(100, 120), (130, 150), (350, 400)]);
+}
+
+/// Twenty cached segments released by the allocator right before the
+/// 90 MiB one it needed room for: the device was full then. The
+/// program's own empty_cache() says nothing about the capacity.
+#[test]
+fn cache_flushes_bound_the_capacity() {
+    let mut events = Vec::new();
+    for i in 0..20 {
+        events.push(req(EventKind::SegmentAlloc, (i + 1) << 32, 26 * MIB, 0));
+    }
+    for i in 0..20 {
+        events.push(req(EventKind::SegmentFree, (i + 1) << 32, 26 * MIB, 0));
+    }
+    events.push(req(EventKind::SegmentAlloc, 40 << 32, 90 * MIB, 0));
+    events.push(req(EventKind::BlockAlloc, 40 << 32, 90 * MIB, 90 * MIB));
+    let d = DeviceStream { device: 0, initial: 0, events, ..Default::default() };
+    let f = find_flushes(&d, &[true; 20]);
+    assert_eq!((f.count, f.segments_freed, f.bytes_freed), (1, 20, 520 * MIB));
+    assert_eq!(f.capacity, Some((520 * MIB, 610 * MIB - 1)));
+    let program = find_flushes(&d, &[false; 20]);
+    assert_eq!((program.count, program.capacity), (0, None));
+}
+
+#[test]
+fn a_fraction_is_advised_as_the_python_call_beside_the_environment_line() {
+    let conf = ["garbage_collection_threshold:0.8".to_string(), "per_process_memory_fraction:1.0".to_string()];
+    assert_eq!(
+        conf_line(&["expandable_segments:True".to_string()], &conf),
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,garbage_collection_threshold:0.8 and torch.cuda.set_per_process_memory_fraction(1.0)"
+    );
+    assert_eq!(conf_line(&[], &conf[1..]), "torch.cuda.set_per_process_memory_fraction(1.0)");
+    let mut s = Settings::default();
+    for bad in ["per_process_memory_fraction:0", "per_process_memory_fraction:1.5", "per_process_memory_fraction:x"] {
+        assert!(s.apply(bad).is_err(), "{bad}");
+    }
+}
+
+/// A recording the model reproduces: a segment, two blocks in it, a
+/// free and a reuse of the hole.
+#[test]
+fn a_faithful_recording_matches_everywhere() {
+    let base = 1 << 40;
+    let d = DeviceStream {
+        device: 0,
+        initial: 0,
+        events: vec![
+            req(EventKind::SegmentAlloc, base, 20 * MIB, 0),
+            req(EventKind::BlockAlloc, base, 4 * MIB, 4 * MIB),
+            req(EventKind::BlockAlloc, base + 4 * MIB, 3 * MIB, 3 * MIB - 100),
+            req(EventKind::BlockFree, base, 4 * MIB, 4 * MIB),
+            req(EventKind::BlockAlloc, base, 2 * MIB, 2 * MIB),
+        ],
+        flushes: Flushes::default(),
+    };
+    let f = fidelity(&d, &Settings::default());
+    assert_eq!((f.allocations, f.same_address, f.same_size), (3, 3, 3), "{f:?}");
+    assert_eq!((f.segments_requested, f.segments_same_size, f.desynchronised), (1, 1, 0));
+    // A block placed elsewhere than the model would is reported.
+    let mut other = d.clone();
+    other.events[4].addr = base + 7 * MIB;
+    let f = fidelity(&other, &Settings::default());
+    assert_eq!((f.same_address, f.first_mismatches.len()), (2, 1));
+    assert_eq!(f.first_mismatches[0].model_addr, Some(base));
+}
+
+/// The same with expandable segments: pages mapped in a range, blocks
+/// in them; a wrong mapping and a wrong block are both reported.
+#[test]
+fn an_expandable_recording_is_checked_page_by_page() {
+    let base = 1 << 40;
+    let mut s = Settings::default();
+    s.apply("expandable_segments:True").unwrap();
+    let d = DeviceStream {
+        device: 0,
+        initial: 0,
+        events: vec![
+            req(EventKind::SegmentMap, base, 20 * MIB, 0),
+            req(EventKind::BlockAlloc, base, 12 * MIB, 12 * MIB),
+            // 12 MiB more: the free 8 MiB at the end and one more page.
+            req(EventKind::SegmentMap, base + 20 * MIB, 20 * MIB, 0),
+            req(EventKind::BlockAlloc, base + 12 * MIB, 12 * MIB, 12 * MIB),
+            // Freed, then the cache released: the whole page inside
+            // the free [12, 40) MiB is unmapped.
+            req(EventKind::BlockFree, base + 12 * MIB, 12 * MIB, 12 * MIB),
+            req(EventKind::SegmentUnmap, base + 20 * MIB, 20 * MIB, 0),
+            req(EventKind::BlockAlloc, base + 12 * MIB, 2 * MIB, 2 * MIB),
+        ],
+        flushes: Flushes::default(),
+    };
+    let f = fidelity(&d, &s);
+    assert!(f.not_measured.is_none(), "{f:?}");
+    assert_eq!((f.allocations, f.same_address, f.same_size), (3, 3, 3), "{f:?}");
+    assert_eq!((f.segments_requested, f.segments_same_size, f.desynchronised), (2, 2, 0), "{f:?}");
+    // PyTorch mapping two pages where the model maps one.
+    let mut other = d.clone();
+    other.events[2].size = 40 * MIB;
+    let f = fidelity(&other, &s);
+    assert_eq!((f.segments_requested, f.segments_same_size, f.same_address), (2, 1, 3), "{f:?}");
+    // A block placed elsewhere than the model would.
+    let mut other = d.clone();
+    other.events[6].addr = base + 14 * MIB;
+    let f = fidelity(&other, &s);
+    assert_eq!((f.same_address, f.first_mismatches.len()), (2, 1), "{f:?}");
+    assert_eq!(f.first_mismatches[0].model_addr, Some(base + 12 * MIB));
+    // An unmapping of pages that are not free cannot be followed.
+    let mut other = d.clone();
+    other.events[5].addr = base;
+    assert_eq!(fidelity(&other, &s).desynchronised, 1, "a page a live block holds");
+    // A corrupt recording: an empty mapping is not followed (and the
+    // model's search for room does not hang on it).
+    let mut other = d.clone();
+    other.events.insert(2, req(EventKind::SegmentMap, base + 20 * MIB, 0, 0));
+    let f = fidelity(&other, &s);
+    assert!(f.desynchronised >= 1 && f.allocations == 3, "{f:?}");
+}
+
+/// A scenario's fresh addresses lie above the ranges of the recorded
+/// state: a range that grows far does not meet a new one, and nothing
+/// is released for want of an address.
+#[test]
+fn new_ranges_do_not_collide_with_recorded_ones() {
+    let base = 1 << 40;
+    let mut s = Settings::default();
+    s.apply("expandable_segments:True").unwrap();
+    let mut on_stream_1 = req(EventKind::BlockAlloc, base + 4 * MIB, 2 * MIB, 2 * MIB);
+    on_stream_1.stream = 1;
+    // The recording's addresses end near `base` (its blocks were
+    // small); the scenario asks for 3 GiB on stream 0.
+    let d = DeviceStream {
+        device: 0,
+        initial: 1,
+        events: vec![
+            req(EventKind::SegmentMap, base, 20 * MIB, 0),
+            req(EventKind::BlockAlloc, base, 2 * MIB, 3 << 30),
+            req(EventKind::BlockFree, base, 2 * MIB, 3 << 30),
+            on_stream_1,
+        ],
+        flushes: Flushes::default(),
+    };
+    let mut kinds = Vec::new();
+    let mut sink = |e: Event| kinds.push(e.kind);
+    let o = simulate_into(&d, &s, None, "recorded", &[], Some(&mut sink));
+    assert_eq!(o.ooms, 0);
+    assert!(!kinds.contains(&EventKind::SegmentUnmap), "{kinds:?}");
+    assert_eq!(
+        o.peak_reserved_bytes,
+        3100 * MIB,
+        "3 GiB in 20 MiB pages (the first one recorded), then one page on stream 1"
+    );
+}
+
+#[test]
+fn the_capacity_is_read_off_the_first_oom() {
+    let base = 1 << 40;
+    let mut oom = req(EventKind::Oom, 0, 0, 30 * MIB);
+    oom.device_free = Some(12 * MIB);
+    let mut later = oom;
+    later.device_free = Some(1);
+    let d = DeviceStream {
+        device: 0,
+        initial: 1,
+        events: vec![
+            req(EventKind::SegmentAlloc, base, 20 * MIB, 0),
+            req(EventKind::SegmentMap, base + 40 * MIB, 40 * MIB, 0),
+            req(EventKind::SegmentUnmap, base + 60 * MIB, 20 * MIB, 0),
+            oom,
+            later,
+        ],
+        flushes: Flushes::default(),
+    };
+    // 20 + 40 − 20 MiB reserved, 12 MiB free.
+    assert_eq!(inferred_capacity(&d), Some(52 * MIB));
+    // What the fidelity replay finds there too.
+    assert_eq!(fidelity(&d, &Settings::default()).inferred_capacity, None, "a plain recording with a mapping");
+    let plain = DeviceStream { events: vec![d.events[0], d.events[3]], ..d.clone() };
+    assert_eq!(fidelity(&plain, &Settings::default()).inferred_capacity, inferred_capacity(&plain));
+}
+
+#[test]
+fn scenarios_count_segments_peaks_and_ooms() {
+    let base = 1 << 40;
+    let mut events = Vec::new();
+    // Alternating 30 MiB and 1 MiB+ requests, the large ones freed.
+    for i in 0..4u64 {
+        events.push(req(EventKind::BlockAlloc, base + i * 100 * MIB, 30 * MIB, 30 * MIB));
+        events.push(req(EventKind::BlockAlloc, base + i * 100 * MIB + 50 * MIB, 2 * MIB, 2 * MIB));
+        events.push(req(EventKind::BlockFree, base + i * 100 * MIB, 30 * MIB, 30 * MIB));
+    }
+    let d = DeviceStream { device: 0, initial: 0, events, ..Default::default() };
+    let o = simulate(&d, &Settings::default(), None, "recorded", &[]);
+    assert_eq!((o.allocations, o.ooms), (8, 0));
+    assert!(o.peak_reserved_bytes >= 50 * MIB && o.peak_allocated_bytes >= 32 * MIB, "{o:?}");
+    let tight = simulate(&d, &Settings::default(), Some(40 * MIB), "tight", &[]);
+    assert!(tight.ooms > 0 && tight.peak_reserved_bytes <= 40 * MIB, "{tight:?}");
+}
+
+#[test]
+fn slack_at_peak_is_taken_where_allocated_is_highest() {
+    // 8 MiB opens a 20 MiB segment (12 MiB slack), then 6 MiB fits in
+    // it: reserved stays at its peak while the slack falls to 6 MiB.
+    let base = 1 << 40;
+    let events = vec![
+        req(EventKind::BlockAlloc, base, 8 * MIB, 8 * MIB),
+        req(EventKind::BlockAlloc, base + 8 * MIB, 6 * MIB, 6 * MIB),
+        req(EventKind::BlockFree, base, 8 * MIB, 8 * MIB),
+        req(EventKind::BlockFree, base + 8 * MIB, 6 * MIB, 6 * MIB),
+    ];
+    let d = DeviceStream { device: 0, initial: 0, events, ..Default::default() };
+    let o = simulate(&d, &Settings::default(), None, "recorded", &[]);
+    assert_eq!((o.peak_reserved_bytes, o.peak_allocated_bytes), (20 * MIB, 14 * MIB));
+    assert_eq!(o.reserved_minus_allocated_at_peak, 6 * MIB);
+}

@@ -1,0 +1,251 @@
+use super::checksum::write_batch;
+#[allow(unused_imports)]
+use super::meta::*;
+#[allow(unused_imports)]
+use super::reader::*;
+#[allow(unused_imports)]
+use super::stacks::*;
+#[allow(unused_imports)]
+use super::writer::*;
+use super::*;
+use crate::trace::event::{Event, EventKind};
+use anyhow::Result;
+use arrow_array::{ArrayRef, Int32Array, RecordBatch, StringArray, UInt64Array};
+use parquet::arrow::ArrowWriter;
+use parquet::arrow::arrow_reader::ArrowReaderMetadata;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+use std::fs::{self, File};
+use std::path::Path;
+use std::sync::Arc;
+
+fn some_events(n: u64) -> Vec<Event> {
+    (0..n)
+        .map(|i| {
+            let kind = if i % 2 == 0 { EventKind::Alloc } else { EventKind::Free };
+            Event::new(1_000 + i * 10, 7 + (i % 3) as u32, kind, 0x7f00_0000_0000 + (i / 2) * 4096, 512 * (i % 5 + 1))
+        })
+        .collect()
+}
+
+fn write(dir: &Path, events: &[Event], behind: bool) -> Result<TraceMeta> {
+    let mut w = TraceWriter::create(dir, TraceMeta::new(Source::Synthetic), 1000)?;
+    if behind {
+        w.write_behind();
+    }
+    for e in events {
+        w.push(*e)?;
+    }
+    w.finish()
+}
+
+/// Writes `batch` as another producer would: a plain ArrowWriter, no
+/// temporary name, no checksum of ours.
+fn write_foreign(path: &Path, batch: &RecordBatch, props: Option<WriterProperties>) {
+    let mut w = ArrowWriter::try_new(File::create(path).unwrap(), batch.schema(), props).unwrap();
+    w.write(batch).unwrap();
+    w.close().unwrap();
+}
+
+#[test]
+fn write_behind_writes_the_trace_a_plain_writer_writes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let events = some_events(4_321);
+    let (a, b) = (tmp.path().join("plain"), tmp.path().join("behind"));
+    let (ma, mb) = (write(&a, &events, false).unwrap(), write(&b, &events, true).unwrap());
+    assert_eq!((ma.parts, &ma.event_counts, &ma.pids), (5, &mb.event_counts, &mb.pids));
+    assert_eq!(mb.parts, 5);
+    for i in 0..5 {
+        let name = part_name(i);
+        assert_eq!(fs::read(a.join(&name)).unwrap(), fs::read(b.join(&name)).unwrap(), "{name}");
+    }
+}
+
+#[test]
+fn all_null_pytorch_columns_are_not_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut events = some_events(3_000);
+    let plain = tmp.path().join("plain");
+    write(&plain, &events, false).unwrap();
+    let mut t = Trace::open(&plain).unwrap();
+    assert!(!t.pytorch_columns);
+    assert!(t.load_events().unwrap().0.requested.is_empty());
+    // One requested size in the last part is enough to read them all.
+    events[2_999].extra.requested = Some(4096);
+    let one = tmp.path().join("one");
+    write(&one, &events, false).unwrap();
+    let mut t = Trace::open(&one).unwrap();
+    assert!(t.pytorch_columns);
+    let (loaded, _) = t.load_events().unwrap();
+    assert_eq!(loaded.requested.len(), 3_000);
+    assert_eq!(loaded.requested.iter().filter(|&&r| r != u64::MAX).count(), 1);
+    // A part without statistics may hold values: it is read.
+    let bare = tmp.path().join("bare");
+    fs::create_dir(&bare).unwrap();
+    let props =
+        WriterProperties::builder().set_statistics_enabled(parquet::file::properties::EnabledStatistics::None).build();
+    write_batch(&bare.join(part_name(0)), &part_batch(&events).unwrap(), props).unwrap();
+    let mut t = Trace::open(&bare).unwrap();
+    assert!(t.pytorch_columns);
+    assert_eq!(t.load_events().unwrap().0.requested.iter().filter(|&&r| r != u64::MAX).count(), 1);
+}
+
+#[test]
+fn a_part_that_fails_behind_fails_the_trace() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("t");
+    let mut w = TraceWriter::create(&dir, TraceMeta::new(Source::Synthetic), 100).unwrap();
+    w.write_behind();
+    // The second part cannot be renamed into place: a directory has
+    // its name.
+    fs::create_dir(dir.join(part_name(1))).unwrap();
+    let mut events = some_events(1_000).into_iter();
+    let err = events.try_for_each(|e| w.push(e)).expect_err("part 1 cannot be written");
+    assert!(format!("{err:#}").contains(&part_name(1)), "{err:#}");
+    // A producer that goes on anyway is refused again, and finish
+    // cleans up behind itself: no part, no trace.json.
+    let again = events.try_for_each(|e| w.push(e)).expect_err("an earlier part failed");
+    assert!(format!("{again:#}").contains("earlier part"), "{again:#}");
+    let last = w.finish().expect_err("an earlier part failed");
+    assert!(format!("{last:#}").contains("earlier part"), "{last:#}");
+    assert!(!dir.join(part_name(0)).exists(), "part 0 left behind");
+    assert!(!dir.join(META_FILE).exists());
+}
+
+/// Every Parquet file the writer makes carries its data's checksum,
+/// and a flipped bit anywhere in the data is an error naming the file.
+#[test]
+fn damaged_data_is_caught_by_the_checksum() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("t");
+    write(&dir, &some_events(1_500), false).unwrap();
+    let stacks = Stacks {
+        frames: vec![Frame { filename: "train.py".into(), line: 3, name: "step".into() }],
+        stacks: vec![vec![0, 0]],
+    };
+    write_stacks(&dir.join(STACKS_FILE), &stacks).unwrap();
+    assert!(Trace::open(&dir).is_ok());
+    for (name, rows) in [(part_name(0), 1_000), (part_name(1), 500), (STACKS_FILE.to_string(), 2)] {
+        let path = dir.join(&name);
+        let good = fs::read(&path).unwrap();
+        let file = File::open(&path).unwrap();
+        let md = ArrowReaderMetadata::load(&file, Default::default()).unwrap();
+        assert_eq!(md.metadata().file_metadata().num_rows(), rows);
+        let covered = md.metadata().row_groups()[0].columns().last().map(|c| {
+            let (start, n) = c.byte_range();
+            start + n
+        });
+        let covered = covered.unwrap() as usize;
+        let entry =
+            md.metadata().file_metadata().key_value_metadata().unwrap().iter().find(|kv| kv.key == checksum::KEY);
+        assert!(entry.unwrap().value.as_ref().unwrap().starts_with(&format!("{covered} ")), "{name}");
+        for at in [4, covered / 2, covered - 1] {
+            let mut bad = good.clone();
+            bad[at] ^= 0x10;
+            fs::write(&path, &bad).unwrap();
+            let err = format!("{:#}", Trace::open(&dir).expect_err("damaged data must be refused"));
+            assert!(err.contains(&name) && err.contains("damaged after it was written"), "{name} @ {at}: {err}");
+        }
+        fs::write(&path, &good).unwrap();
+    }
+    assert!(Trace::open(&dir).is_ok());
+}
+
+/// A tool that rewrites a part may copy its footer's entries along: the
+/// copied checksum describes another file and must not refuse this one.
+#[test]
+fn a_checksum_copied_into_a_rewritten_file_is_ignored() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("t");
+    let events = some_events(1_000);
+    write(&dir, &events, false).unwrap();
+    let path = dir.join(part_name(0));
+    let md = ArrowReaderMetadata::load(&File::open(&path).unwrap(), Default::default()).unwrap();
+    let copied = md.metadata().file_metadata().key_value_metadata().unwrap().clone();
+    assert!(copied.iter().any(|kv| kv.key == checksum::KEY));
+    // Fewer rows, the entries copied: by another writer, and by the
+    // `parquet` crate.
+    for created_by in ["parquet-cpp-arrow version 18.1.0", "parquet-rs version 60.1.0"] {
+        let props = WriterProperties::builder()
+            .set_created_by(created_by.into())
+            .set_key_value_metadata(Some(copied.clone()))
+            .build();
+        write_foreign(&path, &part_batch(&events[..600]).unwrap(), Some(props));
+        let mut t = Trace::open(&dir).unwrap_or_else(|e| panic!("{created_by}: {e:#}"));
+        assert_eq!(t.load_events().unwrap().0.len(), 600, "{created_by}");
+    }
+}
+
+/// A part rewritten by another tool, with narrower or signed integers
+/// and `kind` as plain text, loads beside the writer's own parts; a
+/// value that does not fit is an error naming the part.
+#[test]
+fn parts_of_other_producers_stack_with_ours() {
+    use arrow_array::Int64Array;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("t");
+    let events = some_events(1_500);
+    write(&dir, &events, false).unwrap();
+    let (want, _) = Trace::open(&dir).unwrap().load_events().unwrap();
+    let rewrite = |pid0: i32| {
+        let rows = &events[1_000..];
+        let columns: Vec<(&str, ArrayRef)> = vec![
+            ("ts_ns", Arc::new(Int64Array::from_iter_values(rows.iter().map(|e| e.ts_ns as i64)))),
+            (
+                "pid",
+                Arc::new(Int32Array::from_iter_values(
+                    rows.iter().enumerate().map(|(i, e)| if i == 0 { pid0 } else { e.pid as i32 }),
+                )),
+            ),
+            ("kind", Arc::new(StringArray::from_iter_values(rows.iter().map(|e| e.kind.name())))),
+            ("addr", Arc::new(UInt64Array::from_iter_values(rows.iter().map(|e| e.addr)))),
+            ("size", Arc::new(UInt64Array::from_iter_values(rows.iter().map(|e| e.size)))),
+            ("ret", Arc::new(Int32Array::from_iter_values(rows.iter().map(|_| 0)))),
+        ];
+        write_foreign(&dir.join(part_name(1)), &RecordBatch::try_from_iter(columns).unwrap(), None);
+    };
+    rewrite(events[1_000].pid as i32);
+    let (got, _) = Trace::open(&dir).unwrap().load_events().unwrap();
+    assert_eq!((&got.ts_ns, &got.pid, &got.addr, &got.size), (&want.ts_ns, &want.pid, &want.addr, &want.size));
+    assert_eq!(got.kind, want.kind);
+    rewrite(-1);
+    let err = format!("{:#}", Trace::open(&dir).unwrap().load_events().expect_err("pid -1 does not fit"));
+    assert!(err.contains(&part_name(1)), "{err}");
+    assert!(err.ends_with("column `pid`: the value -1 does not fit u32"), "{err}");
+}
+
+/// pyarrow writes Snappy by default, Spark and DuckDB other codecs:
+/// parts in each of Parquet's codecs load to the same events.
+#[test]
+fn parts_in_every_codec_load_alike() {
+    use parquet::basic::{BrotliLevel, GzipLevel};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("t");
+    write(&dir, &some_events(1_500), false).unwrap();
+    let (want, _) = Trace::open(&dir).unwrap().load_events().unwrap();
+    let part = dir.join(part_name(0));
+    let batch = crate::trace::table::Table::open(&part).unwrap().batch().clone();
+    for codec in [
+        Compression::UNCOMPRESSED,
+        Compression::SNAPPY,
+        Compression::GZIP(GzipLevel::default()),
+        Compression::LZ4,
+        Compression::LZ4_RAW,
+        Compression::BROTLI(BrotliLevel::default()),
+        Compression::ZSTD(ZstdLevel::default()),
+    ] {
+        write_foreign(&part, &batch, Some(WriterProperties::builder().set_compression(codec).build()));
+        let (got, _) = Trace::open(&dir).unwrap().load_events().unwrap_or_else(|e| panic!("{codec}: {e:#}"));
+        assert_eq!((&got.ts_ns, &got.pid, &got.addr, &got.size), (&want.ts_ns, &want.pid, &want.addr, &want.size));
+        assert_eq!((&got.kind, &got.ret), (&want.kind, &want.ret), "{codec}");
+    }
+}
+
+#[test]
+fn part_names() {
+    assert!(is_part_name("events-00000.parquet"));
+    assert!(is_part_name("events-12.parquet"));
+    assert!(!is_part_name("events-.parquet"));
+    assert!(!is_part_name("events-0a.parquet"));
+    assert!(!is_part_name("events-00000.parquet.tmp"));
+}
