@@ -24,29 +24,33 @@
 //! - The `/proc/PID/maps` of every process seen is kept under `maps/`,
 //!   so the analysis can name kernel launches and `--stacks` frames
 //!   ([`crate::trace::symbols`]).
+//!
+//! The files: [`libs`] (which libraries), [`probes`] (the probe table),
+//! [`attach`], [`process`]; this module runs a recording.
 
+mod attach;
 pub mod libs;
 pub mod probes;
-
-pub(crate) mod skel {
-    #![allow(unused_imports, clippy::all)]
-    include!(concat!(env!("OUT_DIR"), "/record.skel.rs"));
-}
+mod process;
+pub(crate) mod skel;
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, BTreeSet};
-use std::ffi::{CString, OsString};
+use std::collections::BTreeSet;
+use std::ffi::OsString;
 use std::mem::MaybeUninit;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{Link, MapCore, MapFlags, RingBufferBuilder, UprobeOpts};
+use libbpf_rs::{Link, MapCore, MapFlags, RingBufferBuilder};
 
+use self::attach::{Hooks, attach_each, attach_hooks, attach_multi, bpf_error, defined_functions};
+use self::process::{
+    MapsKeeper, Paused, STOP_SIGNAL, alive, install_signal_handlers, mono_to_wall_offset, own_cpu_seconds, sudo_owner,
+};
 use crate::trace::details::{Details, RecordDetails};
 use crate::trace::event::Event;
 use crate::trace::{Source, TraceMeta, TraceWriter};
@@ -68,13 +72,6 @@ pub struct Options {
     pub part_events: usize,
     pub part_interval: Duration,
     pub buffer_bytes: u64,
-}
-
-/// The signal that stopped the recording, 0 while none has.
-static STOP_SIGNAL: AtomicI32 = AtomicI32::new(0);
-
-extern "C" fn on_signal(sig: libc::c_int) {
-    STOP_SIGNAL.store(sig, Ordering::SeqCst);
 }
 
 /// Why the recording ended.
@@ -385,17 +382,6 @@ fn detach(links: Vec<Link>) {
     tracing::info!("detached {n} probe links in {:.3} s", started.elapsed().as_secs_f64());
 }
 
-/// How processes are followed: the scheduler's fork and exit hooks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Hooks {
-    /// BTF-enabled tracepoints (`tp_btf`), attached by BTF id: no tracefs.
-    Btf,
-    /// Classic tracepoints, whose ids are read from tracefs (mounted here
-    /// when absent). The fallback for kernels that refuse `tp_btf`, and
-    /// what `FRAGSCOPE_RECORD_HOOKS=tracepoint` forces.
-    Classic,
-}
-
 fn open_and_load<'o>(
     opts: &Options,
     object: &'o mut MaybeUninit<libbpf_rs::OpenObject>,
@@ -433,94 +419,6 @@ fn open_and_load<'o>(
     let stack_slots = if opts.stacks { 16384 } else { 1 };
     open.maps.stacks.set_max_entries(stack_slots).map_err(|e| bpf_error("size the stack map of", e))?;
     open.load().map_err(|e| bpf_error("load", e))
-}
-
-/// Puts the target process in the filter and attaches the fork hook (not
-/// with `--all`) and the exit hook.
-fn attach_hooks(skel: &skel::RecordSkel, hooks: Hooks, target: Option<u32>) -> Result<Vec<Link>> {
-    let mut links = Vec::new();
-    let (fork, exit) = match hooks {
-        Hooks::Btf => (&skel.progs.on_fork_btf, &skel.progs.on_exit_btf),
-        Hooks::Classic => {
-            ensure_tracefs()?;
-            (&skel.progs.on_fork, &skel.progs.on_exit)
-        }
-    };
-    if let Some(target) = target {
-        skel.maps.traced.update(&target.to_ne_bytes(), &[1], MapFlags::ANY).map_err(|e| bpf_error("fill", e))?;
-        links.push(fork.attach().map_err(|e| bpf_error("attach the fork hook of", e))?);
-    }
-    links.push(exit.attach().map_err(|e| bpf_error("attach the exit hook of", e))?);
-    Ok(links)
-}
-
-/// Classic tracepoints are found through tracefs: mounts it at
-/// `/sys/kernel/tracing` when neither that nor debugfs's copy is there.
-fn ensure_tracefs() -> Result<()> {
-    const TRACEFS: &str = "/sys/kernel/tracing";
-    if Path::new(TRACEFS).join("events").exists() || Path::new("/sys/kernel/debug/tracing/events").exists() {
-        return Ok(());
-    }
-    let (src, target, fstype) = (c"nodev", c"/sys/kernel/tracing", c"tracefs");
-    // SAFETY: all three are NUL-terminated strings; no data argument.
-    let r = unsafe { libc::mount(src.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
-    if r != 0 {
-        bail!(
-            "this kernel refuses BTF-enabled tracepoints, and the classic ones need tracefs, which is not mounted and \
-             could not be mounted at {TRACEFS}: {}. Mount it (`mount -t tracefs nodev {TRACEFS}`) and try again",
-            std::io::Error::last_os_error()
-        );
-    }
-    eprintln!("fragscope: tracefs was not mounted; mounted it at {TRACEFS} (the classic tracepoints need it)");
-    Ok(())
-}
-
-/// The function symbols a file defines (dynamic and static symbol tables,
-/// version suffixes such as `@@libcudart.so.12` removed).
-fn defined_functions(path: &Path) -> Result<std::collections::HashSet<String>> {
-    use object::{Object, ObjectSymbol};
-    let data = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let file = object::File::parse(&*data).with_context(|| format!("{}: not an ELF file", path.display()))?;
-    Ok(file
-        .dynamic_symbols()
-        .chain(file.symbols())
-        .filter(|s| s.is_definition() && s.kind() == object::SymbolKind::Text)
-        .filter_map(|s| s.name().ok().map(|n| n.split('@').next().unwrap_or(n).to_string()))
-        .collect())
-}
-
-/// Two links for the file: every wanted function's entry, and return.
-fn attach_multi(skel: &skel::RecordSkel, path: &Path, wanted: &[usize]) -> Result<Vec<Link>> {
-    let opts = |retprobe| libbpf_rs::UprobeMultiOpts {
-        syms: wanted.iter().map(|&i| PROBES[i].symbol.to_string()).collect(),
-        cookies: wanted.iter().map(|&i| probes::cookie(i)).collect(),
-        retprobe,
-        ..Default::default()
-    };
-    let entry = skel.progs.on_entry_multi.attach_uprobe_multi_with_opts(-1, path, "", opts(false))?;
-    let ret = skel.progs.on_return_multi.attach_uprobe_multi_with_opts(-1, path, "", opts(true))?;
-    Ok(vec![entry, ret])
-}
-
-/// Two links per function (kernels before 6.6).
-fn attach_each(skel: &skel::RecordSkel, path: &Path, wanted: &[usize]) -> Result<Vec<Link>> {
-    let mut links = Vec::with_capacity(wanted.len() * 2);
-    for &i in wanted {
-        for (prog, retprobe) in [(&skel.progs.on_entry, false), (&skel.progs.on_return, true)] {
-            let symbol = PROBES[i].symbol;
-            let o = UprobeOpts {
-                cookie: probes::cookie(i),
-                retprobe,
-                func_name: Some(symbol.into()),
-                ..Default::default()
-            };
-            let link = prog
-                .attach_uprobe_with_opts(-1, path, 0, o)
-                .map_err(|e| bpf_error(&format!("attach {symbol} in {} with", path.display()), e))?;
-            links.push(link);
-        }
-    }
-    Ok(links)
 }
 
 fn drain(
@@ -594,221 +492,4 @@ fn finish(opts: &Options, mut writer: TraceWriter, end: End, attached: &[Attache
         eprintln!("  probed {} ({}): {} functions", a.library.path.display(), a.library.found, a.functions.len());
     }
     Ok(u8::try_from(exit_code).unwrap_or(1))
-}
-
-fn bpf_error(what: &str, e: libbpf_rs::Error) -> anyhow::Error {
-    let denied = matches!(e.kind(), libbpf_rs::ErrorKind::PermissionDenied)
-        || e.to_string().contains("Operation not permitted")
-        || e.to_string().contains("Permission denied");
-    if denied {
-        anyhow::anyhow!(
-            "cannot {what} the eBPF recorder: permission denied. `fragscope record` needs root, or the CAP_BPF \
-             and CAP_PERFMON capabilities (run it with sudo) ({e})"
-        )
-    } else {
-        anyhow::anyhow!("cannot {what} the eBPF recorder: {e}")
-    }
-}
-
-fn install_signal_handlers() {
-    // SAFETY: the handler only stores to an atomic.
-    unsafe {
-        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
-    }
-}
-
-/// User + system CPU time of the recorder itself (not its children).
-fn own_cpu_seconds() -> f64 {
-    // SAFETY: getrusage writes the struct it is given.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
-    tv(ru.ru_utime) + tv(ru.ru_stime)
-}
-
-fn alive(pid: u32) -> bool {
-    // SAFETY: kill with signal 0 only checks for existence.
-    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
-}
-
-/// Wall clock minus CLOCK_MONOTONIC (what bpf_ktime_get_ns reads), in ns.
-fn mono_to_wall_offset() -> i64 {
-    let now = |clock| {
-        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-        // SAFETY: clock_gettime writes the timespec it is given.
-        unsafe { libc::clock_gettime(clock, &mut ts) };
-        ts.tv_sec * 1_000_000_000 + ts.tv_nsec
-    };
-    let mono = now(libc::CLOCK_MONOTONIC);
-    now(libc::CLOCK_REALTIME) - mono
-}
-
-/// The invoking user when run as root through sudo.
-fn sudo_owner() -> Option<(u32, u32)> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return None;
-    }
-    let uid = std::env::var("SUDO_UID").ok()?.parse().ok()?;
-    let gid = std::env::var("SUDO_GID").ok()?.parse().ok()?;
-    Some((uid, gid))
-}
-
-/// Keeps `maps/PID` (a copy of `/proc/PID/maps`) for every process that
-/// made a recorded call, refreshed at each part so libraries loaded later
-/// are in it; `analyze` resolves launch addresses with it.
-struct MapsKeeper {
-    dir: PathBuf,
-    seen: BTreeSet<u32>,
-    /// The copy last written, per process.
-    saved: BTreeMap<u32, String>,
-}
-
-impl MapsKeeper {
-    fn new(trace: &Path) -> MapsKeeper {
-        MapsKeeper { dir: trace.join("maps"), seen: BTreeSet::new(), saved: BTreeMap::new() }
-    }
-
-    fn saw(&mut self, pid: u32) {
-        if self.seen.insert(pid) {
-            self.save(pid);
-        }
-    }
-
-    fn refresh(&mut self) {
-        for pid in self.seen.clone() {
-            self.save(pid);
-        }
-    }
-
-    fn save(&mut self, pid: u32) {
-        let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else { return };
-        if self.saved.get(&pid) == Some(&maps) {
-            return;
-        }
-        if std::fs::create_dir_all(&self.dir).is_ok()
-            && crate::trace::write_atomic(&self.dir.join(pid.to_string()), maps.as_bytes()).is_ok()
-        {
-            self.saved.insert(pid, maps);
-        }
-    }
-
-    fn saved(&self) -> Vec<u32> {
-        self.saved.keys().copied().collect()
-    }
-}
-
-/// The command, forked and waiting on a pipe until the probes are in.
-struct Paused {
-    pid: libc::pid_t,
-    name: String,
-    go: Option<std::os::fd::OwnedFd>,
-    exec_status: Option<std::os::fd::OwnedFd>,
-    exited: bool,
-}
-
-impl Paused {
-    fn spawn(command: &[OsString]) -> Result<Paused> {
-        use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
-        let argv: Vec<CString> = command
-            .iter()
-            .map(|a| CString::new(a.as_bytes()).context("the command has an argument with a NUL byte"))
-            .collect::<Result<_>>()?;
-        let mut ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
-        ptrs.push(std::ptr::null());
-        let pipe = || -> Result<(OwnedFd, OwnedFd)> {
-            let mut fds = [0; 2];
-            // SAFETY: pipe2 fills the two descriptors.
-            if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-                bail!("cannot create a pipe: {}", std::io::Error::last_os_error());
-            }
-            // SAFETY: both are fresh descriptors we own.
-            Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
-        };
-        let (go_r, go_w) = pipe()?;
-        let (st_r, st_w) = pipe()?;
-        // SAFETY: the child only calls async-signal-safe functions (read,
-        // execvp, write, _exit) on memory prepared before the fork.
-        let pid = unsafe { libc::fork() };
-        if pid < 0 {
-            bail!("cannot fork: {}", std::io::Error::last_os_error());
-        }
-        if pid == 0 {
-            let (go_r, st_w) = (go_r.into_raw_fd(), st_w.into_raw_fd());
-            let (go_w, st_r) = (go_w.into_raw_fd(), st_r.into_raw_fd());
-            unsafe {
-                // Only the recorder may hold the write end, or a recorder
-                // that gives up would leave this read waiting forever.
-                libc::close(go_w);
-                libc::close(st_r);
-                let mut b = 0u8;
-                if libc::read(go_r, (&mut b as *mut u8).cast(), 1) != 1 {
-                    libc::_exit(127); // the recorder gave up
-                }
-                libc::execvp(ptrs[0], ptrs.as_ptr());
-                let errno = *libc::__errno_location();
-                libc::write(st_w, (&errno as *const i32).cast(), 4);
-                libc::_exit(127);
-            }
-        }
-        drop((go_r, st_w));
-        Ok(Paused {
-            pid,
-            name: command[0].to_string_lossy().into_owned(),
-            go: Some(go_w),
-            exec_status: Some(st_r),
-            exited: false,
-        })
-    }
-
-    /// Lets the command run; fails when it cannot be executed.
-    fn release(&mut self) -> Result<()> {
-        use std::io::{Read, Write};
-        let mut go = std::fs::File::from(self.go.take().expect("released once"));
-        go.write_all(&[1]).context("cannot start the command")?;
-        drop(go);
-        let mut status = std::fs::File::from(self.exec_status.take().expect("released once"));
-        let mut errno = [0u8; 4];
-        match status.read(&mut errno) {
-            Ok(4) => {
-                self.try_wait_blocking();
-                let e = std::io::Error::from_raw_os_error(i32::from_ne_bytes(errno));
-                bail!("cannot run `{}`: {e}", self.name)
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// The command's exit code once it has ended (128 + signal when killed).
-    fn try_wait(&mut self) -> Result<Option<i32>> {
-        let mut status = 0;
-        // SAFETY: waitpid on our own child.
-        let r = unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) };
-        if r == 0 {
-            return Ok(None);
-        }
-        if r < 0 {
-            bail!("cannot wait for pid {}: {}", self.pid, std::io::Error::last_os_error());
-        }
-        self.exited = true;
-        Ok(Some(if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) }))
-    }
-
-    fn try_wait_blocking(&mut self) {
-        let mut status = 0;
-        // SAFETY: waitpid on our own child.
-        unsafe { libc::waitpid(self.pid, &mut status, 0) };
-        self.exited = true;
-    }
-
-    /// Called when recording failed before the command ran: it exits
-    /// without running (its pipe closes) and is reaped.
-    fn abandon(mut self) {
-        if !self.exited {
-            self.go.take();
-            self.try_wait_blocking();
-        }
-    }
 }

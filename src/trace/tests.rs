@@ -1,11 +1,6 @@
 use super::checksum::write_batch;
-#[allow(unused_imports)]
 use super::meta::*;
-#[allow(unused_imports)]
-use super::reader::*;
-#[allow(unused_imports)]
 use super::stacks::*;
-#[allow(unused_imports)]
 use super::writer::*;
 use super::*;
 use crate::trace::event::{Event, EventKind};

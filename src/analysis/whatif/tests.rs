@@ -1,8 +1,5 @@
-#[allow(unused_imports)]
 use super::fidelity::*;
-#[allow(unused_imports)]
 use super::simulate::*;
-#[allow(unused_imports)]
 use super::stream::*;
 use super::*;
 use crate::analysis::allocator::Settings;

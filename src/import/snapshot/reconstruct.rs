@@ -1,0 +1,269 @@
+//! One device's events from a snapshot ([`reconstruct`]): the state before
+//! the first trace entry rebuilt from the final segments and the entries,
+//! then the entries replayed as events, and the final state checked
+//! against the snapshot's.
+
+use ahash::AHashMap;
+use anyhow::Result;
+
+use super::parse::{Action, Entry, Segment, Snapshot};
+use crate::import::settings::{MIN_BLOCK, SMALL_SIZE, Settings};
+use crate::trace::details::Reconstruction;
+use crate::trace::event::{Event, EventKind, Extra};
+
+/// A live block during reconstruction.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct LiveBlock {
+    /// The real size, when the snapshot knows it.
+    pub(super) size: Option<u64>,
+    pub(super) requested: u64,
+    pub(super) stack: Option<u32>,
+    pub(super) stream: u64,
+}
+
+/// Address ranges of segments (start → (end, expandable, stream)).
+pub(super) type Ranges = std::collections::BTreeMap<u64, (u64, bool, u64)>;
+
+/// Adds [a, b) to the ranges. Mapped pages (`merge`) join an adjacent
+/// expandable range; a cudaMalloc'ed segment stays on its own.
+pub(super) fn add_range(r: &mut Ranges, a: u64, b: u64, expandable: bool, stream: u64, merge: bool) {
+    let (mut a, mut b) = (a, b);
+    if merge {
+        if let Some((&s, &(e, true, _))) = r.range(..=a).next_back()
+            && e == a
+        {
+            r.remove(&s);
+            a = s;
+        }
+        if let Some(&(e, true, _)) = r.get(&b) {
+            r.remove(&b);
+            b = e;
+        }
+    }
+    r.insert(a, (b, expandable, stream));
+}
+
+/// Removes [a, b) from the range containing it; false if none does.
+pub(super) fn remove_range(r: &mut Ranges, a: u64, b: u64) -> bool {
+    let Some((&s, &(e, x, st))) = r.range(..=a).next_back() else { return false };
+    if b > e {
+        return false;
+    }
+    r.remove(&s);
+    if s < a {
+        r.insert(s, (a, x, st));
+    }
+    if b < e {
+        r.insert(b, (e, x, st));
+    }
+    true
+}
+
+/// The size the caching allocator gives a request placed at `addr`, where
+/// the free space runs up to `free_end`, under the recorded `settings`
+/// (rounding with `roundup_power2_divisions`; no split at or above
+/// `max_split_size`; with expandable segments a rest of 512 B is split off
+/// in the large pool too).
+pub(super) fn block_size_rule(settings: &Settings, requested: u64, addr: u64, free_end: u64) -> u64 {
+    let rounded = settings.round(requested.max(1));
+    let room = free_end.saturating_sub(addr);
+    if room <= rounded {
+        return rounded.min(room.max(rounded.min(room)));
+    }
+    let rest = room - rounded;
+    // With expandable segments every pool splits off a rest of 512 B.
+    let unsplit = if rounded > SMALL_SIZE && !settings.expandable_segments {
+        rest <= SMALL_SIZE || settings.max_split_size.is_some_and(|m| rounded >= m)
+    } else {
+        rest < MIN_BLOCK
+    };
+    if unsplit { room } else { rounded }
+}
+
+/// The events of one device: the reconstructed initial state at the first
+/// entry's time, then every entry. `t0_ns` is the time given to the initial
+/// state when the device's trace is empty.
+pub fn reconstruct(snap: &Snapshot, device: u32, t0_ns: u64, out: Sink<'_>) -> Result<Reconstruction> {
+    let entries: &[Entry] = snap.traces.get(device as usize).map_or(&[], |t| t.as_slice());
+    let settings = Settings::from_snapshot(&snap.allocator_settings);
+    let mut rec = Reconstruction { device, entries: entries.len() as u64, ..Default::default() };
+    let segs: Vec<&Segment> = snap.segments.iter().filter(|s| s.device == device).collect();
+
+    // The final state.
+    let mut ranges = Ranges::new();
+    let mut live: AHashMap<u64, LiveBlock> = AHashMap::new();
+    for s in &segs {
+        ranges.insert(s.address, (s.address.saturating_add(s.total_size), s.is_expandable, s.stream));
+        for b in s.blocks.iter().filter(|b| b.state.is_live()) {
+            live.insert(
+                b.address,
+                LiveBlock { size: Some(b.size), requested: b.requested, stack: b.stack, stream: s.stream },
+            );
+        }
+    }
+    let final_ranges = ranges.clone();
+    let final_live = live.clone();
+
+    // Backwards: undo each entry. `known[i]` is the real size of the block
+    // alloc entry i created, when that block is still alive at the end:
+    // a map, since those are few (a vector by entry was 16 bytes for each
+    // of millions of entries, all but a few thousand of them None).
+    let mut known: AHashMap<usize, u64> = AHashMap::new();
+    for (i, e) in entries.iter().enumerate().rev() {
+        match e.action {
+            Action::Alloc => match live.remove(&e.addr) {
+                Some(b) => {
+                    if let Some(size) = b.size {
+                        known.insert(i, size);
+                    }
+                }
+                None => rec.inconsistent_entries += 1,
+            },
+            Action::FreeCompleted => {
+                let b = LiveBlock { size: None, requested: e.size, stack: e.stack(), stream: e.stream };
+                if live.insert(e.addr, b).is_some() {
+                    rec.inconsistent_entries += 1;
+                }
+            }
+            Action::SegmentAlloc | Action::SegmentMap => {
+                if !remove_range(&mut ranges, e.addr, e.addr.saturating_add(e.size)) {
+                    rec.inconsistent_entries += 1;
+                }
+            }
+            Action::SegmentFree => {
+                add_range(&mut ranges, e.addr, e.addr.saturating_add(e.size), false, e.stream, false)
+            }
+            Action::SegmentUnmap => add_range(&mut ranges, e.addr, e.addr.saturating_add(e.size), true, e.stream, true),
+            Action::FreeRequested | Action::Snapshot | Action::Oom => {}
+        }
+    }
+
+    // Forwards, emitting events.
+    let with_time = !entries.is_empty() && entries.iter().all(|e| e.time_us().is_some());
+    let ts_of = |i: usize| -> u64 {
+        if with_time { (entries[i].time_us().unwrap_or(0) as u64).saturating_mul(1000) } else { t0_ns + i as u64 }
+    };
+    let t_start = if entries.is_empty() { t0_ns } else { ts_of(0) };
+    let pid = device;
+    let ev = |ts: u64, kind: EventKind, addr: u64, size: u64, stream: u64, extra: Extra| Event {
+        ts_ns: ts,
+        duration_ns: 0,
+        pid,
+        tid: 0,
+        kind,
+        addr,
+        size,
+        ret: 0,
+        device: Some(device as i32),
+        stream: Some(stream),
+        extra,
+        cuda: Default::default(),
+    };
+    rec.initial_segments = ranges.len() as u64;
+    for (&a, &(b, expandable, stream)) in &ranges {
+        let kind = if expandable { EventKind::SegmentMap } else { EventKind::SegmentAlloc };
+        out(ev(t_start, kind, a, b - a, stream, Extra::default()))?;
+    }
+    // Live blocks by address, for the free space after a new block.
+    let mut placed: std::collections::BTreeMap<u64, LiveBlock> = std::collections::BTreeMap::new();
+    let free_end = |placed: &std::collections::BTreeMap<u64, LiveBlock>, ranges: &Ranges, addr: u64| -> u64 {
+        let seg_end = ranges.range(..=addr).next_back().map_or(addr, |(_, &(e, _, _))| e);
+        let next = placed.range(addr + 1..).next().map_or(u64::MAX, |(&a, _)| a);
+        seg_end.min(next).max(addr)
+    };
+    let mut initial: Vec<(u64, LiveBlock)> = live.into_iter().collect();
+    initial.sort_unstable_by_key(|p| p.0);
+    rec.initial_blocks = initial.len() as u64;
+    for (addr, mut b) in initial.into_iter().rev() {
+        let size =
+            b.size.unwrap_or_else(|| block_size_rule(&settings, b.requested, addr, free_end(&placed, &ranges, addr)));
+        b.size = Some(size);
+        placed.insert(addr, b);
+    }
+    for (&addr, b) in &placed {
+        let extra = Extra { requested: Some(b.requested), stack: b.stack, device_free: None };
+        out(ev(t_start, EventKind::BlockAlloc, addr, b.size.unwrap_or(0), b.stream, extra))?;
+    }
+    for (i, e) in entries.iter().enumerate() {
+        let ts = ts_of(i);
+        let end = e.addr.saturating_add(e.size);
+        match e.action {
+            Action::Alloc => {
+                if placed.contains_key(&e.addr) {
+                    continue; // counted as inconsistent on the way back
+                }
+                let rule = block_size_rule(&settings, e.size, e.addr, free_end(&placed, &ranges, e.addr));
+                let size = match known.get(&i).copied() {
+                    Some(real) => {
+                        rec.sizes_checked += 1;
+                        rec.sizes_agreed += u64::from(real == rule);
+                        real
+                    }
+                    None => rule,
+                };
+                placed.insert(
+                    e.addr,
+                    LiveBlock { size: Some(size), requested: e.size, stack: e.stack(), stream: e.stream },
+                );
+                let extra = Extra { requested: Some(e.size), stack: e.stack(), device_free: None };
+                out(ev(ts, EventKind::BlockAlloc, e.addr, size, e.stream, extra))?;
+            }
+            Action::FreeRequested | Action::FreeCompleted => {
+                let Some(b) = placed.get(&e.addr).copied() else { continue };
+                let kind = if e.action == Action::FreeCompleted {
+                    placed.remove(&e.addr);
+                    EventKind::BlockFree
+                } else {
+                    EventKind::BlockFreeRequested
+                };
+                let extra = Extra { requested: Some(e.size), stack: e.stack(), device_free: None };
+                out(ev(ts, kind, e.addr, b.size.unwrap_or(0), e.stream, extra))?;
+            }
+            Action::SegmentAlloc => {
+                add_range(&mut ranges, e.addr, end, false, e.stream, false);
+                out(ev(ts, EventKind::SegmentAlloc, e.addr, e.size, e.stream, Extra::default()))?;
+            }
+            Action::SegmentMap => {
+                add_range(&mut ranges, e.addr, end, true, e.stream, true);
+                out(ev(ts, EventKind::SegmentMap, e.addr, e.size, e.stream, Extra::default()))?;
+            }
+            Action::SegmentFree | Action::SegmentUnmap => {
+                if remove_range(&mut ranges, e.addr, end) {
+                    let kind =
+                        if e.action == Action::SegmentFree { EventKind::SegmentFree } else { EventKind::SegmentUnmap };
+                    // Its stack tells the program's empty_cache() from the
+                    // allocator's own release before a retry.
+                    out(ev(ts, kind, e.addr, e.size, e.stream, Extra { stack: e.stack(), ..Extra::default() }))?;
+                }
+            }
+            Action::Oom => {
+                let extra = Extra { requested: Some(e.size), stack: e.stack(), device_free: e.device_free() };
+                out(ev(ts, EventKind::Oom, 0, e.size, e.stream, extra))?;
+            }
+            Action::Snapshot => {}
+        }
+    }
+
+    // The end state against the snapshot.
+    let fc = &mut rec.final_check;
+    fc.blocks_expected = final_live.len() as u64;
+    for (addr, b) in &final_live {
+        match placed.get(addr) {
+            None => fc.blocks_missing += 1,
+            Some(p) if p.size != b.size || p.requested != b.requested => fc.blocks_size_mismatch += 1,
+            Some(_) => {}
+        }
+    }
+    fc.blocks_unexpected = placed.keys().filter(|a| !final_live.contains_key(a)).count() as u64;
+    fc.segments_expected = segs.len() as u64;
+    fc.segment_bytes_expected = segs.iter().map(|s| s.total_size).sum();
+    fc.segment_bytes_replayed = ranges.iter().map(|(a, (b, _, _))| b - a).sum();
+    let flat = |r: &Ranges| -> Vec<(u64, u64)> { r.iter().map(|(&a, &(b, _, _))| (a, b)).collect() };
+    let (want, got) = (flat(&final_ranges), flat(&ranges));
+    fc.segment_ranges_mismatch = want.iter().filter(|r| !got.contains(r)).count() as u64
+        + got.iter().filter(|r| !want.contains(r)).count() as u64;
+    Ok(rec)
+}
+
+/// Where converted events go.
+pub type Sink<'s> = &'s mut dyn FnMut(Event) -> Result<()>;

@@ -1,0 +1,257 @@
+//! `report.md`, the analysis for people, and the few lines `analyze`
+//! prints on stdout.
+//!
+//! The files: [`sections`] (each section), [`words`] (the phrases they
+//! share); this module puts the report together.
+
+mod sections;
+mod words;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use self::sections::{advice_md, allocator_md, iterations_md, leaks_md, ooms_md, prediction_md, verdict_md};
+use self::words::{peak_live_text, plural};
+use crate::analysis::Analysis;
+use crate::analysis::predict::Risk;
+use crate::analysis::summary::*;
+use crate::units::bytes;
+
+/// `report.md`: the verdict first, then the tables.
+/// `panels_not_drawn`: processes the MDTP had no room for.
+pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
+    let s = Summary::of(a);
+    let mut md = String::new();
+    let _ = writeln!(md, "# fragscope report: {}\n", s.name);
+    md.push_str(&verdict_md(a, &s));
+    let _ = writeln!(
+        md,
+        "Fragmentation score now {:.1} / 100 (mean {:.1}, p95 {:.1}, max {:.1}) · peak live {} · {} · {}{}.\n",
+        s.score.final_,
+        s.score.mean,
+        s.score.p95,
+        s.score.max,
+        peak_live_text(a),
+        if a.has_history() { plural(s.ooms, "OOM", "OOMs") } else { "OOMs not recorded".to_string() },
+        s.processes,
+        match (a.allocator_view, s.processes == 1) {
+            (true, true) => " device",
+            (true, false) => " devices",
+            (false, true) => " process",
+            (false, false) => " processes",
+        },
+    );
+    let _ = writeln!(md, "| trace | |\n|---|---|");
+    let _ = writeln!(md, "| source | {} |", s.source);
+    if a.entry_order() {
+        let _ = writeln!(
+            md,
+            "| events | {} over {} (no timestamps: time is entry order) |",
+            s.events,
+            a.time_text(s.duration_s)
+        );
+    } else {
+        let _ = writeln!(md, "| events | {} over {:.3} s |", s.events, s.duration_s);
+    }
+    let _ = writeln!(md, "| steps | {} ({}), {} rows |", a.step_count, a.options.step, a.rows.len());
+    let _ = writeln!(md, "| parts | {} read, {} skipped |", a.trace.parts.len(), a.trace.skipped.len());
+    if let Some(m) = &a.trace.meta {
+        if let crate::trace::details::Details::Profiler(p) = &m.details {
+            let _ = writeln!(
+                md,
+                "| profiler | {} CUDA memory events ({} CPU ones skipped), {} `ProfilerStep` spans |",
+                p.cuda_memory_events, p.cpu_events_skipped, p.profiler_steps
+            );
+            if p.unplaced_before_trace_bytes > 0 {
+                let _ = writeln!(
+                    md,
+                    "| before the trace | {} allocated before the profiler started and never freed in it: no address, so not in these figures (live bytes here are the trace's own) |",
+                    bytes(p.unplaced_before_trace_bytes)
+                );
+            }
+            if let (Some(alloc), Some(res)) = (p.peak_allocated_bytes, p.peak_reserved_bytes) {
+                let _ = writeln!(
+                    md,
+                    "| profiler's own peaks | {} allocated, {} reserved (`Total Allocated`, `Total Reserved`) |",
+                    bytes(alloc),
+                    bytes(res)
+                );
+            }
+        }
+        if m.lost_events > 0 {
+            let _ = writeln!(
+                md,
+                "| lost events | **{}** (the recorder dropped events; numbers may be off) |",
+                m.lost_events
+            );
+        }
+        if let Some(c) = m.capacity_bytes {
+            let _ = writeln!(md, "| capacity | {} |", bytes(c));
+        }
+    } else {
+        let _ = writeln!(md, "| metadata | trace.json missing (interrupted recording?) |");
+    }
+
+    let _ = writeln!(md, "\n## {}\n", if a.allocator_view { "Devices" } else { "Processes" });
+    let _ =
+        writeln!(md, "| {} | peak live | score final | mean | p95 | max | E | K | S | C | L | U | OOMs |", a.unit());
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for p in &a.peaks {
+        let st = ScoreStats::of(&process_scores(&a.rows, p.pid));
+        let m = last_row(a, p.pid).map(|r| r.metrics).unwrap_or_default();
+        let [e, k, small, cv, l, u] = m.features();
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {} |",
+            p.pid,
+            bytes(p.bytes),
+            st.final_,
+            st.mean,
+            st.p95,
+            st.max,
+            e,
+            k,
+            small,
+            cv,
+            l,
+            u,
+            a.ooms.iter().filter(|o| o.pid == p.pid).count()
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nE external fragmentation, K unusable-free-space index, S small-allocation ratio, C size CV, L large-gap ratio, U utilization — at the last step.\n"
+    );
+    if panels_not_drawn > 0 {
+        let _ = writeln!(
+            md,
+            "The MDTP draws the {} processes with the highest peak live bytes: +{} processes not drawn (`--max-panels`, `--pid`); every process is in metrics.parquet and report.json.\n",
+            a.peaks.len() - panels_not_drawn,
+            panels_not_drawn
+        );
+    }
+    if !a.exits.is_empty() {
+        let bytes_total: u64 = a.exits.iter().map(|x| x.bytes).sum();
+        let _ = writeln!(
+            md,
+            "Released at exit: {} process{} ended holding {} in {} blocks; the driver frees it, so it is neither live nor leaked afterwards (all in report.json).\n",
+            a.exits.len(),
+            if a.exits.len() == 1 { "" } else { "es" },
+            bytes(bytes_total),
+            a.exits.iter().map(|x| x.blocks).sum::<u64>()
+        );
+    }
+
+    let _ = writeln!(md, "## Events by kind\n\n| kind | count |\n|---|---|");
+    for (k, n) in a.counts_by_kind.present() {
+        let _ = writeln!(md, "| {} | {n} |", k.name());
+    }
+    let _ = writeln!(md, "| failed allocations | {} |", a.failed_allocs);
+
+    if a.allocator_view {
+        md.push_str(&allocator_md(a));
+    }
+    if !a.kernels.is_empty() {
+        let _ = writeln!(
+            md,
+            "\n## Kernels\n\nLaunches by kernel (symbols from the traced processes' files, demangled):\n\n| kernel | launches | failed |\n|---|---|---|"
+        );
+        for k in a.kernels.iter().take(15) {
+            let _ = writeln!(md, "| `{}` | {} | {} |", k.name.replace('|', "\\|"), k.launches, k.failed);
+        }
+        if a.kernels.len() > 15 {
+            let _ = writeln!(md, "\n{} more in report.json.", a.kernels.len() - 15);
+        }
+    }
+    if !a.alloc_stacks.is_empty() {
+        let _ = writeln!(
+            md,
+            "\n## Allocation call stacks\n\nDevice memory allocated by call stack (`record --stacks`; innermost first, all in report.json):\n\n| bytes | allocations | stack |\n|---|---|---|"
+        );
+        for st in a.alloc_stacks.iter().take(10) {
+            let frames: Vec<String> =
+                st.frames.iter().take(8).map(|f| format!("`{}`", f.replace('|', "\\|"))).collect();
+            let _ = writeln!(md, "| {} | {} | {} |", bytes(st.bytes), st.allocations, frames.join(" ← "));
+        }
+    }
+    let an = &a.anomalies;
+    let _ = writeln!(md, "\n## Anomalies\n");
+    if an.total() == 0 {
+        let _ = writeln!(md, "None.");
+    } else {
+        let _ = writeln!(md, "| anomaly | count |\n|---|---|");
+        for (name, n, why) in [
+            (
+                "unknown_free",
+                an.unknown_free,
+                "free of an address never allocated in the trace (allocated before recording?)",
+            ),
+            ("double_free", an.double_free, "free of an address already freed"),
+            ("overlap", an.overlap, "allocation overlapping live blocks (their frees were lost)"),
+            ("out_of_order", an.out_of_order, "rows out of time order (sorted before replay)"),
+            ("unknown_kind", an.unknown_kind, "rows with a kind this version does not know (ignored)"),
+            (
+                "outside_segment",
+                an.outside_segment,
+                "blocks outside every live segment, or taken away by a segment free",
+            ),
+        ] {
+            if n > 0 {
+                let _ = writeln!(md, "| {name} | {n} — {why} |");
+            }
+        }
+    }
+    md.push_str(&iterations_md(a));
+    md.push_str(&prediction_md(a));
+    md.push_str(&ooms_md(a));
+    md.push_str(&leaks_md(a));
+    if let Some(w) = &a.whatif {
+        md.push_str("\n## What the allocator settings would change\n\n");
+        let what = match w.source {
+            crate::analysis::whatif::Source::Snapshot => "This snapshot's requests",
+            crate::analysis::whatif::Source::DeviceLevel => "This trace's requests (every cudaMalloc)",
+        };
+        let _ = writeln!(
+            md,
+            "{what} replayed through a model of PyTorch's caching allocator (details: `fragscope whatif`). Recommendation: {} — {}.\n",
+            crate::output::whatif::recommendation_md(w),
+            w.recommended.1
+        );
+        md.push_str(&crate::output::whatif::sections_md(w, "###"));
+    }
+    md.push_str(&advice_md(a));
+    md
+}
+
+/// A few lines for stdout.
+pub fn stdout_summary(a: &Analysis, out: &Path) -> String {
+    let s = Summary::of(a);
+    format!(
+        "{}: {} events, {} {}, {:.3} s, {} steps; OOM risk {}, fragmentation level {}\n  score final {:.1}, mean {:.1}, p95 {:.1}, max {:.1}; peak live {}; {} OOM{}; {} anomal{}\n  wrote {}\n",
+        s.name,
+        s.events,
+        s.processes,
+        match (a.allocator_view, s.processes == 1) {
+            (true, true) => "device",
+            (true, false) => "devices",
+            (false, true) => "process",
+            (false, false) => "processes",
+        },
+        s.duration_s,
+        a.step_count,
+        s.oom_risk.name(),
+        s.risk.map_or("insufficient data", Risk::name),
+        s.score.final_,
+        s.score.mean,
+        s.score.p95,
+        s.score.max,
+        peak_live_text(a),
+        s.ooms,
+        if s.ooms == 1 { "" } else { "s" },
+        s.anomalies,
+        if s.anomalies == 1 { "y" } else { "ies" },
+        out.display()
+    )
+}
+
+#[cfg(test)]
+mod tests;

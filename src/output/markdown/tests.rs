@@ -1,0 +1,20 @@
+use super::words::*;
+use crate::analysis::predict::ForecasterKind;
+use crate::analysis::predict::{PredictConfig, Step, predict};
+
+#[test]
+fn a_skill_under_five_percent_is_not_called_a_win() {
+    let series: Vec<Step> = (0..120).map(|i| [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 20.0 + 3.0 * (i % 10) as f64]).collect();
+    let mut p = predict(&series, &PredictConfig::default(), Some(10));
+    assert_eq!(p.forecaster, ForecasterKind::Seasonal);
+    for (skill, phrase) in [
+        (0.48, "beats no change, skill +0.48"),
+        (0.05, "beats no change, skill +0.05"),
+        (0.021, "about as good as no change, skill +0.02 (under 5 % better)"),
+    ] {
+        p.skill = Some(skill);
+        assert_eq!(skill_phrase(&p), phrase);
+    }
+    p.forecaster = ForecasterKind::Persistence;
+    assert_eq!(skill_phrase(&p), "nothing forecast better than no change");
+}

@@ -1,0 +1,59 @@
+//! Phrases every part of the report uses: plurals, the sentence of an OOM
+//! class, the names of the forecasters and their skill, the peak.
+
+use crate::analysis::Analysis;
+use crate::analysis::oom::OomClass;
+use crate::analysis::predict::ForecasterKind;
+use crate::units::bytes;
+
+/// The peak live bytes for a reader: per device when a snapshot has
+/// several (each device has its own memory), a sum labelled as one.
+pub(crate) fn peak_live_text(a: &Analysis) -> String {
+    match (a.allocator_view, a.peaks.iter().max_by_key(|p| p.bytes)) {
+        (true, Some(top)) if a.peaks.len() > 1 => format!(
+            "{} on device {} (the highest of {} devices; {} summed over them at one instant)",
+            bytes(top.bytes),
+            top.pid,
+            a.peaks.len(),
+            bytes(a.peak_live_total)
+        ),
+        _ => bytes(a.peak_live_total),
+    }
+}
+
+pub(crate) fn plural(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// What the dominant OOM class means, in one sentence.
+pub(crate) fn oom_sentence(class: OomClass) -> &'static str {
+    match class {
+        OomClass::Fragmentation => "enough memory was free, but no single free range could hold the request",
+        OomClass::Capacity => "the requests exceeded the free device memory",
+        OomClass::AllocatorPolicy => "a free range large enough existed, but the allocator did not use it",
+        OomClass::Unknown => "the device capacity is unknown: pass --capacity to classify them",
+    }
+}
+
+/// The forecaster, for the headline.
+pub(crate) fn forecaster_phrase(f: ForecasterKind) -> &'static str {
+    match f {
+        ForecasterKind::Model => "the model",
+        ForecasterKind::Persistence => "\"no change\" (persistence)",
+        ForecasterKind::Seasonal => "the seasonal baseline (one iteration earlier)",
+        ForecasterKind::Ridge => "the ridge baseline",
+    }
+}
+
+/// Whether the forecaster beats "no change", with its skill.
+pub(crate) fn skill_phrase(pr: &crate::analysis::predict::Prediction) -> String {
+    match (pr.forecaster, pr.skill) {
+        (ForecasterKind::Persistence, _) => "nothing forecast better than no change".into(),
+        // Less than 5 % better is within what another set of origins
+        // could reverse: not claimed as a win.
+        (_, Some(s)) if s >= 0.05 => format!("beats no change, skill {s:+.2}"),
+        (_, Some(s)) if s > 0.0 => format!("about as good as no change, skill {s:+.2} (under 5 % better)"),
+        (_, Some(s)) => format!("does not beat no change, skill {s:+.2}"),
+        (_, None) => "not validated: too few steps to compare with no change".into(),
+    }
+}

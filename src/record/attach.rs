@@ -1,0 +1,124 @@
+//! Attaching the recorder's programs: the scheduler's fork and exit hooks
+//! (BTF tracepoints, or classic ones through tracefs), and the uprobes on
+//! each library's functions, all at once where the kernel can, else one by
+//! one; and what a refusal means for the user ([`bpf_error`]).
+
+use anyhow::{Context, Result, bail};
+use libbpf_rs::{Link, MapCore, MapFlags, UprobeOpts};
+use std::path::Path;
+
+use super::probes::PROBES;
+use super::{probes, skel};
+
+/// How processes are followed: the scheduler's fork and exit hooks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Hooks {
+    /// BTF-enabled tracepoints (`tp_btf`), attached by BTF id: no tracefs.
+    Btf,
+    /// Classic tracepoints, whose ids are read from tracefs (mounted here
+    /// when absent). The fallback for kernels that refuse `tp_btf`, and
+    /// what `FRAGSCOPE_RECORD_HOOKS=tracepoint` forces.
+    Classic,
+}
+
+/// Puts the target process in the filter and attaches the fork hook (not
+/// with `--all`) and the exit hook.
+pub(super) fn attach_hooks(skel: &skel::RecordSkel, hooks: Hooks, target: Option<u32>) -> Result<Vec<Link>> {
+    let mut links = Vec::new();
+    let (fork, exit) = match hooks {
+        Hooks::Btf => (&skel.progs.on_fork_btf, &skel.progs.on_exit_btf),
+        Hooks::Classic => {
+            ensure_tracefs()?;
+            (&skel.progs.on_fork, &skel.progs.on_exit)
+        }
+    };
+    if let Some(target) = target {
+        skel.maps.traced.update(&target.to_ne_bytes(), &[1], MapFlags::ANY).map_err(|e| bpf_error("fill", e))?;
+        links.push(fork.attach().map_err(|e| bpf_error("attach the fork hook of", e))?);
+    }
+    links.push(exit.attach().map_err(|e| bpf_error("attach the exit hook of", e))?);
+    Ok(links)
+}
+
+/// Classic tracepoints are found through tracefs: mounts it at
+/// `/sys/kernel/tracing` when neither that nor debugfs's copy is there.
+pub(super) fn ensure_tracefs() -> Result<()> {
+    const TRACEFS: &str = "/sys/kernel/tracing";
+    if Path::new(TRACEFS).join("events").exists() || Path::new("/sys/kernel/debug/tracing/events").exists() {
+        return Ok(());
+    }
+    let (src, target, fstype) = (c"nodev", c"/sys/kernel/tracing", c"tracefs");
+    // SAFETY: all three are NUL-terminated strings; no data argument.
+    let r = unsafe { libc::mount(src.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
+    if r != 0 {
+        bail!(
+            "this kernel refuses BTF-enabled tracepoints, and the classic ones need tracefs, which is not mounted and \
+             could not be mounted at {TRACEFS}: {}. Mount it (`mount -t tracefs nodev {TRACEFS}`) and try again",
+            std::io::Error::last_os_error()
+        );
+    }
+    eprintln!("fragscope: tracefs was not mounted; mounted it at {TRACEFS} (the classic tracepoints need it)");
+    Ok(())
+}
+
+/// The function symbols a file defines (dynamic and static symbol tables,
+/// version suffixes such as `@@libcudart.so.12` removed).
+pub(super) fn defined_functions(path: &Path) -> Result<std::collections::HashSet<String>> {
+    use object::{Object, ObjectSymbol};
+    let data = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let file = object::File::parse(&*data).with_context(|| format!("{}: not an ELF file", path.display()))?;
+    Ok(file
+        .dynamic_symbols()
+        .chain(file.symbols())
+        .filter(|s| s.is_definition() && s.kind() == object::SymbolKind::Text)
+        .filter_map(|s| s.name().ok().map(|n| n.split('@').next().unwrap_or(n).to_string()))
+        .collect())
+}
+
+/// Two links for the file: every wanted function's entry, and return.
+pub(super) fn attach_multi(skel: &skel::RecordSkel, path: &Path, wanted: &[usize]) -> Result<Vec<Link>> {
+    let opts = |retprobe| libbpf_rs::UprobeMultiOpts {
+        syms: wanted.iter().map(|&i| PROBES[i].symbol.to_string()).collect(),
+        cookies: wanted.iter().map(|&i| probes::cookie(i)).collect(),
+        retprobe,
+        ..Default::default()
+    };
+    let entry = skel.progs.on_entry_multi.attach_uprobe_multi_with_opts(-1, path, "", opts(false))?;
+    let ret = skel.progs.on_return_multi.attach_uprobe_multi_with_opts(-1, path, "", opts(true))?;
+    Ok(vec![entry, ret])
+}
+
+/// Two links per function (kernels before 6.6).
+pub(super) fn attach_each(skel: &skel::RecordSkel, path: &Path, wanted: &[usize]) -> Result<Vec<Link>> {
+    let mut links = Vec::with_capacity(wanted.len() * 2);
+    for &i in wanted {
+        for (prog, retprobe) in [(&skel.progs.on_entry, false), (&skel.progs.on_return, true)] {
+            let symbol = PROBES[i].symbol;
+            let o = UprobeOpts {
+                cookie: probes::cookie(i),
+                retprobe,
+                func_name: Some(symbol.into()),
+                ..Default::default()
+            };
+            let link = prog
+                .attach_uprobe_with_opts(-1, path, 0, o)
+                .map_err(|e| bpf_error(&format!("attach {symbol} in {} with", path.display()), e))?;
+            links.push(link);
+        }
+    }
+    Ok(links)
+}
+
+pub(super) fn bpf_error(what: &str, e: libbpf_rs::Error) -> anyhow::Error {
+    let denied = matches!(e.kind(), libbpf_rs::ErrorKind::PermissionDenied)
+        || e.to_string().contains("Operation not permitted")
+        || e.to_string().contains("Permission denied");
+    if denied {
+        anyhow::anyhow!(
+            "cannot {what} the eBPF recorder: permission denied. `fragscope record` needs root, or the CAP_BPF \
+             and CAP_PERFMON capabilities (run it with sudo) ({e})"
+        )
+    } else {
+        anyhow::anyhow!("cannot {what} the eBPF recorder: {e}")
+    }
+}
