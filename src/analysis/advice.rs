@@ -24,55 +24,12 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
-
-use crate::analysis::Analysis;
 use crate::analysis::oom::OomClass;
+use crate::analysis::result::Analysis;
+pub use crate::analysis::result::{Advice, Kind};
 use crate::analysis::risk::OomRisk;
 use crate::trace::event::{EventKind, Events};
 use crate::units::bytes;
-
-/// What a piece of advice is about.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Kind {
-    /// An allocator setting the replay shows removing (or reducing) OOMs.
-    Setting,
-    /// No setting tried removes the OOMs.
-    NoSetting,
-    /// What pins memory, and what to change in the program.
-    Program,
-    /// A recognised program pattern.
-    Pattern,
-    /// A setting that only lowers peak reserved.
-    Saving,
-    /// A setting from general knowledge, not simulated.
-    Generic,
-    Capacity,
-    /// PyTorch released its whole cache because the device was full.
-    Flush,
-    Leak,
-    Risk,
-}
-
-/// One piece of advice.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Advice {
-    pub kind: Kind,
-    pub text: String,
-    /// The `PYTORCH_CUDA_ALLOC_CONF=…` line it advises, if any.
-    pub conf: Option<String>,
-    /// Whether the figures come from a replay of this trace's requests.
-    pub simulated: bool,
-    /// For a setting: whether its replay removes every recorded OOM.
-    pub removes_ooms: Option<bool>,
-}
-
-impl Advice {
-    fn new(kind: Kind, text: String) -> Advice {
-        Advice { kind, text, conf: None, simulated: false, removes_ooms: None }
-    }
-}
 
 /// The advice for an analysed trace (`events`: its events, for the
 /// program's patterns and what pins memory at an OOM).

@@ -22,73 +22,35 @@ pub mod leak;
 pub(crate) mod livemap;
 pub mod metrics;
 pub mod oom;
+mod options;
 pub mod predict;
 pub mod replay;
+pub(crate) mod result;
 pub mod risk;
+pub(crate) mod risk_series;
 pub mod sites;
 pub(crate) mod summary;
 pub mod whatif;
 
+pub use options::{Options, StepSpec};
+pub use result::{Analysis, ProcessPrediction, Row};
 use std::path::Path;
-use std::str::FromStr;
 
 use anyhow::{Result, bail};
 
 use crate::analysis::iterations::Iterations;
 use crate::analysis::leak::LeakReport;
-use crate::analysis::metrics::{Metrics, MetricsConfig};
+use crate::analysis::metrics::Metrics;
 use crate::analysis::oom::OomDiagnosis;
-use crate::analysis::predict::{PredictConfig, Prediction, Risk};
-use crate::analysis::replay::{AllocatorFigures, Anomalies, ExitRelease, Footprint, Peak, Replay};
+use crate::analysis::predict::{PredictConfig, Prediction};
+use crate::analysis::replay::{Footprint, Peak, Replay};
 use crate::input::Loaded;
 use crate::trace::Trace;
 use crate::trace::event::Events;
 
-/// How the trace is cut into timesteps.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum StepSpec {
-    /// About this many equal-duration steps (fewer for shorter traces).
-    #[default]
-    Auto,
-    /// Steps of this many nanoseconds.
-    Duration(u64),
-    /// Steps of this many events.
-    Events(u64),
-}
-
 /// More rows than this is a mistake on the command line, not a wish.
 const MAX_STEPS: u64 = 20_000_000;
 const AUTO_STEPS: u64 = 1000;
-
-impl FromStr for StepSpec {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let s = s.trim();
-        if s == "auto" {
-            return Ok(StepSpec::Auto);
-        }
-        if let Some(n) = s.strip_suffix("ev") {
-            return match n.trim().parse::<u64>() {
-                Ok(n) if n > 0 => Ok(StepSpec::Events(n)),
-                _ => Err(format!("`{s}`: expected a positive event count such as 5000ev")),
-            };
-        }
-        match humantime::parse_duration(s) {
-            Ok(d) if d.as_nanos() > 0 => Ok(StepSpec::Duration(d.as_nanos().min(u64::MAX as u128) as u64)),
-            _ => Err(format!("`{s}`: expected a duration (10ms, 1s, 500us) or an event count (5000ev)")),
-        }
-    }
-}
-
-impl std::fmt::Display for StepSpec {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            StepSpec::Auto => write!(f, "auto"),
-            StepSpec::Duration(ns) => write!(f, "{}", humantime::format_duration(std::time::Duration::from_nanos(*ns))),
-            StepSpec::Events(n) => write!(f, "{n}ev"),
-        }
-    }
-}
 
 /// Step ends as (index one past the step's last event, t_ns).
 pub fn step_bounds(spec: StepSpec, ts: &[u64]) -> Result<Vec<(usize, u64)>> {
@@ -133,158 +95,6 @@ pub fn step_bounds(spec: StepSpec, ts: &[u64]) -> Result<Vec<(usize, u64)>> {
                 .collect()
         }
     })
-}
-
-/// Analysis options shared by every trace of a run.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Options {
-    pub metrics: MetricsConfig,
-    pub step: StepSpec,
-    /// The reference method: recompute every metric from the sorted live
-    /// set at each row (slow; the benchmark baseline).
-    pub brute_force: bool,
-    /// Device memory capacity for the OOM diagnosis; overrides the trace's.
-    pub capacity: Option<u64>,
-    pub predict: PredictConfig,
-    /// Keep the block and segment lives the pictures draw
-    /// ([`Analysis::layout`]); off for `--no-plots`.
-    pub layout: bool,
-    /// PyTorch snapshots: analyse only this device.
-    pub device: Option<u32>,
-    /// PyTorch snapshots: replay the requests through the allocator model
-    /// under the default sweep of settings ([`whatif`]).
-    pub whatif: bool,
-}
-
-/// One metric row, with the online backtest's view at that step (regular
-/// rows only, once there is enough data).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Row {
-    pub step: u32,
-    pub t_ns: u64,
-    pub pid: u32,
-    pub at_oom: bool,
-    pub metrics: Metrics,
-    pub forecast: Option<Vec<f64>>,
-    /// The fragmentation level the online backtest forecast at this step.
-    pub risk_online: Option<Risk>,
-    /// The OOM risk an online monitor would have reported at this step
-    /// ([`risk`]).
-    pub oom_risk_online: Option<risk::OomRisk>,
-    /// Allocator view only: reserved, allocated and requested bytes and
-    /// PyTorch's fragmentation figure.
-    pub alloc: Option<AllocatorFigures>,
-    /// The iteration this row falls in (None before the first boundary,
-    /// or when no iterations were found).
-    pub iteration: Option<u32>,
-    /// The reserved bytes the producer reported at this instant, summed
-    /// over the process's devices (PyTorch-profiler traces: `Total
-    /// Reserved`); None elsewhere.
-    pub reported_reserved: Option<u64>,
-}
-
-impl Row {
-    /// Reserved bytes: the allocator view's segments, else what the
-    /// producer reported.
-    pub fn reserved_bytes(&self) -> Option<u64> {
-        self.alloc.map(|a| a.reserved_bytes).or(self.reported_reserved)
-    }
-}
-
-/// The prediction of one process and when it first warned.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ProcessPrediction {
-    pub pid: u32,
-    pub prediction: Prediction,
-    /// Steps and seconds between the first online OOM risk ≥ high and the
-    /// process's first OOM (None: no OOM, or no warning before it).
-    pub lead_time: Option<(u32, f64)>,
-}
-
-/// Everything `analyze` computed for one trace.
-#[derive(Clone, Debug)]
-pub struct Analysis {
-    pub trace: Trace,
-    pub events: u64,
-    pub counts_by_kind: crate::trace::event::KindCounts,
-    pub failed_allocs: u64,
-    pub first_ts: u64,
-    pub last_ts: u64,
-    pub step_count: usize,
-    pub rows: Vec<Row>,
-    pub ooms: Vec<OomDiagnosis>,
-    pub predictions: Vec<ProcessPrediction>,
-    pub leaks: Vec<LeakReport>,
-    /// The OOM risk of each device (snapshots), or of the processes'
-    /// device together (device-level traces): the headline.
-    pub oom_risk: Vec<risk::Assessment>,
-    /// The capacity the OOM diagnosis used, if any.
-    pub capacity: Option<u64>,
-    /// What the pictures draw, when `Options::layout` asked for it and
-    /// the trace has device memory.
-    pub layout: Option<layout::Layout>,
-    pub anomalies: Anomalies,
-    /// Blocks that recorded processes still held when they exited.
-    pub exits: Vec<ExitRelease>,
-    /// The iterations of each process (device) where some were found.
-    pub iterations: Vec<Iterations>,
-    pub peaks: Vec<Peak>,
-    /// Peak of the live bytes summed over processes.
-    pub peak_live_total: u64,
-    pub options: Options,
-    /// The allocator view (PyTorch snapshots: one series per device, the
-    /// `pid` fields hold the device index) rather than the device view.
-    pub allocator_view: bool,
-    /// Folded stacks of live memory at the end and the peak (traces with
-    /// stacks), for flamegraph.folded and flamegraph.svg.
-    pub flamegraph: Option<String>,
-    /// Recorded launches by kernel name (eBPF traces with `maps/`).
-    pub kernels: Vec<crate::analysis::kernels::KernelStat>,
-    /// Device allocations by recorded call stack (`record --stacks`).
-    pub alloc_stacks: Vec<crate::analysis::sites::StackStat>,
-    /// Snapshots, and device-level traces with OOMs (with
-    /// `Options::whatif`): the allocator model's fidelity and the default
-    /// sweep of settings.
-    pub whatif: Option<whatif::Whatif>,
-    /// What to do ([`advice`]).
-    pub advice: Vec<advice::Advice>,
-}
-
-impl Analysis {
-    /// What a series is: a process (device view) or a device (allocator view).
-    pub fn unit(&self) -> &'static str {
-        if self.allocator_view { "device" } else { "pid" }
-    }
-
-    /// Time is entry order, not a clock: an imported snapshot whose trace
-    /// entries carry no `time_us` (then 1 ns stands for one entry).
-    pub fn entry_order(&self) -> bool {
-        self.snapshot_details().is_some_and(|d| d.entry_order())
-    }
-
-    /// False for a snapshot that holds no trace history (only the state at
-    /// one instant): OOMs, leaks, iterations and what-if cannot be judged
-    /// from it.
-    pub fn has_history(&self) -> bool {
-        self.snapshot_details().is_none_or(|d| d.reconstruction.iter().map(|r| r.entries).sum::<u64>() > 0)
-    }
-
-    /// What an imported snapshot's `trace.json` says about it.
-    pub fn snapshot_details(&self) -> Option<&crate::trace::details::SnapshotDetails> {
-        self.trace.meta.as_ref().and_then(|m| m.details.snapshot())
-    }
-
-    /// A duration for a reader: seconds, or entries in entry order.
-    pub fn time_text(&self, seconds: f64) -> String {
-        if self.entry_order() {
-            let n = (seconds * 1e9).round() as u64;
-            format!("{n} entr{}", if n == 1 { "y" } else { "ies" })
-        } else if seconds >= 1.0 {
-            format!("{seconds:.2} s")
-        } else {
-            format!("{:.2} ms", seconds * 1e3)
-        }
-    }
 }
 
 /// Loads and analyses one trace directory or snapshot pickle.
@@ -444,8 +254,8 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     // counts too.
     let flushes: Vec<(u32, u64)> =
         analysis.whatif.iter().flat_map(|w| w.flushes.iter()).filter_map(|(d, f)| Some((*d, f.capacity?.0))).collect();
-    analysis.oom_risk = risk::evaluate(
-        &risk::Inputs {
+    analysis.oom_risk = risk_series::evaluate(
+        &risk_series::Inputs {
             events,
             allocator_view,
             peaks: &analysis.peaks,

@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use crate::analysis::oom::OomClass;
 use crate::analysis::predict::Risk;
-use crate::analysis::{Analysis, ProcessPrediction, Row};
+use crate::analysis::result::{Analysis, ProcessPrediction, Row};
 
 /// Score statistics over a process's step rows (OOM rows excluded).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]

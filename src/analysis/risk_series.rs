@@ -1,0 +1,178 @@
+//! The OOM risk of a trace ([`crate::analysis::risk`]'s rule applied to
+//! it): the capacity of each series (given, recorded, inferred from an
+//! `oom` entry or from cache flushes), the online risk of every row from
+//! what was known at its step, and each process's assessment.
+
+use crate::analysis::predict::Risk;
+use crate::analysis::risk::{Assessment, Capacity, CapacitySource, OomRisk, State, TREND_WINDOW, assess};
+
+/// What [`evaluate`] reads of an analysed trace.
+pub(crate) struct Inputs<'a> {
+    pub events: &'a crate::trace::event::Events,
+    pub allocator_view: bool,
+    pub peaks: &'a [crate::analysis::replay::Peak],
+    pub peak_live_total: u64,
+    pub ooms: &'a [crate::analysis::oom::OomDiagnosis],
+    pub given: Option<u64>,
+    pub recorded: Option<u64>,
+    /// Per device, the least capacity its cache flushes allow.
+    pub flushes: &'a [(u32, u64)],
+    /// The fragmentation level of each process's forecast.
+    pub fragmentation: Vec<(u32, Option<Risk>)>,
+}
+
+/// The capacity of a series: given, else recorded, else (snapshots)
+/// inferred from its first `oom` entry that reported CUDA's free memory.
+fn capacity_of(inp: &Inputs<'_>, device: Option<u32>) -> Option<Capacity> {
+    if let Some(bytes) = inp.given {
+        return Some(Capacity { bytes, source: CapacitySource::Given });
+    }
+    if let Some(bytes) = inp.recorded {
+        return Some(Capacity { bytes, source: CapacitySource::Recorded });
+    }
+    let device = device?;
+    inp.ooms
+        .iter()
+        .find(|o| o.pid == device && o.device_free.is_some())
+        .and_then(|o| Some(Capacity { bytes: o.device_free? + o.live_bytes, source: CapacitySource::InferredFromOom }))
+        .or_else(|| {
+            let bytes = inp.flushes.iter().find(|f| f.0 == device)?.1;
+            Some(Capacity { bytes, source: CapacitySource::InferredFromFlushes })
+        })
+}
+
+/// The running maximum of successful request sizes of a series, at each
+/// time it rose: (t_ns, largest so far).
+fn largest_requests(
+    events: &crate::trace::event::Events,
+    device: Option<u32>,
+    allocator_view: bool,
+) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    let mut max = 0;
+    for i in 0..events.len() {
+        let Some(kind) = events.kind[i] else { continue };
+        if events.ret[i] != 0 || !kind.creates_block() || !crate::analysis::replay::tracks(kind, allocator_view) {
+            continue;
+        }
+        if device.is_some_and(|d| events.pid[i] != d) {
+            continue;
+        }
+        let size = events.requested.get(i).copied().filter(|&r| r != u64::MAX && r > 0).unwrap_or(events.size[i]);
+        if size > max {
+            max = size;
+            out.push((events.ts_ns[i], max));
+        }
+    }
+    out
+}
+
+fn largest_at(list: &[(u64, u64)], t: u64) -> u64 {
+    list.partition_point(|x| x.0 <= t).checked_sub(1).map_or(0, |i| list[i].1)
+}
+
+/// The OOM risk of every device, and each regular row's online OOM risk
+/// (`Row::oom_risk_online`): snapshots per device, device-level traces
+/// over all their processes at once.
+pub(crate) fn evaluate(inp: &Inputs<'_>, rows: &mut [crate::analysis::result::Row]) -> Vec<Assessment> {
+    // Each series: its device (None: all processes), and its regular rows
+    // grouped by step.
+    let series: Vec<Option<u32>> =
+        if inp.allocator_view { inp.peaks.iter().map(|p| Some(p.pid)).collect() } else { vec![None] };
+    let mut out = Vec::new();
+    for device in series {
+        let capacity = capacity_of(inp, device);
+        let requests = largest_requests(inp.events, device, inp.allocator_view);
+        let mut steps: Vec<(u32, Vec<usize>)> = Vec::new();
+        for (i, r) in rows.iter().enumerate() {
+            if r.at_oom || device.is_some_and(|d| r.pid != d) {
+                continue;
+            }
+            match steps.last_mut() {
+                Some((s, idx)) if *s == r.step => idx.push(i),
+                _ => steps.push((r.step, vec![i])),
+            }
+        }
+        let oom_times: Vec<u64> =
+            inp.ooms.iter().filter(|o| device.is_none_or(|d| o.pid == d)).map(|o| o.t_ns).collect();
+        let first_oom = oom_times.iter().copied().min();
+        let (mut peak, mut history) = (0u64, Vec::with_capacity(steps.len()));
+        let mut last = State::default();
+        for (k, (_, idx)) in steps.iter().enumerate() {
+            let t = rows[idx[0]].t_ns;
+            let r_now: u64 = idx.iter().map(|&i| r_value(&rows[i], inp.allocator_view)).sum();
+            peak = peak.max(r_now);
+            history.push(r_now as f64);
+            let state = State {
+                peak,
+                reserved_now: idx.iter().map(|&i| rows[i].metrics.span_bytes).sum(),
+                largest_free_now: idx.iter().map(|&i| rows[i].metrics.largest_gap).max().unwrap_or(0),
+                largest_request: largest_at(&requests, t),
+                trend_per_step: crate::analysis::predict::trend(&history, TREND_WINDOW),
+                steps: k + 1,
+                fragmentation: idx.iter().filter_map(|&i| rows[i].risk_online).max(),
+            };
+            let level = match (first_oom, capacity) {
+                (Some(o), _) if o <= t => OomRisk::Oom,
+                (_, None) => OomRisk::Unknown,
+                (_, Some(c)) => assess(c.bytes, &state).0,
+            };
+            for &i in idx {
+                rows[i].oom_risk_online = Some(level);
+            }
+            last = state;
+        }
+        // The whole trace: the exact peak, every request.
+        last.peak = match device {
+            Some(d) => inp.peaks.iter().find(|p| p.pid == d).map_or(last.peak, |p| p.span_bytes.max(last.peak)),
+            None => inp.peak_live_total.max(last.peak),
+        };
+        last.largest_request = requests.last().map_or(0, |x| x.1);
+        last.fragmentation =
+            inp.fragmentation.iter().filter(|(pid, _)| device.is_none_or(|d| *pid == d)).filter_map(|x| x.1).max();
+        out.push(assessment(device, capacity, &last, oom_times.len() as u64, inp.allocator_view));
+    }
+    out
+}
+
+/// R's series value of a row: reserved bytes (snapshots), live bytes.
+fn r_value(r: &crate::analysis::result::Row, allocator_view: bool) -> u64 {
+    if allocator_view { r.alloc.map_or(r.metrics.span_bytes, |a| a.reserved_bytes) } else { r.metrics.live_bytes }
+}
+
+fn assessment(
+    device: Option<u32>,
+    capacity: Option<Capacity>,
+    s: &State,
+    ooms: u64,
+    allocator_view: bool,
+) -> Assessment {
+    let b = crate::units::bytes;
+    let peak_what = if allocator_view { "peak reserved" } else { "peak live" };
+    let (level, reason) = match capacity {
+        _ if ooms > 0 => (OomRisk::Oom, format!("{ooms} request{} failed", if ooms == 1 { "" } else { "s" })),
+        None => (
+            OomRisk::Unknown,
+            "the device's capacity is not known: not recorded, not given with --capacity, and neither an `oom` entry nor a cache flush shows it"
+                .to_string(),
+        ),
+        Some(c) => {
+            let (level, why) = assess(c.bytes, s);
+            (level, format!("{} {} of {}: {}", peak_what, b(s.peak), b(c.bytes), why.join("; ")))
+        }
+    };
+    Assessment {
+        device,
+        level,
+        capacity,
+        peak_bytes: s.peak,
+        peak_what,
+        headroom_bytes: capacity.map(|c| c.bytes.saturating_sub(s.peak)),
+        largest_request_bytes: s.largest_request,
+        room_now_bytes: capacity.map(|c| s.largest_free_now.max(c.bytes.saturating_sub(s.reserved_now))),
+        trend_bytes_per_step: s.trend_per_step,
+        ooms,
+        fragmentation_level: s.fragmentation,
+        reason,
+    }
+}

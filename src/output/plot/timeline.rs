@@ -1,0 +1,191 @@
+//! `timeline.png`: live and reserved bytes, the score and its weighted
+//! components, and the online forecast with its risk strip, panel under
+//! panel on one time axis.
+
+use anyhow::Result;
+use plotters::prelude::*;
+
+use super::frame::{
+    FONT, PlotConfig, TITLE_PAD, Ticked, check_size, draw_err, fit_title, fonts, text_width, time_axis, title_font,
+    x_ticks_for, y_ticks_for,
+};
+use crate::analysis::Analysis;
+use crate::analysis::predict::Risk;
+use crate::output::ticks::{Axis, Unit};
+
+pub(super) type Panel<'a, 'b> = ChartContext<'a, BitMapBackend<'b>, Cartesian2d<Ticked, Ticked>>;
+
+/// Timeline panels whose plot is shorter or narrower than this have no
+/// legend (the widest entry, the forecast's, needs about 440 px).
+pub(super) const LEGEND_FROM_HEIGHT: u32 = 110;
+pub(super) const TIMELINE_LEGEND_FROM_WIDTH: u32 = 460;
+
+/// Height of the forecast panel's risk strip, in score points.
+pub(super) const RISK_STRIP: f64 = 6.0;
+
+/// One timeline panel over the whole trace: axes, labels, `y` range.
+pub(super) fn timeline_panel<'a, 'b>(
+    area: &'a DrawingArea<BitMapBackend<'b>, plotters::coord::Shift>,
+    span: f64,
+    y: std::ops::Range<f64>,
+    y_desc: &str,
+    y_unit: Unit,
+    last: bool,
+    entries: bool,
+) -> Result<Panel<'a, 'b>> {
+    let (w, h) = area.dim_in_pixel();
+    let x_axis = time_axis(span, x_ticks_for(w.saturating_sub(110)), entries, false);
+    // A panel too short for labels (a tiny image) is drawn bare.
+    let tiny = h < 75;
+    let y_axis = if tiny {
+        Axis { at: Vec::new(), labels: Vec::new() }
+    } else {
+        Axis::new(y.start, y.end, y_ticks_for(h.saturating_sub(46)).min(6), y_unit)
+    };
+    // The panels share the time axis: only the last one labels it, and
+    // only when its panel has the room.
+    let x_labels = if last && !tiny { 30 } else { 0 };
+    let mut c = ChartBuilder::on(area)
+        .margin(if tiny { 4 } else { 8 })
+        .margin_right((text_width(x_axis.widest(), 12) / 2 + 4).max(8))
+        .x_label_area_size(x_labels)
+        .y_label_area_size((text_width(y_axis.widest(), 12) + 24).max(84))
+        .build_cartesian_2d(Ticked::new(0f64..span, &x_axis), Ticked::new(y, &y_axis))
+        .map_err(draw_err)?;
+    c.configure_mesh()
+        .label_style((FONT, 12))
+        .y_desc(if tiny { "" } else { y_desc })
+        .x_desc(match (last, entries) {
+            (false, _) => "",
+            (true, true) => "trace entry (no timestamps)",
+            (true, false) => "time",
+        })
+        .x_label_formatter(&|v| x_axis.label(*v))
+        .y_label_formatter(&|v| y_axis.label(*v))
+        .draw()
+        .map_err(draw_err)?;
+    Ok(c)
+}
+
+/// A line series with its legend entry.
+pub(super) fn line<'a, 'b>(
+    c: &mut Panel<'a, 'b>,
+    points: Vec<(f64, f64)>,
+    colour: RGBColor,
+    width: u32,
+    label: &str,
+) -> Result<()> {
+    c.draw_series(LineSeries::new(points, colour.stroke_width(width)))
+        .map_err(draw_err)?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], colour));
+    Ok(())
+}
+
+/// Iteration boundaries (light grey), OOM markers across the panel, then
+/// the legend where the panel is tall enough for it.
+pub(super) fn finish_panel<'a, 'b: 'a>(
+    c: &mut Panel<'a, 'b>,
+    iterations: &[f64],
+    ooms: &[f64],
+    top: f64,
+) -> Result<()> {
+    for &b in iterations {
+        c.draw_series(std::iter::once(PathElement::new(vec![(b, 0.0), (b, top)], RGBColor(190, 190, 190))))
+            .map_err(draw_err)?;
+    }
+    for &o in ooms {
+        c.draw_series(std::iter::once(PathElement::new(vec![(o, 0.0), (o, top)], RED))).map_err(draw_err)?;
+    }
+    let (pw, ph) = c.plotting_area().dim_in_pixel();
+    if ph < LEGEND_FROM_HEIGHT || pw < TIMELINE_LEGEND_FROM_WIDTH {
+        return Ok(());
+    }
+    c.configure_series_labels()
+        .label_font((FONT, 12))
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(draw_err)?;
+    Ok(())
+}
+
+/// Renders the timeline: live bytes; score and its weighted components;
+/// the online forecast; risk bands; OOM markers.
+pub fn render_timeline(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u8>> {
+    fonts()?;
+    let (w, h) = (cfg.width, cfg.height);
+    check_size(w, h)?;
+    let mut buf = vec![255u8; (w * h * 3) as usize];
+    {
+        let root = BitMapBackend::with_buffer(&mut buf, (w, h)).into_drawing_area();
+        let root = root
+            .margin(TITLE_PAD, 0, 0, 0)
+            .titled(
+                &fit_title(&[format!("{} — metrics over time", a.trace.name), a.trace.name.clone()], w),
+                (FONT, title_font(w)),
+            )
+            .map_err(draw_err)?;
+        let panels = root.split_evenly((3, 1));
+        let t0 = a.first_ts;
+        let span = (a.last_ts.max(t0 + 1) - t0) as f64;
+        let pid = cfg.pid.or_else(|| {
+            a.predictions.iter().reduce(|b, p| if p.prediction.risk > b.prediction.risk { p } else { b }).map(|p| p.pid)
+        });
+        let rows: Vec<&crate::analysis::Row> = a.rows.iter().filter(|r| !r.at_oom && Some(r.pid) == pid).collect();
+        let x = |r: &crate::analysis::Row| (r.t_ns - t0) as f64;
+        let ooms: Vec<f64> = a.ooms.iter().filter(|o| Some(o.pid) == pid).map(|o| (o.t_ns - t0) as f64).collect();
+        // Iteration starts, when few enough to tell apart (one per 4 px).
+        let iterations: Vec<f64> = a
+            .iterations
+            .iter()
+            .filter(|it| Some(it.pid) == pid && it.boundaries_t_ns.len() as u32 <= w / 4)
+            .flat_map(|it| it.boundaries_t_ns.iter().map(|&b| b.saturating_sub(t0) as f64))
+            .collect();
+        let entries = a.entry_order();
+        let score: Vec<(f64, f64)> = rows.iter().map(|r| (x(r), r.metrics.score)).collect();
+
+        // 1. Live bytes.
+        let top = rows.iter().map(|r| r.metrics.live_bytes).max().unwrap_or(1).max(1) as f64 * 1.05;
+        let mut c = timeline_panel(&panels[0], span, 0.0..top, "live", Unit::Bytes, false, entries)?;
+        let live = rows.iter().map(|r| (x(r), r.metrics.live_bytes as f64)).collect();
+        line(&mut c, live, BLUE, 2, &format!("live bytes (process {})", pid.unwrap_or(0)))?;
+        finish_panel(&mut c, &iterations, &ooms, top)?;
+
+        // 2. Score and its weighted components, risk bands behind.
+        let mut c = timeline_panel(&panels[1], span, 0.0..100.0, "score", Unit::Count, false, entries)?;
+        for (lo, hi, colour) in [(70.0, 80.0, RGBColor(255, 224, 178)), (80.0, 100.0, RGBColor(255, 205, 210))] {
+            c.draw_series(std::iter::once(Rectangle::new([(0.0, lo), (span, hi)], colour.mix(0.6).filled())))
+                .map_err(draw_err)?;
+        }
+        let names =
+            ["fragmentation (50·2E)", "unusable index (15·K)", "allocation mix (10·(0.6S+0.4C))", "large gaps (25·L)"];
+        let colours = [RGBColor(31, 119, 180), RGBColor(255, 127, 14), RGBColor(44, 160, 44), RGBColor(148, 103, 189)];
+        for (k, (name, colour)) in names.iter().zip(colours).enumerate() {
+            let points =
+                rows.iter().map(|r| (x(r), crate::analysis::metrics::score_components(&r.metrics)[k])).collect();
+            line(&mut c, points, colour, 1, name)?;
+        }
+        line(&mut c, score.clone(), BLACK, 2, "score")?;
+        finish_panel(&mut c, &iterations, &ooms, 100.0)?;
+
+        // 3. Online forecast against the score; the online risk is a strip
+        // along the bottom, so both lines stay visible above it.
+        let mut c = timeline_panel(&panels[2], span, 0.0..100.0, "forecast", Unit::Count, true, entries)?;
+        for pair in rows.windows(2) {
+            let colour = match pair[0].risk_online {
+                Some(Risk::Critical) => RGBColor(255, 205, 210),
+                Some(Risk::High) => RGBColor(255, 224, 178),
+                _ => continue,
+            };
+            let strip = [(x(pair[0]), 0.0), (x(pair[1]), RISK_STRIP)];
+            c.draw_series(std::iter::once(Rectangle::new(strip, colour.filled()))).map_err(draw_err)?;
+        }
+        line(&mut c, score, BLACK, 1, "score")?;
+        let forecast = rows.iter().filter_map(|r| Some((x(r), *r.forecast.as_ref()?.first()?))).collect();
+        line(&mut c, forecast, MAGENTA, 1, "online forecast, next step (strip: fragmentation level high, critical)")?;
+        finish_panel(&mut c, &iterations, &ooms, 100.0)?;
+        root.present().map_err(draw_err)?;
+    }
+    Ok(buf)
+}
