@@ -61,36 +61,22 @@ pub struct Loaded {
 /// Loads a trace directory, or imports a snapshot pickle in memory
 /// (`device` selects one of its devices).
 pub fn open(dir: &Path, device: Option<u32>) -> Result<Loaded> {
-    load(dir, classify(dir), device)
+    let kind = classify(dir);
+    load(dir, kind, device)
 }
 
 /// [`open`] for a path already classified (by [`discover`]).
 pub fn load(dir: &Path, kind: Option<Input>, device: Option<u32>) -> Result<Loaded> {
     let start = std::time::Instant::now();
-    if kind == Some(Input::Snapshot) {
-        let mut events = Events::default();
-        let converted = crate::import::snapshot::convert_file(dir, device, &mut |e| {
-            events.push(&e);
-            Ok(())
-        })?;
-        let stacks = Some(std::sync::Arc::new(converted.stacks));
-        return Ok(imported(dir, converted.meta, stacks, events, start));
-    }
-    if let Some(kind @ (Input::Profiler | Input::Nsys)) = kind {
-        if device.is_some() {
-            bail!("{}: --device selects a device of a PyTorch snapshot; this input is not one", dir.display());
-        }
-        let mut events = Events::default();
-        let mut sink = |e: crate::trace::event::Event| {
-            events.push(&e);
-            Ok(())
+    if let Some(Input::Snapshot | Input::Profiler | Input::Nsys) = kind {
+        // What the loaded trace says of its file, read before the
+        // conversion: the conversion is the last use of the path.
+        let shell = Shell {
+            dir: dir.to_path_buf(),
+            name: dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned()),
+            modified: std::fs::metadata(dir).and_then(|m| m.modified()).ok(),
         };
-        let meta = if kind == Input::Profiler {
-            crate::import::profiler::convert_file(dir, &mut sink)?.meta
-        } else {
-            crate::import::nsys::convert_file(dir, &mut sink)?.meta
-        };
-        return Ok(imported(dir, meta, None, events, start));
+        return convert(dir, kind, device, shell, start);
     }
     if kind.is_none() && dir.exists() && !dir.is_dir() {
         bail!(
@@ -129,26 +115,68 @@ pub fn load(dir: &Path, kind: Option<Input>, device: Option<u32>) -> Result<Load
     Ok(Loaded { trace, events, out_of_order })
 }
 
+/// Converts another tool's file in memory.
+fn convert(
+    dir: &Path,
+    kind: Option<Input>,
+    device: Option<u32>,
+    shell: Shell,
+    start: std::time::Instant,
+) -> Result<Loaded> {
+    if kind == Some(Input::Snapshot) {
+        let mut events = Events::default();
+        let converted = crate::import::snapshot::convert_file(dir, device, &mut |e| {
+            events.push(&e);
+            Ok(())
+        })?;
+        let stacks = Some(std::sync::Arc::new(converted.stacks));
+        return Ok(imported(shell, converted.meta, stacks, events, start));
+    }
+    if let Some(kind @ (Input::Profiler | Input::Nsys)) = kind {
+        if device.is_some() {
+            bail!("{}: --device selects a device of a PyTorch snapshot; this input is not one", dir.display());
+        }
+        let mut events = Events::default();
+        let mut sink = |e: crate::trace::event::Event| {
+            events.push(&e);
+            Ok(())
+        };
+        let meta = if kind == Input::Profiler {
+            crate::import::profiler::convert_file(dir, &mut sink)?.meta
+        } else {
+            crate::import::nsys::convert_file(dir, &mut sink)?.meta
+        };
+        return Ok(imported(shell, meta, None, events, start));
+    }
+    bail!("{}: not a file fragscope converts", dir.display())
+}
+
+/// What a converted trace says of the file it came from.
+struct Shell {
+    dir: PathBuf,
+    name: String,
+    modified: Option<std::time::SystemTime>,
+}
+
 /// A file imported in memory as a trace: its events sorted by time. The
 /// PyTorch columns are there when the importer kept stacks (snapshots).
 fn imported(
-    path: &Path,
+    shell: Shell,
     meta: crate::trace::TraceMeta,
     stacks: Option<std::sync::Arc<crate::trace::Stacks>>,
     mut events: Events,
     start: std::time::Instant,
 ) -> Loaded {
     let out_of_order = events.sort_by_time();
-    let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
     let trace = Trace {
-        dir: path.to_path_buf(),
-        name,
+        dir: shell.dir,
+        name: shell.name,
         meta: Some(meta),
         parts: Vec::new(),
         skipped: Vec::new(),
         pytorch_columns: stacks.is_some(),
         ustack_ids: false,
-        modified: std::fs::metadata(path).and_then(|m| m.modified()).ok(),
+        modified: shell.modified,
         stacks,
     };
     tracing::info!("{}: imported {} events in {:.3} s", trace.name, events.len(), start.elapsed().as_secs_f64());
