@@ -9,6 +9,7 @@ mod batch;
 mod cli;
 mod compare;
 mod diagnosis;
+mod docs;
 mod export;
 mod html;
 mod nsys;
