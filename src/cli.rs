@@ -40,7 +40,7 @@ pub enum Command {
     Synth(SynthArgs),
     /// Replay traces and compute fragmentation metrics, reports and summaries.
     Analyze(AnalyzeArgs),
-    /// Convert a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot), a PyTorch-profiler trace (profile_memory=True) or an Nsight Systems SQLite export into a trace.
+    /// Convert a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot), a PyTorch-profiler trace (profile_memory=True) or an Nsight Systems export (SQLite, or a parquetdir folder) into a trace.
     Import(ImportArgs),
     /// Compare two traces or snapshots: did memory get better or worse from A to B?
     #[command(
@@ -152,7 +152,8 @@ pub struct CompareArgs {
 
 #[derive(Debug, Args)]
 pub struct WhatifArgs {
-    /// A PyTorch memory snapshot pickle.
+    /// A PyTorch memory snapshot pickle (or a trace imported from one), or a device-level trace
+    /// (an eBPF recording, a synthetic trace): its allocations are replayed as the allocator's requests.
     pub input: PathBuf,
     /// Output directory (whatif.json, whatif.md, whatif.png, scenarios/NAME/ trace directories).
     #[arg(short, long)]
@@ -241,7 +242,8 @@ pub struct SynthArgs {
 
 #[derive(Debug, Args)]
 pub struct AnalyzeArgs {
-    /// Trace directories, PyTorch snapshot pickles, or directories of them.
+    /// Trace directories, PyTorch snapshot pickles, PyTorch-profiler traces (.json, .json.gz), Nsight
+    /// Systems exports (.sqlite, parquetdir folders), directories of them, or object-store URLs.
     #[arg(required = true)]
     pub traces: Vec<PathBuf>,
     /// PyTorch snapshots (pickles or imported traces): analyse only this CUDA
@@ -279,12 +281,13 @@ pub struct AnalyzeArgs {
     /// reference implementation's method; slow, for verification).
     #[arg(long)]
     pub brute_force: bool,
-    /// Device memory capacity for the OOM diagnosis (e.g. 80GiB); default:
-    /// the trace's own (synthetic traces and snapshots carry it), else unknown.
+    /// Device memory capacity for the OOM diagnosis and the OOM risk (e.g. 80GiB); default: the
+    /// trace's own (synthetic traces carry it; a snapshot's is inferred from an `oom` entry or from
+    /// PyTorch's cache flushes), else unknown.
     #[arg(long, value_parser = parse_bytes)]
     pub capacity: Option<u64>,
-    /// PyTorch snapshots: do not replay the requests through the allocator
-    /// model (the "What the allocator settings would change" section).
+    /// Do not replay the requests through the allocator model (PyTorch snapshots, and
+    /// device-level traces with OOMs: the "What the allocator settings would change" section).
     #[arg(long)]
     pub no_whatif: bool,
     #[command(flatten)]

@@ -43,6 +43,11 @@
 //!    memory is full, every request failing, has its iterations counted
 //!    only up to there.
 //!
+//! 4. **Launches** (device-level traces whose live memory does not repeat:
+//!    a recording of a program whose allocator caches, as PyTorch's does,
+//!    sees its segments allocated once and kept): the kernel launch
+//!    sequence repeats once per iteration; see [`from_launches`].
+//!
 //! An iteration runs from one boundary to the next; the stretch before the
 //! first boundary and after the last is partial. `complete` counts the
 //! iterations with both ends in the trace; the first complete one is taken
@@ -62,6 +67,7 @@ pub enum IterationSource {
     Annotations,
     CallSites,
     Periodicity,
+    Launches,
 }
 
 impl IterationSource {
@@ -70,6 +76,7 @@ impl IterationSource {
             IterationSource::Annotations => "annotations",
             IterationSource::CallSites => "call-sites",
             IterationSource::Periodicity => "periodicity",
+            IterationSource::Launches => "launches",
         }
     }
 }
@@ -156,7 +163,7 @@ pub fn detect(
     // so only its optimizer steps count.
     from_annotations(pid, annotations).or_else(|| match stacks {
         Some(st) => from_optimizer_steps(events, pid, rows, st),
-        None => from_periodicity(events, pid, rows),
+        None => from_periodicity(events, pid, rows).or_else(|| from_launches(events, pid, rows)),
     })
 }
 
@@ -454,6 +461,106 @@ fn anchor(events: &Events, idx: &[usize], live: &[u64]) -> Option<Vec<usize>> {
     best.map(|(_, _, key)| positions.remove(&key).unwrap_or_default())
 }
 
+/// The fewest times the launch sequence must repeat to count as
+/// iterations.
+const LAUNCH_MIN_REPEATS: usize = 4;
+/// The least share of launches that the launch one period later repeats.
+const LAUNCH_MIN_MATCH: f64 = 0.6;
+/// Fewer launches than this say nothing about a period.
+const LAUNCH_MIN_COUNT: usize = 64;
+
+/// Iterations from the kernel launches alone, for a device-level trace
+/// whose live memory does not repeat (PyTorch's cache keeps its segments,
+/// so a recording of a cached run sees memory rise once and stay): the
+/// sequence of launched kernels repeats once per iteration. An anchor is a
+/// kernel that comes back at near-constant spacing in the launch sequence
+/// (coefficient of variation of its gaps ≤ 0.25, the first gap left out:
+/// the first iteration sets things up), at least four times, eight
+/// launches apart or more. Its launches cut the sequence into periods, and
+/// it is an iteration's when each period repeats the one before: at least
+/// 60 % of its launches (median over the periods) are the same kernels at
+/// the same place, counted from the period's start or from its end (the
+/// layers within one iteration repeat too, but no kernel that runs once
+/// per layer comes back at constant spacing across iterations). Of the anchors, the one whose
+/// period repeats the most launches, then the one seen most often; each of
+/// its launches opens an iteration.
+fn from_launches(events: &Events, pid: u32, rows: &[usize]) -> Option<Iterations> {
+    let launches: Vec<usize> = rows
+        .iter()
+        .copied()
+        .filter(|&i| events.kind[i] == Some(EventKind::Launch) && events.ret[i] == 0)
+        .collect();
+    if launches.len() < LAUNCH_MIN_COUNT {
+        return None;
+    }
+    let kernels: Vec<u64> = launches.iter().map(|&i| events.addr[i]).collect();
+    let mut positions: AHashMap<u64, Vec<usize>> = AHashMap::new();
+    for (k, &f) in kernels.iter().enumerate() {
+        positions.entry(f).or_default().push(k);
+    }
+    // How much of one period's launch sequence the next repeats: the
+    // stretches between consecutive launches of `kernel`, each compared
+    // with the next, launch by launch, aligned at their starts and at their
+    // ends (a step that launches a few more kernels shifts only what comes
+    // after them); the median over at most 64 pairs.
+    let repeats = |pos: &[usize]| -> f64 {
+        let pairs = pos.len().saturating_sub(2);
+        let stride = pairs.div_ceil(64).max(1);
+        let mut shares: Vec<f64> = (0..pairs)
+            .step_by(stride)
+            .map(|i| {
+                let (a, b) = (&kernels[pos[i]..pos[i + 1]], &kernels[pos[i + 1]..pos[i + 2]]);
+                let matched = (0..a.len())
+                    .filter(|&o| {
+                        let tail = a.len() - 1 - o;
+                        (o < b.len() && a[o] == b[o]) || (tail < b.len() && a[o] == b[b.len() - 1 - tail])
+                    })
+                    .count();
+                matched as f64 / a.len().max(b.len()) as f64
+            })
+            .collect();
+        shares.sort_by(f64::total_cmp);
+        shares.get(shares.len() / 2).copied().unwrap_or(0.0)
+    };
+    let mut measured: AHashMap<usize, f64> = AHashMap::new();
+    let mut best: Option<(f64, usize, u64)> = None;
+    for (&kernel, pos) in &positions {
+        if pos.len() < LAUNCH_MIN_REPEATS {
+            continue;
+        }
+        let gaps: Vec<f64> = pos.windows(2).map(|w| (w[1] - w[0]) as f64).collect();
+        let steady = if gaps.len() >= 3 { &gaps[1..] } else { &gaps[..] };
+        let mean = steady.iter().sum::<f64>() / steady.len() as f64;
+        if mean < 8.0 || mean * LAUNCH_MIN_REPEATS as f64 > kernels.len() as f64 + mean {
+            continue;
+        }
+        let sd = (steady.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / steady.len() as f64).sqrt();
+        if sd / mean > ANCHOR_MAX_CV {
+            continue;
+        }
+        let mut sorted: Vec<usize> = pos.windows(2).map(|w| w[1] - w[0]).collect();
+        sorted.sort_unstable();
+        let period = sorted[sorted.len() / 2];
+        if period >= kernels.len() {
+            continue;
+        }
+        let m = *measured.entry(period).or_insert_with(|| repeats(pos));
+        if m < LAUNCH_MIN_MATCH {
+            continue;
+        }
+        let candidate = (m, pos.len(), kernel);
+        let better = best.is_none_or(|b| {
+            candidate.0.total_cmp(&b.0).then(candidate.1.cmp(&b.1)).then(b.2.cmp(&candidate.2)).is_gt()
+        });
+        if better {
+            best = Some(candidate);
+        }
+    }
+    let (_, count, kernel) = best?;
+    let boundaries: Vec<u64> = positions[&kernel].iter().map(|&k| events.ts_ns[launches[k]]).collect();
+    Some(Iterations::new(pid, count, boundaries, IterationSource::Launches))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -516,5 +623,71 @@ mod tests {
         let it = from_periodicity(&events, 1, &rows).unwrap();
         assert_eq!(it.boundaries_t_ns, starts[1..].to_vec());
         assert_eq!((it.count, it.complete), (5, 4));
+    }
+
+    /// A training loop as a cached recording sees it: memory allocated
+    /// once, then a launch sequence that repeats once per step, the layers
+    /// repeating inside each step, the first step longer (set-up).
+    fn cached_training(steps: usize, layers: usize, seed: u64) -> Events {
+        let mut events = Events::default();
+        let mut t = 0;
+        let mut push = |events: &mut Events, kind, addr, size| {
+            t += 1000;
+            events.push(&ev(t, kind, addr, size));
+        };
+        push(&mut events, EventKind::Alloc, 0x1000, 1 << 30);
+        let mut noise = seed;
+        for step in 0..steps {
+            if step == 0 {
+                for k in 0..40 {
+                    push(&mut events, EventKind::Launch, 0x9000 + k, 0);
+                }
+            }
+            push(&mut events, EventKind::Launch, 0x100, 0); // embedding
+            for _ in 0..layers {
+                for k in 0..6 {
+                    push(&mut events, EventKind::Launch, 0x200 + k, 0);
+                }
+            }
+            for _ in 0..layers {
+                for k in 0..9 {
+                    push(&mut events, EventKind::Launch, 0x300 + k, 0);
+                }
+            }
+            // Now and then a step launches a few more kernels.
+            noise = noise.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            for k in 0..if noise >> 62 == 0 { 3 } else { 0 } {
+                push(&mut events, EventKind::Launch, 0x700 + k, 0);
+            }
+            for k in 0..5 {
+                push(&mut events, EventKind::Launch, 0x400 + k, 0); // optimizer
+            }
+        }
+        events
+    }
+
+    #[test]
+    fn launches_give_the_steps_of_a_cached_run_not_its_layers() {
+        for steps in [4, 6, 9] {
+            let events = cached_training(steps, 8, steps as u64);
+            let rows: Vec<usize> = (0..events.len()).collect();
+            assert!(from_periodicity(&events, 1, &rows).is_none(), "live memory is flat: no periodicity");
+            let it = detect(&events, 1, &rows, None, &[]).expect("iterations from the launches");
+            assert_eq!((it.count, it.source), (steps, IterationSource::Launches), "{steps} steps");
+            assert_eq!(it.complete, steps - 1);
+        }
+        // Three repetitions are too few, and a sequence that does not
+        // repeat has no period.
+        let events = cached_training(3, 8, 3);
+        let rows: Vec<usize> = (0..events.len()).collect();
+        assert!(detect(&events, 1, &rows, None, &[]).is_none());
+        let mut random = Events::default();
+        let mut x: u64 = 7;
+        for t in 0..5000 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            random.push(&ev(t * 1000, EventKind::Launch, 0x100 + (x >> 58), 0));
+        }
+        let rows: Vec<usize> = (0..random.len()).collect();
+        assert!(from_launches(&random, 1, &rows).is_none(), "random launches have no period");
     }
 }

@@ -186,3 +186,29 @@ fn the_floors_are_drawn_where_a_verdict_rests_on_iterations() {
     // A generation loop has no iterations: nothing to draw.
     assert!(!tmp.path().join("k/floors.png").exists());
 }
+
+#[test]
+fn recordings_of_cached_training_runs_have_their_steps_from_the_launches() {
+    // `record` of `train --iters 6` (cached) and of `--iters 4` without the
+    // cache: PyTorch keeps its segments, so live device memory does not
+    // repeat, but the launch sequence repeats once per step (534 launches).
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/gpu-h100/ebpf");
+    if !dir.exists() {
+        eprintln!("skipped: {} is not here (only beside the development checkout and CI)", dir.display());
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    for (name, steps) in [("training-default", 6), ("training-expandable", 6), ("training-nocache", 4)] {
+        let (r, md) = analyze(&dir.join(name), &tmp.path().join(name), &[]);
+        let it = &r["iterations"][0];
+        assert_eq!((it["count"].as_u64(), it["source"].as_str()), (Some(steps), Some("launches")), "{name}: {it}");
+        assert_eq!(it["complete"].as_u64(), Some(steps - 1), "{name}");
+        // A healthy run: whatever the recording can tell of it, never a leak.
+        let verdict = r["leaks"][0]["verdict"].as_str().unwrap();
+        assert_ne!(verdict, "leaking", "{name}: {md}");
+        assert!(md.contains("| launches |"), "{name}: the report names the source");
+    }
+    // The OOM workloads launch too few kernels to repeat: no steps claimed.
+    let (r, _) = analyze(&dir.join("varshape-default"), &tmp.path().join("varshape"), &[]);
+    assert_eq!(r["iterations"].as_array().map(Vec::len), Some(0));
+}
