@@ -107,6 +107,12 @@ fn commands(block: &str) -> Vec<Vec<String>> {
         while words.first().is_some_and(|w| w == "sudo" || (w.contains('=') && !w.starts_with('-'))) {
             words.remove(0);
         }
+        // `sudo "$(command -v fragscope)" …`, `./target/release/fragscope …`.
+        if let Some(first) = words.first_mut()
+            && (first == "$(command -v fragscope)" || first.ends_with("/fragscope"))
+        {
+            *first = "fragscope".into();
+        }
         out.push(words);
     }
     out
@@ -198,7 +204,7 @@ fn the_reader_of_commands_and_anchors_is_right() {
     assert_eq!(slug("The `record` command: 1.5× faster (issue 36)"), "the-record-command-15-faster-issue-36");
     assert_eq!(
         commands(
-            "sudo FOO=1 fragscope record -o t -- python a.py   # spawn\nfragscope analyze a \\\n  -o b --shard ${I}/$N_COUNT | head"
+            "sudo FOO=1 \"$(command -v fragscope)\" record -o t -- python a.py   # spawn\nfragscope analyze a \\\n  -o b --shard ${I}/$N_COUNT | head"
         ),
         vec![
             vec!["fragscope", "record", "-o", "t", "--", "python", "a.py"],
