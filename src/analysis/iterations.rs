@@ -485,11 +485,8 @@ const LAUNCH_MIN_COUNT: usize = 64;
 /// period repeats the most launches, then the one seen most often; each of
 /// its launches opens an iteration.
 fn from_launches(events: &Events, pid: u32, rows: &[usize]) -> Option<Iterations> {
-    let launches: Vec<usize> = rows
-        .iter()
-        .copied()
-        .filter(|&i| events.kind[i] == Some(EventKind::Launch) && events.ret[i] == 0)
-        .collect();
+    let launches: Vec<usize> =
+        rows.iter().copied().filter(|&i| events.kind[i] == Some(EventKind::Launch) && events.ret[i] == 0).collect();
     if launches.len() < LAUNCH_MIN_COUNT {
         return None;
     }

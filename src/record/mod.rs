@@ -29,6 +29,7 @@
 //! [`attach`], [`process`]; this module runs a recording.
 
 mod attach;
+mod gpus;
 pub mod libs;
 pub mod probes;
 mod process;
@@ -146,6 +147,9 @@ fn record(
     mut child: Option<&mut Paused>,
     started: Instant,
 ) -> Result<(End, Vec<Attached>)> {
+    // The devices as the driver sees them before the probes go in.
+    let driver = gpus::Driver::open();
+    let gpus_at_start = driver.sample();
     libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, |level, msg| {
         let msg = msg.trim_end();
         match level {
@@ -269,6 +273,7 @@ fn record(
     let mut maps = MapsKeeper::new(writer.dir());
     let mut used_stacks = BTreeSet::new();
     let mut last_part = Instant::now();
+    let mut parts_written = 0u32;
     let deadline = opts.duration.map(|d| Instant::now() + d);
     let end = loop {
         match rb.poll(Duration::from_millis(50)) {
@@ -280,6 +285,10 @@ fn record(
         if writer.buffered() > 0 && last_part.elapsed() >= opts.part_interval {
             writer.flush_part()?;
             maps.refresh();
+            parts_written += 1;
+            if !gpus_at_start.is_empty() {
+                gpus::append_sample(writer.dir(), parts_written, monotonic_ns(), &driver.sample())?;
+            }
             last_part = Instant::now();
         }
         let sig = STOP_SIGNAL.load(Ordering::SeqCst);
@@ -328,13 +337,20 @@ fn record(
             writer.chown(&e.path())?;
         }
     }
+    if !gpus_at_start.is_empty() {
+        gpus::append_sample(writer.dir(), parts_written + 1, monotonic_ns(), &driver.sample())?;
+        writer.chown(&writer.dir().join(gpus::GPUS_FILE))?;
+    }
     let bad = *bad.borrow();
     let m = writer.meta_mut();
     m.lost_events = lost;
+    m.capacity_bytes = gpus::capacity(&gpus_at_start);
     m.details = Details::Record(RecordDetails {
         undecodable_records: bad,
         recording_s: started.elapsed().as_secs_f64(),
         maps: maps.saved(),
+        gpus: gpus_at_start,
+        nvml: driver.unavailable.clone(),
         ..RecordDetails::default()
     });
     Ok((end, attached))
@@ -492,4 +508,12 @@ fn finish(opts: &Options, mut writer: TraceWriter, end: End, attached: &[Attache
         eprintln!("  probed {} ({}): {} functions", a.library.path.display(), a.library.found, a.functions.len());
     }
     Ok(u8::try_from(exit_code).unwrap_or(1))
+}
+
+/// Now on the events' clock (`bpf_ktime_get_ns`: CLOCK_MONOTONIC).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }

@@ -211,6 +211,34 @@ pub struct RecordDetails {
     pub end: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recorder_cpu_s: Option<f64>,
+    /// The GPUs as the driver (NVML) saw them when the recording started.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<Gpu>,
+    /// Why the driver could not be asked (no NVIDIA driver, no NVML).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvml: Option<String>,
+}
+
+/// One GPU as the driver reports it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gpu {
+    /// NVML's index (the order of `nvidia-smi`, which `CUDA_VISIBLE_DEVICES`
+    /// may renumber for the program).
+    pub index: u32,
+    pub name: String,
+    pub total_bytes: u64,
+    /// Used by every process and the driver, at the time of the sample.
+    pub used_bytes: u64,
+    /// The processes with a compute context on it.
+    pub processes: Vec<GpuProcess>,
+}
+
+/// A process using a GPU, and how much of its memory (None when the
+/// driver does not say).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuProcess {
+    pub pid: u32,
+    pub used_bytes: Option<u64>,
 }
 
 /// An imported PyTorch-profiler trace (`import::profiler`).

@@ -4,6 +4,7 @@
 #   workload          linked against them (rpath $ORIGIN/lib64)
 #   workload-static   the runtime and driver linked into the executable
 #   workload-dlopen   not linked; dlopens the runtime (mode `dlopen`)
+#   nvml/libnvidia-ml.so.1   the driver's NVML, answering from $STANDIN_NVML
 set -euo pipefail
 src="$(cd "$(dirname "$0")" && pwd)"
 out="$1"
@@ -17,3 +18,5 @@ $cc "${flags[@]}" -o "$out/workload" "$src/workload.c" -L"$out/lib64" -l:libcuda
   -Wl,-rpath,'$ORIGIN/lib64' -ldl -lpthread
 $cc "${flags[@]}" -o "$out/workload-static" "$src/workload.c" "$src/cudart.c" "$src/cuda.c" -ldl -lpthread
 $cc "${flags[@]}" -Wno-unused-function -DDLOPEN_ONLY -o "$out/workload-dlopen" "$src/workload.c" -ldl -lpthread
+mkdir -p "$out/nvml"
+$cc "${flags[@]}" -fPIC -shared -Wl,-soname,libnvidia-ml.so.1 -o "$out/nvml/libnvidia-ml.so.1" "$src/nvml.c"

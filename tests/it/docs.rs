@@ -71,7 +71,9 @@ fn read(path: &Path) -> Doc {
                     b.push_str(&t);
                 }
             }
-            Event::Start(Tag::Link { dest_url, .. } | Tag::Image { dest_url, .. }) => doc.links.push(dest_url.to_string()),
+            Event::Start(Tag::Link { dest_url, .. } | Tag::Image { dest_url, .. }) => {
+                doc.links.push(dest_url.to_string())
+            }
             Event::Start(Tag::CodeBlock(CodeBlockKind::Fenced(info))) => {
                 block = matches!(info.as_ref(), "sh" | "bash" | "shell").then(String::new);
             }

@@ -693,3 +693,77 @@ fn clear_errors_without_privileges_or_libraries() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("needs root") && stderr.contains("sudo"), "{stderr}");
 }
+
+#[test]
+fn the_driver_gives_the_capacity_and_who_uses_each_gpu() {
+    if !bpf_ready("the_driver_gives_the_capacity_and_who_uses_each_gpu") {
+        return;
+    }
+    let dir = standin();
+    let tmp = tempfile::tempdir().unwrap();
+    let l = libs(dir);
+    let run = |name: &str, driver: Option<&str>| -> PathBuf {
+        let trace = tmp.path().join(name);
+        let mut c = record_cmd(&trace, &[&l[0], &l[1], "--part-interval", "200ms"]);
+        c.arg("--").arg(dir.join("workload")).args(["long", "1"]).env("GT_LOG", tmp.path().join(format!("{name}.gt")));
+        if let Some(spec) = driver {
+            // The stand-in NVML, found as the real one is: by its soname.
+            c.env("STANDIN_NVML", spec).env("LD_LIBRARY_PATH", dir.join("nvml"));
+        }
+        let out = c.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        trace
+    };
+    let meta = |trace: &Path| -> serde_json::Value {
+        serde_json::from_slice(&fs::read(trace.join("trace.json")).unwrap()).unwrap()
+    };
+
+    // Two 80 GiB devices, 1 GiB of the first used by another tenant.
+    let with = run("with-driver", Some("85899345920:1073741824,85899345920:0"));
+    let m = meta(&with);
+    assert_eq!(m["capacity_bytes"].as_u64(), Some(85_899_345_920));
+    let gpus = m["details"]["gpus"].as_array().unwrap();
+    assert_eq!(gpus.len(), 2);
+    assert_eq!(
+        (gpus[0]["total_bytes"].as_u64(), gpus[0]["used_bytes"].as_u64()),
+        (Some(85_899_345_920), Some(1 << 30))
+    );
+    assert!(m["details"].get("nvml").is_none());
+    // A sample at each part: while the workload runs, the driver lists it
+    // on device 0 with the memory it uses.
+    let pid = m["pids"][0].as_u64().unwrap();
+    let samples: Vec<serde_json::Value> = fs::read_to_string(with.join("gpus.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(samples.len() >= 2, "{samples:?}");
+    assert!(
+        samples.iter().any(|s| s["gpus"][0]["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["pid"].as_u64() == Some(pid) && p["used_bytes"].as_u64() == Some(1 << 20))),
+        "the workload (pid {pid}) is never listed: {samples:?}"
+    );
+    // analyze takes the recorded capacity.
+    let out = tmp.path().join("with-out");
+    let status = Command::new(bin()).args(["analyze", "--no-plots", "-o"]).arg(&out).arg(&with).status().unwrap();
+    assert!(status.success());
+    let r: serde_json::Value = serde_json::from_slice(&fs::read(out.join("report.json")).unwrap()).unwrap();
+    assert_eq!(r["oom_risk"][0]["capacity_source"].as_str(), Some("recorded"));
+    assert_eq!(r["oom_risk"][0]["capacity_bytes"].as_u64(), Some(85_899_345_920));
+
+    // Devices of different sizes: no one capacity is true.
+    let m = meta(&run("mixed", Some("85899345920:0,42949672960:0")));
+    assert_eq!((m["capacity_bytes"].as_u64(), m["details"]["gpus"].as_array().map(Vec::len)), (None, Some(2)));
+
+    // No driver loaded (the stand-in then answers as NVML does on such a
+    // machine; CI has no NVML at all, the same to the recorder): capacity
+    // unknown, and why.
+    let without = run("no-driver", Some(""));
+    let m = meta(&without);
+    assert!(m["capacity_bytes"].is_null());
+    assert!(m["details"]["nvml"].as_str().unwrap().starts_with("NVML (libnvidia-ml.so.1) is not available"), "{m}");
+    assert!(!without.join("gpus.jsonl").exists());
+}
