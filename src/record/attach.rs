@@ -61,25 +61,50 @@ pub(super) fn ensure_tracefs() -> Result<()> {
     Ok(())
 }
 
-/// The function symbols a file defines (dynamic and static symbol tables,
-/// version suffixes such as `@@libcudart.so.12` removed).
-pub(super) fn defined_functions(path: &Path) -> Result<std::collections::HashSet<String>> {
-    use object::{Object, ObjectSymbol};
+/// The functions `path` defines, each with its offset in the file (where
+/// a uprobe goes): the symbol's address, through the loadable segment that
+/// holds it. Versioned names (`cudaMalloc@@libcudart.so.12`) count by
+/// their base name.
+pub(super) fn defined_functions(path: &Path) -> Result<std::collections::HashMap<String, usize>> {
+    use object::{Object, ObjectSegment, ObjectSymbol};
     let data = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     let file = object::File::parse(&*data).with_context(|| format!("{}: not an ELF file", path.display()))?;
+    let segments: Vec<(u64, u64, u64)> =
+        file.segments().map(|s| (s.address(), s.file_range().1, s.file_range().0)).collect();
+    let offset = |addr: u64| -> Option<usize> {
+        segments
+            .iter()
+            .find(|&&(at, size, _)| addr >= at && addr < at + size)
+            .and_then(|&(at, _, file_at)| usize::try_from(addr - at + file_at).ok())
+    };
     Ok(file
         .dynamic_symbols()
         .chain(file.symbols())
         .filter(|s| s.is_definition() && s.kind() == object::SymbolKind::Text)
-        .filter_map(|s| s.name().ok().map(|n| n.split('@').next().unwrap_or(n).to_string()))
+        .filter_map(|s| {
+            let name = s.name().ok()?;
+            Some((name.split('@').next().unwrap_or(name).to_string(), offset(s.address())?))
+        })
         .collect())
 }
 
 /// Two links for the file: every wanted function's entry, and return.
-pub(super) fn attach_multi(skel: &skel::RecordSkel, path: &Path, wanted: &[usize]) -> Result<Vec<Link>> {
+/// The probes go at the offsets read from the file ([`defined_functions`]),
+/// not by name: libbpf's own lookup of the names refused NVIDIA's runtime
+/// from PyPI (ENOENT), and probing each function on its own instead made
+/// detaching cost 80 ms a probe (2.8 s for one library).
+pub(super) fn attach_multi(
+    skel: &skel::RecordSkel,
+    path: &Path,
+    wanted: &[usize],
+    defined: &std::collections::HashMap<String, usize>,
+) -> Result<Vec<Link>> {
+    // Each function's offset and cookie, from one list so they stay paired.
+    let (offsets, cookies): (Vec<usize>, Vec<u64>) =
+        wanted.iter().filter_map(|&i| Some((*defined.get(PROBES[i].symbol)?, probes::cookie(i)))).unzip();
     let opts = |retprobe| libbpf_rs::UprobeMultiOpts {
-        syms: wanted.iter().map(|&i| PROBES[i].symbol.to_string()).collect(),
-        cookies: wanted.iter().map(|&i| probes::cookie(i)).collect(),
+        offsets: offsets.clone(),
+        cookies: cookies.clone(),
         retprobe,
         ..Default::default()
     };

@@ -212,14 +212,14 @@ fn record(
                 Group::Memcpy => opts.memcpy,
                 Group::Launch => opts.launch,
             })
-            .filter(|(_, p)| defined.contains(p.symbol))
+            .filter(|(_, p)| defined.contains_key(p.symbol))
             .map(|(i, _)| i)
             .collect();
         if wanted.is_empty() {
             tracing::info!("{}: defines none of the probed CUDA functions; not probed", lib.path.display());
             continue;
         }
-        let lib_links = match multi.then(|| attach_multi(&skel, &lib.path, &wanted)) {
+        let lib_links = match multi.then(|| attach_multi(&skel, &lib.path, &wanted, &defined)) {
             Some(Ok(l)) => l,
             Some(Err(e)) => {
                 tracing::info!("{}: multi-uprobe attach failed ({e:#}); one probe per function", lib.path.display());
