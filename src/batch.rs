@@ -37,6 +37,9 @@ pub struct Options {
     /// Only this shard of the batch.
     pub shard: Option<Shard>,
     pub gates: Gates,
+    /// A PyTorch snapshot of the same run as the (one) recording, joined
+    /// with it ([`crate::input::join`]).
+    pub snapshot: Option<PathBuf>,
 }
 
 /// The CI gates: exit code 3 when one trips.
@@ -60,9 +63,23 @@ pub fn run(args: &Options) -> Result<u8> {
         || crate::store::is_url(&args.output.to_string_lossy());
     let (found, batch) =
         if remote { discover_all(&args.traces)? } else { local(crate::input::discover(&args.traces)?) };
+    if args.snapshot.is_some() && (batch || args.shard.is_some() || remote) {
+        anyhow::bail!("--snapshot joins one recording with one snapshot of the same run: give one local trace");
+    }
     if !batch && args.shard.is_none() && !remote {
         let TraceIn::Local(path, kind) = &found[0].0 else { unreachable!("local inputs") };
-        let a = crate::analysis::analyze_loaded(crate::input::load(path, *kind, opts.device)?, opts)?;
+        let loaded = match &args.snapshot {
+            Some(snapshot) => {
+                let recording = crate::input::load(path, *kind, None)?;
+                let mut joined = crate::input::join(recording, crate::input::open(snapshot, None)?)?;
+                if let Some(d) = opts.device {
+                    joined.events.retain(|e, i| e.pid[i] == d);
+                }
+                joined
+            }
+            None => crate::input::load(path, *kind, opts.device)?,
+        };
+        let a = crate::analysis::analyze_loaded(loaded, opts)?;
         crate::output::write_trace_outputs(&a, &args.output, plot.as_ref())?;
         print!("{}", crate::output::stdout_summary(&a, &args.output));
         return Ok(gate(&[(a.trace.name.clone(), Ok(Summary::of(&a)))], &args.gates));

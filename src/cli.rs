@@ -290,6 +290,10 @@ pub struct AnalyzeArgs {
     /// device-level traces with OOMs: the "What the allocator settings would change" section).
     #[arg(long)]
     pub no_whatif: bool,
+    /// A PyTorch memory snapshot of the same run as the (one) recording: one view of both,
+    /// PyTorch's blocks in its segments and every device allocation PyTorch did not make.
+    #[arg(long, value_name = "SNAPSHOT")]
+    pub snapshot: Option<PathBuf>,
     #[command(flatten)]
     pub predict: PredictArgs,
     #[command(flatten)]
@@ -505,6 +509,7 @@ impl AnalyzeArgs {
                 fail_on_fragmentation: self.gates.fail_on_fragmentation,
                 max_score: self.gates.max_score,
             },
+            snapshot: self.snapshot.clone(),
         }
     }
 

@@ -139,6 +139,23 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
         "leaks": a.leaks.iter().map(leak_json).collect::<Vec<_>>(),
     });
     report["advice"] = json!(a.advice);
+    if let Some(j) = a.snapshot_details().and_then(|d| d.join.as_ref()) {
+        report["join"] = json!({
+            "recording": j.recording,
+            "pids": j.pids,
+            "segments_matched": j.segments_matched,
+            "segments_total": j.segments_total,
+            "clock_offset_ns": j.clock_offset_ns,
+            "clock_disagreement_ns": j.clock_disagreement_ns,
+            "outside": {
+                "allocations": j.outside.allocations,
+                "bytes": j.outside.bytes,
+                "by_library": j.outside.by_library.iter()
+                    .map(|(l, n, b)| json!({"library": l, "allocations": n, "bytes": b}))
+                    .collect::<Vec<_>>(),
+            },
+        });
+    }
     if !a.exits.is_empty() {
         report["released_at_exit"] = json!(a.exits);
     }

@@ -33,6 +33,10 @@ impl Details {
         if let Details::Snapshot(s) = self { Some(s) } else { None }
     }
 
+    pub fn snapshot_mut(&mut self) -> Option<&mut SnapshotDetails> {
+        if let Details::Snapshot(s) = self { Some(s) } else { None }
+    }
+
     /// The reserved bytes a profiler trace reported over time (empty for
     /// other sources).
     pub fn reserved_series(&self) -> &[ReservedSample] {
@@ -99,6 +103,40 @@ pub struct SnapshotDetails {
     pub reconstruction: Vec<Reconstruction>,
     #[serde(default)]
     pub segments: Vec<SegmentRow>,
+    /// Joined with a recording of the same run (`analyze --snapshot`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub join: Option<Join>,
+}
+
+/// What joining a recording with the snapshot matched
+/// ([`crate::input::join`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Join {
+    /// The recording's path.
+    pub recording: String,
+    /// The recorded processes that are the snapshot's.
+    pub pids: Vec<u32>,
+    pub segments_matched: u64,
+    pub segments_total: u64,
+    /// The recording's clock minus the snapshot's, from the matched
+    /// segments.
+    pub clock_offset_ns: i64,
+    /// How far that is from what the recording's own offset between its
+    /// clock and wall time says (the snapshot's clock is wall time), when
+    /// it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock_disagreement_ns: Option<i64>,
+    pub outside: JoinOutside,
+}
+
+/// The device allocations of the snapshot's processes that PyTorch's
+/// allocator did not make.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JoinOutside {
+    pub allocations: u64,
+    pub bytes: u64,
+    /// (library, allocations, bytes).
+    pub by_library: Vec<(String, u64, u64)>,
 }
 
 impl SnapshotDetails {

@@ -626,3 +626,59 @@ fn cache_flushes_give_the_capacity() {
     assert_ne!(r["summary"]["oom_risk"], "unknown");
     assert!(r["advice"].as_array().unwrap().iter().any(|x| x["kind"] == "flush"));
 }
+
+/// A recording made from a generated snapshot's own segments (every
+/// `segment_alloc` a `cudaMalloc` and every `segment_free` a `cudaFree`,
+/// on a clock 5 s ahead), plus one 64 MiB allocation PyTorch did not make:
+/// the join finds the clock, matches every segment, and at the OOM says
+/// what PyTorch's cache held free and what was held outside it.
+#[test]
+fn a_joined_oom_counts_pytorchs_cache_and_what_was_held_outside_it() {
+    use fragscope::trace::event::{Event, EventKind};
+    use fragscope::trace::{Source, TraceMeta, TraceWriter};
+    let Some(dir) = generated() else { return };
+    let snapshot = dir.join("oom.pickle");
+    let loaded = fragscope::input::open(&snapshot, None).unwrap();
+    const AHEAD: u64 = 5_000_000_000;
+    let tmp = tempfile::tempdir().unwrap();
+    let recording = tmp.path().join("recording");
+    let mut meta = TraceMeta::new(Source::Ebpf);
+    meta.mono_to_wall_offset_ns = Some(-(AHEAD as i64));
+    let mut w = TraceWriter::create(&recording, meta, 10_000).unwrap();
+    let e = &loaded.events;
+    let first = e.ts_ns[0] + AHEAD;
+    w.push(Event::new(first, 4242, EventKind::Alloc, 0x10_0000_0000, 64 << 20)).unwrap();
+    let mut segments = 0;
+    for i in 0..e.len() {
+        let kind = match e.kind[i] {
+            Some(EventKind::SegmentAlloc) => EventKind::Alloc,
+            Some(EventKind::SegmentFree) => EventKind::Free,
+            _ => continue,
+        };
+        segments += usize::from(kind == EventKind::Alloc);
+        w.push(Event::new(e.ts_ns[i] + AHEAD, 4242, kind, e.addr[i], e.size[i])).unwrap();
+    }
+    w.finish().unwrap();
+    assert!(segments > 0);
+    let out = tmp.path().join("out");
+    fragscope()
+        .arg("analyze")
+        .arg(&recording)
+        .arg("--snapshot")
+        .arg(&snapshot)
+        .args(["--no-plots", "-o"])
+        .arg(&out)
+        .assert()
+        .success();
+    let r = json(&out.join("report.json"));
+    let j = &r["join"];
+    assert_eq!(j["segments_matched"].as_u64(), Some(segments as u64));
+    assert_eq!(j["segments_total"].as_u64(), Some(segments as u64));
+    assert_eq!(j["clock_offset_ns"].as_i64(), Some(AHEAD as i64));
+    assert_eq!(j["clock_disagreement_ns"].as_i64(), Some(0));
+    assert_eq!((j["outside"]["allocations"].as_u64(), j["outside"]["bytes"].as_u64()), (Some(1), Some(64 << 20)));
+    let md = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(!r["ooms"].as_array().unwrap().is_empty());
+    assert!(md.contains("At the first OOM PyTorch had "), "{md}");
+    assert!(md.contains("64.00 MiB was held outside PyTorch by library unknown"), "{md}");
+}

@@ -212,3 +212,57 @@ fn recordings_of_cached_training_runs_have_their_steps_from_the_launches() {
     let (r, _) = analyze(&dir.join("varshape-default"), &tmp.path().join("varshape"), &[]);
     assert_eq!(r["iterations"].as_array().map(Vec::len), Some(0));
 }
+
+#[test]
+fn a_recording_joined_with_its_snapshot_shows_what_pytorch_did_not_allocate() {
+    // training-default and -expandable were recorded both ways in one run:
+    // PyTorch's 86 segments (79 maps with expandable segments) are among
+    // the recorded allocations, and 10 cuMemAlloc calls, 134 532 616 B,
+    // were not PyTorch's (cuBLAS's workspaces among them).
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/gpu-h100");
+    if !dir.exists() {
+        eprintln!("skipped: {} is not here (only beside the development checkout and CI)", dir.display());
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    for (name, segments) in [("training-default", 86), ("training-expandable", 79)] {
+        let snapshot = dir.join("snapshots").join(format!("{name}.pickle"));
+        let (r, md) =
+            analyze(&dir.join("ebpf").join(name), &tmp.path().join(name), &["--snapshot", snapshot.to_str().unwrap()]);
+        let j = &r["join"];
+        assert_eq!(
+            (j["segments_matched"].as_u64(), j["segments_total"].as_u64()),
+            (Some(segments), Some(segments)),
+            "{name}"
+        );
+        assert_eq!(
+            (j["outside"]["allocations"].as_u64(), j["outside"]["bytes"].as_u64()),
+            (Some(10), Some(134_532_616))
+        );
+        // The clocks agree with the recording's own offset to wall time.
+        assert!(j["clock_disagreement_ns"].as_i64().unwrap() < 1_000_000, "{name}: {j}");
+        // The snapshot's verdicts stand, with the outside memory counted.
+        let (alone, _) = analyze(&snapshot, &tmp.path().join(format!("{name}-alone")), &[]);
+        assert_eq!(r["leaks"][0]["verdict"], alone["leaks"][0]["verdict"]);
+        assert_eq!(r["iterations"][0]["count"], alone["iterations"][0]["count"]);
+        let peak = |r: &serde_json::Value| r["processes"][0]["peak_live_bytes"].as_u64().unwrap();
+        assert!(peak(&r) > peak(&alone) && peak(&r) <= peak(&alone) + 134_532_616, "{} vs {}", peak(&r), peak(&alone));
+        assert_eq!(r["anomalies"]["out_of_order"].as_u64(), Some(0));
+        assert!(
+            md.contains("## Recording and snapshot") && md.contains("128.30 MiB outside PyTorch's allocator"),
+            "{md}"
+        );
+    }
+    // Two different runs share no segment: said, not joined.
+    let out = fragscope()
+        .arg("analyze")
+        .arg(dir.join("ebpf/training-default"))
+        .arg("--snapshot")
+        .arg(dir.join("snapshots/varshape-default.pickle"))
+        .args(["-o"])
+        .arg(tmp.path().join("mismatch"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not the same run"));
+}

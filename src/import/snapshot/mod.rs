@@ -172,6 +172,7 @@ pub fn convert(
         totals,
         reconstruction: reconstructions.clone(),
         segments: table,
+        join: None,
     }));
     Ok(Converted { meta, stacks: std::mem::take(&mut snap.stacks), reconstructions })
 }

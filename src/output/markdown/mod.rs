@@ -9,6 +9,7 @@ mod words;
 use std::fmt::Write as _;
 use std::path::Path;
 
+use self::sections::join_md;
 use self::sections::{advice_md, allocator_md, iterations_md, leaks_md, ooms_md, prediction_md, verdict_md};
 use self::words::{peak_live_text, plural};
 use crate::analysis::Analysis;
@@ -149,6 +150,7 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
 
     if a.allocator_view {
         md.push_str(&allocator_md(a));
+        md.push_str(&join_md(a));
     }
     if !a.kernels.is_empty() {
         let _ = writeln!(

@@ -311,6 +311,9 @@ pub(crate) fn ooms_md(a: &Analysis) -> String {
         let _ = writeln!(md, "\n… and {} more (all in report.json).", a.ooms.len() - shown);
     }
     let first = &a.ooms[0];
+    if a.snapshot_details().is_some_and(|d| d.join.is_some()) {
+        md.push_str(&oom_with_recording(a, first));
+    }
     if let Some(site) = &first.request_site {
         let _ = writeln!(md, "\nThe first failed request came from `{site}`.");
     }
@@ -500,4 +503,76 @@ pub(crate) fn advice_md(a: &Analysis) -> String {
         let _ = writeln!(md, "- {}", i.text);
     }
     md
+}
+
+/// The join of a recording with the snapshot (`analyze --snapshot`): what
+/// matched, and the device memory PyTorch's allocator did not hold.
+pub(crate) fn join_md(a: &Analysis) -> String {
+    let Some(j) = a.snapshot_details().and_then(|d| d.join.as_ref()) else { return String::new() };
+    let mut md = String::from("\n## Recording and snapshot\n\n");
+    let _ = writeln!(
+        md,
+        "Joined with the recording `{}` (pid {}): {} of the snapshot's {} segments matched a recorded `cudaMalloc` of the \
+         same address and size, or the `cuMemMap`s that tile it. The recording's clock minus the snapshot's, the median over them: {:.6} s{}.\n",
+        j.recording,
+        j.pids.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
+        j.segments_matched,
+        j.segments_total,
+        j.clock_offset_ns as f64 / 1e9,
+        j.clock_disagreement_ns.map_or(String::new(), |d| format!(
+            " (the recording's own offset to wall time, the snapshot's clock, agrees to {})",
+            a.time_text(d as f64 / 1e9)
+        ))
+    );
+    if j.outside.allocations == 0 {
+        md.push_str("Every device allocation of the process was PyTorch's.\n");
+        return md;
+    }
+    let _ = writeln!(
+        md,
+        "**{} outside PyTorch's allocator** in {}: device memory no snapshot shows (the math libraries' workspaces, \
+         NCCL, extensions). It is in the figures above, at its own call site, `{}`.\n",
+        bytes(j.outside.bytes),
+        plural(j.outside.allocations, "allocation", "allocations"),
+        crate::input::OUTSIDE
+    );
+    md.push_str("| library | allocations | bytes |\n|---|---|---|\n");
+    for (library, n, b) in &j.outside.by_library {
+        let _ = writeln!(md, "| {library} | {n} | {} |", bytes(*b));
+    }
+    md
+}
+
+/// At an OOM of a snapshot joined with its recording: what PyTorch's cache
+/// held free, and what was held outside PyTorch, by library.
+fn oom_with_recording(a: &Analysis, o: &crate::analysis::oom::OomDiagnosis) -> String {
+    let cache_free = a
+        .rows
+        .iter()
+        .find(|r| r.at_oom && r.pid == o.pid && r.t_ns == o.t_ns)
+        .and_then(|r| r.alloc)
+        .map(|f| f.reserved_bytes.saturating_sub(f.allocated_bytes));
+    let outside: Vec<&crate::analysis::sites::SiteBytes> =
+        o.top_sites.iter().filter(|s| s.site.contains(crate::input::OUTSIDE)).collect();
+    let (held, n): (u64, u64) = outside.iter().fold((0, 0), |(b, k), s| (b + s.bytes, k + s.blocks));
+    let libraries: Vec<&str> = outside.iter().map(|s| s.site.split(':').next().unwrap_or(&s.site)).collect();
+    let mut text = String::from("\nAt the first OOM ");
+    match cache_free {
+        Some(free) => {
+            let _ = write!(text, "PyTorch had {} free in its cache (reserved minus allocated)", bytes(free));
+        }
+        None => text.push_str("PyTorch's cache is not known"),
+    }
+    if n == 0 {
+        text.push_str("; nothing was held outside PyTorch's allocator.\n");
+    } else {
+        let _ = writeln!(
+            text,
+            "; {} was held outside PyTorch by {} ({}).",
+            bytes(held),
+            libraries.join(", "),
+            plural(n, "allocation", "allocations")
+        );
+    }
+    text
 }

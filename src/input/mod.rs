@@ -9,9 +9,13 @@
 //! and every command that reads a trace (analyze, compare, export, whatif)
 //! comes through here. A new input format plugs in here.
 
+mod join;
+
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+
+pub use join::{OUTSIDE, join};
 
 use crate::trace::Trace;
 use crate::trace::details::Details;
