@@ -343,7 +343,9 @@ pub(crate) fn leaks_md(a: &Analysis) -> String {
             Verdict::Leaking => "**leaking**",
             v => v.name(),
         };
-        let floors = if l.floors.is_empty() {
+        // By iterations, floors are compared from three after the warm-up.
+        let compared = l.method != Method::Iterations || l.floors.len() > 3;
+        let floors = if l.floors.is_empty() || !compared {
             "—".to_string()
         } else {
             format!("{} → {}", bytes(l.floor_early_bytes), bytes(l.floor_late_bytes))
