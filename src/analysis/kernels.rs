@@ -1,7 +1,10 @@
 //! Recorded kernel launches by kernel name. `record` stores each launch's
-//! function address (`addr` of `launch` rows: the host-side stub nvcc
-//! emits for a `__global__` function, which carries the kernel's mangled
-//! name); [`crate::trace::symbols`] names it.
+//! function address (`addr` of `launch` rows): on CUDA 12 and older the
+//! host-side stub nvcc emits for a `__global__` function, on CUDA 13 a
+//! handle in the process's heap. The names the program registered with
+//! the runtime (`kernels.json`, [`crate::trace::kernel_names`]) name both;
+//! a launch they do not name is named by the symbol at its address
+//! ([`crate::trace::symbols`]: host stubs of statically linked programs).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -9,6 +12,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::trace::event::{EventKind, Events};
+use crate::trace::kernel_names::{KernelNames, demangle};
 use crate::trace::symbols::Resolver;
 
 /// Launches of one kernel, over all processes.
@@ -28,7 +32,14 @@ type Launched = (u32, u64);
 /// Kernels by launch count (most first), for a trace recorded with maps.
 /// Empty when the trace has no launches or no `maps/` folder.
 pub fn kernel_table(trace_dir: &Path, events: &Events) -> Vec<KernelStat> {
-    if !trace_dir.join("maps").is_dir() {
+    let registered = match KernelNames::read(trace_dir) {
+        Ok(k) => k,
+        Err(e) => {
+            tracing::warn!("{e:#}; kernels are named by symbols only");
+            None
+        }
+    };
+    if !trace_dir.join("maps").is_dir() && registered.is_none() {
         return Vec::new();
     }
     let mut launches: BTreeMap<Launched, (u64, u64)> = BTreeMap::new();
@@ -42,7 +53,20 @@ pub fn kernel_table(trace_dir: &Path, events: &Events) -> Vec<KernelStat> {
     if launches.is_empty() {
         return Vec::new();
     }
-    let names = Resolver::new(trace_dir).names(launches.keys().copied());
+    let by_address = registered.as_ref().map(KernelNames::by_launch_address).unwrap_or_default();
+    let unnamed: Vec<Launched> = launches.keys().copied().filter(|k| !by_address.contains_key(k)).collect();
+    let mut names = if unnamed.is_empty() || !trace_dir.join("maps").is_dir() {
+        std::collections::HashMap::new()
+    } else {
+        Resolver::new(trace_dir).names(unnamed)
+    };
+    for key in launches.keys() {
+        if let Some(name) = by_address.get(key) {
+            names.insert(*key, demangle(name));
+        } else {
+            names.entry(*key).or_insert_with(|| format!("{:#x}", key.1));
+        }
+    }
     let mut by_name: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     for (key, (n, f)) in launches {
         let e = by_name.entry(names[&key].clone()).or_default();

@@ -30,6 +30,7 @@
 
 mod attach;
 mod gpus;
+mod kernels;
 pub mod libs;
 pub mod probes;
 mod process;
@@ -243,12 +244,20 @@ fn record(
     // The ring buffer's callback only queues; the loop below writes.
     let queue: Rc<RefCell<Vec<Event>>> = Rc::default();
     let bad = Rc::new(RefCell::new(0u64));
+    // Kernel names are read from the process at once, while it runs.
+    let kernels: Rc<RefCell<kernels::Kernels>> = Rc::default();
     let mut rb = RingBufferBuilder::new();
     {
-        let (queue, bad) = (queue.clone(), bad.clone());
+        let (queue, bad, kernels) = (queue.clone(), bad.clone(), kernels.clone());
         rb.add(&skel.maps.events, move |data: &[u8]| {
-            match probes::Raw::parse(data).and_then(|r| r.decode()) {
-                Some(e) => queue.borrow_mut().push(e),
+            match probes::Raw::parse(data) {
+                Some(r) => match r.kernel() {
+                    Some(k) => kernels.borrow_mut().add(k),
+                    None => match r.decode() {
+                        Some(e) => queue.borrow_mut().push(e),
+                        None => *bad.borrow_mut() += 1,
+                    },
+                },
                 None => *bad.borrow_mut() += 1,
             }
             0
@@ -330,6 +339,8 @@ fn record(
     if opts.stacks {
         save_stacks(&skel, writer, &used_stacks)?;
     }
+    drop(rb);
+    Rc::try_unwrap(kernels).map(RefCell::into_inner).unwrap_or_default().write(writer)?;
     // Files beside the parts go to the sudo user too.
     if let Ok(rd) = std::fs::read_dir(writer.dir().join("maps")) {
         writer.chown(&writer.dir().join("maps"))?;

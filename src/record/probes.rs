@@ -36,11 +36,17 @@ pub enum Shape {
     Release,
     /// `cuMemMap(ptr, size, offset, handle, flags)`.
     Map,
+    /// `__cudaRegisterFunction(module, hostFun, deviceFun, deviceName, …)`:
+    /// a kernel's host function and its mangled device name.
+    Register,
+    /// `cudaGetKernel(cudaKernel_t *out, const void *hostFun)` and the like:
+    /// the handle CUDA 13's launches pass instead of the host function.
+    GetKernel,
 }
 
 impl Shape {
     fn writes_out_ptr(self) -> bool {
-        matches!(self, Shape::Alloc { .. } | Shape::Create)
+        matches!(self, Shape::Alloc { .. } | Shape::Create | Shape::GetKernel)
     }
 }
 
@@ -89,6 +95,11 @@ pub const PROBES: &[Probe] = &[
     rt("cudaMemcpyAsync_ptsz", K::MemcpyAsync, Shape::Memcpy { stream: Some(4) }, C),
     rt("cudaLaunchKernel", K::Launch, Shape::Launch, L),
     rt("cudaLaunchKernel_ptsz", K::Launch, Shape::Launch, L),
+    // What names a launch (the `kind` is not used: these are not events).
+    rt("__cudaRegisterFunction", K::Launch, Shape::Register, L),
+    rt("__cudaGetKernel", K::Launch, Shape::GetKernel, L),
+    rt("cudaGetKernel", K::Launch, Shape::GetKernel, L),
+    rt("cudaGetFuncBySymbol", K::Launch, Shape::GetKernel, L),
     drv("cuMemAlloc_v2", K::Alloc, Shape::Alloc { stream: NO_STREAM }),
     drv("cuMemFree_v2", K::Free, Shape::Free { stream: NO_STREAM }),
     drv("cuMemAllocAsync", K::AllocAsync, Shape::Alloc { stream: Some(2) }),
@@ -125,6 +136,18 @@ pub fn cookie(index: usize) -> u64 {
     c
 }
 
+/// A record of the probes that name kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelRecord {
+    /// A kernel registered: its host function, and where its mangled
+    /// device name lies in the process's memory.
+    Function { pid: u32, host: u64, name_at: u64 },
+    /// The handle a launch passes for a host function (CUDA 13).
+    Handle { pid: u32, handle: u64, host: u64 },
+    /// A lookup that failed: nothing to name.
+    Failed,
+}
+
 /// One record as the BPF programs write it: `struct event` of
 /// bpf/record.h, as the skeleton generates it.
 pub type Raw = super::skel::types::event;
@@ -139,6 +162,25 @@ impl Raw {
         // cookie is a transparent u32), so every bit pattern is a value;
         // the length was checked and read_unaligned needs no alignment.
         Some(unsafe { std::ptr::read_unaligned(b.as_ptr().cast::<Raw>()) })
+    }
+
+    /// What this record says of a kernel's name, for the probes that name
+    /// launches rather than record events.
+    pub fn kernel(&self) -> Option<KernelRecord> {
+        if self.cookie.0 & cookie_bits::COOKIE_EXIT.0 != 0 {
+            return None;
+        }
+        let p = PROBES.get((self.cookie.0 & COOKIE_INDEX) as usize)?;
+        match p.shape {
+            Shape::Register => {
+                Some(KernelRecord::Function { pid: self.pid, host: self.args[1], name_at: self.args[2] })
+            }
+            Shape::GetKernel if self.ret == 0 && self.result != 0 => {
+                Some(KernelRecord::Handle { pid: self.pid, handle: self.result, host: self.args[1] })
+            }
+            Shape::GetKernel => Some(KernelRecord::Failed),
+            _ => None,
+        }
     }
 
     /// The event this record describes; `None` for a cookie that names no
@@ -185,6 +227,7 @@ impl Raw {
                 cuda.handle = Some(a[3]);
                 (a[0], a[1], None)
             }
+            Shape::Register | Shape::GetKernel => return None,
         };
         Some(self.event(p.kind, addr, size, stream.map(|i| a[i]), cuda))
     }

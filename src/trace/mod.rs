@@ -12,6 +12,7 @@
 pub mod checksum;
 pub mod details;
 pub mod event;
+pub mod kernel_names;
 mod meta;
 mod reader;
 pub mod stacks;

@@ -77,6 +77,32 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, int kind, 
 	return cudaMemcpy(dst, src, count, kind);
 }
 
+/* What nvcc's host code calls before any launch: each kernel's host
+ * function registered with its mangled device name. */
+void __cudaRegisterFunction(void **module, const char *hostFun, char *deviceFun, const char *deviceName,
+			    int threadLimit, void *tid, void *bid, void *bDim, void *gDim, int *wSize)
+{
+	(void)module; (void)hostFun; (void)deviceFun; (void)deviceName; (void)threadLimit;
+	(void)tid; (void)bid; (void)bDim; (void)gDim; (void)wSize;
+}
+
+/* CUDA 13's launches pass a handle made for the host function, an object
+ * in the heap, not the host function itself. */
+struct kernel_handle { const void *host; };
+
+static cudaError_t get_kernel(void **kernel, const void *hostFun)
+{
+	if (!kernel || !hostFun)
+		return cudaErrorInvalidDeviceFunction;
+	struct kernel_handle *h = malloc(sizeof *h);
+	h->host = hostFun;
+	*kernel = h;
+	return cudaSuccess;
+}
+
+cudaError_t __cudaGetKernel(void **kernel, const void *hostFun) { return get_kernel(kernel, hostFun); }
+cudaError_t cudaGetKernel(void **kernel, const void *hostFun) { return get_kernel(kernel, hostFun); }
+
 cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim, void **args, size_t sharedMem, cudaStream_t stream)
 {
 	(void)args; (void)sharedMem; (void)stream;

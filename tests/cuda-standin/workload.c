@@ -321,6 +321,37 @@ static void bind_dlopen(const char *lib)
 	}
 }
 
+#ifndef DLOPEN_ONLY
+/* Kernels as nvcc's host code names them: registered with their mangled
+ * device names, then launched through the host function (CUDA 12) and
+ * through a handle cudaGetKernel made (CUDA 13). Prints the launch
+ * addresses: "host 0x… handle 0x…". */
+void __cudaRegisterFunction(void **, const char *, char *, const char *, int, void *, void *, void *, void *, int *);
+int cudaGetKernel(void **, const void *);
+int cudaLaunchKernel(const void *, dim3, dim3, void **, size_t, void *);
+static void vec_add_stub(void) {}
+static void softmax_stub(void) {}
+static void kernels(void)
+{
+	__cudaRegisterFunction(NULL, (const char *)vec_add_stub, (char *)"_Z6vecAddPfS_S_i", "_Z6vecAddPfS_S_i", -1,
+			       NULL, NULL, NULL, NULL, NULL);
+	__cudaRegisterFunction(NULL, (const char *)softmax_stub, (char *)"_ZN5fused7softmaxILi4EEEvPKfPfi",
+			       "_ZN5fused7softmaxILi4EEEvPKfPfi", -1, NULL, NULL, NULL, NULL, NULL);
+	void *handle = NULL;
+	if (cudaGetKernel(&handle, (const void *)softmax_stub))
+		exit(4);
+	/* A program runs on after registering its kernels (PyTorch does at
+	 * import): the recorder reads the names from the live process. */
+	usleep(300 * 1000);
+	dim3 grid = {1, 1, 1}, block = {32, 1, 1};
+	for (int i = 0; i < 3; i++)
+		cudaLaunchKernel((const void *)vec_add_stub, grid, block, NULL, 0, NULL);
+	for (int i = 0; i < 5; i++)
+		cudaLaunchKernel(handle, grid, block, NULL, 0, NULL);
+	printf("host %p handle %p\n", (void *)vec_add_stub, handle);
+}
+#endif
+
 int main(int argc, char **argv)
 {
 	const char *mode = argc > 1 ? argv[1] : "single";
@@ -350,6 +381,8 @@ int main(int argc, char **argv)
 		oom();
 	else if (!strcmp(mode, "loop"))
 		loop(atoi(argv[2]));
+	else if (!strcmp(mode, "kernels"))
+		kernels();
 	else if (!strcmp(mode, "long"))
 		longrun(atof(argv[2]));
 	else if (!strcmp(mode, "wait")) {

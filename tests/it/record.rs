@@ -767,3 +767,65 @@ fn the_driver_gives_the_capacity_and_who_uses_each_gpu() {
     assert!(m["details"]["nvml"].as_str().unwrap().starts_with("NVML (libnvidia-ml.so.1) is not available"), "{m}");
     assert!(!without.join("gpus.jsonl").exists());
 }
+
+#[test]
+fn kernels_are_named_as_the_program_registered_them_on_cuda_12_and_13() {
+    if !bpf_ready("kernels_are_named_as_the_program_registered_them_on_cuda_12_and_13") {
+        return;
+    }
+    let dir = standin();
+    let tmp = tempfile::tempdir().unwrap();
+    // The workload registers two kernels (host function, mangled name),
+    // launches one through its host function (CUDA 12 and older) and one
+    // through the heap handle cudaGetKernel made (CUDA 13); with the
+    // runtime in a library, and linked into the executable.
+    let linked = libs(dir);
+    let exe_static = format!("--lib={}", dir.join("workload-static").display());
+    for (name, exe, lib_args) in [
+        ("linked", "workload", vec![linked[0].as_str(), linked[1].as_str()]),
+        ("static", "workload-static", vec![exe_static.as_str()]),
+    ] {
+        let trace = tmp.path().join(name);
+        let out = record_cmd(&trace, &lib_args)
+            .arg("--")
+            .arg(dir.join(exe))
+            .arg("kernels")
+            .env("GT_LOG", tmp.path().join(format!("{name}.gt")))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
+        // What the workload launched through: "host 0x… handle 0x…".
+        let said = String::from_utf8_lossy(&out.stdout).to_string();
+        let hex = |key: &str| {
+            let w = said.split_whitespace().skip_while(|w| *w != key).nth(1).unwrap();
+            u64::from_str_radix(w.trim_start_matches("0x"), 16).unwrap()
+        };
+        let k: serde_json::Value = serde_json::from_slice(&fs::read(trace.join("kernels.json")).unwrap()).unwrap();
+        let names: Vec<&str> = k["functions"].as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["_Z6vecAddPfS_S_i", "_ZN5fused7softmaxILi4EEEvPKfPfi"], "{name}");
+        assert!(
+            k["functions"].as_array().unwrap().iter().any(|f| f["host"].as_u64() == Some(hex("host"))),
+            "{name}: {k}"
+        );
+        assert_eq!(k["handles"][0]["handle"].as_u64(), Some(hex("handle")), "{name}: {k}");
+        let report = tmp.path().join(format!("{name}-out"));
+        let status =
+            Command::new(bin()).args(["analyze", "--no-plots", "-o"]).arg(&report).arg(&trace).status().unwrap();
+        assert!(status.success());
+        let r: serde_json::Value = serde_json::from_slice(&fs::read(report.join("report.json")).unwrap()).unwrap();
+        let kernels: Vec<(String, u64)> = r["kernels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| (k["name"].as_str().unwrap().to_string(), k["launches"].as_u64().unwrap()))
+            .collect();
+        assert_eq!(
+            kernels,
+            [
+                ("void fused::softmax<4>(float const*, float*, int)".to_string(), 5),
+                ("vecAdd(float*, float*, float*, int)".to_string(), 3)
+            ],
+            "{name}"
+        );
+    }
+}

@@ -155,7 +155,7 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
     if !a.kernels.is_empty() {
         let _ = writeln!(
             md,
-            "\n## Kernels\n\nLaunches by kernel (symbols from the traced processes' files, demangled):\n\n| kernel | launches | failed |\n|---|---|---|"
+            "\n## Kernels\n\nLaunches by kernel (the names the program registered with the CUDA runtime, else the symbols of the traced processes' files; demangled):\n\n| kernel | launches | failed |\n|---|---|---|"
         );
         for k in a.kernels.iter().take(15) {
             let _ = writeln!(md, "| `{}` | {} | {} |", k.name.replace('|', "\\|"), k.launches, k.failed);
