@@ -140,6 +140,9 @@ static __always_inline int entry(struct pt_regs *ctx)
 	st.ev.args[4] = PT_REGS_PARM5(ctx);
 #ifdef __TARGET_ARCH_x86
 	st.ev.args[5] = ctx->r9;
+	// At entry the stack pointer is at the return address: the caller,
+	// which names the library that asked without a whole stack.
+	bpf_probe_read_user(&st.ev.caller, sizeof(st.ev.caller), (void *)PT_REGS_SP(ctx));
 	if (cookie & COOKIE_STACK_ARGS) {
 		// At entry the stack pointer is at the return address.
 		bpf_probe_read_user(&st.ev.stack, sizeof(st.ev.stack), (void *)(PT_REGS_SP(ctx) + 8));

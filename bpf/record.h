@@ -35,6 +35,7 @@ struct event {
 	enum cookie_bits cookie;
 	__s32 stack_id; // user stack (want_stacks), else -1
 	__u32 pad;
+	__u64 caller;   // the return address at entry: who called (x86-64)
 };
 
 #endif

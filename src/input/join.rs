@@ -16,8 +16,9 @@
 //! - **Outside PyTorch.** Every successful device allocation of those
 //!   processes that matched no segment enters the snapshot's timeline as a
 //!   segment holding one block of its size, from its allocation to its
-//!   free, with a call site of its own: the library that called, where the
-//!   recording has stacks (`record --stacks`), else "library unknown".
+//!   free, with a call site of its own: the library that called (the file
+//!   mapped at the call's return address, which `record` keeps), else
+//!   "library unknown".
 //!   With several devices in the snapshot they go to the device with the
 //!   most matched segments of their process.
 //!
@@ -114,8 +115,9 @@ pub fn join(recording: Loaded, snapshot: Loaded) -> Result<Loaded> {
     let mut by_library: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     let mut out = snapshot.events.clone();
     let to_snapshot_clock = |t: u64| (t as i64 - offset).max(0) as u64;
+    let callers = if outside.is_empty() { HashMap::new() } else { callers(&recording) };
     for a in &outside {
-        let library = library_of(&recording, a.row);
+        let library = library_of(&recording, &callers, a.row);
         let entry = by_library.entry(library.clone()).or_default();
         entry.0 += 1;
         entry.1 += a.size;
@@ -233,11 +235,49 @@ fn match_segments(snap: &Events, rec: &Events, allocs: &[Alloc]) -> Vec<Matched>
     out
 }
 
-/// The library that made the recorded call at `row`: the first frame of
-/// its recorded stack outside CUDA's own libraries, when the recording
-/// has stacks (`record --stacks`).
-fn library_of(recording: &Loaded, row: usize) -> String {
-    let unknown = || "library unknown (record --stacks names it)".to_string();
+/// The return address of each recorded device allocation, read straight
+/// from the recording's parts (the loader keeps no such column), by
+/// (pid, time, address); empty for recordings made before it was kept.
+fn callers(recording: &Loaded) -> HashMap<(u32, u64, u64), u64> {
+    use arrow_array::Array;
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{UInt32Type, UInt64Type};
+    let mut out = HashMap::new();
+    for part in &recording.trace.parts {
+        let Ok(table) = crate::trace::table::Table::open(part) else { continue };
+        let b = table.batch();
+        let (Some(ts), Some(pid), Some(addr), Some(caller)) =
+            (b.column_by_name("ts_ns"), b.column_by_name("pid"), b.column_by_name("addr"), b.column_by_name("caller"))
+        else {
+            continue;
+        };
+        let (Some(ts), Some(pid), Some(addr), Some(caller)) = (
+            ts.as_primitive_opt::<UInt64Type>(),
+            pid.as_primitive_opt::<UInt32Type>(),
+            addr.as_primitive_opt::<UInt64Type>(),
+            caller.as_primitive_opt::<UInt64Type>(),
+        ) else {
+            continue;
+        };
+        for i in (0..b.num_rows()).filter(|&i| caller.is_valid(i)) {
+            out.insert((pid.value(i), ts.value(i), addr.value(i)), caller.value(i));
+        }
+    }
+    out
+}
+
+/// The library that made the recorded call at `row`: the file mapped at
+/// its return address (the process's copied maps say which), else the
+/// first frame of its recorded stack outside CUDA's own libraries.
+fn library_of(recording: &Loaded, callers: &HashMap<(u32, u64, u64), u64>, row: usize) -> String {
+    let e = &recording.events;
+    if let Some(&caller) = callers.get(&(e.pid[row], e.ts_ns[row], e.addr[row]))
+        && let Some((file, _)) =
+            crate::trace::symbols::mapped_file(&recording.trace.dir.join("maps").join(e.pid[row].to_string()), caller)
+    {
+        return file.file_name().map_or_else(|| file.display().to_string(), |n| n.to_string_lossy().into_owned());
+    }
+    let unknown = || "library unknown (no return address or stack recorded)".to_string();
     let (Some(stacks), Some(&id)) = (recording.trace.stacks.as_deref(), recording.events.stack.get(row)) else {
         return unknown();
     };

@@ -64,18 +64,8 @@ fn read_c_string(pid: u32, at: u64) -> Option<String> {
 /// copied maps (`maps`, the format of `/proc/PID/maps`) say was mapped
 /// there: the names lie in the read-only data of the program or library.
 fn read_from_file(maps: &std::path::Path, at: u64) -> Option<String> {
-    let text = std::fs::read_to_string(maps).ok()?;
-    text.lines().find_map(|line| {
-        let mut f = line.split_whitespace();
-        let (range, _, offset) = (f.next()?, f.next()?, f.next()?);
-        let path = f.nth(2)?;
-        let (lo, hi) = range.split_once('-')?;
-        let (lo, hi) = (u64::from_str_radix(lo, 16).ok()?, u64::from_str_radix(hi, 16).ok()?);
-        let offset = u64::from_str_radix(offset, 16).ok()?;
-        (path.starts_with('/') && (lo..hi).contains(&at))
-            .then(|| read_string_at(std::path::Path::new(path), at - lo + offset))
-            .flatten()
-    })
+    let (path, offset) = crate::trace::symbols::mapped_file(maps, at)?;
+    read_string_at(&path, offset)
 }
 
 /// The NUL-terminated string at offset `at` of file `path`.

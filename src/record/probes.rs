@@ -193,7 +193,8 @@ impl Raw {
         let a = &self.args;
         let ok = self.ret == 0;
         let ustack = u32::try_from(self.stack_id).ok();
-        let mut cuda = Cuda { call: Some(p.symbol), ustack, ..Cuda::default() };
+        let caller = (self.caller != 0).then_some(self.caller);
+        let mut cuda = Cuda { call: Some(p.symbol), ustack, caller, ..Cuda::default() };
         let (addr, size, stream) = match p.shape {
             // A failed call's output is not an allocation.
             Shape::Alloc { stream } => (if ok { self.result } else { 0 }, a[1], stream),
@@ -271,8 +272,8 @@ mod tests {
 
     #[test]
     fn parse_reads_the_c_layout() {
-        // The layout of struct event: 11 u64, then 6 u32-sized fields.
-        const RAW_SIZE: usize = 8 * 11 + 4 * 6;
+        // The layout of struct event: 11 u64, 6 u32-sized fields, the caller.
+        const RAW_SIZE: usize = 8 * 11 + 4 * 6 + 8;
         assert_eq!(std::mem::size_of::<Raw>(), RAW_SIZE);
         let mut b = vec![0u8; RAW_SIZE];
         for i in 0..11 {

@@ -155,6 +155,8 @@ pub struct Cuda {
     pub launch: Option<Launch>,
     /// `record --stacks`: the user call stack's id in `ustacks.parquet`.
     pub ustack: Option<u32>,
+    /// The return address at the call's entry: the code that called.
+    pub caller: Option<u64>,
 }
 
 /// A kernel launch's configuration; `addr` holds the function address.

@@ -47,6 +47,14 @@ fn locate(maps: &[Mapping], addr: u64) -> Option<(&Path, u64)> {
     maps.iter().find(|m| m.start <= addr && addr < m.end).map(|m| (m.path.as_path(), addr - m.start + m.offset))
 }
 
+/// The file mapped at `addr` in a process whose maps were copied to
+/// `maps` (the format of `/proc/PID/maps`), and the offset in it.
+pub fn mapped_file(maps: &Path, addr: u64) -> Option<(PathBuf, u64)> {
+    let text = std::fs::read_to_string(maps).ok()?;
+    let maps = parse_maps(&text);
+    locate(&maps, addr).map(|(p, o)| (p.to_path_buf(), o))
+}
+
 /// Names addresses of recorded processes: their copied maps give the file
 /// and offset, the file's symbol tables the name.
 pub struct Resolver {

@@ -47,6 +47,7 @@ pub fn events_schema() -> SchemaRef {
         Field::new("block_z", DataType::UInt32, true),
         Field::new("shared_mem", DataType::UInt64, true),
         Field::new("ustack_id", DataType::UInt32, true),
+        Field::new("caller", DataType::UInt64, true),
     ]))
 }
 
@@ -337,6 +338,7 @@ pub(super) fn part_batch(rows: &[Event]) -> Result<RecordBatch> {
     ]);
     columns.push(Arc::new(UInt64Array::from_iter(rows.iter().map(|e| e.cuda.launch.map(|l| l.shared_mem)))));
     columns.push(Arc::new(UInt32Array::from_iter(rows.iter().map(|e| e.cuda.ustack))));
+    columns.push(Arc::new(UInt64Array::from_iter(rows.iter().map(|e| e.cuda.caller))));
     Ok(RecordBatch::try_new(events_schema(), columns)?)
 }
 

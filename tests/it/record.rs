@@ -829,3 +829,42 @@ fn kernels_are_named_as_the_program_registered_them_on_cuda_12_and_13() {
         );
     }
 }
+
+#[test]
+fn each_call_keeps_the_address_it_returns_to() {
+    if !bpf_ready("each_call_keeps_the_address_it_returns_to") {
+        return;
+    }
+    // The workload calls the runtime from its own code: every recorded
+    // call's return address lies in the workload executable's code, as the
+    // copied maps of the process say (what names the library that asked).
+    let tmp = tempfile::tempdir().unwrap();
+    let (trace, _, _) = record_workload(tmp.path(), &[], &["single"], &[]);
+    let mut parts: Vec<PathBuf> = fs::read_dir(&trace)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("events-"))
+        .collect();
+    parts.sort();
+    let mut checked = 0;
+    for part in parts {
+        let df = read_parquet(&part);
+        let (pid, caller, kind) = (df.u32s("pid"), df.u64s("caller"), df.strs("kind"));
+        for i in 0..df.height() {
+            if kind[i].as_deref() == Some("exit") {
+                continue;
+            }
+            let addr = caller[i].expect("every call has its return address");
+            let maps = fs::read_to_string(trace.join("maps").join(pid[i].unwrap().to_string())).unwrap();
+            let file = maps.lines().find_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                let (lo, hi) = f[0].split_once('-')?;
+                let (lo, hi) = (u64::from_str_radix(lo, 16).ok()?, u64::from_str_radix(hi, 16).ok()?);
+                ((lo..hi).contains(&addr) && f[1].contains('x')).then(|| f.get(5).copied().unwrap_or("").to_string())
+            });
+            assert!(file.as_deref().is_some_and(|f| f.ends_with("/workload")), "call {i}: {addr:#x} in {file:?}");
+            checked += 1;
+        }
+    }
+    assert!(checked > 5, "{checked} calls checked");
+}

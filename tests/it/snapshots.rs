@@ -647,7 +647,10 @@ fn a_joined_oom_counts_pytorchs_cache_and_what_was_held_outside_it() {
     let mut w = TraceWriter::create(&recording, meta, 10_000).unwrap();
     let e = &loaded.events;
     let first = e.ts_ns[0] + AHEAD;
-    w.push(Event::new(first, 4242, EventKind::Alloc, 0x10_0000_0000, 64 << 20)).unwrap();
+    // Called from cuBLAS, as the copied maps of the process say.
+    let mut outside = Event::new(first, 4242, EventKind::Alloc, 0x10_0000_0000, 64 << 20);
+    outside.cuda.caller = Some(0x7f12_3400_1234);
+    w.push(outside).unwrap();
     let mut segments = 0;
     for i in 0..e.len() {
         let kind = match e.kind[i] {
@@ -660,6 +663,12 @@ fn a_joined_oom_counts_pytorchs_cache_and_what_was_held_outside_it() {
     }
     w.finish().unwrap();
     assert!(segments > 0);
+    std::fs::create_dir_all(recording.join("maps")).unwrap();
+    std::fs::write(
+        recording.join("maps/4242"),
+        "7f1234000000-7f1234800000 r-xp 00100000 fe:00 42 /opt/nvidia/cublas/lib/libcublasLt.so.13\n",
+    )
+    .unwrap();
     let out = tmp.path().join("out");
     fragscope()
         .arg("analyze")
@@ -680,5 +689,6 @@ fn a_joined_oom_counts_pytorchs_cache_and_what_was_held_outside_it() {
     let md = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(!r["ooms"].as_array().unwrap().is_empty());
     assert!(md.contains("At the first OOM PyTorch had "), "{md}");
-    assert!(md.contains("64.00 MiB was held outside PyTorch by library unknown"), "{md}");
+    assert!(md.contains("64.00 MiB was held outside PyTorch by libcublasLt.so.13 (1 allocation)"), "{md}");
+    assert_eq!(j["outside"]["by_library"][0]["library"].as_str(), Some("libcublasLt.so.13"));
 }
