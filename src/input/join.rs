@@ -30,7 +30,7 @@ use std::sync::Arc;
 
 use anyhow::{Result, bail};
 
-use crate::input::Loaded;
+use super::loaded::Loaded;
 use crate::trace::Source;
 use crate::trace::details::{Join, JoinOutside};
 use crate::trace::event::{Event, EventKind, Events, Extra, NO_STACK};

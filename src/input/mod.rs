@@ -10,12 +10,14 @@
 //! comes through here. A new input format plugs in here.
 
 mod join;
+mod loaded;
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
 pub use join::{OUTSIDE, join};
+pub use loaded::Loaded;
 
 use crate::trace::Trace;
 use crate::trace::details::Details;
@@ -50,16 +52,6 @@ pub fn classify(path: &Path) -> Option<Input> {
     } else {
         crate::import::profiler::looks_like_profiler_trace(path).then_some(Input::Profiler)
     }
-}
-
-/// A loaded input: the trace, its events sorted by time (symbolised stacks
-/// in `trace.stacks` where recorded), and how many rows were out of time
-/// order in the files.
-#[derive(Debug)]
-pub struct Loaded {
-    pub trace: Trace,
-    pub events: Events,
-    pub out_of_order: u64,
 }
 
 /// Loads a trace directory, or imports a snapshot pickle in memory
