@@ -246,18 +246,30 @@ fn record(
     let bad = Rc::new(RefCell::new(0u64));
     // Kernel names are read from the process at once, while it runs.
     let kernels: Rc<RefCell<kernels::Kernels>> = Rc::default();
+    let mut devices = probes::Devices::default();
     let mut rb = RingBufferBuilder::new();
     {
         let (queue, bad, kernels) = (queue.clone(), bad.clone(), kernels.clone());
         rb.add(&skel.maps.events, move |data: &[u8]| {
             match probes::Raw::parse(data) {
-                Some(r) => match r.kernel() {
-                    Some(k) => kernels.borrow_mut().add(k),
-                    None => match r.decode() {
-                        Some(e) => queue.borrow_mut().push(e),
-                        None => *bad.borrow_mut() += 1,
-                    },
-                },
+                Some(r) => {
+                    if let Some(k) = r.kernel() {
+                        kernels.borrow_mut().add(k);
+                    } else if let Some(d) = r.device() {
+                        devices.apply(d);
+                    } else {
+                        match r.decode() {
+                            Some(mut e) => {
+                                use crate::trace::event::EventKind::{AllocHost, Exit, FreeHost};
+                                if !matches!(e.kind, Exit | AllocHost | FreeHost) {
+                                    e.device = Some(devices.of(e.tid));
+                                }
+                                queue.borrow_mut().push(e)
+                            }
+                            None => *bad.borrow_mut() += 1,
+                        }
+                    }
+                }
                 None => *bad.borrow_mut() += 1,
             }
             0

@@ -42,11 +42,19 @@ pub enum Shape {
     /// `cudaGetKernel(cudaKernel_t *out, const void *hostFun)` and the like:
     /// the handle CUDA 13's launches pass instead of the host function.
     GetKernel,
+    /// `cudaSetDevice(int device)`: the thread's device from now on.
+    SetDevice,
+    /// `cuDevicePrimaryCtxRetain(CUcontext *out, CUdevice dev)`: a
+    /// context and its device.
+    CtxRetain,
+    /// `cuCtxSetCurrent(CUcontext)`, `cuCtxPushCurrent`: the thread's
+    /// context, so its device, from now on.
+    CtxSet,
 }
 
 impl Shape {
     fn writes_out_ptr(self) -> bool {
-        matches!(self, Shape::Alloc { .. } | Shape::Create | Shape::GetKernel)
+        matches!(self, Shape::Alloc { .. } | Shape::Create | Shape::GetKernel | Shape::CtxRetain)
     }
 }
 
@@ -100,6 +108,11 @@ pub const PROBES: &[Probe] = &[
     rt("__cudaGetKernel", K::Launch, Shape::GetKernel, L),
     rt("cudaGetKernel", K::Launch, Shape::GetKernel, L),
     rt("cudaGetFuncBySymbol", K::Launch, Shape::GetKernel, L),
+    // Which device each thread works on (not events either).
+    rt("cudaSetDevice", K::Alloc, Shape::SetDevice, M),
+    drv("cuDevicePrimaryCtxRetain", K::Alloc, Shape::CtxRetain),
+    drv("cuCtxSetCurrent", K::Alloc, Shape::CtxSet),
+    drv("cuCtxPushCurrent_v2", K::Alloc, Shape::CtxSet),
     drv("cuMemAlloc_v2", K::Alloc, Shape::Alloc { stream: NO_STREAM }),
     drv("cuMemFree_v2", K::Free, Shape::Free { stream: NO_STREAM }),
     drv("cuMemAllocAsync", K::AllocAsync, Shape::Alloc { stream: Some(2) }),
@@ -134,6 +147,60 @@ pub fn cookie(index: usize) -> u64 {
         c |= COOKIE_STACK_ARGS;
     }
     c
+}
+
+/// A record of the probes that follow each thread's device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceRecord {
+    /// `cudaSetDevice`.
+    Set {
+        tid: u32,
+        device: i32,
+    },
+    /// A context made for a device.
+    Context {
+        context: u64,
+        device: i32,
+    },
+    /// A thread made a context current.
+    Current {
+        tid: u32,
+        context: u64,
+    },
+    Failed,
+}
+
+/// Each thread's device, from the calls that set it, in the order each
+/// thread made them (a thread's records reach the ring buffer in order).
+/// A thread that set none works on device 0, as the CUDA runtime has it.
+#[derive(Debug, Default)]
+pub struct Devices {
+    of_thread: std::collections::HashMap<u32, i32>,
+    of_context: std::collections::HashMap<u64, i32>,
+}
+
+impl Devices {
+    pub fn apply(&mut self, r: DeviceRecord) {
+        match r {
+            DeviceRecord::Set { tid, device } => {
+                self.of_thread.insert(tid, device);
+            }
+            DeviceRecord::Context { context, device } => {
+                self.of_context.insert(context, device);
+            }
+            DeviceRecord::Current { tid, context } => {
+                if let Some(&d) = self.of_context.get(&context) {
+                    self.of_thread.insert(tid, d);
+                }
+            }
+            DeviceRecord::Failed => {}
+        }
+    }
+
+    /// The device thread `tid` works on now.
+    pub fn of(&self, tid: u32) -> i32 {
+        self.of_thread.get(&tid).copied().unwrap_or(0)
+    }
 }
 
 /// A record of the probes that name kernels.
@@ -183,6 +250,35 @@ impl Raw {
         }
     }
 
+    /// What this record says of a thread's device, for the probes that
+    /// follow devices rather than record events. Failed calls change
+    /// nothing.
+    pub fn device(&self) -> Option<DeviceRecord> {
+        if self.cookie.0 & cookie_bits::COOKIE_EXIT.0 != 0 {
+            return None;
+        }
+        let p = PROBES.get((self.cookie.0 & COOKIE_INDEX) as usize)?;
+        let ok = self.ret == 0;
+        match p.shape {
+            Shape::SetDevice => Some(if ok {
+                DeviceRecord::Set { tid: self.tid, device: self.args[0] as i32 }
+            } else {
+                DeviceRecord::Failed
+            }),
+            Shape::CtxRetain => Some(if ok {
+                DeviceRecord::Context { context: self.result, device: self.args[1] as i32 }
+            } else {
+                DeviceRecord::Failed
+            }),
+            Shape::CtxSet => Some(if ok {
+                DeviceRecord::Current { tid: self.tid, context: self.args[0] }
+            } else {
+                DeviceRecord::Failed
+            }),
+            _ => None,
+        }
+    }
+
     /// The event this record describes; `None` for a cookie that names no
     /// probe (never written by this recorder).
     pub fn decode(&self) -> Option<Event> {
@@ -228,7 +324,7 @@ impl Raw {
                 cuda.handle = Some(a[3]);
                 (a[0], a[1], None)
             }
-            Shape::Register | Shape::GetKernel => return None,
+            Shape::Register | Shape::GetKernel | Shape::SetDevice | Shape::CtxRetain | Shape::CtxSet => return None,
         };
         Some(self.event(p.kind, addr, size, stream.map(|i| a[i]), cuda))
     }

@@ -118,3 +118,17 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
 }
 
 CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) { return ptr && size ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
+
+/* Contexts: one primary context per device, a heap object. */
+typedef struct standin_ctx { int device; } *CUcontext;
+static struct standin_ctx primary[8];
+CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, int dev)
+{
+	if (!pctx || dev < 0 || dev >= 8)
+		return CUDA_ERROR_INVALID_VALUE;
+	primary[dev].device = dev;
+	*pctx = &primary[dev];
+	return CUDA_SUCCESS;
+}
+CUresult cuCtxSetCurrent(CUcontext ctx) { return ctx ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE; }
+

@@ -77,6 +77,9 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, int kind, 
 	return cudaMemcpy(dst, src, count, kind);
 }
 
+/* The thread's device (the stand-in has devices 0 to 7, all alike). */
+cudaError_t cudaSetDevice(int device) { return device >= 0 && device < 8 ? cudaSuccess : cudaErrorInvalidValue; }
+
 /* What nvcc's host code calls before any launch: each kernel's host
  * function registered with its mangled device name. */
 void __cudaRegisterFunction(void **module, const char *hostFun, char *deviceFun, const char *deviceName,

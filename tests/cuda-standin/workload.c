@@ -329,6 +329,48 @@ static void bind_dlopen(const char *lib)
 void __cudaRegisterFunction(void **, const char *, char *, const char *, int, void *, void *, void *, void *, int *);
 int cudaGetKernel(void **, const void *);
 int cudaLaunchKernel(const void *, dim3, dim3, void **, size_t, void *);
+/* Three threads on three devices: the main thread on the default (0), one
+ * after cudaSetDevice(2), one after making device 3's primary context
+ * current through the driver. Each allocates once and frees. */
+int cudaSetDevice(int);
+int cudaMalloc(void **, size_t);
+int cudaFree(void *);
+int cuDevicePrimaryCtxRetain(void **, int);
+int cuCtxSetCurrent(void *);
+int cuMemAlloc_v2(unsigned long long *, size_t);
+int cuMemFree_v2(unsigned long long);
+static void *on_device_2(void *arg)
+{
+	(void)arg;
+	void *p;
+	if (cudaSetDevice(2) || cudaMalloc(&p, 2 << 20))
+		exit(5);
+	cudaFree(p);
+	return NULL;
+}
+static void *on_device_3(void *arg)
+{
+	(void)arg;
+	void *ctx;
+	unsigned long long p;
+	if (cuDevicePrimaryCtxRetain(&ctx, 3) || cuCtxSetCurrent(ctx) || cuMemAlloc_v2(&p, 3 << 20))
+		exit(6);
+	cuMemFree_v2(p);
+	return NULL;
+}
+static void devices(void)
+{
+	void *p;
+	if (cudaMalloc(&p, 1 << 20))
+		exit(7);
+	cudaFree(p);
+	pthread_t a, b;
+	pthread_create(&a, NULL, on_device_2, NULL);
+	pthread_join(a, NULL);
+	pthread_create(&b, NULL, on_device_3, NULL);
+	pthread_join(b, NULL);
+}
+
 static void vec_add_stub(void) {}
 static void softmax_stub(void) {}
 static void kernels(void)
@@ -383,6 +425,8 @@ int main(int argc, char **argv)
 		loop(atoi(argv[2]));
 	else if (!strcmp(mode, "kernels"))
 		kernels();
+	else if (!strcmp(mode, "devices"))
+		devices();
 	else if (!strcmp(mode, "long"))
 		longrun(atof(argv[2]));
 	else if (!strcmp(mode, "wait")) {

@@ -868,3 +868,33 @@ fn each_call_keeps_the_address_it_returns_to() {
     }
     assert!(checked > 5, "{checked} calls checked");
 }
+
+#[test]
+fn every_call_carries_the_device_its_thread_works_on() {
+    if !bpf_ready("every_call_carries_the_device_its_thread_works_on") {
+        return;
+    }
+    // The main thread allocates on the default device (0), a second thread
+    // after cudaSetDevice(2), a third after making device 3's primary
+    // context current through the driver.
+    let tmp = tempfile::tempdir().unwrap();
+    let (trace, _, _) = record_workload(tmp.path(), &[], &["devices"], &[]);
+    let mut by_size: BTreeMap<u64, Vec<Option<i32>>> = BTreeMap::new();
+    for part in fs::read_dir(&trace).unwrap().map(|e| e.unwrap().path()) {
+        if !part.file_name().unwrap().to_string_lossy().starts_with("events-") {
+            continue;
+        }
+        let df = read_parquet(&part);
+        let (kind, size, device) = (df.strs("kind"), df.u64s("size"), df.i32s("device"));
+        for i in 0..df.height() {
+            if kind[i].as_deref() == Some("alloc") {
+                by_size.entry(size[i].unwrap()).or_default().push(device[i]);
+            }
+        }
+    }
+    assert_eq!(
+        by_size,
+        BTreeMap::from([(1 << 20, vec![Some(0)]), (2 << 20, vec![Some(2)]), (3 << 20, vec![Some(3)])]),
+        "allocations by size, with their devices"
+    );
+}
