@@ -147,6 +147,9 @@ static __always_inline int entry(struct pt_regs *ctx)
 		// At entry the stack pointer is at the return address.
 		bpf_probe_read_user(&st.ev.stack, sizeof(st.ev.stack), (void *)(PT_REGS_SP(ctx) + 8));
 	}
+#elif defined(__TARGET_ARCH_arm64)
+	// The link register holds the return address at entry.
+	st.ev.caller = PT_REGS_RET(ctx);
 #endif
 	st.ev.pid = tgid;
 	st.ev.tid = tid;

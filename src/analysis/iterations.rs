@@ -519,9 +519,11 @@ fn from_launches(events: &Events, pid: u32, rows: &[usize]) -> Option<Iterations
         shares.sort_by(f64::total_cmp);
         shares.get(shares.len() / 2).copied().unwrap_or(0.0)
     };
-    let mut measured: AHashMap<usize, f64> = AHashMap::new();
     let mut best: Option<(f64, usize, u64)> = None;
-    for (&kernel, pos) in &positions {
+    // In address order, so that the result does not depend on the map's.
+    let mut candidates: Vec<(&u64, &Vec<usize>)> = positions.iter().collect();
+    candidates.sort_unstable_by_key(|c| *c.0);
+    for (&kernel, pos) in candidates {
         if pos.len() < LAUNCH_MIN_REPEATS {
             continue;
         }
@@ -541,7 +543,9 @@ fn from_launches(events: &Events, pid: u32, rows: &[usize]) -> Option<Iterations
         if period >= kernels.len() {
             continue;
         }
-        let m = *measured.entry(period).or_insert_with(|| repeats(pos));
+        // Each anchor's own periods: another kernel of the same period
+        // cuts the sequence elsewhere.
+        let m = repeats(pos);
         if m < LAUNCH_MIN_MATCH {
             continue;
         }

@@ -25,14 +25,14 @@
 //! The result is analysed as the snapshot is (allocator view, per device),
 //! and `join` in its details says what was matched.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use anyhow::{Result, bail};
 
 use super::loaded::Loaded;
 use crate::trace::Source;
-use crate::trace::details::{Join, JoinOutside};
+use crate::trace::details::{Join, JoinOutside, OutsideSpan};
 use crate::trace::event::{Event, EventKind, Events, Extra, NO_STACK};
 use crate::trace::stacks::{Frame, Stacks};
 
@@ -74,11 +74,15 @@ pub fn join(recording: Loaded, snapshot: Loaded) -> Result<Loaded> {
         .filter(|&i| rec.kind[i].is_some_and(EventKind::is_device_alloc) && rec.ret[i] == 0 && rec.size[i] > 0)
         .map(|i| Alloc { row: i, pid: rec.pid[i], addr: rec.addr[i], size: rec.size[i] })
         .collect();
-    let matched = match_segments(snap, rec, &allocs);
+    let ends = alloc_ends(rec, &allocs);
+    // A first pass without a clock (the earliest unmatched allocation of
+    // each address and size) gives the clock; the second pairs each
+    // segment with the allocation of its address and size nearest in time.
+    let rough = match_segments(snap, rec, &allocs, None);
     let segments_total = (0..snap.len())
         .filter(|&i| matches!(snap.kind[i], Some(EventKind::SegmentAlloc | EventKind::SegmentMap)))
         .count();
-    if matched.is_empty() {
+    if rough.is_empty() {
         bail!(
             "{} and {}: none of the snapshot's {segments_total} segments is among the recording's {} device allocations \
              (address and size): not the same run, or the recording missed the library PyTorch allocates through",
@@ -87,26 +91,42 @@ pub fn join(recording: Loaded, snapshot: Loaded) -> Result<Loaded> {
             allocs.len()
         );
     }
-    let mut offsets: Vec<i64> =
-        matched.iter().map(|m| rec.ts_ns[m.rec_row] as i64 - snap.ts_ns[m.snap_row] as i64).collect();
-    offsets.sort_unstable();
-    let offset = offsets[offsets.len() / 2];
-    // The processes that are the snapshot's, and the device each one's
-    // outside allocations go to.
-    let mut by_pid: HashMap<u32, BTreeMap<u32, usize>> = HashMap::new();
+    let wall = recording.trace.meta.as_ref().and_then(|m| m.mono_to_wall_offset_ns);
+    let offset = clock_offset(snap, rec, &rough, details, wall);
+    let mut matched = match_segments(snap, rec, &allocs, Some(offset));
+    // The snapshot is one process's: the recorded process with most
+    // matches (another rank may share an address and size by chance).
+    let mut per_pid: BTreeMap<u32, usize> = BTreeMap::new();
     for m in &matched {
-        *by_pid.entry(rec.pid[m.rec_row]).or_default().entry(snap.pid[m.snap_row]).or_default() += 1;
+        *per_pid.entry(rec.pid[m.rec_row]).or_default() += 1;
     }
-    let device_of: HashMap<u32, u32> = by_pid
-        .iter()
-        .map(|(&pid, devices)| {
-            (pid, devices.iter().max_by_key(|(d, n)| (**n, std::cmp::Reverse(**d))).map_or(0, |(d, _)| *d))
-        })
-        .collect();
+    let pid = per_pid.iter().max_by_key(|(p, n)| (**n, std::cmp::Reverse(**p))).map(|(p, _)| *p).unwrap_or_default();
+    matched.retain(|m| rec.pid[m.rec_row] == pid);
+    // The device the outside allocations go to: the one with most matches.
+    let mut per_device: BTreeMap<u32, usize> = BTreeMap::new();
+    for m in &matched {
+        *per_device.entry(snap.pid[m.snap_row]).or_default() += 1;
+    }
+    let device = per_device.iter().max_by_key(|(d, n)| (**n, std::cmp::Reverse(**d))).map_or(0, |(d, _)| *d);
     let used: std::collections::HashSet<usize> =
         matched.iter().flat_map(|m| std::iter::once(m.rec_row).chain(m.pages.iter().copied())).collect();
-    let outside: Vec<&Alloc> =
-        allocs.iter().filter(|a| device_of.contains_key(&a.pid) && !used.contains(&a.row)).collect();
+    // Outside: the process's other allocations that were live at some time
+    // within the snapshot's window (before it, PyTorch's own segments freed
+    // before its history began would look like someone else's).
+    let window = |t: u64| t as i64 - offset;
+    let (first, last) =
+        (snap.ts_ns.first().copied().unwrap_or(0) as i64, snap.ts_ns.last().copied().unwrap_or(0) as i64);
+    let outside: Vec<(&Alloc, Option<usize>)> = allocs
+        .iter()
+        .zip(&ends)
+        .filter(|(a, end)| {
+            a.pid == pid
+                && !used.contains(&a.row)
+                && window(rec.ts_ns[a.row]) <= last
+                && end.is_none_or(|f| window(rec.ts_ns[f]) >= first)
+        })
+        .map(|(a, end)| (a, *end))
+        .collect();
 
     // The call site of each outside allocation: its library, where the
     // recording symbolised stacks.
@@ -114,10 +134,14 @@ pub fn join(recording: Loaded, snapshot: Loaded) -> Result<Loaded> {
     let mut site_of: BTreeMap<String, u32> = BTreeMap::new();
     let mut by_library: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     let mut out = snapshot.events.clone();
-    let to_snapshot_clock = |t: u64| (t as i64 - offset).max(0) as u64;
-    let callers = if outside.is_empty() { HashMap::new() } else { callers(&recording) };
-    for a in &outside {
-        let library = library_of(&recording, &callers, a.row);
+    let to_snapshot_clock = |t: u64| (t as i64).saturating_sub(offset).max(0) as u64;
+    let wanted: std::collections::HashSet<(u32, u64, u64)> =
+        outside.iter().map(|(a, _)| (a.pid, rec.ts_ns[a.row], a.addr)).collect();
+    let callers = if outside.is_empty() { HashMap::new() } else { callers(&recording, &wanted) };
+    let mut maps: HashMap<u32, Option<String>> = HashMap::new();
+    let mut spans = Vec::with_capacity(outside.len());
+    for &(a, end) in &outside {
+        let library = library_of(&recording, &callers, &mut maps, a.row);
         let entry = by_library.entry(library.clone()).or_default();
         entry.0 += 1;
         entry.1 += a.size;
@@ -126,44 +150,33 @@ pub fn join(recording: Loaded, snapshot: Loaded) -> Result<Loaded> {
             stacks.stacks.push(vec![(stacks.frames.len() - 1) as u32]);
             (stacks.stacks.len() - 1) as u32
         });
-        let device = device_of[&a.pid];
         let t = to_snapshot_clock(rec.ts_ns[a.row]);
+        // Every row of it carries the outside call site: `whatif` leaves
+        // such rows out of the requests it replays through the allocator.
         let extra = Extra { requested: Some(a.size), stack: Some(stack), device_free: None };
-        out.push(&Event { stream: Some(0), ..Event::new(t, device, EventKind::SegmentAlloc, a.addr, a.size) });
-        out.push(&Event { stream: Some(0), extra, ..Event::new(t, device, EventKind::BlockAlloc, a.addr, a.size) });
-        // Its free, when the recording has one.
-        if let Some(f) = (a.row + 1..rec.len()).find(|&i| {
-            rec.pid[i] == a.pid
-                && rec.addr[i] == a.addr
-                && rec.kind[i].is_some_and(EventKind::is_device_free)
-                && rec.ret[i] == 0
-        }) {
-            let t = to_snapshot_clock(rec.ts_ns[f]);
-            out.push(&Event { stream: Some(0), ..Event::new(t, device, EventKind::BlockFree, a.addr, a.size) });
-            out.push(&Event { stream: Some(0), ..Event::new(t, device, EventKind::SegmentFree, a.addr, a.size) });
+        let row = |t, kind| Event { stream: Some(0), extra, ..Event::new(t, device, kind, a.addr, a.size) };
+        out.push(&row(t, EventKind::SegmentAlloc));
+        out.push(&row(t, EventKind::BlockAlloc));
+        let freed = end.map(|f| to_snapshot_clock(rec.ts_ns[f]));
+        if let Some(t) = freed {
+            out.push(&row(t, EventKind::BlockFree));
+            out.push(&row(t, EventKind::SegmentFree));
         }
+        spans.push(OutsideSpan { from_ns: t, to_ns: freed, bytes: a.size, library });
     }
     let out_of_order = out.sort_by_time();
     let join = Join {
         recording: recording.trace.dir.display().to_string(),
-        pids: {
-            let mut p: Vec<u32> = device_of.keys().copied().collect();
-            p.sort_unstable();
-            p
-        },
+        pids: vec![pid],
         segments_matched: matched.len() as u64,
         segments_total: segments_total as u64,
         clock_offset_ns: offset,
-        clock_disagreement_ns: recording
-            .trace
-            .meta
-            .as_ref()
-            .and_then(|m| m.mono_to_wall_offset_ns)
-            .map(|wall| offset.saturating_add(wall).abs()),
+        clock_disagreement_ns: wall.map(|wall| offset.saturating_add(wall).unsigned_abs().min(i64::MAX as u64) as i64),
         outside: JoinOutside {
             allocations: outside.len() as u64,
-            bytes: outside.iter().map(|a| a.size).sum(),
+            bytes: outside.iter().map(|(a, _)| a.size).sum(),
             by_library: by_library.into_iter().map(|(l, (n, b))| (l, n, b)).collect(),
+            spans,
         },
     };
     let mut trace = snapshot.trace;
@@ -191,42 +204,133 @@ struct Matched {
     pages: Vec<usize>,
 }
 
-/// Each snapshot segment, in time order, with the recording's first
-/// unmatched allocation of its address and size; or, for a `segment_map`,
-/// with the first recorded maps that tile it.
-fn match_segments(snap: &Events, rec: &Events, allocs: &[Alloc]) -> Vec<Matched> {
-    let mut whole: HashMap<(u64, u64), VecDeque<usize>> = HashMap::new();
-    let mut maps: BTreeMap<u64, VecDeque<(usize, u64)>> = BTreeMap::new();
-    for a in allocs {
-        if rec.kind[a.row] == Some(EventKind::MemMap) {
-            maps.entry(a.addr).or_default().push_back((a.row, a.size));
-        } else {
-            whole.entry((a.addr, a.size)).or_default().push_back(a.row);
+/// Each allocation's free: the first successful free of the same process
+/// and address after it, of a kind that frees it (`cudaFree` an
+/// allocation, `cuMemUnmap` a map), and before the next allocation there
+/// (a free the recording missed is not taken from a later allocation).
+fn alloc_ends(rec: &Events, allocs: &[Alloc]) -> Vec<Option<usize>> {
+    let mut at: HashMap<(u32, u64), Vec<usize>> = HashMap::new();
+    for i in 0..rec.len() {
+        let Some(k) = rec.kind[i] else { continue };
+        if rec.ret[i] == 0 && (k.is_device_alloc() || k.is_device_free()) {
+            at.entry((rec.pid[i], rec.addr[i])).or_default().push(i);
         }
     }
+    allocs
+        .iter()
+        .map(|a| {
+            let rows = at.get(&(a.pid, a.addr))?;
+            let map = rec.kind[a.row] == Some(EventKind::MemMap);
+            let after = rows.partition_point(|&r| r <= a.row);
+            rows[after..]
+                .iter()
+                .copied()
+                .take_while(|&r| !rec.kind[r].is_some_and(EventKind::is_device_alloc))
+                .find(|&r| (rec.kind[r] == Some(EventKind::MemUnmap)) == map)
+        })
+        .collect()
+}
+
+/// The recording's clock minus the snapshot's: the median over the
+/// segments the snapshot's history saw. Segments that existed before it
+/// began are stamped with its first entry's time (the reconstruction's),
+/// not theirs, and are left out; with none left, the recording's own
+/// offset to wall time (the snapshot's clock), else every match.
+fn clock_offset(
+    snap: &Events,
+    rec: &Events,
+    matched: &[Matched],
+    details: &crate::trace::details::SnapshotDetails,
+    wall: Option<i64>,
+) -> i64 {
+    let mut start: HashMap<u32, u64> = HashMap::new();
+    for i in 0..snap.len() {
+        start.entry(snap.pid[i]).or_insert(snap.ts_ns[i]);
+    }
+    let had_initial = |d: u32| details.reconstruction.iter().any(|r| r.device == d && r.initial_segments > 0);
+    let offsets = |all: bool| -> Vec<i64> {
+        let mut o: Vec<i64> = matched
+            .iter()
+            .filter(|m| {
+                all || !(had_initial(snap.pid[m.snap_row])
+                    && Some(&snap.ts_ns[m.snap_row]) == start.get(&snap.pid[m.snap_row]))
+            })
+            .map(|m| (rec.ts_ns[m.rec_row] as i64).saturating_sub(snap.ts_ns[m.snap_row] as i64))
+            .collect();
+        o.sort_unstable();
+        o
+    };
+    let seen = offsets(false);
+    if let Some(&o) = seen.get(seen.len() / 2) {
+        return o;
+    }
+    if let Some(w) = wall {
+        return w.saturating_neg();
+    }
+    let all = offsets(true);
+    all.get(all.len() / 2).copied().unwrap_or(0)
+}
+
+/// Each snapshot segment, in time order, paired with an unmatched
+/// recorded allocation of its address and size: the earliest without a
+/// clock, else the one nearest in time on the recording's clock (`offset`:
+/// its clock minus the snapshot's). A `segment_map` is paired with maps
+/// that tile it, page by page, each chosen the same way.
+fn match_segments(snap: &Events, rec: &Events, allocs: &[Alloc], offset: Option<i64>) -> Vec<Matched> {
+    let mut whole: HashMap<(u64, u64), Vec<usize>> = HashMap::new();
+    let mut maps: BTreeMap<u64, Vec<(usize, u64)>> = BTreeMap::new();
+    for a in allocs {
+        if rec.kind[a.row] == Some(EventKind::MemMap) {
+            maps.entry(a.addr).or_default().push((a.row, a.size));
+        } else {
+            whole.entry((a.addr, a.size)).or_default().push(a.row);
+        }
+    }
+    let mut used = std::collections::HashSet::new();
+    // Of `rows`, the unused one to take for a segment at snapshot time `t`.
+    let pick = |rows: &[usize], t: u64, used: &mut std::collections::HashSet<usize>| -> Option<usize> {
+        let free = rows.iter().copied().filter(|r| !used.contains(r));
+        let chosen = match offset {
+            None => free.min(),
+            Some(o) => {
+                let at = (t as i64).saturating_add(o);
+                free.min_by_key(|&r| ((rec.ts_ns[r] as i64).saturating_sub(at).unsigned_abs(), r))
+            }
+        }?;
+        used.insert(chosen);
+        Some(chosen)
+    };
     let mut out = Vec::new();
     for i in 0..snap.len() {
         match snap.kind[i] {
             Some(EventKind::SegmentAlloc) => {
-                if let Some(row) = whole.get_mut(&(snap.addr[i], snap.size[i])).and_then(VecDeque::pop_front) {
+                if let Some(rows) = whole.get(&(snap.addr[i], snap.size[i]))
+                    && let Some(row) = pick(rows, snap.ts_ns[i], &mut used)
+                {
                     out.push(Matched { snap_row: i, rec_row: row, pages: Vec::new() });
                 }
             }
             Some(EventKind::SegmentMap) => {
-                // The pages, from the segment's start up.
-                let (start, end) = (snap.addr[i], snap.addr[i] + snap.size[i]);
+                // The pages, from the segment's start up; taken only when
+                // they tile it.
+                let (start, end) = (snap.addr[i], snap.addr[i].saturating_add(snap.size[i]));
                 let mut at = start;
-                let mut rows = Vec::new();
+                let mut taken = Vec::new();
                 while at < end {
-                    let Some(&(_, size)) = maps.get(&at).and_then(|q| q.front()) else { break };
-                    rows.push(at);
-                    at += size.max(1);
+                    let Some(pages) = maps.get(&at) else { break };
+                    let rows: Vec<usize> = pages.iter().map(|p| p.0).collect();
+                    let Some(row) = pick(&rows, snap.ts_ns[i], &mut used) else { break };
+                    let size = pages.iter().find(|p| p.0 == row).map_or(0, |p| p.1);
+                    taken.push(row);
+                    at = at.saturating_add(size.max(1));
                 }
-                if at == end && !rows.is_empty() {
-                    let mut taken: Vec<usize> =
-                        rows.iter().filter_map(|page| maps.get_mut(page)?.pop_front().map(|(r, _)| r)).collect();
+                if at == end && !taken.is_empty() {
                     let first = taken.remove(0);
                     out.push(Matched { snap_row: i, rec_row: first, pages: taken });
+                } else {
+                    for r in taken {
+                        used.remove(&r);
+                    }
                 }
             }
             _ => {}
@@ -238,7 +342,7 @@ fn match_segments(snap: &Events, rec: &Events, allocs: &[Alloc]) -> Vec<Matched>
 /// The return address of each recorded device allocation, read straight
 /// from the recording's parts (the loader keeps no such column), by
 /// (pid, time, address); empty for recordings made before it was kept.
-fn callers(recording: &Loaded) -> HashMap<(u32, u64, u64), u64> {
+fn callers(recording: &Loaded, wanted: &std::collections::HashSet<(u32, u64, u64)>) -> HashMap<(u32, u64, u64), u64> {
     use arrow_array::Array;
     use arrow_array::cast::AsArray;
     use arrow_array::types::{UInt32Type, UInt64Type};
@@ -260,7 +364,10 @@ fn callers(recording: &Loaded) -> HashMap<(u32, u64, u64), u64> {
             continue;
         };
         for i in (0..b.num_rows()).filter(|&i| caller.is_valid(i)) {
-            out.insert((pid.value(i), ts.value(i), addr.value(i)), caller.value(i));
+            let key = (pid.value(i), ts.value(i), addr.value(i));
+            if wanted.contains(&key) {
+                out.insert(key, caller.value(i));
+            }
         }
     }
     out
@@ -269,13 +376,21 @@ fn callers(recording: &Loaded) -> HashMap<(u32, u64, u64), u64> {
 /// The library that made the recorded call at `row`: the file mapped at
 /// its return address (the process's copied maps say which), else the
 /// first frame of its recorded stack outside CUDA's own libraries.
-fn library_of(recording: &Loaded, callers: &HashMap<(u32, u64, u64), u64>, row: usize) -> String {
+fn library_of(
+    recording: &Loaded,
+    callers: &HashMap<(u32, u64, u64), u64>,
+    maps: &mut HashMap<u32, Option<String>>,
+    row: usize,
+) -> String {
     let e = &recording.events;
-    if let Some(&caller) = callers.get(&(e.pid[row], e.ts_ns[row], e.addr[row]))
-        && let Some((file, _)) =
-            crate::trace::symbols::mapped_file(&recording.trace.dir.join("maps").join(e.pid[row].to_string()), caller)
-    {
-        return file.file_name().map_or_else(|| file.display().to_string(), |n| n.to_string_lossy().into_owned());
+    if let Some(&caller) = callers.get(&(e.pid[row], e.ts_ns[row], e.addr[row])) {
+        // Each process's copied maps are read once.
+        let text = maps.entry(e.pid[row]).or_insert_with(|| {
+            std::fs::read_to_string(recording.trace.dir.join("maps").join(e.pid[row].to_string())).ok()
+        });
+        if let Some((file, _)) = text.as_deref().and_then(|t| crate::trace::symbols::file_at(t, caller)) {
+            return file.file_name().map_or_else(|| file.display().to_string(), |n| n.to_string_lossy().into_owned());
+        }
     }
     let unknown = || "library unknown (no return address or stack recorded)".to_string();
     let (Some(stacks), Some(&id)) = (recording.trace.stacks.as_deref(), recording.events.stack.get(row)) else {
@@ -289,4 +404,44 @@ fn library_of(recording: &Loaded, callers: &HashMap<(u32, u64, u64), u64>, row: 
         .map(|f| f.filename.rsplit('/').next().unwrap_or(&f.filename).to_string())
         .find(|lib| !lib.is_empty() && !lib.starts_with("libcuda") && !lib.starts_with("libcudart"))
         .unwrap_or_else(unknown)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn events(rows: &[(u64, EventKind, u64, u64)]) -> Events {
+        let mut e = Events::default();
+        for &(t, kind, addr, size) in rows {
+            e.push(&Event::new(t, 7, kind, addr, size));
+        }
+        e
+    }
+
+    /// An address freed and allocated again (PyTorch's cache emptied and
+    /// refilled): each allocation ends at its own free, one never freed has
+    /// none, and each snapshot segment is paired with the allocation live at
+    /// its time, not the first of its address and size.
+    #[test]
+    fn reused_addresses_pair_by_time_and_end_at_their_own_free() {
+        use EventKind::{Alloc, Free, SegmentAlloc, SegmentFree};
+        let rec = events(&[
+            (1_000, Alloc, 0x10, 64),
+            (2_000, Free, 0x10, 0),
+            (3_000, Alloc, 0x10, 64),
+            (3_500, Alloc, 0x90, 8),
+        ]);
+        let allocs: Vec<super::Alloc> = [0, 2, 3]
+            .iter()
+            .map(|&row| super::Alloc { row, pid: 7, addr: rec.addr[row], size: rec.size[row] })
+            .collect();
+        assert_eq!(alloc_ends(&rec, &allocs), vec![Some(1), None, None]);
+        // The snapshot saw only the second life of the segment (its clock
+        // 500 ns behind the recording's).
+        let snap = events(&[(2_500, SegmentAlloc, 0x10, 64), (2_900, SegmentFree, 0x10, 64)]);
+        let rough = match_segments(&snap, &rec, &allocs, None);
+        assert_eq!(rough[0].rec_row, 0, "without a clock, the earliest");
+        let timed = match_segments(&snap, &rec, &allocs, Some(500));
+        assert_eq!(timed[0].rec_row, 2, "with the clock, the one live then");
+    }
 }

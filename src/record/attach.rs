@@ -83,8 +83,23 @@ pub(super) fn defined_functions(path: &Path) -> Result<std::collections::HashMap
         .filter(|s| s.is_definition() && s.kind() == object::SymbolKind::Text)
         .filter_map(|s| {
             let name = s.name().ok()?;
-            Some((name.split('@').next().unwrap_or(name).to_string(), offset(s.address())?))
+            // `f@@V2` is the default version, `f@V1` an older one.
+            let older = name.contains('@') && !name.contains("@@");
+            Some((name.split('@').next().unwrap_or(name).to_string(), (older, offset(s.address())?)))
         })
+        // Of several definitions of a name, the default version's, then
+        // the first (the dynamic, exported symbols come first).
+        .fold(std::collections::HashMap::<String, (bool, usize)>::new(), |mut m, (name, (older, at))| {
+            match m.get(&name) {
+                Some(&(was_older, _)) if !(was_older && !older) => {}
+                _ => {
+                    m.insert(name, (older, at));
+                }
+            }
+            m
+        })
+        .into_iter()
+        .map(|(name, (_, at))| (name, at))
         .collect())
 }
 
@@ -114,19 +129,22 @@ pub(super) fn attach_multi(
 }
 
 /// Two links per function (kernels before 6.6).
-pub(super) fn attach_each(skel: &skel::RecordSkel, path: &Path, wanted: &[usize]) -> Result<Vec<Link>> {
+pub(super) fn attach_each(
+    skel: &skel::RecordSkel,
+    path: &Path,
+    wanted: &[usize],
+    defined: &std::collections::HashMap<String, usize>,
+) -> Result<Vec<Link>> {
     let mut links = Vec::with_capacity(wanted.len() * 2);
     for &i in wanted {
         for (prog, retprobe) in [(&skel.progs.on_entry, false), (&skel.progs.on_return, true)] {
             let symbol = PROBES[i].symbol;
-            let o = UprobeOpts {
-                cookie: probes::cookie(i),
-                retprobe,
-                func_name: Some(symbol.into()),
-                ..Default::default()
-            };
+            // At the offset read from the file, as the multi-probe: not by
+            // name, which libbpf's lookup refused for NVIDIA's PyPI runtime.
+            let Some(&at) = defined.get(symbol) else { continue };
+            let o = UprobeOpts { cookie: probes::cookie(i), retprobe, ..Default::default() };
             let link = prog
-                .attach_uprobe_with_opts(-1, path, 0, o)
+                .attach_uprobe_with_opts(-1, path, at, o)
                 .map_err(|e| bpf_error(&format!("attach {symbol} in {} with", path.display()), e))?;
             links.push(link);
         }

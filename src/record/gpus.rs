@@ -5,8 +5,11 @@
 //! part which processes use which device, and how much.
 //!
 //! The trace's capacity is the devices' memory when they all have the
-//! same (events do not carry their device yet, so with devices of
-//! different sizes no one capacity is true, and none is written).
+//! same (`analyze` replays a process's devices as one series yet, so with
+//! devices of different sizes no one capacity is true, and none is
+//! written). It is NVML's total: CUDA's own context takes some of it
+//! (about 0.5 GiB on an H100), so the headroom the OOM risk reads is that
+//! much larger than what the program could allocate.
 
 use std::io::Write;
 use std::path::Path;
@@ -84,8 +87,9 @@ pub(super) fn capacity(gpus: &[Gpu]) -> Option<u64> {
     gpus.iter().all(|g| g.total_bytes == first).then_some(first)
 }
 
-/// Appends one sample to `gpus.jsonl` in the trace directory: the part it
-/// was taken at, the time (the events' clock) and the devices.
+/// Appends one sample to `gpus.jsonl` in the trace directory: how many
+/// parts were written when it was taken, the time (the events' clock) and
+/// the devices.
 pub(super) fn append_sample(dir: &Path, part: u32, t_ns: u64, gpus: &[Gpu]) -> Result<()> {
     let path = dir.join(GPUS_FILE);
     let line = serde_json::to_string(&serde_json::json!({"part": part, "t_ns": t_ns, "gpus": gpus}))?;

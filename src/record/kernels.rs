@@ -72,10 +72,13 @@ fn read_from_file(maps: &std::path::Path, at: u64) -> Option<String> {
 fn read_string_at(path: &std::path::Path, at: u64) -> Option<String> {
     let mut f = std::fs::File::open(path).ok()?;
     std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(at)).ok()?;
+    // Names are mostly short: read 256 bytes at a time (the callback that
+    // reads them must keep up with tens of thousands at start-up).
     let mut buf = vec![0u8; MAX_NAME];
     let mut got = 0;
     while got < buf.len() {
-        match f.read(&mut buf[got..]) {
+        let upto = (got + 256).min(buf.len());
+        match f.read(&mut buf[got..upto]) {
             Ok(0) => break,
             Ok(n) => {
                 got += n;

@@ -210,14 +210,18 @@ mod tests {
         }
     }
 
+    /// The tests that set the environment `discover` reads take turns.
+    static ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     #[test]
     fn discovery_dedups_by_inode_and_follows_cuda_home() {
+        let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
         let dir = tempfile::tempdir().unwrap();
         let lib64 = dir.path().join("lib64");
         fs::create_dir(&lib64).unwrap();
         fs::write(lib64.join("libcudart.so.12"), b"\x7fELF").unwrap();
         std::os::unix::fs::symlink("libcudart.so.12", lib64.join("libcudart.so")).unwrap();
-        // SAFETY: tests in this module do not read CUDA_HOME concurrently.
+        // SAFETY: the tests that set or read the environment here hold ENV.
         unsafe { std::env::set_var("CUDA_HOME", dir.path()) };
         let found = discover(&[], None);
         unsafe { std::env::remove_var("CUDA_HOME") };
@@ -228,6 +232,7 @@ mod tests {
 
     #[test]
     fn link_stubs_are_not_probed() {
+        let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
         assert!(is_link_stub(Path::new("/usr/local/cuda/lib64/stubs/libcuda.so")));
         assert!(!is_link_stub(Path::new("/usr/lib/x86_64-linux-gnu/libcuda.so.1")));
         let dir = tempfile::tempdir().unwrap();
@@ -236,7 +241,7 @@ mod tests {
         fs::write(stubs.join("libcuda.so"), b"\x7fELF").unwrap();
         fs::write(dir.path().join("libcudart.so.13"), b"\x7fELF").unwrap();
         let path = std::env::join_paths([dir.path(), &stubs]).unwrap();
-        // SAFETY: tests in this module do not read LD_LIBRARY_PATH concurrently.
+        // SAFETY: the tests that set or read the environment here hold ENV.
         let before = std::env::var_os("LD_LIBRARY_PATH");
         unsafe { std::env::set_var("LD_LIBRARY_PATH", &path) };
         let found = discover(&[], None);

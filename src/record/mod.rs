@@ -224,9 +224,9 @@ fn record(
             Some(Ok(l)) => l,
             Some(Err(e)) => {
                 tracing::info!("{}: multi-uprobe attach failed ({e:#}); one probe per function", lib.path.display());
-                attach_each(&skel, &lib.path, &wanted)?
+                attach_each(&skel, &lib.path, &wanted, &defined)?
             }
-            None => attach_each(&skel, &lib.path, &wanted)?,
+            None => attach_each(&skel, &lib.path, &wanted, &defined)?,
         };
         links.extend(lib_links);
         attached.push(Attached { library: lib.clone(), functions: wanted.iter().map(|&i| PROBES[i].symbol).collect() });
@@ -294,7 +294,6 @@ fn record(
     let mut maps = MapsKeeper::new(writer.dir());
     let mut used_stacks = BTreeSet::new();
     let mut last_part = Instant::now();
-    let mut parts_written = 0u32;
     let deadline = opts.duration.map(|d| Instant::now() + d);
     let end = loop {
         match rb.poll(Duration::from_millis(50)) {
@@ -306,9 +305,14 @@ fn record(
         if writer.buffered() > 0 && last_part.elapsed() >= opts.part_interval {
             writer.flush_part()?;
             maps.refresh();
-            parts_written += 1;
             if !gpus_at_start.is_empty() {
-                gpus::append_sample(writer.dir(), parts_written, monotonic_ns(), &driver.sample())?;
+                // The parts written so far (full ones flush on their own);
+                // a sample that cannot be written costs a warning, not the
+                // recording.
+                let parts = writer.meta_mut().parts;
+                if let Err(e) = gpus::append_sample(writer.dir(), parts, monotonic_ns(), &driver.sample()) {
+                    tracing::warn!("{e:#}");
+                }
             }
             last_part = Instant::now();
         }
@@ -361,8 +365,11 @@ fn record(
         }
     }
     if !gpus_at_start.is_empty() {
-        gpus::append_sample(writer.dir(), parts_written + 1, monotonic_ns(), &driver.sample())?;
-        writer.chown(&writer.dir().join(gpus::GPUS_FILE))?;
+        let parts = writer.meta_mut().parts;
+        match gpus::append_sample(writer.dir(), parts, monotonic_ns(), &driver.sample()) {
+            Ok(()) => writer.chown(&writer.dir().join(gpus::GPUS_FILE))?,
+            Err(e) => tracing::warn!("{e:#}"),
+        }
     }
     let bad = *bad.borrow();
     let m = writer.meta_mut();

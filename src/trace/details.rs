@@ -137,6 +137,19 @@ pub struct JoinOutside {
     pub bytes: u64,
     /// (library, allocations, bytes).
     pub by_library: Vec<(String, u64, u64)>,
+    /// Each allocation's life on the snapshot's clock, for the OOMs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub spans: Vec<OutsideSpan>,
+}
+
+/// An allocation outside PyTorch's allocator: allocated at `from_ns`,
+/// freed at `to_ns` (None: never, in the recording).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutsideSpan {
+    pub from_ns: u64,
+    pub to_ns: Option<u64>,
+    pub bytes: u64,
+    pub library: String,
 }
 
 impl SnapshotDetails {

@@ -50,8 +50,12 @@ fn locate(maps: &[Mapping], addr: u64) -> Option<(&Path, u64)> {
 /// The file mapped at `addr` in a process whose maps were copied to
 /// `maps` (the format of `/proc/PID/maps`), and the offset in it.
 pub fn mapped_file(maps: &Path, addr: u64) -> Option<(PathBuf, u64)> {
-    let text = std::fs::read_to_string(maps).ok()?;
-    let maps = parse_maps(&text);
+    file_at(&std::fs::read_to_string(maps).ok()?, addr)
+}
+
+/// [`mapped_file`] of maps already read.
+pub fn file_at(maps: &str, addr: u64) -> Option<(PathBuf, u64)> {
+    let maps = parse_maps(maps);
     locate(&maps, addr).map(|(p, o)| (p.to_path_buf(), o))
 }
 

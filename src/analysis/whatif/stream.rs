@@ -118,9 +118,18 @@ pub fn streams(
     {
         d.events.reserve_exact(events.len());
     }
+    // A recording joined with the snapshot adds the allocations PyTorch
+    // did not make, at their own call site: they are not the allocator's
+    // requests, and its model does not replay them.
+    let outside: std::collections::HashSet<u32> = stacks.map_or_else(Default::default, |st| {
+        (0..st.stacks.len() as u32).filter(|&id| st.frames_of(id).any(|f| f.name == crate::input::OUTSIDE)).collect()
+    });
     for i in 0..events.len() {
         let Some(kind) = events.kind[i] else { continue };
         let Some(d) = by.get_mut(&events.pid[i]) else { continue };
+        if !outside.is_empty() && events.stack.get(i).is_some_and(|s| outside.contains(s)) {
+            continue;
+        }
         let requested = events.requested.get(i).copied().filter(|&r| r != u64::MAX).unwrap_or(events.size[i]);
         d.events.push(Req {
             ts_ns: events.ts_ns[i],

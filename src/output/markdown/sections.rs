@@ -2,6 +2,7 @@
 //! risk, the allocator's figures, the forecast, the OOMs, the leaks, the
 //! iterations and the advice.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use super::words::{forecaster_phrase, oom_sentence, plural, skill_phrase};
@@ -554,10 +555,18 @@ fn oom_with_recording(a: &Analysis, o: &crate::analysis::oom::OomDiagnosis) -> S
         .find(|r| r.at_oom && r.pid == o.pid && r.t_ns == o.t_ns)
         .and_then(|r| r.alloc)
         .map(|f| f.reserved_bytes.saturating_sub(f.allocated_bytes));
-    let outside: Vec<&crate::analysis::sites::SiteBytes> =
-        o.top_sites.iter().filter(|s| s.site.contains(crate::input::OUTSIDE)).collect();
-    let (held, n): (u64, u64) = outside.iter().fold((0, 0), |(b, k), s| (b + s.bytes, k + s.blocks));
-    let libraries: Vec<&str> = outside.iter().map(|s| s.site.split(':').next().unwrap_or(&s.site)).collect();
+    // What was held outside PyTorch then: the recording's allocations live
+    // at that instant, by library.
+    let mut by_library: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    if let Some(j) = a.snapshot_details().and_then(|d| d.join.as_ref()) {
+        for s in j.outside.spans.iter().filter(|s| s.from_ns <= o.t_ns && s.to_ns.is_none_or(|t| t > o.t_ns)) {
+            let e = by_library.entry(s.library.as_str()).or_default();
+            e.0 += s.bytes;
+            e.1 += 1;
+        }
+    }
+    let (held, n) = by_library.values().fold((0, 0), |(b, k), v| (b + v.0, k + v.1));
+    let libraries: Vec<&str> = by_library.keys().copied().collect();
     let mut text = String::from("\nAt the first OOM ");
     match cache_free {
         Some(free) => {
