@@ -139,6 +139,11 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
         "leaks": a.leaks.iter().map(leak_json).collect::<Vec<_>>(),
     });
     report["advice"] = json!(a.advice);
+    if let Some(crate::trace::details::Details::Record(d)) = a.trace.meta.as_ref().map(|m| &m.details)
+        && !d.devices.is_empty()
+    {
+        report["devices_by_process"] = json!(d.devices);
+    }
     if let Some(j) = a.snapshot_details().and_then(|d| d.join.as_ref()) {
         report["join"] = json!({
             "recording": j.recording,

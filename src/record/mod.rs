@@ -37,7 +37,7 @@ mod process;
 pub(crate) mod skel;
 
 use std::cell::RefCell;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsString;
 use std::mem::MaybeUninit;
 use std::path::{Path, PathBuf};
@@ -293,6 +293,7 @@ fn record(
 
     let mut maps = MapsKeeper::new(writer.dir());
     let mut used_stacks = BTreeSet::new();
+    let mut devices_used: BTreeMap<u32, BTreeSet<i32>> = BTreeMap::new();
     let mut last_part = Instant::now();
     let deadline = opts.duration.map(|d| Instant::now() + d);
     let end = loop {
@@ -301,7 +302,7 @@ fn record(
             r => r.map_err(|e| bpf_error("poll the ring buffer of", e))?,
         }
         rb.consume().map_err(|e| bpf_error("read the ring buffer of", e))?;
-        drain(&queue, writer, &mut maps, &mut used_stacks)?;
+        drain(&queue, writer, &mut maps, &mut used_stacks, &mut devices_used)?;
         if writer.buffered() > 0 && last_part.elapsed() >= opts.part_interval {
             writer.flush_part()?;
             maps.refresh();
@@ -345,7 +346,7 @@ fn record(
     }
     detach(links);
     rb.consume().map_err(|e| bpf_error("read the ring buffer of", e))?;
-    drain(&queue, writer, &mut maps, &mut used_stacks)?;
+    drain(&queue, writer, &mut maps, &mut used_stacks, &mut devices_used)?;
     let mut lost = 0u64;
     if let Some(per_cpu) =
         skel.maps.lost.lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY).map_err(|e| bpf_error("read", e))?
@@ -381,6 +382,7 @@ fn record(
         maps: maps.saved(),
         gpus: gpus_at_start,
         nvml: driver.unavailable.clone(),
+        devices: devices_used.into_iter().map(|(pid, d)| (pid.to_string(), d.into_iter().collect())).collect(),
         ..RecordDetails::default()
     });
     Ok((end, attached))
@@ -472,9 +474,13 @@ fn drain(
     writer: &mut TraceWriter,
     maps: &mut MapsKeeper,
     stacks: &mut BTreeSet<(u32, u32)>,
+    devices: &mut BTreeMap<u32, BTreeSet<i32>>,
 ) -> Result<()> {
     let events = std::mem::take(&mut *queue.borrow_mut());
     for e in events {
+        if let Some(d) = e.device {
+            devices.entry(e.pid).or_default().insert(d);
+        }
         // The ring buffer is in submit order, not quite time order.
         let m = writer.meta_mut();
         let wall = e.ts_ns.saturating_add_signed(m.mono_to_wall_offset_ns.unwrap_or(0));

@@ -268,6 +268,10 @@ pub struct RecordDetails {
     /// Why the driver could not be asked (no NVIDIA driver, no NVML).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvml: Option<String>,
+    /// The devices each process's calls were made on, by pid (as text: an
+    /// untagged enum cannot read integer map keys back).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub devices: BTreeMap<String, Vec<i32>>,
 }
 
 /// One GPU as the driver reports it.

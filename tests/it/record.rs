@@ -897,4 +897,18 @@ fn every_call_carries_the_device_its_thread_works_on() {
         BTreeMap::from([(1 << 20, vec![Some(0)]), (2 << 20, vec![Some(2)]), (3 << 20, vec![Some(3)])]),
         "allocations by size, with their devices"
     );
+    // trace.json and the report say which devices the process used, and
+    // that they are replayed together.
+    let out = tmp.path().join("out");
+    analyze_ok(&trace, &out);
+    let r: serde_json::Value = serde_json::from_slice(&fs::read(out.join("report.json")).unwrap()).unwrap();
+    let used: Vec<Vec<i64>> = r["devices_by_process"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_array().unwrap().iter().map(|d| d.as_i64().unwrap()).collect())
+        .collect();
+    assert_eq!(used, vec![vec![0, 2, 3]]);
+    let md = fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("made its calls on GPUs 0, 2, 3: they are replayed together"), "{md}");
 }
