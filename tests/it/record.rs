@@ -106,15 +106,20 @@ fn ground_truth(path: &Path) -> Vec<Call> {
 }
 
 /// The trace's rows in time order, read straight from its Parquet parts.
-fn trace_calls(dir: &Path) -> Vec<Call> {
+/// The event parts of trace `dir`, in order.
+fn parts(dir: &Path) -> Vec<PathBuf> {
     let mut parts: Vec<PathBuf> = fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("events-"))
         .collect();
     parts.sort();
+    parts
+}
+
+fn trace_calls(dir: &Path) -> Vec<Call> {
     let mut rows = Vec::new();
-    for part in parts {
+    for part in parts(dir) {
         let df = read_parquet(&part);
         let (ts, pid, tid, ret) = (df.u64s("ts_ns"), df.u32s("pid"), df.u32s("tid"), df.i32s("ret"));
         let (addr, size, call, kind) = (df.u64s("addr"), df.u64s("size"), df.strs("call"), df.strs("kind"));
@@ -840,14 +845,8 @@ fn each_call_keeps_the_address_it_returns_to() {
     // copied maps of the process say (what names the library that asked).
     let tmp = tempfile::tempdir().unwrap();
     let (trace, _, _) = record_workload(tmp.path(), &[], &["single"], &[]);
-    let mut parts: Vec<PathBuf> = fs::read_dir(&trace)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("events-"))
-        .collect();
-    parts.sort();
     let mut checked = 0;
-    for part in parts {
+    for part in parts(&trace) {
         let df = read_parquet(&part);
         let (pid, caller, kind) = (df.u32s("pid"), df.u64s("caller"), df.strs("kind"));
         for i in 0..df.height() {
@@ -880,10 +879,7 @@ fn every_call_carries_the_device_its_thread_works_on() {
     let tmp = tempfile::tempdir().unwrap();
     let (trace, _, _) = record_workload(tmp.path(), &[], &["devices"], &[]);
     let mut by_size: BTreeMap<u64, Vec<Option<i32>>> = BTreeMap::new();
-    for part in fs::read_dir(&trace).unwrap().map(|e| e.unwrap().path()) {
-        if !part.file_name().unwrap().to_string_lossy().starts_with("events-") {
-            continue;
-        }
+    for part in parts(&trace) {
         let df = read_parquet(&part);
         let (kind, size, device) = (df.strs("kind"), df.u64s("size"), df.i32s("device"));
         for i in 0..df.height() {
