@@ -96,24 +96,16 @@ pub fn join(recording: Loaded, snapshot: Loaded) -> Result<Loaded> {
     let mut matched = match_segments(snap, rec, &allocs, Some(offset));
     // The snapshot is one process's: the recorded process with most
     // matches (another rank may share an address and size by chance).
-    let mut per_pid: BTreeMap<u32, usize> = BTreeMap::new();
-    for m in &matched {
-        *per_pid.entry(rec.pid[m.rec_row]).or_default() += 1;
-    }
-    let pid = per_pid.iter().max_by_key(|(p, n)| (**n, std::cmp::Reverse(**p))).map(|(p, _)| *p).unwrap_or_default();
+    let pid = most(matched.iter().map(|m| rec.pid[m.rec_row]));
     matched.retain(|m| rec.pid[m.rec_row] == pid);
     // The device the outside allocations go to: the one with most matches.
-    let mut per_device: BTreeMap<u32, usize> = BTreeMap::new();
-    for m in &matched {
-        *per_device.entry(snap.pid[m.snap_row]).or_default() += 1;
-    }
-    let device = per_device.iter().max_by_key(|(d, n)| (**n, std::cmp::Reverse(**d))).map_or(0, |(d, _)| *d);
+    let device = most(matched.iter().map(|m| snap.pid[m.snap_row]));
     let used: std::collections::HashSet<usize> =
         matched.iter().flat_map(|m| std::iter::once(m.rec_row).chain(m.pages.iter().copied())).collect();
     // Outside: the process's other allocations that were live at some time
     // within the snapshot's window (before it, PyTorch's own segments freed
     // before its history began would look like someone else's).
-    let window = |t: u64| t as i64 - offset;
+    let on_snapshot_clock = |t: u64| (t as i64).saturating_sub(offset);
     let (first, last) =
         (snap.ts_ns.first().copied().unwrap_or(0) as i64, snap.ts_ns.last().copied().unwrap_or(0) as i64);
     let outside: Vec<(&Alloc, Option<usize>)> = allocs
@@ -122,19 +114,17 @@ pub fn join(recording: Loaded, snapshot: Loaded) -> Result<Loaded> {
         .filter(|(a, end)| {
             a.pid == pid
                 && !used.contains(&a.row)
-                && window(rec.ts_ns[a.row]) <= last
-                && end.is_none_or(|f| window(rec.ts_ns[f]) >= first)
+                && on_snapshot_clock(rec.ts_ns[a.row]) <= last
+                && end.is_none_or(|f| on_snapshot_clock(rec.ts_ns[f]) >= first)
         })
         .map(|(a, end)| (a, *end))
         .collect();
 
-    // The call site of each outside allocation: its library, where the
-    // recording symbolised stacks.
+    // The call site of each outside allocation: the library that called.
     let mut stacks: Stacks = snapshot.trace.stacks.as_deref().cloned().unwrap_or_default();
     let mut site_of: BTreeMap<String, u32> = BTreeMap::new();
-    let mut by_library: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     let mut out = snapshot.events.clone();
-    let to_snapshot_clock = |t: u64| (t as i64).saturating_sub(offset).max(0) as u64;
+    let to_snapshot_clock = |t: u64| on_snapshot_clock(t).max(0) as u64;
     let wanted: std::collections::HashSet<(u32, u64, u64)> =
         outside.iter().map(|(a, _)| (a.pid, rec.ts_ns[a.row], a.addr)).collect();
     let callers = if outside.is_empty() { HashMap::new() } else { callers(&recording, &wanted) };
@@ -142,9 +132,6 @@ pub fn join(recording: Loaded, snapshot: Loaded) -> Result<Loaded> {
     let mut spans = Vec::with_capacity(outside.len());
     for &(a, end) in &outside {
         let library = library_of(&recording, &callers, &mut maps, a.row);
-        let entry = by_library.entry(library.clone()).or_default();
-        entry.0 += 1;
-        entry.1 += a.size;
         let stack = *site_of.entry(library.clone()).or_insert_with(|| {
             stacks.frames.push(Frame { filename: library.clone(), line: 0, name: OUTSIDE.into() });
             stacks.stacks.push(vec![(stacks.frames.len() - 1) as u32]);
@@ -164,7 +151,16 @@ pub fn join(recording: Loaded, snapshot: Loaded) -> Result<Loaded> {
         }
         spans.push(OutsideSpan { from_ns: t, to_ns: freed, bytes: a.size, library });
     }
-    let out_of_order = out.sort_by_time();
+    // The rows added above come after the snapshot's: sorting them in is no
+    // disorder of the files, so the snapshot's count stands.
+    out.sort_by_time();
+    let mut by_library: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    for s in &spans {
+        let e = by_library.entry(s.library.as_str()).or_default();
+        e.0 += 1;
+        e.1 += s.bytes;
+    }
+    let by_library = by_library.into_iter().map(|(l, (n, b))| (l.to_string(), n, b)).collect();
     let join = Join {
         recording: recording.trace.dir.display().to_string(),
         pids: vec![pid],
@@ -175,7 +171,7 @@ pub fn join(recording: Loaded, snapshot: Loaded) -> Result<Loaded> {
         outside: JoinOutside {
             allocations: outside.len() as u64,
             bytes: outside.iter().map(|(a, _)| a.size).sum(),
-            by_library: by_library.into_iter().map(|(l, (n, b))| (l, n, b)).collect(),
+            by_library,
             spans,
         },
     };
@@ -190,10 +186,16 @@ pub fn join(recording: Loaded, snapshot: Loaded) -> Result<Loaded> {
     }
     trace.stacks = Some(Arc::new(stacks));
     trace.pytorch_columns = true;
-    // The rows added above come after the snapshot's: sorting them in is no
-    // disorder of the files.
-    let _ = out_of_order;
     Ok(Loaded { trace, events: out, out_of_order: snapshot.out_of_order })
+}
+
+/// The value that comes most often (the smallest of equals); 0 for none.
+fn most(values: impl Iterator<Item = u32>) -> u32 {
+    let mut count: BTreeMap<u32, usize> = BTreeMap::new();
+    for v in values {
+        *count.entry(v).or_default() += 1;
+    }
+    count.into_iter().max_by_key(|&(v, n)| (n, std::cmp::Reverse(v))).map_or(0, |(v, _)| v)
 }
 
 /// A snapshot segment matched to the recording: its allocation, or its

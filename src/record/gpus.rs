@@ -18,7 +18,7 @@ use anyhow::{Context, Result};
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 
-pub use crate::trace::details::{Gpu, GpuProcess};
+use crate::trace::details::{Gpu, GpuProcess};
 
 /// NVML, when the driver answers.
 pub(super) struct Driver {

@@ -147,11 +147,7 @@ fn trace_calls(dir: &Path) -> Vec<Call> {
 /// The processes whose `exit` the trace recorded, in time order.
 fn trace_exits(dir: &Path) -> Vec<u32> {
     let mut rows = Vec::new();
-    for e in fs::read_dir(dir).unwrap() {
-        let part = e.unwrap().path();
-        if !part.file_name().unwrap().to_string_lossy().starts_with("events-") {
-            continue;
-        }
+    for part in parts(dir) {
         let df = read_parquet(&part);
         let (kind, call, ts, pid) = (df.strs("kind"), df.strs("call"), df.u64s("ts_ns"), df.u32s("pid"));
         for i in (0..df.height()).filter(|&i| kind[i].as_deref() == Some("exit")) {
