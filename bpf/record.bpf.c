@@ -112,6 +112,40 @@ static __always_inline int is_traced(__u32 tgid)
 	return trace_all || bpf_map_lookup_elem(&traced, &tgid) != NULL;
 }
 
+static __always_inline __u64 wake_flags(void)
+{
+	// Wake the reader only when a good part of the buffer is waiting; it
+	// also polls on a timer, so quiet periods are drained too.
+	return bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
+}
+
+// The in-flight state's key: the thread, and the level of the call (the
+// runtime, the driver, PyTorch's allocator), so that a call of one level
+// made inside another's is recorded on its own.
+static __always_inline __u64 level_key(__u32 tid, __u32 cookie)
+{
+	if (cookie & COOKIE_ALLOCATOR)
+		return tid | (2ull << 32);
+	return tid | ((cookie & COOKIE_DRIVER) ? (1ull << 32) : 0);
+}
+
+// An allocator call that never returned (it threw: out of memory) is
+// written when the thread's next allocator call begins, or when it exits.
+static __always_inline void submit_unreturned(struct inflight *st)
+{
+	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count_lost();
+		return;
+	}
+	__builtin_memcpy(e, &st->ev, sizeof(*e));
+	e->dur = 0;
+	e->ret = -1;
+	e->result = 0;
+	e->cookie = (enum cookie_bits)(e->cookie | COOKIE_UNRETURNED);
+	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
+}
+
 static __always_inline int entry(struct pt_regs *ctx)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
@@ -119,17 +153,24 @@ static __always_inline int entry(struct pt_regs *ctx)
 	if (stopping || !is_traced(tgid))
 		return 0;
 	__u32 cookie = (__u32)bpf_get_attach_cookie(ctx);
-	__u64 key = tid | ((cookie & COOKIE_DRIVER) ? (1ull << 32) : 0);
+	__u64 key = level_key(tid, cookie);
 	if (cookie & COOKIE_DRIVER) {
 		// A driver call made by the runtime is part of that runtime call.
 		__u64 rt_key = tid;
 		if (bpf_map_lookup_elem(&inflight, &rt_key))
 			return 0;
 	}
-	struct inflight *cur = bpf_map_lookup_elem(&inflight, &key);
+	struct inflight *cur = (cookie & COOKIE_AT_ENTRY) ? NULL : bpf_map_lookup_elem(&inflight, &key);
 	if (cur) {
-		cur->depth++;
-		return 0;
+		// The allocator's probed functions do not call each other (the
+		// recorder leaves out those that do): an allocation still in
+		// flight on this thread never returned.
+		if (!(cookie & COOKIE_ALLOCATOR)) {
+			cur->depth++;
+			return 0;
+		}
+		submit_unreturned(cur);
+		bpf_map_delete_elem(&inflight, &key);
 	}
 	struct inflight st = {};
 	st.ev.ts = bpf_ktime_get_ns();
@@ -155,6 +196,18 @@ static __always_inline int entry(struct pt_regs *ctx)
 	st.ev.tid = tid;
 	st.ev.cookie = (enum cookie_bits)cookie;
 	st.ev.stack_id = want_stacks ? bpf_get_stackid(ctx, &stacks, BPF_F_USER_STACK) : -1;
+	if (cookie & COOKIE_AT_ENTRY) {
+		// Nothing to wait for (a free's argument says it all), and no
+		// return probe, which would stop a C++ exception's unwinding.
+		struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+		if (!e) {
+			count_lost();
+			return 0;
+		}
+		__builtin_memcpy(e, &st.ev, sizeof(*e));
+		bpf_ringbuf_submit(e, wake_flags());
+		return 0;
+	}
 	bpf_map_update_elem(&inflight, &key, &st, BPF_ANY);
 	return 0;
 }
@@ -164,7 +217,7 @@ static __always_inline int ret(struct pt_regs *ctx)
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tid = (__u32)pid_tgid;
 	__u32 cookie = (__u32)bpf_get_attach_cookie(ctx);
-	__u64 key = tid | ((cookie & COOKIE_DRIVER) ? (1ull << 32) : 0);
+	__u64 key = level_key(tid, cookie);
 	struct inflight *st = bpf_map_lookup_elem(&inflight, &key);
 	if (!st)
 		return 0;
@@ -180,14 +233,15 @@ static __always_inline int ret(struct pt_regs *ctx)
 	}
 	__builtin_memcpy(e, &st->ev, sizeof(*e));
 	e->dur = bpf_ktime_get_ns() - e->ts;
-	e->ret = (__s32)PT_REGS_RC(ctx);
+	// After a call that returns nothing (a landing probe), the register
+	// holds no return code.
+	e->ret = (cookie & COOKIE_LANDED) ? 0 : (__s32)PT_REGS_RC(ctx);
 	e->result = 0;
 	if (e->cookie & COOKIE_OUT_PTR)
-		bpf_probe_read_user(&e->result, sizeof(e->result), (void *)e->args[0]);
+		bpf_probe_read_user(&e->result, sizeof(e->result),
+				    (void *)e->args[(e->cookie & COOKIE_OUT_ARG1) ? 1 : 0]);
 	bpf_map_delete_elem(&inflight, &key);
-	// Wake the reader only when a good part of the buffer is waiting; it
-	// also polls on a timer, so quiet periods are drained too.
-	__u64 flags = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
+	__u64 flags = wake_flags();
 	__u32 tgid = pid_tgid >> 32;
 	if (!bpf_map_lookup_elem(&seen, &tgid)) {
 		__u8 one = 1;
@@ -209,6 +263,12 @@ SEC("uprobe.multi")
 int on_entry_multi(struct pt_regs *ctx) { return entry(ctx); }
 SEC("uretprobe.multi")
 int on_return_multi(struct pt_regs *ctx) { return ret(ctx); }
+// Plain uprobes at the instruction after each call to an allocator
+// function (COOKIE_LANDED): its return, seen without a trampoline.
+SEC("uprobe")
+int on_landed(struct pt_regs *ctx) { return ret(ctx); }
+SEC("uprobe.multi")
+int on_landed_multi(struct pt_regs *ctx) { return ret(ctx); }
 
 // Kernel structs, relocated by field name (CO-RE).
 struct signal_struct {
@@ -248,8 +308,15 @@ static __always_inline int note_exit(struct task_struct *task)
 	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
 	__u64 key = tid;
 	bpf_map_delete_elem(&inflight, &key);
-	key |= 1ull << 32;
+	key = tid | (1ull << 32);
 	bpf_map_delete_elem(&inflight, &key);
+	// An allocation that never returned: the thread died of its exception.
+	key = tid | (2ull << 32);
+	struct inflight *st = bpf_map_lookup_elem(&inflight, &key);
+	if (st) {
+		submit_unreturned(st);
+		bpf_map_delete_elem(&inflight, &key);
+	}
 	if (tid != tgid)
 		bpf_map_delete_elem(&traced, &tid);
 	// do_exit decrements signal->live before this hook runs.
@@ -270,8 +337,7 @@ static __always_inline int note_exit(struct task_struct *task)
 	e->tid = tid;
 	e->cookie = COOKIE_EXIT;
 	e->stack_id = -1;
-	__u64 flags = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
-	bpf_ringbuf_submit(e, flags);
+	bpf_ringbuf_submit(e, wake_flags());
 	return 0;
 }
 

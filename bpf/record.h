@@ -20,6 +20,14 @@ enum cookie_bits {
 	COOKIE_OUT_PTR = 1u << 17,    // read the u64 behind argument 1 at return
 	COOKIE_STACK_ARGS = 1u << 18, // read two stack arguments at entry
 	COOKIE_EXIT = 1u << 19,       // the last thread of a process exited
+	// PyTorch's caching allocator (src/record/torch.rs). Its functions
+	// throw on out-of-memory, and a uretprobe's trampoline in the stack
+	// would stop the C++ unwinder: so no return probes there.
+	COOKIE_ALLOCATOR = 1u << 20,  // an allocator call: state of its own level
+	COOKIE_LANDED = 1u << 21,     // a probe after a call to it: it returned
+	COOKIE_AT_ENTRY = 1u << 22,   // written at entry (a free: nothing to wait for)
+	COOKIE_UNRETURNED = 1u << 23, // written for a call that never returned (threw)
+	COOKIE_OUT_ARG1 = 1u << 24,   // the output pointer is argument 2 (after `this`)
 };
 
 // One record in the ring buffer.
@@ -28,7 +36,7 @@ struct event {
 	__u64 dur;      // return - entry
 	__u64 args[6];  // the six register arguments
 	__u64 stack[2]; // first two stack arguments (COOKIE_STACK_ARGS)
-	__u64 result;   // *(u64 *)args[0] at return (COOKIE_OUT_PTR)
+	__u64 result;   // *(u64 *)args[0] (or args[1]) at return (COOKIE_OUT_PTR)
 	__u32 pid;
 	__u32 tid;
 	__s32 ret;

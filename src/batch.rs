@@ -77,7 +77,7 @@ pub fn run(args: &Options) -> Result<u8> {
                 }
                 joined
             }
-            None => crate::input::load(path, *kind, opts.device)?,
+            None => crate::input::allocator_view(crate::input::load(path, *kind, opts.device)?)?,
         };
         let a = crate::analysis::analyze_loaded(loaded, opts)?;
         crate::output::write_trace_outputs(&a, &args.output, plot.as_ref())?;
@@ -395,6 +395,7 @@ fn analyze_one(
         }
     };
     let a = crate::input::load(&path, kind, opts.device)
+        .and_then(crate::input::allocator_view)
         .and_then(|loaded| crate::analysis::analyze_loaded(loaded, opts))
         .with_context(|| input.show())?;
     let Some(dir) = out.local_dir() else {

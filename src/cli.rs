@@ -104,6 +104,10 @@ pub struct RecordArgs {
     /// Do not probe cudaMemcpy/cudaMemcpyAsync.
     #[arg(long)]
     pub no_memcpy: bool,
+    /// Do not probe PyTorch's caching allocator (libc10_cuda.so): record its segments only,
+    /// not each tensor's block.
+    #[arg(long)]
+    pub no_torch: bool,
     /// Also record each call's user-space call stack (frame pointers, up to 64 frames);
     /// `analyze` names the frames and reports the stacks that allocate most.
     #[arg(long)]
@@ -482,6 +486,7 @@ fn run_record(args: &RecordArgs) -> Result<u8> {
         launch: !args.no_launch,
         memcpy: !args.no_memcpy,
         stacks: args.stacks,
+        torch: !args.no_torch,
         part_events: args.part_events,
         part_interval: args.part_interval,
         buffer_bytes: args.buffer_size,

@@ -18,7 +18,7 @@ use crate::output::whatif::Report;
 type Loaded = (Vec<DeviceStream>, Settings, serde_json::Value, Source, Option<u64>);
 
 fn load(path: &std::path::Path, device: Option<u32>) -> Result<Loaded> {
-    let loaded = crate::input::open(path, device)?;
+    let loaded = crate::input::allocator_view(crate::input::open(path, device)?)?;
     let meta = loaded.trace.meta.as_ref();
     if let Some(details) = meta.and_then(|m| m.details.snapshot()) {
         let recorded = Settings::from_snapshot(&details.allocator_settings);

@@ -99,7 +99,7 @@ pub fn step_bounds(spec: StepSpec, ts: &[u64]) -> Result<Vec<(usize, u64)>> {
 
 /// Loads and analyses one trace directory or snapshot pickle.
 pub fn analyze_path(dir: &Path, opts: &Options) -> Result<Analysis> {
-    analyze_loaded(crate::input::open(dir, opts.device)?, opts)
+    analyze_loaded(crate::input::allocator_view(crate::input::open(dir, opts.device)?)?, opts)
 }
 
 /// Analyses a loaded input.

@@ -103,7 +103,8 @@ impl CapacitySource {
             CapacitySource::Given => "given with --capacity",
             CapacitySource::Recorded => "recorded in trace.json",
             CapacitySource::InferredFromOom => {
-                "inferred from the `oom` entry: the free memory CUDA reported plus what was reserved then"
+                "inferred at the OOM: what was reserved then plus the free memory CUDA reported (a snapshot's `oom` entry), \
+                 or plus nothing where a recording shows CUDA refusing PyTorch's segment (then a lower bound)"
             }
             CapacitySource::InferredFromFlushes => {
                 "inferred from cache flushes (PyTorch released its whole cache because the device was full): the least capacity they allow"

@@ -69,6 +69,23 @@ pub fn join(recording: Loaded, snapshot: Loaded) -> Result<Loaded> {
             snapshot.trace.dir.display()
         );
     }
+    if super::allocator::has_blocks(&recording) {
+        bail!(
+            "{}: this recording already holds PyTorch's blocks (the probes on its allocator): analyse it alone, or \
+             record with --no-torch to join it with a snapshot",
+            recording.trace.dir.display()
+        );
+    }
+    join_probed(recording, snapshot)
+}
+
+/// [`join`] without its checks: also how a recording made with the probes
+/// on PyTorch's allocator is analysed ([`super::allocator`]), its blocks
+/// standing in for a snapshot's.
+pub(super) fn join_probed(recording: Loaded, snapshot: Loaded) -> Result<Loaded> {
+    let Some(details) = snapshot.trace.meta.as_ref().and_then(|m| m.details.snapshot()) else {
+        bail!("{}: not a snapshot", snapshot.trace.dir.display());
+    };
     let (rec, snap) = (&recording.events, &snapshot.events);
     let allocs: Vec<Alloc> = (0..rec.len())
         .filter(|&i| rec.kind[i].is_some_and(EventKind::is_device_alloc) && rec.ret[i] == 0 && rec.size[i] > 0)
@@ -164,6 +181,7 @@ pub fn join(recording: Loaded, snapshot: Loaded) -> Result<Loaded> {
     let join = Join {
         recording: recording.trace.dir.display().to_string(),
         pids: vec![pid],
+        probed: false,
         segments_matched: matched.len() as u64,
         segments_total: segments_total as u64,
         clock_offset_ns: offset,

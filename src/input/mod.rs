@@ -9,6 +9,7 @@
 //! and every command that reads a trace (analyze, compare, export, whatif)
 //! comes through here. A new input format plugs in here.
 
+mod allocator;
 mod join;
 mod loaded;
 
@@ -109,6 +110,13 @@ pub fn load(dir: &Path, kind: Option<Input>, device: Option<u32>) -> Result<Load
     }
     tracing::info!("{}: loaded {} events in {:.3} s", trace.name, events.len(), start.elapsed().as_secs_f64());
     Ok(Loaded { trace, events, out_of_order })
+}
+
+/// A recording that holds PyTorch's blocks (the probes on its allocator)
+/// put in the allocator view ([`allocator`]); any other input as it is.
+/// What `analyze`, `whatif` and `compare` run on.
+pub fn allocator_view(loaded: Loaded) -> Result<Loaded> {
+    allocator::view(loaded)
 }
 
 /// Converts another tool's file in memory.

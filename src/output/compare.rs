@@ -275,7 +275,7 @@ pub fn compare_summaries(a: &Summary, b: &Summary) -> (Vec<MetricRow>, String) {
 
 /// Loads and analyses both inputs, with MDTPs on one address scale.
 pub fn compare(a: &Path, b: &Path, opts: &Options, size: (u32, u32)) -> Result<Comparison> {
-    let open = |path| crate::input::open(path, opts.device);
+    let open = |path| crate::input::open(path, opts.device).and_then(crate::input::allocator_view);
     let (Loaded { trace: ta, events: ea, out_of_order: oa }, Loaded { trace: tb, events: eb, out_of_order: ob }) =
         (open(a)?, open(b)?);
     let extent = |events: &crate::trace::event::Events| {

@@ -148,6 +148,8 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
         report["join"] = json!({
             "recording": j.recording,
             "pids": j.pids,
+            // The blocks are the recording's own (probes on PyTorch's allocator).
+            "probed": j.probed,
             "segments_matched": j.segments_matched,
             "segments_total": j.segments_total,
             "clock_offset_ns": j.clock_offset_ns,

@@ -165,3 +165,49 @@ pub(super) fn bpf_error(what: &str, e: libbpf_rs::Error) -> anyhow::Error {
         anyhow::anyhow!("cannot {what} the eBPF recorder: {e}")
     }
 }
+
+/// PyTorch's allocator in `path` ([`super::torch`]): its malloc's and
+/// frees' entries, and plain uprobes after each call to malloc (no return
+/// probes: they would stop its out-of-memory exception).
+pub(super) fn attach_allocator(
+    skel: &skel::RecordSkel,
+    path: &Path,
+    plan: &super::torch::Plan,
+    multi: bool,
+) -> Result<Vec<Link>> {
+    use super::torch::Role;
+    let malloc = probes::cookie(probes::torch_probe(Role::Malloc));
+    let mut entries = vec![(plan.malloc.offset, malloc)];
+    entries.extend(plan.frees.iter().map(|(f, role)| (f.offset, probes::cookie(probes::torch_probe(*role)))));
+    let landings: Vec<(usize, u64)> = plan.landings.iter().map(|&at| (at, malloc | probes::COOKIE_LANDED)).collect();
+    if multi {
+        let attach = |prog: &libbpf_rs::ProgramMut, sites: &[(usize, u64)]| {
+            let opts = libbpf_rs::UprobeMultiOpts {
+                offsets: sites.iter().map(|s| s.0).collect(),
+                cookies: sites.iter().map(|s| s.1).collect(),
+                retprobe: false,
+                ..Default::default()
+            };
+            prog.attach_uprobe_multi_with_opts(-1, path, "", opts)
+        };
+        match (attach(&skel.progs.on_entry_multi, &entries), attach(&skel.progs.on_landed_multi, &landings)) {
+            (Ok(a), Ok(b)) => return Ok(vec![a, b]),
+            (a, b) => tracing::info!(
+                "{}: multi-uprobe attach failed ({:?}); one probe per site",
+                path.display(),
+                a.err().or(b.err())
+            ),
+        }
+    }
+    let mut links = Vec::new();
+    for (prog, sites) in [(&skel.progs.on_entry, &entries), (&skel.progs.on_landed, &landings)] {
+        for &(at, cookie) in sites {
+            let o = UprobeOpts { cookie, retprobe: false, ..Default::default() };
+            links.push(
+                prog.attach_uprobe_with_opts(-1, path, at, o)
+                    .map_err(|e| bpf_error(&format!("attach PyTorch's allocator in {} with", path.display()), e))?,
+            );
+        }
+    }
+    Ok(links)
+}

@@ -23,10 +23,13 @@ pub struct Library {
 }
 
 /// A CUDA runtime or driver library, by file name: `libcudart.so*`
-/// (including PyTorch's `libcudart-<hash>.so.12`) or `libcuda.so*`.
+/// (including PyTorch's `libcudart-<hash>.so.12`) or `libcuda.so*`; or
+/// PyTorch's allocator, `libc10_cuda.so` (probed when it has the symbols,
+/// [`super::torch`]).
 pub fn is_cuda_library(name: &OsStr) -> bool {
     let n = name.to_string_lossy();
-    (n.starts_with("libcudart") || n.starts_with("libcuda.so")) && n.contains(".so")
+    (n.starts_with("libcudart") || n.starts_with("libcuda.so") || super::torch::is_allocator_library(name))
+        && n.contains(".so")
 }
 
 /// Libraries given with `--lib`: each must be a readable ELF file.
@@ -205,7 +208,8 @@ mod tests {
         for yes in ["libcudart.so.12", "libcudart.so", "libcudart-9335f6a2.so.12", "libcuda.so.1", "libcuda.so.535.1"] {
             assert!(is_cuda_library(OsStr::new(yes)), "{yes}");
         }
-        for no in ["libcudnn.so.9", "libcudart_static.a", "libcublas.so.12", "libcuda_stub.txt"] {
+        assert!(is_cuda_library(OsStr::new("libc10_cuda.so")));
+        for no in ["libcudnn.so.9", "libcudart_static.a", "libcublas.so.12", "libcuda_stub.txt", "libc10.so"] {
             assert!(!is_cuda_library(OsStr::new(no)), "{no}");
         }
     }

@@ -35,6 +35,7 @@ pub mod libs;
 pub mod probes;
 mod process;
 pub(crate) mod skel;
+pub mod torch;
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
@@ -49,7 +50,7 @@ use anyhow::{Context, Result, bail};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, RingBufferBuilder};
 
-use self::attach::{Hooks, attach_each, attach_hooks, attach_multi, bpf_error, defined_functions};
+use self::attach::{Hooks, attach_allocator, attach_each, attach_hooks, attach_multi, bpf_error, defined_functions};
 use self::process::{
     MapsKeeper, Paused, STOP_SIGNAL, alive, install_signal_handlers, mono_to_wall_offset, own_cpu_seconds, sudo_owner,
 };
@@ -71,6 +72,9 @@ pub struct Options {
     pub launch: bool,
     pub memcpy: bool,
     pub stacks: bool,
+    /// Probe PyTorch's caching allocator where found (`--no-torch` turns
+    /// it off).
+    pub torch: bool,
     pub part_events: usize,
     pub part_interval: Duration,
     pub buffer_bytes: u64,
@@ -138,7 +142,9 @@ pub fn run(opts: &Options) -> Result<u8> {
 /// A library and the functions probed in it.
 struct Attached {
     library: Library,
-    functions: Vec<&'static str>,
+    functions: Vec<String>,
+    /// PyTorch's allocator, when probed in this library.
+    allocator: Option<torch::Plan>,
 }
 
 fn record(
@@ -205,6 +211,11 @@ fn record(
                 continue;
             }
         };
+        let allocator = if opts.torch { allocator_plan(lib) } else { None };
+        let mut lib_links = Vec::new();
+        if let Some(plan) = &allocator {
+            lib_links.extend(attach_allocator(&skel, &lib.path, plan, multi)?);
+        }
         let wanted: Vec<usize> = PROBES
             .iter()
             .enumerate()
@@ -212,24 +223,35 @@ fn record(
                 Group::Memory => true,
                 Group::Memcpy => opts.memcpy,
                 Group::Launch => opts.launch,
+                Group::Torch => false,
             })
             .filter(|(_, p)| defined.contains_key(p.symbol))
             .map(|(i, _)| i)
             .collect();
-        if wanted.is_empty() {
+        if wanted.is_empty() && allocator.is_none() {
             tracing::info!("{}: defines none of the probed CUDA functions; not probed", lib.path.display());
             continue;
         }
-        let lib_links = match multi.then(|| attach_multi(&skel, &lib.path, &wanted, &defined)) {
-            Some(Ok(l)) => l,
-            Some(Err(e)) => {
-                tracing::info!("{}: multi-uprobe attach failed ({e:#}); one probe per function", lib.path.display());
-                attach_each(&skel, &lib.path, &wanted, &defined)?
-            }
-            None => attach_each(&skel, &lib.path, &wanted, &defined)?,
-        };
+        if !wanted.is_empty() {
+            lib_links.extend(match multi.then(|| attach_multi(&skel, &lib.path, &wanted, &defined)) {
+                Some(Ok(l)) => l,
+                Some(Err(e)) => {
+                    tracing::info!(
+                        "{}: multi-uprobe attach failed ({e:#}); one probe per function",
+                        lib.path.display()
+                    );
+                    attach_each(&skel, &lib.path, &wanted, &defined)?
+                }
+                None => attach_each(&skel, &lib.path, &wanted, &defined)?,
+            });
+        }
         links.extend(lib_links);
-        attached.push(Attached { library: lib.clone(), functions: wanted.iter().map(|&i| PROBES[i].symbol).collect() });
+        let mut functions: Vec<String> = wanted.iter().map(|&i| PROBES[i].symbol.to_string()).collect();
+        if let Some(plan) = &allocator {
+            functions.push(plan.malloc.name.clone());
+            functions.extend(plan.frees.iter().map(|(f, _)| f.name.clone()));
+        }
+        attached.push(Attached { library: lib.clone(), functions, allocator });
     }
     if attached.is_empty() {
         let list: Vec<String> = libraries.iter().map(|l| l.path.display().to_string()).collect();
@@ -247,6 +269,7 @@ fn record(
     // Kernel names are read from the process at once, while it runs.
     let kernels: Rc<RefCell<kernels::Kernels>> = Rc::default();
     let mut devices = probes::Devices::default();
+    let mut blocks = probes::TorchBlocks::default();
     let mut rb = RingBufferBuilder::new();
     {
         let (queue, bad, kernels) = (queue.clone(), bad.clone(), kernels.clone());
@@ -261,7 +284,8 @@ fn record(
                         match r.decode() {
                             Some(mut e) => {
                                 use crate::trace::event::EventKind::{AllocHost, Exit, FreeHost};
-                                if !matches!(e.kind, Exit | AllocHost | FreeHost) {
+                                blocks.apply(&mut e);
+                                if e.device.is_none() && !matches!(e.kind, Exit | AllocHost | FreeHost) {
                                     e.device = Some(devices.of(e.tid));
                                 }
                                 queue.borrow_mut().push(e)
@@ -346,6 +370,19 @@ fn record(
     }
     detach(links);
     rb.consume().map_err(|e| bpf_error("read the ring buffer of", e))?;
+    // Allocations still in flight never returned: out-of-memory errors of
+    // threads that made no allocator call since (and have not exited).
+    for key in skel.maps.inflight.keys() {
+        if key.len() == 8 && u64::from_ne_bytes(key[..8].try_into().unwrap_or_default()) >> 32 == 2
+            && let Ok(Some(v)) = skel.maps.inflight.lookup(&key, MapFlags::ANY)
+            && let Some(mut r) = probes::Raw::parse(&v)
+        {
+            r.cookie.0 |= skel::types::cookie_bits::COOKIE_UNRETURNED.0;
+            if let Some(e) = r.decode() {
+                queue.borrow_mut().push(e);
+            }
+        }
+    }
     drain(&queue, writer, &mut maps, &mut used_stacks, &mut devices_used)?;
     let mut lost = 0u64;
     if let Some(per_cpu) =
@@ -498,7 +535,18 @@ fn finish(opts: &Options, mut writer: TraceWriter, end: End, attached: &[Attache
     let libraries: Vec<String> = attached.iter().map(|a| a.library.path.display().to_string()).collect();
     let probes: serde_json::Value = attached
         .iter()
-        .map(|a| serde_json::json!({"library": a.library.path, "found": a.library.found, "functions": a.functions}))
+        .map(|a| {
+            let mut j = serde_json::json!({"library": a.library.path, "found": a.library.found, "functions": a.functions});
+            if let Some(p) = &a.allocator {
+                j["pytorch_allocator"] = serde_json::json!({
+                    "malloc": p.malloc.name,
+                    "returns_probed_at": p.landings.len(),
+                    "frees": p.frees.iter().map(|(f, _)| &f.name).collect::<Vec<_>>(),
+                    "frees_left_out": p.left_out,
+                });
+            }
+            j
+        })
         .collect();
     let (exit_code, why) = match end {
         End::CommandExited(code) => (code, format!("the command exited with status {code}")),
@@ -542,8 +590,49 @@ fn finish(opts: &Options, mut writer: TraceWriter, end: End, attached: &[Attache
     eprintln!("  recorder CPU time: {cpu:.3} s");
     for a in attached {
         eprintln!("  probed {} ({}): {} functions", a.library.path.display(), a.library.found, a.functions.len());
+        if a.allocator.is_some() {
+            eprintln!("    PyTorch's caching allocator: every tensor's block_alloc and block_free");
+        }
     }
     Ok(u8::try_from(exit_code).unwrap_or(1))
+}
+
+/// PyTorch's allocator in `lib`, when it has one this recorder can probe;
+/// a library that looks like it but cannot be probed is said so.
+fn allocator_plan(lib: &Library) -> Option<torch::Plan> {
+    match torch::plan(&lib.path) {
+        Ok(Ok(plan)) => {
+            tracing::info!(
+                "{}: PyTorch's allocator ({}, {} call sites, {} frees)",
+                lib.path.display(),
+                plan.malloc.name,
+                plan.landings.len(),
+                plan.frees.len()
+            );
+            Some(plan)
+        }
+        Ok(Err(torch::Refusal::Absent)) => {
+            if lib.path.file_name().is_some_and(torch::is_allocator_library) {
+                eprintln!(
+                    "fragscope: {}: PyTorch's allocator not probed: the library has no symbol table naming it \
+                     (stripped, or a custom build). Its segments are recorded as usual.",
+                    lib.path.display()
+                );
+            }
+            None
+        }
+        Ok(Err(torch::Refusal::Unusable(why))) => {
+            eprintln!(
+                "fragscope: {}: PyTorch's allocator not probed: {why}. Its segments are recorded as usual.",
+                lib.path.display()
+            );
+            None
+        }
+        Err(e) => {
+            eprintln!("fragscope: {e:#}; PyTorch's allocator not probed there");
+            None
+        }
+    }
 }
 
 /// Now on the events' clock (`bpf_ktime_get_ns`: CLOCK_MONOTONIC).

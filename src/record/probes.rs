@@ -14,6 +14,8 @@ pub enum Group {
     Memory,
     Memcpy,
     Launch,
+    /// PyTorch's caching allocator (`--no-torch`).
+    Torch,
 }
 
 /// How to read a call's arguments. `stream` is the index of the stream
@@ -50,11 +52,16 @@ pub enum Shape {
     /// `cuCtxSetCurrent(CUcontext)`, `cuCtxPushCurrent`: the thread's
     /// context, so its device, from now on.
     CtxSet,
+    /// PyTorch's `NativeCachingAllocator::malloc(this, void** out, device,
+    /// size, stream)`: a tensor's block ([`super::torch`]).
+    TorchMalloc,
+    /// A free of PyTorch's allocator, the pointer in argument `ptr`.
+    TorchFree { ptr: usize },
 }
 
 impl Shape {
     fn writes_out_ptr(self) -> bool {
-        matches!(self, Shape::Alloc { .. } | Shape::Create | Shape::GetKernel | Shape::CtxRetain)
+        matches!(self, Shape::Alloc { .. } | Shape::Create | Shape::GetKernel | Shape::CtxRetain | Shape::TorchMalloc)
     }
 }
 
@@ -125,13 +132,58 @@ pub const PROBES: &[Probe] = &[
     drv("cuMemUnmap", K::MemUnmap, Shape::Range),
     drv("cuMemAddressReserve", K::VaReserve, Shape::Alloc { stream: NO_STREAM }),
     drv("cuMemAddressFree", K::VaFree, Shape::Range),
+    // PyTorch's allocator: found by demangled name, not by these labels
+    // (src/record/torch.rs); the labels name them in trace.json.
+    Probe { symbol: TORCH_MALLOC, driver: false, kind: K::BlockAlloc, shape: Shape::TorchMalloc, group: Group::Torch },
+    Probe {
+        symbol: "PyTorch allocator: free(void*)",
+        driver: false,
+        kind: K::BlockFree,
+        shape: Shape::TorchFree { ptr: 0 },
+        group: Group::Torch,
+    },
+    Probe {
+        symbol: "PyTorch allocator: member free(void*)",
+        driver: false,
+        kind: K::BlockFree,
+        shape: Shape::TorchFree { ptr: 1 },
+        group: Group::Torch,
+    },
 ];
+
+/// The label of the allocator's malloc in [`PROBES`].
+pub const TORCH_MALLOC: &str = "PyTorch allocator: malloc(void**, device, size, stream)";
+
+/// The index in [`PROBES`] of the allocator probe of this role.
+pub fn torch_probe(role: super::torch::Role) -> usize {
+    PROBES
+        .iter()
+        .position(|p| match (role, p.shape) {
+            (super::torch::Role::Malloc, Shape::TorchMalloc) => true,
+            (super::torch::Role::Free { ptr }, Shape::TorchFree { ptr: q }) => ptr == q,
+            _ => false,
+        })
+        .expect("every allocator role has a probe")
+}
+
+/// PyTorch's default rounding of a block (`round_size`: 512-byte multiples,
+/// at least 512). The block it carves can be larger: the unsplit rest of a
+/// cached block, or `roundup_power2_divisions`.
+pub fn torch_block_size(requested: u64) -> u64 {
+    requested.max(1).div_ceil(512) * 512
+}
 
 // The cookie's bits, from bpf/record.h through the skeleton.
 const COOKIE_INDEX: u32 = cookie_bits::COOKIE_INDEX.0;
 const COOKIE_DRIVER: u64 = cookie_bits::COOKIE_DRIVER.0 as u64;
 const COOKIE_OUT_PTR: u64 = cookie_bits::COOKIE_OUT_PTR.0 as u64;
 const COOKIE_STACK_ARGS: u64 = cookie_bits::COOKIE_STACK_ARGS.0 as u64;
+const COOKIE_ALLOCATOR: u64 = cookie_bits::COOKIE_ALLOCATOR.0 as u64;
+/// The cookie of the probes after each call to the allocator's malloc.
+pub const COOKIE_LANDED: u64 = cookie_bits::COOKIE_LANDED.0 as u64;
+const COOKIE_AT_ENTRY: u64 = cookie_bits::COOKIE_AT_ENTRY.0 as u64;
+const COOKIE_UNRETURNED: u32 = cookie_bits::COOKIE_UNRETURNED.0;
+const COOKIE_OUT_ARG1: u64 = cookie_bits::COOKIE_OUT_ARG1.0 as u64;
 
 /// The attach cookie of probe `index`.
 pub fn cookie(index: usize) -> u64 {
@@ -145,6 +197,11 @@ pub fn cookie(index: usize) -> u64 {
     }
     if p.shape == Shape::Launch {
         c |= COOKIE_STACK_ARGS;
+    }
+    match p.shape {
+        Shape::TorchMalloc => c |= COOKIE_ALLOCATOR | COOKIE_OUT_ARG1,
+        Shape::TorchFree { .. } => c |= COOKIE_ALLOCATOR | COOKIE_AT_ENTRY,
+        _ => {}
     }
     c
 }
@@ -200,6 +257,26 @@ impl Devices {
     /// The device thread `tid` works on now.
     pub fn of(&self, tid: u32) -> i32 {
         self.of_thread.get(&tid).copied().unwrap_or(0)
+    }
+}
+
+/// The device of each live PyTorch block, by process and address: a free
+/// names only the pointer.
+#[derive(Debug, Default)]
+pub struct TorchBlocks {
+    live: std::collections::HashMap<(u32, u64), i32>,
+}
+
+impl TorchBlocks {
+    /// Notes a block's allocation, or gives a free the device of its block.
+    pub fn apply(&mut self, e: &mut Event) {
+        match e.kind {
+            K::BlockAlloc => {
+                self.live.insert((e.pid, e.addr), e.device.unwrap_or(0));
+            }
+            K::BlockFree => e.device = self.live.remove(&(e.pid, e.addr)),
+            _ => {}
+        }
     }
 }
 
@@ -324,6 +401,25 @@ impl Raw {
                 cuda.handle = Some(a[3]);
                 (a[0], a[1], None)
             }
+            Shape::TorchMalloc => {
+                // A call that threw never returned: PyTorch's out-of-memory.
+                let (kind, addr) =
+                    if self.cookie.0 & COOKIE_UNRETURNED != 0 { (K::Oom, 0) } else { (K::BlockAlloc, self.result) };
+                // As a snapshot has them: an OOM's size is the request.
+                let size = if kind == K::Oom { a[3] } else { torch_block_size(a[3]) };
+                let mut e = self.event(kind, addr, size, Some(a[4]), cuda);
+                if kind == K::BlockAlloc {
+                    // Stamped when malloc returned, as a snapshot's `alloc`:
+                    // the segment it may have had to get comes first.
+                    e.ts_ns = self.ts.saturating_add(self.dur);
+                }
+                // `device` is a signed char (an int before 2.3): its low byte.
+                e.device = Some(a[2] as u8 as i8 as i32);
+                e.extra.requested = Some(a[3]);
+                e.ret = 0;
+                return Some(e);
+            }
+            Shape::TorchFree { ptr } => (a[ptr], 0, None),
             Shape::Register | Shape::GetKernel | Shape::SetDevice | Shape::CtxRetain | Shape::CtxSet => return None,
         };
         Some(self.event(p.kind, addr, size, stream.map(|i| a[i]), cuda))

@@ -37,6 +37,10 @@ impl Details {
         if let Details::Snapshot(s) = self { Some(s) } else { None }
     }
 
+    pub fn record(&self) -> Option<&RecordDetails> {
+        if let Details::Record(r) = self { Some(r) } else { None }
+    }
+
     /// The reserved bytes a profiler trace reported over time (empty for
     /// other sources).
     pub fn reserved_series(&self) -> &[ReservedSample] {
@@ -116,6 +120,10 @@ pub struct Join {
     pub recording: String,
     /// The recorded processes that are the snapshot's.
     pub pids: Vec<u32>,
+    /// The blocks are the recording's own (the probes on PyTorch's
+    /// allocator), not a snapshot's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub probed: bool,
     pub segments_matched: u64,
     pub segments_total: u64,
     /// The recording's clock minus the snapshot's, from the matched

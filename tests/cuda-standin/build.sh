@@ -5,6 +5,7 @@
 #   workload-static   the runtime and driver linked into the executable
 #   workload-dlopen   not linked; dlopens the runtime (mode `dlopen`)
 #   nvml/libnvidia-ml.so.1   the driver's NVML, answering from $STANDIN_NVML
+#   lib64/libc10_cuda.so, torch-workload   PyTorch's caching allocator (issue 40)
 set -euo pipefail
 src="$(cd "$(dirname "$0")" && pwd)"
 out="$1"
@@ -20,3 +21,9 @@ $cc "${flags[@]}" -o "$out/workload-static" "$src/workload.c" "$src/cudart.c" "$
 $cc "${flags[@]}" -Wno-unused-function -DDLOPEN_ONLY -o "$out/workload-dlopen" "$src/workload.c" -ldl -lpthread
 mkdir -p "$out/nvml"
 $cc "${flags[@]}" -fPIC -shared -Wl,-soname,libnvidia-ml.so.1 -o "$out/nvml/libnvidia-ml.so.1" "$src/nvml.c"
+# PyTorch's caching allocator, as libc10_cuda.so (its probed functions are
+# local symbols, as in PyTorch's wheels), and a program that uses it.
+${CXX:-g++} "${flags[@]}" -std=c++17 -fPIC -shared -fvisibility=hidden -Wl,-soname,libc10_cuda.so \
+  -o "$out/lib64/libc10_cuda.so" "$src/c10_cuda.cpp" -L"$out/lib64" -l:libcudart.so.12 -Wl,-rpath,'$ORIGIN'
+$cc "${flags[@]}" -o "$out/torch-workload" "$src/torch_workload.c" -L"$out/lib64" -l:libc10_cuda.so \
+  -Wl,-rpath,'$ORIGIN/lib64'

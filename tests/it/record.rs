@@ -904,3 +904,6 @@ fn every_call_carries_the_device_its_thread_works_on() {
     let md = fs::read_to_string(out.join("report.md")).unwrap();
     assert!(md.contains("made its calls on GPUs 0, 2, 3: they are replayed together"), "{md}");
 }
+
+#[path = "record_torch.rs"]
+mod torch;

@@ -512,8 +512,21 @@ pub(crate) fn advice_md(a: &Analysis) -> String {
 /// matched, and the device memory PyTorch's allocator did not hold.
 pub(crate) fn join_md(a: &Analysis) -> String {
     let Some(j) = a.snapshot_details().and_then(|d| d.join.as_ref()) else { return String::new() };
-    let mut md = String::from("\n## Recording and snapshot\n\n");
-    let _ = writeln!(
+    let mut md = String::new();
+    if j.probed {
+        md.push_str("\n## PyTorch's allocator, recorded\n\n");
+        let _ = writeln!(
+            md,
+            "Recorded with the probes on PyTorch's caching allocator (pid {}): every tensor's block, inside the {} \
+             segments PyTorch got from CUDA (the device allocations a block was placed in). Block sizes are the requests \
+             rounded to 512 bytes, as PyTorch rounds them; a block PyTorch left unsplit is larger than that.\n",
+            j.pids.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
+            j.segments_matched,
+        );
+    } else {
+        md.push_str("\n## Recording and snapshot\n\n");
+    }
+    let _ = (!j.probed).then(|| writeln!(
         md,
         "Joined with the recording `{}` (pid {}): {} of the snapshot's {} segments matched a recorded `cudaMalloc` of the \
          same address and size, or the `cuMemMap`s that tile it. The recording's clock minus the snapshot's, the median over them: {:.6} s{}.\n",
@@ -526,7 +539,7 @@ pub(crate) fn join_md(a: &Analysis) -> String {
             " (the recording's own offset to wall time, the snapshot's clock, agrees to {})",
             a.time_text(d as f64 / 1e9)
         ))
-    );
+    ));
     if j.outside.allocations == 0 {
         md.push_str("Every device allocation of the process was PyTorch's.\n");
         return md;

@@ -1,0 +1,300 @@
+//! PyTorch's caching allocator, probed in `libc10_cuda.so` (issue 40): every
+//! tensor's allocation and free, with no change to the program.
+//!
+//! **Which functions.** PyTorch's wheels keep a full symbol table, where the
+//! allocator's functions are local symbols; uprobes attach to them by their
+//! offset. They are found by demangled name, and their parameter lists are
+//! checked (the arguments are read by position):
+//!
+//! - every allocation goes through `NativeCachingAllocator::malloc(void**
+//!   out, device, size, stream)` (`THCCachingAllocator::malloc` in 1.13):
+//!   `allocate`, `raw_alloc` and `raw_alloc_with_stream` call it, in every
+//!   wheel from 1.13 to 2.15 (`scripts/torch-allocator-symbols` reads their
+//!   symbol tables; `tests/data/torch-allocator-symbols.txt` keeps what it
+//!   found);
+//! - frees have several ways in: a tensor's deleter `local_raw_delete(void*)`
+//!   (which inlines the free since 2.1), `raw_delete(void*)`, and
+//!   `NativeCachingAllocator::free(void*)`. Each that exists is probed,
+//!   except one that calls or jumps to another of them (`raw_delete` in 2.0
+//!   and 2.6 goes through `free`), so each free is seen once.
+//!
+//! **No return probes.** `malloc` throws on out-of-memory, and a uretprobe
+//! replaces the return address with a trampoline that the C++ unwinder
+//! cannot step through: the program would die in `std::terminate` instead
+//! of raising `OutOfMemoryError`. So a plain uprobe goes on the instruction
+//! after each call to `malloc` (its callers, decoded here): it fires when
+//! `malloc` returns and reads the pointer it wrote. A call that throws never
+//! gets there; the next allocator call of its thread (or its exit) writes
+//! it as an out-of-memory, with the size it asked for. Frees are written at
+//! their entry.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
+
+/// The role of an allocator function and where its pointer argument is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// `malloc(this, void** out, device, size, stream)`.
+    Malloc,
+    /// A free taking the pointer as argument `ptr` (0 for a function, 1 for
+    /// a member, after `this`).
+    Free { ptr: usize },
+}
+
+/// The allocator functions recognised, by demangled name without the
+/// parameters, and the parameter lists accepted for each.
+const KNOWN: &[(&str, Role, &[&str])] = &[
+    (
+        "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::malloc",
+        Role::Malloc,
+        &["void**, signed char, unsigned long, CUstream_st*", "void**, int, unsigned long, CUstream_st*"],
+    ),
+    (
+        "c10::cuda::CUDACachingAllocator::THCCachingAllocator::malloc",
+        Role::Malloc,
+        &["void**, int, unsigned long, CUstream_st*"],
+    ),
+    ("c10::cuda::CUDACachingAllocator::Native::local_raw_delete", Role::Free { ptr: 0 }, &["void*"]),
+    ("c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::raw_delete", Role::Free { ptr: 1 }, &["void*"]),
+    ("c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::free", Role::Free { ptr: 1 }, &["void*"]),
+    ("c10::cuda::CUDACachingAllocator::THCCachingAllocator::free", Role::Free { ptr: 1 }, &["void*"]),
+    ("c10::cuda::CUDACachingAllocator::raw_delete", Role::Free { ptr: 0 }, &["void*"]),
+];
+
+/// What a name matched: the function's role, or a known name whose
+/// parameters are not the ones this recorder reads (another release's).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Match {
+    Known(Role),
+    WrongShape(String),
+}
+
+/// Matches a demangled name against [`KNOWN`].
+pub fn recognise(demangled: &str) -> Option<Match> {
+    let (name, params) = demangled.strip_suffix(')')?.split_once('(')?;
+    let &(_, role, shapes) = KNOWN.iter().find(|(n, ..)| *n == name)?;
+    Some(if shapes.contains(&params) { Match::Known(role) } else { Match::WrongShape(demangled.to_string()) })
+}
+
+/// A probed function: its demangled name and file offset.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Function {
+    pub name: String,
+    pub offset: usize,
+}
+
+/// How to probe one library's allocator.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    pub malloc: Function,
+    /// File offsets of the instructions after each call to `malloc`.
+    pub landings: Vec<usize>,
+    pub frees: Vec<(Function, Role)>,
+    /// Frees left out because they call another probed one.
+    pub left_out: Vec<String>,
+}
+
+/// Why a library's allocator is not probed, for the user.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// Not PyTorch's allocator at all: says nothing.
+    Absent,
+    /// Looks like PyTorch's, but cannot be probed: the reason.
+    Unusable(String),
+}
+
+/// A function symbol: address, size, demangled name.
+struct Sym {
+    addr: u64,
+    size: u64,
+    name: String,
+}
+
+/// Reads `path` and plans its allocator probes.
+pub fn plan(path: &Path) -> Result<std::result::Result<Plan, Refusal>> {
+    let data = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    plan_bytes(&data).with_context(|| format!("{}: cannot read its symbols", path.display()))
+}
+
+fn plan_bytes(data: &[u8]) -> Result<std::result::Result<Plan, Refusal>> {
+    let file = object::File::parse(data)?;
+    let text = |addr: u64, size: u64| -> Option<&[u8]> {
+        file.segments().find_map(|s| s.data_range(addr, size).ok().flatten())
+    };
+    let offset = |addr: u64| -> Option<usize> {
+        file.segments().find_map(|s| {
+            let (file_at, len) = s.file_range();
+            (addr >= s.address() && addr < s.address() + len).then(|| (addr - s.address() + file_at) as usize)
+        })
+    };
+    let mut syms: Vec<Sym> = Vec::new();
+    let mut roles: BTreeMap<u64, (String, Role)> = BTreeMap::new();
+    let mut wrong_shape = Vec::new();
+    let mut names_seen = false;
+    for s in file.symbols().chain(file.dynamic_symbols()) {
+        if !s.is_definition() || s.kind() != SymbolKind::Text {
+            continue;
+        }
+        let Ok(raw) = s.name() else { continue };
+        // `.cold` and `.part` clones are pieces of a function, not entries.
+        if raw.contains('.') {
+            continue;
+        }
+        let name = demangle(raw);
+        names_seen |= name.contains("CUDACachingAllocator");
+        match recognise(&name) {
+            Some(Match::Known(role)) => {
+                roles.insert(s.address(), (name.clone(), role));
+            }
+            Some(Match::WrongShape(n)) => wrong_shape.push(n),
+            None => {}
+        }
+        if s.size() > 0 {
+            syms.push(Sym { addr: s.address(), size: s.size(), name });
+        }
+    }
+    syms.sort_by_key(|s| s.addr);
+    syms.dedup_by_key(|s| s.addr);
+    let mallocs: Vec<(u64, String)> =
+        roles.iter().filter(|(_, (_, r))| *r == Role::Malloc).map(|(&a, (n, _))| (a, n.clone())).collect();
+    let Some((malloc_at, malloc_name)) = mallocs.first().cloned() else {
+        return Ok(Err(if !wrong_shape.is_empty() {
+            Refusal::Unusable(format!(
+                "its allocator's functions have parameters this recorder does not read: {}",
+                wrong_shape.join("; ")
+            ))
+        } else if names_seen {
+            Refusal::Unusable("it names PyTorch's CUDA caching allocator but not its malloc (another release?)".into())
+        } else {
+            Refusal::Absent
+        }));
+    };
+    // Every call to malloc, and any jump to it from elsewhere (a tail
+    // call returns past the caller: its returns could not be seen).
+    let mut landings = Vec::new();
+    let mut tail_calls = Vec::new();
+    for s in &syms {
+        let Some(code) = text(s.addr, s.size) else { continue };
+        for (ip, next, target, is_call) in branches(code, s.addr) {
+            if target != malloc_at || s.addr == malloc_at {
+                continue;
+            }
+            if is_call {
+                landings.extend(offset(next));
+            } else {
+                tail_calls.push(format!("{} at {ip:#x}", s.name));
+            }
+        }
+    }
+    if !tail_calls.is_empty() {
+        return Ok(Err(Refusal::Unusable(format!(
+            "{malloc_name} is jumped to (a tail call) from {}: its returns there could not be seen",
+            tail_calls.join(", ")
+        ))));
+    }
+    if landings.is_empty() {
+        return Ok(Err(Refusal::Unusable(format!("nothing in the library calls {malloc_name}"))));
+    }
+    landings.sort_unstable();
+    // Frees, less those that reach another probed free.
+    let free_at: HashMap<u64, (String, Role)> =
+        roles.iter().filter(|(_, (_, r))| *r != Role::Malloc).map(|(&a, v)| (a, v.clone())).collect();
+    let mut frees = Vec::new();
+    let mut left_out = Vec::new();
+    for (&addr, (name, role)) in roles.iter().filter(|(_, (_, r))| *r != Role::Malloc) {
+        let size = syms.iter().find(|s| s.addr == addr).map_or(0, |s| s.size);
+        let reaches_other = text(addr, size)
+            .map(|code| branches(code, addr).any(|(_, _, t, _)| t != addr && free_at.contains_key(&t)))
+            .unwrap_or(false);
+        if reaches_other {
+            left_out.push(name.clone());
+        } else if let Some(offset) = offset(addr) {
+            frees.push((Function { name: name.clone(), offset }, *role));
+        }
+    }
+    if frees.is_empty() {
+        return Ok(Err(Refusal::Unusable(format!("{malloc_name} is there but none of the frees is"))));
+    }
+    let malloc = Function { name: malloc_name, offset: offset(malloc_at).context("malloc lies in no segment")? };
+    Ok(Ok(Plan { malloc, landings, frees, left_out }))
+}
+
+/// The direct calls and jumps of `code` (x86-64, at address `at`): each
+/// one's address, the next instruction's, its target, and whether it is a
+/// call.
+fn branches(code: &[u8], at: u64) -> impl Iterator<Item = (u64, u64, u64, bool)> + '_ {
+    use iced_x86::{Decoder, DecoderOptions, OpKind};
+    let mut decoder = Decoder::with_ip(64, code, at, DecoderOptions::NONE);
+    std::iter::from_fn(move || {
+        while decoder.can_decode() {
+            let ins = decoder.decode();
+            // Calls, jumps and conditional jumps to a fixed address.
+            if matches!(ins.op0_kind(), OpKind::NearBranch64) {
+                let call = ins.mnemonic() == iced_x86::Mnemonic::Call;
+                return Some((ins.ip(), ins.next_ip(), ins.near_branch_target(), call));
+            }
+        }
+        None
+    })
+}
+
+fn demangle(raw: &str) -> String {
+    cpp_demangle::Symbol::new(raw)
+        .ok()
+        .and_then(|s| s.demangle().ok())
+        .unwrap_or_else(|| raw.to_string())
+}
+
+/// PyTorch's allocator library, by file name.
+pub fn is_allocator_library(name: &std::ffi::OsStr) -> bool {
+    name.to_string_lossy().starts_with("libc10_cuda") && name.to_string_lossy().contains(".so")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The allocator's names in every PyTorch wheel from 1.13 to 2.15, as
+    /// `scripts/torch-allocator-symbols` read them from the package index.
+    const WHEELS: &str = include_str!("../../tests/data/torch-allocator-symbols.txt");
+
+    #[test]
+    fn every_wheel_has_a_malloc_and_a_free_this_recorder_reads() {
+        let mut versions = 0;
+        for block in WHEELS.split("\n== ").filter(|b| !b.trim().is_empty() && !b.starts_with('#')) {
+            let mut lines = block.lines();
+            let version = lines.next().unwrap().trim_start_matches("== ").to_string();
+            let roles: Vec<Match> = lines.filter_map(recognise).collect();
+            assert!(roles.contains(&Match::Known(Role::Malloc)), "{version}: no malloc in {roles:?}");
+            assert!(roles.iter().any(|r| matches!(r, Match::Known(Role::Free { .. }))), "{version}: no free");
+            assert!(!roles.iter().any(|r| matches!(r, Match::WrongShape(_))), "{version}: {roles:?}");
+            versions += 1;
+        }
+        assert!(versions >= 15, "{versions} versions in the list");
+    }
+
+    #[test]
+    fn names_and_shapes() {
+        let m = "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::malloc";
+        assert_eq!(
+            recognise(&format!("{m}(void**, signed char, unsigned long, CUstream_st*)")),
+            Some(Match::Known(Role::Malloc))
+        );
+        assert!(matches!(recognise(&format!("{m}(void**, long, unsigned long)")), Some(Match::WrongShape(_))));
+        assert_eq!(
+            recognise("c10::cuda::CUDACachingAllocator::Native::local_raw_delete(void*)"),
+            Some(Match::Known(Role::Free { ptr: 0 }))
+        );
+        assert_eq!(recognise("malloc(unsigned long)"), None);
+        assert_eq!(recognise("c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::free(Block*)"), None);
+    }
+
+    #[test]
+    fn a_library_without_the_allocator_is_absent() {
+        let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        assert_eq!(plan_bytes(&exe).unwrap(), Err(Refusal::Absent));
+    }
+}

@@ -1,0 +1,193 @@
+// Stand-in for PyTorch's libc10_cuda.so, for fragscope's record tests of the
+// allocator probes (issue 40). The functions the recorder probes have the
+// mangled names of PyTorch's (2.3 and later) and, as in PyTorch's wheels,
+// are local symbols: in .symtab, not exported. A small caching allocator
+// carves blocks out of 2 MiB segments it gets from the stand-in runtime's
+// cudaMalloc, and throws on out-of-memory as PyTorch does, so the unwinding
+// through the probed frames is tested too. Not PyTorch code.
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+
+extern "C" int cudaMalloc(void **devPtr, size_t size);
+extern "C" int cudaFree(void *devPtr);
+
+struct CUstream_st;
+
+#define LOCAL __attribute__((visibility("hidden"), noinline))
+#define EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace c10 {
+namespace cuda {
+namespace CUDACachingAllocator {
+namespace Native {
+
+struct OutOfMemoryError : std::runtime_error {
+	explicit OutOfMemoryError(size_t n) : std::runtime_error("CUDA out of memory"), size(n) {}
+	size_t size;
+};
+
+class NativeCachingAllocator {
+      public:
+	LOCAL void malloc(void **devPtr, signed char device, unsigned long size, CUstream_st *stream);
+	LOCAL void free(void *ptr);
+	// free's body, inlined where PyTorch inlines it (local_raw_delete).
+	inline __attribute__((always_inline)) void free_block(void *ptr);
+	LOCAL void raw_delete(void *ptr);
+	LOCAL void *raw_alloc(unsigned long size);
+	void empty_cache();
+
+      private:
+	struct Segment {
+		size_t size;
+		std::map<uintptr_t, size_t> free; // offset ranges not in use
+		size_t used = 0;
+	};
+	bool carve(size_t size, uintptr_t *out);
+	std::mutex lock_;
+	std::map<uintptr_t, Segment> segments_;  // base -> segment
+	std::map<uintptr_t, size_t> live_;       // block -> size
+};
+
+static NativeCachingAllocator allocator;
+static const size_t kSegment = 2u << 20;
+
+static size_t round_size(size_t n) { return n < 512 ? 512 : (n + 511) / 512 * 512; }
+
+bool NativeCachingAllocator::carve(size_t size, uintptr_t *out)
+{
+	for (auto &[base, seg] : segments_) {
+		for (auto it = seg.free.begin(); it != seg.free.end(); ++it) {
+			if (it->second < size)
+				continue;
+			uintptr_t at = it->first;
+			size_t rest = it->second - size;
+			seg.free.erase(it);
+			if (rest)
+				seg.free[at + size] = rest;
+			seg.used += size;
+			*out = at;
+			return true;
+		}
+	}
+	return false;
+}
+
+void NativeCachingAllocator::malloc(void **devPtr, signed char device, unsigned long size, CUstream_st *stream)
+{
+	(void)device;
+	(void)stream;
+	std::lock_guard<std::mutex> g(lock_);
+	size_t n = round_size(size);
+	uintptr_t at = 0;
+	if (!carve(n, &at)) {
+		size_t seg = n <= kSegment ? kSegment : (n + kSegment - 1) / kSegment * kSegment;
+		void *p = nullptr;
+		if (cudaMalloc(&p, seg) != 0) {
+			// Release the cached segments no block uses, then try again.
+			for (auto it = segments_.begin(); it != segments_.end();) {
+				if (it->second.used == 0) {
+					cudaFree((void *)it->first);
+					it = segments_.erase(it);
+				} else {
+					++it;
+				}
+			}
+			if (cudaMalloc(&p, seg) != 0)
+				throw OutOfMemoryError(size);
+		}
+		Segment s;
+		s.size = seg;
+		s.free[(uintptr_t)p] = seg;
+		segments_[(uintptr_t)p] = s;
+		carve(n, &at);
+	}
+	live_[at] = n;
+	*devPtr = (void *)at;
+}
+
+void NativeCachingAllocator::free(void *ptr) { free_block(ptr); }
+
+void NativeCachingAllocator::free_block(void *ptr)
+{
+	std::lock_guard<std::mutex> g(lock_);
+	auto b = live_.find((uintptr_t)ptr);
+	if (b == live_.end())
+		throw std::invalid_argument("invalid device pointer");
+	auto seg = std::prev(segments_.upper_bound(b->first));
+	seg->second.free[b->first] = b->second;
+	seg->second.used -= b->second;
+	// Coalesce with the free neighbours.
+	auto &f = seg->second.free;
+	auto it = f.find(b->first);
+	if (auto next = std::next(it); next != f.end() && it->first + it->second == next->first) {
+		it->second += next->second;
+		f.erase(next);
+	}
+	if (it != f.begin()) {
+		auto prev = std::prev(it);
+		if (prev->first + prev->second == it->first) {
+			prev->second += it->second;
+			f.erase(it);
+		}
+	}
+	live_.erase(b);
+}
+
+// As in PyTorch 2.6, raw_delete goes through free: the recorder must
+// count such a free once.
+void NativeCachingAllocator::raw_delete(void *ptr) { free(ptr); }
+
+void *NativeCachingAllocator::raw_alloc(unsigned long size)
+{
+	void *p = nullptr;
+	malloc(&p, 0, size, nullptr);
+	return p;
+}
+
+void NativeCachingAllocator::empty_cache()
+{
+	std::lock_guard<std::mutex> g(lock_);
+	for (auto it = segments_.begin(); it != segments_.end();) {
+		if (it->second.used == 0) {
+			cudaFree((void *)it->first);
+			it = segments_.erase(it);
+		} else {
+			++it;
+		}
+	}
+}
+
+// A tensor's deleter: as in PyTorch 2.1 and later, it frees without
+// calling free().
+LOCAL void local_raw_delete(void *ptr)
+{
+	allocator.free_block(ptr);
+}
+
+} // namespace Native
+} // namespace CUDACachingAllocator
+} // namespace cuda
+} // namespace c10
+
+using c10::cuda::CUDACachingAllocator::Native::allocator;
+using c10::cuda::CUDACachingAllocator::Native::OutOfMemoryError;
+
+// What the stand-in workload calls: a tensor's allocation (0, or 2 when the
+// allocator threw OutOfMemoryError), its deleter, and the raw interface.
+EXPORT int standin_torch_alloc(void **out, size_t size, int device)
+{
+	try {
+		allocator.malloc(out, (signed char)device, size, nullptr);
+		return 0;
+	} catch (const OutOfMemoryError &) {
+		*out = nullptr;
+		return 2;
+	}
+}
+EXPORT void standin_torch_free(void *ptr) { c10::cuda::CUDACachingAllocator::Native::local_raw_delete(ptr); }
+EXPORT void *standin_torch_raw_alloc(size_t size) { return allocator.raw_alloc(size); }
+EXPORT void standin_torch_raw_delete(void *ptr) { allocator.raw_delete(ptr); }
+EXPORT void standin_torch_empty_cache() { allocator.empty_cache(); }

@@ -1,0 +1,66 @@
+/* A program that allocates through the stand-in PyTorch allocator
+ * (c10_cuda.cpp), for the record tests of the allocator probes. It prints
+ * its own bookkeeping, one line per call, which the test compares with
+ * the recording:
+ *   alloc ADDR SIZE DEVICE   a tensor (SIZE as asked)
+ *   free ADDR                its deleter, or raw_delete
+ *   oom SIZE DEVICE          the allocator threw out-of-memory
+ * Run with STANDIN_CAPACITY small enough for the last phase to fail. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int standin_torch_alloc(void **out, size_t size, int device);
+void standin_torch_free(void *ptr);
+void *standin_torch_raw_alloc(size_t size);
+void standin_torch_raw_delete(void *ptr);
+void standin_torch_empty_cache(void);
+
+#define N 64
+static void *live[N];
+static int nlive;
+
+static int alloc(size_t size, int device)
+{
+	void *p = NULL;
+	if (standin_torch_alloc(&p, size, device)) {
+		printf("oom %zu %d\n", size, device);
+		return 1;
+	}
+	printf("alloc %p %zu %d\n", p, size, device);
+	live[nlive++] = p;
+	return 0;
+}
+
+static void release(int i)
+{
+	printf("free %p\n", live[i]);
+	standin_torch_free(live[i]);
+	live[i] = live[--nlive];
+}
+
+int main(int argc, char **argv)
+{
+	int steps = argc > 1 ? atoi(argv[1]) : 3;
+	/* Steps of a training loop: activations kept until the step ends. */
+	for (int s = 0; s < steps; s++) {
+		for (int i = 0; i < 8; i++)
+			alloc(1000 + 4096 * i, 0);
+		alloc(3u << 20, 0);
+		while (nlive > 0)
+			release(nlive - 1);
+	}
+	/* The raw interface (cuBLAS workspaces go through it). */
+	void *w = standin_torch_raw_alloc(100000);
+	printf("alloc %p %d 0\n", w, 100000);
+	printf("free %p\n", w);
+	standin_torch_raw_delete(w);
+	/* Grow until the allocator gives up. */
+	while (nlive < N - 1 && alloc(6u << 20, 0) == 0)
+		;
+	while (nlive > 0)
+		release(nlive - 1);
+	standin_torch_empty_cache();
+	fflush(stdout);
+	return 0;
+}

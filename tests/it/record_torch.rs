@@ -1,0 +1,188 @@
+//! `record` on PyTorch's caching allocator (issue 40): the stand-in
+//! `libc10_cuda.so` (tests/cuda-standin/c10_cuda.cpp) has the mangled names
+//! of PyTorch's, as local symbols, and throws on out-of-memory as PyTorch
+//! does. Its workload prints every call it makes; the recording must hold
+//! exactly those, in order, with their addresses, sizes and devices, and
+//! the out-of-memory as an `oom` event, while the program catches its
+//! exception and runs on.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use super::{bpf_ready, libs, meta, parts, record_cmd, standin};
+use crate::common::read_parquet;
+
+/// (kind, address, requested size, device) of the allocator's events.
+type Block = (String, u64, Option<u64>, Option<i32>);
+
+/// 64 MiB of stand-in device memory: the workload's last phase runs out.
+const CAPACITY: &str = "67108864";
+
+fn record_torch(tmp: &Path, extra: &[&str]) -> (PathBuf, Output) {
+    let dir = standin();
+    let trace = tmp.join("trace");
+    let l = libs(dir);
+    let c10 = format!("--lib={}", dir.join("lib64/libc10_cuda.so").display());
+    let mut c = record_cmd(&trace, &[&l[0], &l[1], &c10]);
+    c.args(extra).arg("--").arg(dir.join("torch-workload")).arg("3").env("STANDIN_CAPACITY", CAPACITY);
+    let out = c.output().unwrap();
+    assert!(out.status.success(), "record failed: {}", String::from_utf8_lossy(&out.stderr));
+    (trace, out)
+}
+
+/// What the workload says it did.
+fn bookkeeping(out: &Output) -> Vec<Block> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap();
+            match f[0] {
+                "alloc" => ("block_alloc".into(), hex(f[1]), Some(f[2].parse().unwrap()), Some(f[3].parse().unwrap())),
+                "free" => ("block_free".into(), hex(f[1]), None, Some(0)),
+                "oom" => ("oom".into(), 0, Some(f[1].parse().unwrap()), Some(f[2].parse().unwrap())),
+                other => panic!("unexpected line {other:?}"),
+            }
+        })
+        .collect()
+}
+
+/// The allocator's events of the recording, in time order.
+fn recorded(trace: &Path) -> Vec<Block> {
+    let mut rows = Vec::new();
+    for part in parts(trace) {
+        let df = read_parquet(&part);
+        let (ts, kind, addr) = (df.u64s("ts_ns"), df.strs("kind"), df.u64s("addr"));
+        let (req, dev) = (df.u64s("requested_size"), df.i32s("device"));
+        for i in 0..df.height() {
+            let k = kind[i].clone().unwrap();
+            if matches!(k.as_str(), "block_alloc" | "block_free" | "oom") {
+                let req = if k == "block_free" { None } else { req[i] };
+                rows.push((ts[i].unwrap(), (k, addr[i].unwrap(), req, dev[i])));
+            }
+        }
+    }
+    rows.sort_by_key(|r| r.0);
+    rows.into_iter().map(|r| r.1).collect()
+}
+
+#[test]
+fn every_tensor_block_and_the_oom_are_recorded_and_the_program_runs_on() {
+    if !bpf_ready("every_tensor_block_and_the_oom_are_recorded_and_the_program_runs_on") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (trace, out) = record_torch(tmp.path(), &[]);
+    let truth = bookkeeping(&out);
+    // The workload caught its out-of-memory (a return probe on malloc would
+    // have made the unwinder call std::terminate) and freed everything.
+    assert_eq!(truth.iter().filter(|b| b.0 == "oom").count(), 1, "{truth:?}");
+    assert!(truth.last().is_some_and(|b| b.0 == "block_free"));
+    assert!(truth.len() > 50);
+    assert_eq!(recorded(&trace), truth);
+
+    // trace.json names the library and what was probed there.
+    let m = meta(&trace);
+    let probes = m["details"]["probes"].as_array().unwrap();
+    let c10 = probes.iter().find(|p| p["library"].as_str().unwrap().ends_with("libc10_cuda.so")).unwrap();
+    let a = &c10["pytorch_allocator"];
+    assert!(a["malloc"].as_str().unwrap().ends_with("NativeCachingAllocator::malloc(void**, signed char, unsigned long, CUstream_st*)"));
+    // raw_delete goes through free: left out, so each free is seen once.
+    assert_eq!(a["frees_left_out"][0], "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::raw_delete(void*)");
+    // Two call sites: the workload's tensor allocation and raw_alloc.
+    assert_eq!(a["returns_probed_at"], 2);
+    // The segments underneath are still the runtime's calls.
+    let n = &m["event_counts"];
+    assert!(n["alloc"].as_u64().unwrap() >= 3, "{n}");
+}
+
+#[test]
+fn no_torch_records_the_segments_only() {
+    if !bpf_ready("no_torch_records_the_segments_only") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (trace, out) = record_torch(tmp.path(), &["--no-torch"]);
+    assert!(recorded(&trace).is_empty());
+    assert!(!bookkeeping(&out).is_empty());
+    let m = meta(&trace);
+    assert!(m["details"]["probes"].as_array().unwrap().iter().all(|p| p.get("pytorch_allocator").is_none()));
+}
+
+#[test]
+fn a_stripped_allocator_library_is_said_and_its_segments_still_recorded() {
+    if !bpf_ready("a_stripped_allocator_library_is_said_and_its_segments_still_recorded") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = standin();
+    // A copy without .symtab: PyTorch's names are gone.
+    let lib = tmp.path().join("lib64");
+    fs::create_dir(&lib).unwrap();
+    for f in ["libcudart.so.12", "libcuda.so.1"] {
+        fs::copy(dir.join("lib64").join(f), lib.join(f)).unwrap();
+    }
+    let st = std::process::Command::new("strip")
+        .arg("-o")
+        .arg(lib.join("libc10_cuda.so"))
+        .arg(dir.join("lib64/libc10_cuda.so"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    fs::copy(dir.join("torch-workload"), tmp.path().join("torch-workload")).unwrap();
+    let trace = tmp.path().join("trace");
+    let args: Vec<String> =
+        ["libcudart.so.12", "libcuda.so.1", "libc10_cuda.so"].iter().map(|f| format!("--lib={}", lib.join(f).display())).collect();
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = record_cmd(&trace, &a)
+        .arg("--")
+        .arg(tmp.path().join("torch-workload"))
+        .arg("1")
+        .env("STANDIN_CAPACITY", CAPACITY)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(recorded(&trace).is_empty());
+    assert!(meta(&trace)["event_counts"]["alloc"].as_u64().unwrap() > 0);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("libc10_cuda.so: PyTorch's allocator not probed") && err.contains("stripped"), "{err}");
+}
+
+#[test]
+fn a_recording_with_blocks_is_analysed_as_a_snapshot_and_its_oom_classified() {
+    if !bpf_ready("a_recording_with_blocks_is_analysed_as_a_snapshot_and_its_oom_classified") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (trace, out) = record_torch(tmp.path(), &[]);
+    let truth = bookkeeping(&out);
+    let report = tmp.path().join("report");
+    let o = std::process::Command::new(super::bin())
+        .arg("analyze")
+        .arg(&trace)
+        .arg("-o")
+        .arg(&report)
+        .arg("--no-plots")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&fs::read(report.join("report.json")).unwrap()).unwrap();
+    // Every block, in the allocator view, inside the segments PyTorch got.
+    let kinds = &json["events"]["by_kind"];
+    let allocs = truth.iter().filter(|b| b.0 == "block_alloc").count() as u64;
+    assert_eq!(kinds["block_alloc"].as_u64(), Some(allocs), "{kinds}");
+    assert_eq!(kinds["block_free"].as_u64(), Some(allocs), "{kinds}");
+    let md = fs::read_to_string(report.join("report.md")).unwrap();
+    assert!(md.contains("## PyTorch's allocator, recorded"), "{md}");
+    assert_eq!(json["join"]["probed"], true);
+    assert_eq!(json["join"]["segments_matched"], json["join"]["segments_total"]);
+    assert!(md.contains("Every device allocation of the process was PyTorch's."), "{md}");
+    assert!(md.contains("## Anomalies\n\nNone."), "{md}");
+    // The OOM: CUDA refused the segment PyTorch asked for, and its cache
+    // had nothing free: capacity.
+    let ooms = json["ooms"].as_array().unwrap();
+    assert_eq!(ooms.len(), 1, "{ooms:?}");
+    assert_eq!(ooms[0]["class"], "capacity", "{:?}", ooms[0]);
+    assert_eq!(ooms[0]["requested"].as_u64(), Some(6 << 20));
+}
