@@ -103,8 +103,8 @@ impl CapacitySource {
             CapacitySource::Given => "given with --capacity",
             CapacitySource::Recorded => "recorded in trace.json",
             CapacitySource::InferredFromOom => {
-                "inferred at the OOM: what was reserved then plus the free memory CUDA reported (a snapshot's `oom` entry), \
-                 or plus nothing where a recording shows CUDA refusing PyTorch's segment (then a lower bound)"
+                "inferred at the OOM: what was reserved then plus the free memory CUDA reported (none where a recording \
+                 shows CUDA refusing PyTorch's segment: then a lower bound)"
             }
             CapacitySource::InferredFromFlushes => {
                 "inferred from cache flushes (PyTorch released its whole cache because the device was full): the least capacity they allow"
