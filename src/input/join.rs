@@ -69,13 +69,6 @@ pub fn join(recording: Loaded, snapshot: Loaded) -> Result<Loaded> {
             snapshot.trace.dir.display()
         );
     }
-    if super::allocator::has_blocks(&recording) {
-        bail!(
-            "{}: this recording already holds PyTorch's blocks (the probes on its allocator): analyse it alone, or \
-             record with --no-torch to join it with a snapshot",
-            recording.trace.dir.display()
-        );
-    }
     join_probed(recording, snapshot)
 }
 

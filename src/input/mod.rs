@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
-pub use join::{OUTSIDE, join};
+pub use join::OUTSIDE;
 pub use loaded::Loaded;
 
 use crate::trace::Trace;
@@ -110,6 +110,19 @@ pub fn load(dir: &Path, kind: Option<Input>, device: Option<u32>) -> Result<Load
     }
     tracing::info!("{}: loaded {} events in {:.3} s", trace.name, events.len(), start.elapsed().as_secs_f64());
     Ok(Loaded { trace, events, out_of_order })
+}
+
+/// One view of a run recorded both ways ([`join`](join::join)): a
+/// recording without PyTorch's blocks, and its snapshot.
+pub fn join(recording: Loaded, snapshot: Loaded) -> Result<Loaded> {
+    if allocator::has_blocks(&recording) {
+        bail!(
+            "{}: this recording already holds PyTorch's blocks (the probes on its allocator): analyse it alone, or \
+             record with --no-torch to join it with a snapshot",
+            recording.trace.dir.display()
+        );
+    }
+    join::join(recording, snapshot)
 }
 
 /// A recording that holds PyTorch's blocks (the probes on its allocator)
