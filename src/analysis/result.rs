@@ -113,6 +113,16 @@ pub struct Analysis {
 
 impl Analysis {
     /// What a series is: a process (device view) or a device (allocator view).
+    /// How the report names replay unit `id`: its pid (or a snapshot's
+    /// device), or "PID on GPU N" for one device of a process that used
+    /// several ([`crate::trace::Trace::units`]).
+    pub fn who(&self, id: u32) -> String {
+        match self.trace.units.get(&id) {
+            Some((pid, device)) => format!("{pid} on GPU {device}"),
+            None => id.to_string(),
+        }
+    }
+
     pub fn unit(&self) -> &'static str {
         if self.allocator_view { "device" } else { "pid" }
     }

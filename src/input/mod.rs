@@ -12,6 +12,7 @@
 mod allocator;
 mod join;
 mod loaded;
+mod units;
 
 use std::path::{Path, PathBuf};
 
@@ -98,6 +99,7 @@ pub fn load(dir: &Path, kind: Option<Input>, device: Option<u32>) -> Result<Load
         _ => {}
     }
     let (mut events, out_of_order) = trace.load_events()?;
+    units::split(&mut trace, &mut events);
     if let Some(d) = device {
         // An imported snapshot: one series per device, in the pid column.
         if trace.source() != Some(crate::trace::Source::PytorchSnapshot) {
@@ -193,6 +195,8 @@ fn imported(
         skipped: Vec::new(),
         pytorch_columns: stacks.is_some(),
         ustack_ids: false,
+        device_column: false,
+        units: Default::default(),
         modified: shell.modified,
         stacks,
     };

@@ -67,7 +67,7 @@ fn panel(area: &DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>, a: &Anal
         }
         v => v.name().to_string(),
     };
-    let caption = format!("{} {}: {verdict}", a.unit(), l.pid);
+    let caption = format!("{} {}: {verdict}", a.unit(), a.who(l.pid));
     let mut c = ChartBuilder::on(area)
         .caption(caption, (FONT, 14))
         .margin(8)

@@ -48,7 +48,7 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
         .peaks
         .iter()
         .map(|p| {
-            json!({
+            let mut j = json!({
                 "pid": p.pid,
                 "peak_live_bytes": p.bytes,
                 "peak_t_ns": p.t_ns,
@@ -57,7 +57,14 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
                 "fragmentation_level": a.predictions.iter().find(|q| q.pid == p.pid).and_then(|q| q.prediction.risk).map(Risk::name),
                 "oom_risk": a.oom_risk.iter().find(|x| x.device.is_none_or(|d| d == p.pid)).map(|x| x.level.name()),
                 "final": last_row(a, p.pid).map(|r| metrics_json(&r.metrics)),
-            })
+            });
+            // One device of a process that used several: `pid` is the
+            // unit's id (as in rows, OOMs and leaks), these say which.
+            if let Some((pid, device)) = a.trace.units.get(&p.pid) {
+                j["process"] = json!(pid);
+                j["device"] = json!(device);
+            }
+            j
         })
         .collect();
     let mut report = json!({
@@ -143,6 +150,16 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
         && !d.devices.is_empty()
     {
         report["devices_by_process"] = json!(d.devices);
+        if !a.trace.units.is_empty() {
+            // The replay units that are one device of a process.
+            report["units"] = a
+                .trace
+                .units
+                .iter()
+                .map(|(id, (pid, device))| (id.to_string(), json!({"pid": pid, "device": device})))
+                .collect::<serde_json::Map<_, _>>()
+                .into();
+        }
     }
     if let Some(j) = a.snapshot_details().and_then(|d| d.join.as_ref()) {
         report["join"] = json!({

@@ -213,7 +213,13 @@ pub struct Events {
     /// The CUDA stream, loaded with the PyTorch columns (0 for none):
     /// what the allocator model of `whatif` keys its pools by.
     pub stream: Vec<u64>,
+    /// The device of each call, loaded only for recordings where a process
+    /// used several GPUs (empty otherwise); [`NO_DEVICE`] for none.
+    pub device: Vec<i32>,
 }
+
+/// The null of the `device` column in memory.
+pub const NO_DEVICE: i32 = i32::MIN;
 
 /// Events per kind, and rows whose kind this version does not know.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -334,8 +340,8 @@ impl Events {
     }
 
     /// Replaces every column by its `rows`, in that order (the PyTorch
-    /// columns only when present).
-    fn take_rows(&mut self, rows: &[u32]) {
+    /// columns only when present); a row may be taken more than once.
+    pub fn take_rows(&mut self, rows: &[u32]) {
         fn take<T: Copy>(v: &mut Vec<T>, rows: &[u32]) {
             if !v.is_empty() {
                 *v = rows.iter().map(|&i| v[i as usize]).collect();
@@ -351,6 +357,7 @@ impl Events {
         take(&mut self.stack, rows);
         take(&mut self.device_free, rows);
         take(&mut self.stream, rows);
+        take(&mut self.device, rows);
     }
 }
 

@@ -58,6 +58,14 @@ pub struct Trace {
     /// When the directory (or snapshot file) was last modified, read once
     /// at open: the date of a trace whose `trace.json` has no start time.
     pub modified: Option<std::time::SystemTime>,
+    /// A recording where a process made calls on several GPUs
+    /// (`details.devices`): loading reads the `device` column too, so each
+    /// (process, device) is replayed on its own ([`Trace::units`]).
+    pub device_column: bool,
+    /// The replay units that are one device of a process: unit id → (pid,
+    /// device). Empty when every unit is a whole process (or a snapshot's
+    /// device).
+    pub units: std::collections::BTreeMap<u32, (u32, i32)>,
     /// The stack table, for traces that have one: a snapshot's, or the
     /// symbolised stacks of `record --stacks` once the events are loaded.
     pub stacks: Option<Arc<Stacks>>,
@@ -143,6 +151,8 @@ impl Trace {
         let stacks = if stacks_path.is_file() { Some(Arc::new(read_stacks(&stacks_path)?)) } else { None };
         let ustack_ids = ustack_column && stacks.is_none() && dir.join(USTACKS_FILE).is_file();
         let modified = md.modified().ok();
+        let device_column =
+            meta.as_ref().and_then(|m| m.details.record()).is_some_and(|d| d.devices.values().any(|v| v.len() > 1));
         Ok(Trace {
             dir: dir.to_path_buf(),
             name,
@@ -151,6 +161,8 @@ impl Trace {
             skipped,
             pytorch_columns: pytorch_columns && requested,
             ustack_ids,
+            device_column,
+            units: Default::default(),
             modified,
             stacks,
         })
@@ -165,7 +177,7 @@ impl Trace {
     /// number of rows that were out of time order.
     pub fn load_events(&mut self) -> Result<(Events, u64)> {
         // Errors name the part at fault.
-        let mut events = scan(&self.parts, self.pytorch_columns, self.ustack_ids)?;
+        let mut events = scan(&self.parts, self.pytorch_columns, self.ustack_ids, self.device_column)?;
         let out_of_order = events.sort_by_time();
         if self.ustack_ids {
             let path = self.dir.join(USTACKS_FILE);

@@ -108,9 +108,12 @@ pub(super) fn check_part(path: &Path) -> std::result::Result<Optional, PartError
 
 pub(super) const PYTORCH_COLUMNS: [&str; 4] = ["requested_size", "stack_id", "device_free", "stream"];
 
-pub(super) fn scan(parts: &[PathBuf], pytorch_columns: bool, ustack_ids: bool) -> Result<Events> {
+pub(super) fn scan(parts: &[PathBuf], pytorch_columns: bool, ustack_ids: bool, device: bool) -> Result<Events> {
     let started = std::time::Instant::now();
     let mut names = vec!["ts_ns", "pid", "kind", "addr", "size", "ret"];
+    if device {
+        names.push("device");
+    }
     if pytorch_columns {
         names.extend(PYTORCH_COLUMNS);
     }
@@ -160,7 +163,7 @@ pub(super) fn scan(parts: &[PathBuf], pytorch_columns: bool, ustack_ids: bool) -
         stack: join(&mut columns, |c| &mut c.stack),
         device_free: join(&mut columns, |c| &mut c.device_free),
         stream: join(&mut columns, |c| &mut c.stream),
-        ..Events::default()
+        device: join(&mut columns, |c| &mut c.device),
     };
     tracing::debug!("parts decoded in {:.3} s", started.elapsed().as_secs_f64());
     if pytorch_columns && events.requested.iter().all(|&r| r == u64::MAX) {
@@ -201,6 +204,7 @@ pub(super) struct PartColumns {
     pub(super) stack: Vec<u32>,
     pub(super) device_free: Vec<u64>,
     pub(super) stream: Vec<u64>,
+    pub(super) device: Vec<i32>,
 }
 
 /// Appends the values of an integer column to `out` (see
@@ -246,6 +250,9 @@ pub(super) fn decode_part(part: &Path, names: &[&str], pytorch_columns: bool, us
             }
             append(col("device_free")?, &mut c.device_free, Some(u64::MAX), "device_free")?;
             append(col("stream")?, &mut c.stream, Some(0), "stream")?;
+        }
+        if let Some(d) = batch.column_by_name("device") {
+            append(d.as_ref(), &mut c.device, Some(crate::trace::event::NO_DEVICE), "device")?;
         }
         if ustack_ids {
             // Recorded stack ids, per process; load_events turns them into

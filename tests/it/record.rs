@@ -890,7 +890,8 @@ fn every_call_carries_the_device_its_thread_works_on() {
         "allocations by size, with their devices"
     );
     // trace.json and the report say which devices the process used, and
-    // that they are replayed together.
+    // each device is replayed on its own: 1, 2 and 3 MiB, not 6 MiB summed
+    // over three address spaces.
     let out = tmp.path().join("out");
     analyze_ok(&trace, &out);
     let r: serde_json::Value = serde_json::from_slice(&fs::read(out.join("report.json")).unwrap()).unwrap();
@@ -902,7 +903,17 @@ fn every_call_carries_the_device_its_thread_works_on() {
         .collect();
     assert_eq!(used, vec![vec![0, 2, 3]]);
     let md = fs::read_to_string(out.join("report.md")).unwrap();
-    assert!(md.contains("made its calls on GPUs 0, 2, 3: they are replayed together"), "{md}");
+    assert!(md.contains("made its calls on GPUs 0, 2, 3: each device's memory is replayed on its own"), "{md}");
+    let pid = r["units"].as_object().unwrap().values().next().unwrap()["pid"].as_u64().unwrap();
+    let per_device: Vec<(i64, u64)> = r["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["device"].as_i64().unwrap(), p["peak_live_bytes"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(per_device, vec![(0, 1 << 20), (2, 2 << 20), (3, 3 << 20)]);
+    assert!(r["processes"].as_array().unwrap().iter().all(|p| p["process"].as_u64() == Some(pid)));
+    assert!(md.contains(&format!("| {pid} on GPU 2 | 2.00 MiB |")), "{md}");
 }
 
 #[path = "record_torch.rs"]

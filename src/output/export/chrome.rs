@@ -38,7 +38,7 @@ pub fn chrome(a: &Analysis, window: Window) -> serde_json::Value {
     let us = |t: u64| t.saturating_sub(a.first_ts) as f64 / 1000.0;
     let mut out = Vec::new();
     for pid in timeline_pids(a) {
-        out.push(json!({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": format!("{} {pid}", a.unit())}}));
+        out.push(json!({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": format!("{} {}", a.unit(), a.who(pid))}}));
     }
     for r in a.rows.iter().filter(|r| window.contains(r.t_ns)) {
         let ts = us(r.t_ns);

@@ -292,7 +292,7 @@ pub fn perfetto(a: &Analysis, window: Window) -> Trace {
     let horizon = a.rows.iter().find_map(|r| r.forecast.as_ref().map(|f| f.len())).unwrap_or(0);
     let mut tracks: std::collections::BTreeMap<u32, Tracks> = std::collections::BTreeMap::new();
     for &pid in &pids {
-        let p = b.process((!a.allocator_view).then_some(pid), format!("{} {pid}", a.unit()));
+        let p = b.process((!a.allocator_view).then_some(pid), format!("{} {}", a.unit(), a.who(pid)));
         let has_reserved = a.rows.iter().any(|r| r.pid == pid && r.reserved_bytes().is_some());
         let t = Tracks {
             live: b.track(Some(p), "live bytes".into(), bytes()),

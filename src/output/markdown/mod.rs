@@ -103,7 +103,7 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
         let _ = writeln!(
             md,
             "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {} |",
-            p.pid,
+            a.who(p.pid),
             bytes(p.bytes),
             st.final_,
             st.mean,
@@ -122,16 +122,19 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
         md,
         "\nE external fragmentation, K unusable-free-space index, S small-allocation ratio, C size CV, L large-gap ratio, U utilization — at the last step.\n"
     );
-    if let Some(crate::trace::details::Details::Record(d)) = a.trace.meta.as_ref().map(|m| &m.details) {
+    if let Some(crate::trace::details::Details::Record(d)) = a.trace.meta.as_ref().map(|m| &m.details)
+        && d.devices.values().any(|d| d.len() > 1)
+    {
         for (pid, devices) in d.devices.iter().filter(|(_, d)| d.len() > 1) {
             let list: Vec<String> = devices.iter().map(i32::to_string).collect();
             let _ = writeln!(
                 md,
-                "- pid {pid} made its calls on GPUs {}: they are replayed together, as one series (each device on \
-                 its own is not done yet; the `device` column of the trace has each call's).",
+                "- pid {pid} made its calls on GPUs {}: each device's memory is replayed on its own, as \
+                 \"{pid} on GPU N\" (each device has its own address space and capacity).",
                 list.join(", ")
             );
         }
+        md.push('\n');
     }
     if panels_not_drawn > 0 {
         let _ = writeln!(

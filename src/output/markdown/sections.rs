@@ -176,7 +176,7 @@ pub(crate) fn prediction_md(a: &Analysis) -> String {
     };
     let pr = &p.prediction;
     if a.predictions.len() > 1 {
-        let _ = writeln!(md, "Process {} (the highest risk of {}).\n", p.pid, a.predictions.len());
+        let _ = writeln!(md, "Process {} (the highest risk of {}).\n", a.who(p.pid), a.predictions.len());
     }
     if pr.forecast.is_none() {
         let _ = writeln!(
@@ -301,7 +301,7 @@ pub(crate) fn ooms_md(a: &Analysis) -> String {
             md,
             "| {} | {} | {} | {} | {} | {} |",
             at(o.t_ns - a.first_ts),
-            o.pid,
+            a.who(o.pid),
             bytes(o.requested),
             o.device_free.map_or("unknown".into(), bytes),
             o.largest_free.map_or("unknown".into(), bytes),
@@ -364,21 +364,21 @@ pub(crate) fn leaks_md(a: &Analysis) -> String {
         let _ = writeln!(
             md,
             "| {} | {verdict} | {from} | {floors} | {per} | {rate} | {} in {} |",
-            l.pid,
+            a.who(l.pid),
             bytes(l.live_at_end_bytes),
             plural(l.live_at_end_blocks, "block", "blocks")
         );
     }
     md.push('\n');
     for l in &a.leaks {
-        let _ = writeln!(md, "- {} {}: {}.", a.unit(), l.pid, l.reason);
+        let _ = writeln!(md, "- {} {}: {}.", a.unit(), a.who(l.pid), l.reason);
     }
     for l in a.leaks.iter().filter(|l| l.method == Method::Iterations && l.floors.len() > 1) {
         let _ = writeln!(
             md,
             "\nFloors of {} {} — the least live bytes{} over the events of each complete iteration (exact, from the event stream):\n\n| iteration | starts at | floor | change |\n|---|---|---|---|",
             a.unit(),
-            l.pid,
+            a.who(l.pid),
             if a.allocator_view { " (the bytes the program requested, whatever the allocator's rounding)" } else { "" }
         );
         let shown = 24;
@@ -407,7 +407,7 @@ pub(crate) fn leaks_md(a: &Analysis) -> String {
             md,
             "\nBlocks alive at the end in {} {}, by size:\n\n| size | blocks | bytes |\n|---|---|---|",
             if a.allocator_view { "device" } else { "process" },
-            l.pid
+            a.who(l.pid)
         );
         for g in &l.by_size {
             let _ = writeln!(md, "| {} | {} | {} |", bytes(g.size), g.count, bytes(g.bytes));
@@ -427,7 +427,7 @@ pub(crate) fn leaks_md(a: &Analysis) -> String {
             md,
             "\nAllocated once, in the warm-up (or only) iteration of {} {}, and alive at the end — state such as weights, optimizer moments or caches, not leaks:\n\n| call site | bytes | blocks |\n|---|---|---|",
             a.unit(),
-            l.pid
+            a.who(l.pid)
         );
         for t in &l.allocated_once {
             let _ = writeln!(md, "| `{}` | {} | {} |", t.site, bytes(t.bytes), t.blocks);
@@ -478,7 +478,7 @@ pub(crate) fn iterations_md(a: &Analysis) -> String {
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} | {} | {} |",
-            it.pid,
+            a.who(it.pid),
             it.count,
             it.complete,
             it.period_s.map_or("—".into(), |p| a.time_text(p)),

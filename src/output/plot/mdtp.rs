@@ -14,14 +14,18 @@ use crate::analysis::layout::{Layout, Lifetime};
 use crate::output::ticks::{Axis, Unit};
 use crate::units::bytes;
 
-/// The processes that get an MDTP panel: `--pid`, or the `max_panels`
+/// The processes that get an MDTP panel: `--pid` (each of its devices
+/// when it used several), or the `max_panels`
 /// with the highest peak live bytes that fit the height, in trace order.
 pub(super) fn panel_pids(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u32>> {
     if let Some(p) = cfg.pid {
-        if !a.peaks.iter().any(|q| q.pid == p) {
+        // A process replayed per device has a panel per device.
+        let of_process = |u: u32| u == p || a.trace.units.get(&u).is_some_and(|&(pid, _)| pid == p);
+        let units: Vec<u32> = a.peaks.iter().map(|q| q.pid).filter(|&u| of_process(u)).collect();
+        if units.is_empty() {
             bail!("--pid {p}: no such process with device memory in this trace");
         }
-        return Ok(vec![p]);
+        return Ok(units);
     }
     let fit = (cfg.height.saturating_sub(TITLE_HEIGHT) / PANEL_MIN_HEIGHT).max(1) as usize;
     let n = cfg.max_panels.max(1).min(fit);
@@ -151,7 +155,7 @@ pub fn render_mdtp(a: &Analysis, layout: &Layout, cfg: &PlotConfig) -> Result<(V
             let compact = area.dim_in_pixel().1 < COMPACT_BELOW;
             // A narrow image has no room for the size legend on the right.
             let legend = area.dim_in_pixel().0 >= LEGEND_FROM_WIDTH;
-            let caption = format!("{} {pid}", if a.allocator_view { "device" } else { "process" });
+            let caption = format!("{} {}", if a.allocator_view { "device" } else { "process" }, a.who(pid));
             let (area_w, area_h) = area.dim_in_pixel();
             let entries = a.entry_order();
             let x_axis =

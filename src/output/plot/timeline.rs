@@ -149,7 +149,7 @@ pub fn render_timeline(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u8>> {
         let top = rows.iter().map(|r| r.metrics.live_bytes).max().unwrap_or(1).max(1) as f64 * 1.05;
         let mut c = timeline_panel(&panels[0], span, 0.0..top, "live", Unit::Bytes, false, entries)?;
         let live = rows.iter().map(|r| (x(r), r.metrics.live_bytes as f64)).collect();
-        line(&mut c, live, BLUE, 2, &format!("live bytes (process {})", pid.unwrap_or(0)))?;
+        line(&mut c, live, BLUE, 2, &format!("live bytes (process {})", a.who(pid.unwrap_or(0))))?;
         finish_panel(&mut c, &iterations, &ooms, top)?;
 
         // 2. Score and its weighted components, risk bands behind.
