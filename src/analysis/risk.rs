@@ -92,6 +92,9 @@ pub enum CapacitySource {
     Recorded,
     /// An `oom` entry: CUDA's free memory plus what was reserved then.
     InferredFromOom,
+    /// A recording's OOM during which CUDA refused PyTorch's segment: no
+    /// more than that was free, taken as none (a lower bound).
+    InferredFromRefusal,
     /// PyTorch's cache flushes (the device was full): the least capacity
     /// they allow ([`crate::analysis::whatif::Flushes`]).
     InferredFromFlushes,
@@ -103,8 +106,10 @@ impl CapacitySource {
             CapacitySource::Given => "given with --capacity",
             CapacitySource::Recorded => "recorded in trace.json",
             CapacitySource::InferredFromOom => {
-                "inferred at the OOM: what was reserved then plus the free memory CUDA reported (none where a recording \
-                 shows CUDA refusing PyTorch's segment: then a lower bound)"
+                "inferred from the `oom` entry: the free memory CUDA reported plus what was reserved then"
+            }
+            CapacitySource::InferredFromRefusal => {
+                "inferred at the OOM: what was reserved then, as CUDA refused the segment PyTorch asked for (at least this much)"
             }
             CapacitySource::InferredFromFlushes => {
                 "inferred from cache flushes (PyTorch released its whole cache because the device was full): the least capacity they allow"

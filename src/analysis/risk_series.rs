@@ -17,6 +17,9 @@ pub(crate) struct Inputs<'a> {
     pub recorded: Option<u64>,
     /// Per device, the least capacity its cache flushes allow.
     pub flushes: &'a [(u32, u64)],
+    /// A recording made with the probes on PyTorch's allocator: an OOM's
+    /// free memory is a bound ([`CapacitySource::InferredFromRefusal`]).
+    pub probed: bool,
     /// The fragmentation level of each process's forecast.
     pub fragmentation: Vec<(u32, Option<Risk>)>,
 }
@@ -34,7 +37,10 @@ fn capacity_of(inp: &Inputs<'_>, device: Option<u32>) -> Option<Capacity> {
     inp.ooms
         .iter()
         .find(|o| o.pid == device && o.device_free.is_some())
-        .and_then(|o| Some(Capacity { bytes: o.device_free? + o.live_bytes, source: CapacitySource::InferredFromOom }))
+        .and_then(|o| {
+            let source = if inp.probed { CapacitySource::InferredFromRefusal } else { CapacitySource::InferredFromOom };
+            Some(Capacity { bytes: o.device_free? + o.live_bytes, source })
+        })
         .or_else(|| {
             let bytes = inp.flushes.iter().find(|f| f.0 == device)?.1;
             Some(Capacity { bytes, source: CapacitySource::InferredFromFlushes })

@@ -133,6 +133,13 @@ pub fn view(recording: Loaded) -> Result<Loaded> {
         layout: "recorded by `fragscope record` (probes on PyTorch's caching allocator)".into(),
         devices: vec![unit],
         device_count: 1,
+        // What `whatif` replays: this device, from an empty state (the
+        // recording starts with the process, or with `--pid` mid-run).
+        reconstruction: vec![crate::trace::details::Reconstruction {
+            device: unit,
+            entries: out.len() as u64,
+            ..Default::default()
+        }],
         time_source: "the recording's clock (CLOCK_MONOTONIC)".into(),
         ..SnapshotDetails::default()
     };

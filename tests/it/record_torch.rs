@@ -186,3 +186,31 @@ fn a_recording_with_blocks_is_analysed_as_a_snapshot_and_its_oom_classified() {
     assert_eq!(ooms[0]["class"], "capacity", "{:?}", ooms[0]);
     assert_eq!(ooms[0]["requested"].as_u64(), Some(6 << 20));
 }
+
+#[test]
+fn whatif_replays_a_recording_with_blocks() {
+    if !bpf_ready("whatif_replays_a_recording_with_blocks") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (trace, out) = record_torch(tmp.path(), &[]);
+    let allocs = bookkeeping(&out).iter().filter(|b| b.0 == "block_alloc").count() as u64;
+    let dir = tmp.path().join("whatif");
+    let o = std::process::Command::new(super::bin())
+        .arg("whatif")
+        .arg(&trace)
+        .arg("-o")
+        .arg(&dir)
+        .arg("--capacity")
+        .arg("64MiB")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let w: serde_json::Value = serde_json::from_slice(&fs::read(dir.join("whatif.json")).unwrap()).unwrap();
+    // The model replays every recorded request (the stand-in is not
+    // PyTorch's allocator, so where it puts them is not the point here).
+    let f = &w["fidelity"][0];
+    assert_eq!(f["allocations"].as_u64(), Some(allocs), "{f}");
+    assert_eq!(f["recorded_ooms"].as_u64(), Some(1), "{f}");
+    assert!(w["scenarios"].as_array().unwrap().len() > 1);
+}
