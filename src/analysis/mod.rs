@@ -154,7 +154,8 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
             tracing::debug!("layout in {:.3} s (beside the replay)", started.elapsed().as_secs_f64());
             (found, floors, lives)
         });
-        let walked = walk(events, &bounds, &mut replay, allocator_view, capacity, stacks.as_deref());
+        let gpu_of = risk_series::gpu_of_units(&trace);
+        let walked = walk(events, &bounds, &mut replay, allocator_view, capacity, stacks.as_deref(), &gpu_of);
         (walked, beside.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
     });
     for _ in 0..counts.unknown {
@@ -254,6 +255,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     // counts too.
     let flushes: Vec<(u32, u64)> =
         analysis.whatif.iter().flat_map(|w| w.flushes.iter()).filter_map(|(d, f)| Some((*d, f.capacity?.0))).collect();
+    let gpu_of = risk_series::gpu_of_units(&analysis.trace);
     analysis.oom_risk = risk_series::evaluate(
         &risk_series::Inputs {
             events,
@@ -265,6 +267,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
             recorded: analysis.trace.meta.as_ref().and_then(|m| m.capacity_bytes),
             flushes: &flushes,
             probed: analysis.snapshot_details().and_then(|d| d.join.as_ref()).is_some_and(|j| j.probed),
+            gpu_of: &gpu_of,
             fragmentation: analysis.predictions.iter().map(|p| (p.pid, p.prediction.risk)).collect(),
         },
         &mut analysis.rows,
@@ -304,6 +307,7 @@ fn walk(
     allocator_view: bool,
     capacity: Option<u64>,
     stacks: Option<&crate::trace::Stacks>,
+    gpu_of: &std::collections::BTreeMap<u32, i32>,
 ) -> Walk {
     let mut w = Walk {
         rows: Vec::with_capacity(bounds.len() + 16),
@@ -341,7 +345,7 @@ fn walk(
                 }
                 if e.is_oom() {
                     let r = row(step, e.ts_ns, e.pid, true, replay);
-                    w.ooms.push(diagnose_oom(&e, &r.metrics, replay, allocator_view, capacity, stacks));
+                    w.ooms.push(diagnose_oom(&e, &r.metrics, replay, allocator_view, capacity, stacks, gpu_of));
                     w.rows.push(r);
                 }
             }
@@ -366,12 +370,16 @@ fn diagnose_oom(
     allocator_view: bool,
     capacity: Option<u64>,
     stacks: Option<&crate::trace::Stacks>,
+    gpu_of: &std::collections::BTreeMap<u32, i32>,
 ) -> OomDiagnosis {
     use crate::analysis::oom::{Device, Process, Request, diagnose};
     let device = if allocator_view {
         Device::Allocator { cuda_free: e.extra.device_free }
     } else {
-        let (live_total, gaps_total) = pids_now(replay);
+        // The processes that share this GPU (every process when their
+        // GPUs are not known).
+        let gpu = gpu_of.get(&e.pid);
+        let (live_total, gaps_total) = pids_now(replay, |p| gpu.is_none() || gpu_of.get(&p) == gpu);
         Device::Shared { capacity, live_total, gaps_total }
     };
     let blocks = replay.live_blocks(e.pid);
@@ -506,8 +514,8 @@ fn period_steps(it: &Iterations, rows: &[Row]) -> Option<usize> {
 
 /// Live bytes, and free bytes inside the arenas (span − live: gaps and
 /// alignment slack), summed over every process: the device's view.
-fn pids_now(replay: &mut Replay) -> (u64, u64) {
-    let pids: Vec<u32> = replay.pids().collect();
+fn pids_now(replay: &mut Replay, on_gpu: impl Fn(u32) -> bool) -> (u64, u64) {
+    let pids: Vec<u32> = replay.pids().filter(|&p| on_gpu(p)).collect();
     pids.into_iter()
         .map(|p| replay.metrics(p))
         .fold((0, 0), |(l, g), m| (l + m.live_bytes, g + (m.span_bytes - m.live_bytes).min(m.span_bytes)))

@@ -146,9 +146,13 @@ pub struct State {
 /// The OOM risk of one device, and the figures behind it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Assessment {
-    /// The device (snapshots), or None: the processes of a device-level
-    /// trace together.
+    /// The device (snapshots; the GPU of a device-level recording whose
+    /// processes were on several), or None: the processes of a
+    /// device-level trace together.
     pub device: Option<u32>,
+    /// The replay units on this GPU (device-level recordings on several
+    /// GPUs); empty otherwise.
+    pub members: Option<Vec<u32>>,
     pub level: OomRisk,
     pub capacity: Option<Capacity>,
     /// R, and what it is ("peak reserved" or "peak live").
@@ -163,6 +167,17 @@ pub struct Assessment {
     pub fragmentation_level: Option<Risk>,
     /// Why, in plain words.
     pub reason: String,
+}
+
+impl Assessment {
+    /// Whether replay unit `pid` (a process, or a snapshot's device) is in
+    /// this assessment.
+    pub fn covers(&self, pid: u32) -> bool {
+        match (&self.members, self.device) {
+            (Some(m), _) => m.contains(&pid),
+            (None, d) => d.is_none_or(|d| d == pid),
+        }
+    }
 }
 
 /// The share of the capacity at which each level begins.

@@ -22,18 +22,78 @@ pub(crate) struct Inputs<'a> {
     pub probed: bool,
     /// The fragmentation level of each process's forecast.
     pub fragmentation: Vec<(u32, Option<Risk>)>,
+    /// A device-level recording's GPU of each replay unit, where it is
+    /// known ([`gpu_of_units`]): the processes on one GPU share its
+    /// memory, those on others do not.
+    pub gpu_of: &'a std::collections::BTreeMap<u32, i32>,
+}
+
+/// The GPU of each replay unit of a device-level recording: a process that
+/// made all its calls on one device, or one device of a process that used
+/// several ([`crate::trace::Trace::units`]). Empty for other traces.
+pub(crate) fn gpu_of_units(trace: &crate::trace::Trace) -> std::collections::BTreeMap<u32, i32> {
+    let mut out: std::collections::BTreeMap<u32, i32> = trace.units.iter().map(|(&id, &(_, d))| (id, d)).collect();
+    if let Some(d) = trace.meta.as_ref().and_then(|m| m.details.record()) {
+        for (pid, devices) in &d.devices {
+            if let (Ok(pid), [device]) = (pid.parse::<u32>(), devices.as_slice()) {
+                out.insert(pid, *device);
+            }
+        }
+    }
+    out
+}
+
+/// One series of the OOM risk: a snapshot's device (its id is the unit's),
+/// the processes of a device-level recording on one GPU, or every process
+/// of the trace together when their GPUs are not known to differ.
+struct Series {
+    /// The device the assessment names.
+    device: Option<u32>,
+    /// The units on that GPU (device-level recordings), else None.
+    members: Option<Vec<u32>>,
+}
+
+impl Series {
+    fn has(&self, pid: u32) -> bool {
+        match (&self.members, self.device) {
+            (Some(m), _) => m.contains(&pid),
+            (None, Some(d)) => pid == d,
+            (None, None) => true,
+        }
+    }
+}
+
+/// The series: per device (snapshots); per GPU when a device-level
+/// recording's units are on more than one; else one over all processes.
+fn series_of(inp: &Inputs<'_>) -> Vec<Series> {
+    if inp.allocator_view {
+        return inp.peaks.iter().map(|p| Series { device: Some(p.pid), members: None }).collect();
+    }
+    let mut by_gpu: std::collections::BTreeMap<i32, Vec<u32>> = Default::default();
+    for p in inp.peaks {
+        match inp.gpu_of.get(&p.pid) {
+            Some(&g) => by_gpu.entry(g).or_default().push(p.pid),
+            // A process whose GPU is not known: one series for all.
+            None => return vec![Series { device: None, members: None }],
+        }
+    }
+    if by_gpu.len() < 2 {
+        return vec![Series { device: None, members: None }];
+    }
+    by_gpu.into_iter().map(|(g, m)| Series { device: Some(g.max(0) as u32), members: Some(m) }).collect()
 }
 
 /// The capacity of a series: given, else recorded, else (snapshots)
 /// inferred from its first `oom` entry that reported CUDA's free memory.
-fn capacity_of(inp: &Inputs<'_>, device: Option<u32>) -> Option<Capacity> {
+fn capacity_of(inp: &Inputs<'_>, series: &Series) -> Option<Capacity> {
     if let Some(bytes) = inp.given {
         return Some(Capacity { bytes, source: CapacitySource::Given });
     }
     if let Some(bytes) = inp.recorded {
         return Some(Capacity { bytes, source: CapacitySource::Recorded });
     }
-    let device = device?;
+    // Inferred only for a snapshot's device.
+    let device = series.device.filter(|_| series.members.is_none())?;
     inp.ooms
         .iter()
         .find(|o| o.pid == device && o.device_free.is_some())
@@ -49,11 +109,7 @@ fn capacity_of(inp: &Inputs<'_>, device: Option<u32>) -> Option<Capacity> {
 
 /// The running maximum of successful request sizes of a series, at each
 /// time it rose: (t_ns, largest so far).
-fn largest_requests(
-    events: &crate::trace::event::Events,
-    device: Option<u32>,
-    allocator_view: bool,
-) -> Vec<(u64, u64)> {
+fn largest_requests(events: &crate::trace::event::Events, series: &Series, allocator_view: bool) -> Vec<(u64, u64)> {
     let mut out: Vec<(u64, u64)> = Vec::new();
     let mut max = 0;
     for i in 0..events.len() {
@@ -61,7 +117,7 @@ fn largest_requests(
         if events.ret[i] != 0 || !kind.creates_block() || !crate::analysis::replay::tracks(kind, allocator_view) {
             continue;
         }
-        if device.is_some_and(|d| events.pid[i] != d) {
+        if !series.has(events.pid[i]) {
             continue;
         }
         let size = events.requested.get(i).copied().filter(|&r| r != u64::MAX && r > 0).unwrap_or(events.size[i]);
@@ -83,15 +139,14 @@ fn largest_at(list: &[(u64, u64)], t: u64) -> u64 {
 pub(crate) fn evaluate(inp: &Inputs<'_>, rows: &mut [crate::analysis::result::Row]) -> Vec<Assessment> {
     // Each series: its device (None: all processes), and its regular rows
     // grouped by step.
-    let series: Vec<Option<u32>> =
-        if inp.allocator_view { inp.peaks.iter().map(|p| Some(p.pid)).collect() } else { vec![None] };
     let mut out = Vec::new();
-    for device in series {
-        let capacity = capacity_of(inp, device);
-        let requests = largest_requests(inp.events, device, inp.allocator_view);
+    for series in series_of(inp) {
+        let device = series.device;
+        let capacity = capacity_of(inp, &series);
+        let requests = largest_requests(inp.events, &series, inp.allocator_view);
         let mut steps: Vec<(u32, Vec<usize>)> = Vec::new();
         for (i, r) in rows.iter().enumerate() {
-            if r.at_oom || device.is_some_and(|d| r.pid != d) {
+            if r.at_oom || !series.has(r.pid) {
                 continue;
             }
             match steps.last_mut() {
@@ -100,7 +155,7 @@ pub(crate) fn evaluate(inp: &Inputs<'_>, rows: &mut [crate::analysis::result::Ro
             }
         }
         let oom_times: Vec<u64> =
-            inp.ooms.iter().filter(|o| device.is_none_or(|d| o.pid == d)).map(|o| o.t_ns).collect();
+            inp.ooms.iter().filter(|o| series.has(o.pid)).map(|o| o.t_ns).collect();
         let first_oom = oom_times.iter().copied().min();
         let (mut peak, mut history) = (0u64, Vec::with_capacity(steps.len()));
         let mut last = State::default();
@@ -129,14 +184,19 @@ pub(crate) fn evaluate(inp: &Inputs<'_>, rows: &mut [crate::analysis::result::Ro
             last = state;
         }
         // The whole trace: the exact peak, every request.
-        last.peak = match device {
-            Some(d) => inp.peaks.iter().find(|p| p.pid == d).map_or(last.peak, |p| p.span_bytes.max(last.peak)),
-            None => inp.peak_live_total.max(last.peak),
+        last.peak = match (&series.members, device) {
+            // The GPU's processes: the most their rows held at one step,
+            // and no less than the exact peak of each of them.
+            (Some(m), _) => inp.peaks.iter().filter(|p| m.contains(&p.pid)).map(|p| p.bytes).fold(last.peak, u64::max),
+            (None, Some(d)) => inp.peaks.iter().find(|p| p.pid == d).map_or(last.peak, |p| p.span_bytes.max(last.peak)),
+            (None, None) => inp.peak_live_total.max(last.peak),
         };
         last.largest_request = requests.last().map_or(0, |x| x.1);
         last.fragmentation =
-            inp.fragmentation.iter().filter(|(pid, _)| device.is_none_or(|d| *pid == d)).filter_map(|x| x.1).max();
-        out.push(assessment(device, capacity, &last, oom_times.len() as u64, inp.allocator_view));
+            inp.fragmentation.iter().filter(|(pid, _)| series.has(*pid)).filter_map(|x| x.1).max();
+        let mut a = assessment(device, capacity, &last, oom_times.len() as u64, inp.allocator_view);
+        a.members = series.members;
+        out.push(a);
     }
     out
 }
@@ -169,6 +229,7 @@ fn assessment(
     };
     Assessment {
         device,
+        members: None,
         level,
         capacity,
         peak_bytes: s.peak,

@@ -55,7 +55,7 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
                 "score": score_json(&ScoreStats::of(&process_scores(&a.rows, p.pid))),
                 "ooms": a.ooms.iter().filter(|o| o.pid == p.pid).count(),
                 "fragmentation_level": a.predictions.iter().find(|q| q.pid == p.pid).and_then(|q| q.prediction.risk).map(Risk::name),
-                "oom_risk": a.oom_risk.iter().find(|x| x.device.is_none_or(|d| d == p.pid)).map(|x| x.level.name()),
+                "oom_risk": a.oom_risk.iter().find(|x| x.covers(p.pid)).map(|x| x.level.name()),
                 "final": last_row(a, p.pid).map(|r| metrics_json(&r.metrics)),
             });
             // One device of a process that used several: `pid` is the
@@ -104,7 +104,8 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
             "fragmentation_level": s.risk.map(Risk::name),
             "leaking": s.leaking,
         },
-        "oom_risk": a.oom_risk.iter().map(|x| json!({
+        "oom_risk": a.oom_risk.iter().map(|x| {
+          let mut j = json!({
             "device": x.device,
             "level": x.level.name(),
             "reason": x.reason,
@@ -118,7 +119,14 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
             "trend_bytes_per_step": r6(x.trend_bytes_per_step),
             "ooms": x.ooms,
             "fragmentation_level": x.fragmentation_level.map(Risk::name),
-        })).collect::<Vec<_>>(),
+          });
+          // The processes (replay units) on this GPU, when a device-level
+          // recording's processes were on several.
+          if let Some(m) = &x.members {
+              j["units"] = json!(m);
+          }
+          j
+        }).collect::<Vec<_>>(),
         "processes": processes,
         "prediction": headline(a).map(prediction_json),
         "ooms": a.ooms.iter().map(|o| json!({

@@ -371,6 +371,32 @@ static void devices(void)
 	pthread_join(b, NULL);
 }
 
+/* `ranks N`: N processes at once, as torchrun starts them, rank r on
+ * device r holding (r + 1) MiB until all have allocated. */
+static void ranks(int n)
+{
+	int ready[2];
+	if (pipe(ready))
+		exit(5);
+	for (int r = 0; r < n; r++) {
+		if (fork() == 0) {
+			cudaSetDevice(r);
+			void *p;
+			if (cudaMalloc(&p, (size_t)(r + 1) << 20))
+				_exit(7);
+			/* Hold it until every rank has allocated. */
+			char c = 1;
+			if (write(ready[1], &c, 1) != 1)
+				_exit(8);
+			usleep(200 * 1000);
+			cudaFree(p);
+			_exit(0);
+		}
+	}
+	for (int r = 0; r < n; r++)
+		wait(NULL);
+}
+
 static void vec_add_stub(void) {}
 static void softmax_stub(void) {}
 static void kernels(void)
@@ -427,6 +453,8 @@ int main(int argc, char **argv)
 		kernels();
 	else if (!strcmp(mode, "devices"))
 		devices();
+	else if (!strcmp(mode, "ranks"))
+		ranks(atoi(argv[2]));
 	else if (!strcmp(mode, "long"))
 		longrun(atof(argv[2]));
 	else if (!strcmp(mode, "wait")) {

@@ -918,3 +918,34 @@ fn every_call_carries_the_device_its_thread_works_on() {
 
 #[path = "record_torch.rs"]
 mod torch;
+
+#[test]
+fn processes_on_different_gpus_do_not_share_a_capacity() {
+    if !bpf_ready("processes_on_different_gpus_do_not_share_a_capacity") {
+        return;
+    }
+    // Three ranks at once, rank r on GPU r holding (r + 1) MiB: 6 MiB live
+    // at one instant, but never more than 3 MiB on one GPU.
+    let tmp = tempfile::tempdir().unwrap();
+    let (trace, _, _) = record_workload(tmp.path(), &[], &["ranks", "3"], &[]);
+    let out = tmp.path().join("out");
+    let o = Command::new(bin())
+        .arg("analyze")
+        .arg(&trace)
+        .arg("-o")
+        .arg(&out)
+        .args(["--no-plots", "--capacity", "8MiB"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&fs::read(out.join("report.json")).unwrap()).unwrap();
+    let per_gpu: Vec<(u64, u64, usize)> = r["oom_risk"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| (x["device"].as_u64().unwrap(), x["peak_bytes"].as_u64().unwrap(), x["units"].as_array().unwrap().len()))
+        .collect();
+    assert_eq!(per_gpu, vec![(0, 1 << 20, 1), (1, 2 << 20, 1), (2, 3 << 20, 1)], "{}", r["oom_risk"]);
+    let md = fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("(the highest of 3 devices)"), "{md}");
+}

@@ -274,7 +274,7 @@ pub(crate) fn ooms_md(a: &Analysis) -> String {
         };
         let _ = match x.capacity {
             Some(c) => writeln!(md, "Capacity of {whose}: {}, {}.\n", bytes(c.bytes), c.source.phrase()),
-            None if a.ooms.iter().any(|o| o.device_free.is_some() && x.device.is_none_or(|d| d == o.pid)) => {
+            None if a.ooms.iter().any(|o| o.device_free.is_some() && x.covers(o.pid)) => {
                 writeln!(
                     md,
                     "Capacity of {whose}: not known; the free memory below is what the OOM entries reported.\n"
