@@ -154,8 +154,8 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
             tracing::debug!("layout in {:.3} s (beside the replay)", started.elapsed().as_secs_f64());
             (found, floors, lives)
         });
-        let gpu_of = risk_series::gpu_of_units(&trace);
-        let walked = walk(events, &bounds, &mut replay, allocator_view, capacity, stacks.as_deref(), &gpu_of);
+        let gpus = (risk_series::gpu_of_units(&trace), risk_series::gpu_totals(&trace));
+        let walked = walk(events, &bounds, &mut replay, allocator_view, capacity, stacks.as_deref(), &gpus);
         (walked, beside.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
     });
     for _ in 0..counts.unknown {
@@ -268,6 +268,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
             flushes: &flushes,
             probed: analysis.snapshot_details().and_then(|d| d.join.as_ref()).is_some_and(|j| j.probed),
             gpu_of: &gpu_of,
+            gpu_totals: &risk_series::gpu_totals(&analysis.trace),
             fragmentation: analysis.predictions.iter().map(|p| (p.pid, p.prediction.risk)).collect(),
         },
         &mut analysis.rows,
@@ -307,7 +308,7 @@ fn walk(
     allocator_view: bool,
     capacity: Option<u64>,
     stacks: Option<&crate::trace::Stacks>,
-    gpu_of: &std::collections::BTreeMap<u32, i32>,
+    gpus: &Gpus,
 ) -> Walk {
     let mut w = Walk {
         rows: Vec::with_capacity(bounds.len() + 16),
@@ -345,7 +346,7 @@ fn walk(
                 }
                 if e.is_oom() {
                     let r = row(step, e.ts_ns, e.pid, true, replay);
-                    w.ooms.push(diagnose_oom(&e, &r.metrics, replay, allocator_view, capacity, stacks, gpu_of));
+                    w.ooms.push(diagnose_oom(&e, &r.metrics, replay, allocator_view, capacity, stacks, gpus));
                     w.rows.push(r);
                 }
             }
@@ -362,6 +363,10 @@ fn walk(
     w
 }
 
+/// The GPU of each replay unit, and each GPU's memory, of a recording
+/// ([`risk_series::gpu_of_units`], [`risk_series::gpu_totals`]).
+type Gpus = (std::collections::BTreeMap<u32, i32>, std::collections::BTreeMap<i32, u64>);
+
 /// The diagnosis of the failed request `e`, the replay standing just after it.
 fn diagnose_oom(
     e: &crate::trace::event::Event,
@@ -370,7 +375,7 @@ fn diagnose_oom(
     allocator_view: bool,
     capacity: Option<u64>,
     stacks: Option<&crate::trace::Stacks>,
-    gpu_of: &std::collections::BTreeMap<u32, i32>,
+    (gpu_of, gpu_totals): &Gpus,
 ) -> OomDiagnosis {
     use crate::analysis::oom::{Device, Process, Request, diagnose};
     let device = if allocator_view {
@@ -380,6 +385,8 @@ fn diagnose_oom(
         // GPUs are not known).
         let gpu = gpu_of.get(&e.pid);
         let (live_total, gaps_total) = pids_now(replay, |p| gpu.is_none() || gpu_of.get(&p) == gpu);
+        // A recording's GPU, of its own size, when no one size is known.
+        let capacity = capacity.or_else(|| gpu.and_then(|g| gpu_totals.get(g).copied()));
         Device::Shared { capacity, live_total, gaps_total }
     };
     let blocks = replay.live_blocks(e.pid);

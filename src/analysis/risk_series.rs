@@ -26,21 +26,46 @@ pub(crate) struct Inputs<'a> {
     /// known ([`gpu_of_units`]): the processes on one GPU share its
     /// memory, those on others do not.
     pub gpu_of: &'a std::collections::BTreeMap<u32, i32>,
+    /// Each GPU's memory as recorded ([`gpu_totals`]).
+    pub gpu_totals: &'a std::collections::BTreeMap<i32, u64>,
 }
 
-/// The GPU of each replay unit of a device-level recording: a process that
-/// made all its calls on one device, or one device of a process that used
-/// several ([`crate::trace::Trace::units`]). Empty for other traces.
+/// The GPU (NVML's index) of each replay unit of a device-level
+/// recording: a process that made all its calls on one device, or one
+/// device of a process that used several ([`crate::trace::Trace::units`]).
+/// The program's device N is the N-th GPU its `CUDA_VISIBLE_DEVICES`
+/// names, when it set one. Empty for other traces, and when a GPU is named
+/// by UUID (then which GPUs are the same is not known: one series for all).
 pub(crate) fn gpu_of_units(trace: &crate::trace::Trace) -> std::collections::BTreeMap<u32, i32> {
-    let mut out: std::collections::BTreeMap<u32, i32> = trace.units.iter().map(|(&id, &(_, d))| (id, d)).collect();
-    if let Some(d) = trace.meta.as_ref().and_then(|m| m.details.record()) {
-        for (pid, devices) in &d.devices {
-            if let (Ok(pid), [device]) = (pid.parse::<u32>(), devices.as_slice()) {
-                out.insert(pid, *device);
-            }
+    let Some(d) = trace.meta.as_ref().and_then(|m| m.details.record()) else { return Default::default() };
+    let physical = |pid: u32, device: i32| -> Option<i32> {
+        match d.visible_devices.get(&pid.to_string()) {
+            None => Some(device),
+            Some(list) => list.split(',').nth(usize::try_from(device).ok()?)?.trim().parse().ok(),
         }
+    };
+    let mut out = std::collections::BTreeMap::new();
+    let single = d.devices.iter().filter_map(|(pid, devices)| match devices.as_slice() {
+        [device] => Some((pid.parse::<u32>().ok()?, *device)),
+        _ => None,
+    });
+    for (unit, (pid, device)) in trace.units.iter().map(|(&id, &pd)| (id, pd)).chain(single.map(|(p, d)| (p, (p, d)))) {
+        match physical(pid, device) {
+            Some(g) => out.insert(unit, g),
+            None => return Default::default(),
+        };
     }
     out
+}
+
+/// Each GPU's memory as the driver reported it (NVML's index → total).
+pub(crate) fn gpu_totals(trace: &crate::trace::Trace) -> std::collections::BTreeMap<i32, u64> {
+    trace
+        .meta
+        .as_ref()
+        .and_then(|m| m.details.record())
+        .map(|d| d.gpus.iter().map(|g| (g.index as i32, g.total_bytes)).collect())
+        .unwrap_or_default()
 }
 
 /// One series of the OOM risk: a snapshot's device (its id is the unit's),
@@ -90,6 +115,12 @@ fn capacity_of(inp: &Inputs<'_>, series: &Series) -> Option<Capacity> {
         return Some(Capacity { bytes, source: CapacitySource::Given });
     }
     if let Some(bytes) = inp.recorded {
+        return Some(Capacity { bytes, source: CapacitySource::Recorded });
+    }
+    // A recording's GPU, of its own size.
+    if series.members.is_some()
+        && let Some(&bytes) = series.device.and_then(|g| inp.gpu_totals.get(&(g as i32)))
+    {
         return Some(Capacity { bytes, source: CapacitySource::Recorded });
     }
     // Inferred only for a snapshot's device.

@@ -71,16 +71,24 @@ pub(super) struct MapsKeeper {
     pub(super) seen: BTreeSet<u32>,
     /// The copy last written, per process.
     pub(super) saved: BTreeMap<u32, String>,
+    /// `CUDA_VISIBLE_DEVICES` of each process that had it set.
+    pub(super) visible: BTreeMap<u32, String>,
 }
 
 impl MapsKeeper {
     pub(super) fn new(trace: &Path) -> MapsKeeper {
-        MapsKeeper { dir: trace.join("maps"), seen: BTreeSet::new(), saved: BTreeMap::new() }
+        MapsKeeper { dir: trace.join("maps"), seen: BTreeSet::new(), saved: BTreeMap::new(), visible: BTreeMap::new() }
     }
 
     pub(super) fn saw(&mut self, pid: u32) {
         if self.seen.insert(pid) {
             self.save(pid);
+            // Which GPUs the program's device numbers name.
+            if let Ok(env) = std::fs::read(format!("/proc/{pid}/environ"))
+                && let Some(v) = env.split(|&b| b == 0).find_map(|kv| kv.strip_prefix(b"CUDA_VISIBLE_DEVICES="))
+            {
+                self.visible.insert(pid, String::from_utf8_lossy(v).into_owned());
+            }
         }
     }
 

@@ -280,6 +280,10 @@ pub struct RecordDetails {
     /// untagged enum cannot read integer map keys back).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub devices: BTreeMap<String, Vec<i32>>,
+    /// `CUDA_VISIBLE_DEVICES` of each process that had it set, by pid (as
+    /// text): the program's device N is the N-th GPU it names.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub visible_devices: BTreeMap<String, String>,
 }
 
 /// One GPU as the driver reports it.

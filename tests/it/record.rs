@@ -949,3 +949,40 @@ fn processes_on_different_gpus_do_not_share_a_capacity() {
     let md = fs::read_to_string(out.join("report.md")).unwrap();
     assert!(md.contains("(the highest of 3 devices)"), "{md}");
 }
+
+#[test]
+fn each_gpu_gets_its_own_recorded_size_through_cuda_visible_devices() {
+    if !bpf_ready("each_gpu_gets_its_own_recorded_size_through_cuda_visible_devices") {
+        return;
+    }
+    // Three GPUs of 4, 8 and 16 MiB; the ranks see them in the order 2, 0,
+    // 1, so rank r's device r is NVML's GPU [2, 0, 1][r].
+    let (dir, tmp) = (standin(), tempfile::tempdir().unwrap());
+    let (trace, l) = (tmp.path().join("trace"), libs(dir));
+    let mut c = record_cmd(&trace, &[&l[0], &l[1]]);
+    c.arg("--").arg(dir.join("workload")).args(["ranks", "3"]).env("GT_LOG", tmp.path().join("gt"));
+    c.env("STANDIN_NVML", "4194304:0,8388608:0,16777216:0")
+        .env("LD_LIBRARY_PATH", dir.join("nvml"))
+        .env("CUDA_VISIBLE_DEVICES", "2,0,1");
+    let o = c.output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let m = meta(&trace);
+    assert!(m["capacity_bytes"].is_null(), "GPUs of different sizes have no one capacity: {m}");
+    let visible = m["details"]["visible_devices"].as_object().unwrap();
+    assert_eq!(visible.len(), 3, "{visible:?}");
+    assert!(visible.values().all(|v| v == "2,0,1"));
+    let out = tmp.path().join("out");
+    analyze_ok(&trace, &out);
+    let r: serde_json::Value = serde_json::from_slice(&fs::read(out.join("report.json")).unwrap()).unwrap();
+    let per_gpu: Vec<(u64, u64, u64)> = r["oom_risk"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            (x["device"].as_u64().unwrap(), x["peak_bytes"].as_u64().unwrap(), x["capacity_bytes"].as_u64().unwrap())
+        })
+        .collect();
+    // GPU 0: rank 1 (2 MiB) of 4 MiB; GPU 1: rank 2 (3 MiB) of 8 MiB;
+    // GPU 2: rank 0 (1 MiB) of 16 MiB.
+    assert_eq!(per_gpu, vec![(0, 2 << 20, 4 << 20), (1, 3 << 20, 8 << 20), (2, 1 << 20, 16 << 20)], "{}", r["oom_risk"]);
+}
