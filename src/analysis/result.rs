@@ -124,7 +124,9 @@ impl Analysis {
     }
 
     pub fn unit(&self) -> &'static str {
-        if self.allocator_view { "device" } else { "pid" }
+        // The allocator view of several processes' recorded blocks: its
+        // units are processes (and their GPUs), named by [`Self::who`].
+        if self.allocator_view && self.trace.units.is_empty() { "device" } else { "pid" }
     }
 
     /// Time is entry order, not a clock: an imported snapshot whose trace

@@ -8,15 +8,18 @@
 //!   a block of it was placed in while they lived (PyTorch allocates a
 //!   segment only to place a block there); they become `segment_alloc` (or
 //!   `segment_map`) and their frees `segment_free` (`segment_unmap`).
+//! - **Blocks in no recorded segment** lie in segments PyTorch got before
+//!   the recording began (`record --pid` on a running program): each counts
+//!   as a segment of its own size, and the report says how many.
 //! - **Everything else** the process allocated on the device (the math
 //!   libraries' workspaces, NCCL, extensions) is outside PyTorch's
-//!   allocator, named by the library that called, as in the join of a
-//!   recording with a snapshot ([`super::join`]): the same code does it,
-//!   with the blocks recorded here in place of a snapshot's.
-//! - **One process**: the one with the most blocks (the join is one
-//!   process's). Its device is the unit of the replay, as a snapshot's.
-//!   Other processes with blocks are said on stderr: record them one at a
-//!   time (`--pid`) to see each.
+//!   allocator: a segment holding one block, at a call site naming the
+//!   library that called, as in the join of a recording with a snapshot
+//!   ([`super::join`], whose helpers name it).
+//! - **Units.** Each process with blocks is a unit of the view (each GPU of
+//!   a process that used several, [`super::units`]). One unit is named by
+//!   its device, as a snapshot's; several get ids above every pid, named
+//!   "PID on GPU N" ([`crate::trace::Trace::units`]).
 //! - **OOMs**: a `malloc` that never returned (it threw). When CUDA refused
 //!   the segment PyTorch asked for during it, the device had less than
 //!   that free: the OOM is classified with nothing free beyond PyTorch's
@@ -27,18 +30,34 @@
 //!   larger (an unsplit remainder, `roundup_power2_divisions`), which the
 //!   probes do not see.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 
 use anyhow::Result;
 
+use super::join::{OUTSIDE, callers, library_of, real_pid};
 use super::loaded::Loaded;
-use crate::trace::details::{Details, SnapshotDetails};
-use crate::trace::event::{Event, EventKind, Events, NO_STACK};
+use super::units::FIRST_UNIT;
+use crate::trace::details::{Details, Join, JoinOutside, OutsideSpan, Reconstruction, SnapshotDetails};
+use crate::trace::event::{CUDA_ERROR_OUT_OF_MEMORY, Event, EventKind, Events, Extra, NO_STACK};
+use crate::trace::stacks::{Frame, Stacks};
 
 /// Whether the loaded recording holds PyTorch's blocks.
 pub fn has_blocks(l: &Loaded) -> bool {
     l.trace.source() == Some(crate::trace::Source::Ebpf)
         && l.events.kind.iter().any(|k| *k == Some(EventKind::BlockAlloc))
+}
+
+/// What one unit's rows are, found before any event is written.
+struct Unit {
+    /// The unit's rows in the recording (pid, or a per-device unit id).
+    key: u32,
+    /// Its id in the view.
+    id: u32,
+    /// Rows of device allocations that are PyTorch's segments.
+    pytorch: HashSet<usize>,
+    /// Rows of device allocations outside PyTorch's allocator.
+    outside: Vec<usize>,
 }
 
 /// The recording in the allocator view (unchanged without blocks).
@@ -47,136 +66,218 @@ pub fn view(recording: Loaded) -> Result<Loaded> {
         return Ok(recording);
     }
     let rec = &recording.events;
-    let mut blocks_of: BTreeMap<u32, usize> = BTreeMap::new();
-    for i in 0..rec.len() {
-        if rec.kind[i] == Some(EventKind::BlockAlloc) {
-            *blocks_of.entry(rec.pid[i]).or_default() += 1;
-        }
-    }
-    let pid = blocks_of.iter().max_by_key(|&(p, n)| (*n, std::cmp::Reverse(*p))).map_or(0, |(p, _)| *p);
-    if blocks_of.len() > 1 {
-        let others: Vec<String> = blocks_of.keys().filter(|&&p| p != pid).map(u32::to_string).collect();
-        eprintln!(
-            "fragscope: {}: PyTorch's blocks of {} processes; the allocator view is pid {pid}'s (the most blocks). \
-             Pids {} are left out: record each with --pid to see it.",
-            recording.trace.dir.display(),
-            blocks_of.len(),
-            others.join(", ")
-        );
-    }
+    let keys: BTreeSet<u32> =
+        (0..rec.len()).filter(|&i| rec.kind[i] == Some(EventKind::BlockAlloc)).map(|i| rec.pid[i]).collect();
     let details = recording.trace.meta.as_ref().and_then(|m| m.details.record());
-    let unit = details
-        .and_then(|d| d.devices.get(&pid.to_string()))
-        .and_then(|d| d.first())
-        .map_or(0, |&d| d.max(0) as u32);
+    // A unit's process and device.
+    let whose = |key: u32| -> (u32, i32) {
+        if let Some(&(pid, d)) = recording.trace.units.get(&key) {
+            return (pid, d);
+        }
+        let device = details.and_then(|d| d.devices.get(&key.to_string())).and_then(|d| d.first().copied());
+        (key, device.unwrap_or(0))
+    };
+    let several = keys.len() > 1;
+    let mut units: Vec<Unit> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, &key)| Unit {
+            key,
+            id: if several { FIRST_UNIT + i as u32 } else { whose(key).1.max(0) as u32 },
+            pytorch: pytorch_segments(rec, key),
+            outside: Vec::new(),
+        })
+        .collect();
+    for u in &mut units {
+        u.outside = (0..rec.len())
+            .filter(|&i| rec.pid[i] == u.key && rec.ret[i] == 0 && rec.size[i] > 0)
+            .filter(|&i| rec.kind[i].is_some_and(EventKind::is_device_alloc) && !u.pytorch.contains(&i))
+            .collect();
+    }
 
-    let pytorch = pytorch_segments(rec, pid);
+    // The library that made each outside allocation.
+    let wanted: HashSet<(u32, u64, u64)> = units
+        .iter()
+        .flat_map(|u| u.outside.iter().map(|&i| (real_pid(&recording, rec.pid[i]), rec.ts_ns[i], rec.addr[i])))
+        .collect();
+    let callers = if wanted.is_empty() { HashMap::new() } else { callers(&recording, &wanted) };
+    let mut maps = HashMap::new();
+    let mut stacks = Stacks::default();
+    let mut site_of: BTreeMap<String, u32> = BTreeMap::new();
+    let mut library: HashMap<usize, (String, u32)> = HashMap::new();
+    for &i in units.iter().flat_map(|u| u.outside.iter()) {
+        let name = library_of(&recording, &callers, &mut maps, i);
+        let stack = *site_of.entry(name.clone()).or_insert_with(|| {
+            stacks.frames.push(Frame { filename: name.clone(), line: 0, name: OUTSIDE.into() });
+            stacks.stacks.push(vec![(stacks.frames.len() - 1) as u32]);
+            (stacks.stacks.len() - 1) as u32
+        });
+        library.insert(i, (name, stack));
+    }
+
     let mut out = Events::default();
-    let mut live_segments: HashMap<u64, (u64, bool)> = HashMap::new();
-    let mut live_blocks: HashMap<u64, u64> = HashMap::new();
-    for i in (0..rec.len()).filter(|&i| rec.pid[i] == pid && rec.ret[i] == 0) {
-        let Some(kind) = rec.kind[i] else { continue };
-        let Some(mut e) = rec.get(i) else { continue };
-        let (addr, size) = (rec.addr[i], rec.size[i]);
-        let mut row = |kind: EventKind, addr: u64, size: u64, e: &Event| {
-            let stream = e.stream.or(Some(0));
-            let requested = e.extra.requested.or(Some(size));
-            let device_free = e.extra.device_free;
-            let extra = crate::trace::event::Extra { requested, stack: Some(NO_STACK), device_free };
-            out.push(&Event { stream, extra, ..Event::new(e.ts_ns, unit, kind, addr, size) });
+    let mut spans = Vec::new();
+    let (mut segments, mut orphans) = (0u64, 0u64);
+    for u in &units {
+        let id = u.id;
+        let mut row = |kind: EventKind, addr: u64, size: u64, e: &Event, extra: Extra| {
+            out.push(&Event { stream: e.stream.or(Some(0)), extra, ..Event::new(e.ts_ns, id, kind, addr, size) });
         };
-        match kind {
-            k if k.is_device_alloc() && pytorch.contains(&i) => {
-                let map = k == EventKind::MemMap;
-                live_segments.insert(addr, (size, map));
-                row(if map { EventKind::SegmentMap } else { EventKind::SegmentAlloc }, addr, size, &e);
+        let plain = |e: &Event, size: u64| Extra {
+            requested: e.extra.requested.or(Some(size)),
+            stack: Some(NO_STACK),
+            device_free: e.extra.device_free,
+        };
+        // Live PyTorch segments (start → size, mapped page), outside
+        // allocations (start → size, stack, span), blocks (address → size,
+        // in a segment of its own).
+        let mut live_segments: BTreeMap<u64, (u64, bool)> = BTreeMap::new();
+        let mut live_outside: HashMap<u64, (u64, u32, usize)> = HashMap::new();
+        let mut live_blocks: HashMap<u64, (u64, bool)> = HashMap::new();
+        for i in (0..rec.len()).filter(|&i| rec.pid[i] == u.key) {
+            let (Some(kind), Some(mut e)) = (rec.kind[i], rec.get(i)) else { continue };
+            let (addr, size) = (rec.addr[i], rec.size[i]);
+            if rec.ret[i] != 0 && kind != EventKind::Oom {
+                continue;
             }
-            EventKind::MemUnmap => {
-                let pages: Vec<(u64, u64)> = live_segments
-                    .iter()
-                    .filter(|(a, (s, map))| *map && **a >= addr && **a + *s <= addr + size)
-                    .map(|(a, (s, _))| (*a, *s))
-                    .collect();
-                for (a, s) in pages {
-                    live_segments.remove(&a);
-                    row(EventKind::SegmentUnmap, a, s, &e);
+            match kind {
+                k if k.is_device_alloc() && u.pytorch.contains(&i) => {
+                    let map = k == EventKind::MemMap;
+                    live_segments.insert(addr, (size, map));
+                    segments += 1;
+                    let kind = if map { EventKind::SegmentMap } else { EventKind::SegmentAlloc };
+                    row(kind, addr, size, &e, plain(&e, size));
                 }
-            }
-            k if k.is_device_free() => {
-                if let Some((s, false)) = live_segments.get(&addr).copied() {
-                    live_segments.remove(&addr);
-                    row(EventKind::SegmentFree, addr, s, &e);
+                k if k.is_device_alloc() && size > 0 => {
+                    let Some((name, stack)) = library.get(&i) else { continue };
+                    let extra = Extra { requested: Some(size), stack: Some(*stack), device_free: None };
+                    row(EventKind::SegmentAlloc, addr, size, &e, extra);
+                    row(EventKind::BlockAlloc, addr, size, &e, extra);
+                    live_outside.insert(addr, (size, *stack, spans.len()));
+                    let unit = several.then_some(id);
+                    spans.push(OutsideSpan { from_ns: e.ts_ns, to_ns: None, bytes: size, library: name.clone(), unit });
                 }
-            }
-            EventKind::BlockAlloc => {
-                live_blocks.insert(addr, size);
-                row(kind, addr, size, &e);
-            }
-            EventKind::BlockFree => {
-                // A block allocated before the recording began is unknown.
-                if let Some(s) = live_blocks.remove(&addr) {
-                    e.extra.requested = None;
-                    row(kind, addr, s, &e);
+                k if k.is_device_free() => {
+                    let end = if k == EventKind::MemUnmap { addr.saturating_add(size) } else { addr.saturating_add(1) };
+                    let pages: Vec<(u64, u64, bool)> =
+                        live_segments.range(addr..end).map(|(&a, &(s, map))| (a, s, map)).collect();
+                    for (a, s, map) in pages {
+                        // A whole segment goes with cudaFree; pages with cuMemUnmap.
+                        if map == (k == EventKind::MemUnmap) {
+                            live_segments.remove(&a);
+                            let kind = if map { EventKind::SegmentUnmap } else { EventKind::SegmentFree };
+                            row(kind, a, s, &e, plain(&e, s));
+                        }
+                    }
+                    if let Some((s, stack, span)) = live_outside.remove(&addr) {
+                        let extra = Extra { requested: Some(s), stack: Some(stack), device_free: None };
+                        row(EventKind::BlockFree, addr, s, &e, extra);
+                        row(EventKind::SegmentFree, addr, s, &e, extra);
+                        spans[span].to_ns = Some(e.ts_ns);
+                    }
                 }
+                EventKind::BlockAlloc => {
+                    let inside = live_segments.range(..=addr).next_back().is_some_and(|(&a, &(s, _))| a + s > addr);
+                    if !inside {
+                        orphans += 1;
+                        row(EventKind::SegmentAlloc, addr, size, &e, plain(&e, size));
+                    }
+                    live_blocks.insert(addr, (size, !inside));
+                    row(kind, addr, size, &e, plain(&e, size));
+                }
+                EventKind::BlockFree => {
+                    // A block allocated before the recording began is unknown.
+                    if let Some((s, own_segment)) = live_blocks.remove(&addr) {
+                        e.extra.requested = None;
+                        row(kind, addr, s, &e, plain(&e, s));
+                        if own_segment {
+                            row(EventKind::SegmentFree, addr, s, &e, plain(&e, s));
+                        }
+                    }
+                }
+                EventKind::Oom => {
+                    e.extra.device_free = refused_segment(rec, u.key, i).map(|_| 0);
+                    row(kind, 0, size, &e, plain(&e, size));
+                }
+                _ => {}
             }
-            EventKind::Oom => {
-                e.extra.device_free = refused_segment(rec, pid, i).map(|_| 0);
-                row(kind, 0, size, &e)
-            }
-            _ => {}
         }
     }
-    // OOMs are written as failed calls never returning: their `ret` is 0
-    // like a snapshot's; the rows above kept only successful ones.
-    let synthetic_details = SnapshotDetails {
+    out.sort_by_time();
+
+    let mut by_library: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    for s in &spans {
+        let e = by_library.entry(s.library.as_str()).or_default();
+        e.0 += 1;
+        e.1 += s.bytes;
+    }
+    let join = Join {
+        recording: recording.trace.dir.display().to_string(),
+        pids: units.iter().map(|u| whose(u.key).0).collect::<BTreeSet<_>>().into_iter().collect(),
+        probed: true,
+        blocks_without_segment: orphans,
+        segments_matched: segments,
+        segments_total: segments,
+        clock_offset_ns: 0,
+        clock_disagreement_ns: None,
+        outside: JoinOutside {
+            allocations: spans.len() as u64,
+            bytes: spans.iter().map(|s| s.bytes).sum(),
+            by_library: by_library.into_iter().map(|(l, (n, b))| (l.to_string(), n, b)).collect(),
+            spans,
+        },
+    };
+    let snapshot = SnapshotDetails {
         snapshot: format!("{} (PyTorch's allocator, as recorded)", recording.trace.dir.display()),
         layout: "recorded by `fragscope record` (probes on PyTorch's caching allocator)".into(),
-        devices: vec![unit],
-        device_count: 1,
-        // What `whatif` replays: this device, from an empty state (the
-        // recording starts with the process, or with `--pid` mid-run).
-        reconstruction: vec![crate::trace::details::Reconstruction {
-            device: unit,
-            entries: out.len() as u64,
-            ..Default::default()
-        }],
+        devices: units.iter().map(|u| u.id).collect(),
+        device_count: units.len(),
         time_source: "the recording's clock (CLOCK_MONOTONIC)".into(),
+        // What `whatif` replays: each unit, from an empty state (the
+        // recording starts with the process, or with `--pid` mid-run).
+        reconstruction: units
+            .iter()
+            .map(|u| Reconstruction {
+                device: u.id,
+                entries: out.pid.iter().filter(|&&p| p == u.id).count() as u64,
+                ..Default::default()
+            })
+            .collect(),
+        join: Some(join),
         ..SnapshotDetails::default()
     };
-    let mut trace = recording.trace.clone();
+    let new_units = if several { units.iter().map(|u| (u.id, whose(u.key))).collect() } else { BTreeMap::new() };
+    let mut trace = recording.trace;
     if let Some(m) = trace.meta.as_mut() {
-        m.details = Details::Snapshot(Box::new(synthetic_details));
+        m.details = Details::Snapshot(Box::new(snapshot));
     }
+    trace.units = new_units;
+    trace.stacks = Some(Arc::new(stacks));
     trace.pytorch_columns = true;
-    let synthetic = Loaded { trace, events: out, out_of_order: 0 };
-    let mut joined = super::join::join_probed(recording, synthetic)?;
-    if let Some(j) = joined.trace.meta.as_mut().and_then(|m| m.details.snapshot_mut()).and_then(|d| d.join.as_mut()) {
-        // One clock: nothing to agree on.
-        j.clock_disagreement_ns = None;
-        j.probed = true;
-    }
-    Ok(joined)
+    Ok(Loaded { trace, events: out, out_of_order: recording.out_of_order })
 }
 
-/// The device allocation of `pid` that CUDA refused with out-of-memory
-/// during the allocation that ended in the OOM at row `oom` (after its
-/// start, before the process's next block event): PyTorch asked CUDA for a
-/// segment and got none, so the device had less than that free. The OOM
-/// is then classified with no device memory free beyond PyTorch's cache
-/// (`device_free` 0), as a snapshot's OOM with CUDA's free memory is.
-fn refused_segment(rec: &Events, pid: u32, oom: usize) -> Option<usize> {
+/// The device allocation of unit `key` that CUDA refused with
+/// out-of-memory during the allocation that ended in the OOM at row `oom`
+/// (after its start, before the unit's next block event): PyTorch asked
+/// CUDA for a segment and got none, so the device had less than that free.
+/// The OOM is then classified with no device memory free beyond PyTorch's
+/// cache (`device_free` 0), as a snapshot's OOM with CUDA's free memory is.
+/// (The trace keeps no thread: a refusal of another thread of the process
+/// in that window would count too.)
+fn refused_segment(rec: &Events, key: u32, oom: usize) -> Option<usize> {
     (oom + 1..rec.len())
-        .filter(|&i| rec.pid[i] == pid)
+        .filter(|&i| rec.pid[i] == key)
         .take_while(|&i| !matches!(rec.kind[i], Some(EventKind::BlockAlloc | EventKind::BlockFree | EventKind::Oom)))
-        .find(|&i| rec.kind[i].is_some_and(EventKind::can_run_out_of_memory) && rec.ret[i] == crate::trace::event::CUDA_ERROR_OUT_OF_MEMORY)
+        .find(|&i| rec.kind[i].is_some_and(EventKind::can_run_out_of_memory) && rec.ret[i] == CUDA_ERROR_OUT_OF_MEMORY)
 }
 
-/// The rows of `pid`'s device allocations that a block of it was placed in
-/// while they lived.
-fn pytorch_segments(rec: &Events, pid: u32) -> HashSet<usize> {
+/// The rows of unit `key`'s device allocations that a block of it was
+/// placed in while they lived.
+fn pytorch_segments(rec: &Events, key: u32) -> HashSet<usize> {
     let mut live: BTreeMap<u64, (u64, usize)> = BTreeMap::new();
     let mut out = HashSet::new();
-    for i in (0..rec.len()).filter(|&i| rec.pid[i] == pid && rec.ret[i] == 0) {
+    for i in (0..rec.len()).filter(|&i| rec.pid[i] == key && rec.ret[i] == 0) {
         let Some(kind) = rec.kind[i] else { continue };
         let (addr, size) = (rec.addr[i], rec.size[i]);
         if kind.is_device_alloc() && size > 0 {

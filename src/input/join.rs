@@ -72,10 +72,8 @@ pub fn join(recording: Loaded, snapshot: Loaded) -> Result<Loaded> {
     join_probed(recording, snapshot)
 }
 
-/// [`join`] without its checks: also how a recording made with the probes
-/// on PyTorch's allocator is analysed ([`super::allocator`]), its blocks
-/// standing in for a snapshot's.
-pub(super) fn join_probed(recording: Loaded, snapshot: Loaded) -> Result<Loaded> {
+/// The join, its inputs checked.
+fn join_probed(recording: Loaded, snapshot: Loaded) -> Result<Loaded> {
     let Some(details) = snapshot.trace.meta.as_ref().and_then(|m| m.details.snapshot()) else {
         bail!("{}: not a snapshot", snapshot.trace.dir.display());
     };
@@ -136,7 +134,7 @@ pub(super) fn join_probed(recording: Loaded, snapshot: Loaded) -> Result<Loaded>
     let mut out = snapshot.events.clone();
     let to_snapshot_clock = |t: u64| on_snapshot_clock(t).max(0) as u64;
     let wanted: std::collections::HashSet<(u32, u64, u64)> =
-        outside.iter().map(|(a, _)| (a.pid, rec.ts_ns[a.row], a.addr)).collect();
+        outside.iter().map(|(a, _)| (real_pid(&recording, a.pid), rec.ts_ns[a.row], a.addr)).collect();
     let callers = if outside.is_empty() { HashMap::new() } else { callers(&recording, &wanted) };
     let mut maps: HashMap<u32, Option<String>> = HashMap::new();
     let mut spans = Vec::with_capacity(outside.len());
@@ -159,7 +157,7 @@ pub(super) fn join_probed(recording: Loaded, snapshot: Loaded) -> Result<Loaded>
             out.push(&row(t, EventKind::BlockFree));
             out.push(&row(t, EventKind::SegmentFree));
         }
-        spans.push(OutsideSpan { from_ns: t, to_ns: freed, bytes: a.size, library });
+        spans.push(OutsideSpan { from_ns: t, to_ns: freed, bytes: a.size, library, unit: None });
     }
     // The rows added above come after the snapshot's: sorting them in is no
     // disorder of the files, so the snapshot's count stands.
@@ -175,6 +173,7 @@ pub(super) fn join_probed(recording: Loaded, snapshot: Loaded) -> Result<Loaded>
         recording: recording.trace.dir.display().to_string(),
         pids: vec![pid],
         probed: false,
+        blocks_without_segment: 0,
         segments_matched: matched.len() as u64,
         segments_total: segments_total as u64,
         clock_offset_ns: offset,
@@ -198,6 +197,12 @@ pub(super) fn join_probed(recording: Loaded, snapshot: Loaded) -> Result<Loaded>
     trace.stacks = Some(Arc::new(stacks));
     trace.pytorch_columns = true;
     Ok(Loaded { trace, events: out, out_of_order: snapshot.out_of_order })
+}
+
+/// The process of replay unit `id` (itself, or one device of a process
+/// replayed per device, [`super::units`]).
+pub(super) fn real_pid(recording: &Loaded, id: u32) -> u32 {
+    recording.trace.units.get(&id).map_or(id, |u| u.0)
 }
 
 /// The value that comes most often (the smallest of equals); 0 for none.
@@ -355,7 +360,7 @@ fn match_segments(snap: &Events, rec: &Events, allocs: &[Alloc], offset: Option<
 /// The return address of each recorded device allocation, read straight
 /// from the recording's parts (the loader keeps no such column), by
 /// (pid, time, address); empty for recordings made before it was kept.
-fn callers(recording: &Loaded, wanted: &std::collections::HashSet<(u32, u64, u64)>) -> HashMap<(u32, u64, u64), u64> {
+pub(super) fn callers(recording: &Loaded, wanted: &std::collections::HashSet<(u32, u64, u64)>) -> HashMap<(u32, u64, u64), u64> {
     use arrow_array::Array;
     use arrow_array::cast::AsArray;
     use arrow_array::types::{UInt32Type, UInt64Type};
@@ -389,18 +394,19 @@ fn callers(recording: &Loaded, wanted: &std::collections::HashSet<(u32, u64, u64
 /// The library that made the recorded call at `row`: the file mapped at
 /// its return address (the process's copied maps say which), else the
 /// first frame of its recorded stack outside CUDA's own libraries.
-fn library_of(
+pub(super) fn library_of(
     recording: &Loaded,
     callers: &HashMap<(u32, u64, u64), u64>,
     maps: &mut HashMap<u32, Option<String>>,
     row: usize,
 ) -> String {
     let e = &recording.events;
-    if let Some(&caller) = callers.get(&(e.pid[row], e.ts_ns[row], e.addr[row])) {
+    let pid = real_pid(recording, e.pid[row]);
+    if let Some(&caller) = callers.get(&(pid, e.ts_ns[row], e.addr[row])) {
         // Each process's copied maps are read once.
-        let text = maps.entry(e.pid[row]).or_insert_with(|| {
-            std::fs::read_to_string(recording.trace.dir.join("maps").join(e.pid[row].to_string())).ok()
-        });
+        let text = maps
+            .entry(pid)
+            .or_insert_with(|| std::fs::read_to_string(recording.trace.dir.join("maps").join(pid.to_string())).ok());
         if let Some((file, _)) = text.as_deref().and_then(|t| crate::trace::symbols::file_at(t, caller)) {
             return file.file_name().map_or_else(|| file.display().to_string(), |n| n.to_string_lossy().into_owned());
         }

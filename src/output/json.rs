@@ -175,6 +175,7 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
             "pids": j.pids,
             // The blocks are the recording's own (probes on PyTorch's allocator).
             "probed": j.probed,
+            "blocks_without_segment": j.blocks_without_segment,
             "segments_matched": j.segments_matched,
             "segments_total": j.segments_total,
             "clock_offset_ns": j.clock_offset_ns,

@@ -211,10 +211,19 @@ fn record(
                 continue;
             }
         };
-        let allocator = if opts.torch { allocator_plan(lib) } else { None };
+        let mut allocator = if opts.torch { allocator_plan(lib) } else { None };
         let mut lib_links = Vec::new();
         if let Some(plan) = &allocator {
-            lib_links.extend(attach_allocator(&skel, &lib.path, plan, multi)?);
+            match attach_allocator(&skel, &lib.path, plan, multi) {
+                Ok(l) => lib_links.extend(l),
+                Err(e) => {
+                    eprintln!(
+                        "fragscope: {}: PyTorch's allocator not probed: {e:#}. Its segments are recorded as usual.",
+                        lib.path.display()
+                    );
+                    allocator = None;
+                }
+            }
         }
         let wanted: Vec<usize> = PROBES
             .iter()
@@ -485,6 +494,7 @@ fn open_and_load<'o>(
     if !multi {
         open.progs.on_entry_multi.set_autoload(false);
         open.progs.on_return_multi.set_autoload(false);
+        open.progs.on_landed_multi.set_autoload(false);
     }
     match hooks {
         Hooks::Btf => {

@@ -275,6 +275,8 @@ impl TorchBlocks {
                 self.live.insert((e.pid, e.addr), e.device.unwrap_or(0));
             }
             K::BlockFree => e.device = self.live.remove(&(e.pid, e.addr)),
+            // Its blocks went with it (and its pid may come back).
+            K::Exit => self.live.retain(|&(pid, _), _| pid != e.pid),
             _ => {}
         }
     }

@@ -121,6 +121,15 @@ pub fn plan(path: &Path) -> Result<std::result::Result<Plan, Refusal>> {
 
 fn plan_bytes(data: &[u8]) -> Result<std::result::Result<Plan, Refusal>> {
     let file = object::File::parse(data)?;
+    if file.architecture() != object::Architecture::X86_64 {
+        // The call sites are found by decoding x86-64 code.
+        let names = file.symbols().filter_map(|s| s.name().ok()).any(|n| n.contains("CUDACachingAllocator"));
+        return Ok(Err(if names {
+            Refusal::Unusable(format!("its allocator is probed on x86-64 only, and this is {:?}", file.architecture()))
+        } else {
+            Refusal::Absent
+        }));
+    }
     let text = |addr: u64, size: u64| -> Option<&[u8]> {
         file.segments().find_map(|s| s.data_range(addr, size).ok().flatten())
     };
@@ -139,8 +148,12 @@ fn plan_bytes(data: &[u8]) -> Result<std::result::Result<Plan, Refusal>> {
             continue;
         }
         let Ok(raw) = s.name() else { continue };
-        // `.cold` and `.part` clones are pieces of a function, not entries.
+        // `.cold`, `.part` and `.isra` clones are pieces of a function: their
+        // calls count, but they are not the entries probed.
         if raw.contains('.') {
+            if s.size() > 0 {
+                syms.push(Sym { addr: s.address(), size: s.size(), name: demangle(raw) });
+            }
             continue;
         }
         let name = demangle(raw);
@@ -172,29 +185,43 @@ fn plan_bytes(data: &[u8]) -> Result<std::result::Result<Plan, Refusal>> {
             Refusal::Absent
         }));
     };
-    // Every call to malloc, and any jump to it from elsewhere (a tail
-    // call returns past the caller: its returns could not be seen).
-    let mut landings = Vec::new();
-    let mut tail_calls = Vec::new();
+    // Every call to malloc, and what would hide a return: a jump to it from
+    // elsewhere (a tail call returns past the caller), its address taken
+    // (an indirect call), or a jump to the instruction after a call (that
+    // instruction would not only mean "malloc returned").
+    let mut landing_at = Vec::new();
+    let mut jump_targets = std::collections::HashSet::new();
+    let mut hidden = Vec::new();
     for s in &syms {
         let Some(code) = text(s.addr, s.size) else { continue };
-        for (ip, next, target, is_call) in branches(code, s.addr) {
-            if target != malloc_at || s.addr == malloc_at {
-                continue;
-            }
-            if is_call {
-                landings.extend(offset(next));
-            } else {
-                tail_calls.push(format!("{} at {ip:#x}", s.name));
+        for b in branches(code, s.addr) {
+            match b {
+                Branch::Direct { next, target, call: true, .. } if target == malloc_at => landing_at.push(next),
+                Branch::Direct { at, target, call: false, .. } => {
+                    if target == malloc_at && s.addr != malloc_at {
+                        hidden.push(format!("a tail call from {} at {at:#x}", s.name));
+                    }
+                    jump_targets.insert(target);
+                }
+                Branch::Direct { .. } => {}
+                Branch::AddressOf { at, target } if target == malloc_at => {
+                    hidden.push(format!("its address taken in {} at {at:#x}", s.name));
+                }
+                Branch::AddressOf { .. } => {}
             }
         }
     }
-    if !tail_calls.is_empty() {
+    if address_in_relocations(&file, malloc_at) {
+        hidden.push("its address in a relocation (a table of function pointers)".into());
+    }
+    hidden.extend(landing_at.iter().filter(|a| jump_targets.contains(a)).map(|a| format!("a jump to {a:#x}, after a call")));
+    if !hidden.is_empty() {
         return Ok(Err(Refusal::Unusable(format!(
-            "{malloc_name} is jumped to (a tail call) from {}: its returns there could not be seen",
-            tail_calls.join(", ")
+            "{malloc_name} has returns a probe could not see or tell apart: {}",
+            hidden.join(", ")
         ))));
     }
+    let mut landings: Vec<usize> = landing_at.iter().filter_map(|&a| offset(a)).collect();
     if landings.is_empty() {
         return Ok(Err(Refusal::Unusable(format!("nothing in the library calls {malloc_name}"))));
     }
@@ -207,7 +234,10 @@ fn plan_bytes(data: &[u8]) -> Result<std::result::Result<Plan, Refusal>> {
     for (&addr, (name, role)) in roles.iter().filter(|(_, (_, r))| *r != Role::Malloc) {
         let size = syms.iter().find(|s| s.addr == addr).map_or(0, |s| s.size);
         let reaches_other = text(addr, size)
-            .map(|code| branches(code, addr).any(|(_, _, t, _)| t != addr && free_at.contains_key(&t)))
+            .map(|code| {
+                branches(code, addr)
+                    .any(|b| matches!(b, Branch::Direct { target, .. } if target != addr && free_at.contains_key(&target)))
+            })
             .unwrap_or(false);
         if reaches_other {
             left_out.push(name.clone());
@@ -222,23 +252,43 @@ fn plan_bytes(data: &[u8]) -> Result<std::result::Result<Plan, Refusal>> {
     Ok(Ok(Plan { malloc, landings, frees, left_out }))
 }
 
-/// The direct calls and jumps of `code` (x86-64, at address `at`): each
-/// one's address, the next instruction's, its target, and whether it is a
-/// call.
-fn branches(code: &[u8], at: u64) -> impl Iterator<Item = (u64, u64, u64, bool)> + '_ {
+/// What an instruction says of the flow to an address.
+#[derive(Clone, Copy, Debug)]
+enum Branch {
+    /// A call, jump or conditional jump to a fixed address: where it is,
+    /// the next instruction, the target.
+    Direct { at: u64, next: u64, target: u64, call: bool },
+    /// An address computed relative to the instruction (`lea`, a load):
+    /// a function whose address is taken can be called indirectly.
+    AddressOf { at: u64, target: u64 },
+}
+
+/// The branches and RIP-relative addresses of `code` (x86-64, at `at`).
+fn branches(code: &[u8], at: u64) -> impl Iterator<Item = Branch> + '_ {
     use iced_x86::{Decoder, DecoderOptions, OpKind};
     let mut decoder = Decoder::with_ip(64, code, at, DecoderOptions::NONE);
     std::iter::from_fn(move || {
         while decoder.can_decode() {
             let ins = decoder.decode();
-            // Calls, jumps and conditional jumps to a fixed address.
             if matches!(ins.op0_kind(), OpKind::NearBranch64) {
                 let call = ins.mnemonic() == iced_x86::Mnemonic::Call;
-                return Some((ins.ip(), ins.next_ip(), ins.near_branch_target(), call));
+                return Some(Branch::Direct { at: ins.ip(), next: ins.next_ip(), target: ins.near_branch_target(), call });
+            }
+            if ins.is_ip_rel_memory_operand() {
+                return Some(Branch::AddressOf { at: ins.ip(), target: ins.ip_rel_memory_address() });
             }
         }
         None
     })
+}
+
+/// Whether a dynamic relocation puts `addr` somewhere (a vtable, a table of
+/// function pointers): `R_X86_64_RELATIVE` with it as the addend.
+fn address_in_relocations(file: &object::File<'_>, addr: u64) -> bool {
+    file.dynamic_relocations()
+        .into_iter()
+        .flatten()
+        .any(|(_, r)| r.kind() == object::RelocationKind::Relative && r.addend() as u64 == addr)
 }
 
 fn demangle(raw: &str) -> String {
@@ -290,6 +340,33 @@ mod tests {
         );
         assert_eq!(recognise("malloc(unsigned long)"), None);
         assert_eq!(recognise("c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::free(Block*)"), None);
+    }
+
+    /// With `FRAGSCOPE_TORCH_LIBS` naming a folder of `libc10_cuda.so`
+    /// files taken from PyTorch's wheels (`scripts/torch-allocator-symbols
+    /// --keep DIR`), each must be planned: a malloc with call sites, and
+    /// frees. Not run otherwise (the wheels are not part of the tests).
+    #[test]
+    fn the_wheels_libraries_are_planned() {
+        let Some(dir) = std::env::var_os("FRAGSCOPE_TORCH_LIBS") else {
+            eprintln!("SKIPPED the_wheels_libraries_are_planned: FRAGSCOPE_TORCH_LIBS is not set");
+            return;
+        };
+        let mut n = 0;
+        for e in std::fs::read_dir(dir).unwrap() {
+            let path = e.unwrap().path();
+            let plan = plan(&path).unwrap().unwrap_or_else(|r| panic!("{}: {r:?}", path.display()));
+            assert!(plan.landings.len() >= 2 && !plan.frees.is_empty(), "{}: {plan:?}", path.display());
+            eprintln!(
+                "{}: {} call sites, frees {:?}, left out {:?}",
+                path.display(),
+                plan.landings.len(),
+                plan.frees.iter().map(|f| &f.0.name).collect::<Vec<_>>(),
+                plan.left_out
+            );
+            n += 1;
+        }
+        assert!(n > 0);
     }
 
     #[test]

@@ -124,6 +124,11 @@ pub struct Join {
     /// allocator), not a snapshot's.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub probed: bool,
+    /// Probed recordings: blocks in no recorded segment (segments PyTorch
+    /// got before the recording began, as with `record --pid`); each is
+    /// counted as a segment of its own size.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub blocks_without_segment: u64,
     pub segments_matched: u64,
     pub segments_total: u64,
     /// The recording's clock minus the snapshot's, from the matched
@@ -158,6 +163,10 @@ pub struct OutsideSpan {
     pub to_ns: Option<u64>,
     pub bytes: u64,
     pub library: String,
+    /// The replay unit it belongs to, when the view has several (a
+    /// recording with PyTorch's blocks of several processes or GPUs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<u32>,
 }
 
 impl SnapshotDetails {
@@ -405,4 +414,8 @@ pub struct SynthDetails {
     /// The true start of every iteration, by pid (ns).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub iteration_starts: Option<BTreeMap<String, Vec<u64>>>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

@@ -25,5 +25,5 @@ $cc "${flags[@]}" -fPIC -shared -Wl,-soname,libnvidia-ml.so.1 -o "$out/nvml/libn
 # local symbols, as in PyTorch's wheels), and a program that uses it.
 ${CXX:-g++} "${flags[@]}" -std=c++17 -fPIC -shared -fvisibility=hidden -Wl,-soname,libc10_cuda.so \
   -o "$out/lib64/libc10_cuda.so" "$src/c10_cuda.cpp" -L"$out/lib64" -l:libcudart.so.12 -Wl,-rpath,'$ORIGIN'
-$cc "${flags[@]}" -o "$out/torch-workload" "$src/torch_workload.c" -L"$out/lib64" -l:libc10_cuda.so \
+$cc "${flags[@]}" -o "$out/torch-workload" "$src/torch_workload.c" -L"$out/lib64" -l:libc10_cuda.so -l:libcudart.so.12 \
   -Wl,-rpath,'$ORIGIN/lib64'

@@ -5,10 +5,13 @@
  *   alloc ADDR SIZE DEVICE   a tensor (SIZE as asked)
  *   free ADDR                its deleter, or raw_delete
  *   oom SIZE DEVICE          the allocator threw out-of-memory
- * Run with STANDIN_CAPACITY small enough for the last phase to fail. */
+ * Run with STANDIN_CAPACITY small enough for the last phase to fail.
+ * Modes: STEPS (default 3), `ranks N`, `wait` (see main). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 int standin_torch_alloc(void **out, size_t size, int device);
 void standin_torch_free(void *ptr);
@@ -39,17 +42,53 @@ static void release(int i)
 	live[i] = live[--nlive];
 }
 
-int main(int argc, char **argv)
+int cudaSetDevice(int device);
+
+/* Steps of a training loop on `device`: activations kept until the step
+ * ends. */
+static void train(int steps, int device)
 {
-	int steps = argc > 1 ? atoi(argv[1]) : 3;
-	/* Steps of a training loop: activations kept until the step ends. */
 	for (int s = 0; s < steps; s++) {
 		for (int i = 0; i < 8; i++)
-			alloc(1000 + 4096 * i, 0);
-		alloc(3u << 20, 0);
+			alloc(1000 + 4096 * i, device);
+		alloc(3u << 20, device);
 		while (nlive > 0)
 			release(nlive - 1);
 	}
+}
+
+int main(int argc, char **argv)
+{
+	if (argc > 2 && !strcmp(argv[1], "ranks")) {
+		/* `ranks N`: N processes, rank r training on device r. */
+		int n = atoi(argv[2]);
+		for (int r = 0; r < n; r++) {
+			if (fork() == 0) {
+				cudaSetDevice(r);
+				train(2, r);
+				fflush(stdout);
+				_exit(0);
+			}
+		}
+		for (int r = 0; r < n; r++)
+			wait(NULL);
+		return 0;
+	}
+	if (argc > 1 && !strcmp(argv[1], "wait")) {
+		/* `wait`: weights allocated, then a line on stdin (the recorder
+		 * attaches with --pid meanwhile), then steps that free and reuse. */
+		alloc(1u << 20, 0);
+		alloc(5000, 0);
+		fflush(stdout);
+		char line[8];
+		if (!fgets(line, sizeof line, stdin))
+			return 3;
+		train(2, 0);
+		fflush(stdout);
+		return 0;
+	}
+	int steps = argc > 1 ? atoi(argv[1]) : 3;
+	train(steps, 0);
 	/* The raw interface (cuBLAS workspaces go through it). */
 	void *w = standin_torch_raw_alloc(100000);
 	printf("alloc %p %d 0\n", w, 100000);

@@ -518,11 +518,21 @@ pub(crate) fn join_md(a: &Analysis) -> String {
         let _ = writeln!(
             md,
             "Recorded with the probes on PyTorch's caching allocator (pid {}): every tensor's block, inside the {} \
-             segments PyTorch got from CUDA (the device allocations a block was placed in). Block sizes are the requests \
-             rounded to 512 bytes, as PyTorch rounds them; a block PyTorch left unsplit is larger than that.\n",
+             segments PyTorch got from CUDA while recording (the device allocations a block was placed in). Block sizes \
+             are the requests rounded to 512 bytes, as PyTorch rounds them; a block PyTorch left unsplit is larger than \
+             that.\n",
             j.pids.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
             j.segments_matched,
         );
+        if j.blocks_without_segment > 0 {
+            let _ = writeln!(
+                md,
+                "{} in no recorded segment: PyTorch got their segments before the recording began (`record --pid` \
+                 on a running program). Each counts as a segment of its own size, so reserved memory and the cache's \
+                 free space are undercounted there.\n",
+                plural(j.blocks_without_segment, "block lies", "blocks lie"),
+            );
+        }
     } else {
         md.push_str("\n## Recording and snapshot\n\n");
     }
@@ -572,7 +582,9 @@ fn oom_with_recording(a: &Analysis, o: &crate::analysis::oom::OomDiagnosis) -> S
     // at that instant, by library.
     let mut by_library: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
     if let Some(j) = a.snapshot_details().and_then(|d| d.join.as_ref()) {
-        for s in j.outside.spans.iter().filter(|s| s.from_ns <= o.t_ns && s.to_ns.is_none_or(|t| t > o.t_ns)) {
+        for s in j.outside.spans.iter().filter(|s| {
+            s.unit.is_none_or(|u| u == o.pid) && s.from_ns <= o.t_ns && s.to_ns.is_none_or(|t| t > o.t_ns)
+        }) {
             let e = by_library.entry(s.library.as_str()).or_default();
             e.0 += s.bytes;
             e.1 += 1;
