@@ -273,7 +273,8 @@ fn refused_segment(rec: &Events, key: u32, oom: usize) -> Option<usize> {
 }
 
 /// The rows of unit `key`'s device allocations that a block of it was
-/// placed in while they lived.
+/// placed in while they lived: every one the block overlaps (a block of
+/// an expandable segment spans many mapped pages).
 fn pytorch_segments(rec: &Events, key: u32) -> HashSet<usize> {
     let mut live: BTreeMap<u64, (u64, usize)> = BTreeMap::new();
     let mut out = HashSet::new();
@@ -289,12 +290,36 @@ fn pytorch_segments(rec: &Events, key: u32) -> HashSet<usize> {
             }
         } else if kind.is_device_free() {
             live.remove(&addr);
-        } else if kind == EventKind::BlockAlloc
-            && let Some((_, &(end, row))) = live.range(..=addr).next_back()
-            && end > addr
-        {
-            out.insert(row);
+        } else if kind == EventKind::BlockAlloc {
+            // The allocation the block starts in, and those it runs into.
+            let first = live.range(..=addr).next_back().filter(|(_, e)| e.0 > addr).map(|(_, e)| e.1);
+            let end = addr.saturating_add(size.max(1));
+            out.extend(first.into_iter().chain(live.range(addr.saturating_add(1)..end).map(|(_, &(_, row))| row)));
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_block_over_several_mapped_pages_makes_each_of_them_pytorchs() {
+        const PAGE: u64 = 2 << 20;
+        let mut ev = Events::default();
+        // Three pages of an expandable segment, a block over the first two
+        // and a half, and a workspace of another library beside them.
+        for (t, kind, addr, size) in [
+            (1, EventKind::MemMap, 0x1000_0000, PAGE),
+            (2, EventKind::MemMap, 0x1000_0000 + PAGE, PAGE),
+            (3, EventKind::MemMap, 0x1000_0000 + 2 * PAGE, PAGE),
+            (4, EventKind::Alloc, 0x9000_0000, 64 << 20),
+            (5, EventKind::BlockAlloc, 0x1000_0000, 2 * PAGE + 4096),
+        ] {
+            ev.push(&Event::new(t, 7, kind, addr, size));
+        }
+        let rows = pytorch_segments(&ev, 7);
+        assert_eq!(rows, HashSet::from([0, 1, 2]));
+    }
 }
