@@ -427,6 +427,7 @@ fn record(
         recording_s: started.elapsed().as_secs_f64(),
         maps: maps.saved(),
         visible_devices: maps.visible.iter().map(|(pid, v)| (pid.to_string(), v.clone())).collect(),
+        allocator_conf: maps.alloc_conf.iter().map(|(pid, v)| (pid.to_string(), v.clone())).collect(),
         gpus: gpus_at_start,
         nvml: driver.unavailable.clone(),
         devices: devices_used.into_iter().map(|(pid, d)| (pid.to_string(), d.into_iter().collect())).collect(),

@@ -73,21 +73,32 @@ pub(super) struct MapsKeeper {
     pub(super) saved: BTreeMap<u32, String>,
     /// `CUDA_VISIBLE_DEVICES` of each process that had it set.
     pub(super) visible: BTreeMap<u32, String>,
+    /// `PYTORCH_CUDA_ALLOC_CONF` of each process that had it set.
+    pub(super) alloc_conf: BTreeMap<u32, String>,
 }
 
 impl MapsKeeper {
     pub(super) fn new(trace: &Path) -> MapsKeeper {
-        MapsKeeper { dir: trace.join("maps"), seen: BTreeSet::new(), saved: BTreeMap::new(), visible: BTreeMap::new() }
+        MapsKeeper { dir: trace.join("maps"), seen: BTreeSet::new(), saved: BTreeMap::new(), visible: BTreeMap::new(), alloc_conf: BTreeMap::new() }
     }
 
     pub(super) fn saw(&mut self, pid: u32) {
         if self.seen.insert(pid) {
             self.save(pid);
-            // Which GPUs the program's device numbers name.
-            if let Ok(env) = std::fs::read(format!("/proc/{pid}/environ"))
-                && let Some(v) = env.split(|&b| b == 0).find_map(|kv| kv.strip_prefix(b"CUDA_VISIBLE_DEVICES="))
-            {
-                self.visible.insert(pid, String::from_utf8_lossy(v).into_owned());
+            // Which GPUs the program's device numbers name, and the
+            // settings of PyTorch's allocator.
+            if let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) {
+                let var = |name: &[u8]| {
+                    env.split(|&b| b == 0)
+                        .find_map(|kv| kv.strip_prefix(name)?.strip_prefix(b"="))
+                        .map(|v| String::from_utf8_lossy(v).into_owned())
+                };
+                if let Some(v) = var(b"CUDA_VISIBLE_DEVICES") {
+                    self.visible.insert(pid, v);
+                }
+                if let Some(v) = var(b"PYTORCH_CUDA_ALLOC_CONF").or_else(|| var(b"PYTORCH_ALLOC_CONF")) {
+                    self.alloc_conf.insert(pid, v);
+                }
             }
         }
     }

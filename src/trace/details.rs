@@ -293,6 +293,10 @@ pub struct RecordDetails {
     /// text): the program's device N is the N-th GPU it names.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub visible_devices: BTreeMap<String, String>,
+    /// `PYTORCH_CUDA_ALLOC_CONF` of each process that had it set, by pid:
+    /// the settings PyTorch's allocator ran under.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub allocator_conf: BTreeMap<String, String>,
 }
 
 /// One GPU as the driver reports it.

@@ -519,8 +519,8 @@ pub(crate) fn join_md(a: &Analysis) -> String {
             md,
             "Recorded with the probes on PyTorch's caching allocator (pid {}): every tensor's block, inside the {} \
              segments PyTorch got from CUDA while recording (the device allocations a block was placed in). Block sizes \
-             are the requests rounded to 512 bytes, as PyTorch rounds them; a block PyTorch left unsplit is larger than \
-             that.\n",
+             follow PyTorch's rounding and split rules on the recorded layout, under the process's \
+             `PYTORCH_CUDA_ALLOC_CONF`.\n",
             j.pids.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
             j.segments_matched,
         );
