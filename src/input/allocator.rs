@@ -293,12 +293,6 @@ pub fn view(recording: Loaded) -> Result<Loaded> {
     }
     out.sort_by_time();
 
-    let mut by_library: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
-    for s in &spans {
-        let e = by_library.entry(s.library.as_str()).or_default();
-        e.0 += 1;
-        e.1 += s.bytes;
-    }
     let join = Join {
         recording: recording.trace.dir.display().to_string(),
         pids: units.iter().map(|u| whose(u.key).0).collect::<BTreeSet<_>>().into_iter().collect(),
@@ -311,7 +305,7 @@ pub fn view(recording: Loaded) -> Result<Loaded> {
         outside: JoinOutside {
             allocations: spans.len() as u64,
             bytes: spans.iter().map(|s| s.bytes).sum(),
-            by_library: by_library.into_iter().map(|(l, (n, b))| (l.to_string(), n, b)).collect(),
+            by_library: crate::trace::details::by_library(&spans),
             spans,
         },
     };

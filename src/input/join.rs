@@ -162,13 +162,7 @@ fn join_probed(recording: Loaded, snapshot: Loaded) -> Result<Loaded> {
     // The rows added above come after the snapshot's: sorting them in is no
     // disorder of the files, so the snapshot's count stands.
     out.sort_by_time();
-    let mut by_library: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
-    for s in &spans {
-        let e = by_library.entry(s.library.as_str()).or_default();
-        e.0 += 1;
-        e.1 += s.bytes;
-    }
-    let by_library = by_library.into_iter().map(|(l, (n, b))| (l.to_string(), n, b)).collect();
+    let by_library = crate::trace::details::by_library(&spans);
     let join = Join {
         recording: recording.trace.dir.display().to_string(),
         pids: vec![pid],

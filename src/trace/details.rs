@@ -169,6 +169,17 @@ pub struct OutsideSpan {
     pub unit: Option<u32>,
 }
 
+/// (library, allocations, bytes) of the outside allocations, by library.
+pub fn by_library(spans: &[OutsideSpan]) -> Vec<(String, u64, u64)> {
+    let mut by: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    for s in spans {
+        let e = by.entry(s.library.as_str()).or_default();
+        e.0 += 1;
+        e.1 += s.bytes;
+    }
+    by.into_iter().map(|(l, (n, b))| (l.to_string(), n, b)).collect()
+}
+
 impl SnapshotDetails {
     /// Time is entry order: some device's trace entries had no `time_us`.
     pub fn entry_order(&self) -> bool {

@@ -46,6 +46,7 @@ class NativeCachingAllocator {
 		size_t used = 0;
 	};
 	bool carve(size_t size, uintptr_t *out);
+	void release_unused();
 	std::mutex lock_;
 	std::map<uintptr_t, Segment> segments_;  // base -> segment
 	std::map<uintptr_t, size_t> live_;       // block -> size
@@ -87,14 +88,7 @@ void NativeCachingAllocator::malloc(void **devPtr, signed char device, unsigned 
 		void *p = nullptr;
 		if (cudaMalloc(&p, seg) != 0) {
 			// Release the cached segments no block uses, then try again.
-			for (auto it = segments_.begin(); it != segments_.end();) {
-				if (it->second.used == 0) {
-					cudaFree((void *)it->first);
-					it = segments_.erase(it);
-				} else {
-					++it;
-				}
-			}
+			release_unused();
 			if (cudaMalloc(&p, seg) != 0)
 				throw OutOfMemoryError(size);
 		}
@@ -150,6 +144,12 @@ void *NativeCachingAllocator::raw_alloc(unsigned long size)
 void NativeCachingAllocator::empty_cache()
 {
 	std::lock_guard<std::mutex> g(lock_);
+	release_unused();
+}
+
+// The cached segments no block uses go back to the runtime (lock held).
+void NativeCachingAllocator::release_unused()
+{
 	for (auto it = segments_.begin(); it != segments_.end();) {
 		if (it->second.used == 0) {
 			cudaFree((void *)it->first);
