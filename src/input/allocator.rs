@@ -484,6 +484,66 @@ mod tests {
         assert_eq!((same, whole_same), (total, whole));
     }
 
+    /// The real H100 run recorded both ways (`training-default`), joined
+    /// (the trusted view: the snapshot's blocks, the recording's outside
+    /// memory), then written back as the probes would have recorded it
+    /// (segments as `cudaMalloc`s, blocks with their requests, the outside
+    /// allocations as they were) and put in this view: the same segments,
+    /// outside memory and figures, and so the same verdicts.
+    #[test]
+    fn a_real_run_seen_by_the_probes_is_analysed_as_its_snapshot_joined_with_its_recording() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/gpu-h100");
+        let (rec_dir, snap_file) = (root.join("ebpf/training-default"), root.join("snapshots/training-default.pickle"));
+        if !rec_dir.is_dir() || !snap_file.is_file() {
+            eprintln!("SKIPPED a_real_run_seen_by_the_probes_is_analysed_as_its_snapshot: no {}", root.display());
+            return;
+        }
+        let open = |p: &std::path::Path| crate::input::open(p, None).unwrap();
+        let rec = open(&rec_dir);
+        let joined = crate::input::join(open(&rec_dir), open(&snap_file)).unwrap();
+        let j = joined.trace.meta.as_ref().and_then(|m| m.details.snapshot()).and_then(|d| d.join.clone()).unwrap();
+        let outside: HashSet<u32> = joined.trace.stacks.as_deref().map_or_else(Default::default, |st| {
+            (0..st.stacks.len() as u32).filter(|&id| st.frames_of(id).any(|f| f.name == OUTSIDE)).collect()
+        });
+        let mut events = Events::default();
+        for i in 0..joined.events.len() {
+            let Some(mut e) = joined.events.get(i) else { continue };
+            let is_outside = e.extra.stack.is_some_and(|s| outside.contains(&s));
+            e.kind = match (e.kind, is_outside) {
+                (EventKind::SegmentAlloc, _) => EventKind::Alloc,
+                (EventKind::SegmentFree, _) => EventKind::Free,
+                (EventKind::SegmentMap, _) => EventKind::MemMap,
+                (EventKind::SegmentUnmap, _) => EventKind::MemUnmap,
+                (EventKind::BlockAlloc, false) => {
+                    e.size = e.extra.requested.unwrap_or(e.size).div_ceil(512) * 512;
+                    EventKind::BlockAlloc
+                }
+                (k @ (EventKind::BlockFree | EventKind::Oom), false) => k,
+                _ => continue,
+            };
+            e.pid = j.pids[0];
+            e.extra.stack = None;
+            events.push(&e);
+        }
+        let probed = view(Loaded { trace: rec.trace.clone(), events, out_of_order: 0 }).unwrap();
+        let pj = probed.trace.meta.as_ref().and_then(|m| m.details.snapshot()).and_then(|d| d.join.clone()).unwrap();
+        assert_eq!((pj.segments_matched, pj.blocks_without_segment), (j.segments_matched, 0));
+        assert_eq!((pj.outside.allocations, pj.outside.bytes), (j.outside.allocations, j.outside.bytes));
+        let opts = crate::analysis::Options::default();
+        let (a, b) = (
+            crate::analysis::analyze_loaded(probed, &opts).unwrap(),
+            crate::analysis::analyze_loaded(joined, &opts).unwrap(),
+        );
+        let figures = |x: &crate::analysis::Analysis| {
+            let last = x.rows.iter().rev().find_map(|r| r.alloc);
+            let peaks: Vec<(u64, u64)> = x.peaks.iter().map(|p| (p.bytes, p.span_bytes)).collect();
+            (peaks, x.ooms.len(), last.map(|f| (f.reserved_bytes, f.allocated_bytes)), x.rows.len())
+        };
+        assert_eq!(figures(&a), figures(&b));
+        let verdicts = |x: &crate::analysis::Analysis| x.leaks.iter().map(|l| l.verdict).collect::<Vec<_>>();
+        assert_eq!(verdicts(&a), verdicts(&b));
+    }
+
     #[test]
     fn a_block_over_several_mapped_pages_makes_each_of_them_pytorchs() {
         const PAGE: u64 = 2 << 20;
