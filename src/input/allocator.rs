@@ -46,9 +46,10 @@ use crate::trace::details::{Details, Join, JoinOutside, OutsideSpan, Reconstruct
 use crate::trace::event::{CUDA_ERROR_OUT_OF_MEMORY, Event, EventKind, Events, Extra, NO_STACK};
 use crate::trace::stacks::{Frame, Stacks};
 
-/// Whether the loaded recording holds PyTorch's blocks.
+/// Whether the loaded recording holds PyTorch's blocks (a recording whose
+/// recorder was killed before it wrote `trace.json` counts as one).
 pub fn has_blocks(l: &Loaded) -> bool {
-    l.trace.source() == Some(crate::trace::Source::Ebpf)
+    l.trace.source().is_none_or(|s| s == crate::trace::Source::Ebpf)
         && l.events.kind.iter().any(|k| *k == Some(EventKind::BlockAlloc))
 }
 
@@ -330,9 +331,10 @@ pub fn view(recording: Loaded) -> Result<Loaded> {
     };
     let new_units = if several { units.iter().map(|u| (u.id, whose(u.key))).collect() } else { BTreeMap::new() };
     let mut trace = recording.trace;
-    if let Some(m) = trace.meta.as_mut() {
-        m.details = Details::Snapshot(Box::new(snapshot));
-    }
+    // A recording without trace.json (its recorder was killed) gets one
+    // here: the view's details live in it.
+    let meta = trace.meta.get_or_insert_with(|| crate::trace::TraceMeta::new(crate::trace::Source::Ebpf));
+    meta.details = Details::Snapshot(Box::new(snapshot));
     trace.units = new_units;
     trace.stacks = Some(Arc::new(stacks));
     trace.pytorch_columns = true;

@@ -551,7 +551,11 @@ pub(crate) fn join_md(a: &Analysis) -> String {
         ))
     ));
     if j.outside.allocations == 0 {
-        md.push_str("Every device allocation of the process was PyTorch's.\n");
+        md.push_str(if j.pids.len() > 1 {
+            "Every device allocation of these processes was PyTorch's.\n"
+        } else {
+            "Every device allocation of the process was PyTorch's.\n"
+        });
         return md;
     }
     let _ = writeln!(
