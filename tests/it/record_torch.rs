@@ -303,3 +303,18 @@ fn attached_mid_run_the_blocks_of_earlier_segments_are_said() {
     assert!(json["join"]["blocks_without_segment"].as_u64().unwrap() > 0, "{}", json["join"]);
     assert!(md.contains("in no recorded segment: PyTorch got their segments before the recording began"), "{md}");
 }
+
+#[test]
+fn a_recording_without_trace_json_still_gets_the_allocator_view() {
+    if !bpf_ready("a_recording_without_trace_json_still_gets_the_allocator_view") {
+        return;
+    }
+    // As a recorder killed before its end leaves it: parts, no trace.json.
+    let tmp = tempfile::tempdir().unwrap();
+    let (trace, out) = record_torch(tmp.path(), &[]);
+    fs::remove_file(trace.join("trace.json")).unwrap();
+    let allocs = bookkeeping(&out).iter().filter(|b| b.0 == "block_alloc").count() as u64;
+    let (json, md) = analyze_json(&trace, &tmp.path().join("out"));
+    assert_eq!(json["events"]["by_kind"]["block_alloc"].as_u64(), Some(allocs));
+    assert!(md.contains("## PyTorch's allocator, recorded"), "{md}");
+}
