@@ -9,11 +9,14 @@
 //! output                   reports, pictures, summaries, compare, export
 //! analysis                 replay → metrics, iterations, forecasts, OOMs, leaks, what-if
 //! input                    the one way in: classify a path once, load or convert it
+//! allocator                the model of PyTorch's caching allocator (what-if, and
+//!                          PyTorch's block sizes in a recording of its allocator)
 //! import, record, synth    producers: other tools' files, eBPF, synthetic workloads
 //! trace                    the trace on disk: events, trace.json, Parquet tables
 //! store, units, exit       object storage, number formatting, exit codes
 //! ```
 
+pub mod allocator;
 pub mod analysis;
 pub mod batch;
 pub mod cli;

@@ -5,7 +5,7 @@
 
 use anyhow::{Context, Result};
 
-use crate::analysis::allocator::Settings;
+use crate::allocator::Settings;
 use crate::analysis::whatif::{DeviceStream, Source, device_level_streams, settings_of, streams};
 use crate::exit;
 use crate::output::whatif::Report;

@@ -224,7 +224,7 @@ fn generic(a: &Analysis, why_not: &str, out: &mut Vec<Advice>) {
     );
     let snapshot = a.snapshot_details();
     let expandable = snapshot.is_some_and(|d| {
-        crate::analysis::allocator::Settings::from_snapshot(&d.allocator_settings).expandable_segments
+        crate::allocator::Settings::from_snapshot(&d.allocator_settings).expandable_segments
     });
     let text = if expandable {
         format!(
@@ -323,7 +323,7 @@ fn pinned(a: &Analysis, events: &Events) -> Option<Advice> {
     let (common_size, common_n) = seg_sizes.iter().max_by_key(|x| x.1).map(|(s, n)| (*s, *n)).unwrap_or((0, 0));
     let unit = if segments.len() > 1
         && a.snapshot_details().is_some_and(|d| {
-            crate::analysis::allocator::Settings::from_snapshot(&d.allocator_settings).expandable_segments
+            crate::allocator::Settings::from_snapshot(&d.allocator_settings).expandable_segments
         }) {
         "mapped pages"
     } else {

@@ -12,7 +12,6 @@
 //! saw: every event before it in time order, none after.
 
 pub mod advice;
-pub mod allocator;
 pub mod cluster;
 pub(crate) mod flame;
 pub mod iterations;
@@ -223,10 +222,10 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         let (streams, settings, source) = match snapshot {
             Some(d) => (
                 whatif::streams(events, d, stacks.as_deref()),
-                allocator::Settings::from_snapshot(&d.allocator_settings),
+                crate::allocator::Settings::from_snapshot(&d.allocator_settings),
                 whatif::Source::Snapshot,
             ),
-            None => (whatif::device_level_streams(events), allocator::Settings::default(), whatif::Source::DeviceLevel),
+            None => (whatif::device_level_streams(events), crate::allocator::Settings::default(), whatif::Source::DeviceLevel),
         };
         tracing::debug!("whatif: request streams in {:.3} s", started.elapsed().as_secs_f64());
         // The default sweep cannot fail to parse; an error would be a bug.

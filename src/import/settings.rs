@@ -1,7 +1,7 @@
 //! The caching allocator's settings (`PYTORCH_CUDA_ALLOC_CONF`, and the
 //! `allocator_settings` a snapshot records) and the request rounding they
 //! imply: what the import needs to reconstruct block sizes, and what the
-//! allocator model ([`crate::analysis::allocator`]) runs under. Rounding
+//! allocator model ([`crate::allocator`]) runs under. Rounding
 //! follows PyTorch ≥ 2.4 (`roundup_power2_divisions` of 1 means plain
 //! 512 B rounding).
 

@@ -56,8 +56,8 @@ pub fn has_blocks(l: &Loaded) -> bool {
 /// The allocator settings of process `pid`, as `record` kept its
 /// `PYTORCH_CUDA_ALLOC_CONF` (PyTorch's defaults without it; entries this
 /// version does not know are left out).
-fn settings_of(recording: &Loaded, pid: u32) -> crate::analysis::allocator::Settings {
-    let mut s = crate::analysis::allocator::Settings::default();
+fn settings_of(recording: &Loaded, pid: u32) -> crate::allocator::Settings {
+    let mut s = crate::allocator::Settings::default();
     let conf = recording.trace.meta.as_ref().and_then(|m| m.details.record()).and_then(|d| d.allocator_conf.get(&pid.to_string()));
     for entry in conf.into_iter().flat_map(|c| c.split(',')).map(str::trim).filter(|e| !e.is_empty()) {
         if let Err(e) = s.apply(entry) {
@@ -69,7 +69,7 @@ fn settings_of(recording: &Loaded, pid: u32) -> crate::analysis::allocator::Sett
 
 /// The size of each block of unit `key` (by its `block_alloc` row), as
 /// PyTorch's allocator would have carved it from the recorded layout: the
-/// allocator model ([`crate::analysis::allocator`]) follows the unit's
+/// allocator model ([`crate::allocator`]) follows the unit's
 /// recorded segments and blocks, and takes each block where it was
 /// recorded, splitting by PyTorch's rules. Blocks of expandable segments,
 /// and those the model cannot place, keep the rounded request. Then any
@@ -79,9 +79,9 @@ fn block_sizes(
     rec: &Events,
     key: u32,
     pytorch: &HashSet<usize>,
-    settings: &crate::analysis::allocator::Settings,
+    settings: &crate::allocator::Settings,
 ) -> HashMap<usize, u64> {
-    use crate::analysis::allocator::{Allocator, SMALL_BUFFER};
+    use crate::allocator::{Allocator, SMALL_BUFFER};
     let mut model = Allocator::new(settings.clone());
     let mut sizes: HashMap<usize, u64> = HashMap::new();
     let mut rounded: HashMap<usize, u64> = HashMap::new();
@@ -415,7 +415,7 @@ mod tests {
             ev.push(&e);
         }
         let pytorch = pytorch_segments(&ev, 7);
-        let sizes = block_sizes(&ev, 7, &pytorch, &crate::analysis::allocator::Settings::default());
+        let sizes = block_sizes(&ev, 7, &pytorch, &crate::allocator::Settings::default());
         assert_eq!(sizes[&1], 20 * MIB);
         assert_eq!(sizes[&3], 10 * MIB);
         assert_eq!(sizes[&5], 19 * MIB + MIB / 2);
@@ -438,7 +438,7 @@ mod tests {
         for path in files {
             let loaded = crate::input::open(&path, None).unwrap();
             let details = loaded.trace.meta.as_ref().and_then(|m| m.details.snapshot()).unwrap();
-            let settings = crate::analysis::allocator::Settings::from_snapshot(&details.allocator_settings);
+            let settings = crate::allocator::Settings::from_snapshot(&details.allocator_settings);
             let snap = &loaded.events;
             for device in snap.pid.iter().copied().collect::<BTreeSet<u32>>() {
                 // The snapshot as a recording: segments as cudaMalloc/cudaFree

@@ -113,7 +113,7 @@ pub fn json(w: &Whatif) -> serde_json::Value {
             "capacity_lo_bytes": f.capacity.map(|c| c.0),
             "capacity_hi_bytes": f.capacity.map(|c| c.1),
         })).collect::<Vec<_>>(),
-        "model": "PyTorch CUDACachingAllocator (2.4-2.5 native allocator, expandable segments included); see src/analysis/allocator/",
+        "model": "PyTorch CUDACachingAllocator (2.4-2.5 native allocator, expandable segments included); see src/allocator/",
         "fidelity": w.fidelity.iter().zip(&recorded.devices).map(|(f, o)| json!({
             "device": f.device,
             "allocations": f.allocations,

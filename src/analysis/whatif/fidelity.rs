@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::stream::{DeviceStream, Req, inferred_capacity, is_small_segment};
-use crate::analysis::allocator::{Allocator, LARGE_BUFFER, MIN_BLOCK, SMALL_SIZE, Settings, segment_size};
+use crate::allocator::{Allocator, LARGE_BUFFER, MIN_BLOCK, SMALL_SIZE, Settings, segment_size};
 use crate::trace::event::EventKind;
 
 /// A decision the model got wrong.

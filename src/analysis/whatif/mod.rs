@@ -1,5 +1,5 @@
 //! `fragscope whatif`: the recorded requests of a PyTorch snapshot replayed
-//! through the allocator model ([`crate::analysis::allocator`]) — first
+//! through the allocator model ([`crate::allocator`]) — first
 //! against the recording itself (fidelity: does the model put every block
 //! where PyTorch did?), then under other `PYTORCH_CUDA_ALLOC_CONF`
 //! settings (scenarios).
@@ -31,7 +31,7 @@ mod stream;
 
 use self::fidelity::device_level_fidelity;
 use self::simulate::as_recorded;
-use crate::analysis::allocator::Settings;
+use crate::allocator::Settings;
 use crate::trace::event::EventKind;
 pub use fidelity::{Fidelity, Mismatch, fidelity};
 pub use simulate::{Outcome, SERIES_POINTS, simulate, simulate_into};
@@ -46,7 +46,7 @@ pub fn default_sweep(d: &[DeviceStream], recorded: &Settings, capacity: Option<u
     let mut large: Vec<u64> = d
         .iter()
         .flat_map(|s| s.events.iter())
-        .filter(|r| r.kind == EventKind::BlockAlloc && r.requested > crate::analysis::allocator::SMALL_SIZE)
+        .filter(|r| r.kind == EventKind::BlockAlloc && r.requested > crate::allocator::SMALL_SIZE)
         .map(|r| r.requested)
         .collect();
     large.sort_unstable();

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::fidelity::initial_state;
 use super::stream::DeviceStream;
-use crate::analysis::allocator::{Allocator, Refused, Settings};
+use crate::allocator::{Allocator, Refused, Settings};
 use crate::analysis::oom::OomClass;
 use crate::trace::event::{Event, EventKind};
 

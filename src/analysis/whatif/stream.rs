@@ -60,7 +60,7 @@ pub struct Flushes {
 }
 
 pub(super) fn is_small_segment(size: u64) -> bool {
-    size == crate::analysis::allocator::SMALL_BUFFER
+    size == crate::allocator::SMALL_BUFFER
 }
 
 /// The request stream of each process of a device-level trace (eBPF,

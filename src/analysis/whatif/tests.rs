@@ -2,7 +2,7 @@ use super::fidelity::*;
 use super::simulate::*;
 use super::stream::*;
 use super::*;
-use crate::analysis::allocator::Settings;
+use crate::allocator::Settings;
 use crate::trace::event::{Event, EventKind};
 
 const MIB: u64 = 1 << 20;
