@@ -172,10 +172,13 @@ fn record(
     // Multi-uprobes need Linux 6.6; BTF-enabled tracepoints need no tracefs
     // but are refused by some kernels. Try the best combination first.
     let forced_classic = std::env::var("FRAGSCOPE_RECORD_HOOKS").as_deref() == Ok("tracepoint");
+    // One uprobe per function, as on kernels before 6.6 (for tests).
+    let forced_single = std::env::var("FRAGSCOPE_RECORD_UPROBES").as_deref() == Ok("single");
     let attempts: Vec<(Hooks, bool)> =
         [(Hooks::Btf, true), (Hooks::Btf, false), (Hooks::Classic, true), (Hooks::Classic, false)]
             .into_iter()
             .filter(|(h, _)| !forced_classic || *h == Hooks::Classic)
+            .filter(|(_, multi)| !forced_single || !multi)
             .collect();
     let mut objects: [MaybeUninit<libbpf_rs::OpenObject>; 4] = [const { MaybeUninit::uninit() }; 4];
     let mut loaded = None;

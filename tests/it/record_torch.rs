@@ -20,12 +20,17 @@ type Block = (String, u64, Option<u64>, Option<i32>);
 const CAPACITY: &str = "67108864";
 
 fn record_torch(tmp: &Path, extra: &[&str]) -> (PathBuf, Output) {
+    record_torch_env(tmp, extra, &[])
+}
+
+fn record_torch_env(tmp: &Path, extra: &[&str], env: &[(&str, &str)]) -> (PathBuf, Output) {
     let dir = standin();
     let trace = tmp.join("trace");
     let l = libs(dir);
     let c10 = format!("--lib={}", dir.join("lib64/libc10_cuda.so").display());
     let mut c = record_cmd(&trace, &[&l[0], &l[1], &c10]);
     c.args(extra).arg("--").arg(dir.join("torch-workload")).arg("3").env("STANDIN_CAPACITY", CAPACITY);
+    c.envs(env.iter().copied());
     let out = c.output().unwrap();
     assert!(out.status.success(), "record failed: {}", String::from_utf8_lossy(&out.stderr));
     (trace, out)
@@ -317,4 +322,16 @@ fn a_recording_without_trace_json_still_gets_the_allocator_view() {
     let (json, md) = analyze_json(&trace, &tmp.path().join("out"));
     assert_eq!(json["events"]["by_kind"]["block_alloc"].as_u64(), Some(allocs));
     assert!(md.contains("## PyTorch's allocator, recorded"), "{md}");
+}
+
+#[test]
+fn one_uprobe_per_site_as_on_kernels_before_6_6_records_the_same() {
+    if !bpf_ready("one_uprobe_per_site_as_on_kernels_before_6_6_records_the_same") {
+        return;
+    }
+    // The object loads without its multi-uprobe programs, and each malloc,
+    // call site and free gets a classic uprobe of its own.
+    let tmp = tempfile::tempdir().unwrap();
+    let (trace, out) = record_torch_env(tmp.path(), &[], &[("FRAGSCOPE_RECORD_UPROBES", "single")]);
+    assert_eq!(recorded(&trace), bookkeeping(&out));
 }
