@@ -164,15 +164,18 @@ pub fn memory_viz(l: &Loaded, window: Window) -> Result<(Value, MemoryVizSummary
     let mut pids: Vec<u32> = ev.pid.clone();
     pids.sort_unstable();
     pids.dedup();
-    let device_of = |pid: u32, pids: &[u32]| -> usize {
-        if allocator_view { pid as usize } else { pids.binary_search(&pid).unwrap_or(0) }
-    };
+    // A snapshot's devices keep their numbers; processes (a recording, or
+    // the units of a recording of PyTorch's allocator, ids above every pid)
+    // become devices 0, 1, … in order.
+    let direct = allocator_view && pids.last().is_none_or(|&p| p < 1024);
+    let device_of =
+        |pid: u32, pids: &[u32]| -> usize { if direct { pid as usize } else { pids.binary_search(&pid).unwrap_or(0) } };
     let devices = pids.iter().map(|&p| device_of(p, &pids) + 1).max().unwrap_or(0);
     let mut traces: Vec<Vec<Value>> = vec![Vec::new(); devices];
     let mut states: Vec<State> = (0..devices).map(|_| State::default()).collect();
     let mut seen: BTreeMap<u32, u64> = BTreeMap::new();
     let mut summary = MemoryVizSummary { devices, ..Default::default() };
-    if !allocator_view {
+    if !direct {
         summary.pids = pids.clone();
     }
     for i in 0..ev.len() {

@@ -93,7 +93,9 @@ pub fn run(args: &Options) -> Result<u8> {
         eprintln!("error: {e}");
         return Ok(crate::exit::USAGE);
     }
-    let loaded = crate::input::open(&args.input, args.device)?;
+    // A recording of PyTorch's allocator exports as the snapshot it reads
+    // as: memory_viz shows each tensor.
+    let loaded = crate::input::allocator_view(crate::input::open(&args.input, args.device)?)?;
     let first = loaded.events.ts_ns.first().copied().unwrap_or(0);
     let window = match &args.time_window {
         Some(spec) => {
