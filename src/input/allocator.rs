@@ -67,6 +67,17 @@ fn settings_of(recording: &Loaded, pid: u32) -> crate::allocator::Settings {
     s
 }
 
+/// `settings` as a snapshot's `allocator_settings` records them (what
+/// [`crate::allocator::Settings::from_snapshot`] reads back).
+fn settings_json(settings: &crate::allocator::Settings) -> serde_json::Value {
+    serde_json::json!({
+        "max_split_size": settings.max_split_size.map_or(i64::MAX, |m| m as i64),
+        "roundup_power2_divisions": settings.roundup_power2_divisions,
+        "garbage_collection_threshold": settings.garbage_collection_threshold.unwrap_or(0.0),
+        "expandable_segments": settings.expandable_segments,
+    })
+}
+
 /// The size of each block of unit `key` (by its `block_alloc` row), as
 /// PyTorch's allocator would have carved it from the recorded layout: the
 /// allocator model ([`crate::allocator`]) follows the unit's
@@ -327,6 +338,11 @@ pub fn view(recording: Loaded) -> Result<Loaded> {
             })
             .collect(),
         join: Some(join),
+        // What `whatif` replays as the recorded settings: the first
+        // process's (a snapshot records one process's too).
+        allocator_settings: units
+            .first()
+            .map_or(serde_json::Value::Null, |u| settings_json(&settings_of(&recording, whose(u.key).0))),
         ..SnapshotDetails::default()
     };
     let new_units = if several { units.iter().map(|u| (u.id, whose(u.key))).collect() } else { BTreeMap::new() };
@@ -544,6 +560,17 @@ mod tests {
         assert_eq!(figures(&a), figures(&b));
         let verdicts = |x: &crate::analysis::Analysis| x.leaks.iter().map(|l| l.verdict).collect::<Vec<_>>();
         assert_eq!(verdicts(&a), verdicts(&b));
+    }
+
+    #[test]
+    fn settings_go_into_the_view_as_a_snapshot_records_them() {
+        use crate::allocator::Settings;
+        let mut s = Settings::default();
+        for e in ["max_split_size_mb:64", "roundup_power2_divisions:4", "expandable_segments:True", "garbage_collection_threshold:0.8"] {
+            s.apply(e).unwrap();
+        }
+        assert_eq!(Settings::from_snapshot(&settings_json(&s)), s);
+        assert_eq!(Settings::from_snapshot(&settings_json(&Settings::default())), Settings::default());
     }
 
     #[test]

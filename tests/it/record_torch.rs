@@ -375,3 +375,20 @@ fn a_recording_with_blocks_exports_to_memory_viz_with_every_tensor() {
     assert_eq!(allocs, expected);
     assert_eq!(lines.next(), Some("1"));
 }
+
+#[test]
+fn the_programs_allocator_settings_are_kept_and_used() {
+    if !bpf_ready("the_programs_allocator_settings_are_kept_and_used") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let conf = "roundup_power2_divisions:4";
+    let (trace, _) = record_torch_env(tmp.path(), &[], &[("PYTORCH_CUDA_ALLOC_CONF", conf)]);
+    let m = meta(&trace);
+    let kept: Vec<&str> = m["details"]["allocator_conf"].as_object().unwrap().values().map(|v| v.as_str().unwrap()).collect();
+    assert_eq!(kept, vec![conf]);
+    let (json, md) = analyze_json(&trace, &tmp.path().join("out"));
+    assert!(md.contains(&format!("`PYTORCH_CUDA_ALLOC_CONF` (`{conf}`)")), "{md}");
+    // whatif's "recorded settings" are the program's.
+    assert_eq!(json["allocator"]["snapshot"]["allocator_settings"]["roundup_power2_divisions"][0], 4);
+}

@@ -38,7 +38,10 @@ pub(crate) fn allocator_md(a: &Analysis) -> String {
             f.pytorch_fragmentation
         );
     }
-    if let Some(recs) = details.map(|d| &d.reconstruction).filter(|r| !r.is_empty()) {
+    // A recording of PyTorch's allocator was not reconstructed from a final
+    // state: its devices are listed for `whatif` only.
+    let probed = details.and_then(|d| d.join.as_ref()).is_some_and(|j| j.probed);
+    if let Some(recs) = details.map(|d| &d.reconstruction).filter(|r| !r.is_empty() && !probed) {
         md.push_str("\nImport: the trace was undone backwards from the final state, then replayed forwards.\n\n");
         md.push_str("| device | trace entries | alive before the first (segments, blocks) | final state | block sizes by rule, checked |\n|---|---|---|---|---|\n");
         for r in recs {
@@ -520,9 +523,13 @@ pub(crate) fn join_md(a: &Analysis) -> String {
             "Recorded with the probes on PyTorch's caching allocator (pid {}): every tensor's block, inside the {} \
              segments PyTorch got from CUDA while recording (the device allocations a block was placed in). Block sizes \
              follow PyTorch's rounding and split rules on the recorded layout, under the process's \
-             `PYTORCH_CUDA_ALLOC_CONF`.\n",
+             `PYTORCH_CUDA_ALLOC_CONF` ({}).\n",
             j.pids.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
             j.segments_matched,
+            a.snapshot_details()
+                .map(|d| crate::allocator::Settings::from_snapshot(&d.allocator_settings).conf_entries())
+                .filter(|e| !e.is_empty())
+                .map_or_else(|| "unset: PyTorch's defaults".to_string(), |e| format!("`{}`", e.join(","))),
         );
         if j.blocks_without_segment > 0 {
             let _ = writeln!(
