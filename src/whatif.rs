@@ -15,7 +15,10 @@ use crate::output::whatif::Report;
 /// entry and the allocator settings it recorded (parsed and as recorded);
 /// or of each process of a device-level trace (eBPF, synthetic), with
 /// PyTorch's default settings and the trace's capacity.
-type Loaded = (Vec<DeviceStream>, Settings, serde_json::Value, Source, Option<u64>);
+/// …and the input's units (a recording of PyTorch's allocator), for their
+/// names.
+type Loaded = (Vec<DeviceStream>, Settings, serde_json::Value, Source, Option<u64>, Units);
+type Units = std::collections::BTreeMap<u32, (u32, i32)>;
 
 fn load(path: &std::path::Path, device: Option<u32>) -> Result<Loaded> {
     let loaded = crate::input::allocator_view(crate::input::open(path, device)?)?;
@@ -23,12 +26,14 @@ fn load(path: &std::path::Path, device: Option<u32>) -> Result<Loaded> {
     if let Some(details) = meta.and_then(|m| m.details.snapshot()) {
         let recorded = Settings::from_snapshot(&details.allocator_settings);
         let streams = streams(&loaded.events, details, loaded.trace.stacks.as_deref());
-        return Ok((streams, recorded, details.allocator_settings.clone(), Source::Snapshot, None));
+        let units = loaded.trace.units.clone();
+        return Ok((streams, recorded, details.allocator_settings.clone(), Source::Snapshot, None, units));
     }
     let streams = device_level_streams(&loaded.events);
     anyhow::ensure!(!streams.is_empty(), "{}: no device allocations to replay", path.display());
     let capacity = meta.and_then(|m| m.capacity_bytes);
-    Ok((streams, Settings::default(), serde_json::Value::Null, Source::DeviceLevel, capacity))
+    let units = loaded.trace.units.clone();
+    Ok((streams, Settings::default(), serde_json::Value::Null, Source::DeviceLevel, capacity, units))
 }
 
 /// A scenario's name as a folder name: `expandable_segments=True`,
@@ -146,7 +151,7 @@ pub fn run(args: &Options) -> Result<u8> {
         return Ok(exit::USAGE);
     }
     let started = std::time::Instant::now();
-    let (devices, recorded, settings_json, source, trace_capacity) = load(&args.input, args.device)?;
+    let (devices, recorded, settings_json, source, trace_capacity, units) = load(&args.input, args.device)?;
     let t = std::time::Instant::now();
     // A device-level trace's failures are not diagnosed here (`analyze`
     // does): its recorded OOMs are taken as the trace explains them.
@@ -154,7 +159,8 @@ pub fn run(args: &Options) -> Result<u8> {
         crate::analysis::whatif::run(&devices, &recorded, args.capacity.or(trace_capacity), confs, source, None)
             .map_err(|e| anyhow::anyhow!("--conf {e}"))?;
     tracing::debug!("fidelity and scenarios in {:.3} s", t.elapsed().as_secs_f64());
-    let report = Report::new(&args.input, settings_json, whatif);
+    let mut report = Report::new(&args.input, settings_json, whatif);
+    report.units = units;
     std::fs::create_dir_all(&args.output).with_context(|| format!("cannot create {}", args.output.display()))?;
     let t = std::time::Instant::now();
     write_scenarios(&args.output.join("scenarios"), &args.input, &devices, &recorded, &report.whatif)?;

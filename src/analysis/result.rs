@@ -117,9 +117,15 @@ impl Analysis {
     /// device), or "PID on GPU N" for one device of a process that used
     /// several ([`crate::trace::Trace::units`]).
     pub fn who(&self, id: u32) -> String {
+        self.trace.unit_label(id)
+    }
+
+    /// A series of the OOM risk, a device of the allocator view: "device
+    /// N", or "pid P on GPU N" for a unit of a recording.
+    pub fn device_name(&self, id: u32) -> String {
         match self.trace.units.get(&id) {
-            Some((pid, device)) => format!("{pid} on GPU {device}"),
-            None => id.to_string(),
+            Some(_) => format!("pid {}", self.who(id)),
+            None => format!("device {id}"),
         }
     }
 

@@ -158,16 +158,17 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
         && !d.devices.is_empty()
     {
         report["devices_by_process"] = json!(d.devices);
-        if !a.trace.units.is_empty() {
-            // The replay units that are one device of a process.
-            report["units"] = a
-                .trace
-                .units
-                .iter()
-                .map(|(id, (pid, device))| (id.to_string(), json!({"pid": pid, "device": device})))
-                .collect::<serde_json::Map<_, _>>()
-                .into();
-        }
+    }
+    if !a.trace.units.is_empty() {
+        // The replay units that are one process's GPU: a process that used
+        // several, or the processes of a recording of PyTorch's allocator.
+        report["units"] = a
+            .trace
+            .units
+            .iter()
+            .map(|(id, (pid, device))| (id.to_string(), json!({"pid": pid, "device": device})))
+            .collect::<serde_json::Map<_, _>>()
+            .into();
     }
     if let Some(j) = a.snapshot_details().and_then(|d| d.join.as_ref()) {
         report["join"] = json!({

@@ -15,11 +15,14 @@ pub struct Report {
     pub input: String,
     pub recorded_settings: serde_json::Value,
     pub whatif: Whatif,
+    /// The input's replay units that are one process's GPU (a recording
+    /// of PyTorch's allocator with several), for their names.
+    pub units: std::collections::BTreeMap<u32, (u32, i32)>,
 }
 
 impl Report {
     pub fn new(input: &Path, recorded_settings: serde_json::Value, whatif: Whatif) -> Report {
-        Report { input: input.display().to_string(), recorded_settings, whatif }
+        Report { input: input.display().to_string(), recorded_settings, whatif, units: Default::default() }
     }
 
     pub fn headline(&self) -> String {
@@ -37,7 +40,7 @@ impl Report {
         let w = &self.whatif;
         let mut md = format!("# fragscope whatif: {}\n\n", self.input);
         let _ = writeln!(md, "**Recommendation: {}** — {}.\n", recommendation_md(w), w.recommended.1);
-        md.push_str(&sections_md(w, "##"));
+        md.push_str(&sections_md(w, "##", &|d| crate::trace::unit_label(&self.units, d)));
         md
     }
 }
@@ -142,7 +145,8 @@ pub fn json(w: &Whatif) -> serde_json::Value {
 }
 
 /// The fidelity and scenario sections, headed at `level` ("##", "###").
-pub fn sections_md(w: &Whatif, level: &str) -> String {
+/// `name` gives a device's label (its number, or a recording's unit).
+pub fn sections_md(w: &Whatif, level: &str, name: &dyn Fn(u32) -> String) -> String {
     let mut md = format!("{level} Fidelity: the model against the recording\n\n");
     if w.source == Source::DeviceLevel {
         md.push_str("Not measured: a device-level trace (eBPF or synthetic) has no caching allocator's decisions to check — every cudaMalloc is a request. The first scenario is the recording as it happened; the others put PyTorch's caching allocator, modelled, between the program and the device.\n");
@@ -152,14 +156,14 @@ pub fn sections_md(w: &Whatif, level: &str) -> String {
     md.push_str("| device | allocations | at PyTorch's address | elsewhere: before the trace / model | same block size | segments asked (same size) | segments only PyTorch / only model | peak reserved recorded → simulated |\n|---|---|---|---|---|---|---|---|\n");
     for (f, o) in w.fidelity.iter().zip(&w.scenarios[0].devices) {
         if let Some(why) = &f.not_measured {
-            let _ = writeln!(md, "| {} | — | not measured: {why} | | | | | |", f.device);
+            let _ = writeln!(md, "| {} | — | not measured: {why} | | | | | |", name(f.device));
             continue;
         }
         let pct = |x: u64| if f.allocations == 0 { 100.0 } else { 100.0 * x as f64 / f.allocations as f64 };
         let _ = writeln!(
             md,
             "| {} | {} | {} ({:.1} %) | {} / {} | {} ({:.1} %) | {} ({}) | {} / {} | {} → {} |",
-            f.device,
+            name(f.device),
             f.allocations,
             f.same_address,
             pct(f.same_address),
@@ -179,7 +183,8 @@ pub fn sections_md(w: &Whatif, level: &str) -> String {
         let _ = writeln!(
             md,
             "\n**Device {}: the model lost step with the recording at {} event(s)** (a recorded block that was not inside a free block of the model, a free of a block it did not hold, a segment it could not place). The figures above and the scenarios below come from a replay that did not follow the recording there: read them as rough.",
-            f.device, f.desynchronised
+            name(f.device),
+            f.desynchronised
         );
     }
     let mismatches: Vec<_> =
@@ -189,7 +194,8 @@ pub fn sections_md(w: &Whatif, level: &str) -> String {
         for (d, m) in mismatches.iter().take(10) {
             let _ = writeln!(
                 md,
-                "| {d} | #{} | {} | {:#x} ({}) | {} | {} |",
+                "| {} | #{} | {} | {:#x} ({}) | {} | {} |",
+                name(*d),
                 m.allocation,
                 bytes(m.requested),
                 m.recorded_addr,
@@ -407,8 +413,8 @@ mod tests {
         let (lost, kept) = (whatif(2), whatif(0));
         assert!(headline(&lost).contains("lost step with 2 recorded event(s)"), "{}", headline(&lost));
         assert!(!headline(&kept).contains("lost step"), "{}", headline(&kept));
-        assert!(sections_md(&lost, "##").contains("Device 0: the model lost step with the recording at 2 event(s)"));
-        assert!(!sections_md(&kept, "##").contains("lost step"));
+        assert!(sections_md(&lost, "##", &|d| d.to_string()).contains("Device 0: the model lost step with the recording at 2 event(s)"));
+        assert!(!sections_md(&kept, "##", &|d| d.to_string()).contains("lost step"));
         assert_eq!(json(&lost)["fidelity"][0]["desynchronised_events"], 2);
         // No allocation to place, but a state that could not be built.
         let mut early = whatif(3);
@@ -424,12 +430,12 @@ mod tests {
         w.fidelity[0].recorded_peak_reserved = 434 << 20;
         w.fidelity[0].recorded_ooms = 1;
         w.scenarios[0].peak_reserved_bytes = 414 << 20;
-        let md = sections_md(&w, "##");
+        let md = sections_md(&w, "##", &|d| d.to_string());
         assert!(md.contains("| recorded settings | 434.00 MiB (model: 414.00 MiB) |"), "{md}");
         assert!(md.contains("| 1 (model: 0) |"), "{md}");
         w.scenarios[0].peak_reserved_bytes = 434 << 20;
         w.scenarios[0].ooms = 1;
-        let md = sections_md(&w, "##");
+        let md = sections_md(&w, "##", &|d| d.to_string());
         assert!(md.contains("| recorded settings | 434.00 MiB |") && !md.contains("(model:"), "{md}");
     }
 }

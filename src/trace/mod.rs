@@ -168,6 +168,12 @@ impl Trace {
         })
     }
 
+    /// How a report names replay unit `id`: the number (a pid, or a
+    /// snapshot's device), or "PID on GPU N" for a unit of [`Trace::units`].
+    pub fn unit_label(&self, id: u32) -> String {
+        unit_label(&self.units, id)
+    }
+
     pub fn source(&self) -> Option<Source> {
         self.meta.as_ref().map(|m| m.source)
     }
@@ -193,6 +199,14 @@ impl Trace {
             self.stacks = Some(Arc::new(table));
         }
         Ok((events, out_of_order))
+    }
+}
+
+/// [`Trace::unit_label`] from the units alone.
+pub fn unit_label(units: &std::collections::BTreeMap<u32, (u32, i32)>, id: u32) -> String {
+    match units.get(&id) {
+        Some((pid, device)) => format!("{pid} on GPU {device}"),
+        None => id.to_string(),
     }
 }
 

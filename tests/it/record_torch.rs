@@ -272,6 +272,9 @@ fn ranks_on_two_gpus_are_two_units_of_the_allocator_view() {
     assert_eq!(json["join"]["pids"].as_array().unwrap().len(), 2);
     assert_eq!(json["events"]["by_kind"]["block_alloc"].as_u64(), Some(allocs));
     assert!(md.contains(&format!("| {} on GPU 1 |", units[1].0)), "{md}");
+    // Named so everywhere: no unit id (above every pid) in the report.
+    assert!(!md.contains("107374"), "{md}");
+    assert_eq!(json["units"].as_object().map(|u| u.len()), Some(2));
 }
 
 #[test]

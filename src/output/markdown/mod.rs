@@ -232,7 +232,7 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
             crate::output::whatif::recommendation_md(w),
             w.recommended.1
         );
-        md.push_str(&crate::output::whatif::sections_md(w, "###"));
+        md.push_str(&crate::output::whatif::sections_md(w, "###", &|d| a.who(d)));
     }
     md.push_str(&advice_md(a));
     md

@@ -28,7 +28,7 @@ pub(crate) fn allocator_md(a: &Analysis) -> String {
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} | {} | {} ({:.1} %) | {:.3e} |",
-            p.pid,
+            a.who(p.pid),
             totals.map_or("?".into(), |t| t.segments.to_string()),
             bytes(totals.map_or(f.reserved_bytes, |t| t.reserved)),
             bytes(totals.map_or(f.requested_bytes, |t| t.allocated)),
@@ -164,7 +164,7 @@ pub(crate) fn oom_risk_md(a: &Analysis) -> String {
             a.oom_risk.len()
         );
         for x in &a.oom_risk {
-            let _ = writeln!(md, "- device {}: **{}** — {}.", x.device.unwrap_or(0), x.level.name(), line(x));
+            let _ = writeln!(md, "- {}: **{}** — {}.", a.device_name(x.device.unwrap_or(0)), x.level.name(), line(x));
         }
         md.push('\n');
     }
@@ -272,7 +272,7 @@ pub(crate) fn ooms_md(a: &Analysis) -> String {
     // the same figures the OOM risk and the classes use.
     for x in a.oom_risk.iter().filter(|x| x.ooms > 0) {
         let whose = match x.device {
-            Some(d) => format!("device {d}"),
+            Some(d) => a.device_name(d),
             None => "the device".to_string(),
         };
         let _ = match x.capacity {

@@ -11,9 +11,9 @@ use crate::units::bytes;
 pub(crate) fn peak_live_text(a: &Analysis) -> String {
     match (a.allocator_view, a.peaks.iter().max_by_key(|p| p.bytes)) {
         (true, Some(top)) if a.peaks.len() > 1 => format!(
-            "{} on device {} (the highest of {} devices; {} summed over them at one instant)",
+            "{} on {} (the highest of {} devices; {} summed over them at one instant)",
             bytes(top.bytes),
-            top.pid,
+            a.device_name(top.pid),
             a.peaks.len(),
             bytes(a.peak_live_total)
         ),
