@@ -155,7 +155,7 @@ pub fn render_mdtp(a: &Analysis, layout: &Layout, cfg: &PlotConfig) -> Result<(V
             let compact = area.dim_in_pixel().1 < COMPACT_BELOW;
             // A narrow image has no room for the size legend on the right.
             let legend = area.dim_in_pixel().0 >= LEGEND_FROM_WIDTH;
-            let caption = format!("{} {}", if a.allocator_view { "device" } else { "process" }, a.who(pid));
+            let caption = format!("{} {}", if a.unit() == "device" { "device" } else { "process" }, a.who(pid));
             let (area_w, area_h) = area.dim_in_pixel();
             let entries = a.entry_order();
             let x_axis =
