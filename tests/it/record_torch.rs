@@ -162,23 +162,12 @@ fn a_recording_with_blocks_is_analysed_as_a_snapshot_and_its_oom_classified() {
     let tmp = tempfile::tempdir().unwrap();
     let (trace, out) = record_torch(tmp.path(), &[]);
     let truth = bookkeeping(&out);
-    let report = tmp.path().join("report");
-    let o = std::process::Command::new(super::bin())
-        .arg("analyze")
-        .arg(&trace)
-        .arg("-o")
-        .arg(&report)
-        .arg("--no-plots")
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let json: serde_json::Value = serde_json::from_slice(&fs::read(report.join("report.json")).unwrap()).unwrap();
+    let (json, md) = analyze_json(&trace, &tmp.path().join("report"));
     // Every block, in the allocator view, inside the segments PyTorch got.
     let kinds = &json["events"]["by_kind"];
     let allocs = truth.iter().filter(|b| b.0 == "block_alloc").count() as u64;
     assert_eq!(kinds["block_alloc"].as_u64(), Some(allocs), "{kinds}");
     assert_eq!(kinds["block_free"].as_u64(), Some(allocs), "{kinds}");
-    let md = fs::read_to_string(report.join("report.md")).unwrap();
     assert!(md.contains("## PyTorch's allocator, recorded"), "{md}");
     assert_eq!(json["join"]["probed"], true);
     assert_eq!(json["join"]["segments_matched"], json["join"]["segments_total"]);
