@@ -223,9 +223,8 @@ fn generic(a: &Analysis, why_not: &str, out: &mut Vec<Advice>) {
         bytes(o.largest_free.unwrap_or(0))
     );
     let snapshot = a.snapshot_details();
-    let expandable = snapshot.is_some_and(|d| {
-        crate::allocator::Settings::from_snapshot(&d.allocator_settings).expandable_segments
-    });
+    let expandable =
+        snapshot.is_some_and(|d| crate::allocator::Settings::from_snapshot(&d.allocator_settings).expandable_segments);
     let text = if expandable {
         format!(
             "{what}, with expandable segments already on. What they leave is page granularity: a page (20 MiB in the large pool, 2 MiB in the small) stays mapped while any live block touches it. Long-lived blocks scattered over many pages pin them: allocate those together and early, or leave headroom. (Not simulated: {why_not}.)"
@@ -322,9 +321,9 @@ fn pinned(a: &Analysis, events: &Events) -> Option<Advice> {
         .collect();
     let (common_size, common_n) = seg_sizes.iter().max_by_key(|x| x.1).map(|(s, n)| (*s, *n)).unwrap_or((0, 0));
     let unit = if segments.len() > 1
-        && a.snapshot_details().is_some_and(|d| {
-            crate::allocator::Settings::from_snapshot(&d.allocator_settings).expandable_segments
-        }) {
+        && a.snapshot_details()
+            .is_some_and(|d| crate::allocator::Settings::from_snapshot(&d.allocator_settings).expandable_segments)
+    {
         "mapped pages"
     } else {
         "segments"

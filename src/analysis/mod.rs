@@ -225,7 +225,11 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
                 crate::allocator::Settings::from_snapshot(&d.allocator_settings),
                 whatif::Source::Snapshot,
             ),
-            None => (whatif::device_level_streams(events), crate::allocator::Settings::default(), whatif::Source::DeviceLevel),
+            None => (
+                whatif::device_level_streams(events),
+                crate::allocator::Settings::default(),
+                whatif::Source::DeviceLevel,
+            ),
         };
         tracing::debug!("whatif: request streams in {:.3} s", started.elapsed().as_secs_f64());
         // The default sweep cannot fail to parse; an error would be a bug.

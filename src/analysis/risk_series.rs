@@ -185,8 +185,7 @@ pub(crate) fn evaluate(inp: &Inputs<'_>, rows: &mut [crate::analysis::result::Ro
                 _ => steps.push((r.step, vec![i])),
             }
         }
-        let oom_times: Vec<u64> =
-            inp.ooms.iter().filter(|o| series.has(o.pid)).map(|o| o.t_ns).collect();
+        let oom_times: Vec<u64> = inp.ooms.iter().filter(|o| series.has(o.pid)).map(|o| o.t_ns).collect();
         let first_oom = oom_times.iter().copied().min();
         let (mut peak, mut history) = (0u64, Vec::with_capacity(steps.len()));
         let mut last = State::default();
@@ -223,8 +222,7 @@ pub(crate) fn evaluate(inp: &Inputs<'_>, rows: &mut [crate::analysis::result::Ro
             (None, None) => inp.peak_live_total.max(last.peak),
         };
         last.largest_request = requests.last().map_or(0, |x| x.1);
-        last.fragmentation =
-            inp.fragmentation.iter().filter(|(pid, _)| series.has(*pid)).filter_map(|x| x.1).max();
+        last.fragmentation = inp.fragmentation.iter().filter(|(pid, _)| series.has(*pid)).filter_map(|x| x.1).max();
         let mut a = assessment(device, capacity, &last, oom_times.len() as u64, inp.allocator_view);
         a.members = series.members;
         out.push(a);

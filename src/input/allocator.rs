@@ -58,7 +58,12 @@ pub fn has_blocks(l: &Loaded) -> bool {
 /// version does not know are left out).
 fn settings_of(recording: &Loaded, pid: u32) -> crate::allocator::Settings {
     let mut s = crate::allocator::Settings::default();
-    let conf = recording.trace.meta.as_ref().and_then(|m| m.details.record()).and_then(|d| d.allocator_conf.get(&pid.to_string()));
+    let conf = recording
+        .trace
+        .meta
+        .as_ref()
+        .and_then(|m| m.details.record())
+        .and_then(|d| d.allocator_conf.get(&pid.to_string()));
     for entry in conf.into_iter().flat_map(|c| c.split(',')).map(str::trim).filter(|e| !e.is_empty()) {
         if let Err(e) = s.apply(entry) {
             tracing::warn!("PYTORCH_CUDA_ALLOC_CONF of pid {pid}: {entry}: {e}; left out");
@@ -448,7 +453,8 @@ mod tests {
             eprintln!("SKIPPED block_sizes_agree_with_pytorchs_on_the_real_snapshots: no {}", dir.display());
             return;
         };
-        let mut files: Vec<_> = rd.map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|x| x == "pickle")).collect();
+        let mut files: Vec<_> =
+            rd.map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|x| x == "pickle")).collect();
         files.sort();
         let (mut total, mut same, mut whole, mut whole_same) = (0u64, 0u64, 0u64, 0u64);
         for path in files {
@@ -566,7 +572,12 @@ mod tests {
     fn settings_go_into_the_view_as_a_snapshot_records_them() {
         use crate::allocator::Settings;
         let mut s = Settings::default();
-        for e in ["max_split_size_mb:64", "roundup_power2_divisions:4", "expandable_segments:True", "garbage_collection_threshold:0.8"] {
+        for e in [
+            "max_split_size_mb:64",
+            "roundup_power2_divisions:4",
+            "expandable_segments:True",
+            "garbage_collection_threshold:0.8",
+        ] {
             s.apply(e).unwrap();
         }
         assert_eq!(Settings::from_snapshot(&settings_json(&s)), s);

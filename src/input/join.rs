@@ -354,7 +354,10 @@ fn match_segments(snap: &Events, rec: &Events, allocs: &[Alloc], offset: Option<
 /// The return address of each recorded device allocation, read straight
 /// from the recording's parts (the loader keeps no such column), by
 /// (pid, time, address); empty for recordings made before it was kept.
-pub(super) fn callers(recording: &Loaded, wanted: &std::collections::HashSet<(u32, u64, u64)>) -> HashMap<(u32, u64, u64), u64> {
+pub(super) fn callers(
+    recording: &Loaded,
+    wanted: &std::collections::HashSet<(u32, u64, u64)>,
+) -> HashMap<(u32, u64, u64), u64> {
     use arrow_array::Array;
     use arrow_array::cast::AsArray;
     use arrow_array::types::{UInt32Type, UInt64Type};

@@ -413,7 +413,10 @@ mod tests {
         let (lost, kept) = (whatif(2), whatif(0));
         assert!(headline(&lost).contains("lost step with 2 recorded event(s)"), "{}", headline(&lost));
         assert!(!headline(&kept).contains("lost step"), "{}", headline(&kept));
-        assert!(sections_md(&lost, "##", &|d| d.to_string()).contains("Device 0: the model lost step with the recording at 2 event(s)"));
+        assert!(
+            sections_md(&lost, "##", &|d| d.to_string())
+                .contains("Device 0: the model lost step with the recording at 2 event(s)")
+        );
         assert!(!sections_md(&kept, "##", &|d| d.to_string()).contains("lost step"));
         assert_eq!(json(&lost)["fidelity"][0]["desynchronised_events"], 2);
         // No allocation to place, but a state that could not be built.

@@ -396,7 +396,8 @@ fn record(
     // Allocations still in flight never returned: out-of-memory errors of
     // threads that made no allocator call since (and have not exited).
     for key in skel.maps.inflight.keys() {
-        if key.len() == 8 && u64::from_ne_bytes(key[..8].try_into().unwrap_or_default()) >> 32 == 2
+        if key.len() == 8
+            && u64::from_ne_bytes(key[..8].try_into().unwrap_or_default()) >> 32 == 2
             && let Ok(Some(v)) = skel.maps.inflight.lookup(&key, MapFlags::ANY)
             && let Some(mut r) = probes::Raw::parse(&v)
         {
@@ -562,7 +563,8 @@ fn finish(opts: &Options, mut writer: TraceWriter, end: End, attached: &[Attache
     let probes: serde_json::Value = attached
         .iter()
         .map(|a| {
-            let mut j = serde_json::json!({"library": a.library.path, "found": a.library.found, "functions": a.functions});
+            let mut j =
+                serde_json::json!({"library": a.library.path, "found": a.library.found, "functions": a.functions});
             if let Some(p) = &a.allocator {
                 j["pytorch_allocator"] = serde_json::json!({
                     "malloc": p.malloc.name,

@@ -79,7 +79,13 @@ pub(super) struct MapsKeeper {
 
 impl MapsKeeper {
     pub(super) fn new(trace: &Path) -> MapsKeeper {
-        MapsKeeper { dir: trace.join("maps"), seen: BTreeSet::new(), saved: BTreeMap::new(), visible: BTreeMap::new(), alloc_conf: BTreeMap::new() }
+        MapsKeeper {
+            dir: trace.join("maps"),
+            seen: BTreeSet::new(),
+            saved: BTreeMap::new(),
+            visible: BTreeMap::new(),
+            alloc_conf: BTreeMap::new(),
+        }
     }
 
     pub(super) fn saw(&mut self, pid: u32) {

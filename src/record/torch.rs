@@ -214,7 +214,9 @@ fn plan_bytes(data: &[u8]) -> Result<std::result::Result<Plan, Refusal>> {
     if address_in_relocations(&file, malloc_at) {
         hidden.push("its address in a relocation (a table of function pointers)".into());
     }
-    hidden.extend(landing_at.iter().filter(|a| jump_targets.contains(a)).map(|a| format!("a jump to {a:#x}, after a call")));
+    hidden.extend(
+        landing_at.iter().filter(|a| jump_targets.contains(a)).map(|a| format!("a jump to {a:#x}, after a call")),
+    );
     if !hidden.is_empty() {
         return Ok(Err(Refusal::Unusable(format!(
             "{malloc_name} has returns a probe could not see or tell apart: {}",
@@ -235,8 +237,9 @@ fn plan_bytes(data: &[u8]) -> Result<std::result::Result<Plan, Refusal>> {
         let size = syms.iter().find(|s| s.addr == addr).map_or(0, |s| s.size);
         let reaches_other = text(addr, size)
             .map(|code| {
-                branches(code, addr)
-                    .any(|b| matches!(b, Branch::Direct { target, .. } if target != addr && free_at.contains_key(&target)))
+                branches(code, addr).any(
+                    |b| matches!(b, Branch::Direct { target, .. } if target != addr && free_at.contains_key(&target)),
+                )
             })
             .unwrap_or(false);
         if reaches_other {
@@ -272,7 +275,12 @@ fn branches(code: &[u8], at: u64) -> impl Iterator<Item = Branch> + '_ {
             let ins = decoder.decode();
             if matches!(ins.op0_kind(), OpKind::NearBranch64) {
                 let call = ins.mnemonic() == iced_x86::Mnemonic::Call;
-                return Some(Branch::Direct { at: ins.ip(), next: ins.next_ip(), target: ins.near_branch_target(), call });
+                return Some(Branch::Direct {
+                    at: ins.ip(),
+                    next: ins.next_ip(),
+                    target: ins.near_branch_target(),
+                    call,
+                });
             }
             if ins.is_ip_rel_memory_operand() {
                 return Some(Branch::AddressOf { at: ins.ip(), target: ins.ip_rel_memory_address() });
@@ -292,10 +300,7 @@ fn address_in_relocations(file: &object::File<'_>, addr: u64) -> bool {
 }
 
 fn demangle(raw: &str) -> String {
-    cpp_demangle::Symbol::new(raw)
-        .ok()
-        .and_then(|s| s.demangle().ok())
-        .unwrap_or_else(|| raw.to_string())
+    cpp_demangle::Symbol::new(raw).ok().and_then(|s| s.demangle().ok()).unwrap_or_else(|| raw.to_string())
 }
 
 /// PyTorch's allocator library, by file name.

@@ -943,7 +943,9 @@ fn processes_on_different_gpus_do_not_share_a_capacity() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|x| (x["device"].as_u64().unwrap(), x["peak_bytes"].as_u64().unwrap(), x["units"].as_array().unwrap().len()))
+        .map(|x| {
+            (x["device"].as_u64().unwrap(), x["peak_bytes"].as_u64().unwrap(), x["units"].as_array().unwrap().len())
+        })
         .collect();
     assert_eq!(per_gpu, vec![(0, 1 << 20, 1), (1, 2 << 20, 1), (2, 3 << 20, 1)], "{}", r["oom_risk"]);
     let md = fs::read_to_string(out.join("report.md")).unwrap();
@@ -985,5 +987,10 @@ fn each_gpu_gets_its_own_recorded_size_through_cuda_visible_devices() {
         .collect();
     // GPU 0: rank 1 (2 MiB) of 4 MiB; GPU 1: rank 2 (3 MiB) of 8 MiB;
     // GPU 2: rank 0 (1 MiB) of 16 MiB.
-    assert_eq!(per_gpu, vec![(0, 2 << 20, 4 << 20), (1, 3 << 20, 8 << 20), (2, 1 << 20, 16 << 20)], "{}", r["oom_risk"]);
+    assert_eq!(
+        per_gpu,
+        vec![(0, 2 << 20, 4 << 20), (1, 3 << 20, 8 << 20), (2, 1 << 20, 16 << 20)],
+        "{}",
+        r["oom_risk"]
+    );
 }

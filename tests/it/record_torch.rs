@@ -92,9 +92,17 @@ fn every_tensor_block_and_the_oom_are_recorded_and_the_program_runs_on() {
     let probes = m["details"]["probes"].as_array().unwrap();
     let c10 = probes.iter().find(|p| p["library"].as_str().unwrap().ends_with("libc10_cuda.so")).unwrap();
     let a = &c10["pytorch_allocator"];
-    assert!(a["malloc"].as_str().unwrap().ends_with("NativeCachingAllocator::malloc(void**, signed char, unsigned long, CUstream_st*)"));
+    assert!(
+        a["malloc"]
+            .as_str()
+            .unwrap()
+            .ends_with("NativeCachingAllocator::malloc(void**, signed char, unsigned long, CUstream_st*)")
+    );
     // raw_delete goes through free: left out, so each free is seen once.
-    assert_eq!(a["frees_left_out"][0], "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::raw_delete(void*)");
+    assert_eq!(
+        a["frees_left_out"][0],
+        "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::raw_delete(void*)"
+    );
     // Two call sites: the workload's tensor allocation and raw_alloc.
     assert_eq!(a["returns_probed_at"], 2);
     // The segments underneath are still the runtime's calls.
@@ -137,8 +145,10 @@ fn a_stripped_allocator_library_is_said_and_its_segments_still_recorded() {
     assert!(st.success());
     fs::copy(dir.join("torch-workload"), tmp.path().join("torch-workload")).unwrap();
     let trace = tmp.path().join("trace");
-    let args: Vec<String> =
-        ["libcudart.so.12", "libcuda.so.1", "libc10_cuda.so"].iter().map(|f| format!("--lib={}", lib.join(f).display())).collect();
+    let args: Vec<String> = ["libcudart.so.12", "libcuda.so.1", "libc10_cuda.so"]
+        .iter()
+        .map(|f| format!("--lib={}", lib.join(f).display()))
+        .collect();
     let a: Vec<&str> = args.iter().map(String::as_str).collect();
     let out = record_cmd(&trace, &a)
         .arg("--")
@@ -377,7 +387,8 @@ fn the_programs_allocator_settings_are_kept_and_used() {
     let conf = "roundup_power2_divisions:4";
     let (trace, _) = record_torch_env(tmp.path(), &[], &[("PYTORCH_CUDA_ALLOC_CONF", conf)]);
     let m = meta(&trace);
-    let kept: Vec<&str> = m["details"]["allocator_conf"].as_object().unwrap().values().map(|v| v.as_str().unwrap()).collect();
+    let kept: Vec<&str> =
+        m["details"]["allocator_conf"].as_object().unwrap().values().map(|v| v.as_str().unwrap()).collect();
     assert_eq!(kept, vec![conf]);
     let (json, md) = analyze_json(&trace, &tmp.path().join("out"));
     assert!(md.contains(&format!("`PYTORCH_CUDA_ALLOC_CONF` (`{conf}`)")), "{md}");

@@ -593,9 +593,11 @@ fn oom_with_recording(a: &Analysis, o: &crate::analysis::oom::OomDiagnosis) -> S
     // at that instant, by library.
     let mut by_library: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
     if let Some(j) = a.snapshot_details().and_then(|d| d.join.as_ref()) {
-        for s in j.outside.spans.iter().filter(|s| {
-            s.unit.is_none_or(|u| u == o.pid) && s.from_ns <= o.t_ns && s.to_ns.is_none_or(|t| t > o.t_ns)
-        }) {
+        for s in
+            j.outside.spans.iter().filter(|s| {
+                s.unit.is_none_or(|u| u == o.pid) && s.from_ns <= o.t_ns && s.to_ns.is_none_or(|t| t > o.t_ns)
+            })
+        {
             let e = by_library.entry(s.library.as_str()).or_default();
             e.0 += s.bytes;
             e.1 += 1;
