@@ -140,11 +140,8 @@ pub struct Options {
 
 /// `fragscope whatif`.
 pub fn run(args: &Options) -> Result<u8> {
-    let confs: Vec<Vec<String>> = args
-        .conf
-        .iter()
-        .map(|c| c.split(',').map(|e| e.trim().to_string()).filter(|e| !e.is_empty()).collect())
-        .collect();
+    let confs: Vec<Vec<String>> =
+        args.conf.iter().map(|c| crate::import::settings::split_conf(c).map(str::to_string).collect()).collect();
     // Usage errors before the (long) read: a bad key or value exits 2.
     if let Err(e) = settings_of(&Settings::default(), &confs) {
         eprintln!("error: --conf {e}");

@@ -115,6 +115,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     opts.metrics.validate()?;
     let capacity = opts.capacity.or_else(|| trace.meta.as_ref().and_then(|m| m.capacity_bytes));
     let bounds = step_bounds(opts.step, &events.ts_ns)?;
+    let gpus = risk_series::Gpus::of(&trace);
     let start = std::time::Instant::now();
     let footprint = Footprint::build(events);
     tracing::debug!("footprint in {:.3} s", start.elapsed().as_secs_f64());
@@ -153,7 +154,6 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
             tracing::debug!("layout in {:.3} s (beside the replay)", started.elapsed().as_secs_f64());
             (found, floors, lives)
         });
-        let gpus = (risk_series::gpu_of_units(&trace), risk_series::gpu_totals(&trace));
         let walked = walk(events, &bounds, &mut replay, allocator_view, capacity, stacks.as_deref(), &gpus);
         (walked, beside.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
     });
@@ -258,7 +258,6 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     // counts too.
     let flushes: Vec<(u32, u64)> =
         analysis.whatif.iter().flat_map(|w| w.flushes.iter()).filter_map(|(d, f)| Some((*d, f.capacity?.0))).collect();
-    let gpu_of = risk_series::gpu_of_units(&analysis.trace);
     analysis.oom_risk = risk_series::evaluate(
         &risk_series::Inputs {
             events,
@@ -270,8 +269,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
             recorded: analysis.trace.meta.as_ref().and_then(|m| m.capacity_bytes),
             flushes: &flushes,
             probed: analysis.snapshot_details().and_then(|d| d.join.as_ref()).is_some_and(|j| j.probed),
-            gpu_of: &gpu_of,
-            gpu_totals: &risk_series::gpu_totals(&analysis.trace),
+            gpus: &gpus,
             fragmentation: analysis.predictions.iter().map(|p| (p.pid, p.prediction.risk)).collect(),
         },
         &mut analysis.rows,
@@ -311,7 +309,7 @@ fn walk(
     allocator_view: bool,
     capacity: Option<u64>,
     stacks: Option<&crate::trace::Stacks>,
-    gpus: &Gpus,
+    gpus: &risk_series::Gpus,
 ) -> Walk {
     let mut w = Walk {
         rows: Vec::with_capacity(bounds.len() + 16),
@@ -366,10 +364,6 @@ fn walk(
     w
 }
 
-/// The GPU of each replay unit, and each GPU's memory, of a recording
-/// ([`risk_series::gpu_of_units`], [`risk_series::gpu_totals`]).
-type Gpus = (std::collections::BTreeMap<u32, i32>, std::collections::BTreeMap<i32, u64>);
-
 /// The diagnosis of the failed request `e`, the replay standing just after it.
 fn diagnose_oom(
     e: &crate::trace::event::Event,
@@ -378,7 +372,7 @@ fn diagnose_oom(
     allocator_view: bool,
     capacity: Option<u64>,
     stacks: Option<&crate::trace::Stacks>,
-    (gpu_of, gpu_totals): &Gpus,
+    gpus: &risk_series::Gpus,
 ) -> OomDiagnosis {
     use crate::analysis::oom::{Device, Process, Request, diagnose};
     let device = if allocator_view {
@@ -386,10 +380,10 @@ fn diagnose_oom(
     } else {
         // The processes that share this GPU (every process when their
         // GPUs are not known).
-        let gpu = gpu_of.get(&e.pid);
-        let (live_total, gaps_total) = pids_now(replay, |p| gpu.is_none() || gpu_of.get(&p) == gpu);
+        let gpu = gpus.of_unit.get(&e.pid);
+        let (live_total, gaps_total) = pids_now(replay, |p| gpu.is_none() || gpus.of_unit.get(&p) == gpu);
         // A recording's GPU, of its own size, when no one size is known.
-        let capacity = capacity.or_else(|| gpu.and_then(|g| gpu_totals.get(g).copied()));
+        let capacity = capacity.or_else(|| gpu.and_then(|g| gpus.totals.get(g).copied()));
         Device::Shared { capacity, live_total, gaps_total }
     };
     let blocks = replay.live_blocks(e.pid);

@@ -173,10 +173,16 @@ impl Assessment {
     /// Whether replay unit `pid` (a process, or a snapshot's device) is in
     /// this assessment.
     pub fn covers(&self, pid: u32) -> bool {
-        match (&self.members, self.device) {
-            (Some(m), _) => m.contains(&pid),
-            (None, d) => d.is_none_or(|d| d == pid),
-        }
+        covers(self.device, self.members.as_deref(), pid)
+    }
+}
+
+/// Whether a series (a device, or the units on a GPU, or everything when
+/// both are None) holds replay unit `pid`.
+pub(crate) fn covers(device: Option<u32>, members: Option<&[u32]>, pid: u32) -> bool {
+    match (members, device) {
+        (Some(m), _) => m.contains(&pid),
+        (None, d) => d.is_none_or(|d| d == pid),
     }
 }
 

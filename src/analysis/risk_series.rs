@@ -22,50 +22,50 @@ pub(crate) struct Inputs<'a> {
     pub probed: bool,
     /// The fragmentation level of each process's forecast.
     pub fragmentation: Vec<(u32, Option<Risk>)>,
-    /// A device-level recording's GPU of each replay unit, where it is
-    /// known ([`gpu_of_units`]): the processes on one GPU share its
-    /// memory, those on others do not.
-    pub gpu_of: &'a std::collections::BTreeMap<u32, i32>,
-    /// Each GPU's memory as recorded ([`gpu_totals`]).
-    pub gpu_totals: &'a std::collections::BTreeMap<i32, u64>,
+    /// A device-level recording's GPUs ([`Gpus`]).
+    pub gpus: &'a Gpus,
 }
 
-/// The GPU (NVML's index) of each replay unit of a device-level
-/// recording: a process that made all its calls on one device, or one
-/// device of a process that used several ([`crate::trace::Trace::units`]).
-/// The program's device N is the N-th GPU its `CUDA_VISIBLE_DEVICES`
-/// names, when it set one. Empty for other traces, and when a GPU is named
-/// by UUID (then which GPUs are the same is not known: one series for all).
-pub(crate) fn gpu_of_units(trace: &crate::trace::Trace) -> std::collections::BTreeMap<u32, i32> {
-    let Some(d) = trace.meta.as_ref().and_then(|m| m.details.record()) else { return Default::default() };
-    let physical = |pid: u32, device: i32| -> Option<i32> {
-        match d.visible_devices.get(&pid.to_string()) {
-            None => Some(device),
-            Some(list) => list.split(',').nth(usize::try_from(device).ok()?)?.trim().parse().ok(),
-        }
-    };
-    let mut out = std::collections::BTreeMap::new();
-    let single = d.devices.iter().filter_map(|(pid, devices)| match devices.as_slice() {
-        [device] => Some((pid.parse::<u32>().ok()?, *device)),
-        _ => None,
-    });
-    for (unit, (pid, device)) in trace.units.iter().map(|(&id, &pd)| (id, pd)).chain(single.map(|(p, d)| (p, (p, d)))) {
-        match physical(pid, device) {
-            Some(g) => out.insert(unit, g),
-            None => return Default::default(),
+/// A device-level recording's GPUs: the GPU (NVML's index) of each replay
+/// unit, where it is known, and each GPU's memory as the driver reported
+/// it. The processes on one GPU share its memory, those on others do not.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Gpus {
+    /// A process that made all its calls on one device, or one device of a
+    /// process that used several ([`crate::trace::Trace::units`]). The
+    /// program's device N is the N-th GPU its `CUDA_VISIBLE_DEVICES` names,
+    /// when it set one. Empty for other traces, and when a GPU is named by
+    /// UUID (then which GPUs are the same is not known: one series for all).
+    pub of_unit: std::collections::BTreeMap<u32, i32>,
+    /// NVML's index → total bytes.
+    pub totals: std::collections::BTreeMap<i32, u64>,
+}
+
+impl Gpus {
+    pub(crate) fn of(trace: &crate::trace::Trace) -> Gpus {
+        let Some(d) = trace.meta.as_ref().and_then(|m| m.details.record()) else { return Gpus::default() };
+        let totals = d.gpus.iter().map(|g| (g.index as i32, g.total_bytes)).collect();
+        let physical = |pid: u32, device: i32| -> Option<i32> {
+            match d.visible_devices.get(&pid.to_string()) {
+                None => Some(device),
+                Some(list) => list.split(',').nth(usize::try_from(device).ok()?)?.trim().parse().ok(),
+            }
         };
+        let single = d.devices.iter().filter_map(|(pid, devices)| match devices.as_slice() {
+            [device] => Some((pid.parse::<u32>().ok()?, *device)),
+            _ => None,
+        });
+        let mut of_unit = std::collections::BTreeMap::new();
+        for (unit, (pid, device)) in
+            trace.units.iter().map(|(&id, &pd)| (id, pd)).chain(single.map(|(p, d)| (p, (p, d))))
+        {
+            match physical(pid, device) {
+                Some(g) => of_unit.insert(unit, g),
+                None => return Gpus { of_unit: Default::default(), totals },
+            };
+        }
+        Gpus { of_unit, totals }
     }
-    out
-}
-
-/// Each GPU's memory as the driver reported it (NVML's index → total).
-pub(crate) fn gpu_totals(trace: &crate::trace::Trace) -> std::collections::BTreeMap<i32, u64> {
-    trace
-        .meta
-        .as_ref()
-        .and_then(|m| m.details.record())
-        .map(|d| d.gpus.iter().map(|g| (g.index as i32, g.total_bytes)).collect())
-        .unwrap_or_default()
 }
 
 /// One series of the OOM risk: a snapshot's device (its id is the unit's),
@@ -80,11 +80,7 @@ struct Series {
 
 impl Series {
     fn has(&self, pid: u32) -> bool {
-        match (&self.members, self.device) {
-            (Some(m), _) => m.contains(&pid),
-            (None, Some(d)) => pid == d,
-            (None, None) => true,
-        }
+        crate::analysis::risk::covers(self.device, self.members.as_deref(), pid)
     }
 }
 
@@ -96,7 +92,7 @@ fn series_of(inp: &Inputs<'_>) -> Vec<Series> {
     }
     let mut by_gpu: std::collections::BTreeMap<i32, Vec<u32>> = Default::default();
     for p in inp.peaks {
-        match inp.gpu_of.get(&p.pid) {
+        match inp.gpus.of_unit.get(&p.pid) {
             Some(&g) => by_gpu.entry(g).or_default().push(p.pid),
             // A process whose GPU is not known: one series for all.
             None => return vec![Series { device: None, members: None }],
@@ -119,7 +115,7 @@ fn capacity_of(inp: &Inputs<'_>, series: &Series) -> Option<Capacity> {
     }
     // A recording's GPU, of its own size.
     if series.members.is_some()
-        && let Some(&bytes) = series.device.and_then(|g| inp.gpu_totals.get(&(g as i32)))
+        && let Some(&bytes) = series.device.and_then(|g| inp.gpus.totals.get(&(g as i32)))
     {
         return Some(Capacity { bytes, source: CapacitySource::Recorded });
     }

@@ -79,6 +79,17 @@ impl Settings {
         out
     }
 
+    /// These settings as a snapshot's `allocator_settings` records them
+    /// (what [`Settings::from_snapshot`] reads back).
+    pub fn to_snapshot(&self) -> serde_json::Value {
+        serde_json::json!({
+            "max_split_size": self.max_split_size.map_or(i64::MAX, |m| m as i64),
+            "roundup_power2_divisions": self.roundup_power2_divisions,
+            "garbage_collection_threshold": self.garbage_collection_threshold.unwrap_or(0.0),
+            "expandable_segments": self.expandable_segments,
+        })
+    }
+
     /// Applies one `PYTORCH_CUDA_ALLOC_CONF` entry (`key:value`).
     pub fn apply(&mut self, entry: &str) -> Result<(), String> {
         let (key, value) = entry
@@ -200,6 +211,12 @@ impl Settings {
     }
 }
 
+/// The entries of a `PYTORCH_CUDA_ALLOC_CONF` value (`a:1,b:2`), trimmed,
+/// empty ones left out.
+pub fn split_conf(conf: &str) -> impl Iterator<Item = &str> {
+    conf.split(',').map(str::trim).filter(|e| !e.is_empty())
+}
+
 /// `roundup_power2_next_division`: up to the next of `divisions` equal
 /// steps between the powers of two around `size`.
 fn next_division(size: u64, divisions: u64) -> u64 {
@@ -237,5 +254,20 @@ mod tests {
         // Divisions that differ by interval: PyTorch's list form.
         s.roundup_power2_divisions[3] = 8;
         assert!(s.conf_entries()[1].starts_with("roundup_power2_divisions:[1:4,2:4,4:4,8:8,"));
+    }
+
+    #[test]
+    fn settings_go_into_a_snapshots_allocator_settings_and_back() {
+        let mut s = Settings::default();
+        for e in [
+            "max_split_size_mb:64",
+            "roundup_power2_divisions:4",
+            "expandable_segments:True",
+            "garbage_collection_threshold:0.8",
+        ] {
+            s.apply(e).unwrap();
+        }
+        assert_eq!(Settings::from_snapshot(&s.to_snapshot()), s);
+        assert_eq!(Settings::from_snapshot(&Settings::default().to_snapshot()), Settings::default());
     }
 }

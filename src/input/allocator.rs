@@ -64,23 +64,12 @@ fn settings_of(recording: &Loaded, pid: u32) -> crate::allocator::Settings {
         .as_ref()
         .and_then(|m| m.details.record())
         .and_then(|d| d.allocator_conf.get(&pid.to_string()));
-    for entry in conf.into_iter().flat_map(|c| c.split(',')).map(str::trim).filter(|e| !e.is_empty()) {
+    for entry in conf.into_iter().flat_map(|c| crate::import::settings::split_conf(c)) {
         if let Err(e) = s.apply(entry) {
             tracing::warn!("PYTORCH_CUDA_ALLOC_CONF of pid {pid}: {entry}: {e}; left out");
         }
     }
     s
-}
-
-/// `settings` as a snapshot's `allocator_settings` records them (what
-/// [`crate::allocator::Settings::from_snapshot`] reads back).
-fn settings_json(settings: &crate::allocator::Settings) -> serde_json::Value {
-    serde_json::json!({
-        "max_split_size": settings.max_split_size.map_or(i64::MAX, |m| m as i64),
-        "roundup_power2_divisions": settings.roundup_power2_divisions,
-        "garbage_collection_threshold": settings.garbage_collection_threshold.unwrap_or(0.0),
-        "expandable_segments": settings.expandable_segments,
-    })
 }
 
 /// The size of each block of unit `key` (by its `block_alloc` row), as
@@ -347,7 +336,7 @@ pub fn view(recording: Loaded) -> Result<Loaded> {
         // process's (a snapshot records one process's too).
         allocator_settings: units
             .first()
-            .map_or(serde_json::Value::Null, |u| settings_json(&settings_of(&recording, whose(u.key).0))),
+            .map_or(serde_json::Value::Null, |u| settings_of(&recording, whose(u.key).0).to_snapshot()),
         ..SnapshotDetails::default()
     };
     let new_units = if several { units.iter().map(|u| (u.id, whose(u.key))).collect() } else { BTreeMap::new() };
@@ -566,22 +555,6 @@ mod tests {
         assert_eq!(figures(&a), figures(&b));
         let verdicts = |x: &crate::analysis::Analysis| x.leaks.iter().map(|l| l.verdict).collect::<Vec<_>>();
         assert_eq!(verdicts(&a), verdicts(&b));
-    }
-
-    #[test]
-    fn settings_go_into_the_view_as_a_snapshot_records_them() {
-        use crate::allocator::Settings;
-        let mut s = Settings::default();
-        for e in [
-            "max_split_size_mb:64",
-            "roundup_power2_divisions:4",
-            "expandable_segments:True",
-            "garbage_collection_threshold:0.8",
-        ] {
-            s.apply(e).unwrap();
-        }
-        assert_eq!(Settings::from_snapshot(&settings_json(&s)), s);
-        assert_eq!(Settings::from_snapshot(&settings_json(&Settings::default())), Settings::default());
     }
 
     #[test]

@@ -66,17 +66,11 @@ pub(super) fn ensure_tracefs() -> Result<()> {
 /// holds it. Versioned names (`cudaMalloc@@libcudart.so.12`) count by
 /// their base name.
 pub(super) fn defined_functions(path: &Path) -> Result<std::collections::HashMap<String, usize>> {
-    use object::{Object, ObjectSegment, ObjectSymbol};
+    use object::{Object, ObjectSymbol};
     let data = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     let file = object::File::parse(&*data).with_context(|| format!("{}: not an ELF file", path.display()))?;
-    let segments: Vec<(u64, u64, u64)> =
-        file.segments().map(|s| (s.address(), s.file_range().1, s.file_range().0)).collect();
-    let offset = |addr: u64| -> Option<usize> {
-        segments
-            .iter()
-            .find(|&&(at, size, _)| addr >= at && addr < at + size)
-            .and_then(|&(at, _, file_at)| usize::try_from(addr - at + file_at).ok())
-    };
+    let offsets = super::elf::FileOffsets::of(&file);
+    let offset = |addr: u64| offsets.at(addr);
     Ok(file
         .dynamic_symbols()
         .chain(file.symbols())

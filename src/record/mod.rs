@@ -29,6 +29,7 @@
 //! [`attach`], [`process`]; this module runs a recording.
 
 mod attach;
+mod elf;
 mod gpus;
 mod kernels;
 pub mod libs;
@@ -331,13 +332,7 @@ fn record(
     // The spawned command has the recorder's environment: known now, even if
     // it exits before its first call is read.
     if let Some(c) = child.as_deref() {
-        let pid = c.pid as u32;
-        if let Ok(v) = std::env::var("CUDA_VISIBLE_DEVICES") {
-            maps.visible.insert(pid, v);
-        }
-        if let Ok(v) = std::env::var("PYTORCH_CUDA_ALLOC_CONF").or_else(|_| std::env::var("PYTORCH_ALLOC_CONF")) {
-            maps.alloc_conf.insert(pid, v);
-        }
+        maps.keep_env(c.pid as u32, |name| std::env::var(name).ok());
     }
     let mut used_stacks = BTreeSet::new();
     let mut devices_used: BTreeMap<u32, BTreeSet<i32>> = BTreeMap::new();

@@ -91,21 +91,24 @@ impl MapsKeeper {
     pub(super) fn saw(&mut self, pid: u32) {
         if self.seen.insert(pid) {
             self.save(pid);
-            // Which GPUs the program's device numbers name, and the
-            // settings of PyTorch's allocator.
             if let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) {
-                let var = |name: &[u8]| {
+                self.keep_env(pid, |name| {
                     env.split(|&b| b == 0)
-                        .find_map(|kv| kv.strip_prefix(name)?.strip_prefix(b"="))
+                        .find_map(|kv| kv.strip_prefix(name.as_bytes())?.strip_prefix(b"="))
                         .map(|v| String::from_utf8_lossy(v).into_owned())
-                };
-                if let Some(v) = var(b"CUDA_VISIBLE_DEVICES") {
-                    self.visible.insert(pid, v);
-                }
-                if let Some(v) = var(b"PYTORCH_CUDA_ALLOC_CONF").or_else(|| var(b"PYTORCH_ALLOC_CONF")) {
-                    self.alloc_conf.insert(pid, v);
-                }
+                });
             }
+        }
+    }
+
+    /// Keeps what process `pid`'s environment (`var`) says of which GPUs
+    /// its device numbers name, and of the settings of PyTorch's allocator.
+    pub(super) fn keep_env(&mut self, pid: u32, var: impl Fn(&str) -> Option<String>) {
+        if let Some(v) = var("CUDA_VISIBLE_DEVICES") {
+            self.visible.insert(pid, v);
+        }
+        if let Some(v) = var("PYTORCH_CUDA_ALLOC_CONF").or_else(|| var("PYTORCH_ALLOC_CONF")) {
+            self.alloc_conf.insert(pid, v);
         }
     }
 

@@ -133,12 +133,8 @@ fn plan_bytes(data: &[u8]) -> Result<std::result::Result<Plan, Refusal>> {
     let text = |addr: u64, size: u64| -> Option<&[u8]> {
         file.segments().find_map(|s| s.data_range(addr, size).ok().flatten())
     };
-    let offset = |addr: u64| -> Option<usize> {
-        file.segments().find_map(|s| {
-            let (file_at, len) = s.file_range();
-            (addr >= s.address() && addr < s.address() + len).then(|| (addr - s.address() + file_at) as usize)
-        })
-    };
+    let offsets = super::elf::FileOffsets::of(&file);
+    let offset = |addr: u64| offsets.at(addr);
     let mut syms: Vec<Sym> = Vec::new();
     let mut roles: BTreeMap<u64, (String, Role)> = BTreeMap::new();
     let mut wrong_shape = Vec::new();
