@@ -72,7 +72,8 @@ fn settings_of(recording: &Loaded, pid: u32) -> crate::allocator::Settings {
     s
 }
 
-/// The size of each block of unit `key` (by its `block_alloc` row), as
+/// The size of each block of a unit (its `rows`, in time order; by its
+/// `block_alloc` row), as
 /// PyTorch's allocator would have carved it from the recorded layout: the
 /// allocator model ([`crate::allocator`]) follows the unit's
 /// recorded segments and blocks, and takes each block where it was
@@ -82,7 +83,7 @@ fn settings_of(recording: &Loaded, pid: u32) -> crate::allocator::Settings {
 /// rounded request: the recording shows PyTorch did split there.
 fn block_sizes(
     rec: &Events,
-    key: u32,
+    rows: &[usize],
     pytorch: &HashSet<usize>,
     settings: &crate::allocator::Settings,
 ) -> HashMap<usize, u64> {
@@ -90,7 +91,7 @@ fn block_sizes(
     let mut model = Allocator::new(settings.clone());
     let mut sizes: HashMap<usize, u64> = HashMap::new();
     let mut rounded: HashMap<usize, u64> = HashMap::new();
-    for i in (0..rec.len()).filter(|&i| rec.pid[i] == key && rec.ret[i] == 0) {
+    for &i in rows.iter().filter(|&&i| rec.ret[i] == 0) {
         let Some(kind) = rec.kind[i] else { continue };
         let (addr, size) = (rec.addr[i], rec.size[i]);
         let stream = rec.stream.get(i).copied().unwrap_or(0);
@@ -116,7 +117,7 @@ fn block_sizes(
     }
     // Where the recording shows a split the model did not make.
     let mut live: BTreeMap<u64, usize> = BTreeMap::new();
-    for i in (0..rec.len()).filter(|&i| rec.pid[i] == key && rec.ret[i] == 0) {
+    for &i in rows.iter().filter(|&&i| rec.ret[i] == 0) {
         match rec.kind[i] {
             Some(EventKind::BlockAlloc) => {
                 let addr = rec.addr[i];
@@ -146,6 +147,8 @@ struct Unit {
     key: u32,
     /// Its id in the view.
     id: u32,
+    /// Its rows, in time order.
+    rows: Vec<usize>,
     /// Rows of device allocations that are PyTorch's segments.
     pytorch: HashSet<usize>,
     /// Rows of device allocations outside PyTorch's allocator.
@@ -160,6 +163,13 @@ pub fn view(recording: Loaded) -> Result<Loaded> {
     let rec = &recording.events;
     let keys: BTreeSet<u32> =
         (0..rec.len()).filter(|&i| rec.kind[i] == Some(EventKind::BlockAlloc)).map(|i| rec.pid[i]).collect();
+    // Each unit's rows, found in one pass.
+    let mut rows_of: BTreeMap<u32, Vec<usize>> = keys.iter().map(|&k| (k, Vec::new())).collect();
+    for i in 0..rec.len() {
+        if let Some(rows) = rows_of.get_mut(&rec.pid[i]) {
+            rows.push(i);
+        }
+    }
     let details = recording.trace.meta.as_ref().and_then(|m| m.details.record());
     // A unit's process and device.
     let whose = |key: u32| -> (u32, i32) {
@@ -170,22 +180,21 @@ pub fn view(recording: Loaded) -> Result<Loaded> {
         (key, device.unwrap_or(0))
     };
     let several = keys.len() > 1;
-    let mut units: Vec<Unit> = keys
-        .iter()
+    let units: Vec<Unit> = rows_of
+        .into_iter()
         .enumerate()
-        .map(|(i, &key)| Unit {
-            key,
-            id: if several { FIRST_UNIT + i as u32 } else { whose(key).1.max(0) as u32 },
-            pytorch: pytorch_segments(rec, key),
-            outside: Vec::new(),
+        .map(|(n, (key, rows))| {
+            let pytorch = pytorch_segments(rec, &rows);
+            let outside = rows
+                .iter()
+                .copied()
+                .filter(|&i| rec.ret[i] == 0 && rec.size[i] > 0)
+                .filter(|&i| rec.kind[i].is_some_and(EventKind::is_device_alloc) && !pytorch.contains(&i))
+                .collect();
+            let id = if several { FIRST_UNIT + n as u32 } else { whose(key).1.max(0) as u32 };
+            Unit { key, id, rows, pytorch, outside }
         })
         .collect();
-    for u in &mut units {
-        u.outside = (0..rec.len())
-            .filter(|&i| rec.pid[i] == u.key && rec.ret[i] == 0 && rec.size[i] > 0)
-            .filter(|&i| rec.kind[i].is_some_and(EventKind::is_device_alloc) && !u.pytorch.contains(&i))
-            .collect();
-    }
 
     // The library that made each outside allocation.
     let wanted: HashSet<(u32, u64, u64)> = units
@@ -212,7 +221,7 @@ pub fn view(recording: Loaded) -> Result<Loaded> {
     let (mut segments, mut orphans) = (0u64, 0u64);
     for u in &units {
         let id = u.id;
-        let sizes = block_sizes(rec, u.key, &u.pytorch, &settings_of(&recording, whose(u.key).0));
+        let sizes = block_sizes(rec, &u.rows, &u.pytorch, &settings_of(&recording, whose(u.key).0));
         let mut row = |kind: EventKind, addr: u64, size: u64, e: &Event, extra: Extra| {
             out.push(&Event { stream: e.stream.or(Some(0)), extra, ..Event::new(e.ts_ns, id, kind, addr, size) });
         };
@@ -227,7 +236,7 @@ pub fn view(recording: Loaded) -> Result<Loaded> {
         let mut live_segments: BTreeMap<u64, (u64, bool)> = BTreeMap::new();
         let mut live_outside: HashMap<u64, (u64, u32, usize)> = HashMap::new();
         let mut live_blocks: HashMap<u64, (u64, bool)> = HashMap::new();
-        for i in (0..rec.len()).filter(|&i| rec.pid[i] == u.key) {
+        for (at, &i) in u.rows.iter().enumerate() {
             let (Some(kind), Some(mut e)) = (rec.kind[i], rec.get(i)) else { continue };
             let (addr, size) = (rec.addr[i], rec.size[i]);
             if rec.ret[i] != 0 && kind != EventKind::Oom {
@@ -290,7 +299,7 @@ pub fn view(recording: Loaded) -> Result<Loaded> {
                     }
                 }
                 EventKind::Oom => {
-                    e.extra.device_free = refused_segment(rec, u.key, i).map(|_| 0);
+                    e.extra.device_free = refused_segment(rec, &u.rows[at + 1..]).map(|_| 0);
                     row(kind, 0, size, &e, plain(&e, size));
                 }
                 _ => {}
@@ -351,28 +360,29 @@ pub fn view(recording: Loaded) -> Result<Loaded> {
     Ok(Loaded { trace, events: out, out_of_order: recording.out_of_order })
 }
 
-/// The device allocation of unit `key` that CUDA refused with
-/// out-of-memory during the allocation that ended in the OOM at row `oom`
-/// (after its start, before the unit's next block event): PyTorch asked
+/// The device allocation that CUDA refused with out-of-memory during the
+/// allocation that ended in an OOM (`after`: the unit's rows after the
+/// OOM's; the refusal comes before the unit's next block event): PyTorch asked
 /// CUDA for a segment and got none, so the device had less than that free.
 /// The OOM is then classified with no device memory free beyond PyTorch's
 /// cache (`device_free` 0), as a snapshot's OOM with CUDA's free memory is.
 /// (The trace keeps no thread: a refusal of another thread of the process
 /// in that window would count too.)
-fn refused_segment(rec: &Events, key: u32, oom: usize) -> Option<usize> {
-    (oom + 1..rec.len())
-        .filter(|&i| rec.pid[i] == key)
+fn refused_segment(rec: &Events, after: &[usize]) -> Option<usize> {
+    after
+        .iter()
+        .copied()
         .take_while(|&i| !matches!(rec.kind[i], Some(EventKind::BlockAlloc | EventKind::BlockFree | EventKind::Oom)))
         .find(|&i| rec.kind[i].is_some_and(EventKind::can_run_out_of_memory) && rec.ret[i] == CUDA_ERROR_OUT_OF_MEMORY)
 }
 
-/// The rows of unit `key`'s device allocations that a block of it was
-/// placed in while they lived: every one the block overlaps (a block of
-/// an expandable segment spans many mapped pages).
-fn pytorch_segments(rec: &Events, key: u32) -> HashSet<usize> {
+/// The rows of a unit's device allocations (of its `rows`, in time order)
+/// that a block of it was placed in while they lived: every one the block
+/// overlaps (a block of an expandable segment spans many mapped pages).
+fn pytorch_segments(rec: &Events, rows: &[usize]) -> HashSet<usize> {
     let mut live: BTreeMap<u64, (u64, usize)> = BTreeMap::new();
     let mut out = HashSet::new();
-    for i in (0..rec.len()).filter(|&i| rec.pid[i] == key && rec.ret[i] == 0) {
+    for &i in rows.iter().filter(|&&i| rec.ret[i] == 0) {
         let Some(kind) = rec.kind[i] else { continue };
         let (addr, size) = (rec.addr[i], rec.size[i]);
         if kind.is_device_alloc() && size > 0 {
@@ -424,8 +434,9 @@ mod tests {
         ] {
             ev.push(&e);
         }
-        let pytorch = pytorch_segments(&ev, 7);
-        let sizes = block_sizes(&ev, 7, &pytorch, &crate::allocator::Settings::default());
+        let rows: Vec<usize> = (0..ev.len()).collect();
+        let pytorch = pytorch_segments(&ev, &rows);
+        let sizes = block_sizes(&ev, &rows, &pytorch, &crate::allocator::Settings::default());
         assert_eq!(sizes[&1], 20 * MIB);
         assert_eq!(sizes[&3], 10 * MIB);
         assert_eq!(sizes[&5], 19 * MIB + MIB / 2);
@@ -473,8 +484,9 @@ mod tests {
                     };
                     rec.push(&e);
                 }
-                let pytorch = pytorch_segments(&rec, device);
-                let sizes = block_sizes(&rec, device, &pytorch, &settings);
+                let rows: Vec<usize> = (0..rec.len()).collect();
+                let pytorch = pytorch_segments(&rec, &rows);
+                let sizes = block_sizes(&rec, &rows, &pytorch, &settings);
                 let agree = truth.iter().filter(|(row, size, _)| sizes.get(row) == Some(size)).count() as u64;
                 let unsplit: Vec<_> = truth.iter().filter(|t| t.2).collect();
                 let unsplit_agree = unsplit.iter().filter(|(row, size, _)| sizes.get(row) == Some(size)).count();
@@ -572,7 +584,7 @@ mod tests {
         ] {
             ev.push(&Event::new(t, 7, kind, addr, size));
         }
-        let rows = pytorch_segments(&ev, 7);
+        let rows = pytorch_segments(&ev, &(0..ev.len()).collect::<Vec<_>>());
         assert_eq!(rows, HashSet::from([0, 1, 2]));
     }
 }
