@@ -330,6 +330,10 @@ pub struct PlotArgs {
     /// report.json; the figure and report.md say how many were left out).
     #[arg(long, value_name = "N", default_value_t = crate::output::plot::MAX_PANELS, value_parser = parse_panels)]
     pub max_panels: usize,
+    /// Do not write the explorable view (view/ beside report.html: the MDTP
+    /// to zoom into and point at, with each block's call site).
+    #[arg(long)]
+    pub no_view: bool,
 }
 
 fn parse_panels(s: &str) -> Result<usize, String> {
@@ -559,6 +563,7 @@ impl AnalyzeArgs {
             pid: self.plots.pid,
             normalised_time: false,
             max_panels: self.plots.max_panels,
+            view: !self.plots.no_view,
         })
     }
 }

@@ -5,7 +5,7 @@
 use ahash::AHashMap;
 
 use crate::analysis::replay::Footprint;
-use crate::trace::event::{EventKind, Events};
+use crate::trace::event::{EventKind, Events, NO_STACK};
 
 /// What `output::plot` draws: block and segment lives, and the footprint
 /// that collapses their addresses.
@@ -14,6 +14,17 @@ pub struct Layout {
     pub lives: Vec<Lifetime>,
     pub segments: Vec<Lifetime>,
     pub footprint: Footprint,
+    /// The CUDA stream of each life allocated on another stream than the
+    /// default one: (index in `lives`, stream), by index.
+    pub streams: Vec<(u32, u64)>,
+}
+
+impl Layout {
+    /// The stream `lives[i]` was allocated on (0: the default stream, or
+    /// none recorded).
+    pub fn stream_of(&self, i: usize) -> u64 {
+        self.streams.binary_search_by_key(&(i as u32), |s| s.0).map_or(0, |k| self.streams[k].1)
+    }
 }
 
 /// The block and segment lives of a layout, which depend on the events
@@ -22,15 +33,17 @@ pub struct Layout {
 pub struct Lives {
     pub blocks: Vec<Lifetime>,
     pub segments: Vec<Lifetime>,
+    pub streams: Vec<(u32, u64)>,
 }
 
 impl Lives {
     pub fn of(events: &Events) -> Lives {
-        Lives { blocks: lifetimes(events), segments: segment_lifetimes(events) }
+        let (blocks, streams) = lifetimes_with_streams(events);
+        Lives { blocks, segments: segment_lifetimes(events), streams }
     }
 
     pub fn with(self, footprint: Footprint) -> Layout {
-        Layout { lives: self.blocks, segments: self.segments, footprint }
+        Layout { lives: self.blocks, segments: self.segments, footprint, streams: self.streams }
     }
 }
 
@@ -39,6 +52,9 @@ impl Lives {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Lifetime {
     pub pid: u32,
+    /// Row of the trace's stack table that allocated it
+    /// ([`crate::trace::event::NO_STACK`]: none recorded, or a segment).
+    pub stack: u32,
     pub addr: u64,
     pub size: u64,
     pub start: u64,
@@ -49,22 +65,45 @@ pub struct Lifetime {
 /// allocations until their free; an allocation at a live address closes
 /// the old block).
 pub fn lifetimes(events: &Events) -> Vec<Lifetime> {
-    let mut open: AHashMap<(u32, u64), (u64, u64)> = AHashMap::new();
+    lifetimes_with_streams(events).0
+}
+
+/// [`lifetimes`], and the stream of each life allocated on a stream other
+/// than 0 (index in the lives, stream).
+fn lifetimes_with_streams(events: &Events) -> (Vec<Lifetime>, Vec<(u32, u64)>) {
+    #[derive(Clone, Copy)]
+    struct Open {
+        size: u64,
+        start: u64,
+        stack: u32,
+        stream: u64,
+    }
+    let mut open: AHashMap<(u32, u64), Open> = AHashMap::new();
     let mut out = Vec::new();
+    let mut streams = Vec::new();
+    let mut close = |out: &mut Vec<Lifetime>, pid: u32, addr: u64, o: Open, end: u64| {
+        if o.stream != 0 {
+            streams.push((out.len() as u32, o.stream));
+        }
+        out.push(Lifetime { pid, stack: o.stack, addr, size: o.size, start: o.start, end });
+    };
     let last = events.ts_ns.last().copied().unwrap_or(0);
     for i in 0..events.len() {
         let Some(kind) = events.kind[i] else { continue };
         if kind == crate::trace::event::EventKind::Exit {
             // The process ended: the driver released what it held.
             let (pid, ts) = (events.pid[i], events.ts_ns[i]);
-            let mut ended = Vec::new();
-            open.retain(|&(p, addr), &mut (size, start)| {
+            let mut ended: Vec<(u64, Open)> = Vec::new();
+            open.retain(|&(p, addr), o| {
                 if p == pid {
-                    ended.push(Lifetime { pid, addr, size, start, end: ts });
+                    ended.push((addr, *o));
                 }
                 p != pid
             });
-            out.extend(in_address_order(ended));
+            ended.sort_unstable_by_key(|e| e.0);
+            for (addr, o) in ended {
+                close(&mut out, pid, addr, o, ts);
+            }
             continue;
         }
         if events.ret[i] != 0 || events.addr[i] == 0 {
@@ -72,27 +111,30 @@ pub fn lifetimes(events: &Events) -> Vec<Lifetime> {
         }
         let (pid, addr, ts) = (events.pid[i], events.addr[i], events.ts_ns[i]);
         if kind.creates_block() && events.size[i] > 0 {
-            if let Some((size, start)) = open.insert((pid, addr), (events.size[i], ts)) {
-                out.push(Lifetime { pid, addr, size, start, end: ts });
+            let new = Open {
+                size: events.size[i],
+                start: ts,
+                stack: events.stack.get(i).copied().unwrap_or(NO_STACK),
+                stream: events.stream.get(i).copied().unwrap_or(0),
+            };
+            if let Some(o) = open.insert((pid, addr), new) {
+                close(&mut out, pid, addr, o, ts);
             }
         } else if kind.releases_block()
-            && let Some((size, start)) = open.remove(&(pid, addr))
+            && let Some(o) = open.remove(&(pid, addr))
         {
-            out.push(Lifetime { pid, addr, size, start, end: ts });
+            close(&mut out, pid, addr, o, ts);
         }
     }
-    out.extend(in_address_order(
-        open.into_iter().map(|((pid, addr), (size, start))| Lifetime { pid, addr, size, start, end: last }).collect(),
-    ));
-    out
-}
-
-/// Lives taken out of a hash map, in a fixed order: the MDTP sums their
-/// coverage in f32, so the map's per-process random order changed pixels
-/// from one run to the next.
-fn in_address_order(mut lives: Vec<Lifetime>) -> Vec<Lifetime> {
-    lives.sort_unstable_by_key(|l| (l.pid, l.addr));
-    lives
+    // Lives taken out of a hash map, in a fixed order: the MDTP sums their
+    // coverage in f32, so the map's per-process random order changed pixels
+    // from one run to the next.
+    let mut left: Vec<((u32, u64), Open)> = open.into_iter().collect();
+    left.sort_unstable_by_key(|e| e.0);
+    for ((pid, addr), o) in left {
+        close(&mut out, pid, addr, o, last);
+    }
+    (out, streams)
 }
 
 /// Segment lifetimes (allocator view): `segment_alloc` to `segment_free`,
@@ -114,14 +156,21 @@ pub fn segment_lifetimes(events: &Events) -> Vec<Lifetime> {
                     open.range((pid, addr)..(pid, addr.saturating_add(size.max(1)))).map(|(k, _)| *k).collect();
                 for k in ended {
                     if let Some((size, start)) = open.remove(&k) {
-                        out.push(Lifetime { pid, addr: k.1, size, start, end: ts });
+                        out.push(Lifetime { pid, stack: NO_STACK, addr: k.1, size, start, end: ts });
                     }
                 }
             }
             _ => {}
         }
     }
-    out.extend(open.into_iter().map(|((pid, addr), (size, start))| Lifetime { pid, addr, size, start, end: last }));
+    out.extend(open.into_iter().map(|((pid, addr), (size, start))| Lifetime {
+        pid,
+        stack: NO_STACK,
+        addr,
+        size,
+        start,
+        end: last,
+    }));
     out
 }
 

@@ -295,6 +295,7 @@ pub fn compare(a: &Path, b: &Path, opts: &Options, size: (u32, u32)) -> Result<C
         addr_window: Some((0, scale)),
         pid: None,
         normalised_time: true,
+        view: false,
         ..crate::output::plot::PlotConfig::default()
     };
     let opts = Options { layout: true, ..*opts };

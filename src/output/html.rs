@@ -17,7 +17,12 @@ const STYLE: &str = "body{font-family:system-ui,-apple-system,'Segoe UI',sans-se
 table{border-collapse:collapse;margin:1em 0;font-size:.92em}th,td{border:1px solid #ccc;padding:.3em .6em;text-align:left;vertical-align:top}\
 th{background:#f3f3f3}tr:nth-child(even) td{background:#fafafa}code{background:#f3f3f3;padding:0 .2em}\
 img{max-width:100%;border:1px solid #ddd;margin:.5em 0}h1{font-size:1.6em}h2{margin-top:1.6em;border-bottom:1px solid #ddd}\
-th.sortable{cursor:pointer}th.sortable:after{content:' \\2195';color:#999}";
+th.sortable{cursor:pointer}th.sortable:after{content:' \\2195';color:#999}\
+#fragscope-view{position:relative;user-select:none}#fragscope-view canvas{display:block;margin:.3em 0}\
+#fragscope-view canvas.mdtp{cursor:crosshair}#fragscope-view .help,#fragscope-view .status{color:#555;font-size:.88em}\
+#fragscope-view .bar{margin:.4em 0}#fragscope-view input.search{width:22em}#fragscope-view .found{color:#a60;margin-left:.6em}\
+#fragscope-view .tip{position:absolute;display:none;background:#fff;border:1px solid #888;padding:.4em .6em;font-size:.85em;\
+max-width:330px;pointer-events:none;box-shadow:0 2px 6px rgba(0,0,0,.2);z-index:2}#fragscope-view .details pre{font-size:.85em;overflow-x:auto}";
 
 fn escape(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
@@ -71,6 +76,15 @@ pub fn report_html(dir: &Path, title: &str) -> anyhow::Result<String> {
             data_uri("image/svg+xml", &svg)
         ));
     }
+    let mut script = String::new();
+    if dir.join("view").join("manifest.js").is_file() {
+        // The link first, under the title; the view before the pictures.
+        if let Some(at) = body.find("</h1>") {
+            body.insert_str(at + 5, VIEW_LINK);
+        }
+        body.push_str(VIEW_SECTION);
+        script = format!("<script>\n{}</script>\n<script src=\"view/manifest.js\"></script>\n", VIEW_JS);
+    }
     if !pictures.is_empty() {
         body.push_str("<h2>Pictures</h2>\n");
         body.push_str(&pictures);
@@ -81,8 +95,21 @@ pub fn report_html(dir: &Path, title: &str) -> anyhow::Result<String> {
         .map(|f| format!("<a href=\"{f}\">{f}</a>"))
         .collect();
     body.push_str(&format!("<h2>Data</h2>\n<p>{}</p>\n", files.join(" · ")));
-    Ok(page(title, &body, ""))
+    Ok(page(title, &body, &script))
 }
+
+/// The explorable view (`view/`, [`crate::output::view`]): its markup and
+/// its script, which reads the files beside the page.
+const VIEW_JS: &str = include_str!("view/view.js");
+const VIEW_LINK: &str = "\n<p><a href=\"#fragscope-view\">Explore the memory layout</a>: zoom into it, point at a block for its call site.</p>\n";
+const VIEW_SECTION: &str = "<section id=\"fragscope-view\">\n<h2>Explore the memory layout</h2>\n\
+<p class=\"help\">Wheel or pinch to zoom: both axes; with Shift or over the time axis, time only; with Alt or over the \
+address axis, address only. Drag to pan, double-click to reset. Point at a block for its size, lifetime and call site; \
+click it to keep it, with its whole stack. OOMs are red: point at one for the failed request.</p>\n\
+<div class=\"bar\"><select class=\"panel\"></select> <input class=\"search\" type=\"search\" \
+placeholder=\"highlight blocks by call site or file name\"><span class=\"found\"></span></div>\n\
+<canvas class=\"mdtp\"></canvas>\n<canvas class=\"timeline\"></canvas>\n<div class=\"status\"></div>\n\
+<div class=\"tip\"></div>\n<div class=\"details\"></div>\n</section>\n";
 
 /// The script that sorts a table by the clicked header: sizes ("2.36
 /// GiB") by their bytes, other numbers as numbers, text as text.
@@ -98,7 +125,8 @@ rows.forEach(function(r){b.appendChild(r);});});});});\
 </script>\n";
 
 /// `index.html` of a batch from its `summary.md`: the same tables, each
-/// trace's name linking to its `report.html`, sortable by any column.
+/// trace's name linking to its `report.html` and to the explorable view in
+/// it, sortable by any column.
 pub fn index_html(summary_md: &str, names: &[&str]) -> String {
     let html = markdown_to_html(summary_md);
     // One pass over the cells (a batch may hold 10 000 traces): the first
@@ -115,7 +143,13 @@ pub fn index_html(summary_md: &str, names: &[&str]) -> String {
             && let Some(end) = rest.find("</td>")
             && let Some(name) = pending.remove(&rest[..end])
         {
-            body.push_str(&format!("<a href=\"{}/report.html\">{}</a>", url_path(name), &rest[..end]));
+            // The report, and its explorable layout (where it has one).
+            let href = url_path(name);
+            body.push_str(&format!(
+                "<a href=\"{href}/report.html\">{}</a> <a class=\"view\" href=\"{href}/report.html#fragscope-view\" \
+                 title=\"explore the memory layout\">(layout)</a>",
+                &rest[..end]
+            ));
             rest = &rest[end..];
         }
     }
@@ -146,9 +180,14 @@ mod tests {
         let html = index_html(md, &["a b&c", "ok"]);
         // A trace named like a status cell links its own row only.
         assert!(html.contains("<td>x</td><td>ok</td>"), "{html}");
-        assert!(html.contains("<td><a href=\"ok/report.html\">ok</a></td>"), "{html}");
+        assert!(
+            html.contains(
+                "<td><a href=\"ok/report.html\">ok</a> <a class=\"view\" href=\"ok/report.html#fragscope-view\""
+            ),
+            "{html}"
+        );
         assert!(html.starts_with("<!DOCTYPE html>"));
-        assert!(html.contains("<td><a href=\"a%20b%26c/report.html\">a b&amp;c</a></td>"), "{html}");
+        assert!(html.contains("<td><a href=\"a%20b%26c/report.html\">a b&amp;c</a> <a class=\"view\""), "{html}");
         assert!(html.contains("<td>other</td>"));
         assert!(!html.contains("http://") && !html.contains("https://"), "no external URL");
     }

@@ -17,6 +17,7 @@ pub(crate) mod markdown;
 pub mod plot;
 pub(crate) mod summary;
 pub mod ticks;
+pub mod view;
 pub(crate) mod whatif;
 
 use std::path::Path;
@@ -69,6 +70,17 @@ pub fn write_trace_outputs(a: &Analysis, out: &Path, plot: Option<&PlotConfig>) 
             write_atomic(&out.join("flamegraph.svg"), &svg)?;
         }
     }
+    // The explorable view, or none: a view left from an earlier run would
+    // show another analysis.
+    let view = match plot {
+        Some(cfg) if cfg.view => view::write_view(a, out, cfg)?,
+        _ => None,
+    };
+    if view.is_none() && out.join("view").is_dir() {
+        std::fs::remove_dir_all(out.join("view"))
+            .with_context(|| format!("cannot remove the old {}", out.join("view").display()))?;
+    }
+    lap("view");
     // Last, from the files above: one self-contained page for CI artifacts.
     let html = html::report_html(out, &format!("fragscope report: {}", a.trace.name))?;
     write_atomic(&out.join("report.html"), html.as_bytes())?;

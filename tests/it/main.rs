@@ -6,6 +6,7 @@
 mod common;
 
 mod batch;
+mod browser;
 mod cli;
 mod compare;
 mod diagnosis;
@@ -20,3 +21,4 @@ mod properties;
 mod record;
 mod snapshots;
 mod verdicts;
+mod view;

@@ -38,6 +38,8 @@ pub struct PlotConfig {
     /// At most this many process panels in the MDTP, the processes with the
     /// highest peak live bytes (fewer when the image is too short for them).
     pub max_panels: usize,
+    /// Write the explorable view beside `report.html` (`--no-view`: not).
+    pub view: bool,
 }
 
 /// Default of `--max-panels`.
@@ -53,6 +55,7 @@ impl Default for PlotConfig {
             pid: None,
             normalised_time: false,
             max_panels: MAX_PANELS,
+            view: true,
         }
     }
 }
@@ -189,21 +192,26 @@ pub fn write_png(buf: &[u8], w: u32, h: u32, path: &Path) -> Result<()> {
             buf.len()
         );
     }
+    let bytes = encode_png(buf, w, h).with_context(|| format!("cannot encode {}", path.display()))?;
+    let tmp = path.with_extension("png.tmp");
+    std::fs::write(&tmp, &bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+/// An RGB buffer of `w` × `h` as PNG bytes.
+pub fn encode_png(buf: &[u8], w: u32, h: u32) -> Result<Vec<u8>> {
     let mut bytes = Vec::new();
     let mut encoder = png::Encoder::new(&mut bytes, w, h);
     encoder.set_color(png::ColorType::Rgb);
     encoder.set_depth(png::BitDepth::Eight);
     encoder.set_compression(png::Compression::Fast);
     encoder.set_filter(png::Filter::Adaptive);
-    let encoded = encoder.write_header().and_then(|mut writer| {
+    encoder.write_header().and_then(|mut writer| {
         writer.write_image_data(buf)?;
         writer.finish()
-    });
-    encoded.with_context(|| format!("cannot encode {}", path.display()))?;
-    let tmp = path.with_extension("png.tmp");
-    std::fs::write(&tmp, &bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
+    })?;
+    Ok(bytes)
 }
 
 pub(crate) fn draw_err<E: std::error::Error + Send + Sync>(e: DrawingAreaErrorKind<E>) -> anyhow::Error {

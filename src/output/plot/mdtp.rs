@@ -17,7 +17,7 @@ use crate::units::bytes;
 /// The processes that get an MDTP panel: `--pid` (each of its devices
 /// when it used several), or the `max_panels`
 /// with the highest peak live bytes that fit the height, in trace order.
-pub(super) fn panel_pids(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u32>> {
+pub(crate) fn panel_pids(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u32>> {
     if let Some(p) = cfg.pid {
         // A process replayed per device has a panel per device.
         let of_process = |u: u32| u == p || a.trace.units.get(&u).is_some_and(|&(pid, _)| pid == p);
@@ -42,13 +42,13 @@ pub fn not_drawn(a: &Analysis, panels: &[PanelGeometry], cfg: &PlotConfig) -> us
 }
 
 /// Address → offset in the collapsed footprint (regions laid end to end).
-pub(super) struct Collapse {
-    pub(super) regions: Vec<(u64, u64, u64)>, // start, end, offset of start
-    pub(super) total: u64,
+pub(crate) struct Collapse {
+    pub(crate) regions: Vec<(u64, u64, u64)>, // start, end, offset of start
+    pub(crate) total: u64,
 }
 
 impl Collapse {
-    pub(super) fn new(regions: &[(u64, u64)]) -> Collapse {
+    pub(crate) fn new(regions: &[(u64, u64)]) -> Collapse {
         let mut off = 0;
         let regions = regions
             .iter()
@@ -61,7 +61,7 @@ impl Collapse {
         Collapse { regions, total: off }
     }
 
-    pub(super) fn offset(&self, addr: u64) -> Option<u64> {
+    pub(crate) fn offset(&self, addr: u64) -> Option<u64> {
         let i = self.regions.partition_point(|r| r.0 <= addr).checked_sub(1)?;
         let (s, e, off) = self.regions[i];
         (addr < e).then(|| off + addr - s)
@@ -246,7 +246,8 @@ pub fn render_mdtp(a: &Analysis, layout: &Layout, cfg: &PlotConfig) -> Result<(V
     }
     for p in &panels {
         let collapse = Collapse::new(footprint.regions(p.pid));
-        raster_panel(&mut buf, w, p, &collapse, lives, segments, (lmin, lmax));
+        let reserved = segments.iter().any(|s| s.pid == p.pid);
+        raster_panel(&mut buf, w, p, &collapse, lives, segments, reserved, (lmin, lmax));
         oom_marks(&mut buf, w, p, a);
     }
     Ok((buf, panels))
@@ -282,15 +283,20 @@ pub(super) fn placement(
 }
 
 /// Background of address space outside every live segment.
-pub(super) const UNRESERVED: f32 = 225.0;
+pub(crate) const UNRESERVED: f32 = 225.0;
 
-pub(super) fn raster_panel(
+/// Draws `lives` (and `segments`, the reserved space, when `reserved`)
+/// of process `p.pid` into the plot area of `p` in `buf`, an RGB image
+/// `width` pixels wide. The view's tiles are drawn by this too.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn raster_panel(
     buf: &mut [u8],
     width: u32,
     p: &PanelGeometry,
     collapse: &Collapse,
     lives: &[Lifetime],
     segments: &[Lifetime],
+    reserved: bool,
     log: (f64, f64),
 ) {
     let cols = (p.x1 - p.x0).max(1) as usize;
@@ -300,7 +306,6 @@ pub(super) fn raster_panel(
     // Per row, difference arrays of coverage and coverage-weighted colour.
     let mut acc = vec![[0f32; 4]; rows * (cols + 1)];
     // The same for reserved space (allocator view).
-    let reserved = segments.iter().any(|s| s.pid == p.pid);
     let mut seg_acc = vec![0f32; if reserved { rows * (cols + 1) } else { 0 }];
     for l in segments.iter().filter(|l| l.pid == p.pid) {
         if let Some((c0, c1, cells)) = placement(l, p, collapse, ns_per_col, bytes_per_row, cols, rows) {

@@ -25,7 +25,8 @@ use crate::analysis::Analysis;
 pub(crate) use frame::{
     FONT, TITLE_PAD, Ticked, draw_err, fit_title, fonts, text_width, title_font, x_ticks_for, y_ticks_for,
 };
-pub use frame::{Image, MAX_PANELS, MIN_SIZE, PlotConfig, check_size, write_png};
+pub use frame::{Image, MAX_PANELS, MIN_SIZE, PlotConfig, check_size, encode_png, write_png};
+pub(crate) use mdtp::{Collapse, UNRESERVED, panel_pids, raster_panel};
 pub use mdtp::{PanelGeometry, not_drawn, render_mdtp, size_colour};
 pub use timeline::render_timeline;
 
