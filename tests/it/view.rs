@@ -329,8 +329,9 @@ fn only_tiles_in_view_load_and_a_zoomed_window_matches_mdtp_of_that_time_window(
 }
 
 /// `FRAGSCOPE_VIEW_SHOT=OUT.png cargo test --release view_screenshot --
-/// --ignored`: the view of the bundled example, zoomed and pointing at a
-/// block, as in the README (docs/view-fragmenting.png).
+/// --ignored`: the view of the bundled example (or of the trace or
+/// snapshot `FRAGSCOPE_VIEW_INPUT`), zoomed and pointing at a block, as in
+/// the README (docs/view-fragmenting.png).
 #[test]
 #[ignore]
 fn view_screenshot() {
@@ -338,7 +339,8 @@ fn view_screenshot() {
     let chrome = chromium().expect("no chromium");
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
-    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/fragmenting-small");
+    let example = std::env::var_os("FRAGSCOPE_VIEW_INPUT")
+        .map_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/fragmenting-small"), Into::into);
     fragscope().arg("analyze").arg(&example).arg("-o").arg(&out).assert().code(predicates::ord::ge(0));
     let mut b = Browser::launch(&chrome, 1100, 820);
     open_view(&mut b, &out);
@@ -346,9 +348,16 @@ fn view_screenshot() {
     let (span, total) = (m["span"].as_f64().unwrap(), m["panels"][0]["total"].as_f64().unwrap());
     b.eval(&format!("fragscopeView.setView({}, {}, 0, {total}); true", span * 0.35, span * 0.6));
     settle(&mut b);
-    let (x, y) = pixel(&mut b, span * 0.47, total * 0.3);
-    b.mouse("mouseMoved", x, y);
-    std::thread::sleep(Duration::from_millis(300));
+    // Pointing at a block: the first of a few places that has one.
+    for k in 0..40 {
+        let (x, y) = pixel(&mut b, span * (0.4 + 0.005 * k as f64), total * (0.2 + 0.017 * k as f64));
+        b.eval("fragscopeView.lastHit = undefined; true");
+        b.mouse("mouseMoved", x, y);
+        b.wait_for("fragscopeView.lastHit !== undefined", WAIT);
+        if b.eval("fragscopeView.lastHit && fragscopeView.lastHit.exact") == json!(true) {
+            break;
+        }
+    }
     let r = b.eval(
         "(function(){var r=document.getElementById('fragscope-view').getBoundingClientRect();\
          return [r.left+window.scrollX, r.top+window.scrollY, r.width, r.height]})()",
@@ -361,4 +370,119 @@ fn view_screenshot() {
     use base64::Engine as _;
     let png = base64::engine::general_purpose::STANDARD.decode(img["data"].as_str().unwrap()).unwrap();
     std::fs::write(&shot, png).unwrap();
+}
+
+/// `FRAGSCOPE_VIEW_BENCH=OUT cargo test --release view_budgets -- --ignored
+/// --nocapture` (scripts/bench-view): the view of the analysis in OUT, in a
+/// fresh browser each run: the first complete picture after navigation,
+/// then 8 zoom steps (×2 in, alternating both axes and time only), 6 drags
+/// and 8 zoom steps out, each from its event to its complete picture; then
+/// 40 hovers: a block named that holds the point and is a pixel or more
+/// wide and tall must be drawn there. Prints one JSON line per run.
+#[test]
+#[ignore]
+fn view_budgets() {
+    let Ok(out) = std::env::var("FRAGSCOPE_VIEW_BENCH") else { return };
+    let out = Path::new(&out);
+    let chrome = chromium().expect("no chromium");
+    let runs: usize = std::env::var("RUNS").ok().and_then(|r| r.parse().ok()).unwrap_or(5);
+    let m = manifest(out);
+    for _ in 0..runs {
+        let mut b = Browser::launch(&chrome, 1280, 900);
+        b.open(&out.join("report.html"), "#fragscope-view");
+        b.wait_for("fragscopeView.firstComplete !== undefined", WAIT);
+        let first = b.eval("fragscopeView.firstComplete").as_f64().unwrap();
+        let plot = b.eval("fragscopeView.pixelOf(0, 0).plot");
+        let g = |k: &str| plot[k].as_f64().unwrap();
+        let (cx, cy) = (g("x") + g("w") * 0.4, g("y") + g("h") * 0.55);
+        let step = |b: &mut Browser, n: usize| {
+            b.wait_for(&format!("fragscopeView.steps.length >= {n}"), WAIT);
+        };
+        let mut n = 0;
+        for k in 0..8 {
+            b.wheel(cx, cy, -500.0, if k % 2 == 0 { 0 } else { 8 });
+            n += 1;
+            step(&mut b, n);
+        }
+        for k in 0..6 {
+            let dx = if k % 2 == 0 { 150.0 } else { -90.0 };
+            b.call(
+                "Input.dispatchMouseEvent",
+                json!({"type": "mousePressed", "x": cx, "y": cy, "button": "left", "clickCount": 1}),
+            );
+            b.call(
+                "Input.dispatchMouseEvent",
+                json!({"type": "mouseMoved", "x": cx + dx, "y": cy + 20.0, "button": "left", "buttons": 1}),
+            );
+            b.call(
+                "Input.dispatchMouseEvent",
+                json!({"type": "mouseReleased", "x": cx + dx, "y": cy + 20.0, "button": "left", "clickCount": 1}),
+            );
+            n += 1;
+            step(&mut b, n);
+        }
+        for k in 0..8 {
+            b.wheel(cx, cy, 500.0, if k % 2 == 0 { 0 } else { 8 });
+            n += 1;
+            step(&mut b, n);
+        }
+        let list = |b: &mut Browser, what: &str| -> Vec<f64> {
+            let mut v: Vec<f64> = b.eval(what).as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+            v.sort_by(f64::total_cmp);
+            v
+        };
+        let steps = list(&mut b, "fragscopeView.steps");
+        let frames = list(&mut b, "fragscopeView.frames");
+        // Hovers over the whole view, back at the start.
+        b.eval(&format!("fragscopeView.setView(0, {}, 0, {}); true", m["span"], m["panels"][0]["total"]));
+        settle(&mut b);
+        let scroll = b.eval("[window.scrollX, window.scrollY]");
+        let (sx, sy) = (scroll[0].as_f64().unwrap(), scroll[1].as_f64().unwrap());
+        let (mut named, mut exact, mut drawn) = (0, 0, 0);
+        for k in 0..40 {
+            let (x, y) = (
+                g("x") + g("w") * ((k * 37 % 40) as f64 + 0.5) / 40.0,
+                g("y") + g("h") * ((k * 13 % 40) as f64 + 0.5) / 40.0,
+            );
+            b.eval("fragscopeView.lastHit = undefined; true");
+            b.mouse("mouseMoved", x, y);
+            b.wait_for("fragscopeView.lastHit !== undefined", WAIT);
+            let hit = b.eval("fragscopeView.lastHit");
+            if hit.is_null() {
+                continue;
+            }
+            named += 1;
+            let said = tip(&mut b);
+            let size = hit["block"][3].as_f64().unwrap();
+            assert!(said.contains("call site"), "{said:?}");
+            assert!(size > 0.0);
+            // Blocks at least a pixel wide and tall: the pixel is theirs.
+            let st = b.eval("fragscopeView.state()");
+            let f = |v: &Value| v.as_f64().unwrap();
+            let wide = (f(&hit["block"][1]) - f(&hit["block"][0])) / (f(&st["tb"]) - f(&st["ta"])) * g("w") >= 1.0;
+            let tall = size / (f(&st["ob"]) - f(&st["oa"])) * g("h") >= 1.0;
+            if hit["exact"] == json!(true) && wide && tall {
+                exact += 1;
+                let px = b.screenshot(x + sx, y + sy, 1.0, 1.0).pixels[0];
+                if px != [255, 255, 255] && px != [225, 225, 225] {
+                    drawn += 1;
+                }
+            }
+        }
+        let errors = b.console_errors();
+        assert!(errors.is_empty(), "the console has errors: {errors:?}");
+        println!(
+            "{}",
+            json!({
+                "first_paint_ms": first,
+                "steps": steps.len(),
+                "first_frame_median_ms": frames[frames.len() / 2],
+                "first_frame_max_ms": frames[frames.len() - 1],
+                "complete_median_ms": steps[steps.len() / 2],
+                "complete_max_ms": steps[steps.len() - 1],
+                "hovers": 40, "named": named, "exact": exact, "exact_drawn": drawn,
+            })
+        );
+        assert_eq!(drawn, exact, "a block named under the pointer was not drawn there");
+    }
 }

@@ -50,7 +50,7 @@ pub const MIN_LIFE_PX: f64 = 4.0;
 pub const MIN_BLOCK_PX: f64 = 2.0;
 /// Pixels of the deepest level per event of the trace (all panels), and the
 /// floor for small traces: what the view may cost in time and memory.
-pub const PX_PER_EVENT: f64 = 2.0;
+pub const PX_PER_EVENT: f64 = 1.0;
 pub const MIN_PIXELS: u64 = 1 << 22;
 /// The view's files may take this share of the trace's own size (its
 /// Parquet parts, or the snapshot file), and at least [`MIN_VIEW_BYTES`]:
@@ -204,8 +204,9 @@ fn depth(layout: &Layout, lives: &[usize], (t0, t1): (u64, u64), total: u64, bud
     let life = quantile(lives.iter().map(|&i| layout.lives[i].end - layout.lives[i].start).collect(), 0.2).max(1);
     let size = quantile(lives.iter().map(|&i| layout.lives[i].size).collect(), 0.5).max(1);
     let levels = |need: f64, max: u32| (need.max(1.0).log2().ceil() as u32).min(max);
-    let mut zt = levels(MIN_LIFE_PX * (t1 - t0) as f64 / (TILE as f64 * life as f64), MAX_TIME_LEVEL);
-    let mut za = levels(MIN_BLOCK_PX * total as f64 / (TILE as f64 * size as f64), MAX_ADDR_LEVEL);
+    // At least the levels that fill a page's width and height (2, 1).
+    let mut zt = levels(MIN_LIFE_PX * (t1 - t0) as f64 / (TILE as f64 * life as f64), MAX_TIME_LEVEL).max(2);
+    let mut za = levels(MIN_BLOCK_PX * total as f64 / (TILE as f64 * size as f64), MAX_ADDR_LEVEL).max(1);
     let pixels = |zt: u32, za: u32| u64::from(TILE * TILE) << (zt + za);
     while pixels(zt, za) > budget.max(u64::from(TILE * TILE)) && zt + za > 0 {
         // Address zoom goes first; time keeps at least as many levels.
@@ -489,13 +490,18 @@ fn write_index(
     let mut chosen: Vec<usize> = lives.to_vec();
     let mut min_size = 0;
     if chosen.len() > max_indexed {
-        // The largest blocks, all of a size or none: the page then says
-        // from what size on it can point at blocks.
-        chosen.sort_unstable_by_key(|&i| std::cmp::Reverse(layout.lives[i].size));
-        let cut = layout.lives[chosen[max_indexed]].size;
-        chosen.retain(|&i| layout.lives[i].size > cut);
-        min_size = chosen.iter().map(|&i| layout.lives[i].size).min().unwrap_or(cut + 1);
-        chosen.sort_unstable();
+        // The largest blocks: all of a size or none, unless the blocks of
+        // the largest size alone are too many (then the first of them).
+        // The page says from what size on it can point at blocks.
+        let mut sizes: Vec<u64> = chosen.iter().map(|&i| layout.lives[i].size).collect();
+        let cut = *sizes.select_nth_unstable_by(max_indexed, |a, b| b.cmp(a)).1;
+        if chosen.iter().any(|&i| layout.lives[i].size > cut) {
+            chosen.retain(|&i| layout.lives[i].size > cut);
+        } else {
+            chosen.retain(|&i| layout.lives[i].size == cut);
+            chosen.truncate(max_indexed);
+        }
+        min_size = chosen.iter().map(|&i| layout.lives[i].size).min().unwrap_or(0);
     }
     let span = t1 - t0;
     let cols = 1u64 << zt;

@@ -159,7 +159,11 @@
     c.addEventListener('wheel', onWheel, { passive: false });
     c.addEventListener('mousedown', onDown);
     window.addEventListener('mousemove', onMove);
-    window.addEventListener('mouseup', function () { if (S) S.drag = null; });
+    window.addEventListener('mouseup', function () {
+      if (!S) return;
+      S.dragged = !!(S.drag && S.drag.moved); // the click that ends a drag pins nothing
+      S.drag = null;
+    });
     c.addEventListener('dblclick', function () { reset(); draw(); });
     c.addEventListener('click', onClick);
     c.addEventListener('mouseleave', function () { tip(null); });
@@ -172,7 +176,7 @@
 
   function show(i) {
     var p = M.panels[i];
-    S = { i: i, p: p, drag: null, pinned: null, hits: null, oomPins: null };
+    S = { i: i, p: p, drag: null, pinned: null, hits: null, oomPins: null, shown: null };
     S.levels = Object.keys(p.levels).map(function (k) { var v = k.split('-'); return [+v[0], +v[1]]; });
     reset();
     draw();
@@ -229,32 +233,14 @@
     g.clearRect(0, 0, d.w, d.h);
     g.fillStyle = S.p.background;
     g.fillRect(PAD.left, PAD.top, d.pw, d.ph);
-    var L = level(d), nt = 1 << L[0], na = 1 << L[1];
-    var ids = S.p.levels[L[0] + '-' + L[1]];
-    var tw = M.span / nt, oh = S.p.total / na;
-    // Tiles that only touch the view's edge (to rounding) are not in it.
-    var E = 1e-7;
-    var tx0 = Math.max(0, Math.floor(S.ta / tw + E)), tx1 = Math.min(nt - 1, Math.ceil(S.tb / tw - E) - 1);
-    var ty0 = Math.max(0, Math.floor(S.oa / oh + E)), ty1 = Math.min(na - 1, Math.ceil(S.ob / oh - E) - 1);
+    var L = level(d);
     g.save();
     g.beginPath(); g.rect(PAD.left, PAD.top, d.pw, d.ph); g.clip();
-    var scaleX = (tw / (S.tb - S.ta) * d.pw) / M.tile, scaleY = (oh / (S.ob - S.oa) * d.ph) / M.tile;
-    g.imageSmoothingEnabled = scaleX < 1 || scaleY < 1;
-    g.imageSmoothingQuality = 'high';
-    var missing = 0, shown = 0;
-    for (var ty = ty0; ty <= ty1; ty++) {
-      for (var tx = tx0; tx <= tx1; tx++) {
-        var id = ids[ty * nt + tx];
-        if (id < 0) continue; // nothing drawn there: the background
-        var img = tile(id);
-        var x0 = xOf(tx * tw, d), x1 = xOf((tx + 1) * tw, d);
-        var y1 = yOf(ty * oh, d), y0 = yOf((ty + 1) * oh, d);
-        if (img.complete && img.naturalWidth) {
-          g.drawImage(img, x0, y0, x1 - x0, y1 - y0);
-          shown++;
-        } else missing++;
-      }
-    }
+    // While the tiles of a new level load, the level shown before stands
+    // in with the tiles it already has.
+    if (S.shown && (S.shown[0] !== L[0] || S.shown[1] !== L[1])) drawLevel(g, d, S.shown, true);
+    var n = drawLevel(g, d, L, false), missing = n[0], shown = n[1];
+    if (!missing) S.shown = L;
     marks(g, d);
     g.restore();
     axes(g, d);
@@ -263,24 +249,58 @@
     st.textContent = 'level ' + L[0] + '/' + L[1] + ' of ' + S.p.zt + '/' + S.p.za +
       (missing ? ' \u00b7 loading ' + missing + ' tiles' : '') + ' \u00b7 ' + timeText(S.ta) + ' \u2013 ' + timeText(S.tb) +
       ' \u00b7 ' + bytesLabel(S.oa) + ' \u2013 ' + bytesLabel(S.ob) +
-      (S.p.index.min_size ? ' \u00b7 blocks under ' + bytesText(S.p.index.min_size) + ' are drawn, not indexed' : '');
+      (S.p.index.indexed < S.p.index.blocks ? ' \u00b7 ' + S.p.index.indexed + ' of ' + S.p.index.blocks +
+        ' blocks can be pointed at: the largest, from ' + bytesText(S.p.index.min_size) : '');
     var now = performance.now();
     V.last = { level: L, ms: now - started, missing: missing, shown: shown };
     // For the budgets: the first complete picture after navigation, and
     // each zoom step from its wheel event to its complete picture.
+    if (stepAt !== null && !stepFramed) { V.frames.push(now - stepAt); stepFramed = true; }
     if (!missing) {
       if (V.firstComplete === undefined) V.firstComplete = now;
-      if (zoomedAt !== null) { V.zoomSteps.push(now - zoomedAt); zoomedAt = null; }
+      if (stepAt !== null) { V.steps.push(now - stepAt); stepAt = null; }
     }
   }
-  var zoomedAt = null;
-  V.zoomSteps = [];
+  var stepAt = null, stepFramed = false;
+  V.steps = []; // ms from each zoom or pan event to its complete picture
+  V.frames = []; // ms from each zoom or pan event to its first frame
   // The client pixel showing (t, o), for tests.
   V.pixelOf = function (t, o) {
     var r = root.querySelector('canvas.mdtp').getBoundingClientRect();
     var d = { pw: r.width - PAD.left - PAD.right, ph: r.height - PAD.top - PAD.bottom };
     return { x: r.left + xOf(t, d), y: r.top + yOf(o, d), plot: { x: r.left + PAD.left, y: r.top + PAD.top, w: d.pw, h: d.ph } };
   };
+
+  // Draws the tiles of level L in view; with `cached`, only those loaded.
+  // Returns [tiles still loading, tiles drawn].
+  function drawLevel(g, d, L, cached) {
+    var nt = 1 << L[0], na = 1 << L[1];
+    var ids = S.p.levels[L[0] + '-' + L[1]];
+    var tw = M.span / nt, oh = S.p.total / na;
+    // Tiles that only touch the view's edge (to rounding) are not in it.
+    var E = 1e-7;
+    var tx0 = Math.max(0, Math.floor(S.ta / tw + E)), tx1 = Math.min(nt - 1, Math.ceil(S.tb / tw - E) - 1);
+    var ty0 = Math.max(0, Math.floor(S.oa / oh + E)), ty1 = Math.min(na - 1, Math.ceil(S.ob / oh - E) - 1);
+    var scaleX = (tw / (S.tb - S.ta) * d.pw) / M.tile, scaleY = (oh / (S.ob - S.oa) * d.ph) / M.tile;
+    g.imageSmoothingEnabled = scaleX < 1 || scaleY < 1;
+    g.imageSmoothingQuality = 'high';
+    var missing = 0, shown = 0;
+    for (var ty = ty0; ty <= ty1; ty++) {
+      for (var tx = tx0; tx <= tx1; tx++) {
+        var id = ids[ty * nt + tx];
+        if (id < 0) continue; // nothing drawn there: the background
+        var img = cached ? tiles['view/tiles/' + id + '.png'] : tile(id);
+        if (!img) continue;
+        var x0 = xOf(tx * tw, d), x1 = xOf((tx + 1) * tw, d);
+        var y1 = yOf(ty * oh, d), y0 = yOf((ty + 1) * oh, d);
+        if (img.complete && img.naturalWidth) {
+          g.drawImage(img, x0, y0, x1 - x0, y1 - y0);
+          shown++;
+        } else missing++;
+      }
+    }
+    return [missing, shown];
+  }
 
   function tile(id) {
     var url = 'view/tiles/' + id + '.png';
@@ -391,14 +411,19 @@
     var yt = ticks(0, top, yTicksFor(ph), 'bytes');
     g.textAlign = 'right'; g.textBaseline = 'middle';
     yt.at.forEach(function (v, i) { g.fillText(yt.labels[i], PAD.left - 7, yb(v, top)); });
+    // The score's 0-100 on the right, inside the plot's edge.
+    g.textAlign = 'right';
+    [0, 50, 100].forEach(function (v) { g.fillText(String(v), PAD.left + d.pw - 4, Math.min(Math.max(yb(v, 100), PAD.top + 7), PAD.top + ph - 14)); });
     var xt = ticks(S.ta, S.tb, xTicksFor(d.pw), M.entries ? 'count' : 'time');
     g.textAlign = 'center'; g.textBaseline = 'top';
     xt.at.forEach(function (t, i) { g.fillText(xt.labels[i], xOf(t, d), PAD.top + ph + 7); });
     g.textAlign = 'left'; g.textBaseline = 'top';
     g.fillStyle = 'rgb(31,119,180)'; g.fillText('live', PAD.left + 6, PAD.top + 4);
-    g.fillStyle = 'rgb(120,120,120)'; g.fillText('reserved', PAD.left + 40, PAD.top + 4);
-    g.fillStyle = '#000'; g.fillText('score (0\u2013100)', PAD.left + 104, PAD.top + 4);
-    g.fillStyle = 'rgb(229,57,53)'; g.fillText('strip: OOM risk', PAD.left + 204, PAD.top + 4);
+    if (T.reserved.some(function (v) { return v !== null; })) {
+      g.fillStyle = 'rgb(120,120,120)'; g.fillText('reserved', PAD.left + 40, PAD.top + 4);
+    }
+    g.fillStyle = '#000'; g.fillText('score (0\u2013100, right)', PAD.left + 104, PAD.top + 4);
+    g.fillStyle = 'rgb(229,57,53)'; g.fillText('strip: OOM risk', PAD.left + 244, PAD.top + 4);
   }
 
   // ---- zoom and pan
@@ -443,7 +468,7 @@
     // A trackpad pinch comes as a wheel with ctrlKey.
     var factor = Math.pow(2, e.deltaY * (e.deltaMode === 1 ? 0.05 : 0.002) * (e.ctrlKey ? 4 : 1));
     zoomAt(p, factor, axesOf(e, forced));
-    if (zoomedAt === null) zoomedAt = performance.now();
+    if (stepAt === null) { stepAt = performance.now(); stepFramed = false; }
     draw();
   }
   V.zoom = function (t, o, factor, which) { zoomAt({ t: t, o: o }, factor, which || 'both'); drawNow(); return V.state(); };
@@ -464,6 +489,7 @@
       if (Math.abs(dx) + Math.abs(dy) > 2) dr.moved = true;
       var dt = dx / p.d.pw * (dr.tb - dr.ta), dO = dy / p.d.ph * (dr.ob - dr.oa);
       S.ta = dr.ta - dt; S.tb = dr.tb - dt;
+      if (stepAt === null) { stepAt = performance.now(); stepFramed = false; }
       if (dr.which !== 'time') { S.oa = dr.oa + dO; S.ob = dr.ob + dO; }
       clampView();
       draw();
@@ -547,6 +573,7 @@
         else if (!near || b[3] > near[3]) near = b;
       });
       var b = exact || near;
+      V.lastHit = b ? { exact: !!exact, block: Array.prototype.slice.call(b) } : null;
       f(b ? Array.prototype.slice.call(b) : null);
     });
   }
@@ -574,7 +601,7 @@
       '<br>live ' + esc(bytesText(o.live)) + ', largest gap ' + esc(bytesText(o.largest_gap)) +
       (o.device_free !== null && o.device_free !== undefined ? ', device free ' + esc(bytesText(o.device_free)) : '') +
       (o.site ? '<br>requested at <code>' + esc(o.site) + '</code>' : '') +
-      '<br>outlined in red: the ' + o.pinned.length + ' largest live blocks, which pinned the memory';
+      (o.pinned.length ? '<br>outlined in red: the ' + o.pinned.length + ' largest blocks live then, which held the memory' : '');
   }
   var hoverSeq = 0;
   function hover(e) {
@@ -595,7 +622,8 @@
     blockAt(p, function (b) {
       if (seq !== hoverSeq) return;
       S.hover = b;
-      var note = S.p.index.min_size ? 'no indexed block here (blocks under ' + esc(bytesText(S.p.index.min_size)) + ' are drawn, not indexed)' : 'free space';
+      var note = S.p.index.indexed < S.p.index.blocks ? 'no block here of those that can be pointed at (the ' +
+        S.p.index.indexed + ' largest, from ' + esc(bytesText(S.p.index.min_size)) + ')' : 'free space';
       tip(b ? describe(b) : note, e);
     });
   }
@@ -610,7 +638,7 @@
     el.style.top = (e.clientY - r.top + 14) + 'px';
   }
   function onClick(e) {
-    if (S.drag && S.drag.moved) return;
+    if (S.dragged) return;
     var p = plotPoint(e);
     if (!p.inside) return;
     blockAt(p, function (b) {
