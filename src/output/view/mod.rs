@@ -51,12 +51,12 @@ pub const MIN_BLOCK_PX: f64 = 2.0;
 /// Pixels of the deepest level per event of the trace (all panels), and the
 /// floor for small traces: what the view may cost in time and memory.
 pub const PX_PER_EVENT: f64 = 1.0;
-pub const MIN_PIXELS: u64 = 1 << 22;
+pub const MIN_PIXELS: u64 = 1 << 20;
 /// The view's files may take this share of the trace's own size (its
 /// Parquet parts, or the snapshot file), and at least [`MIN_VIEW_BYTES`]:
 /// [`TILE_SHARE`] of it for tiles, the rest for the block index.
 pub const VIEW_SHARE: f64 = 0.12;
-pub const MIN_VIEW_BYTES: u64 = 8 << 20;
+pub const MIN_VIEW_BYTES: u64 = 2 << 20;
 pub const TILE_SHARE: f64 = 0.7;
 /// What an indexed block costs, compressed, to size the index from its
 /// budget (measured: 16 bytes on a 10 M-event synthetic trace).
@@ -209,8 +209,9 @@ fn depth(layout: &Layout, lives: &[usize], (t0, t1): (u64, u64), total: u64, bud
     let mut za = levels(MIN_BLOCK_PX * total as f64 / (TILE as f64 * size as f64), MAX_ADDR_LEVEL).max(1);
     let pixels = |zt: u32, za: u32| u64::from(TILE * TILE) << (zt + za);
     while pixels(zt, za) > budget.max(u64::from(TILE * TILE)) && zt + za > 0 {
-        // Address zoom goes first; time keeps at least as many levels.
-        if za > 0 && za + 2 > zt / 2 { za -= 1 } else { zt -= 1 }
+        // As the levels are written: past (2, 1), an address level costs
+        // two time levels, so address goes first.
+        if za > 1 && 2 * (za - 1) > zt.saturating_sub(2) || zt == 0 { za -= 1 } else { zt -= 1 }
     }
     (zt, za)
 }
