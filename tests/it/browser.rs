@@ -24,7 +24,7 @@ pub fn chromium() -> Option<PathBuf> {
             std::env::var("FRAGSCOPE_REQUIRE_PYTHON").as_deref() != Ok("1"),
             "no chromium: run scripts/install-deps"
         );
-        eprintln!("skipped: no chromium to drive the page (scripts/install-deps installs it)");
+        eprintln!("skipped: no chromium to render the pages (scripts/install-deps installs it)");
     }
     found
 }

@@ -5,21 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::browser::chromium;
 use crate::common::fragscope;
-
-fn chromium() -> Option<PathBuf> {
-    let found = ["chromium", "chromium-browser", "google-chrome"].iter().find_map(|b| {
-        std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(b)).find(|p| p.is_file())
-    });
-    if found.is_none() {
-        assert!(
-            std::env::var("FRAGSCOPE_REQUIRE_PYTHON").as_deref() != Ok("1"),
-            "no chromium: run scripts/install-deps"
-        );
-        eprintln!("skipped: no chromium to render the pages (scripts/install-deps installs it)");
-    }
-    found
-}
 
 /// Renders `page` headless: (DOM, share of non-white pixels).
 fn render(browser: &Path, page: &Path, tmp: &Path) -> (String, f64) {
