@@ -495,3 +495,45 @@ fn view_budgets() {
         assert_eq!(drawn, exact, "a block named under the pointer was not drawn there");
     }
 }
+
+#[test]
+fn every_panel_of_the_mdtp_can_be_chosen_and_pointed_at() {
+    let Some(chrome) = chromium() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let (trace, out) = (tmp.path().join("t"), tmp.path().join("out"));
+    fragscope().args(["synth", "--pattern", "multi", "--events", "40k", "-o"]).arg(&trace).assert().success();
+    fragscope().arg("analyze").arg(&trace).arg("-o").arg(&out).assert().code(predicates::ord::ge(0));
+    let m = manifest(&out);
+    let panels = m["panels"].as_array().unwrap();
+    assert_eq!(panels.len(), 4, "four ranks, four panels");
+    let mut b = Browser::launch(&chrome, 1000, 900);
+    open_view(&mut b, &out);
+    let options = b.eval("Array.prototype.map.call(document.querySelectorAll('#fragscope-view select.panel option'), function (o) { return o.textContent; })");
+    let labels: Vec<Value> = panels.iter().map(|p| p["label"].clone()).collect();
+    assert_eq!(options, json!(labels));
+    for k in [2, 3] {
+        b.eval(&format!(
+            "var s=document.querySelector('#fragscope-view select.panel');s.value='{k}';s.dispatchEvent(new Event('change'));true"
+        ));
+        settle(&mut b);
+        assert_eq!(b.eval("fragscopeView.state().panel"), json!(k));
+        // Some block of this panel is under one of a few points.
+        let (span, total) = (m["span"].as_f64().unwrap(), panels[k]["total"].as_f64().unwrap());
+        let mut named = None;
+        for i in 0..20 {
+            let at = pixel(&mut b, span * (0.1 + 0.04 * i as f64), total * (0.1 + 0.04 * i as f64));
+            b.eval("fragscopeView.lastHit = undefined; true");
+            b.mouse("mouseMoved", at.0, at.1);
+            b.wait_for("fragscopeView.lastHit !== undefined", WAIT);
+            if b.eval("fragscopeView.lastHit !== null") == json!(true) {
+                named = Some(tip(&mut b));
+                break;
+            }
+        }
+        let said = named.unwrap_or_else(|| panic!("no block named in panel {k}"));
+        let label = panels[k]["label"].as_str().unwrap();
+        assert!(said.contains(label), "{said:?} does not name {label}");
+    }
+    let errors = b.console_errors();
+    assert!(errors.is_empty(), "the console has errors: {errors:?}");
+}
