@@ -83,7 +83,9 @@ pub fn report_html(dir: &Path, title: &str) -> anyhow::Result<String> {
             body.insert_str(at + 5, VIEW_LINK);
         }
         body.push_str(VIEW_SECTION);
-        script = format!("<script>\n{}</script>\n<script src=\"view/manifest.js\"></script>\n", VIEW_JS);
+        script = format!(
+            "<script>\n{VIEW_JS}</script>\n<script src=\"view/manifest.js\" onerror=\"{VIEW_MISSING}\"></script>\n"
+        );
     }
     if !pictures.is_empty() {
         body.push_str("<h2>Pictures</h2>\n");
@@ -101,6 +103,10 @@ pub fn report_html(dir: &Path, title: &str) -> anyhow::Result<String> {
 /// The explorable view (`view/`, [`crate::output::view`]): its markup and
 /// its script, which reads the files beside the page.
 const VIEW_JS: &str = include_str!("view/view.js");
+/// What the page says when `view/` is not beside it (the report copied
+/// alone).
+const VIEW_MISSING: &str = "document.querySelector('#fragscope-view .status').textContent=\
+'The files of this view (view/ beside report.html) were not found: copy the folder with the report.'";
 const VIEW_LINK: &str = "\n<p><a href=\"#fragscope-view\">Explore the memory layout</a>: zoom into it, point at a block for its call site.</p>\n";
 const VIEW_SECTION: &str = "<section id=\"fragscope-view\">\n<h2>Explore the memory layout</h2>\n\
 <p class=\"help\">Wheel or pinch to zoom: both axes; with Shift or over the time axis, time only; with Alt or over the \

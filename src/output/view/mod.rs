@@ -105,11 +105,19 @@ pub fn write_view(a: &Analysis, dir: &Path, cfg: &PlotConfig) -> Result<Option<V
     let files = fill(a, layout, &pids, &staging).inspect_err(|_| {
         let _ = std::fs::remove_dir_all(&staging);
     })?;
-    let target = dir.join("view");
+    // The old view is moved aside before the new one takes its name, so a
+    // failure leaves one complete view or none, never a half-removed one.
+    let (target, old) = (dir.join("view"), dir.join("view.old"));
+    if old.exists() {
+        std::fs::remove_dir_all(&old).with_context(|| format!("cannot remove {}", old.display()))?;
+    }
     if target.exists() {
-        std::fs::remove_dir_all(&target).with_context(|| format!("cannot remove the old {}", target.display()))?;
+        std::fs::rename(&target, &old).with_context(|| format!("cannot move the old {} aside", target.display()))?;
     }
     std::fs::rename(&staging, &target).with_context(|| format!("cannot write {}", target.display()))?;
+    if old.exists() {
+        std::fs::remove_dir_all(&old).with_context(|| format!("cannot remove {}", old.display()))?;
+    }
     tracing::debug!(
         "view: {} tiles in {} files, {} index files, {} bytes, {:.3} s",
         files.tiles,
@@ -207,6 +215,8 @@ fn depth(layout: &Layout, lives: &[usize], (t0, t1): (u64, u64), total: u64, bud
     // At least the levels that fill a page's width and height (2, 1).
     let mut zt = levels(MIN_LIFE_PX * (t1 - t0) as f64 / (TILE as f64 * life as f64), MAX_TIME_LEVEL).max(2);
     let mut za = levels(MIN_BLOCK_PX * total as f64 / (TILE as f64 * size as f64), MAX_ADDR_LEVEL).max(1);
+    // No column narrower than a unit of time (a nanosecond, or an entry).
+    zt = zt.min(63 - (t1 - t0).max(1).leading_zeros());
     let pixels = |zt: u32, za: u32| u64::from(TILE * TILE) << (zt + za);
     while pixels(zt, za) > budget.max(u64::from(TILE * TILE)) && zt + za > 0 {
         // As the levels are written: past (2, 1), an address level costs
@@ -219,7 +229,8 @@ fn depth(layout: &Layout, lives: &[usize], (t0, t1): (u64, u64), total: u64, bud
 /// Tile files, one per distinct tile.
 struct TileFiles<'a> {
     dir: &'a Path,
-    seen: AHashMap<u64, Vec<(i64, Vec<u8>)>>,
+    /// Distinct tiles by two independent 64-bit hashes of their pixels.
+    seen: AHashMap<(u64, u64), i64>,
     tiles: usize,
     written: usize,
     bytes: u64,
@@ -230,21 +241,24 @@ impl<'a> TileFiles<'a> {
         TileFiles { dir, seen: AHashMap::new(), tiles: 0, written: 0, bytes: 0 }
     }
 
-    /// Takes back the files written since `(bytes, written)`.
-    fn forget(&mut self, (bytes, written): (u64, usize)) {
+    /// Where it stands, to take back a level with [`TileFiles::forget`].
+    fn mark(&self) -> (u64, usize, usize) {
+        (self.bytes, self.written, self.tiles)
+    }
+
+    /// Takes back the files written since `mark`.
+    fn forget(&mut self, (bytes, written, tiles): (u64, usize, usize)) {
         for id in written..self.written {
             let _ = std::fs::remove_file(self.dir.join(format!("{id}.png")));
         }
-        for v in self.seen.values_mut() {
-            v.retain(|(id, _)| (*id as usize) < written);
-        }
-        (self.bytes, self.written) = (bytes, written);
+        self.seen.retain(|_, id| (*id as usize) < written);
+        (self.bytes, self.written, self.tiles) = (bytes, written, tiles);
     }
 
     /// The file numbers of `tiles` (RGB, TILE × TILE each), writing those
     /// not seen before; -1 for a blank tile.
     fn add(&mut self, tiles: Vec<Vec<u8>>, blank: u8) -> Result<Vec<i64>> {
-        let hasher = ahash::RandomState::with_seeds(1, 2, 3, 4);
+        let hashers = [ahash::RandomState::with_seeds(1, 2, 3, 4), ahash::RandomState::with_seeds(5, 6, 7, 8)];
         let mut ids = vec![-1i64; tiles.len()];
         let mut to_encode: Vec<(usize, i64)> = Vec::new();
         for (k, t) in tiles.iter().enumerate() {
@@ -252,14 +266,13 @@ impl<'a> TileFiles<'a> {
             if t.iter().all(|&b| b == blank) {
                 continue;
             }
-            let h = hasher.hash_one(t);
-            let known = self.seen.get(&h).and_then(|v| v.iter().find(|(_, px)| px == t)).map(|(id, _)| *id);
-            ids[k] = match known {
+            let h = (hashers[0].hash_one(t), hashers[1].hash_one(t));
+            ids[k] = match self.seen.get(&h).copied() {
                 Some(id) => id,
                 None => {
                     let id = self.written as i64;
                     self.written += 1;
-                    self.seen.entry(h).or_default().push((id, t.clone()));
+                    self.seen.insert(h, id);
                     to_encode.push((k, id));
                     id
                 }
@@ -307,17 +320,20 @@ fn render_pyramid(
     let edge = |c: usize| t0 + (u128::from(span) * c as u128 / cols as u128) as u64;
     let column_of =
         |t: u64| ((u128::from(t.saturating_sub(t0)) * cols as u128 / u128::from(span)) as usize).min(cols - 1);
+    // A life holds [start, end): one freed at a column's edge is not in
+    // the column after it (a sliver there otherwise).
+    let last_column = |l: &Lifetime| column_of(if l.end > l.start { l.end - 1 } else { l.start });
     // Each life in every column it crosses.
     let mut by_col: Vec<Vec<u32>> = vec![Vec::new(); cols];
     for &i in lives {
         let l = &layout.lives[i];
-        for col in by_col.iter_mut().take(column_of(l.end) + 1).skip(column_of(l.start)) {
+        for col in by_col.iter_mut().take(last_column(l) + 1).skip(column_of(l.start)) {
             col.push(i as u32);
         }
     }
     let mut seg_by_col: Vec<Vec<u32>> = vec![Vec::new(); cols];
     for (i, s) in segments.iter().enumerate() {
-        for col in seg_by_col.iter_mut().take(column_of(s.end) + 1).skip(column_of(s.start)) {
+        for col in seg_by_col.iter_mut().take(last_column(s) + 1).skip(column_of(s.start)) {
             col.push(i as u32);
         }
     }
@@ -398,7 +414,7 @@ fn render_pyramid(
         if parent.is_some_and(|p| tiles.bytes + p * 3 / 2 > budget) {
             break;
         }
-        let before = (tiles.bytes, tiles.written);
+        let before = tiles.mark();
         let ids = tiles.add(cut(&img, iw, ih), blank)?;
         if !levels.is_empty() && tiles.bytes > budget {
             tiles.forget(before);
@@ -473,7 +489,7 @@ struct Index {
 /// Writes the block index of panel `pi`: each block in the deepest node of
 /// the time segment tree that holds its whole life. A node's file holds its
 /// blocks by start, each as six LEB128 numbers (start after the previous
-/// start, or after the node's start; duration; collapsed offset; size;
+/// start, or after the node's start, which the file also gives; duration; collapsed offset; size;
 /// stack + 1, 0 for none; stream number), zlib-compressed, in base64.
 #[allow(clippy::too_many_arguments)]
 fn write_index(
@@ -509,9 +525,12 @@ fn write_index(
     let column_of =
         |t: u64| ((u128::from(t.saturating_sub(t0)) * u128::from(cols) / u128::from(span)) as u64).min(cols - 1);
     let mut nodes: BTreeMap<(u32, u64), Vec<usize>> = BTreeMap::new();
+    // Blocks outside the footprint are not drawn, so not indexed.
+    chosen.retain(|&i| collapse.offset(layout.lives[i].addr).is_some());
     for &i in &chosen {
         let l = &layout.lives[i];
-        let (mut c0, mut c1, mut k) = (column_of(l.start), column_of(l.end), zt);
+        let last = if l.end > l.start { l.end - 1 } else { l.start };
+        let (mut c0, mut c1, mut k) = (column_of(l.start), column_of(last), zt);
         while c0 != c1 {
             c0 >>= 1;
             c1 >>= 1;
@@ -527,6 +546,8 @@ fn write_index(
     for ((k, j), blocks) in nodes.iter_mut() {
         blocks.sort_by_key(|&i| (layout.lives[i].start, layout.lives[i].addr));
         packed.clear();
+        // The node's start, given to the page: its own arithmetic in
+        // doubles could differ by a nanosecond on long traces.
         let node_start = t0 + (u128::from(span) * u128::from(*j) / (1u128 << *k)) as u64;
         let mut prev = node_start;
         for &i in blocks.iter() {
@@ -550,8 +571,9 @@ fn write_index(
         z.write_all(&packed).context("cannot compress the block index")?;
         let z = z.finish().context("cannot compress the block index")?;
         let text = format!(
-            "fragscopeView.node({pi},{k},{j},{},\"{}\");\n",
+            "fragscopeView.node({pi},{k},{j},{},{},\"{}\");\n",
             blocks.len(),
+            node_start - t0,
             base64::Engine::encode(&base64::engine::general_purpose::STANDARD, z)
         );
         files.bytes += write(&dir.join(format!("{pi}-{k}-{j}.js")), text.as_bytes())?;

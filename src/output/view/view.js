@@ -117,6 +117,10 @@
     if (a >= 1e3) return (ns / 1e3).toFixed(3) + ' \u00b5s';
     return ns + ' ns';
   }
+  function durText(ns) {
+    if (M.entries) { var n = Math.round(ns); return n + (n === 1 ? ' entry' : ' entries'); }
+    return timeText(ns);
+  }
   function bytesText(b) {
     if (b < 1024) return b + ' B';
     var u = Math.min(Math.floor(Math.log(b) / Math.log(1024)), 4);
@@ -128,9 +132,12 @@
   function script(src, onerror) {
     var el = document.createElement('script');
     el.src = src;
-    el.onerror = onerror || function () { V.errors.push('cannot load ' + src); };
+    el.onload = function () { el.remove(); }; // it has called back: done
+    el.onerror = function () { el.remove(); V.errors.push('cannot load ' + src); if (onerror) onerror(); };
     document.head.appendChild(el);
   }
+  // Where tile column c of n starts: fragscope's own integer edges.
+  function edgeT(c, n) { return Math.floor(M.span * c / n); }
 
   // ---- layout of the canvases
   var PAD = { left: 84, right: 16, top: 8, bottom: 34 };
@@ -177,9 +184,14 @@
   function show(i) {
     var p = M.panels[i];
     S = { i: i, p: p, drag: null, pinned: null, hits: null, oomPins: null, shown: null };
+    hoverSeq++;
+    searchSeq++;
     S.levels = Object.keys(p.levels).map(function (k) { var v = k.split('-'); return [+v[0], +v[1]]; });
     reset();
     draw();
+    // A search typed before applies to this panel too.
+    var box = root.querySelector('input.search');
+    if (box.value) search(box.value);
   }
   function reset() {
     S.ta = 0; S.tb = M.span;
@@ -203,8 +215,9 @@
   // The level to draw: deep enough for a tile pixel per screen pixel on
   // each axis where one exists, else the deepest written (enlarged).
   function level(d) {
-    var wantT = Math.ceil(Math.log2(Math.max(M.span / (S.tb - S.ta) * d.pw / M.tile, 1)));
-    var wantA = Math.ceil(Math.log2(Math.max(S.p.total / (S.ob - S.oa) * d.ph / M.tile, 1)));
+    var dpr = window.devicePixelRatio || 1;
+    var wantT = Math.ceil(Math.log2(Math.max(M.span / (S.tb - S.ta) * d.pw * dpr / M.tile, 1)));
+    var wantA = Math.ceil(Math.log2(Math.max(S.p.total / (S.ob - S.oa) * d.ph * dpr / M.tile, 1)));
     var best = null;
     S.levels.forEach(function (l) {
       var score = [Math.min(l[0], wantT), Math.min(l[1], wantA), -l[0], -l[1]];
@@ -290,8 +303,8 @@
         var id = ids[ty * nt + tx];
         if (id < 0) continue; // nothing drawn there: the background
         var img = cached ? tiles['view/tiles/' + id + '.png'] : tile(id);
-        if (!img) continue;
-        var x0 = xOf(tx * tw, d), x1 = xOf((tx + 1) * tw, d);
+        if (!img || img.failed) continue; // a tile that cannot load stays background
+        var x0 = xOf(edgeT(tx, nt), d), x1 = xOf(edgeT(tx + 1, nt), d);
         var y1 = yOf(ty * oh, d), y0 = yOf((ty + 1) * oh, d);
         if (img.complete && img.naturalWidth) {
           g.drawImage(img, x0, y0, x1 - x0, y1 - y0);
@@ -308,7 +321,7 @@
     if (!img) {
       img = tiles[url] = new Image();
       img.onload = draw;
-      img.onerror = function () { V.errors.push('cannot load ' + url); };
+      img.onerror = function () { img.failed = true; V.errors.push('cannot load ' + url); draw(); };
       V.requested.push(url);
       img.src = url;
     }
@@ -499,9 +512,15 @@
   }
 
   // ---- pointing at a block
-  function nodeKey(k, j) { return S.i + '-' + k + '-' + j; }
-  V.node = function (p, k, j, n, b64) {
-    var key = p + '-' + k + '-' + j;
+  function nodeKey(pi, k, j) { return pi + '-' + k + '-' + j; }
+  function nodeDone(key, nd) {
+    nodes[key] = nd;
+    var w = nodeWaiters[key] || [];
+    delete nodeWaiters[key];
+    w.forEach(function (f) { f(); });
+  }
+  V.node = function (p, k, j, n, node0, b64) {
+    var key = nodeKey(p, k, j);
     var bin = atob(b64), bytes = new Uint8Array(bin.length);
     for (var i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
     new Response(new Blob([bytes]).stream().pipeThrough(new DecompressionStream('deflate'))).arrayBuffer().then(function (buf) {
@@ -511,7 +530,6 @@
         do { b = u[pos++]; v += (b & 0x7f) * mul; mul *= 128; } while (b & 0x80);
         return v;
       };
-      var span = M.span, node0 = Math.floor(span * j / Math.pow(2, k));
       var data = new Float64Array(n * 6), prev = node0;
       for (var r = 0; r < n; r++) {
         var start = prev + next(), dur = next();
@@ -520,21 +538,21 @@
         data[r * 6 + 4] = next() - 1; data[r * 6 + 5] = next();
         prev = start;
       }
-      nodes[key] = { n: n, data: data };
-      var w = nodeWaiters[key] || [];
-      delete nodeWaiters[key];
-      w.forEach(function (f) { f(); });
-    }).catch(function (err) { V.errors.push('index ' + key + ': ' + err); });
+      nodeDone(key, { n: n, data: data });
+    }).catch(function (err) {
+      V.errors.push('index ' + key + ': ' + err);
+      nodeDone(key, { n: 0, data: new Float64Array(0) });
+    });
   };
   var nodeWaiters = {};
-  function withNode(k, j, f) {
-    var key = nodeKey(k, j);
-    var listed = S.p.index.nodes[k];
+  function withNode(pi, k, j, f) {
+    var key = nodeKey(pi, k, j);
+    var listed = M.panels[pi].index.nodes[k];
     if (!listed || listed.indexOf(j) < 0) return f();
     if (nodes[key]) return f();
     if (nodeWaiters[key]) { nodeWaiters[key].push(f); return; }
     nodeWaiters[key] = [f];
-    script('view/index/' + key + '.js');
+    script('view/index/' + key + '.js', function () { nodeDone(key, { n: 0, data: new Float64Array(0) }); });
   }
   // Every node that may hold a block over [t0, t1]: per level, the nodes
   // crossed (up to `cap` per level, the rest left out).
@@ -548,14 +566,14 @@
     }
     return out;
   }
-  function withNodes(list, f) {
+  function withNodes(pi, list, f) {
     var left = list.length;
     if (!left) return f();
-    list.forEach(function (kj) { withNode(kj[0], kj[1], function () { if (--left === 0) f(); }); });
+    list.forEach(function (kj) { withNode(pi, kj[0], kj[1], function () { if (--left === 0) f(); }); });
   }
-  function blocksIn(list, visit) {
+  function blocksIn(pi, list, visit) {
     list.forEach(function (kj) {
-      var nd = nodes[nodeKey(kj[0], kj[1])];
+      var nd = nodes[nodeKey(pi, kj[0], kj[1])];
       if (!nd) return;
       for (var r = 0; r < nd.n; r++) visit(nd.data.subarray(r * 6, r * 6 + 6));
     });
@@ -564,10 +582,11 @@
   // largest crossing its pixel.
   function blockAt(p, f) {
     var dt = (S.tb - S.ta) / p.d.pw, dO = (S.ob - S.oa) / p.d.ph;
-    var list = nodesOver(p.t - dt / 2, p.t + dt / 2, 4);
-    withNodes(list, function () {
+    var list = nodesOver(p.t - dt / 2, p.t + dt / 2, 4), pi = S.i;
+    withNodes(pi, list, function () {
+      if (!S || S.i !== pi) return; // another panel since
       var exact = null, near = null;
-      blocksIn(list, function (b) {
+      blocksIn(pi, list, function (b) {
         if (b[1] < p.t - dt / 2 || b[0] > p.t + dt / 2 || b[2] + b[3] < p.o - dO / 2 || b[2] > p.o + dO / 2) return;
         if (b[0] <= p.t && p.t <= b[1] && b[2] <= p.o && p.o < b[2] + b[3]) { if (!exact || b[3] < exact[3]) exact = b; }
         else if (!near || b[3] > near[3]) near = b;
@@ -587,11 +606,11 @@
   }
   function describe(b) {
     var site = b[4] >= 0 ? M.sites[b[4]] || '(stack ' + b[4] + ')' : '<no stack recorded>';
-    var end = b[1] >= M.span ? 'still live at the end' : timeText(b[1]);
+    var end = b[1] >= M.span ? 'live until the end of the trace' : timeText(b[1]);
     var stream = S.p.index.streams[b[5]];
     return '<b>' + esc(bytesText(b[3])) + '</b> at offset ' + esc(bytesText(b[2])) +
       '<br>allocated ' + esc(timeText(b[0])) + ', freed ' + esc(end) +
-      '<br>lifetime ' + esc(timeText(b[1] - b[0])) +
+      '<br>lifetime ' + esc(durText(b[1] - b[0])) +
       '<br>' + esc(S.p.label) + (stream && stream !== '0x0' ? ', stream ' + esc(stream) : '') +
       '<br>call site: <code>' + esc(site) + '</code>';
   }
@@ -609,6 +628,7 @@
     if (!p.inside) { tip(null); return; }
     var o = oomAt(p);
     if (o) {
+      hoverSeq++; // a block still loading must not replace this
       S.oomPins = o.pinned.filter(function (b) { return b[0] !== null; }).map(function (b) {
         var w = (S.tb - S.ta) / p.d.pw * 6;
         return [o.t - w, o.t + w, b[0], b[1]];
@@ -630,7 +650,7 @@
   V.hoverAt = function (clientX, clientY) { hover({ clientX: clientX, clientY: clientY, target: root.querySelector('canvas.mdtp') }); };
   function tip(html, e) {
     var el = root.querySelector('.tip');
-    if (!html) { el.style.display = 'none'; return; }
+    if (!html) { hoverSeq++; el.style.display = 'none'; return; }
     el.innerHTML = html;
     el.style.display = 'block';
     var r = root.getBoundingClientRect();
@@ -665,20 +685,23 @@
   }
 
   // ---- search: blocks whose call site (or any frame) holds the text
+  var searchSeq = 0;
   function search(text) {
     text = text.trim().toLowerCase();
-    var out = root.querySelector('.found');
+    var out = root.querySelector('.found'), seq = ++searchSeq, pi = S.i;
     if (!text) { S.hits = null; out.textContent = ''; draw(); return; }
     withStacks(function () {
+      if (seq !== searchSeq) return; // the text or the panel changed since
       var ids = {};
       Object.keys(M.sites).forEach(function (id) {
         var frames = stacks[id] || [];
         if (M.sites[id].toLowerCase().indexOf(text) >= 0 || frames.some(function (f) { return f.toLowerCase().indexOf(text) >= 0; })) ids[id] = true;
       });
       var list = nodesOver(S.ta, S.tb, 1 << 20);
-      withNodes(list, function () {
+      withNodes(pi, list, function () {
+        if (seq !== searchSeq) return;
         var hits = [], bytes = 0;
-        blocksIn(list, function (b) {
+        blocksIn(pi, list, function (b) {
           if (b[4] >= 0 && ids[b[4]] && b[1] >= S.ta && b[0] <= S.tb) { hits.push(Array.prototype.slice.call(b)); bytes += b[3]; }
         });
         S.hits = hits;
