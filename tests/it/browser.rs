@@ -14,16 +14,16 @@ use serde_json::{Value, json};
 use tungstenite::stream::MaybeTlsStream;
 
 /// The system's Chromium, or None (the test then says it skipped; with
-/// `FRAGSCOPE_REQUIRE_PYTHON=1`, as in CI, it fails instead).
+/// `FRAGSCOPE_REQUIRE_BROWSER=1`, as in CI, it fails instead).
 pub fn chromium() -> Option<PathBuf> {
     let found = ["chromium", "chromium-browser", "google-chrome"].iter().find_map(|b| {
         std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(b)).find(|p| p.is_file())
     });
     if found.is_none() {
-        assert!(
-            std::env::var("FRAGSCOPE_REQUIRE_PYTHON").as_deref() != Ok("1"),
-            "no chromium: run scripts/install-deps"
-        );
+        let required = ["FRAGSCOPE_REQUIRE_BROWSER", "FRAGSCOPE_REQUIRE_PYTHON"]
+            .iter()
+            .any(|v| std::env::var(v).as_deref() == Ok("1"));
+        assert!(!required, "no chromium: run scripts/install-deps");
         eprintln!("skipped: no chromium to render the pages (scripts/install-deps installs it)");
     }
     found

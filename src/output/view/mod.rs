@@ -146,7 +146,8 @@ fn fill(a: &Analysis, layout: &Layout, pids: &[u32], staging: &Path) -> Result<V
     for (pi, &pid) in pids.iter().enumerate() {
         let collapse = Collapse::new(layout.footprint.regions(pid));
         let total = collapse.total.max(1);
-        let lives: Vec<usize> = (0..layout.lives.len()).filter(|&i| layout.lives[i].pid == pid).collect();
+        // Indices of the panel's lives, 4 bytes each.
+        let lives: Vec<u32> = (0..layout.lives.len() as u32).filter(|&i| layout.lives[i as usize].pid == pid).collect();
         let segments: Vec<Lifetime> = layout.segments.iter().filter(|s| s.pid == pid).copied().collect();
         let (zt, za) = depth(layout, &lives, (t0, t1), total, budget);
         // The budget left by earlier panels goes to the later ones.
@@ -200,7 +201,7 @@ fn write(path: &Path, bytes: &[u8]) -> Result<u64> {
 
 /// The deepest time and address levels of a panel: blocks wide and tall
 /// enough to see, within the pixel budget, time first.
-fn depth(layout: &Layout, lives: &[usize], (t0, t1): (u64, u64), total: u64, budget: u64) -> (u32, u32) {
+fn depth(layout: &Layout, lives: &[u32], (t0, t1): (u64, u64), total: u64, budget: u64) -> (u32, u32) {
     if lives.is_empty() {
         return (0, 0);
     }
@@ -209,8 +210,10 @@ fn depth(layout: &Layout, lives: &[usize], (t0, t1): (u64, u64), total: u64, bud
         *v.select_nth_unstable(k).1
     };
     // Most blocks: four in five lives, half the sizes.
-    let life = quantile(lives.iter().map(|&i| layout.lives[i].end - layout.lives[i].start).collect(), 0.2).max(1);
-    let size = quantile(lives.iter().map(|&i| layout.lives[i].size).collect(), 0.5).max(1);
+    let life =
+        quantile(lives.iter().map(|&i| layout.lives[i as usize].end - layout.lives[i as usize].start).collect(), 0.2)
+            .max(1);
+    let size = quantile(lives.iter().map(|&i| layout.lives[i as usize].size).collect(), 0.5).max(1);
     let levels = |need: f64, max: u32| (need.max(1.0).log2().ceil() as u32).min(max);
     // At least the levels that fill a page's width and height (2, 1).
     let mut zt = levels(MIN_LIFE_PX * (t1 - t0) as f64 / (TILE as f64 * life as f64), MAX_TIME_LEVEL).max(2);
@@ -304,7 +307,7 @@ impl<'a> TileFiles<'a> {
 #[allow(clippy::too_many_arguments)]
 fn render_pyramid(
     layout: &Layout,
-    lives: &[usize],
+    lives: &[u32],
     segments: &[Lifetime],
     collapse: &Collapse,
     (t0, t1, total): (u64, u64, u64),
@@ -326,9 +329,9 @@ fn render_pyramid(
     // Each life in every column it crosses.
     let mut by_col: Vec<Vec<u32>> = vec![Vec::new(); cols];
     for &i in lives {
-        let l = &layout.lives[i];
+        let l = &layout.lives[i as usize];
         for col in by_col.iter_mut().take(last_column(l) + 1).skip(column_of(l.start)) {
-            col.push(i as u32);
+            col.push(i);
         }
     }
     let mut seg_by_col: Vec<Vec<u32>> = vec![Vec::new(); cols];
@@ -494,7 +497,7 @@ struct Index {
 #[allow(clippy::too_many_arguments)]
 fn write_index(
     layout: &Layout,
-    lives: &[usize],
+    lives: &[u32],
     collapse: &Collapse,
     pi: usize,
     (t0, t1): (u64, u64),
@@ -504,31 +507,35 @@ fn write_index(
     files: &mut ViewFiles,
 ) -> Result<Index> {
     use std::io::Write as _;
-    let mut chosen: Vec<usize> = lives.to_vec();
+    let mut chosen: Vec<u32> = lives.to_vec();
     let mut min_size = 0;
     if chosen.len() > max_indexed {
         // The largest blocks: all of a size or none, unless the blocks of
         // the largest size alone are too many (then the first of them).
         // The page says from what size on it can point at blocks.
-        let mut sizes: Vec<u64> = chosen.iter().map(|&i| layout.lives[i].size).collect();
-        let cut = *sizes.select_nth_unstable_by(max_indexed, |a, b| b.cmp(a)).1;
-        if chosen.iter().any(|&i| layout.lives[i].size > cut) {
-            chosen.retain(|&i| layout.lives[i].size > cut);
+        let mut ranked = chosen.clone();
+        let cut = layout.lives[*ranked
+            .select_nth_unstable_by_key(max_indexed, |&i| std::cmp::Reverse(layout.lives[i as usize].size))
+            .1 as usize]
+            .size;
+        drop(ranked);
+        if chosen.iter().any(|&i| layout.lives[i as usize].size > cut) {
+            chosen.retain(|&i| layout.lives[i as usize].size > cut);
         } else {
-            chosen.retain(|&i| layout.lives[i].size == cut);
+            chosen.retain(|&i| layout.lives[i as usize].size == cut);
             chosen.truncate(max_indexed);
         }
-        min_size = chosen.iter().map(|&i| layout.lives[i].size).min().unwrap_or(0);
+        min_size = chosen.iter().map(|&i| layout.lives[i as usize].size).min().unwrap_or(0);
     }
     let span = t1 - t0;
     let cols = 1u64 << zt;
     let column_of =
         |t: u64| ((u128::from(t.saturating_sub(t0)) * u128::from(cols) / u128::from(span)) as u64).min(cols - 1);
-    let mut nodes: BTreeMap<(u32, u64), Vec<usize>> = BTreeMap::new();
+    let mut nodes: BTreeMap<(u32, u64), Vec<u32>> = BTreeMap::new();
     // Blocks outside the footprint are not drawn, so not indexed.
-    chosen.retain(|&i| collapse.offset(layout.lives[i].addr).is_some());
+    chosen.retain(|&i| collapse.offset(layout.lives[i as usize].addr).is_some());
     for &i in &chosen {
-        let l = &layout.lives[i];
+        let l = &layout.lives[i as usize];
         let last = if l.end > l.start { l.end - 1 } else { l.start };
         let (mut c0, mut c1, mut k) = (column_of(l.start), column_of(last), zt);
         while c0 != c1 {
@@ -544,18 +551,18 @@ fn write_index(
     let mut listed: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
     let mut packed = Vec::new();
     for ((k, j), blocks) in nodes.iter_mut() {
-        blocks.sort_by_key(|&i| (layout.lives[i].start, layout.lives[i].addr));
+        blocks.sort_by_key(|&i| (layout.lives[i as usize].start, layout.lives[i as usize].addr));
         packed.clear();
         // The node's start, given to the page: its own arithmetic in
         // doubles could differ by a nanosecond on long traces.
         let node_start = t0 + (u128::from(span) * u128::from(*j) / (1u128 << *k)) as u64;
         let mut prev = node_start;
         for &i in blocks.iter() {
-            let l = &layout.lives[i];
+            let l = &layout.lives[i as usize];
             if l.stack != NO_STACK {
                 stacks.push(l.stack);
             }
-            let stream = layout.stream_of(i);
+            let stream = layout.stream_of(i as usize);
             let sid = *stream_ids.entry(stream).or_insert_with(|| {
                 streams.push(stream);
                 streams.len() as u64 - 1
