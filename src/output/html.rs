@@ -20,6 +20,9 @@ img{max-width:100%;border:1px solid #ddd;margin:.5em 0}h1{font-size:1.6em}h2{mar
 th.sortable{cursor:pointer}th.sortable:after{content:' \\2195';color:#999}\
 #fragscope-view{position:relative;user-select:none}#fragscope-view canvas{display:block;margin:.3em 0}\
 #fragscope-view canvas.mdtp{cursor:crosshair}#fragscope-view .help,#fragscope-view .status{color:#555;font-size:.88em}\
+#fragscope-view .legend{font-size:.88em;color:#333}#fragscope-view .legend i{display:inline-block;width:5em;height:.8em;\
+vertical-align:middle;border:1px solid #999;background:linear-gradient(to right,rgb(198,219,239),rgb(8,48,107))}\
+#fragscope-view .legend b{display:inline-block;width:.9em;height:.8em;vertical-align:middle;border:1px solid #999}\
 #fragscope-view .bar{margin:.4em 0}#fragscope-view input.search{width:22em}#fragscope-view .found{color:#a60;margin-left:.6em}\
 #fragscope-view .tip{position:absolute;display:none;background:#fff;border:1px solid #888;padding:.4em .6em;font-size:.85em;\
 max-width:330px;pointer-events:none;box-shadow:0 2px 6px rgba(0,0,0,.2);z-index:2}#fragscope-view .details pre{font-size:.85em;overflow-x:auto}";
@@ -110,10 +113,13 @@ const VIEW_MISSING: &str = "document.querySelector('#fragscope-view .status').te
 const VIEW_LINK: &str = "\n<p><a href=\"#fragscope-view\">Explore the memory layout</a>: zoom into it, point at a block for its call site.</p>\n";
 const VIEW_SECTION: &str = "<section id=\"fragscope-view\">\n<h2>Explore the memory layout</h2>\n\
 <p class=\"help\">Wheel or pinch to zoom: both axes; with Shift or over the time axis, time only; with Alt or over the \
-address axis, address only. Drag to pan, double-click to reset. Point at a block for its size, lifetime and call site; \
-click it to keep it, with its whole stack. OOMs are red: point at one for the failed request.</p>\n\
+address axis, address only. Drag to pan (the timeline below pans and zooms time), double-click to reset. Point at a \
+block for its size, lifetime and call site; click it to keep it, with its whole stack below the timeline (click free \
+space to let it go). Point at an OOM's red line for the failed request. The menu, when there is one, picks the process \
+or GPU.</p>\n\
+<p class=\"legend\"></p>\n\
 <div class=\"bar\"><select class=\"panel\"></select> <input class=\"search\" type=\"search\" \
-placeholder=\"highlight blocks by call site or file name\"><span class=\"found\"></span></div>\n\
+placeholder=\"highlight blocks whose call stack contains…\"><span class=\"found\"></span></div>\n\
 <canvas class=\"mdtp\"></canvas>\n<canvas class=\"timeline\"></canvas>\n<div class=\"status\"></div>\n\
 <div class=\"tip\"></div>\n<div class=\"details\"></div>\n</section>\n";
 

@@ -351,7 +351,7 @@ fn view_screenshot() {
     let example = std::env::var_os("FRAGSCOPE_VIEW_INPUT")
         .map_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/fragmenting-small"), Into::into);
     fragscope().arg("analyze").arg(&example).arg("-o").arg(&out).assert().code(predicates::ord::ge(0));
-    let mut b = Browser::launch(&chrome, 1100, 820);
+    let mut b = Browser::launch(&chrome, 1100, 1100);
     open_view(&mut b, &out);
     let m = manifest(&out);
     let (span, total) = (m["span"].as_f64().unwrap(), m["panels"][0]["total"].as_f64().unwrap());
@@ -374,7 +374,7 @@ fn view_screenshot() {
     let g = |i: usize| r[i].as_f64().unwrap();
     let img = b.call(
         "Page.captureScreenshot",
-        json!({"format": "png", "clip": {"x": g(0), "y": g(1), "width": g(2), "height": g(3).min(800.0), "scale": 1}}),
+        json!({"format": "png", "clip": {"x": g(0), "y": g(1), "width": g(2), "height": g(3).min(1000.0), "scale": 1}}),
     );
     use base64::Engine as _;
     let png = base64::engine::general_purpose::STANDARD.decode(img["data"].as_str().unwrap()).unwrap();

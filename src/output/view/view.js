@@ -157,6 +157,16 @@
     sel.style.display = m.panels.length > 1 ? '' : 'none';
     sel.onchange = function () { show(+sel.value); };
     root.querySelector('input.search').oninput = function (e) { search(e.target.value); };
+    var sw = function (c) { return '<b style="background:' + c + '"></b> '; };
+    root.querySelector('.legend').innerHTML =
+      'Blocks: <i></i> ' + esc(bytesText(m.min_size)) + ' to ' + esc(bytesText(m.max_size)) + ' (darker: larger) \u00b7 ' +
+      sw('#fff') + 'free' + (m.panels.some(function (p) { return p.background !== '#fff'; })
+        ? ', reserved by the allocator \u00b7 ' + sw('rgb(225,225,225)') + 'not reserved' : '') +
+      ' \u00b7 ' + sw('rgb(220,0,0)') + 'OOM (the bar at its top: the request, on the same scale)' +
+      ' \u00b7 outlined: ' + sw('rgb(255,140,0)') + 'search hits, ' + sw('rgb(255,0,160)') + 'the block clicked' +
+      '<br>Timeline: live bytes (blue), reserved (grey), the fragmentation score (black, 0\u2013100 on the right); ' +
+      'the strip at its bottom is the online OOM risk: ' + sw(RISK.medium) + 'medium ' + sw(RISK.high) + 'high ' +
+      sw(RISK.critical) + 'critical ' + sw(RISK.oom) + 'after an OOM (none: low or unknown).';
     setup();
     show(0);
   };
@@ -214,10 +224,13 @@
 
   // The level to draw: deep enough for a tile pixel per screen pixel on
   // each axis where one exists, else the deepest written (enlarged).
-  function level(d) {
+  function wanted(d) {
     var dpr = window.devicePixelRatio || 1;
-    var wantT = Math.ceil(Math.log2(Math.max(M.span / (S.tb - S.ta) * d.pw * dpr / M.tile, 1)));
-    var wantA = Math.ceil(Math.log2(Math.max(S.p.total / (S.ob - S.oa) * d.ph * dpr / M.tile, 1)));
+    return [Math.ceil(Math.log2(Math.max(M.span / (S.tb - S.ta) * d.pw * dpr / M.tile, 1))),
+      Math.ceil(Math.log2(Math.max(S.p.total / (S.ob - S.oa) * d.ph * dpr / M.tile, 1)))];
+  }
+  function level(d) {
+    var w = wanted(d), wantT = w[0], wantA = w[1];
     var best = null;
     S.levels.forEach(function (l) {
       var score = [Math.min(l[0], wantT), Math.min(l[1], wantA), -l[0], -l[1]];
@@ -230,6 +243,15 @@
     return 0;
   }
 
+  // A search is for the blocks in view: asked again once the view settles.
+  var researchTimer = null, searchedView = '';
+  function researchSoon() {
+    var box = root.querySelector('input.search');
+    var key = S.i + ':' + S.ta + ':' + S.tb;
+    if (!box.value.trim() || key === searchedView) return;
+    clearTimeout(researchTimer);
+    researchTimer = setTimeout(function () { search(box.value); }, 250);
+  }
   var pending = false;
   function draw() {
     if (pending) return;
@@ -258,10 +280,14 @@
     g.restore();
     axes(g, d);
     timeline();
+    researchSoon();
     var st = root.querySelector('.status');
-    st.textContent = 'level ' + L[0] + '/' + L[1] + ' of ' + S.p.zt + '/' + S.p.za +
-      (missing ? ' \u00b7 loading ' + missing + ' tiles' : '') + ' \u00b7 ' + timeText(S.ta) + ' \u2013 ' + timeText(S.tb) +
-      ' \u00b7 ' + bytesLabel(S.oa) + ' \u2013 ' + bytesLabel(S.ob) +
+    var finest = L[0] === S.p.zt && L[1] === S.p.za && (level(d)[0] < wanted(d)[0] || level(d)[1] < wanted(d)[1]);
+    st.textContent = timeText(S.ta) + ' \u2013 ' + timeText(S.tb) + ' of ' + timeText(M.span) +
+      ' \u00b7 offsets ' + bytesLabel(S.oa) + ' \u2013 ' + bytesLabel(S.ob) +
+      ' \u00b7 detail: time ' + L[0] + ' of ' + S.p.zt + ', address ' + L[1] + ' of ' + S.p.za +
+      (finest ? ' (the finest written: zooming further enlarges its pixels)' : '') +
+      (missing ? ' \u00b7 loading ' + missing + ' tiles' : '') +
       (S.p.index.indexed < S.p.index.blocks ? ' \u00b7 ' + S.p.index.indexed + ' of ' + S.p.index.blocks +
         ' blocks can be pointed at: the largest, from ' + bytesText(S.p.index.min_size) : '');
     var now = performance.now();
@@ -369,6 +395,13 @@
       g.beginPath(); g.moveTo(x, PAD.top + d.ph); g.lineTo(x, PAD.top + d.ph + 5); g.stroke();
       g.fillText(xt.labels[i], x, PAD.top + d.ph + 7);
     });
+    g.save();
+    g.fillStyle = '#555';
+    g.textAlign = 'right'; g.textBaseline = 'top';
+    g.fillText(M.entries ? 'trace entry (no timestamps)' : 'time since the first event', PAD.left + d.pw, PAD.top + d.ph + 20);
+    g.translate(12, PAD.top + d.ph / 2); g.rotate(-Math.PI / 2); g.textAlign = 'center';
+    g.fillText('address offset (collapsed)', 0, 0);
+    g.restore();
     var yt = ticks(S.oa, S.ob, yTicksFor(d.ph), 'bytes');
     g.textAlign = 'right'; g.textBaseline = 'middle';
     yt.at.forEach(function (o, i) {
@@ -430,13 +463,7 @@
     var xt = ticks(S.ta, S.tb, xTicksFor(d.pw), M.entries ? 'count' : 'time');
     g.textAlign = 'center'; g.textBaseline = 'top';
     xt.at.forEach(function (t, i) { g.fillText(xt.labels[i], xOf(t, d), PAD.top + ph + 7); });
-    g.textAlign = 'left'; g.textBaseline = 'top';
-    g.fillStyle = 'rgb(31,119,180)'; g.fillText('live', PAD.left + 6, PAD.top + 4);
-    if (T.reserved.some(function (v) { return v !== null; })) {
-      g.fillStyle = 'rgb(120,120,120)'; g.fillText('reserved', PAD.left + 40, PAD.top + 4);
-    }
-    g.fillStyle = '#000'; g.fillText('score (0\u2013100, right)', PAD.left + 104, PAD.top + 4);
-    g.fillStyle = 'rgb(229,57,53)'; g.fillText('strip: OOM risk', PAD.left + 244, PAD.top + 4);
+
   }
 
   // ---- zoom and pan
@@ -620,7 +647,7 @@
       '<br>live ' + esc(bytesText(o.live)) + ', largest gap ' + esc(bytesText(o.largest_gap)) +
       (o.device_free !== null && o.device_free !== undefined ? ', device free ' + esc(bytesText(o.device_free)) : '') +
       (o.site ? '<br>requested at <code>' + esc(o.site) + '</code>' : '') +
-      (o.pinned.length ? '<br>outlined in red: the ' + o.pinned.length + ' largest blocks live then, which held the memory' : '');
+      (o.pinned.length ? '<br>outlined in red: the ' + o.pinned.length + ' largest blocks live then (the largest, not necessarily the cause)' : '');
   }
   var hoverSeq = 0;
   function hover(e) {
@@ -689,6 +716,7 @@
   function search(text) {
     text = text.trim().toLowerCase();
     var out = root.querySelector('.found'), seq = ++searchSeq, pi = S.i;
+    searchedView = S.i + ':' + S.ta + ':' + S.tb;
     if (!text) { S.hits = null; out.textContent = ''; draw(); return; }
     withStacks(function () {
       if (seq !== searchSeq) return; // the text or the panel changed since
