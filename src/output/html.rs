@@ -23,7 +23,7 @@ th.sortable{cursor:pointer}th.sortable:after{content:' \\2195';color:#999}\
 #fragscope-view .legend{font-size:.88em;color:#333}#fragscope-view .legend i{display:inline-block;width:5em;height:.8em;\
 vertical-align:middle;border:1px solid #999;background:linear-gradient(to right,rgb(198,219,239),rgb(8,48,107))}\
 #fragscope-view .legend b{display:inline-block;width:.9em;height:.8em;vertical-align:middle;border:1px solid #999}\
-#fragscope-view .bar{margin:.4em 0}#fragscope-view input.search{width:22em}#fragscope-view .found{color:#a60;margin-left:.6em}\
+#fragscope-view .bar{margin:.4em 0}#fragscope-view .oom-at{margin-left:.6em;color:#a00}#fragscope-view input.search{width:22em}#fragscope-view .found{color:#a60;margin-left:.6em}\
 #fragscope-view .tip{position:absolute;display:none;background:#fff;border:1px solid #888;padding:.4em .6em;font-size:.85em;\
 max-width:330px;pointer-events:none;box-shadow:0 2px 6px rgba(0,0,0,.2);z-index:2}#fragscope-view .details pre{font-size:.85em;overflow-x:auto}";
 
@@ -115,11 +115,13 @@ const VIEW_SECTION: &str = "<section id=\"fragscope-view\">\n<h2>Explore the mem
 <p class=\"help\">Wheel or pinch to zoom: both axes; with Shift or over the time axis, time only; with Alt or over the \
 address axis, address only. Drag to pan (the timeline below pans and zooms time), double-click to reset. Point at a \
 block for its size, lifetime and call site; click it to keep it, with its whole stack below the timeline (click free \
-space to let it go). Point at an OOM's red line for the failed request. The menu, when there is one, picks the process \
-or GPU.</p>\n\
+space to let it go). Point at an OOM's red line for the failed request; the OOM buttons (keys p and n) step through \
+the OOMs. The menu, when there is one, picks the process or GPU.</p>\n\
 <p class=\"legend\"></p>\n\
 <div class=\"bar\"><select class=\"panel\"></select> <input class=\"search\" type=\"search\" \
 placeholder=\"highlight blocks whose call stack contains…\"><span class=\"found\"></span></div>\n\
+<div class=\"bar ooms\"><button class=\"oom-prev\" title=\"the OOM before (key p)\">&#9664; OOM</button> \
+<button class=\"oom-next\" title=\"the OOM after (key n)\">OOM &#9654;</button> <span class=\"oom-at\"></span></div>\n\
 <canvas class=\"mdtp\"></canvas>\n<canvas class=\"timeline\"></canvas>\n<div class=\"status\"></div>\n\
 <div class=\"tip\"></div>\n<div class=\"details\"></div>\n</section>\n";
 

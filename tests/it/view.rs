@@ -142,6 +142,15 @@ fn pointing_at_a_known_block_names_it_and_the_wheel_zooms_the_axis_asked() {
     let oom = pixel(&mut b, 60.0 * MS as f64, 20.0 * MIB as f64);
     let said = hover_says(&mut b, oom, "OOM");
     assert!(said.contains("40.00 MiB"), "{said:?}");
+    // The next-OOM button centres the OOM and names it.
+    b.eval("document.querySelector('#fragscope-view .oom-next').click(); true");
+    let st = b.eval("fragscopeView.state()");
+    let centre = (st["ta"].as_f64().unwrap() + st["tb"].as_f64().unwrap()) / 2.0;
+    assert!((centre - 60.0 * MS as f64).abs() < 1.0, "{st}");
+    let said = b.eval("document.querySelector('#fragscope-view .oom-at').textContent");
+    assert!(said.as_str().unwrap().starts_with("OOM 1 of 1 at 60.000 ms: 40.00 MiB requested"), "{said}");
+    b.eval("fragscopeView.setView(0, 1e18, 0, 1e18); true");
+    settle(&mut b);
     // A click keeps C, with its whole stack.
     b.mouse("mouseMoved", c.0, c.1);
     for kind in ["mousePressed", "mouseReleased"] {

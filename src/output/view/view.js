@@ -167,9 +167,42 @@
       '<br>Timeline: live bytes (blue), reserved (grey), the fragmentation score (black, 0\u2013100 on the right); ' +
       'the strip at its bottom is the online OOM risk: ' + sw(RISK.medium) + 'medium ' + sw(RISK.high) + 'high ' +
       sw(RISK.critical) + 'critical ' + sw(RISK.oom) + 'after an OOM (none: low or unknown).';
+    root.querySelector('.oom-prev').onclick = function () { stepOom(-1); };
+    root.querySelector('.oom-next').onclick = function () { stepOom(1); };
+    document.addEventListener('keydown', function (e) {
+      if (!S || e.target.tagName === 'INPUT' || e.ctrlKey || e.metaKey || e.altKey) return;
+      if (e.key === 'n') stepOom(1);
+      else if (e.key === 'p') stepOom(-1);
+    });
     setup();
     show(0);
   };
+
+  // The OOM after (dir 1) or before (-1) the one shown, or the view's
+  // centre: centred, the zoom kept (a tenth of the trace at most), its
+  // request and largest live blocks outlined.
+  function stepOom(dir) {
+    var os = S.p.ooms;
+    if (!os.length) return;
+    var mid = (S.ta + S.tb) / 2, k = S.oomAt;
+    if (k === undefined || k === null) {
+      k = -1;
+      for (var i = 0; i < os.length; i++) if (os[i].t <= mid) k = i;
+      if (dir > 0) k = k + 1; else if (k >= 0 && os[k].t >= mid) k = k - 1;
+    } else k = k + dir;
+    k = Math.max(0, Math.min(os.length - 1, k));
+    var o = os[k], w = Math.min(S.tb - S.ta, M.span / 10);
+    S.ta = o.t - w / 2; S.tb = o.t + w / 2;
+    clampView();
+    S.oomAt = k;
+    S.stepPins = o.pinned.filter(function (b) { return b[0] !== null; }).map(function (b) {
+      return [o.t - w / 100, o.t + w / 100, b[0], b[1]];
+    });
+    root.querySelector('.oom-at').textContent = 'OOM ' + (k + 1) + ' of ' + os.length + ' at ' + timeText(o.t) + ': ' +
+      bytesText(o.requested) + ' requested, ' + o.class.replace('_', ' ') + (o.site ? ', at ' + o.site : '');
+    drawNow();
+  }
+  V.stepOom = stepOom;
 
   function setup() {
     var c = root.querySelector('canvas.mdtp');
@@ -193,7 +226,9 @@
 
   function show(i) {
     var p = M.panels[i];
-    S = { i: i, p: p, drag: null, pinned: null, hits: null, oomPins: null, shown: null };
+    S = { i: i, p: p, drag: null, pinned: null, hits: null, oomPins: null, shown: null, oomAt: null };
+    root.querySelector('.ooms').style.display = p.ooms.length ? '' : 'none';
+    root.querySelector('.oom-at').textContent = p.ooms.length ? p.ooms.length + (p.ooms.length === 1 ? ' OOM' : ' OOMs') + ' in this panel' : '';
     hoverSeq++;
     searchSeq++;
     S.levels = Object.keys(p.levels).map(function (k) { var v = k.split('-'); return [+v[0], +v[1]]; });
@@ -381,6 +416,7 @@
     };
     if (S.hits) S.hits.forEach(function (b) { box(b, 'rgb(255,140,0)', 1.5); });
     if (S.oomPins) S.oomPins.forEach(function (b) { box(b, 'rgb(220,0,0)', 2); });
+    if (S.stepPins) S.stepPins.forEach(function (b) { box(b, 'rgb(220,0,0)', 2); });
     if (S.pinned) box(S.pinned, 'rgb(255,0,160)', 2);
   }
 
