@@ -116,7 +116,8 @@ const VIEW_SECTION: &str = "<section id=\"fragscope-view\">\n<h2>Explore the mem
 address axis, address only. Drag to pan (the timeline below pans and zooms time), double-click to reset. Point at a \
 block for its size, lifetime and call site; click it to keep it, with its whole stack below the timeline (click free \
 space to let it go). Point at an OOM's red line for the failed request; the OOM buttons (keys p and n) step through \
-the OOMs. The menu, when there is one, picks the process or GPU.</p>\n\
+the OOMs. The menu, when there is one, picks the process or GPU. The address bar keeps the view: a link to it opens \
+it.</p>\n\
 <p class=\"legend\"></p>\n\
 <div class=\"bar\"><select class=\"panel\"></select> <input class=\"search\" type=\"search\" \
 placeholder=\"highlight blocks whose call stack contains…\"><span class=\"found\"></span></div>\n\

@@ -197,6 +197,18 @@ fn pointing_at_a_known_block_names_it_and_the_wheel_zooms_the_axis_asked() {
     }
     b.wait_for(&format!("fragscopeView.state().tb === {span} && fragscopeView.state().ob === {total}"), WAIT);
 
+    // The address bar keeps the view, and a link to it opens it.
+    b.eval(&format!("fragscopeView.setView({}, {}, 0, {}); true", 20 * MS, 50 * MS, 36 * MIB));
+    b.wait_for("location.hash.indexOf('#fragscope-view=0,20000000,50000000,0,') === 0", WAIT);
+    let link = b.eval("location.hash").as_str().unwrap().to_string();
+    // Away first: the same page with another fragment would not load again.
+    b.call("Page.navigate", json!({"url": "about:blank"}));
+    b.wait_for("location.href === 'about:blank'", WAIT);
+    b.open(&out.join("report.html"), &link);
+    b.wait_for("fragscopeView.state() && fragscopeView.state().ta === 20000000", WAIT);
+    let st = b.eval("fragscopeView.state()");
+    assert_eq!((st["tb"].as_f64().unwrap(), st["ob"].as_f64().unwrap()), (50.0 * MS as f64, 36.0 * MIB as f64), "{st}");
+
     // The page's ticks are the PNGs'.
     for (lo, hi, max, unit, name) in [
         (0.0, 3.9 * 1073741824.0, 6, Unit::Bytes, "bytes"),

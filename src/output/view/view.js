@@ -175,8 +175,27 @@
       else if (e.key === 'p') stepOom(-1);
     });
     setup();
-    show(0);
+    // A view to open at: #fragscope-view=PANEL,T0,T1,O0,O1 (ns from the
+    // first event, collapsed bytes), as the address bar shows it.
+    var at = /^#fragscope-view=(\d+),([\d.e+]+),([\d.e+]+),([\d.e+]+),([\d.e+]+)$/.exec(location.hash);
+    show(at && +at[1] < m.panels.length ? +at[1] : 0);
+    if (at) {
+      S.ta = +at[2]; S.tb = +at[3]; S.oa = +at[4]; S.ob = +at[5];
+      clampView();
+      draw();
+    }
+    if (location.hash.indexOf('#fragscope-view') === 0) root.scrollIntoView();
   };
+  // The address bar follows the view, so that a link shares it.
+  var hashTimer = null;
+  function remember() {
+    clearTimeout(hashTimer);
+    hashTimer = setTimeout(function () {
+      var full = S.ta <= 0 && S.tb >= M.span && S.oa <= 0 && S.ob >= S.p.total && S.i === 0;
+      var h = full ? '#fragscope-view' : '#fragscope-view=' + [S.i, Math.round(S.ta), Math.round(S.tb), Math.round(S.oa), Math.round(S.ob)].join(',');
+      if (location.hash !== h) try { history.replaceState(null, '', h); } catch (e) { /* a page that cannot: no link */ }
+    }, 300);
+  }
 
   // The OOM after (dir 1) or before (-1) the one shown, or the view's
   // centre: centred, the zoom kept (a tenth of the trace at most), its
@@ -316,6 +335,7 @@
     axes(g, d);
     timeline();
     researchSoon();
+    remember();
     var st = root.querySelector('.status');
     var finest = L[0] === S.p.zt && L[1] === S.p.za && (level(d)[0] < wanted(d)[0] || level(d)[1] < wanted(d)[1]);
     st.textContent = timeText(S.ta) + ' \u2013 ' + timeText(S.tb) + ' of ' + timeText(M.span) +
