@@ -422,19 +422,7 @@ fn analyze_one(
         }
         return Ok(Summary::of(&a));
     };
-    let out = dir.join(name);
-    let staging = out.with_file_name(format!(".{name}.partial"));
-    let _ = std::fs::remove_dir_all(&staging);
-    let written = crate::output::write_trace_outputs(&a, &staging, plot).and_then(|()| {
-        if out.exists() {
-            std::fs::remove_dir_all(&out).with_context(|| format!("cannot replace {}", out.display()))?;
-        }
-        std::fs::rename(&staging, &out).with_context(|| format!("cannot write {}", out.display()))
-    });
-    if written.is_err() {
-        let _ = std::fs::remove_dir_all(&staging);
-    }
-    written?;
+    crate::trace::write_dir_atomic(&dir.join(name), |staging| crate::output::write_trace_outputs(&a, staging, plot))?;
     Ok(Summary::of(&a))
 }
 

@@ -381,6 +381,38 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// Fills the folder `path` through a sibling staging folder and a rename,
+/// so the folder is either the old one or the new one, complete: `fill`
+/// writes into the staging folder (which it must create), which is removed
+/// if anything fails. An old folder is moved aside before the new one
+/// takes its name, then removed.
+pub fn write_dir_atomic<T>(path: &Path, fill: impl FnOnce(&Path) -> Result<T>) -> Result<T> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let (staging, old) = (path.with_file_name(format!(".{name}.partial")), path.with_file_name(format!(".{name}.old")));
+    let remove = |dir: &Path| -> Result<()> {
+        match fs::remove_dir_all(dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(e).with_context(|| format!("cannot remove {}", dir.display()))
+            }
+            _ => Ok(()),
+        }
+    };
+    remove(&staging)?;
+    let written = fill(&staging).and_then(|value| {
+        remove(&old)?;
+        if path.exists() {
+            fs::rename(path, &old).with_context(|| format!("cannot move the old {} aside", path.display()))?;
+        }
+        fs::rename(&staging, path).with_context(|| format!("cannot write {}", path.display()))?;
+        remove(&old)?;
+        Ok(value)
+    });
+    if written.is_err() {
+        let _ = fs::remove_dir_all(&staging);
+    }
+    written
+}
+
 /// Whether `name` is a part's file name, `events-NNNNN.parquet`.
 pub(crate) fn is_part_name(name: &str) -> bool {
     name.strip_prefix("events-")

@@ -95,29 +95,9 @@ pub fn write_view(a: &Analysis, dir: &Path, cfg: &PlotConfig) -> Result<Option<V
         return Ok(None);
     }
     let started = std::time::Instant::now();
-    let staging = dir.join("view.tmp");
-    if staging.exists() {
-        std::fs::remove_dir_all(&staging).with_context(|| format!("cannot remove {}", staging.display()))?;
-    }
-    std::fs::create_dir_all(staging.join("tiles")).with_context(|| format!("cannot create {}", staging.display()))?;
-    std::fs::create_dir_all(staging.join("index")).with_context(|| format!("cannot create {}", staging.display()))?;
-    // A view half written is never left as if complete.
-    let files = fill(a, layout, &pids, &staging).inspect_err(|_| {
-        let _ = std::fs::remove_dir_all(&staging);
-    })?;
-    // The old view is moved aside before the new one takes its name, so a
-    // failure leaves one complete view or none, never a half-removed one.
-    let (target, old) = (dir.join("view"), dir.join("view.old"));
-    if old.exists() {
-        std::fs::remove_dir_all(&old).with_context(|| format!("cannot remove {}", old.display()))?;
-    }
-    if target.exists() {
-        std::fs::rename(&target, &old).with_context(|| format!("cannot move the old {} aside", target.display()))?;
-    }
-    std::fs::rename(&staging, &target).with_context(|| format!("cannot write {}", target.display()))?;
-    if old.exists() {
-        std::fs::remove_dir_all(&old).with_context(|| format!("cannot remove {}", old.display()))?;
-    }
+    // Never a half-written view left as if complete, nor an old one half
+    // removed.
+    let files = crate::trace::write_dir_atomic(&dir.join("view"), |staging| fill(a, layout, &pids, staging))?;
     tracing::debug!(
         "view: {} tiles in {} files, {} index files, {} bytes, {:.3} s",
         files.tiles,
@@ -131,6 +111,9 @@ pub fn write_view(a: &Analysis, dir: &Path, cfg: &PlotConfig) -> Result<Option<V
 
 /// Writes the view's files into `staging`.
 fn fill(a: &Analysis, layout: &Layout, pids: &[u32], staging: &Path) -> Result<ViewFiles> {
+    for sub in ["tiles", "index"] {
+        std::fs::create_dir_all(staging.join(sub)).with_context(|| format!("cannot create {}", staging.display()))?;
+    }
     let mut files = ViewFiles::default();
     let tile_dir = staging.join("tiles");
     let mut tiles = TileFiles::new(&tile_dir);
@@ -159,7 +142,7 @@ fn fill(a: &Analysis, layout: &Layout, pids: &[u32], staging: &Path) -> Result<V
         for &s in &index.stacks {
             stacks_named.entry(s).or_insert_with(|| site_name(a, s));
         }
-        panels.push(panel_manifest(a, layout, pid, &collapse, &pyramid, index));
+        panels.push(panel_manifest(a, pid, &collapse, &pyramid, index));
     }
     files.tiles = tiles.tiles;
     files.tile_files = tiles.written;
@@ -177,7 +160,6 @@ fn fill(a: &Analysis, layout: &Layout, pids: &[u32], staging: &Path) -> Result<V
         "log": [log.0, log.1],
         "min_size": if min_size == u64::MAX { 0 } else { min_size },
         "max_size": max_size,
-        "allocator": a.allocator_view,
         "sites": stacks_named.iter().map(|(k, v)| (k.to_string(), Value::from(v.clone()))).collect::<serde_json::Map<_, _>>(),
         "panels": panels,
     });
@@ -302,6 +284,36 @@ impl<'a> TileFiles<'a> {
     }
 }
 
+/// The time columns of a level: 2^level of them over [t0, t1), at integer
+/// edges (the page places tiles at the same ones).
+#[derive(Clone, Copy)]
+struct Columns {
+    t0: u64,
+    span: u64,
+    n: u64,
+}
+
+impl Columns {
+    fn new(t0: u64, t1: u64, level: u32) -> Columns {
+        Columns { t0, span: t1 - t0, n: 1 << level }
+    }
+
+    fn edge(self, c: u64) -> u64 {
+        self.t0 + (u128::from(self.span) * u128::from(c) / u128::from(self.n)) as u64
+    }
+
+    fn of(self, t: u64) -> u64 {
+        ((u128::from(t.saturating_sub(self.t0)) * u128::from(self.n) / u128::from(self.span)) as u64).min(self.n - 1)
+    }
+
+    /// The first and last columns of a life: it holds [start, end), so
+    /// one freed at a column's edge is not in the column after it (a
+    /// sliver there otherwise).
+    fn of_life(self, l: &Lifetime) -> (u64, u64) {
+        (self.of(l.start), self.of(if l.end > l.start { l.end - 1 } else { l.start }))
+    }
+}
+
 /// Renders the deepest level column by column with the MDTP's rasteriser,
 /// then each coarser level from the one below it.
 #[allow(clippy::too_many_arguments)]
@@ -319,26 +331,18 @@ fn render_pyramid(
     let started = std::time::Instant::now();
     let (cols, rows) = (1usize << zt, 1usize << za);
     let (w, h) = (TILE as usize * cols, TILE as usize * rows);
-    let span = t1 - t0;
-    let edge = |c: usize| t0 + (u128::from(span) * c as u128 / cols as u128) as u64;
-    let column_of =
-        |t: u64| ((u128::from(t.saturating_sub(t0)) * cols as u128 / u128::from(span)) as usize).min(cols - 1);
-    // A life holds [start, end): one freed at a column's edge is not in
-    // the column after it (a sliver there otherwise).
-    let last_column = |l: &Lifetime| column_of(if l.end > l.start { l.end - 1 } else { l.start });
+    let columns = Columns::new(t0, t1, zt);
+    let edge = |c: usize| columns.edge(c as u64);
     // Each life in every column it crosses.
     let mut by_col: Vec<Vec<u32>> = vec![Vec::new(); cols];
     for &i in lives {
-        let l = &layout.lives[i as usize];
-        for col in by_col.iter_mut().take(last_column(l) + 1).skip(column_of(l.start)) {
-            col.push(i);
-        }
+        let (c0, c1) = columns.of_life(&layout.lives[i as usize]);
+        by_col[c0 as usize..=c1 as usize].iter_mut().for_each(|col| col.push(i));
     }
     let mut seg_by_col: Vec<Vec<u32>> = vec![Vec::new(); cols];
     for (i, s) in segments.iter().enumerate() {
-        for col in seg_by_col.iter_mut().take(last_column(s) + 1).skip(column_of(s.start)) {
-            col.push(i as u32);
-        }
+        let (c0, c1) = columns.of_life(s);
+        seg_by_col[c0 as usize..=c1 as usize].iter_mut().for_each(|col| col.push(i as u32));
     }
     let reserved = !segments.is_empty();
     let blank = if reserved { crate::output::plot::UNRESERVED as u8 } else { 255 };
@@ -527,17 +531,12 @@ fn write_index(
         }
         min_size = chosen.iter().map(|&i| layout.lives[i as usize].size).min().unwrap_or(0);
     }
-    let span = t1 - t0;
-    let cols = 1u64 << zt;
-    let column_of =
-        |t: u64| ((u128::from(t.saturating_sub(t0)) * u128::from(cols) / u128::from(span)) as u64).min(cols - 1);
+    let columns = Columns::new(t0, t1, zt);
     let mut nodes: BTreeMap<(u32, u64), Vec<u32>> = BTreeMap::new();
     // Blocks outside the footprint are not drawn, so not indexed.
     chosen.retain(|&i| collapse.offset(layout.lives[i as usize].addr).is_some());
     for &i in &chosen {
-        let l = &layout.lives[i as usize];
-        let last = if l.end > l.start { l.end - 1 } else { l.start };
-        let (mut c0, mut c1, mut k) = (column_of(l.start), column_of(last), zt);
+        let ((mut c0, mut c1), mut k) = (columns.of_life(&layout.lives[i as usize]), zt);
         while c0 != c1 {
             c0 >>= 1;
             c1 >>= 1;
@@ -555,7 +554,7 @@ fn write_index(
         packed.clear();
         // The node's start, given to the page: its own arithmetic in
         // doubles could differ by a nanosecond on long traces.
-        let node_start = t0 + (u128::from(span) * u128::from(*j) / (1u128 << *k)) as u64;
+        let node_start = Columns::new(t0, t1, *k).edge(*j);
         let mut prev = node_start;
         for &i in blocks.iter() {
             let l = &layout.lives[i as usize];
@@ -622,8 +621,7 @@ fn full_stacks(a: &Analysis, ids: impl Iterator<Item = u32>) -> serde_json::Map<
     .collect()
 }
 
-fn panel_manifest(a: &Analysis, layout: &Layout, pid: u32, collapse: &Collapse, p: &Pyramid, index: Index) -> Value {
-    let _ = layout;
+fn panel_manifest(a: &Analysis, pid: u32, collapse: &Collapse, p: &Pyramid, index: Index) -> Value {
     let t0 = a.first_ts;
     let rows: Vec<&crate::analysis::Row> = a.rows.iter().filter(|r| r.pid == pid && !r.at_oom).collect();
     let rel = |t: u64| t.saturating_sub(t0);

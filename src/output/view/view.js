@@ -221,7 +221,6 @@
       bytesText(o.requested) + ' requested, ' + o.class.replace('_', ' ') + (o.site ? ', at ' + o.site : '');
     drawNow();
   }
-  V.stepOom = stepOom;
 
   function setup() {
     var c = root.querySelector('canvas.mdtp');
@@ -567,7 +566,6 @@
     if (stepAt === null) { stepAt = performance.now(); stepFramed = false; }
     draw();
   }
-  V.zoom = function (t, o, factor, which) { zoomAt({ t: t, o: o }, factor, which || 'both'); drawNow(); return V.state(); };
   V.setView = function (ta, tb, oa, ob) { S.ta = ta; S.tb = tb; S.oa = oa; S.ob = ob; clampView(); drawNow(); return V.state(); };
   V.state = function () {
     return S && { panel: S.i, ta: S.ta, tb: S.tb, oa: S.oa, ob: S.ob, level: V.last && V.last.level, requested: V.requested.length };
@@ -730,7 +728,6 @@
       tip(b ? describe(b) : note, e);
     });
   }
-  V.hoverAt = function (clientX, clientY) { hover({ clientX: clientX, clientY: clientY, target: root.querySelector('canvas.mdtp') }); };
   function tip(html, e) {
     var el = root.querySelector('.tip');
     if (!html) { hoverSeq++; el.style.display = 'none'; return; }
@@ -794,5 +791,4 @@
       });
     });
   }
-  V.search = search;
 })();
