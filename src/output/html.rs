@@ -140,14 +140,16 @@ rows.forEach(function(r){b.appendChild(r);});});});});\
 </script>\n";
 
 /// `index.html` of a batch from its `summary.md`: the same tables, each
-/// trace's name linking to its `report.html` and to the explorable view in
-/// it, sortable by any column.
-pub fn index_html(summary_md: &str, names: &[&str]) -> String {
+/// trace's name linking to its `report.html` and, when the flag beside the
+/// name says it has one, to the explorable view in it; sortable by any
+/// column.
+pub fn index_html(summary_md: &str, names: &[(&str, bool)]) -> String {
     let html = markdown_to_html(summary_md);
     // One pass over the cells (a batch may hold 10 000 traces): the first
     // row-opening cell that holds exactly a trace's name becomes its link
     // (a trace named like a status or a risk must not link those cells).
-    let mut pending: std::collections::HashMap<String, &str> = names.iter().map(|n| (escape(n), *n)).collect();
+    let mut pending: std::collections::HashMap<String, (&str, bool)> =
+        names.iter().map(|&(n, view)| (escape(n), (n, view))).collect();
     let mut body = String::with_capacity(html.len() + names.len() * 40);
     let mut rest = html.as_str();
     while let Some(at) = rest.find("<td>") {
@@ -156,15 +158,17 @@ pub fn index_html(summary_md: &str, names: &[&str]) -> String {
         let opens_row = body[..body.len() - 4].trim_end().ends_with("<tr>");
         if opens_row
             && let Some(end) = rest.find("</td>")
-            && let Some(name) = pending.remove(&rest[..end])
+            && let Some((name, view)) = pending.remove(&rest[..end])
         {
             // The report, and its explorable layout (where it has one).
             let href = url_path(name);
-            body.push_str(&format!(
-                "<a href=\"{href}/report.html\">{}</a> <a class=\"view\" href=\"{href}/report.html#fragscope-view\" \
-                 title=\"explore the memory layout\">(layout)</a>",
-                &rest[..end]
-            ));
+            body.push_str(&format!("<a href=\"{href}/report.html\">{}</a>", &rest[..end]));
+            if view {
+                body.push_str(&format!(
+                    " <a class=\"view\" href=\"{href}/report.html#fragscope-view\" \
+                     title=\"explore the memory layout\">(layout)</a>"
+                ));
+            }
             rest = &rest[end..];
         }
     }
@@ -191,8 +195,8 @@ mod tests {
 
     #[test]
     fn markdown_tables_become_html_tables_and_names_become_links() {
-        let md = "# t\n\n| trace | p95 |\n|---|---|\n| x | ok |\n| a b&c | 1.0 |\n| other | 2.0 |\n| ok | 3.0 |\n";
-        let html = index_html(md, &["a b&c", "ok"]);
+        let md = "# t\n\n| trace | p95 |\n|---|---|\n| x | ok |\n| a b&c | 1.0 |\n| other | 2.0 |\n| ok | 3.0 |\n| y | 4.0 |\n";
+        let html = index_html(md, &[("a b&c", true), ("ok", true), ("y", false)]);
         // A trace named like a status cell links its own row only.
         assert!(html.contains("<td>x</td><td>ok</td>"), "{html}");
         assert!(
@@ -204,6 +208,8 @@ mod tests {
         assert!(html.starts_with("<!DOCTYPE html>"));
         assert!(html.contains("<td><a href=\"a%20b%26c/report.html\">a b&amp;c</a> <a class=\"view\""), "{html}");
         assert!(html.contains("<td>other</td>"));
+        // A trace without a view links its report only.
+        assert!(html.contains("<td><a href=\"y/report.html\">y</a></td>"), "{html}");
         assert!(!html.contains("http://") && !html.contains("https://"), "no external URL");
     }
 }

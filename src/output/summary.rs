@@ -368,8 +368,13 @@ pub fn write_summary_files(
     let csv = csv.into_inner().context("cannot finish summary.csv")?;
     loc.put("summary.csv", csv)?;
     let md = summary_md(rows, &order, clusters, grouping);
-    // Links only to the traces that have a report.
-    let names: Vec<&str> = rows.iter().filter(|r| r.1.is_ok()).map(|r| r.0.as_str()).collect();
+    // Links only to the traces that have a report, and to the view of
+    // those that have one. A store other than a folder is not asked per
+    // trace (a request each): its reports keep the link, which opens the
+    // report at its top when it has no view.
+    let has_view = |name: &str| loc.local_dir().is_none_or(|d| d.join(name).join("view").join("manifest.js").is_file());
+    let names: Vec<(&str, bool)> =
+        rows.iter().filter(|r| r.1.is_ok()).map(|r| (r.0.as_str(), has_view(&r.0))).collect();
     loc.put("index.html", super::html::index_html(&md, &names).into_bytes())?;
     loc.put("summary.md", md.into_bytes())?;
     Ok(())

@@ -56,6 +56,19 @@ fn report_and_index_pages_are_self_contained_and_render() {
     let ihtml = std::fs::read_to_string(&index).unwrap();
     no_external_urls(&ihtml);
     assert!(ihtml.contains("<a href=\"frag/report.html\">frag</a>"), "{ihtml}");
+    assert!(ihtml.contains("frag/report.html#fragscope-view"), "the view is linked: {ihtml}");
+    // Without views, index.html links no view.
+    let plain = tmp.path().join("plain");
+    fragscope()
+        .arg("analyze")
+        .arg(&trace)
+        .arg(fixtures_example())
+        .args(["--no-view", "-o"])
+        .arg(&plain)
+        .assert()
+        .success();
+    let phtml = std::fs::read_to_string(plain.join("index.html")).unwrap();
+    assert!(phtml.contains("<a href=\"frag/report.html\">frag</a>") && !phtml.contains("(layout)"), "{phtml}");
     let Some(browser) = chromium() else { return };
     let (dom, ink) = render(&browser, &report, tmp.path());
     assert!(dom.contains("<title>fragscope report: frag</title>") && dom.contains("OOM risk: "), "{dom}");

@@ -687,7 +687,9 @@
   }
   function describe(b) {
     var site = b[4] >= 0 ? M.sites[b[4]] || '(stack ' + b[4] + ')' : '<no stack recorded>';
-    var end = b[1] >= M.span ? 'live until the end of the trace' : timeText(b[1]);
+    // A block live at the end and one freed by the last event both end
+    // at the trace's last instant: the page cannot tell them apart.
+    var end = b[1] >= M.span ? 'not before the trace\'s last event (' + timeText(b[1]) + ')' : timeText(b[1]);
     var stream = S.p.index.streams[b[5]];
     return '<b>' + esc(bytesText(b[3])) + '</b> at offset ' + esc(bytesText(b[2])) +
       '<br>allocated ' + esc(timeText(b[0])) + ', freed ' + esc(end) +
