@@ -213,7 +213,11 @@ pub fn simulate_into(
                     if r.kind == EventKind::Oom {
                         // It failed in the recording, so nothing tells how
                         // long it would have lived: served, then freed at
-                        // once (its segment stays cached).
+                        // once (its segment stays cached). The instant it
+                        // is held counts in the peaks: the memory it took
+                        // was allocated, not cached.
+                        note_peak(&mut peak, &mut out.peak_allocated_bytes, a.reserved, a.allocated);
+                        sampler.add(&mut out.series, (r.ts_ns, a.reserved, a.allocated));
                         a.free(p.addr);
                     } else {
                         placed.insert(r.addr, p.addr);
@@ -254,10 +258,7 @@ pub fn simulate_into(
         // While reserved stays at its peak, the most allocated: the bytes
         // held beyond the need when memory was fullest (the first instant
         // of the peak can be long before the demand that keeps it).
-        if a.reserved > peak.0 || (a.reserved == peak.0 && a.allocated > peak.1) {
-            peak = (a.reserved, a.allocated);
-        }
-        out.peak_allocated_bytes = out.peak_allocated_bytes.max(a.allocated);
+        note_peak(&mut peak, &mut out.peak_allocated_bytes, a.reserved, a.allocated);
         sampler.add(&mut out.series, (r.ts_ns, a.reserved, a.allocated));
     }
     sampler.finish(&mut out.series);
@@ -303,4 +304,13 @@ pub(super) fn as_recorded(d: &DeviceStream) -> Outcome {
         out.oom_classes = vec![("recorded failures".into(), out.ooms)];
     }
     out
+}
+
+/// Keeps the peak of reserved memory and, while reserved stays at its
+/// peak, the most allocated (`peak`), and the peak of allocated memory.
+fn note_peak(peak: &mut (u64, u64), peak_allocated: &mut u64, reserved: u64, allocated: u64) {
+    if reserved > peak.0 || (reserved == peak.0 && allocated > peak.1) {
+        *peak = (reserved, allocated);
+    }
+    *peak_allocated = (*peak_allocated).max(allocated);
 }
