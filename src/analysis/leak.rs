@@ -372,7 +372,7 @@ fn by_iterations(r: &mut LeakReport, input: &Input<'_>, floors: &IterationFloors
             Verdict::CannotTell,
             format!(
                 "{n} complete iteration{} after the warm-up (at least 3 are needed): memory allocated once — optimizer \
-                 moments, caches, activations held for backward — cannot be told from a leak within one iteration",
+                 moments, caches, activations held for backward — cannot be told from a leak in so few iterations",
                 if n == 1 { "" } else { "s" }
             ),
         );

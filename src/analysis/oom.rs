@@ -58,8 +58,14 @@ pub struct OomDiagnosis {
     pub t_ns: u64,
     pub pid: u32,
     pub requested: u64,
+    /// Free memory: on a shared device its capacity less what every
+    /// process held; under PyTorch's allocator CUDA's free memory plus the
+    /// unused bytes of PyTorch's segments.
     pub device_free: Option<u64>,
     pub largest_free: Option<u64>,
+    /// Under PyTorch's allocator: the free memory CUDA itself reported (the
+    /// figure PyTorch's error message gives).
+    pub cuda_free: Option<u64>,
     /// Largest gap inside the process's arenas.
     pub largest_gap: u64,
     pub live_bytes: u64,
@@ -116,6 +122,10 @@ pub fn diagnose(request: Request, device: Device, process: Process<'_>) -> OomDi
         ),
         Device::Allocator { cuda_free: None } => (None, process.live_bytes, 0),
     };
+    let cuda_free = match device {
+        Device::Allocator { cuda_free } => cuda_free,
+        Device::Shared { .. } => None,
+    };
     let Request { t_ns, pid, size: requested } = request;
     let (largest_gap, live_blocks) = (process.largest_gap, process.live_blocks);
     let device_free = capacity.map(|c| c.saturating_sub(live_total));
@@ -129,6 +139,7 @@ pub fn diagnose(request: Request, device: Device, process: Process<'_>) -> OomDi
         requested,
         device_free,
         largest_free,
+        cuda_free,
         largest_gap,
         live_bytes: live_blocks.iter().map(|b| b.1).sum(),
         class: OomClass::of(requested, device_free, largest_free),

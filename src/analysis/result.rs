@@ -30,7 +30,8 @@ pub struct Row {
     /// The fragmentation level the online backtest forecast at this step.
     pub risk_online: Option<Risk>,
     /// The OOM risk an online monitor would have reported at this step
-    /// ([`risk`]).
+    /// ([`risk`]): unknown while the capacity could not have been known
+    /// (one inferred from a later OOM, or from the cache flushes).
     pub oom_risk_online: Option<risk::OomRisk>,
     /// Allocator view only: reserved, allocated and requested bytes and
     /// PyTorch's fragmentation figure.

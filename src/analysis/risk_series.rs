@@ -183,6 +183,15 @@ pub(crate) fn evaluate(inp: &Inputs<'_>, rows: &mut [crate::analysis::result::Ro
         }
         let oom_times: Vec<u64> = inp.ooms.iter().filter(|o| series.has(o.pid)).map(|o| o.t_ns).collect();
         let first_oom = oom_times.iter().copied().min();
+        // The online risk is what a live monitor would have said: a
+        // capacity inferred from an OOM is known from that OOM on, one
+        // inferred from the cache flushes (whose times are not kept) only
+        // at the end; before, the online risk is unknown.
+        let known_from = capacity.map(|c| match c.source {
+            CapacitySource::Given | CapacitySource::Recorded => 0,
+            CapacitySource::InferredFromOom | CapacitySource::InferredFromRefusal => first_oom.unwrap_or(u64::MAX),
+            CapacitySource::InferredFromFlushes => u64::MAX,
+        });
         let (mut peak, mut history) = (0u64, Vec::with_capacity(steps.len()));
         let mut last = State::default();
         for (k, (_, idx)) in steps.iter().enumerate() {
@@ -201,8 +210,8 @@ pub(crate) fn evaluate(inp: &Inputs<'_>, rows: &mut [crate::analysis::result::Ro
             };
             let level = match (first_oom, capacity) {
                 (Some(o), _) if o <= t => OomRisk::Oom,
-                (_, None) => OomRisk::Unknown,
-                (_, Some(c)) => assess(c.bytes, &state).0,
+                (_, Some(c)) if known_from.is_some_and(|k| k <= t) => assess(c.bytes, &state).0,
+                _ => OomRisk::Unknown,
             };
             for &i in idx {
                 rows[i].oom_risk_online = Some(level);

@@ -208,6 +208,21 @@ pub fn sections_md(w: &Whatif, level: &str, name: &dyn Fn(u32) -> String) -> Str
     md + &scenarios_md(w, level)
 }
 
+/// A scenario's settings as its row names them: what it sets, and the
+/// recorded settings it keeps (a scenario changes the recorded settings,
+/// so `roundup_power2_divisions:4` on a run with `max_split_size_mb:64`
+/// is both).
+fn scenario_label(recorded: &[String], conf: &[String]) -> String {
+    let key = |e: &String| e.split(':').next().unwrap_or_default().to_string();
+    let keys: Vec<String> = conf.iter().map(key).collect();
+    let kept: Vec<&str> = recorded.iter().filter(|e| !keys.contains(&key(e))).map(String::as_str).collect();
+    if kept.is_empty() {
+        format!("`{}`", conf.join(","))
+    } else {
+        format!("`{}` + recorded `{}`", conf.join(","), kept.join(","))
+    }
+}
+
 fn scenarios_md(w: &Whatif, level: &str) -> String {
     let mut md = String::new();
     let _ = writeln!(md, "\n{level} Scenarios\n");
@@ -235,7 +250,7 @@ fn scenarios_md(w: &Whatif, level: &str) -> String {
                     }
                     t
                 }
-                None => "No capacity given (`--capacity`): nothing runs out of memory, so the scenarios differ only in the memory they reserve.".into(),
+                None => "No capacity given (`--capacity`): nothing runs out of memory, so the scenarios differ only in the memory they reserve, and their OOMs are not judged.".into(),
             }
         );
     for (d, f) in &w.flushes {
@@ -270,6 +285,11 @@ fn scenarios_md(w: &Whatif, level: &str) -> String {
                 },
                 if o == s.ooms { o.to_string() } else { format!("{o} (model: {})", s.ooms) },
             ),
+            // Without a capacity nothing can run out of memory: a 0 there
+            // would read as a verdict.
+            None if w.capacity.is_none() && !(i == 0 && s.conf.is_empty()) => {
+                (bytes(s.peak_reserved_bytes), "not judged".to_string())
+            }
             None => (bytes(s.peak_reserved_bytes), s.ooms.to_string()),
         };
         let _ = writeln!(
@@ -280,7 +300,7 @@ fn scenarios_md(w: &Whatif, level: &str) -> String {
                     "as recorded (cudaMalloc per request)".to_string(),
                 (true, "recorded") => "recorded settings".to_string(),
                 (true, _) => "PyTorch's caching allocator, default settings".to_string(),
-                (false, _) => format!("`{}`", s.conf.join(",")),
+                (false, _) => scenario_label(&w.recorded_conf, &s.conf),
             },
             bytes(s.peak_allocated_bytes),
             bytes(s.reserved_minus_allocated_at_peak),
@@ -440,5 +460,19 @@ mod tests {
         w.scenarios[0].ooms = 1;
         let md = sections_md(&w, "##", &|d| d.to_string());
         assert!(md.contains("| recorded settings | 434.00 MiB |") && !md.contains("(model:"), "{md}");
+    }
+
+    /// A scenario changes the recorded settings: its row names what it
+    /// keeps of them, and a setting it changes is not named twice.
+    #[test]
+    fn a_scenario_row_names_the_recorded_settings_it_keeps() {
+        let recorded = vec!["max_split_size_mb:64".to_string()];
+        let conf = |e: &str| vec![e.to_string()];
+        assert_eq!(
+            scenario_label(&recorded, &conf("roundup_power2_divisions:4")),
+            "`roundup_power2_divisions:4` + recorded `max_split_size_mb:64`"
+        );
+        assert_eq!(scenario_label(&recorded, &conf("max_split_size_mb:128")), "`max_split_size_mb:128`");
+        assert_eq!(scenario_label(&[], &conf("expandable_segments:True")), "`expandable_segments:True`");
     }
 }

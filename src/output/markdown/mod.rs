@@ -177,6 +177,21 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
         if a.kernels.len() > 15 {
             let _ = writeln!(md, "\n{} more in report.json.", a.kernels.len() - 15);
         }
+        let unnamed = a.kernels.iter().filter(|k| k.name.starts_with("0x")).count();
+        if unnamed > 0 {
+            let why = if a.trace.dir.join(crate::trace::kernel_names::KERNELS_FILE).is_file() {
+                "the program registered no name for them and no symbol lies at their address"
+            } else {
+                "this recording has no registered kernel names (`kernels.json`: `record` keeps them since it reads \
+                 the CUDA runtime's registrations), and CUDA 13 launches pass a handle in the heap, where no symbol lies"
+            };
+            let which = if unnamed == a.kernels.len() {
+                format!("All {unnamed} kernels are")
+            } else {
+                format!("{unnamed} of the {} kernels are", a.kernels.len())
+            };
+            let _ = writeln!(md, "\n{which} shown by their launch address: {why}.");
+        }
     }
     if !a.alloc_stacks.is_empty() {
         let _ = writeln!(

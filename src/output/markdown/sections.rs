@@ -227,8 +227,11 @@ pub(crate) fn prediction_md(a: &Analysis) -> String {
             );
         }
         None if a.ooms.iter().any(|o| o.pid == p.pid) => {
+            let first = a.ooms.iter().filter(|o| o.pid == p.pid).map(|o| o.t_ns).min().unwrap_or(u64::MAX);
             let known = a.rows.iter().any(|r| {
-                r.pid == p.pid && r.oom_risk_online.is_some_and(|x| x != crate::analysis::risk::OomRisk::Unknown)
+                r.pid == p.pid
+                    && r.t_ns < first
+                    && r.oom_risk_online.is_some_and(|x| x != crate::analysis::risk::OomRisk::Unknown)
             });
             let _ = writeln!(
                 md,
@@ -236,7 +239,7 @@ pub(crate) fn prediction_md(a: &Analysis) -> String {
                 if known {
                     "none: the online OOM risk did not reach high before the first OOM"
                 } else {
-                    "none: the capacity was not known before the first OOM, so no online OOM risk could be computed"
+                    "none: the capacity was not known before the first OOM (give `--capacity`), so no online OOM risk could be computed before it"
                 }
             );
         }
@@ -293,9 +296,13 @@ pub(crate) fn ooms_md(a: &Analysis) -> String {
     // time_us) the entry number, as 1 ns stands for one entry there.
     let (when, at): (&str, fn(u64) -> String) =
         if a.entry_order() { ("entry", |d| d.to_string()) } else { ("time (s)", |d| format!("{:.6}", d as f64 / 1e9)) };
+    // Under PyTorch's allocator the free memory is CUDA's and the unused
+    // bytes of its segments: the table says so, and gives CUDA's figure.
+    let cached = a.allocator_view && a.ooms.iter().any(|o| o.cuda_free.is_some());
+    let free = if cached { "free (CUDA + PyTorch's cache)" } else { "device free" };
     let _ = writeln!(
         md,
-        "| {when} | {} | requested | device free | largest free range | class |\n|---|---|---|---|---|---|",
+        "| {when} | {} | requested | {free} | largest free range | class |\n|---|---|---|---|---|---|",
         a.unit()
     );
     let shown = 20;
@@ -315,6 +322,14 @@ pub(crate) fn ooms_md(a: &Analysis) -> String {
         let _ = writeln!(md, "\n… and {} more (all in report.json).", a.ooms.len() - shown);
     }
     let first = &a.ooms[0];
+    if cached && let (Some(cuda), Some(free)) = (first.cuda_free, first.device_free) {
+        let _ = writeln!(
+            md,
+            "\nAt the first OOM CUDA reported {} free (the figure in PyTorch's error message); PyTorch's segments held {} unused.",
+            bytes(cuda),
+            bytes(free.saturating_sub(cuda))
+        );
+    }
     if a.snapshot_details().is_some_and(|d| d.join.is_some()) {
         md.push_str(&oom_with_recording(a, first));
     }
@@ -490,9 +505,12 @@ pub(crate) fn iterations_md(a: &Analysis) -> String {
         );
     }
     if a.iterations.iter().all(|it| it.complete < 4) {
-        md.push_str(
-            "\nFewer than four complete iterations: one iteration (plus warm-up) cannot show a leak or a trend across \
-             iterations.\n",
+        let most = a.iterations.iter().map(|it| it.complete).max().unwrap_or(0);
+        let _ = writeln!(
+            md,
+            "\nFewer than four complete iterations ({}): the first is taken as warm-up, and fewer than three after it \
+             cannot show a leak or a trend across iterations.",
+            if most == 0 { "none".to_string() } else { format!("at most {most}") }
         );
     }
     md
