@@ -91,13 +91,14 @@ pub fn advise(a: &Analysis, events: &Events) -> Vec<Advice> {
             removes_ooms: None,
         });
     }
-    for (d, f) in a.whatif.iter().flat_map(|w| w.flushes.iter()) {
+    for (w, (d, f)) in a.whatif.iter().flat_map(|w| w.flushes.iter().map(move |f| (w, f))) {
         out.push(Advice::new(
             Kind::Flush,
             format!(
-                "Device {d} ran full {} time{}: PyTorch released its whole cache ({} segments, {}) and retried, which synchronizes the device and frees each segment with `cudaFree` — slow, and the sign that the next larger request may fail. A lower peak reserved (What the allocator settings would change) or a smaller batch avoids it.",
+                "Device {d} ran full {} time{}: PyTorch {} ({} segments, {}) and retried; each `cudaFree` synchronizes the device — slow, and the sign that the next larger request may fail. A lower peak reserved (What the allocator settings would change) or a smaller batch avoids it.",
                 f.count,
                 if f.count == 1 { "" } else { "s" },
+                w.release_phrase(),
                 f.segments_freed,
                 bytes(f.bytes_freed)
             ),

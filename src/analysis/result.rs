@@ -184,7 +184,7 @@ pub enum Kind {
     /// A setting from general knowledge, not simulated.
     Generic,
     Capacity,
-    /// PyTorch released its whole cache because the device was full.
+    /// PyTorch released cached segments because the device was full.
     Flush,
     Leak,
     Risk,

@@ -112,7 +112,7 @@ impl CapacitySource {
                 "inferred at the OOM: what was reserved then, as CUDA refused the segment PyTorch asked for (at least this much)"
             }
             CapacitySource::InferredFromFlushes => {
-                "inferred from cache flushes (PyTorch released its whole cache because the device was full): the least capacity they allow"
+                "inferred from cache flushes (PyTorch released cached segments because the device was full): the least capacity they allow"
             }
         }
     }
@@ -123,6 +123,14 @@ impl CapacitySource {
 pub struct Capacity {
     pub bytes: u64,
     pub source: CapacitySource,
+}
+
+impl Capacity {
+    /// Whether only a least capacity is known (cache flushes, or CUDA
+    /// refusing PyTorch's segment): the device may be larger.
+    pub fn is_lower_bound(&self) -> bool {
+        matches!(self.source, CapacitySource::InferredFromFlushes | CapacitySource::InferredFromRefusal)
+    }
 }
 
 /// The state of a device at one step, as the rule reads it.

@@ -256,6 +256,17 @@ fn assessment(
             "the device's capacity is not known: not recorded, not given with --capacity, and neither an `oom` entry nor a cache flush shows it"
                 .to_string(),
         ),
+        Some(c) if c.is_lower_bound() => {
+            // Only a least capacity is known: the share in use is at most
+            // what it gives, and the headroom is not known, so no rise is
+            // said to fill it.
+            let (level, why) = assess(c.bytes, &State { trend_per_step: 0.0, ..*s });
+            let why: Vec<String> = why
+                .into_iter()
+                .map(|w| if w.contains("% of the capacity in use") { format!("at most {w}") } else { w })
+                .collect();
+            (level, format!("{} {} of at least {}: {}", peak_what, b(s.peak), b(c.bytes), why.join("; ")))
+        }
         Some(c) => {
             let (level, why) = assess(c.bytes, s);
             (level, format!("{} {} of {}: {}", peak_what, b(s.peak), b(c.bytes), why.join("; ")))
@@ -268,7 +279,7 @@ fn assessment(
         capacity,
         peak_bytes: s.peak,
         peak_what,
-        headroom_bytes: capacity.map(|c| c.bytes.saturating_sub(s.peak)),
+        headroom_bytes: capacity.filter(|c| !c.is_lower_bound()).map(|c| c.bytes.saturating_sub(s.peak)),
         largest_request_bytes: s.largest_request,
         room_now_bytes: capacity.map(|c| s.largest_free_now.max(c.bytes.saturating_sub(s.reserved_now))),
         trend_bytes_per_step: s.trend_per_step,

@@ -256,7 +256,8 @@ fn scenarios_md(w: &Whatif, level: &str) -> String {
     for (d, f) in &w.flushes {
         let _ = writeln!(
             md,
-            "Cache flushes on device {d}: PyTorch released its whole cache {} time{} ({} segments, {}) because the device was full — each flush synchronizes the device and calls `cudaFree` once per segment.{}\n",
+            "Cache flushes on device {d}: PyTorch {} {} time{} ({} segments, {}) because the device was full — each flush calls `cudaFree`, which synchronizes the device, once per segment.{}\n",
+            w.release_phrase(),
             f.count,
             if f.count == 1 { "" } else { "s" },
             f.segments_freed,

@@ -625,6 +625,11 @@ fn cache_flushes_give_the_capacity() {
     assert_eq!(r["oom_risk"][0]["capacity_source"], "inferred_from_flushes");
     assert_ne!(r["summary"]["oom_risk"], "unknown");
     assert!(r["advice"].as_array().unwrap().iter().any(|x| x["kind"] == "flush"));
+    // Only a least capacity is known: the headline says "at least", and
+    // claims no headroom for a rise to fill.
+    let reason = r["oom_risk"][0]["reason"].as_str().unwrap();
+    assert!(reason.contains(" of at least ") && !reason.contains("fills the headroom"), "{reason}");
+    assert!(r["oom_risk"][0]["headroom_bytes"].is_null(), "{}", r["oom_risk"][0]);
 }
 
 /// A recording made from a generated snapshot's own segments (every

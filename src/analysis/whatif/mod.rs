@@ -276,6 +276,18 @@ impl Whatif {
         self.fidelity.iter().filter(|f| f.not_measured.is_none()).map(|f| f.desynchronised).sum()
     }
 
+    /// How PyTorch released its cache when the device was full, under the
+    /// recorded settings: with `max_split_size_mb` it first frees only the
+    /// cached blocks above that size, and the whole cache only when that
+    /// is not enough; without it, the whole cache.
+    pub fn release_phrase(&self) -> &'static str {
+        if self.recorded_conf.iter().any(|e| e.starts_with("max_split_size_mb:")) {
+            "released cached segments (with `max_split_size_mb` set, first only its cached blocks above that size, the whole cache only when that is not enough)"
+        } else {
+            "released its whole cache"
+        }
+    }
+
     /// The `PYTORCH_CUDA_ALLOC_CONF` line to use, "keep the current
     /// settings", or, when the recorded settings ran out of memory and no
     /// scenario removes an OOM, that no setting tried helps.

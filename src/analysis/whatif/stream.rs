@@ -40,8 +40,9 @@ pub struct DeviceStream {
     pub device: u32,
     pub initial: usize,
     pub events: Vec<Req>,
-    /// The times PyTorch released its whole cache because the device was
-    /// full, and the capacity they imply.
+    /// The times PyTorch released cached segments because the device was
+    /// full (its whole cache, or with `max_split_size_mb` first only the
+    /// blocks above that size), and the capacity they imply.
     pub flushes: Flushes,
 }
 
