@@ -29,7 +29,7 @@ fn load(path: &std::path::Path, device: Option<u32>) -> Result<Loaded> {
         let units = loaded.trace.units.clone();
         return Ok((streams, recorded, details.allocator_settings.clone(), Source::Snapshot, None, units));
     }
-    let streams = device_level_streams(&loaded.events);
+    let streams = device_level_streams(&loaded.events, &loaded.trace.dir);
     anyhow::ensure!(!streams.is_empty(), "{}: no device allocations to replay", path.display());
     let capacity = meta.and_then(|m| m.capacity_bytes);
     let units = loaded.trace.units.clone();

@@ -154,7 +154,8 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
             tracing::debug!("layout in {:.3} s (beside the replay)", started.elapsed().as_secs_f64());
             (found, floors, lives)
         });
-        let walked = walk(events, &bounds, &mut replay, allocator_view, capacity, stacks.as_deref(), &gpus);
+        let retries = (!allocator_view).then(|| oom::Retries::of(crate::trace::symbols::pytorch_processes(&trace.dir)));
+        let walked = walk(events, &bounds, &mut replay, allocator_view, capacity, stacks.as_deref(), &gpus, retries);
         (walked, beside.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
     });
     for _ in 0..counts.unknown {
@@ -226,7 +227,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
                 whatif::Source::Snapshot,
             ),
             None => (
-                whatif::device_level_streams(events),
+                whatif::device_level_streams(events, &analysis.trace.dir),
                 crate::allocator::Settings::default(),
                 whatif::Source::DeviceLevel,
             ),
@@ -310,6 +311,7 @@ fn walk(
     capacity: Option<u64>,
     stacks: Option<&crate::trace::Stacks>,
     gpus: &risk_series::Gpus,
+    mut retries: Option<oom::Retries>,
 ) -> Walk {
     let mut w = Walk {
         rows: Vec::with_capacity(bounds.len() + 16),
@@ -345,7 +347,13 @@ fn walk(
                 if e.ret != 0 && e.kind.is_alloc_request() {
                     w.failed_allocs += 1;
                 }
-                if e.is_oom() {
+                // A recorded program's retry of the request that just
+                // failed is that OOM again, not another.
+                let retry = e.kind.is_alloc_request()
+                    && retries.as_mut().is_some_and(|r| r.is_retry(e.pid, e.size, e.is_oom()));
+                if retry && let Some(first) = w.ooms.iter_mut().rev().find(|o| o.pid == e.pid) {
+                    first.retries += 1;
+                } else if e.is_oom() {
                     let r = row(step, e.ts_ns, e.pid, true, replay);
                     w.ooms.push(diagnose_oom(&e, &r.metrics, replay, allocator_view, capacity, stacks, gpus));
                     w.rows.push(r);

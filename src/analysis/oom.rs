@@ -66,6 +66,10 @@ pub struct OomDiagnosis {
     /// Under PyTorch's allocator: the free memory CUDA itself reported (the
     /// figure PyTorch's error message gives).
     pub cuda_free: Option<u64>,
+    /// Retries of this request that failed too (device-level traces): a
+    /// caching allocator such as PyTorch's releases its cache and asks
+    /// again once. They are this OOM, not others ([`Retries`]).
+    pub retries: u32,
     /// Largest gap inside the process's arenas.
     pub largest_gap: u64,
     pub live_bytes: u64,
@@ -77,6 +81,49 @@ pub struct OomDiagnosis {
     /// Live bytes by call site at that instant, largest first (traces
     /// with stacks).
     pub top_sites: Vec<crate::analysis::sites::SiteBytes>,
+}
+
+/// Tells a failed device allocation that retries the process's previous
+/// failed one from a new OOM. PyTorch's allocator, when `cudaMalloc`
+/// fails, releases its cached segments and asks again once (and other
+/// caching allocators do the same): a recording then holds two failed
+/// calls for one request. A failure is a retry when it asks the same size
+/// as the process's previous failure and the process allocated nothing in
+/// between (frees, the cache's release, may come between); the failure
+/// after a retry is a new request. Only for the processes known to run
+/// such an allocator (a recording's processes that mapped PyTorch's,
+/// [`crate::trace::symbols::pytorch_processes`]): a plain program may call
+/// `cudaMalloc` in a loop, each failure a request of its own.
+#[derive(Debug, Default)]
+pub struct Retries {
+    /// The processes whose allocator retries.
+    retrying: std::collections::HashSet<u32>,
+    /// Per process: the size of its last failure, while nothing succeeded.
+    pending: ahash::AHashMap<u32, u64>,
+}
+
+impl Retries {
+    pub fn of(retrying: std::collections::HashSet<u32>) -> Retries {
+        Retries { retrying, pending: Default::default() }
+    }
+
+    /// Notes a device allocation request of `pid` (`failed`: it ran out
+    /// of memory); true when it is a retry of the previous failure.
+    pub fn is_retry(&mut self, pid: u32, size: u64, failed: bool) -> bool {
+        if !self.retrying.contains(&pid) {
+            return false;
+        }
+        if !failed {
+            self.pending.remove(&pid);
+            return false;
+        }
+        if self.pending.get(&pid) == Some(&size) {
+            self.pending.remove(&pid);
+            return true;
+        }
+        self.pending.insert(pid, size);
+        false
+    }
 }
 
 /// The failed request.
@@ -140,6 +187,7 @@ pub fn diagnose(request: Request, device: Device, process: Process<'_>) -> OomDi
         device_free,
         largest_free,
         cuda_free,
+        retries: 0,
         largest_gap,
         live_bytes: live_blocks.iter().map(|b| b.1).sum(),
         class: OomClass::of(requested, device_free, largest_free),
@@ -154,6 +202,26 @@ mod tests {
     use super::*;
 
     const GIB: u64 = 1 << 30;
+
+    /// PyTorch's allocator asks once more after releasing its cache: the
+    /// failure right after a failure of the same size, with nothing
+    /// allocated between, is that retry; the one after it a new request.
+    /// A process not known to run that allocator gets no pairing.
+    #[test]
+    fn a_retry_is_the_next_failure_of_the_same_size_with_nothing_allocated_between() {
+        let mut r = Retries::of([1].into_iter().collect());
+        assert!(!r.is_retry(1, GIB, true));
+        assert!(r.is_retry(1, GIB, true), "the retry");
+        assert!(!r.is_retry(1, GIB, true), "a new request");
+        assert!(r.is_retry(1, GIB, true), "and its retry");
+        // A success in between, or another size: new requests.
+        assert!(!r.is_retry(1, GIB, true));
+        assert!(!r.is_retry(1, GIB / 2, false));
+        assert!(!r.is_retry(1, GIB, true));
+        assert!(!r.is_retry(1, 2 * GIB, true));
+        // Another process: each failure its own.
+        assert!(!r.is_retry(2, GIB, true) && !r.is_retry(2, GIB, true));
+    }
 
     #[test]
     fn classes() {

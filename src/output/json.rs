@@ -135,6 +135,7 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
             "requested": o.requested,
             "device_free": o.device_free,
             "cuda_free": o.cuda_free,
+            "retries": o.retries,
             "largest_free": o.largest_free,
             "largest_gap": o.largest_gap,
             "live_bytes": o.live_bytes,

@@ -59,6 +59,20 @@ pub fn file_at(maps: &str, addr: u64) -> Option<(PathBuf, u64)> {
     locate(&maps, addr).map(|(p, o)| (p.to_path_buf(), o))
 }
 
+/// The recorded processes that mapped PyTorch's CUDA allocator
+/// (`libc10_cuda.so`) by their copied maps: their failed `cudaMalloc`s
+/// are retried once by that allocator after it releases its cache.
+pub fn pytorch_processes(trace_dir: &Path) -> std::collections::HashSet<u32> {
+    let Ok(dir) = fs::read_dir(trace_dir.join("maps")) else { return Default::default() };
+    dir.filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let text = fs::read_to_string(e.path()).ok()?;
+            text.lines().any(|l| l.rsplit('/').next().is_some_and(|f| f.starts_with("libc10_cuda.so"))).then_some(pid)
+        })
+        .collect()
+}
+
 /// Names addresses of recorded processes: their copied maps give the file
 /// and offset, the file's symbol tables the name.
 pub struct Resolver {

@@ -190,6 +190,12 @@ fn a_recording_whose_failures_the_replay_cannot_reproduce_gets_no_setting() {
         assert!(!advice.is_empty());
         assert!(advice.iter().all(|a| a["removes_ooms"] != true), "{name}: {advice:?}");
         assert!(md.contains("Recommendation: none:"), "{name}: {md}");
+        // One request failed (outcomes.json: 1 OOM, 1 retry): PyTorch's
+        // allocator, mapped by the process, asked again after releasing its
+        // cache, and that second failed cudaMalloc is the same OOM.
+        let ooms = r["ooms"].as_array().unwrap();
+        assert_eq!((ooms.len(), ooms[0]["retries"].as_u64()), (1, Some(1)), "{name}: {ooms:?}");
+        assert!(md.contains("each retry failed too and is counted with its request"), "{name}: {md}");
     }
 }
 

@@ -67,10 +67,23 @@ pub(super) fn is_small_segment(size: u64) -> bool {
 /// The request stream of each process of a device-level trace (eBPF,
 /// synthetic): successful allocations, frees, and failed allocations as
 /// requests that ran out of memory.
-pub fn device_level_streams(events: &crate::trace::event::Events) -> Vec<DeviceStream> {
+/// A failed request that PyTorch's allocator retried
+/// ([`crate::analysis::oom::Retries`], from the maps in `trace_dir`) is
+/// left out: it is the same request.
+pub fn device_level_streams(events: &crate::trace::event::Events, trace_dir: &std::path::Path) -> Vec<DeviceStream> {
     let mut by: std::collections::BTreeMap<u32, DeviceStream> = Default::default();
+    let mut retries = crate::analysis::oom::Retries::of(crate::trace::symbols::pytorch_processes(trace_dir));
     for i in 0..events.len() {
         let Some(kind) = events.kind[i] else { continue };
+        if kind.is_alloc_request()
+            && retries.is_retry(
+                events.pid[i],
+                events.size[i],
+                kind.can_run_out_of_memory() && events.ret[i] == crate::trace::event::CUDA_ERROR_OUT_OF_MEMORY,
+            )
+        {
+            continue;
+        }
         let k = if kind.is_device_alloc() || (kind.is_alloc_request() && events.ret[i] != 0) {
             if events.ret[i] == 0 { EventKind::BlockAlloc } else { EventKind::Oom }
         } else if kind.releases_block() && events.ret[i] == 0 {

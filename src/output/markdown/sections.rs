@@ -321,6 +321,21 @@ pub(crate) fn ooms_md(a: &Analysis) -> String {
     if a.ooms.len() > shown {
         let _ = writeln!(md, "\n… and {} more (all in report.json).", a.ooms.len() - shown);
     }
+    let retried = a.ooms.iter().filter(|o| o.retries > 0).count();
+    if retried > 0 {
+        let calls: u64 = a.ooms.iter().map(|o| 1 + u64::from(o.retries)).sum();
+        let _ = writeln!(
+            md,
+            "\n{} retried by the program, of the same size, before it allocated anything else (PyTorch's allocator \
+             releases its cache and asks once more): each retry failed too and is counted with its request, not as \
+             another OOM ({calls} failed calls in all).",
+            if retried == 1 && a.ooms.len() == 1 {
+                "The request was".to_string()
+            } else {
+                format!("{retried} of these requests were")
+            }
+        );
+    }
     let first = &a.ooms[0];
     if cached && let (Some(cuda), Some(free)) = (first.cuda_free, first.device_free) {
         let _ = writeln!(
