@@ -58,6 +58,16 @@ pub fn advise(a: &Analysis, events: &Events) -> Vec<Advice> {
                 ));
                 generic(a, "the replay cannot judge these OOMs (above)", &mut out);
             }
+            None if a.whatif_not_run.is_some() => {
+                out.push(Advice::new(
+                    Kind::Generic,
+                    "No allocator setting is judged here: this recording holds PyTorch's segments, not its requests \
+                     (What the allocator settings would change). Record again with `fragscope record`, whose probes on \
+                     PyTorch's allocator see every tensor, or dump a memory snapshot."
+                        .into(),
+                ));
+                generic(a, "no what-if replay ran", &mut out);
+            }
             None => generic(a, "no what-if replay ran", &mut out),
         }
         if let Some(o) = a.ooms.iter().find(|o| o.class == OomClass::Capacity) {

@@ -212,13 +212,33 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         kernels: Vec::new(),
         alloc_stacks: Vec::new(),
         whatif: None,
+        whatif_not_run: None,
         advice: Vec::new(),
     };
     // The allocator settings' what-if: for a snapshot, and for a
     // device-level trace with OOMs.
     let snapshot = analysis.trace.meta.as_ref().and_then(|m| m.details.snapshot()).filter(|_| allocator_view);
+    // A device-level recording of PyTorch's processes holds its segments,
+    // not the program's requests: replaying those through a model of the
+    // same allocator says nothing about its settings.
+    let pytorch =
+        if allocator_view { Default::default() } else { crate::trace::symbols::pytorch_processes(&analysis.trace.dir) };
+    if snapshot.is_none() && analysis.ooms.iter().any(|o| pytorch.contains(&o.pid)) {
+        analysis.whatif_not_run = Some(
+            "the failing process ran PyTorch's caching allocator (it mapped `libc10_cuda.so`), so this recording's \
+             cudaMallocs are PyTorch's segments, not the program's requests: replaying them through a model of that \
+             allocator says nothing about `PYTORCH_CUDA_ALLOC_CONF`. Record again with `fragscope record` (its probes \
+             on PyTorch's allocator see every tensor; not with `--no-torch`), or dump a memory snapshot, to replay \
+             the settings"
+                .into(),
+        );
+    }
     // A snapshot without trace history has no requests to replay.
-    if opts.whatif && analysis.has_history() && (snapshot.is_some() || (!allocator_view && !analysis.ooms.is_empty())) {
+    if opts.whatif
+        && analysis.whatif_not_run.is_none()
+        && analysis.has_history()
+        && (snapshot.is_some() || (!allocator_view && !analysis.ooms.is_empty()))
+    {
         let started = std::time::Instant::now();
         let (streams, settings, source) = match snapshot {
             Some(d) => (

@@ -108,6 +108,10 @@ pub struct Analysis {
     /// `Options::whatif`): the allocator model's fidelity and the default
     /// sweep of settings.
     pub whatif: Option<whatif::Whatif>,
+    /// Why the what-if did not run where a reader would look for it (a
+    /// device-level recording of PyTorch processes: their cudaMallocs are
+    /// PyTorch's segments, not the program's requests).
+    pub whatif_not_run: Option<String>,
     /// What to do ([`advice`]).
     pub advice: Vec<Advice>,
 }

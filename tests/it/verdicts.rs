@@ -173,11 +173,11 @@ fn oom_runs_rank_above_healthy_runs() {
 }
 
 #[test]
-fn a_recording_whose_failures_the_replay_cannot_reproduce_gets_no_setting() {
-    // `record` of varshape on the H100: the 1 GiB request failed with 1.1 GiB
-    // free by the trace's own count (the CUDA context is not in it). Real
-    // runs: max_split_size_mb:128 did not remove the OOM; nothing may be
-    // claimed from a replay that cannot fail where the program failed.
+fn a_recording_of_pytorchs_segments_gets_no_setting() {
+    // `record` of varshape on the H100: PyTorch's 1 GiB request failed, and
+    // failed again when its allocator retried after releasing its cache.
+    // Real runs: max_split_size_mb:128 did not remove the OOM, expandable
+    // segments did; the recording (segments only) cannot tell them apart.
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/gpu-h100/ebpf/varshape-default");
     if !p.exists() {
         eprintln!("skipped: {} is not here (only beside the development checkout and CI)", p.display());
@@ -189,7 +189,12 @@ fn a_recording_whose_failures_the_replay_cannot_reproduce_gets_no_setting() {
         let advice = r["advice"].as_array().unwrap();
         assert!(!advice.is_empty());
         assert!(advice.iter().all(|a| a["removes_ooms"] != true), "{name}: {advice:?}");
-        assert!(md.contains("Recommendation: none:"), "{name}: {md}");
+        // Its cudaMallocs are PyTorch's segments: no model of PyTorch's
+        // allocator is run over them.
+        assert!(
+            r["whatif"].is_null() && md.contains("Not replayed: the failing process ran PyTorch's"),
+            "{name}: {md}"
+        );
         // One request failed (outcomes.json: 1 OOM, 1 retry): PyTorch's
         // allocator, mapped by the process, asked again after releasing its
         // cache, and that second failed cudaMalloc is the same OOM.
@@ -197,6 +202,23 @@ fn a_recording_whose_failures_the_replay_cannot_reproduce_gets_no_setting() {
         assert_eq!((ooms.len(), ooms[0]["retries"].as_u64()), (1, Some(1)), "{name}: {ooms:?}");
         assert!(md.contains("each retry failed too and is counted with its request"), "{name}: {md}");
     }
+    // The same calls without the copied maps, as from a program not known
+    // to run PyTorch: each failure is a request, and the replay runs. The
+    // 1 GiB request failed with 1.1 GiB free by the trace's own count (the
+    // CUDA context is not in it): a replay that cannot fail where the
+    // program failed claims no setting.
+    let bare = tmp.path().join("bare");
+    fs::create_dir(&bare).unwrap();
+    for e in fs::read_dir(&p).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_file() {
+            fs::copy(e.path(), bare.join(e.file_name())).unwrap();
+        }
+    }
+    let (r, md) = analyze(&bare, &tmp.path().join("bare-out"), &["--capacity", "85017493504"]);
+    assert_eq!(r["ooms"].as_array().map(Vec::len), Some(2), "no retry claimed without the maps");
+    assert!(r["advice"].as_array().unwrap().iter().all(|a| a["removes_ooms"] != true));
+    assert!(md.contains("Recommendation: none: the replay does not reproduce"), "{md}");
 }
 
 #[test]

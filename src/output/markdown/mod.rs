@@ -248,6 +248,8 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
             w.recommended.1
         );
         md.push_str(&crate::output::whatif::sections_md(w, "###", &|d| a.who(d)));
+    } else if let Some(why) = &a.whatif_not_run {
+        let _ = writeln!(md, "\n## What the allocator settings would change\n\nNot replayed: {why}.");
     }
     md.push_str(&advice_md(a));
     md
