@@ -461,6 +461,24 @@ fn by_iterations(r: &mut LeakReport, input: &Input<'_>, floors: &IterationFloors
         }
         return (Verdict::Leaking, reason);
     }
+    // A rise, then floors that held: bounded growth or a leak the cache
+    // absorbs for a while look the same over so few iterations.
+    if best >= 1 && held >= 1 {
+        let (from, to) = (best_end + 1 - best, best_end + 1);
+        return (
+            Verdict::CannotTell,
+            format!(
+                "the floor rose by {} from iteration {} to {}, then held ({}) for the last {held} iteration{}: growth \
+                 that stopped (a cache or state that filled up) needs 3 iterations held to be told from a leak, and a \
+                 leak needs rises at 3 consecutive iterations",
+                b(f[to] - f[from]),
+                from + 2,
+                to + 2,
+                if fluct == 0 { "equal to the byte".to_string() } else { format!("within {}", b(fluct)) },
+                if held == 1 { "" } else { "s" }
+            ),
+        );
+    }
     (
         Verdict::CannotTell,
         format!(

@@ -142,6 +142,28 @@ fn growth_that_stops_is_bounded() {
     assert!(r.reason.contains("from iteration 3 to 7"), "{}", r.reason);
 }
 
+/// One rise, then two iterations held: a cache that filled up and a leak
+/// the cache absorbs for a while look the same, and the reason says what
+/// was seen (a real recording: PyTorch's segments added in the second
+/// step, then not one byte more).
+#[test]
+fn one_rise_then_a_short_hold_cannot_tell_and_says_so() {
+    let mut list = vec![(1, 512 * MIB, 0x1000_0000)];
+    for i in 0..6u64 {
+        let t = 100 * (i + 1);
+        list.push((t + 10, 64 * MIB, 0x4000_0000));
+        list.push((t + 20, 0, 0x4000_0000));
+        if i == 2 {
+            list.push((t + 30, 1024 * MIB, 0x9000_0000));
+        }
+    }
+    let ev = events(&list);
+    let it = iterations((0..6).map(|i| 100 * (i + 1)).collect());
+    let r = judge(&ev, Some(&it));
+    assert_eq!(r.verdict, Verdict::CannotTell, "{}", r.reason);
+    assert!(r.reason.contains("rose by 1.00 GiB from iteration 3 to 4, then held (equal to the byte)"), "{}", r.reason);
+}
+
 #[test]
 fn growth_stopped_by_failing_requests_is_still_a_leak() {
     let mut list = vec![(1, 512 * MIB, 0x1000_0000)];
