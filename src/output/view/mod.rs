@@ -644,6 +644,8 @@ fn panel_manifest(a: &Analysis, pid: u32, collapse: &Collapse, p: &Pyramid, inde
                 "live": o.live_bytes,
                 "largest_gap": o.largest_gap,
                 "device_free": o.device_free,
+                "cuda_free": o.cuda_free,
+                "retries": o.retries,
                 "site": o.request_site,
                 "pinned": o.top_blocks.iter().map(|&(addr, size)| json!([collapse.offset(addr), size])).collect::<Vec<_>>(),
             })

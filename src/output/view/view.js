@@ -701,7 +701,14 @@
     return '<b>OOM</b> at ' + esc(timeText(o.t)) + ': request of <b>' + esc(bytesText(o.requested)) + '</b> failed' +
       '<br>class: <b>' + esc(o.class) + '</b>' +
       '<br>live ' + esc(bytesText(o.live)) + ', largest gap ' + esc(bytesText(o.largest_gap)) +
-      (o.device_free !== null && o.device_free !== undefined ? ', device free ' + esc(bytesText(o.device_free)) : '') +
+      // Under PyTorch's allocator the free memory is CUDA's and the unused
+      // bytes of its segments; CUDA's own figure is the one in its error.
+      (o.device_free !== null && o.device_free !== undefined
+        ? (o.cuda_free !== null && o.cuda_free !== undefined
+          ? ', free ' + esc(bytesText(o.device_free)) + ' (CUDA reported ' + esc(bytesText(o.cuda_free)) + ', the rest in PyTorch\'s cache)'
+          : ', device free ' + esc(bytesText(o.device_free)))
+        : '') +
+      (o.retries ? '<br>retried ' + o.retries + ' time' + (o.retries === 1 ? '' : 's') + ' by the program, failing again' : '') +
       (o.site ? '<br>requested at <code>' + esc(o.site) + '</code>' : '') +
       (o.pinned.length ? '<br>outlined in red: the ' + o.pinned.length + ' largest blocks live then (the largest, not necessarily the cause)' : '');
   }
