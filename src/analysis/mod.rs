@@ -129,6 +129,11 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         Replay::new(opts.metrics, &footprint)
     };
     let stacks = trace.stacks.clone();
+    // A device-level recording's processes that ran PyTorch's caching
+    // allocator: their failed cudaMallocs are retried once, and their OOMs
+    // cannot be classified from the segments.
+    let pytorch =
+        if allocator_view { Default::default() } else { crate::trace::symbols::pytorch_processes(&trace.dir) };
     let annotations: &[crate::trace::details::Annotation] =
         trace.meta.as_ref().map_or(&[], |m| m.details.annotations());
     // Call-site iterations are a snapshot's (allocator view); a device-level
@@ -154,8 +159,9 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
             tracing::debug!("layout in {:.3} s (beside the replay)", started.elapsed().as_secs_f64());
             (found, floors, lives)
         });
-        let retries = (!allocator_view).then(|| oom::Retries::of(crate::trace::symbols::pytorch_processes(&trace.dir)));
-        let walked = walk(events, &bounds, &mut replay, allocator_view, capacity, stacks.as_deref(), &gpus, retries);
+        let retries = (!allocator_view).then(|| oom::Retries::of(pytorch.clone()));
+        let walked =
+            walk(events, &bounds, &mut replay, allocator_view, capacity, stacks.as_deref(), &gpus, retries, &pytorch);
         (walked, beside.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
     });
     for _ in 0..counts.unknown {
@@ -213,6 +219,11 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         alloc_stacks: Vec::new(),
         whatif: None,
         whatif_not_run: None,
+        pytorch_processes: {
+            let mut p: Vec<u32> = pytorch.iter().copied().collect();
+            p.sort_unstable();
+            p
+        },
         advice: Vec::new(),
     };
     // The allocator settings' what-if: for a snapshot, and for a
@@ -221,8 +232,6 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     // A device-level recording of PyTorch's processes holds its segments,
     // not the program's requests: replaying those through a model of the
     // same allocator says nothing about its settings.
-    let pytorch =
-        if allocator_view { Default::default() } else { crate::trace::symbols::pytorch_processes(&analysis.trace.dir) };
     if snapshot.is_none() && analysis.ooms.iter().any(|o| pytorch.contains(&o.pid)) {
         analysis.whatif_not_run = Some(
             "the failing process ran PyTorch's caching allocator (it mapped `libc10_cuda.so`), so this recording's \
@@ -332,6 +341,7 @@ fn walk(
     stacks: Option<&crate::trace::Stacks>,
     gpus: &risk_series::Gpus,
     mut retries: Option<oom::Retries>,
+    pytorch: &std::collections::HashSet<u32>,
 ) -> Walk {
     let mut w = Walk {
         rows: Vec::with_capacity(bounds.len() + 16),
@@ -375,7 +385,14 @@ fn walk(
                     first.retries += 1;
                 } else if e.is_oom() {
                     let r = row(step, e.ts_ns, e.pid, true, replay);
-                    w.ooms.push(diagnose_oom(&e, &r.metrics, replay, allocator_view, capacity, stacks, gpus));
+                    let mut d = diagnose_oom(&e, &r.metrics, replay, allocator_view, capacity, stacks, gpus);
+                    if pytorch.contains(&e.pid) {
+                        // The request failed inside PyTorch's cache, whose
+                        // gaps the segments do not show: no class.
+                        d.class = oom::OomClass::Unknown;
+                        d.inside_pytorch_cache = true;
+                    }
+                    w.ooms.push(d);
                     w.rows.push(r);
                 }
             }

@@ -70,6 +70,11 @@ pub struct OomDiagnosis {
     /// caching allocator such as PyTorch's releases its cache and asks
     /// again once. They are this OOM, not others ([`Retries`]).
     pub retries: u32,
+    /// A device-level recording of a process that ran PyTorch's caching
+    /// allocator: the request failed for PyTorch's cache, whose gaps the
+    /// recorded segments do not show, so the class is unknown whatever
+    /// the capacity.
+    pub inside_pytorch_cache: bool,
     /// Largest gap inside the process's arenas.
     pub largest_gap: u64,
     pub live_bytes: u64,
@@ -188,6 +193,7 @@ pub fn diagnose(request: Request, device: Device, process: Process<'_>) -> OomDi
         largest_free,
         cuda_free,
         retries: 0,
+        inside_pytorch_cache: false,
         largest_gap,
         live_bytes: live_blocks.iter().map(|b| b.1).sum(),
         class: OomClass::of(requested, device_free, largest_free),

@@ -112,6 +112,10 @@ pub struct Analysis {
     /// device-level recording of PyTorch processes: their cudaMallocs are
     /// PyTorch's segments, not the program's requests).
     pub whatif_not_run: Option<String>,
+    /// A device-level recording's processes that ran PyTorch's caching
+    /// allocator (they mapped `libc10_cuda.so`): their cudaMallocs are its
+    /// segments, so the gaps inside its cache are not in the recording.
+    pub pytorch_processes: Vec<u32>,
     /// What to do ([`advice`]).
     pub advice: Vec<Advice>,
 }

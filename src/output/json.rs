@@ -136,6 +136,7 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
             "device_free": o.device_free,
             "cuda_free": o.cuda_free,
             "retries": o.retries,
+            "inside_pytorch_cache": o.inside_pytorch_cache,
             "largest_free": o.largest_free,
             "largest_gap": o.largest_gap,
             "live_bytes": o.live_bytes,

@@ -200,7 +200,20 @@ fn a_recording_of_pytorchs_segments_gets_no_setting() {
         // cache, and that second failed cudaMalloc is the same OOM.
         let ooms = r["ooms"].as_array().unwrap();
         assert_eq!((ooms.len(), ooms[0]["retries"].as_u64()), (1, Some(1)), "{name}: {ooms:?}");
-        assert!(md.contains("each retry failed too and is counted with its request"), "{name}: {md}");
+        assert!(md.contains("The request was asked twice: PyTorch's allocator"), "{name}: {md}");
+        // Its class cannot be told from PyTorch's segments, whatever the
+        // capacity: with the GPU's total it read "allocator policy" (the
+        // CUDA context counted as free), where the truth is fragmentation
+        // inside PyTorch's cache.
+        assert_eq!(ooms[0]["class"], "unknown", "{name}");
+        assert_eq!(ooms[0]["inside_pytorch_cache"], true, "{name}");
+        assert!(md.contains("capacity or fragmentation cannot be told from it"), "{name}: {md}");
+        assert!(!md.contains("Defragmenting will not help"), "{name}: {md}");
+    }
+    if let Some(checker) = p.parent().map(|d| d.join("checker-default")).filter(|c| c.exists()) {
+        let (r, md) = analyze(&checker, &tmp.path().join("checker"), &["--capacity", "85017493504"]);
+        assert_eq!(r["ooms"][0]["class"], "unknown", "{md}");
+        assert!(!md.contains("Defragmenting will not help"), "{md}");
     }
     // The same calls without the copied maps, as from a program not known
     // to run PyTorch: each failure is a request, and the replay runs. The

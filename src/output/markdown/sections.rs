@@ -102,6 +102,13 @@ pub(crate) fn verdict_md(a: &Analysis, s: &Summary) -> String {
                 pr.confidence.unwrap_or(0.0),
                 pr.trend,
             );
+            if a.pytorch_processes.contains(&p.pid) {
+                let _ = writeln!(
+                    md,
+                    "This level is of PyTorch's segments only: the process ran PyTorch's caching allocator, and the \
+                     gaps inside its cache are not in a recording of cudaMalloc calls.\n"
+                );
+            }
         }
         _ => {
             let _ = writeln!(
@@ -113,8 +120,16 @@ pub(crate) fn verdict_md(a: &Analysis, s: &Summary) -> String {
     if let Some((class, _)) = s.oom_classes.first() {
         let parts: Vec<String> =
             s.oom_classes.iter().map(|(c, n)| format!("{n} {}", c.name().replace('_', " "))).collect();
-        let _ =
-            writeln!(md, "**{}: {}** — {}.\n", plural(s.ooms, "OOM", "OOMs"), parts.join(", "), oom_sentence(*class));
+        let sentence = if a.ooms.iter().any(|o| o.inside_pytorch_cache)
+            && *class == crate::analysis::oom::OomClass::Unknown
+        {
+            "the process ran PyTorch's caching allocator, so its requests failed inside PyTorch's cache, whose free \
+             blocks this recording of cudaMalloc calls does not see: capacity or fragmentation cannot be told from it, \
+             whatever `--capacity` says (record with the allocator probes, or take a memory snapshot)"
+        } else {
+            oom_sentence(*class)
+        };
+        let _ = writeln!(md, "**{}: {}** — {sentence}.\n", plural(s.ooms, "OOM", "OOMs"), parts.join(", "));
     } else if let Some(why) = no_history(a) {
         let _ = writeln!(md, "OOMs, leaks, iterations and what-if cannot be judged from this file: {why}.\n");
     } else {
@@ -286,6 +301,11 @@ pub(crate) fn ooms_md(a: &Analysis) -> String {
                     "Capacity of {whose}: not known; the free memory below is what the OOM entries reported.\n"
                 )
             }
+            None if a.ooms.iter().all(|o| o.inside_pytorch_cache) => writeln!(
+                md,
+                "Capacity of {whose}: not known (`--capacity` gives the free device memory; the class cannot be told \
+                 from this recording, see above).\n"
+            ),
             None => writeln!(
                 md,
                 "Capacity of {whose}: not known (pass `--capacity`): free memory and classes cannot be computed.\n"
@@ -326,9 +346,8 @@ pub(crate) fn ooms_md(a: &Analysis) -> String {
         let calls: u64 = a.ooms.iter().map(|o| 1 + u64::from(o.retries)).sum();
         let _ = writeln!(
             md,
-            "\n{} retried by the program, of the same size, before it allocated anything else (PyTorch's allocator \
-             releases its cache and asks once more): each retry failed too and is counted with its request, not as \
-             another OOM ({calls} failed calls in all).",
+            "\n{} asked twice: PyTorch's allocator, which the process ran, released its cache and asked once more, \
+             and that failed too. Each request is counted once ({calls} failed cudaMalloc calls in all).",
             if retried == 1 && a.ooms.len() == 1 {
                 "The request was".to_string()
             } else {
