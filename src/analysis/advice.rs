@@ -135,7 +135,10 @@ pub fn advise(a: &Analysis, events: &Events) -> Vec<Advice> {
     if a.ooms.is_empty()
         && let Some(x) = a.oom_risk.iter().filter(|x| x.level >= OomRisk::High).max_by_key(|x| x.level)
     {
-        out.push(Advice::new(Kind::Risk, format!("No OOM yet, but the OOM risk is {}: {}.", x.level.name(), x.reason)));
+        out.push(Advice::new(
+            Kind::Risk,
+            format!("No OOM in this trace, but the OOM risk is {}: {}.", x.level.name(), x.reason),
+        ));
     }
     out
 }

@@ -286,8 +286,12 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     }
     // The OOM risk, after the what-if: a capacity its cache flushes imply
     // counts too.
-    let flushes: Vec<(u32, u64)> =
-        analysis.whatif.iter().flat_map(|w| w.flushes.iter()).filter_map(|(d, f)| Some((*d, f.capacity?.0))).collect();
+    let flushes: Vec<(u32, u64, u64)> = analysis
+        .whatif
+        .iter()
+        .flat_map(|w| w.flushes.iter())
+        .filter_map(|(d, f)| f.capacity.map(|(lo, hi)| (*d, lo, hi)))
+        .collect();
     analysis.oom_risk = risk_series::evaluate(
         &risk_series::Inputs {
             events,

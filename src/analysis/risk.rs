@@ -112,7 +112,7 @@ impl CapacitySource {
                 "inferred at the OOM: what was reserved then, as CUDA refused the segment PyTorch asked for (at least this much)"
             }
             CapacitySource::InferredFromFlushes => {
-                "inferred from cache flushes (PyTorch released cached segments because the device was full): the least capacity they allow"
+                "inferred from cache flushes (PyTorch released cached segments because the device was full), which bound it"
             }
         }
     }
@@ -123,6 +123,8 @@ impl CapacitySource {
 pub struct Capacity {
     pub bytes: u64,
     pub source: CapacitySource,
+    /// The most it can be, when only an interval is known (cache flushes).
+    pub upper: Option<u64>,
 }
 
 impl Capacity {

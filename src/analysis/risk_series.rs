@@ -15,8 +15,8 @@ pub(crate) struct Inputs<'a> {
     pub ooms: &'a [crate::analysis::oom::OomDiagnosis],
     pub given: Option<u64>,
     pub recorded: Option<u64>,
-    /// Per device, the least capacity its cache flushes allow.
-    pub flushes: &'a [(u32, u64)],
+    /// Per device, the least and the most capacity its cache flushes allow.
+    pub flushes: &'a [(u32, u64, u64)],
     /// A recording made with the probes on PyTorch's allocator: an OOM's
     /// free memory is a bound ([`CapacitySource::InferredFromRefusal`]).
     pub probed: bool,
@@ -108,16 +108,16 @@ fn series_of(inp: &Inputs<'_>) -> Vec<Series> {
 /// inferred from its first `oom` entry that reported CUDA's free memory.
 fn capacity_of(inp: &Inputs<'_>, series: &Series) -> Option<Capacity> {
     if let Some(bytes) = inp.given {
-        return Some(Capacity { bytes, source: CapacitySource::Given });
+        return Some(Capacity { bytes, source: CapacitySource::Given, upper: None });
     }
     if let Some(bytes) = inp.recorded {
-        return Some(Capacity { bytes, source: CapacitySource::Recorded });
+        return Some(Capacity { bytes, source: CapacitySource::Recorded, upper: None });
     }
     // A recording's GPU, of its own size.
     if series.members.is_some()
         && let Some(&bytes) = series.device.and_then(|g| inp.gpus.totals.get(&(g as i32)))
     {
-        return Some(Capacity { bytes, source: CapacitySource::Recorded });
+        return Some(Capacity { bytes, source: CapacitySource::Recorded, upper: None });
     }
     // Inferred only for a snapshot's device.
     let device = series.device.filter(|_| series.members.is_none())?;
@@ -126,11 +126,11 @@ fn capacity_of(inp: &Inputs<'_>, series: &Series) -> Option<Capacity> {
         .find(|o| o.pid == device && o.device_free.is_some())
         .and_then(|o| {
             let source = if inp.probed { CapacitySource::InferredFromRefusal } else { CapacitySource::InferredFromOom };
-            Some(Capacity { bytes: o.device_free? + o.live_bytes, source })
+            Some(Capacity { bytes: o.device_free? + o.live_bytes, source, upper: None })
         })
         .or_else(|| {
-            let bytes = inp.flushes.iter().find(|f| f.0 == device)?.1;
-            Some(Capacity { bytes, source: CapacitySource::InferredFromFlushes })
+            let &(_, bytes, upper) = inp.flushes.iter().find(|f| f.0 == device)?;
+            Some(Capacity { bytes, source: CapacitySource::InferredFromFlushes, upper: Some(upper) })
         })
 }
 
@@ -256,6 +256,22 @@ fn assessment(
             "the device's capacity is not known: not recorded, not given with --capacity, and neither an `oom` entry nor a cache flush shows it"
                 .to_string(),
         ),
+        Some(c) if c.upper.is_some_and(|hi| hi > c.bytes) => {
+            // An interval: judged at its top, where the least share is in
+            // use, so that the level holds for every capacity in it.
+            let hi = c.upper.unwrap_or(c.bytes);
+            let (level, why) = assess(hi, &State { trend_per_step: 0.0, ..*s });
+            let least = if hi == 0 { 100.0 } else { s.peak as f64 / hi as f64 * 100.0 };
+            let most = if c.bytes == 0 { 100.0 } else { (s.peak as f64 / c.bytes as f64 * 100.0).min(100.0) };
+            let why: Vec<String> = why
+                .into_iter()
+                .map(|w| match w.split_once(" % of the capacity in use") {
+                    Some((_, rest)) => format!("{least:.0}–{most:.0} % of the capacity in use{rest}"),
+                    None => w,
+                })
+                .collect();
+            (level, format!("{} {} of {}–{}: {}", peak_what, b(s.peak), b(c.bytes), b(hi), why.join("; ")))
+        }
         Some(c) if c.is_lower_bound() => {
             // Only a least capacity is known: the share in use is at most
             // what it gives, and the headroom is not known, so no rise is

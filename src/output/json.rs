@@ -111,6 +111,7 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
             "reason": x.reason,
             "capacity_bytes": x.capacity.map(|c| c.bytes),
             "capacity_source": x.capacity.map(|c| c.source),
+            "capacity_upper_bytes": x.capacity.and_then(|c| c.upper),
             "peak_bytes": x.peak_bytes,
             "peak_is": x.peak_what,
             "headroom_bytes": x.headroom_bytes,

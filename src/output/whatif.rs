@@ -216,11 +216,19 @@ fn scenario_label(recorded: &[String], conf: &[String]) -> String {
     let key = |e: &String| e.split(':').next().unwrap_or_default().to_string();
     let keys: Vec<String> = conf.iter().map(key).collect();
     let kept: Vec<&str> = recorded.iter().filter(|e| !keys.contains(&key(e))).map(String::as_str).collect();
-    if kept.is_empty() {
+    if is_recorded(recorded, conf) {
+        // The sweep's entry is what the recording already ran with.
+        format!("`{}` (the recorded settings)", recorded.join(","))
+    } else if kept.is_empty() {
         format!("`{}`", conf.join(","))
     } else {
         format!("`{}` + recorded `{}`", conf.join(","), kept.join(","))
     }
+}
+
+/// Whether a sweep's entries are what the recording already ran with.
+fn is_recorded(recorded: &[String], conf: &[String]) -> bool {
+    !conf.is_empty() && conf.iter().all(|e| recorded.contains(e))
 }
 
 fn scenarios_md(w: &Whatif, level: &str) -> String {
@@ -288,7 +296,10 @@ fn scenarios_md(w: &Whatif, level: &str) -> String {
             ),
             // Without a capacity nothing can run out of memory: a 0 there
             // would read as a verdict.
-            None if w.capacity.is_none() && !(i == 0 && s.conf.is_empty()) => {
+            None if w.capacity.is_none()
+                && !(i == 0 && s.conf.is_empty())
+                && !is_recorded(&w.recorded_conf, &s.conf) =>
+            {
                 (bytes(s.peak_reserved_bytes), "not judged".to_string())
             }
             None => (bytes(s.peak_reserved_bytes), s.ooms.to_string()),
@@ -308,9 +319,19 @@ fn scenarios_md(w: &Whatif, level: &str) -> String {
             s.segment_allocs,
         );
     }
-    for s in w.scenarios.iter().filter(|s| s.note.is_some()) {
+    // One note once, naming every row it is about (a setting the recording
+    // ran with gives every row the same note).
+    let mut notes: Vec<(&str, Vec<String>)> = Vec::new();
+    for s in w.scenarios.iter() {
+        let Some(note) = s.note.as_deref() else { continue };
         let who = if s.conf.is_empty() { "recorded settings".to_string() } else { format!("`{}`", s.conf.join(",")) };
-        let _ = writeln!(md, "\nNote on {who}: {}.", s.note.as_deref().unwrap_or_default());
+        match notes.iter_mut().find(|n| n.0 == note) {
+            Some(n) => n.1.push(who),
+            None => notes.push((note, vec![who])),
+        }
+    }
+    for (note, who) in notes {
+        let _ = writeln!(md, "\nNote on {}: {note}.", who.join(", "));
     }
     md.push_str("\nReserved − allocated at peak: while reserved was at its peak, what it held beyond the most that was allocated then.\n");
     md.push_str("\nNot modelled: CUDA graph pools, pending `record_stream` events. Every scenario starts from the recorded state before the first trace entry.\n");
@@ -474,6 +495,10 @@ mod tests {
             "`roundup_power2_divisions:4` + recorded `max_split_size_mb:64`"
         );
         assert_eq!(scenario_label(&recorded, &conf("max_split_size_mb:128")), "`max_split_size_mb:128`");
+        assert_eq!(
+            scenario_label(&recorded, &conf("max_split_size_mb:64")),
+            "`max_split_size_mb:64` (the recorded settings)"
+        );
         assert_eq!(scenario_label(&[], &conf("expandable_segments:True")), "`expandable_segments:True`");
     }
 }

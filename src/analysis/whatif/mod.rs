@@ -200,6 +200,16 @@ fn recommend(scenarios: &[Scenario], capacity_known: bool, unreproduced: Option<
             ),
         );
     }
+    if !capacity_known {
+        // Without a capacity OOMs are not judged: only the memory reserved.
+        return (
+            0,
+            format!(
+                "no scenario reserves less than the recorded settings' {} by more than 1 % at the peak (OOMs are not judged without a capacity)",
+                crate::units::bytes(rec.peak_reserved_bytes)
+            ),
+        );
+    }
     (
         0,
         format!(

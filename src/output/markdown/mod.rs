@@ -182,8 +182,9 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
             let why = if a.trace.dir.join(crate::trace::kernel_names::KERNELS_FILE).is_file() {
                 "the program registered no name for them and no symbol lies at their address"
             } else {
-                "this recording has no registered kernel names (`kernels.json`: `record` keeps them since it reads \
-                 the CUDA runtime's registrations), and CUDA 13 launches pass a handle in the heap, where no symbol lies"
+                "this recording has no registered kernel names (`kernels.json`, which `fragscope record` writes from \
+                 the CUDA runtime's registration calls; recordings made by earlier versions have none), and CUDA 13 \
+                 launches pass a handle in the heap, where no symbol lies: record again with this version to name them"
             };
             let which = if unnamed == a.kernels.len() {
                 format!("All {unnamed} kernels are")

@@ -540,11 +540,15 @@ pub(crate) fn iterations_md(a: &Analysis) -> String {
     }
     if a.iterations.iter().all(|it| it.complete < 4) {
         let most = a.iterations.iter().map(|it| it.complete).max().unwrap_or(0);
+        let count = match (most, a.iterations.len()) {
+            (0, _) => "none".to_string(),
+            (n, 1) => n.to_string(),
+            (n, _) => format!("at most {n}"),
+        };
         let _ = writeln!(
             md,
-            "\nFewer than four complete iterations ({}): the first is taken as warm-up, and fewer than three after it \
-             cannot show a leak or a trend across iterations.",
-            if most == 0 { "none".to_string() } else { format!("at most {most}") }
+            "\nFewer than four complete iterations ({count}): the first is taken as warm-up, and fewer than three \
+             after it cannot show a leak or a trend across iterations."
         );
     }
     md
