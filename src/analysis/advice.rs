@@ -152,10 +152,22 @@ fn from_replay(a: &Analysis, w: &crate::analysis::whatif::Whatif, events: &Event
         w.scenarios[1..].iter().filter(|s| s.ooms == 0 && !s.conf.is_empty()).collect();
     fixes.sort_by_key(|s| s.peak_reserved_bytes);
     for s in &fixes {
+        // Little to spare below the capacity: said, as the replay is exact
+        // only for the requests this trace holds.
+        let tight = w
+            .capacity
+            .map(|c| c.saturating_sub(s.peak_reserved_bytes))
+            .filter(|&spare| w.capacity.is_some_and(|c| (spare as f64) < c as f64 * 0.01))
+            .map_or(String::new(), |spare| {
+                format!(
+                    ", only {} below the capacity: a margin that a small change in the program could take",
+                    bytes(spare)
+                )
+            });
         out.push(Advice {
             kind: Kind::Setting,
             text: format!(
-                "`{}` removes every OOM in a replay of this trace's requests (0 instead of {rec_ooms}; peak reserved {}).",
+                "`{}` removes every OOM in a replay of this trace's requests (0 instead of {rec_ooms}; peak reserved {}{tight}).",
                 line(&s.conf),
                 bytes(s.peak_reserved_bytes)
             ),

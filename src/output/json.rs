@@ -136,7 +136,9 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
             "requested": o.requested,
             "device_free": o.device_free,
             "cuda_free": o.cuda_free,
-            "retries": o.retries,
+            // Counted only from a device-level recording's failed calls: a
+            // snapshot's one `oom` entry does not say how often PyTorch asked.
+            "retries": (!a.allocator_view).then_some(o.retries),
             "inside_pytorch_cache": o.inside_pytorch_cache,
             "largest_free": o.largest_free,
             "largest_gap": o.largest_gap,

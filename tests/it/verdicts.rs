@@ -129,6 +129,20 @@ fn oom_advice_follows_the_replay_and_the_real_runs() {
     // The capacity is inferred from the OOM itself: no monitor could have
     // warned before it, so no lead time is claimed.
     assert!(md.contains("| warning lead time | none: the capacity was not known before the first OOM"), "{md}");
+    // A fix with little to spare says how little: under roundup 4 the
+    // replay of max_split_size_mb:64 peaks 6.19 MiB below the capacity.
+    if let Some(roundup) = h100("varshape-roundup_power2_divisions-4.pickle") {
+        let (r, _) = analyze(&roundup, &tmp.path().join("r"), &[]);
+        let tight: Vec<&str> = r["advice"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|a| a["text"].as_str())
+            .filter(|t| t.contains("below the capacity"))
+            .collect();
+        assert!(tight.iter().any(|t| t.contains("max_split_size_mb:64") && t.contains("only 6.19 MiB")), "{tight:?}");
+        assert!(!tight.iter().any(|t| t.contains("expandable_segments:True")), "{tight:?}");
+    }
     // checker: no setting removes it (none did on the H100); the advice says
     // so first and names the 6 MiB blocks that pin one 20 MiB segment each.
     let (c, md) = analyze(&checker, &tmp.path().join("c"), &[]);

@@ -425,6 +425,19 @@ pub fn run(
     if source == Source::DeviceLevel && recommended.0 != 0 && scenarios[recommended.0].conf.is_empty() {
         recommended.1 = format!("{} with PyTorch's caching allocator as it comes", recommended.1);
     }
+    // A recommended setting that removes the OOMs with little to spare on
+    // one device: say how little.
+    if let ([Some(cap)], true) = (capacities.as_slice(), recommended.0 != 0) {
+        let peak = scenarios[recommended.0].peak_reserved_bytes;
+        let spare = cap.saturating_sub(peak);
+        if scenarios[recommended.0].ooms < scenarios[0].ooms && (spare as f64) < *cap as f64 * SIGNIFICANT {
+            recommended.1 = format!(
+                "{}, only {} below the capacity: a margin that a small change in the program could take",
+                recommended.1,
+                crate::units::bytes(spare)
+            );
+        }
+    }
     let capacity_inferred = capacity.is_none() && capacities.iter().any(Option::is_some);
     let capacity = capacity.or_else(|| capacities.iter().flatten().copied().max());
     let recorded_conf = recorded.conf_entries();
