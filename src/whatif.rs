@@ -30,6 +30,19 @@ fn load(path: &std::path::Path, device: Option<u32>) -> Result<Loaded> {
         return Ok((streams, recorded, details.allocator_settings.clone(), Source::Snapshot, None, units));
     }
     let streams = device_level_streams(&loaded.events, &loaded.trace.dir);
+    let pytorch = crate::trace::symbols::pytorch_processes(&loaded.trace.dir);
+    if !pytorch.is_empty() {
+        // Asked for, so run; but what it replays is PyTorch's segments.
+        let mut pids: Vec<u32> = pytorch.into_iter().collect();
+        pids.sort_unstable();
+        eprintln!(
+            "warning: {}: process {} ran PyTorch's caching allocator (it mapped libc10_cuda.so): its cudaMallocs are \
+             PyTorch's segments, not the program's requests, so this replay says nothing about PYTORCH_CUDA_ALLOC_CONF; \
+             record with the allocator probes (not --no-torch) or take a memory snapshot",
+            path.display(),
+            pids.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+        );
+    }
     anyhow::ensure!(!streams.is_empty(), "{}: no device allocations to replay", path.display());
     let capacity = meta.and_then(|m| m.capacity_bytes);
     let units = loaded.trace.units.clone();

@@ -224,6 +224,11 @@ fn a_recording_of_pytorchs_segments_gets_no_setting() {
         assert!(md.contains("capacity or fragmentation cannot be told from it"), "{name}: {md}");
         assert!(!md.contains("Defragmenting will not help"), "{name}: {md}");
     }
+    // `whatif`, asked for it, runs the replay but says what it replays.
+    let out = fragscope().arg("whatif").arg(&p).arg("-o").arg(tmp.path().join("w")).output().unwrap();
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("process 1375 ran PyTorch's caching allocator"), "{stderr}");
     if let Some(checker) = p.parent().map(|d| d.join("checker-default")).filter(|c| c.exists()) {
         let (r, md) = analyze(&checker, &tmp.path().join("checker"), &["--capacity", "85017493504"]);
         assert_eq!(r["ooms"][0]["class"], "unknown", "{md}");
