@@ -29,8 +29,8 @@ fn load(path: &std::path::Path, device: Option<u32>) -> Result<Loaded> {
         let units = loaded.trace.units.clone();
         return Ok((streams, recorded, details.allocator_settings.clone(), Source::Snapshot, None, units));
     }
-    let streams = device_level_streams(&loaded.events, &loaded.trace.dir);
-    let pytorch = crate::trace::symbols::pytorch_processes(&loaded.trace.dir);
+    let pytorch = crate::analysis::pytorch_units(&loaded.trace);
+    let streams = device_level_streams(&loaded.events, &pytorch);
     if !pytorch.is_empty() {
         // Asked for, so run; but what it replays is PyTorch's segments.
         let mut pids: Vec<u32> = pytorch.into_iter().collect();

@@ -154,8 +154,10 @@ fn from_replay(a: &Analysis, w: &crate::analysis::whatif::Whatif, events: &Event
     for s in &fixes {
         // Little to spare below the capacity: said, as the replay is exact
         // only for the requests this trace holds.
+        // On one device only: the peaks of several are summed.
         let tight = w
             .capacity
+            .filter(|_| s.devices.len() == 1)
             .map(|c| c.saturating_sub(s.peak_reserved_bytes))
             .filter(|&spare| w.capacity.is_some_and(|c| (spare as f64) < c as f64 * 0.01))
             .map_or(String::new(), |spare| {

@@ -463,7 +463,7 @@ fn by_iterations(r: &mut LeakReport, input: &Input<'_>, floors: &IterationFloors
     }
     // A rise, then floors that held: bounded growth or a leak the cache
     // absorbs for a while look the same over so few iterations.
-    if best >= 1 && held >= 1 {
+    if best >= 1 && held >= 1 && best_end + 1 + held == d.len() {
         let (from, to) = (best_end + 1 - best, best_end + 1);
         return (
             Verdict::CannotTell,

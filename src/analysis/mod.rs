@@ -132,8 +132,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     // A device-level recording's processes that ran PyTorch's caching
     // allocator: their failed cudaMallocs are retried once, and their OOMs
     // cannot be classified from the segments.
-    let pytorch =
-        if allocator_view { Default::default() } else { crate::trace::symbols::pytorch_processes(&trace.dir) };
+    let pytorch = if allocator_view { Default::default() } else { pytorch_units(&trace) };
     let annotations: &[crate::trace::details::Annotation] =
         trace.meta.as_ref().map_or(&[], |m| m.details.annotations());
     // Call-site iterations are a snapshot's (allocator view); a device-level
@@ -143,27 +142,39 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     // they are found on a second core while the replay walks them (on a
     // 10 M-event trace the period search replays live bytes on its own,
     // 0.35 s, and the lives take 0.23 s; the walk 1.2 s).
-    let (Walk { mut rows, ooms, counts, failed_allocs }, (detected, floors, lives)) = std::thread::scope(|scope| {
-        let beside = scope.spawn(|| {
-            let started = std::time::Instant::now();
-            let found = detect_iterations(events, allocator_view, snapshot_stacks, annotations);
-            tracing::debug!("iterations in {:.3} s (beside the replay)", started.elapsed().as_secs_f64());
-            // The leak rule's exact floors read only the events and the
-            // iterations: found here too, off the replay's path.
-            let started = std::time::Instant::now();
-            let floors: ahash::AHashMap<u32, leak::IterationFloors> =
-                found.iter().map(|(&pid, it)| (pid, leak::iteration_floors(events, pid, allocator_view, it))).collect();
-            tracing::debug!("iteration floors in {:.3} s (beside the replay)", started.elapsed().as_secs_f64());
-            let started = std::time::Instant::now();
-            let lives = opts.layout.then(|| layout::Lives::of(events));
-            tracing::debug!("layout in {:.3} s (beside the replay)", started.elapsed().as_secs_f64());
-            (found, floors, lives)
+    let (Walk { mut rows, ooms, counts, failed_allocs, recovered }, (detected, floors, lives)) =
+        std::thread::scope(|scope| {
+            let beside = scope.spawn(|| {
+                let started = std::time::Instant::now();
+                let found = detect_iterations(events, allocator_view, snapshot_stacks, annotations);
+                tracing::debug!("iterations in {:.3} s (beside the replay)", started.elapsed().as_secs_f64());
+                // The leak rule's exact floors read only the events and the
+                // iterations: found here too, off the replay's path.
+                let started = std::time::Instant::now();
+                let floors: ahash::AHashMap<u32, leak::IterationFloors> = found
+                    .iter()
+                    .map(|(&pid, it)| (pid, leak::iteration_floors(events, pid, allocator_view, it)))
+                    .collect();
+                tracing::debug!("iteration floors in {:.3} s (beside the replay)", started.elapsed().as_secs_f64());
+                let started = std::time::Instant::now();
+                let lives = opts.layout.then(|| layout::Lives::of(events));
+                tracing::debug!("layout in {:.3} s (beside the replay)", started.elapsed().as_secs_f64());
+                (found, floors, lives)
+            });
+            let retries = (!allocator_view).then(|| oom::Retries::of(pytorch.clone()));
+            let walked = walk(
+                events,
+                &bounds,
+                &mut replay,
+                allocator_view,
+                capacity,
+                stacks.as_deref(),
+                &gpus,
+                retries,
+                &pytorch,
+            );
+            (walked, beside.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
         });
-        let retries = (!allocator_view).then(|| oom::Retries::of(pytorch.clone()));
-        let walked =
-            walk(events, &bounds, &mut replay, allocator_view, capacity, stacks.as_deref(), &gpus, retries, &pytorch);
-        (walked, beside.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
-    });
     for _ in 0..counts.unknown {
         replay.note_unknown_kind();
     }
@@ -197,6 +208,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         events: events.len() as u64,
         counts_by_kind: counts,
         failed_allocs,
+        recovered_allocs: recovered,
         first_ts: events.ts_ns.first().copied().unwrap_or(0),
         last_ts: events.ts_ns.last().copied().unwrap_or(0),
         step_count: bounds.len(),
@@ -232,7 +244,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     // A device-level recording of PyTorch's processes holds its segments,
     // not the program's requests: replaying those through a model of the
     // same allocator says nothing about its settings.
-    if snapshot.is_none() && analysis.ooms.iter().any(|o| pytorch.contains(&o.pid)) {
+    if opts.whatif && snapshot.is_none() && analysis.ooms.iter().any(|o| pytorch.contains(&o.pid)) {
         analysis.whatif_not_run = Some(
             "the failing process ran PyTorch's caching allocator (it mapped `libc10_cuda.so`), so this recording's \
              cudaMallocs are PyTorch's segments, not the program's requests: replaying them through a model of that \
@@ -256,7 +268,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
                 whatif::Source::Snapshot,
             ),
             None => (
-                whatif::device_level_streams(events, &analysis.trace.dir),
+                whatif::device_level_streams(events, &pytorch),
                 crate::allocator::Settings::default(),
                 whatif::Source::DeviceLevel,
             ),
@@ -326,12 +338,25 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     Ok(analysis)
 }
 
+/// The replay units of a device-level recording that ran PyTorch's
+/// caching allocator: the processes whose recorded maps hold
+/// `libc10_cuda.so`, and each unit (process on one GPU) of those that used
+/// several GPUs.
+pub(crate) fn pytorch_units(trace: &Trace) -> std::collections::HashSet<u32> {
+    let pids = crate::trace::symbols::pytorch_processes(&trace.dir);
+    let units: Vec<u32> = trace.units.iter().filter(|(_, (pid, _))| pids.contains(pid)).map(|(&u, _)| u).collect();
+    pids.into_iter().chain(units).collect()
+}
+
 /// What the walk over the events gathers.
 struct Walk {
     rows: Vec<Row>,
     ooms: Vec<OomDiagnosis>,
     counts: crate::trace::event::KindCounts,
     failed_allocs: u64,
+    /// Failed cudaMallocs that PyTorch's allocator then served after
+    /// releasing its cache: no OOM ([`oom::Retries`]).
+    recovered: u64,
 }
 
 /// Applies every event to the replay, with a row per process at the end
@@ -352,6 +377,7 @@ fn walk(
         ooms: Vec::new(),
         counts: Default::default(),
         failed_allocs: 0,
+        recovered: 0,
     };
     let mut pids: Vec<u32> = Vec::new();
     let row = |step: usize, t_ns: u64, pid: u32, at_oom: bool, replay: &mut Replay| Row {
@@ -381,12 +407,25 @@ fn walk(
                 if e.ret != 0 && e.kind.is_alloc_request() {
                     w.failed_allocs += 1;
                 }
-                // A recorded program's retry of the request that just
-                // failed is that OOM again, not another.
-                let retry = e.kind.is_alloc_request()
-                    && retries.as_mut().is_some_and(|r| r.is_retry(e.pid, e.size, e.is_oom()));
-                if retry && let Some(first) = w.ooms.iter_mut().rev().find(|o| o.pid == e.pid) {
+                // PyTorch's second ask of the request that just failed: a
+                // failed one is that OOM again, a served one means the
+                // failure was no OOM (the cache's release made room).
+                let ask = match retries.as_mut() {
+                    Some(r) if e.kind.is_device_alloc() => r.ask(e.pid, e.size, e.is_oom()),
+                    _ => oom::Ask::New,
+                };
+                if ask == oom::Ask::Retry
+                    && let Some(first) = w.ooms.iter_mut().rev().find(|o| o.pid == e.pid)
+                {
                     first.retries += 1;
+                } else if ask == oom::Ask::Recovered
+                    && let Some(at) = w.ooms.iter().rposition(|o| o.pid == e.pid)
+                {
+                    let gone = w.ooms.remove(at);
+                    if let Some(row) = w.rows.iter().rposition(|r| r.at_oom && r.pid == e.pid && r.t_ns == gone.t_ns) {
+                        w.rows.remove(row);
+                    }
+                    w.recovered += 1;
                 } else if e.is_oom() {
                     let r = row(step, e.ts_ns, e.pid, true, replay);
                     let mut d = diagnose_oom(&e, &r.metrics, replay, allocator_view, capacity, stacks, gpus);

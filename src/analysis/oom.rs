@@ -88,23 +88,41 @@ pub struct OomDiagnosis {
     pub top_sites: Vec<crate::analysis::sites::SiteBytes>,
 }
 
-/// Tells a failed device allocation that retries the process's previous
-/// failed one from a new OOM. PyTorch's allocator, when `cudaMalloc`
-/// fails, releases its cached segments and asks again once (and other
-/// caching allocators do the same): a recording then holds two failed
-/// calls for one request. A failure is a retry when it asks the same size
-/// as the process's previous failure and the process allocated nothing in
-/// between (frees, the cache's release, may come between); the failure
-/// after a retry is a new request. Only for the processes known to run
-/// such an allocator (a recording's processes that mapped PyTorch's,
-/// [`crate::trace::symbols::pytorch_processes`]): a plain program may call
-/// `cudaMalloc` in a loop, each failure a request of its own.
+/// Tells, for a process that ran PyTorch's caching allocator, a failed
+/// device allocation that retries the previous one, or one that the
+/// allocator then served, from a new OOM. When `cudaMalloc` fails, PyTorch
+/// releases its cached segments and asks again once: a recording then
+/// holds two failed calls for one request, or a failed call and a
+/// successful one for a request that did not fail at all. A call is that
+/// second ask when it is the same size as the process's previous failure
+/// and the process allocated nothing on the device in between (frees, the
+/// cache's release, and host allocations may come between); the failure
+/// after a retry is a new request. Only for the processes (replay units)
+/// known to run that allocator ([`crate::trace::symbols::pytorch_processes`]):
+/// a plain program may call `cudaMalloc` in a loop, each failure a
+/// request of its own.
+///
+/// Not recognised: a third ask (with `max_split_size_mb`, PyTorch first
+/// frees only its cached blocks above that size and asks, then releases
+/// the whole cache and asks again), and expandable segments' `cuMemCreate`.
 #[derive(Debug, Default)]
 pub struct Retries {
-    /// The processes whose allocator retries.
+    /// The units whose allocator retries.
     retrying: std::collections::HashSet<u32>,
-    /// Per process: the size of its last failure, while nothing succeeded.
+    /// Per unit: the size of its last failure, while nothing succeeded.
     pending: ahash::AHashMap<u32, u64>,
+}
+
+/// What a device allocation call is, for [`Retries`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ask {
+    /// A request of its own (or a process not known to retry).
+    New,
+    /// The failed retry of the previous failure: the same OOM.
+    Retry,
+    /// The successful retry of the previous failure: that failure was no
+    /// OOM, the allocator served the request after releasing its cache.
+    Recovered,
 }
 
 impl Retries {
@@ -112,22 +130,21 @@ impl Retries {
         Retries { retrying, pending: Default::default() }
     }
 
-    /// Notes a device allocation request of `pid` (`failed`: it ran out
-    /// of memory); true when it is a retry of the previous failure.
-    pub fn is_retry(&mut self, pid: u32, size: u64, failed: bool) -> bool {
-        if !self.retrying.contains(&pid) {
-            return false;
+    /// Notes a device allocation call of `unit` (`failed`: it ran out of
+    /// memory).
+    pub fn ask(&mut self, unit: u32, size: u64, failed: bool) -> Ask {
+        if !self.retrying.contains(&unit) {
+            return Ask::New;
         }
-        if !failed {
-            self.pending.remove(&pid);
-            return false;
+        match (self.pending.remove(&unit), failed) {
+            (Some(s), true) if s == size => Ask::Retry,
+            (Some(s), false) if s == size => Ask::Recovered,
+            (_, true) => {
+                self.pending.insert(unit, size);
+                Ask::New
+            }
+            (_, false) => Ask::New,
         }
-        if self.pending.get(&pid) == Some(&size) {
-            self.pending.remove(&pid);
-            return true;
-        }
-        self.pending.insert(pid, size);
-        false
     }
 }
 
@@ -210,23 +227,27 @@ mod tests {
     const GIB: u64 = 1 << 30;
 
     /// PyTorch's allocator asks once more after releasing its cache: the
-    /// failure right after a failure of the same size, with nothing
-    /// allocated between, is that retry; the one after it a new request.
-    /// A process not known to run that allocator gets no pairing.
+    /// call right after a failure of the same size, with nothing allocated
+    /// on the device between, is that second ask; the failure after a
+    /// failed retry is a new request. A unit not known to run that
+    /// allocator gets no pairing.
     #[test]
-    fn a_retry_is_the_next_failure_of_the_same_size_with_nothing_allocated_between() {
+    fn a_second_ask_is_the_next_call_of_the_same_size_with_nothing_allocated_between() {
         let mut r = Retries::of([1].into_iter().collect());
-        assert!(!r.is_retry(1, GIB, true));
-        assert!(r.is_retry(1, GIB, true), "the retry");
-        assert!(!r.is_retry(1, GIB, true), "a new request");
-        assert!(r.is_retry(1, GIB, true), "and its retry");
-        // A success in between, or another size: new requests.
-        assert!(!r.is_retry(1, GIB, true));
-        assert!(!r.is_retry(1, GIB / 2, false));
-        assert!(!r.is_retry(1, GIB, true));
-        assert!(!r.is_retry(1, 2 * GIB, true));
-        // Another process: each failure its own.
-        assert!(!r.is_retry(2, GIB, true) && !r.is_retry(2, GIB, true));
+        assert_eq!(r.ask(1, GIB, true), Ask::New);
+        assert_eq!(r.ask(1, GIB, true), Ask::Retry);
+        assert_eq!(r.ask(1, GIB, true), Ask::New, "a new request");
+        assert_eq!(r.ask(1, GIB, true), Ask::Retry, "and its retry");
+        // Served after the cache was released: that failure was no OOM.
+        assert_eq!(r.ask(1, GIB, true), Ask::New);
+        assert_eq!(r.ask(1, GIB, false), Ask::Recovered);
+        // A success of another size in between, or another size: new.
+        assert_eq!(r.ask(1, GIB, true), Ask::New);
+        assert_eq!(r.ask(1, GIB / 2, false), Ask::New);
+        assert_eq!(r.ask(1, GIB, true), Ask::New);
+        assert_eq!(r.ask(1, 2 * GIB, true), Ask::New);
+        // Another unit: each failure its own.
+        assert_eq!((r.ask(2, GIB, true), r.ask(2, GIB, true)), (Ask::New, Ask::New));
     }
 
     #[test]

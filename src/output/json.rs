@@ -79,11 +79,16 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
             "has_metadata": meta.is_some(),
             "lost_events": meta.map_or(0, |m| m.lost_events),
             "capacity_bytes": meta.and_then(|m| m.capacity_bytes),
+            // Processes (replay units) that ran PyTorch's caching allocator,
+            // by their recorded maps: a device-level recording holds only
+            // their segments.
+            "pytorch_processes": a.pytorch_processes,
         },
         "events": {
             "total": a.events,
             "by_kind": a.counts_by_kind.present().map(|(k, n)| (k.name().to_string(), json!(n))).collect::<serde_json::Map<String, serde_json::Value>>(),
             "failed_allocs": a.failed_allocs,
+            "recovered_allocs": a.recovered_allocs,
             "ooms": a.ooms.len(),
             "first_ts_ns": a.first_ts,
             "last_ts_ns": a.last_ts,
@@ -207,6 +212,8 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
     }
     if let Some(w) = &a.whatif {
         report["whatif"] = crate::output::whatif::json(w);
+    } else if let Some(why) = &a.whatif_not_run {
+        report["whatif_not_run"] = json!(why);
     }
     if !a.alloc_stacks.is_empty() {
         report["alloc_stacks"] = json!(a.alloc_stacks);

@@ -271,3 +271,47 @@ fn golden_report() {
     let md = fs::read_to_string(out.join("report.md")).unwrap();
     insta::assert_snapshot!("report_md", md);
 }
+
+/// A process whose recorded maps show PyTorch's allocator asks once more
+/// after a failed cudaMalloc: the same trace, with such maps beside it,
+/// counts every failed call with its request (a failed second ask), drops
+/// a failure the second ask got served, classifies none (the gaps inside
+/// PyTorch's cache are not in it), and replays no setting. The walk and
+/// `whatif`'s request stream pair the same calls.
+#[test]
+fn a_pytorch_process_s_second_ask_is_the_same_request() {
+    let tmp = tempfile::tempdir().unwrap();
+    let trace = tmp.path().join("filling");
+    synth(&trace, "filling", 20_000, 5);
+    let plain = analyze(&trace, &tmp.path().join("plain"), &["--no-plots"]);
+    let calls = plain["events"]["failed_allocs"].as_u64().unwrap();
+    assert_eq!(plain["ooms"].as_array().unwrap().len() as u64, calls, "without the maps each failure is an OOM");
+    let pid = plain["ooms"][0]["pid"].as_u64().unwrap();
+    fs::create_dir_all(trace.join("maps")).unwrap();
+    fs::write(
+        trace.join("maps").join(pid.to_string()),
+        "7f0000000000-7f0000100000 r-xp 00000000 fe:00 42 /venv/lib/python3.12/site-packages/torch/lib/libc10_cuda.so\n",
+    )
+    .unwrap();
+    let (r, md) = {
+        let out = tmp.path().join("torch");
+        let r = analyze(&trace, &out, &["--no-plots"]);
+        (r, fs::read_to_string(out.join("report.md")).unwrap())
+    };
+    let ooms = r["ooms"].as_array().unwrap();
+    let retried: u64 = ooms.iter().map(|o| o["retries"].as_u64().unwrap()).sum();
+    let recovered = r["events"]["recovered_allocs"].as_u64().unwrap();
+    assert!(retried > 0, "consecutive same-size failures pair up");
+    assert_eq!(ooms.len() as u64 + retried + recovered, calls, "every failed call is an OOM, a retry or recovered");
+    assert!(ooms.iter().all(|o| o["class"] == "unknown" && o["inside_pytorch_cache"] == true));
+    assert_eq!(r["trace"]["pytorch_processes"], serde_json::json!([pid]));
+    assert!(r["whatif"].is_null() && r["whatif_not_run"].is_string(), "{}", r["whatif_not_run"]);
+    assert!(md.contains("asked twice: PyTorch's allocator"), "{md}");
+    // `whatif`, asked directly, warns, and its recorded row counts the same
+    // OOMs as the walk.
+    let out = fragscope().arg("whatif").arg(&trace).arg("-o").arg(tmp.path().join("w")).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ran PyTorch's caching allocator"));
+    let w: serde_json::Value = serde_json::from_slice(&fs::read(tmp.path().join("w/whatif.json")).unwrap()).unwrap();
+    assert_eq!(w["scenarios"][0]["ooms"].as_u64(), Some(ooms.len() as u64), "{}", w["scenarios"][0]);
+}

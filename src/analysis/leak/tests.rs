@@ -164,6 +164,26 @@ fn one_rise_then_a_short_hold_cannot_tell_and_says_so() {
     assert!(r.reason.contains("rose by 1.00 GiB from iteration 3 to 4, then held (equal to the byte)"), "{}", r.reason);
 }
 
+/// A staircase (a rise, a hold, a rise, a hold) is not "a rise that then
+/// held": the later rise would be left out.
+#[test]
+fn a_staircase_is_not_described_as_one_rise() {
+    let mut list = vec![(1, 512 * MIB, 0x1000_0000)];
+    for i in 0..6u64 {
+        let t = 100 * (i + 1);
+        list.push((t + 10, 64 * MIB, 0x4000_0000));
+        list.push((t + 20, 0, 0x4000_0000));
+        if i == 1 || i == 3 {
+            list.push((t + 30, 1024 * MIB, 0x9000_0000 + i * 1024 * MIB));
+        }
+    }
+    let ev = events(&list);
+    let it = iterations((0..6).map(|i| 100 * (i + 1)).collect());
+    let r = judge(&ev, Some(&it));
+    assert_eq!(r.verdict, Verdict::CannotTell, "{}", r.reason);
+    assert!(!r.reason.contains("then held"), "{}", r.reason);
+}
+
 #[test]
 fn growth_stopped_by_failing_requests_is_still_a_leak() {
     let mut list = vec![(1, 512 * MIB, 0x1000_0000)];

@@ -67,22 +67,32 @@ pub(super) fn is_small_segment(size: u64) -> bool {
 /// The request stream of each process of a device-level trace (eBPF,
 /// synthetic): successful allocations, frees, and failed allocations as
 /// requests that ran out of memory.
-/// A failed request that PyTorch's allocator retried
-/// ([`crate::analysis::oom::Retries`], from the maps in `trace_dir`) is
-/// left out: it is the same request.
-pub fn device_level_streams(events: &crate::trace::event::Events, trace_dir: &std::path::Path) -> Vec<DeviceStream> {
+/// For the units in `pytorch` ([`crate::analysis::oom::Retries`]), a
+/// failed request that PyTorch's allocator asked again is one request: a
+/// failed second ask is left out, and a failure that the second ask got
+/// served is no request that ran out of memory (its `oom` is taken back).
+pub fn device_level_streams(
+    events: &crate::trace::event::Events,
+    pytorch: &std::collections::HashSet<u32>,
+) -> Vec<DeviceStream> {
+    use crate::analysis::oom::Ask;
     let mut by: std::collections::BTreeMap<u32, DeviceStream> = Default::default();
-    let mut retries = crate::analysis::oom::Retries::of(crate::trace::symbols::pytorch_processes(trace_dir));
+    let mut retries = crate::analysis::oom::Retries::of(pytorch.clone());
     for i in 0..events.len() {
         let Some(kind) = events.kind[i] else { continue };
-        if kind.is_alloc_request()
-            && retries.is_retry(
-                events.pid[i],
-                events.size[i],
-                kind.can_run_out_of_memory() && events.ret[i] == crate::trace::event::CUDA_ERROR_OUT_OF_MEMORY,
-            )
-        {
-            continue;
+        if kind.is_device_alloc() {
+            let oom = events.ret[i] == crate::trace::event::CUDA_ERROR_OUT_OF_MEMORY;
+            match retries.ask(events.pid[i], events.size[i], oom) {
+                Ask::Retry => continue,
+                Ask::Recovered => {
+                    if let Some(d) = by.get_mut(&events.pid[i])
+                        && let Some(at) = d.events.iter().rposition(|r| r.kind == EventKind::Oom)
+                    {
+                        d.events.remove(at);
+                    }
+                }
+                Ask::New => {}
+            }
         }
         let k = if kind.is_device_alloc() || (kind.is_alloc_request() && events.ret[i] != 0) {
             if events.ret[i] == 0 { EventKind::BlockAlloc } else { EventKind::Oom }

@@ -160,7 +160,15 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
     for (k, n) in a.counts_by_kind.present() {
         let _ = writeln!(md, "| {} | {n} |", k.name());
     }
-    let _ = writeln!(md, "| failed allocations | {} |", a.failed_allocs);
+    if a.recovered_allocs > 0 {
+        let _ = writeln!(
+            md,
+            "| failed allocations | {} ({} served on PyTorch's second ask, after it released its cache: no OOM) |",
+            a.failed_allocs, a.recovered_allocs
+        );
+    } else {
+        let _ = writeln!(md, "| failed allocations | {} |", a.failed_allocs);
+    }
 
     if a.allocator_view {
         md.push_str(&allocator_md(a));

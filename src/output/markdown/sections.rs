@@ -120,8 +120,11 @@ pub(crate) fn verdict_md(a: &Analysis, s: &Summary) -> String {
     if let Some((class, _)) = s.oom_classes.first() {
         let parts: Vec<String> =
             s.oom_classes.iter().map(|(c, n)| format!("{n} {}", c.name().replace('_', " "))).collect();
-        let sentence = if a.ooms.iter().any(|o| o.inside_pytorch_cache)
-            && *class == crate::analysis::oom::OomClass::Unknown
+        // Only when every OOM without a class failed inside PyTorch's cache:
+        // `--capacity` would classify the others.
+        let unknown = a.ooms.iter().filter(|o| o.class == crate::analysis::oom::OomClass::Unknown);
+        let sentence = if *class == crate::analysis::oom::OomClass::Unknown
+            && unknown.clone().all(|o| o.inside_pytorch_cache)
         {
             "the process ran PyTorch's caching allocator, so its requests failed inside PyTorch's cache, whose free \
              blocks this recording of cudaMalloc calls does not see: capacity or fragmentation cannot be told from it, \
