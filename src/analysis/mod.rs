@@ -161,18 +161,9 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
                 tracing::debug!("layout in {:.3} s (beside the replay)", started.elapsed().as_secs_f64());
                 (found, floors, lives)
             });
-            let retries = (!allocator_view).then(|| oom::Retries::of(pytorch.clone()));
-            let walked = walk(
-                events,
-                &bounds,
-                &mut replay,
-                allocator_view,
-                capacity,
-                stacks.as_deref(),
-                &gpus,
-                retries,
-                &pytorch,
-            );
+            let context =
+                OomContext { allocator_view, capacity, stacks: stacks.as_deref(), gpus: &gpus, pytorch: &pytorch };
+            let walked = walk(events, &bounds, &mut replay, &context);
             (walked, beside.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
         });
     for _ in 0..counts.unknown {
@@ -359,19 +350,22 @@ struct Walk {
     recovered: u64,
 }
 
-/// Applies every event to the replay, with a row per process at the end
-/// of each step and a row and a diagnosis at each OOM.
-fn walk(
-    events: &Events,
-    bounds: &[(usize, u64)],
-    replay: &mut Replay,
+/// What the walk needs to diagnose an OOM.
+#[derive(Clone, Copy)]
+struct OomContext<'a> {
     allocator_view: bool,
     capacity: Option<u64>,
-    stacks: Option<&crate::trace::Stacks>,
-    gpus: &risk_series::Gpus,
-    mut retries: Option<oom::Retries>,
-    pytorch: &std::collections::HashSet<u32>,
-) -> Walk {
+    stacks: Option<&'a crate::trace::Stacks>,
+    gpus: &'a risk_series::Gpus,
+    /// The units that ran PyTorch's caching allocator ([`pytorch_units`]).
+    pytorch: &'a std::collections::HashSet<u32>,
+}
+
+/// Applies every event to the replay, with a row per process at the end
+/// of each step and a row and a diagnosis at each OOM.
+fn walk(events: &Events, bounds: &[(usize, u64)], replay: &mut Replay, context: &OomContext<'_>) -> Walk {
+    // PyTorch's second asks (none for a snapshot: the set is empty).
+    let mut retries = oom::Retries::of(context.pytorch.clone());
     let mut w = Walk {
         rows: Vec::with_capacity(bounds.len() + 16),
         ooms: Vec::new(),
@@ -410,10 +404,7 @@ fn walk(
                 // PyTorch's second ask of the request that just failed: a
                 // failed one is that OOM again, a served one means the
                 // failure was no OOM (the cache's release made room).
-                let ask = match retries.as_mut() {
-                    Some(r) if e.kind.is_device_alloc() => r.ask(e.pid, e.size, e.is_oom()),
-                    _ => oom::Ask::New,
-                };
+                let ask = if e.kind.is_device_alloc() { retries.ask(e.pid, e.size, e.is_oom()) } else { oom::Ask::New };
                 if ask == oom::Ask::Retry
                     && let Some(first) = w.ooms.iter_mut().rev().find(|o| o.pid == e.pid)
                 {
@@ -428,8 +419,8 @@ fn walk(
                     w.recovered += 1;
                 } else if e.is_oom() {
                     let r = row(step, e.ts_ns, e.pid, true, replay);
-                    let mut d = diagnose_oom(&e, &r.metrics, replay, allocator_view, capacity, stacks, gpus);
-                    if pytorch.contains(&e.pid) {
+                    let mut d = diagnose_oom(&e, &r.metrics, replay, context);
+                    if context.pytorch.contains(&e.pid) {
                         // The request failed inside PyTorch's cache, whose
                         // gaps the segments do not show: no class.
                         d.class = oom::OomClass::Unknown;
@@ -457,12 +448,10 @@ fn diagnose_oom(
     e: &crate::trace::event::Event,
     metrics: &Metrics,
     replay: &mut Replay,
-    allocator_view: bool,
-    capacity: Option<u64>,
-    stacks: Option<&crate::trace::Stacks>,
-    gpus: &risk_series::Gpus,
+    context: &OomContext<'_>,
 ) -> OomDiagnosis {
     use crate::analysis::oom::{Device, Process, Request, diagnose};
+    let OomContext { allocator_view, capacity, stacks, gpus, .. } = *context;
     let device = if allocator_view {
         Device::Allocator { cuda_free: e.extra.device_free }
     } else {
