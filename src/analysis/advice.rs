@@ -152,20 +152,7 @@ fn from_replay(a: &Analysis, w: &crate::analysis::whatif::Whatif, events: &Event
         w.scenarios[1..].iter().filter(|s| s.ooms == 0 && !s.conf.is_empty()).collect();
     fixes.sort_by_key(|s| s.peak_reserved_bytes);
     for s in &fixes {
-        // Little to spare below the capacity: said, as the replay is exact
-        // only for the requests this trace holds.
-        // On one device only: the peaks of several are summed.
-        let tight = w
-            .capacity
-            .filter(|_| s.devices.len() == 1)
-            .map(|c| c.saturating_sub(s.peak_reserved_bytes))
-            .filter(|&spare| w.capacity.is_some_and(|c| (spare as f64) < c as f64 * 0.01))
-            .map_or(String::new(), |spare| {
-                format!(
-                    ", only {} below the capacity: a margin that a small change in the program could take",
-                    bytes(spare)
-                )
-            });
+        let tight = crate::analysis::whatif::tight_margin(w.capacity, s).map_or(String::new(), |t| format!(", {t}"));
         out.push(Advice {
             kind: Kind::Setting,
             text: format!(

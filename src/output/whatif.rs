@@ -213,9 +213,8 @@ pub fn sections_md(w: &Whatif, level: &str, name: &dyn Fn(u32) -> String) -> Str
 /// so `roundup_power2_divisions:4` on a run with `max_split_size_mb:64`
 /// is both).
 fn scenario_label(recorded: &[String], conf: &[String]) -> String {
-    let key = |e: &String| e.split(':').next().unwrap_or_default().to_string();
-    let keys: Vec<String> = conf.iter().map(key).collect();
-    let kept: Vec<&str> = recorded.iter().filter(|e| !keys.contains(&key(e))).map(String::as_str).collect();
+    let kept: Vec<&str> =
+        crate::analysis::whatif::kept_entries(recorded, conf).into_iter().map(String::as_str).collect();
     if is_recorded(recorded, conf) {
         // The sweep's entry is what the recording already ran with.
         format!("`{}` (the recorded settings)", recorded.join(","))

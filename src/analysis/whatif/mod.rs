@@ -220,6 +220,28 @@ fn recommend(scenarios: &[Scenario], capacity_known: bool, unreproduced: Option<
     )
 }
 
+/// The recorded entries a scenario keeps: those whose key it does not set.
+pub fn kept_entries<'a>(recorded: &'a [String], conf: &[String]) -> Vec<&'a String> {
+    let key = |e: &String| e.split(':').next().unwrap_or_default().to_string();
+    let keys: Vec<String> = conf.iter().map(key).collect();
+    recorded.iter().filter(|e| !keys.contains(&key(e))).collect()
+}
+
+/// What a scenario leaves below a capacity, when it is under 1 % of it:
+/// a setting that removes the OOMs with that little to spare says so (the
+/// replay is exact only for the requests the trace holds). On one device
+/// only: the peaks of several are summed.
+pub fn tight_margin(capacity: Option<u64>, s: &Scenario) -> Option<String> {
+    let c = capacity.filter(|_| s.devices.len() == 1)?;
+    let spare = c.saturating_sub(s.peak_reserved_bytes);
+    ((spare as f64) < c as f64 * SIGNIFICANT).then(|| {
+        format!(
+            "only {} below the capacity: a margin that a small change in the program could take",
+            crate::units::bytes(spare)
+        )
+    })
+}
+
 /// The `PYTORCH_CUDA_ALLOC_CONF` line of a scenario's entries: the
 /// recorded settings stay, unless the scenario sets the key.
 pub fn conf_line(recorded: &[String], conf: &[String]) -> String {
@@ -227,9 +249,7 @@ pub fn conf_line(recorded: &[String], conf: &[String]) -> String {
         return "PyTorch's caching allocator with its default settings".into();
     }
     let key = |e: &String| e.split(':').next().unwrap_or_default().to_string();
-    let keys: Vec<String> = conf.iter().map(key).collect();
-    let kept = recorded.iter().filter(|e| !keys.contains(&key(e)));
-    let line: Vec<&String> = kept.chain(conf).collect();
+    let line: Vec<&String> = kept_entries(recorded, conf).into_iter().chain(conf).collect();
     // The fraction is a Python call, not an environment entry.
     let fraction = "per_process_memory_fraction";
     let env: Vec<&str> = line.iter().filter(|e| key(e) != fraction).map(|e| e.as_str()).collect();
@@ -427,16 +447,11 @@ pub fn run(
     }
     // A recommended setting that removes the OOMs with little to spare on
     // one device: say how little.
-    if let ([Some(cap)], true) = (capacities.as_slice(), recommended.0 != 0) {
-        let peak = scenarios[recommended.0].peak_reserved_bytes;
-        let spare = cap.saturating_sub(peak);
-        if scenarios[recommended.0].ooms < scenarios[0].ooms && (spare as f64) < *cap as f64 * SIGNIFICANT {
-            recommended.1 = format!(
-                "{}, only {} below the capacity: a margin that a small change in the program could take",
-                recommended.1,
-                crate::units::bytes(spare)
-            );
-        }
+    if let ([Some(cap)], true) = (capacities.as_slice(), recommended.0 != 0)
+        && scenarios[recommended.0].ooms < scenarios[0].ooms
+        && let Some(tight) = tight_margin(Some(*cap), &scenarios[recommended.0])
+    {
+        recommended.1 = format!("{}, {tight}", recommended.1);
     }
     let capacity_inferred = capacity.is_none() && capacities.iter().any(Option::is_some);
     let capacity = capacity.or_else(|| capacities.iter().flatten().copied().max());
