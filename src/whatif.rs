@@ -33,7 +33,7 @@ fn load(path: &std::path::Path, device: Option<u32>) -> Result<Loaded> {
     let streams = device_level_streams(&loaded.events, &pytorch);
     if !pytorch.is_empty() {
         // Asked for, so run; but what it replays is PyTorch's segments.
-        let mut pids: Vec<u32> = pytorch.into_iter().collect();
+        let mut pids: Vec<u32> = pytorch.into_keys().collect();
         pids.sort_unstable();
         eprintln!(
             "warning: {}: process {} ran PyTorch's caching allocator (it mapped libc10_cuda.so): its cudaMallocs are \

@@ -223,7 +223,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         whatif: None,
         whatif_not_run: None,
         pytorch_processes: {
-            let mut p: Vec<u32> = pytorch.iter().copied().collect();
+            let mut p: Vec<u32> = pytorch.keys().copied().collect();
             p.sort_unstable();
             p
         },
@@ -235,7 +235,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     // A device-level recording of PyTorch's processes holds its segments,
     // not the program's requests: replaying those through a model of the
     // same allocator says nothing about its settings.
-    if opts.whatif && snapshot.is_none() && analysis.ooms.iter().any(|o| pytorch.contains(&o.pid)) {
+    if opts.whatif && snapshot.is_none() && analysis.ooms.iter().any(|o| pytorch.contains_key(&o.pid)) {
         analysis.whatif_not_run = Some(
             "the failing process ran PyTorch's caching allocator (it mapped `libc10_cuda.so`), so this recording's \
              cudaMallocs are PyTorch's segments, not the program's requests: replaying them through a model of that \
@@ -333,10 +333,26 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
 /// caching allocator: the processes whose recorded maps hold
 /// `libc10_cuda.so`, and each unit (process on one GPU) of those that used
 /// several GPUs.
-pub(crate) fn pytorch_units(trace: &Trace) -> std::collections::HashSet<u32> {
+pub(crate) fn pytorch_units(trace: &Trace) -> oom::PytorchUnits {
     let pids = crate::trace::symbols::pytorch_processes(&trace.dir);
-    let units: Vec<u32> = trace.units.iter().filter(|(_, (pid, _))| pids.contains(pid)).map(|(&u, _)| u).collect();
-    pids.into_iter().chain(units).collect()
+    let conf = trace.meta.as_ref().and_then(|m| m.details.record()).map(|d| &d.allocator_conf);
+    // With `max_split_size_mb`, PyTorch first releases only its cached
+    // blocks above that size and asks again, then its whole cache and asks
+    // a third time.
+    let asks_again = |pid: u32| -> u8 {
+        let mut settings = crate::allocator::Settings::default();
+        for entry in
+            conf.and_then(|c| c.get(&pid.to_string())).into_iter().flat_map(|c| crate::import::settings::split_conf(c))
+        {
+            let _ = settings.apply(entry);
+        }
+        if settings.max_split_size.is_some() { 2 } else { 1 }
+    };
+    let units =
+        trace.units.iter().filter(|(_, (pid, _))| pids.contains(pid)).map(|(&u, &(pid, _))| (u, asks_again(pid)));
+    let mut all: oom::PytorchUnits = pids.iter().map(|&pid| (pid, asks_again(pid))).collect();
+    all.extend(units);
+    all
 }
 
 /// What the walk over the events gathers.
@@ -358,7 +374,7 @@ struct OomContext<'a> {
     stacks: Option<&'a crate::trace::Stacks>,
     gpus: &'a risk_series::Gpus,
     /// The units that ran PyTorch's caching allocator ([`pytorch_units`]).
-    pytorch: &'a std::collections::HashSet<u32>,
+    pytorch: &'a oom::PytorchUnits,
 }
 
 /// Applies every event to the replay, with a row per process at the end
@@ -420,7 +436,7 @@ fn walk(events: &Events, bounds: &[(usize, u64)], replay: &mut Replay, context: 
                 } else if e.is_oom() {
                     let r = row(step, e.ts_ns, e.pid, true, replay);
                     let mut d = diagnose_oom(&e, &r.metrics, replay, context);
-                    if context.pytorch.contains(&e.pid) {
+                    if context.pytorch.contains_key(&e.pid) {
                         // The request failed inside PyTorch's cache, whose
                         // gaps the segments do not show: no class.
                         d.class = oom::OomClass::Unknown;

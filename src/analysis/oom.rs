@@ -68,7 +68,8 @@ pub struct OomDiagnosis {
     pub cuda_free: Option<u64>,
     /// Retries of this request that failed too (device-level traces): a
     /// caching allocator such as PyTorch's releases its cache and asks
-    /// again once. They are this OOM, not others ([`Retries`]).
+    /// again once (twice with `max_split_size_mb`). They are this OOM, not
+    /// others ([`Retries`]).
     pub retries: u32,
     /// A device-level recording of a process that ran PyTorch's caching
     /// allocator: the request failed for PyTorch's cache, whose gaps the
@@ -102,23 +103,33 @@ pub struct OomDiagnosis {
 /// a plain program may call `cudaMalloc` in a loop, each failure a
 /// request of its own.
 ///
-/// Not recognised: a third ask (with `max_split_size_mb`, PyTorch first
-/// frees only its cached blocks above that size and asks, then releases
-/// the whole cache and asks again), and expandable segments' `cuMemCreate`.
+/// With `max_split_size_mb` in the process's recorded settings
+/// ([`PytorchUnits`]), PyTorch first frees only its cached blocks above
+/// that size and asks, then releases the whole cache and asks a third
+/// time: up to two failed calls follow the first.
+///
+/// Not recognised: expandable segments' `cuMemCreate`.
 #[derive(Debug, Default)]
 pub struct Retries {
-    /// The units whose allocator retries.
-    retrying: std::collections::HashSet<u32>,
-    /// Per unit: the size of its last failure, while nothing succeeded.
-    pending: ahash::AHashMap<u32, u64>,
+    /// The units whose allocator asks again, and how many times.
+    retrying: PytorchUnits,
+    /// Per unit: the size of its last failure and the asks still to come,
+    /// while nothing succeeded.
+    pending: ahash::AHashMap<u32, (u64, u8)>,
 }
+
+/// The units (and pids) of a device-level recording that ran PyTorch's
+/// caching allocator, with how many times it asks again for a segment
+/// CUDA refused: once after releasing its cache, or twice with
+/// `max_split_size_mb` (first only its cached blocks above that size).
+pub type PytorchUnits = std::collections::HashMap<u32, u8>;
 
 /// What a device allocation call is, for [`Retries`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ask {
     /// A request of its own (or a process not known to retry).
     New,
-    /// The failed retry of the previous failure: the same OOM.
+    /// A failed retry of the previous failure: the same OOM.
     Retry,
     /// The successful retry of the previous failure: that failure was no
     /// OOM, the allocator served the request after releasing its cache.
@@ -126,21 +137,26 @@ pub enum Ask {
 }
 
 impl Retries {
-    pub fn of(retrying: std::collections::HashSet<u32>) -> Retries {
+    pub fn of(retrying: PytorchUnits) -> Retries {
         Retries { retrying, pending: Default::default() }
     }
 
     /// Notes a device allocation call of `unit` (`failed`: it ran out of
     /// memory).
     pub fn ask(&mut self, unit: u32, size: u64, failed: bool) -> Ask {
-        if !self.retrying.contains(&unit) {
-            return Ask::New;
-        }
+        let Some(&again) = self.retrying.get(&unit) else { return Ask::New };
         match (self.pending.remove(&unit), failed) {
-            (Some(s), true) if s == size => Ask::Retry,
-            (Some(s), false) if s == size => Ask::Recovered,
+            (Some((s, left)), true) if s == size => {
+                if left > 1 {
+                    self.pending.insert(unit, (size, left - 1));
+                }
+                Ask::Retry
+            }
+            (Some((s, _)), false) if s == size => Ask::Recovered,
             (_, true) => {
-                self.pending.insert(unit, size);
+                if again > 0 {
+                    self.pending.insert(unit, (size, again));
+                }
                 Ask::New
             }
             (_, false) => Ask::New,
@@ -233,7 +249,7 @@ mod tests {
     /// allocator gets no pairing.
     #[test]
     fn a_second_ask_is_the_next_call_of_the_same_size_with_nothing_allocated_between() {
-        let mut r = Retries::of([1].into_iter().collect());
+        let mut r = Retries::of([(1, 1)].into_iter().collect());
         assert_eq!(r.ask(1, GIB, true), Ask::New);
         assert_eq!(r.ask(1, GIB, true), Ask::Retry);
         assert_eq!(r.ask(1, GIB, true), Ask::New, "a new request");
@@ -248,6 +264,25 @@ mod tests {
         assert_eq!(r.ask(1, 2 * GIB, true), Ask::New);
         // Another unit: each failure its own.
         assert_eq!((r.ask(2, GIB, true), r.ask(2, GIB, true)), (Ask::New, Ask::New));
+    }
+
+    /// With `max_split_size_mb`, PyTorch asks a third time (after releasing
+    /// first its oversize cached blocks, then the whole cache); the fourth
+    /// failure is a new request. A third ask that is served takes the OOM
+    /// back as a second one does.
+    #[test]
+    fn with_max_split_size_mb_a_third_ask_is_the_same_request() {
+        let mut r = Retries::of([(1, 2)].into_iter().collect());
+        assert_eq!(r.ask(1, GIB, true), Ask::New);
+        assert_eq!(r.ask(1, GIB, true), Ask::Retry);
+        assert_eq!(r.ask(1, GIB, true), Ask::Retry);
+        assert_eq!(r.ask(1, GIB, true), Ask::New, "a new request");
+        assert_eq!(r.ask(1, GIB, true), Ask::Retry);
+        assert_eq!(r.ask(1, GIB, false), Ask::Recovered, "served at the third ask");
+        // Only two asks skipped when the first release freed too little.
+        assert_eq!(r.ask(1, GIB, true), Ask::New);
+        assert_eq!(r.ask(1, GIB, true), Ask::Retry);
+        assert_eq!(r.ask(1, GIB / 2, true), Ask::New, "another size: a new request");
     }
 
     #[test]

@@ -129,9 +129,14 @@ pub struct Capacity {
 
 impl Capacity {
     /// Whether only a least capacity is known (cache flushes, or CUDA
-    /// refusing PyTorch's segment): the device may be larger.
+    /// refusing PyTorch's segment): the device may be larger. Flushes that
+    /// bound it from both sides to one figure know it exactly.
     pub fn is_lower_bound(&self) -> bool {
-        matches!(self.source, CapacitySource::InferredFromFlushes | CapacitySource::InferredFromRefusal)
+        match self.source {
+            CapacitySource::InferredFromRefusal => true,
+            CapacitySource::InferredFromFlushes => self.upper != Some(self.bytes),
+            _ => false,
+        }
     }
 }
 

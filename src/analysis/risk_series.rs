@@ -304,3 +304,35 @@ fn assessment(
         reason,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn state(peak: u64) -> State {
+        State { peak, reserved_now: peak, largest_request: MIB, steps: 10, ..State::default() }
+    }
+
+    fn flushes(lo: u64, hi: u64) -> Capacity {
+        Capacity { bytes: lo, source: CapacitySource::InferredFromFlushes, upper: Some(hi) }
+    }
+
+    /// Cache flushes bound the capacity: an interval is said as one and
+    /// judged at its top, with no headroom; an interval of one figure is
+    /// the capacity, exactly; a refused segment gives only a least one.
+    #[test]
+    fn a_capacity_from_flushes_is_said_as_the_interval_it_is() {
+        let a = assessment(Some(0), Some(flushes(2520 * MIB, 2540 * MIB)), &state(2520 * MIB), 0, true);
+        assert!(a.reason.contains("of 2.46 GiB–2.48 GiB: 99–100 %"), "{}", a.reason);
+        assert_eq!(a.headroom_bytes, None);
+        let a = assessment(Some(0), Some(flushes(2540 * MIB, 2540 * MIB)), &state(2520 * MIB), 0, true);
+        assert!(a.reason.contains("peak reserved 2.46 GiB of 2.48 GiB: 99 %"), "{}", a.reason);
+        assert_eq!(a.headroom_bytes, Some(20 * MIB));
+        let refused = Capacity { bytes: 2540 * MIB, source: CapacitySource::InferredFromRefusal, upper: None };
+        let a = assessment(Some(0), Some(refused), &state(2520 * MIB), 0, true);
+        assert!(a.reason.contains("of at least 2.48 GiB: at most 99 %"), "{}", a.reason);
+        assert_eq!(a.headroom_bytes, None);
+    }
+}

@@ -61,7 +61,7 @@ pub fn file_at(maps: &str, addr: u64) -> Option<(PathBuf, u64)> {
 
 /// The recorded processes that mapped PyTorch's CUDA allocator
 /// (`libc10_cuda.so`) by their copied maps: their failed `cudaMalloc`s
-/// are retried once by that allocator after it releases its cache.
+/// are asked again by that allocator after it releases cached memory.
 pub fn pytorch_processes(trace_dir: &Path) -> std::collections::HashSet<u32> {
     let Ok(dir) = fs::read_dir(trace_dir.join("maps")) else { return Default::default() };
     dir.filter_map(|e| e.ok())

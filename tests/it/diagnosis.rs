@@ -314,4 +314,22 @@ fn a_pytorch_process_s_second_ask_is_the_same_request() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("ran PyTorch's caching allocator"));
     let w: serde_json::Value = serde_json::from_slice(&fs::read(tmp.path().join("w/whatif.json")).unwrap()).unwrap();
     assert_eq!(w["scenarios"][0]["ooms"].as_u64(), Some(ooms.len() as u64), "{}", w["scenarios"][0]);
+
+    // Under `max_split_size_mb` (as `record` keeps it), PyTorch asks a
+    // third time: runs of three failures are one request.
+    let meta = trace.join("trace.json");
+    let mut t: serde_json::Value = serde_json::from_slice(&fs::read(&meta).unwrap()).unwrap();
+    t["details"] = serde_json::json!({
+        "undecodable_records": 0,
+        "allocator_conf": { pid.to_string(): "max_split_size_mb:64" },
+    });
+    fs::write(&meta, serde_json::to_vec(&t).unwrap()).unwrap();
+    let split = analyze(&trace, &tmp.path().join("split"), &["--no-plots"]);
+    let ooms3 = split["ooms"].as_array().unwrap();
+    let retried3: u64 = ooms3.iter().map(|o| o["retries"].as_u64().unwrap()).sum();
+    let recovered3 = split["events"]["recovered_allocs"].as_u64().unwrap();
+    assert_eq!(ooms3.len() as u64 + retried3 + recovered3, calls, "every failed call is an OOM, a retry or recovered");
+    assert!(ooms3.iter().any(|o| o["retries"] == 2), "a third ask");
+    assert!(ooms3.iter().all(|o| o["retries"].as_u64().unwrap() <= 2), "never a fourth");
+    assert!(ooms3.len() < ooms.len(), "{} against {}", ooms3.len(), ooms.len());
 }

@@ -73,7 +73,7 @@ pub(super) fn is_small_segment(size: u64) -> bool {
 /// served is no request that ran out of memory (its `oom` is taken back).
 pub fn device_level_streams(
     events: &crate::trace::event::Events,
-    pytorch: &std::collections::HashSet<u32>,
+    pytorch: &crate::analysis::oom::PytorchUnits,
 ) -> Vec<DeviceStream> {
     use crate::analysis::oom::Ask;
     let mut by: std::collections::BTreeMap<u32, DeviceStream> = Default::default();

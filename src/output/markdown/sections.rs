@@ -347,10 +347,17 @@ pub(crate) fn ooms_md(a: &Analysis) -> String {
     let retried = a.ooms.iter().filter(|o| o.retries > 0).count();
     if retried > 0 {
         let calls: u64 = a.ooms.iter().map(|o| 1 + u64::from(o.retries)).sum();
+        let how = if a.ooms.iter().any(|o| o.retries > 1) {
+            "asked up to three times: PyTorch's allocator, which the process ran with `max_split_size_mb`, released \
+             its cached blocks above that size and asked again, then its whole cache and asked once more, and those \
+             asks failed too"
+        } else {
+            "asked twice: PyTorch's allocator, which the process ran, released its cache and asked once more, and \
+             that failed too"
+        };
         let _ = writeln!(
             md,
-            "\n{} asked twice: PyTorch's allocator, which the process ran, released its cache and asked once more, \
-             and that failed too. Each request is counted once ({calls} failed cudaMalloc calls in all).",
+            "\n{} {how}. Each request is counted once ({calls} failed cudaMalloc calls in all).",
             if retried == 1 && a.ooms.len() == 1 {
                 "The request was".to_string()
             } else {
