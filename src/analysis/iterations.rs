@@ -49,7 +49,10 @@
 //!    sequence repeats once per iteration; see [`from_launches`].
 //!
 //! An iteration runs from one boundary to the next; the stretch before the
-//! first boundary and after the last is partial. `complete` counts the
+//! first boundary and after the last is partial. Where a snapshot's device
+//! had nothing alive before its first event (the recording began with the
+//! program), its first event starts the first iteration, set-up included,
+//! when iterations end at optimizer steps (sources 1 and 2). `complete` counts the
 //! iterations with both ends in the trace; the first complete one is taken
 //! as warm-up (`warmup_end_t_ns` is its end).
 
@@ -90,7 +93,8 @@ pub struct Iterations {
     pub count: usize,
     /// Iterations with both their start and their end in the trace.
     pub complete: usize,
-    /// Median time between boundaries.
+    /// Median time between boundaries, the warm-up left out when two or
+    /// more complete iterations follow it.
     pub period_s: Option<f64>,
     /// End of the first complete iteration (the warm-up).
     pub warmup_end_t_ns: Option<u64>,
@@ -104,9 +108,18 @@ impl Iterations {
         boundaries.sort_unstable();
         boundaries.dedup();
         let complete = boundaries.len().saturating_sub(1);
+        // The steady period: the warm-up (set-up, first allocations) is
+        // left out when two or more iterations follow it.
         let mut gaps: Vec<u64> = boundaries.windows(2).map(|w| w[1] - w[0]).collect();
+        if gaps.len() >= 3 {
+            gaps.remove(0);
+        }
         gaps.sort_unstable();
-        let period_s = (!gaps.is_empty()).then(|| gaps[gaps.len() / 2] as f64 / 1e9);
+        let n = gaps.len();
+        let period_s = (n > 0).then(|| {
+            let median = if n % 2 == 1 { gaps[n / 2] as f64 } else { (gaps[n / 2 - 1] + gaps[n / 2]) as f64 / 2.0 };
+            median / 1e9
+        });
         let warmup_end_t_ns = boundaries.get(1).copied().filter(|_| complete >= 1);
         Iterations { pid, count, complete, period_s, warmup_end_t_ns, source, boundaries_t_ns: boundaries }
     }
@@ -158,16 +171,22 @@ pub fn detect(
     rows: &[usize],
     stacks: Option<&Stacks>,
     annotations: &[Annotation],
+    starts_empty: bool,
 ) -> Option<Iterations> {
+    // A series with nothing alive before its first event began in the
+    // trace (a snapshot whose recording started with the program): the
+    // stretch before its first optimizer step's end is a whole iteration,
+    // the first, with the program's set-up.
+    let begins = rows.first().map(|&i| events.ts_ns[i]).filter(|_| starts_empty);
     // A snapshot's allocations repeat per layer as much as per iteration,
     // so only its optimizer steps count.
-    from_annotations(pid, annotations).or_else(|| match stacks {
-        Some(st) => from_optimizer_steps(events, pid, rows, st),
+    from_annotations(pid, annotations, begins).or_else(|| match stacks {
+        Some(st) => from_optimizer_steps(events, pid, rows, st, begins),
         None => from_periodicity(events, pid, rows).or_else(|| from_launches(events, pid, rows)),
     })
 }
 
-fn from_annotations(pid: u32, annotations: &[Annotation]) -> Option<Iterations> {
+fn from_annotations(pid: u32, annotations: &[Annotation], begins: Option<u64>) -> Option<Iterations> {
     let mine: Vec<&Annotation> = annotations.iter().filter(|a| a.device == pid).collect();
     let profiler: Vec<&&Annotation> = mine.iter().filter(|a| a.name.starts_with("ProfilerStep#")).collect();
     let starts: Vec<u64> = profiler.iter().filter(|a| a.stage == "START").map(|a| a.t_ns).collect();
@@ -183,7 +202,16 @@ fn from_annotations(pid: u32, annotations: &[Annotation]) -> Option<Iterations> 
     }
     let ends: Vec<u64> =
         mine.iter().filter(|a| a.name.starts_with("Optimizer.step#") && a.stage == "END").map(|a| a.t_ns).collect();
-    (!ends.is_empty()).then(|| Iterations::new(pid, ends.len(), ends, IterationSource::Annotations))
+    (!ends.is_empty()).then(|| Iterations::new(pid, ends.len(), with_start(begins, ends), IterationSource::Annotations))
+}
+
+/// Iteration ends, with the series' first instant as the first start when
+/// it began in the trace (before the first end).
+fn with_start(begins: Option<u64>, mut ends: Vec<u64>) -> Vec<u64> {
+    if let Some(t) = begins.filter(|&t| ends.iter().all(|&e| t < e)) {
+        ends.push(t);
+    }
+    ends
 }
 
 /// A frame of an optimizer's `step`.
@@ -195,7 +223,13 @@ fn is_step_frame(f: &Frame) -> bool {
 /// and start the next.
 const BURST_GAP: usize = 64;
 
-fn from_optimizer_steps(events: &Events, pid: u32, rows: &[usize], stacks: &Stacks) -> Option<Iterations> {
+fn from_optimizer_steps(
+    events: &Events,
+    pid: u32,
+    rows: &[usize],
+    stacks: &Stacks,
+    begins: Option<u64>,
+) -> Option<Iterations> {
     if events.stack.is_empty() {
         return None;
     }
@@ -226,7 +260,7 @@ fn from_optimizer_steps(events: &Events, pid: u32, rows: &[usize], stacks: &Stac
         return None;
     }
     let ends = bursts.iter().map(|&(last, after)| after.unwrap_or(events.ts_ns[last] + 1)).collect();
-    Some(Iterations::new(pid, bursts.len(), ends, IterationSource::CallSites))
+    Some(Iterations::new(pid, bursts.len(), with_start(begins, ends), IterationSource::CallSites))
 }
 
 /// The largest coefficient of variation of an anchor's gaps.
@@ -582,13 +616,34 @@ mod tests {
             a("START", "Optimizer.step#AdamW.step", 250),
             a("END", "Optimizer.step#AdamW.step", 280),
         ];
-        let it = from_annotations(0, &list).unwrap();
+        let it = from_annotations(0, &list, None).unwrap();
         assert_eq!((it.count, it.complete, it.boundaries_t_ns.clone()), (2, 2, vec![100, 200, 290]));
         assert_eq!(it.index_at(99), None);
         assert_eq!(it.index_at(200), Some(1));
-        let only_step = from_annotations(0, &list[4..]).unwrap();
+        let only_step = from_annotations(0, &list[4..], None).unwrap();
         assert_eq!((only_step.count, only_step.complete, only_step.warmup_end_t_ns), (1, 0, None));
-        assert!(from_annotations(1, &list).is_none());
+        assert!(from_annotations(1, &list, None).is_none());
+        // A device that began in the trace: its first event starts the
+        // first iteration, which ends at the first optimizer step.
+        let began = from_annotations(0, &list[4..], Some(10)).unwrap();
+        assert_eq!((began.count, began.complete, began.boundaries_t_ns.clone()), (1, 1, vec![10, 280]));
+        assert_eq!(began.warmup_end_t_ns, Some(280));
+        // Profiler steps have their own starts; a start after the first
+        // end is not one.
+        assert_eq!(from_annotations(0, &list, Some(10)).unwrap().boundaries_t_ns, vec![100, 200, 290]);
+        assert_eq!(from_annotations(0, &list[4..], Some(281)).unwrap().boundaries_t_ns, vec![280]);
+    }
+
+    /// The period leaves the warm-up out when two or more iterations
+    /// follow it (a first step of 2.5 s, then steps of about 36 ms).
+    #[test]
+    fn the_period_leaves_out_the_warm_up() {
+        let ms = 1_000_000;
+        let b = vec![0, 2527 * ms, 2563 * ms, 2598 * ms, 2639 * ms, 2680 * ms];
+        let it = Iterations::new(0, 5, b, IterationSource::Launches);
+        assert_eq!(it.period_s, Some(0.0385), "the median of 36, 35, 41 and 41 ms");
+        let two = Iterations::new(0, 2, vec![0, 2527 * ms, 2563 * ms], IterationSource::Launches);
+        assert_eq!(two.period_s, Some(1.2815), "one iteration after the warm-up: every gap counts");
     }
 
     #[test]
@@ -673,7 +728,7 @@ mod tests {
             let events = cached_training(steps, 8, steps as u64);
             let rows: Vec<usize> = (0..events.len()).collect();
             assert!(from_periodicity(&events, 1, &rows).is_none(), "live memory is flat: no periodicity");
-            let it = detect(&events, 1, &rows, None, &[]).expect("iterations from the launches");
+            let it = detect(&events, 1, &rows, None, &[], false).expect("iterations from the launches");
             assert_eq!((it.count, it.source), (steps, IterationSource::Launches), "{steps} steps");
             assert_eq!(it.complete, steps - 1);
         }
@@ -681,7 +736,7 @@ mod tests {
         // repeat has no period.
         let events = cached_training(3, 8, 3);
         let rows: Vec<usize> = (0..events.len()).collect();
-        assert!(detect(&events, 1, &rows, None, &[]).is_none());
+        assert!(detect(&events, 1, &rows, None, &[], false).is_none());
         let mut random = Events::default();
         let mut x: u64 = 7;
         for t in 0..5000 {

@@ -347,9 +347,9 @@ pub fn detect(input: &Input<'_>) -> LeakReport {
     if let (Some(st), Some((it, _))) = (input.stacks, input.iterations)
         && let Some(&until) = it.warmup_end_t_ns.as_ref().or(it.boundaries_t_ns.last())
     {
-        let once = crate::analysis::sites::grown_sites(input.events, st, input.pid, 0, until, usize::MAX);
-        let growth: Vec<&str> = report.top_sites.iter().map(|s| s.site.as_str()).collect();
-        report.allocated_once = once.into_iter().filter(|s| !growth.contains(&s.site.as_str())).take(10).collect();
+        // A site that also grew keeps its warm-up blocks here: they were
+        // allocated once, and the report says the site grew too.
+        report.allocated_once = crate::analysis::sites::grown_sites(input.events, st, input.pid, 0, until, 10);
     }
     report
 }
@@ -457,7 +457,7 @@ fn by_iterations(r: &mut LeakReport, input: &Input<'_>, floors: &IterationFloors
             ));
         }
         if let Some(st) = input.stacks {
-            r.top_sites = growth_sites(input, st, first.start_t_ns, last.start_t_ns, last.after_rows);
+            r.top_sites = growth_sites(input, st, first.after_rows, last.after_rows);
         }
         return (Verdict::Leaking, reason);
     }
@@ -490,23 +490,29 @@ fn by_iterations(r: &mut LeakReport, input: &Input<'_>, floors: &IterationFloors
     )
 }
 
-/// Live bytes by call site of the blocks of the series allocated in
-/// [`since`, `until`) and alive after the first `after_rows` rows.
-fn growth_sites(input: &Input<'_>, st: &Stacks, since: u64, until: u64, after_rows: usize) -> Vec<SiteBytes> {
+/// What each call site of the series held more at the last floor (the
+/// state after the first `last_rows` rows) than at the first
+/// (`first_rows`): the growth, without what every iteration holds at its
+/// floor (the previous step's input and loss, say).
+fn growth_sites(input: &Input<'_>, st: &Stacks, first_rows: usize, last_rows: usize) -> Vec<SiteBytes> {
     let ev = input.events;
+    let blocks = |live: &crate::trace::event::LiveSet| -> Vec<(u64, u64, u64, u32)> {
+        live.blocks.iter().map(|(&(_, a), b)| (a, b.size, b.size, b.stack)).collect()
+    };
     let mut live = crate::trace::event::LiveSet::default();
-    for i in 0..after_rows.min(ev.len()) {
+    let mut before = Vec::new();
+    for i in 0..last_rows.min(ev.len()) {
+        if i == first_rows {
+            before = blocks(&live);
+        }
         if ev.pid[i] == input.pid {
             live.apply(ev, i);
         }
     }
-    let blocks: Vec<(u64, u64, u64, u32)> = live
-        .blocks
-        .into_iter()
-        .filter(|(_, b)| (since..until).contains(&ev.ts_ns[b.row]))
-        .map(|((_, a), b)| (a, b.size, b.size, b.stack))
-        .collect();
-    crate::analysis::sites::top_sites(st, &blocks, 10)
+    if first_rows >= last_rows.min(ev.len()) {
+        before = blocks(&live);
+    }
+    crate::analysis::sites::site_growth(st, &before, &blocks(&live), 10)
 }
 
 fn by_windows(r: &mut LeakReport, input: &Input<'_>) -> (Verdict, String) {

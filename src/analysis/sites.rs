@@ -151,6 +151,34 @@ pub fn top_sites(stacks: &Stacks, blocks: &[(u64, u64, u64, u32)], n: usize) -> 
     out
 }
 
+/// What each call site holds more in `after` than in `before` (blocks as
+/// [`top_sites`] takes them), the `n` largest rises: bytes, and blocks
+/// more (none when it holds as many or fewer).
+pub fn site_growth(
+    stacks: &Stacks,
+    before: &[(u64, u64, u64, u32)],
+    after: &[(u64, u64, u64, u32)],
+    n: usize,
+) -> Vec<SiteBytes> {
+    let everything = usize::MAX;
+    let was: AHashMap<String, (u64, u64)> =
+        top_sites(stacks, before, everything).into_iter().map(|s| (s.site, (s.bytes, s.blocks))).collect();
+    let mut out: Vec<SiteBytes> = top_sites(stacks, after, everything)
+        .into_iter()
+        .filter_map(|s| {
+            let (bytes, blocks) = was.get(&s.site).copied().unwrap_or_default();
+            (s.bytes > bytes).then(|| SiteBytes {
+                bytes: s.bytes - bytes,
+                blocks: s.blocks.saturating_sub(blocks),
+                site: s.site,
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.site.cmp(&b.site)));
+    out.truncate(n);
+    out
+}
+
 /// Live bytes at the end of the trace by call site, counting only blocks of
 /// `pid` allocated in (`since_ns`, `until_ns`): after the early floor, the
 /// memory a leak report is about (the floor that rose); before the end of

@@ -476,7 +476,7 @@ pub(crate) fn leaks_md(a: &Analysis) -> String {
         }
         if !l.top_sites.is_empty() {
             md.push_str(match l.method {
-                Method::Iterations => "\nThe growth by call site: blocks allocated during the iterations after the warm-up and still alive at the last iteration's floor:\n\n| call site | bytes | blocks |\n|---|---|---|\n",
+                Method::Iterations => "\nThe growth by call site: what each site held more at the last iteration's floor than at the first after the warm-up:\n\n| call site | bytes | blocks |\n|---|---|---|\n",
                 Method::Windows => "\nThe growth by call site: blocks allocated after the second quarter and still alive at the end:\n\n| call site | bytes | blocks |\n|---|---|---|\n",
             });
             for t in &l.top_sites {
@@ -492,7 +492,8 @@ pub(crate) fn leaks_md(a: &Analysis) -> String {
             a.who(l.pid)
         );
         for t in &l.allocated_once {
-            let _ = writeln!(md, "| `{}` | {} | {} |", t.site, bytes(t.bytes), t.blocks);
+            let grew = if l.top_sites.iter().any(|g| g.site == t.site) { " (this site grew too, above)" } else { "" };
+            let _ = writeln!(md, "| `{}`{grew} | {} | {} |", t.site, bytes(t.bytes), t.blocks);
         }
     }
     md
