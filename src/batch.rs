@@ -49,6 +49,8 @@ pub struct Gates {
     pub fail_on: Option<OomRisk>,
     /// A trace's fragmentation level at or above this.
     pub fail_on_fragmentation: Option<Risk>,
+    /// A trace whose leak verdict is "leaking".
+    pub fail_on_leak: bool,
     /// A trace's final score above this.
     pub max_score: Option<f64>,
 }
@@ -246,6 +248,13 @@ fn gate(rows: &[SummaryRow], gates: &Gates) -> u8 {
                 "gate: {name}: fragmentation level {} is at or above --fail-on-fragmentation {}",
                 risk.name(),
                 level.name()
+            );
+            tripped = true;
+        }
+        if gates.fail_on_leak && s.leaking {
+            eprintln!(
+                "gate: {name}: leaking (--fail-on-leak): its floor of live memory rose by {}",
+                crate::units::bytes(s.leaked_bytes.max(0) as u64)
             );
             tripped = true;
         }

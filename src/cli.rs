@@ -428,6 +428,10 @@ pub struct GateArgs {
     /// level: minimal, low, medium, high, critical) is at or above this.
     #[arg(long, value_enum)]
     pub fail_on_fragmentation: Option<Risk>,
+    /// Fail when any trace's leak verdict is "leaking" (the floor of live
+    /// memory rose across iterations, or over the trace without them).
+    #[arg(long)]
+    pub fail_on_leak: bool,
     /// Fail when any trace's final score exceeds this.
     #[arg(long)]
     pub max_score: Option<f64>,
@@ -516,6 +520,7 @@ impl AnalyzeArgs {
             gates: crate::batch::Gates {
                 fail_on: self.gates.fail_on,
                 fail_on_fragmentation: self.gates.fail_on_fragmentation,
+                fail_on_leak: self.gates.fail_on_leak,
                 max_score: self.gates.max_score,
             },
             snapshot: self.snapshot.clone(),

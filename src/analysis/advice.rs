@@ -119,9 +119,14 @@ pub fn advise(a: &Analysis, events: &Events) -> Vec<Advice> {
     }
     for l in a.leaks.iter().filter(|l| l.leaking) {
         let site = l.top_sites.first().map_or(String::new(), |s| format!(", most of it from `{}`", s.site));
-        let per = l
+        let mut per = l
             .growth_per_iteration_bytes
             .map_or(String::new(), |g| format!(" ({} per iteration)", bytes(g.max(0) as u64)));
+        if let Some(x) = a.oom_risk.iter().find(|x| x.covers(l.pid))
+            && let (Some(left), Some(h)) = (x.leak_iterations_left, x.headroom_bytes)
+        {
+            per.push_str(&format!("; the headroom of {} lasts about {left} more iterations at that rate", bytes(h)));
+        }
         out.push(Advice::new(
             Kind::Leak,
             format!(
@@ -133,7 +138,8 @@ pub fn advise(a: &Analysis, events: &Events) -> Vec<Advice> {
         ));
     }
     if a.ooms.is_empty()
-        && let Some(x) = a.oom_risk.iter().filter(|x| x.level >= OomRisk::High).max_by_key(|x| x.level)
+        && let Some(x) =
+            a.oom_risk.iter().filter(|x| x.level >= OomRisk::High && !x.raised_by_leak).max_by_key(|x| x.level)
     {
         out.push(Advice::new(
             Kind::Risk,

@@ -301,8 +301,16 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
             analysis.alloc_stacks = sites::allocation_stacks(events, st);
         }
     }
-    // The OOM risk, after the what-if: a capacity its cache flushes imply
-    // counts too.
+    if !analysis.has_history() {
+        // The state at one instant: nothing happened in it to judge.
+        for l in &mut analysis.leaks {
+            l.verdict = leak::Verdict::CannotTell;
+            l.leaking = false;
+            l.reason = "the snapshot holds no trace history, only the state at one instant".into();
+        }
+    }
+    // The OOM risk, after the what-if (a capacity its cache flushes imply
+    // counts too) and the leaks (a leak raises it).
     let flushes: Vec<(u32, u64, u64)> = analysis
         .whatif
         .iter()
@@ -322,19 +330,17 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
             probed: analysis.snapshot_details().and_then(|d| d.join.as_ref()).is_some_and(|j| j.probed),
             gpus: &gpus,
             fragmentation: analysis.predictions.iter().map(|p| (p.pid, p.prediction.risk)).collect(),
+            leaks: analysis
+                .leaks
+                .iter()
+                .filter(|l| l.leaking)
+                .map(|l| (l.pid, l.growth_per_iteration_bytes.and_then(|g| u64::try_from(g).ok())))
+                .collect(),
         },
         &mut analysis.rows,
     );
     for p in &mut analysis.predictions {
         p.lead_time = lead_time(p.pid, &analysis.rows, &analysis.ooms);
-    }
-    if !analysis.has_history() {
-        // The state at one instant: nothing happened in it to judge.
-        for l in &mut analysis.leaks {
-            l.verdict = leak::Verdict::CannotTell;
-            l.leaking = false;
-            l.reason = "the snapshot holds no trace history, only the state at one instant".into();
-        }
     }
     analysis.advice = advice::advise(&analysis, events);
     if !analysis.peaks.is_empty() {

@@ -174,6 +174,11 @@ pub struct Assessment {
     pub peak_bytes: u64,
     pub peak_what: &'static str,
     pub headroom_bytes: Option<u64>,
+    /// A leaking process on the device: how many more iterations of its
+    /// rise the headroom holds.
+    pub leak_iterations_left: Option<u64>,
+    /// Whether the level is what it is only because of a leak.
+    pub raised_by_leak: bool,
     pub largest_request_bytes: u64,
     pub room_now_bytes: Option<u64>,
     pub trend_bytes_per_step: f64,

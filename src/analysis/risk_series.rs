@@ -24,6 +24,9 @@ pub(crate) struct Inputs<'a> {
     pub fragmentation: Vec<(u32, Option<Risk>)>,
     /// A device-level recording's GPUs ([`Gpus`]).
     pub gpus: &'a Gpus,
+    /// The processes whose leak verdict is "leaking", with their floor's
+    /// rise per iteration (median) when iterations were found.
+    pub leaks: Vec<(u32, Option<u64>)>,
 }
 
 /// A device-level recording's GPUs: the GPU (NVML's index) of each replay
@@ -229,10 +232,44 @@ pub(crate) fn evaluate(inp: &Inputs<'_>, rows: &mut [crate::analysis::result::Ro
         last.largest_request = requests.last().map_or(0, |x| x.1);
         last.fragmentation = inp.fragmentation.iter().filter(|(pid, _)| series.has(*pid)).filter_map(|x| x.1).max();
         let mut a = assessment(device, capacity, &last, oom_times.len() as u64, inp.allocator_view);
+        with_leak(&mut a, inp.leaks.iter().filter(|(pid, _)| series.has(*pid)).map(|&(_, g)| g));
         a.members = series.members;
         out.push(a);
     }
     out
+}
+
+/// A confirmed leak raises the risk to at least high: memory that grows
+/// every iteration runs out if the job runs long enough, whatever share
+/// of the device the trace reached. With a known headroom and the rise per
+/// iteration, the reason says how many more iterations it lasts
+/// (`leak_iterations_left`). `leaks`: the rise per iteration of each
+/// leaking process of the series (None without iterations).
+fn with_leak(a: &mut Assessment, leaks: impl Iterator<Item = Option<u64>>) {
+    let mut rises = leaks.peekable();
+    if rises.peek().is_none() || a.capacity.is_none() || a.level >= OomRisk::Oom {
+        return;
+    }
+    let per_iteration: Option<u64> = rises.sum::<Option<u64>>().filter(|&g| g > 0);
+    let b = crate::units::bytes;
+    let text = match (per_iteration, a.headroom_bytes) {
+        (Some(g), Some(h)) => {
+            a.leak_iterations_left = Some(h / g);
+            format!(
+                "leaking {} per iteration (Leaks): the headroom of {} lasts about {} more iterations",
+                b(g),
+                b(h),
+                h / g
+            )
+        }
+        (Some(g), None) => format!("leaking {} per iteration (Leaks): it runs out if the job runs long enough", b(g)),
+        (None, _) => "leaking (Leaks): it runs out if the job runs long enough".to_string(),
+    };
+    if a.level < OomRisk::High {
+        a.level = OomRisk::High;
+        a.raised_by_leak = true;
+    }
+    a.reason = format!("{}; {text}", a.reason);
 }
 
 /// R's series value of a row: reserved bytes (snapshots), live bytes.
@@ -296,6 +333,8 @@ fn assessment(
         peak_bytes: s.peak,
         peak_what,
         headroom_bytes: capacity.filter(|c| !c.is_lower_bound()).map(|c| c.bytes.saturating_sub(s.peak)),
+        leak_iterations_left: None,
+        raised_by_leak: false,
         largest_request_bytes: s.largest_request,
         room_now_bytes: capacity.map(|c| s.largest_free_now.max(c.bytes.saturating_sub(s.reserved_now))),
         trend_bytes_per_step: s.trend_per_step,

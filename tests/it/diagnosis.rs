@@ -249,6 +249,10 @@ fn ci_gates_exit_3() {
     run(&steady, &["--fail-on", "high"]).code(0);
     run(&frag, &["--max-score", "50"]).code(3).stderr(predicate::str::contains("exceeds --max-score 50"));
     run(&steady, &["--max-score", "50"]).code(0);
+    let leak = tmp.path().join("leak");
+    synth(&leak, "leak", 30_000, 1);
+    run(&leak, &["--fail-on-leak"]).code(3).stderr(predicate::str::contains("leaking (--fail-on-leak)"));
+    run(&steady, &["--fail-on-leak"]).code(0);
     // In a batch, one bad trace trips the gate.
     fragscope()
         .arg("analyze")
@@ -332,4 +336,26 @@ fn a_pytorch_process_s_second_ask_is_the_same_request() {
     assert!(ooms3.iter().any(|o| o["retries"] == 2), "a third ask");
     assert!(ooms3.iter().all(|o| o["retries"].as_u64().unwrap() <= 2), "never a fourth");
     assert!(ooms3.len() < ooms.len(), "{} against {}", ooms3.len(), ooms.len());
+}
+
+/// A confirmed leak raises the OOM risk to at least high however small the
+/// share in use, and says how many more iterations the headroom lasts at
+/// the floor's rise per iteration; the console line names the leak.
+#[test]
+fn a_leak_raises_the_oom_risk_and_says_how_long_the_headroom_lasts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let trace = tmp.path().join("leak");
+    synth(&trace, "leak", 30_000, 1);
+    let out = tmp.path().join("o");
+    let run = fragscope().arg("analyze").arg(&trace).args(["--no-plots", "-o"]).arg(&out).assert().success();
+    let stdout = String::from_utf8_lossy(&run.get_output().stdout).to_string();
+    let r: serde_json::Value = serde_json::from_slice(&fs::read(out.join("report.json")).unwrap()).unwrap();
+    assert_eq!(r["leaks"][0]["verdict"], "leaking", "{}", r["leaks"][0]["reason"]);
+    let risk = &r["oom_risk"][0];
+    assert_eq!(risk["level"], "high", "{risk}");
+    let (headroom, rise) =
+        (risk["headroom_bytes"].as_u64().unwrap(), r["leaks"][0]["growth_per_iteration_bytes"].as_u64().unwrap());
+    assert_eq!(risk["leak_iterations_left"].as_u64(), Some(headroom / rise));
+    assert!(risk["reason"].as_str().unwrap().contains("more iterations"), "{risk}");
+    assert!(stdout.contains("leaking: its floor rose by"), "{stdout}");
 }

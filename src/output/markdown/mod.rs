@@ -268,7 +268,7 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
 pub fn stdout_summary(a: &Analysis, out: &Path) -> String {
     let s = Summary::of(a);
     format!(
-        "{}: {} events, {} {}, {:.3} s, {} steps; OOM risk {}, fragmentation level {}\n  score final {:.1}, mean {:.1}, p95 {:.1}, max {:.1}; peak live {}; {} OOM{}; {} anomal{}\n  wrote {}\n",
+        "{}: {} events, {} {}, {:.3} s, {} steps; OOM risk {}, fragmentation level {}{}\n  score final {:.1}, mean {:.1}, p95 {:.1}, max {:.1}; peak live {}; {} OOM{}; {} anomal{}\n  wrote {}\n",
         s.name,
         s.events,
         s.processes,
@@ -282,6 +282,11 @@ pub fn stdout_summary(a: &Analysis, out: &Path) -> String {
         a.step_count,
         s.oom_risk.name(),
         s.risk.map_or("insufficient data", Risk::name),
+        if s.leaking {
+            format!("; leaking: its floor rose by {}", bytes(s.leaked_bytes.max(0) as u64))
+        } else {
+            String::new()
+        },
         s.score.final_,
         s.score.mean,
         s.score.p95,
