@@ -515,62 +515,94 @@ fn growth_sites(input: &Input<'_>, st: &Stacks, first_rows: usize, last_rows: us
     crate::analysis::sites::site_growth(st, &before, &blocks(&live), 10)
 }
 
+/// Without iterations: the floors of windows of the series' activity (its
+/// events, not its time: a run that sets up for seconds and then works for
+/// a fraction of one has its windows where the work is), up to the final
+/// descent. What is freed then is the end's release (a function returning,
+/// generation ending, the process exiting), which says nothing about the
+/// growth before it. A floor that did not rise is no leak. One that rose
+/// is not called a leak either: without iterations a leak across steps,
+/// one pass that holds memory (a forward pass keeping activations) and a
+/// working set that grows by design (a KV cache) look the same.
 fn by_windows(r: &mut LeakReport, input: &Input<'_>) -> (Verdict, String) {
     let ev = input.events;
-    let mut times = (0..ev.len()).filter(|&i| ev.pid[i] == input.pid).map(|i| ev.ts_ns[i]);
-    let Some(t0) = times.next() else {
+    let b = crate::units::bytes;
+    let noise = threshold(input.peak);
+    // The series' events and its live bytes after each.
+    let rows: Vec<usize> = (0..ev.len()).filter(|&i| ev.pid[i] == input.pid).collect();
+    let mut live = LiveBytes::new(input.allocator_view);
+    let level: Vec<u64> = rows
+        .iter()
+        .map(|&i| {
+            live.apply(ev, i);
+            live.now
+        })
+        .collect();
+    let at_end = live.now;
+    // The final descent: from the last rise before the last time live
+    // memory stood more than the noise above its end level.
+    let above = level.iter().rposition(|&l| l > at_end + noise);
+    let n = match above {
+        Some(p) => (1..=p).rev().find(|&k| level[k] > level[k - 1]).unwrap_or(0) + 1,
+        None => rows.len(),
+    };
+    let (Some(&first), Some(&last)) = (rows.first(), rows.get(n.saturating_sub(1))) else {
         return (Verdict::CannotTell, "no events: nothing to compare".into());
     };
-    let (count, t1) = times.fold((1usize, t0), |(n, _), t| (n + 1, t));
-    if count < 8 || t1 - t0 < 8 {
-        return (Verdict::CannotTell, format!("{count} events: too few to compare the floor of live memory over time"));
+    let (t0, end) = (ev.ts_ns[first], ev.ts_ns[last] + 1);
+    if n < 8 || end - t0 < 8 {
+        return (Verdict::CannotTell, format!("{n} events: too few to compare the floor of live memory over time"));
     }
-    let end = t1 + 1;
-    let q = (end - t0) / 4;
-    let rest = end - (t0 + q);
-    let w = rest / 6;
+    // The instant of the series' event at position `at` (of the n).
+    let t = |at: usize| if at >= n { end } else { ev.ts_ns[rows[at]] };
     // Six windows after the first quarter, then the second quarter and the
     // last one.
-    let mut spans: Vec<(u64, u64)> =
-        (0..6).map(|k| (t0 + q + k * w, if k == 5 { end } else { t0 + q + (k + 1) * w })).collect();
-    let six = spans.len();
+    let q = n / 4;
+    let mut spans: Vec<(u64, u64)> = (0..6).map(|k| (t(q + k * (n - q) / 6), t(q + (k + 1) * (n - q) / 6))).collect();
+    spans.retain(|s| s.1 > s.0);
     let (windows, _) = floors(ev, input.pid, input.allocator_view, &spans);
-    spans = vec![(t0 + q, t0 + 2 * q), (t0 + 3 * q, end)];
-    let (quarters, _) = floors(ev, input.pid, input.allocator_view, &spans);
+    let (quarters, _) = floors(ev, input.pid, input.allocator_view, &[(t(q), t(2 * q)), (t(3 * q), end)]);
     let (early, late) = (quarters[0], quarters[1]);
-    r.floors = windows[..six].to_vec();
+    r.floors = windows;
     r.floor_early_bytes = early.bytes;
     r.floor_late_bytes = late.bytes;
     let growth = late.bytes as i64 - early.bytes as i64;
     r.growth_bytes = growth;
     let seconds = late.at_t_ns.saturating_sub(early.at_t_ns) as f64 / 1e9;
     r.rate_bytes_per_s = if seconds > 0.0 && growth > 0 { growth as f64 / seconds } else { 0.0 };
-    let noise = threshold(input.peak);
+    let given_back = level[n - 1].saturating_sub(at_end);
+    let back = if given_back > noise {
+        r.released_after = Some((ev.ts_ns[last], given_back));
+        format!(
+            "; then {} was given back at the end (a function returning, generation ending or the process exiting)",
+            b(given_back)
+        )
+    } else {
+        String::new()
+    };
     if growth <= 0 || growth as u64 <= noise {
         return (
             Verdict::NotLeaking,
-            "no iterations found; the floor of live memory did not rise from the second quarter to the last (memory \
-             given back by the end is no leak)"
-                .into(),
+            format!(
+                "no iterations found; the floor of live memory did not rise from the second quarter of the run's \
+                 events to the last{back}"
+            ),
         );
     }
-    if r.floors.windows(2).all(|p| p[1].bytes > p[0].bytes) {
-        if let Some(st) = input.stacks {
-            let since = early.start_t_ns.saturating_sub(1);
-            r.top_sites = crate::analysis::sites::grown_sites(ev, st, input.pid, since, u64::MAX, 10);
-        }
-        (
-            Verdict::Leaking,
-            "no iterations found; the floor of live memory rose at each of six windows after the first quarter".into(),
-        )
-    } else {
-        (
-            Verdict::CannotTell,
-            "no iterations found; the floor of live memory rose, but not steadily: one pass that holds memory \
-             (a forward pass keeping activations, a cache filling up) looks the same"
-                .into(),
-        )
+    let steady = r.floors.len() >= 2 && r.floors.windows(2).all(|p| p[1].bytes > p[0].bytes);
+    if steady && let Some(st) = input.stacks {
+        r.top_sites = growth_sites(input, st, early.after_rows, late.after_rows);
     }
+    (
+        Verdict::CannotTell,
+        format!(
+            "no iterations found; the floor of live memory rose by {}{}{back}: without iterations a leak across \
+             steps, one pass that holds memory (a forward pass keeping activations) and a working set that grows by \
+             design (a KV cache) look the same",
+            b(growth as u64),
+            if steady { " over the run, at each of six windows of its events" } else { ", but not steadily" },
+        ),
+    )
 }
 
 #[cfg(test)]

@@ -77,11 +77,16 @@ fn training_runs_leak_only_where_the_program_keeps_its_logits() {
 }
 
 #[test]
-fn generation_that_gives_everything_back_is_no_leak_and_its_cat_is_named() {
+fn generation_that_grows_then_gives_everything_back_is_not_called_a_leak_and_its_cat_is_named() {
     let Some(kvcat) = h100("kvcat-default.pickle") else { return };
     let tmp = tempfile::tempdir().unwrap();
     let (r, _) = analyze(&kvcat, &tmp.path().join("k"), &[]);
-    assert_eq!(r["leaks"][0]["verdict"], "not leaking", "{}", r["leaks"][0]["reason"]);
+    // No iterations: the KV cache's growth looks as a leak across steps
+    // would, so neither verdict is claimed; the release at the end is said.
+    let leak = &r["leaks"][0];
+    assert_eq!(leak["verdict"], "cannot tell", "{}", leak["reason"]);
+    let reason = leak["reason"].as_str().unwrap();
+    assert!(reason.contains("given back at the end") && reason.contains("KV cache"), "{reason}");
     let pattern: Vec<&serde_json::Value> =
         r["advice"].as_array().unwrap().iter().filter(|a| a["kind"] == "pattern").collect();
     assert_eq!(pattern.len(), 1, "{}", r["advice"]);

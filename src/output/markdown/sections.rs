@@ -474,14 +474,16 @@ pub(crate) fn leaks_md(a: &Analysis) -> String {
         for g in &l.by_size {
             let _ = writeln!(md, "| {} | {} | {} |", bytes(g.size), g.count, bytes(g.bytes));
         }
-        if !l.top_sites.is_empty() {
-            md.push_str(match l.method {
-                Method::Iterations => "\nThe growth by call site: what each site held more at the last iteration's floor than at the first after the warm-up:\n\n| call site | bytes | blocks |\n|---|---|---|\n",
-                Method::Windows => "\nThe growth by call site: blocks allocated after the second quarter and still alive at the end:\n\n| call site | bytes | blocks |\n|---|---|---|\n",
-            });
-            for t in &l.top_sites {
-                let _ = writeln!(md, "| `{}` | {} | {} |", t.site, bytes(t.bytes), t.blocks);
-            }
+    }
+    // Where the floor rose: a leak's growth, or (without iterations) a
+    // steady rise that cannot be told from one.
+    for l in a.leaks.iter().filter(|l| !l.top_sites.is_empty()) {
+        md.push_str(match l.method {
+            Method::Iterations => "\nThe growth by call site: what each site held more at the last iteration's floor than at the first after the warm-up:\n\n| call site | bytes | blocks more |\n|---|---|---|\n",
+            Method::Windows => "\nThe rise by call site: what each site held more at the last quarter's floor than at the second quarter's (of the run's events):\n\n| call site | bytes | blocks more |\n|---|---|---|\n",
+        });
+        for t in &l.top_sites {
+            let _ = writeln!(md, "| `{}` | {} | {} |", t.site, bytes(t.bytes), t.blocks);
         }
     }
     for l in a.leaks.iter().filter(|l| !l.allocated_once.is_empty()) {
@@ -521,14 +523,14 @@ pub(crate) fn iterations_md(a: &Analysis) -> String {
                 md,
                 "None found: {marks} and no optimizer step in the call stacks (a snapshot's layers repeat as regularly as \
                  iterations, so its allocation sequence is not used). Leak verdicts fall back to comparing quarters of the \
-                 trace, and say so."
+                 trace's events, and say so."
             );
             return md;
         }
         let _ = writeln!(
             md,
             "None found: {marks} and no period in the allocation sequence (a period needs five repetitions that give \
-             their memory back). Leak verdicts fall back to comparing quarters of the trace, and say so."
+             their memory back). Leak verdicts fall back to comparing quarters of the trace's events, and say so."
         );
         return md;
     }
