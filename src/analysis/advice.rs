@@ -431,7 +431,7 @@ fn regrown_tensors(events: &Events, stacks: &crate::trace::Stacks) -> Vec<Advice
         out.push(Advice::new(
             Kind::Pattern,
             format!(
-                "{} regrow{} a tensor at every step: {n} allocations whose size grows by {} at each of {} steps, from {} to {} ({per_step} allocation{} per step{}) — the mark of `torch.cat` onto a growing tensor, such as a KV cache. Each step allocates the whole tensor again and frees the old one, so memory churns and fragments. Allocate it once at its final size and write each step into a slice (`buf[:, t] = x`), or use a static cache.",
+                "{} regrow{} a tensor: {n} allocations whose size grows by {} at each of {} growths, from {} to {} ({per_step} allocation{} of each size{}) — the mark of `torch.cat` onto a growing tensor, such as a KV cache growing by a token per step. Each growth allocates the whole tensor again and frees the old one, so memory churns and fragments. Allocate it once at its final size and write each step into a slice (`buf[:, t] = x`), or use a static cache.",
                 sites.join(" and "),
                 if sites.len() == 1 { "s" } else { "" },
                 bytes(step),

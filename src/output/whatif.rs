@@ -116,7 +116,7 @@ pub fn json(w: &Whatif) -> serde_json::Value {
             "capacity_lo_bytes": f.capacity.map(|c| c.0),
             "capacity_hi_bytes": f.capacity.map(|c| c.1),
         })).collect::<Vec<_>>(),
-        "model": "PyTorch CUDACachingAllocator (2.4-2.5 native allocator, expandable segments included); see src/allocator/",
+        "model": "PyTorch CUDACachingAllocator (the native allocator of 2.4-2.5, checked against real 2.11 runs; expandable segments included); see src/allocator/",
         "fidelity": w.fidelity.iter().zip(&recorded.devices).map(|(f, o)| json!({
             "device": f.device,
             "allocations": f.allocations,
@@ -152,7 +152,11 @@ pub fn sections_md(w: &Whatif, level: &str, name: &dyn Fn(u32) -> String) -> Str
         md.push_str("Not measured: a device-level trace (eBPF or synthetic) has no caching allocator's decisions to check — every cudaMalloc is a request. The first scenario is the recording as it happened; the others put PyTorch's caching allocator, modelled, between the program and the device.\n");
         return md + &scenarios_md(w, level);
     }
-    md.push_str("Under the snapshot's own settings, from the state before the first trace entry, the model chose a block for every allocation; the recorded choice was then applied. With expandable segments a segment asked is the pages one request mapped (`segment_map`), and the same size means the same pages.\n\n");
+    md.push_str("Under the snapshot's own settings, from the state before the first trace entry, the model chose a block for every allocation; the recorded choice was then applied.");
+    if w.recorded_conf.iter().any(|e| e.replace(" ", "") == "expandable_segments:True") {
+        md.push_str(" With expandable segments a segment asked is the pages one request mapped (`segment_map`), and the same size means the same pages.");
+    }
+    md.push_str("\n\n");
     md.push_str("| device | allocations | at PyTorch's address | elsewhere: before the trace / model | same block size | segments asked (same size) | segments only PyTorch / only model | peak reserved recorded → simulated |\n|---|---|---|---|---|---|---|---|\n");
     for (f, o) in w.fidelity.iter().zip(&w.scenarios[0].devices) {
         if let Some(why) = &f.not_measured {

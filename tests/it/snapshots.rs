@@ -315,6 +315,15 @@ fn the_real_snapshot_imports_exactly_and_gets_flamegraphs() {
     let svg = fs::read_to_string(out.join("flamegraph.svg")).unwrap();
     assert!(svg.starts_with("<?xml") && svg.contains("transformer.py"));
     assert_eq!(report["allocator"]["devices"][0]["reserved_bytes"], 19_667_091_456u64);
+    // The counts by kind say which entries were reconstructed (alive
+    // before the first trace entry) and which the snapshot recorded.
+    let r = &d["reconstruction"][0];
+    let md = fs::read_to_string(out.join("report.md")).unwrap();
+    let line = format!(
+        "Of these, {} segment_alloc and {} block_alloc are reconstructed",
+        r["initial_segments"], r["initial_blocks"]
+    );
+    assert!(r["initial_segments"].as_u64() > Some(0) && md.contains(&line), "{line}\n{md}");
 }
 
 #[test]

@@ -119,8 +119,18 @@ fn settings_note(s: &Settings, capacity_known: bool) -> Option<String> {
                 .into(),
         );
     }
-    (s.per_process_memory_fraction.is_some() && !capacity_known).then(|| {
-        "a per-process memory fraction needs the device's capacity (`--capacity`): without one it limits nothing here"
+    if s.per_process_memory_fraction.is_some() && !capacity_known {
+        return Some(
+            "a per-process memory fraction needs the device's capacity (`--capacity`): without one it limits nothing \
+             here"
+                .into(),
+        );
+    }
+    // The model was checked on real PyTorch 2.11 runs one setting at a
+    // time (SPEC §10); this pair follows the same code, unchecked.
+    (s.expandable_segments && s.max_split_size.is_some()).then(|| {
+        "`max_split_size_mb` with expandable segments: no real run has checked the model on this pair (it was \
+         checked on PyTorch 2.11 one setting at a time)"
             .into()
     })
 }
@@ -249,9 +259,21 @@ pub fn conf_line(recorded: &[String], conf: &[String]) -> String {
         return "PyTorch's caching allocator with its default settings".into();
     }
     let key = |e: &String| e.split(':').next().unwrap_or_default().to_string();
-    let line: Vec<&String> = kept_entries(recorded, conf).into_iter().chain(conf).collect();
     // The fraction is a Python call, not an environment entry.
     let fraction = "per_process_memory_fraction";
+    let mut line: Vec<&String> = kept_entries(recorded, conf).into_iter().chain(conf).collect();
+    // A recorded `garbage_collection_threshold` does nothing without a
+    // memory fraction below 1 ([`Settings::collects_garbage`]): not
+    // advised again.
+    let collects = line.iter().any(|e| {
+        key(e) == fraction && e.split_once(':').and_then(|(_, f)| f.trim().parse::<f64>().ok()).is_some_and(|f| f < 1.0)
+    });
+    if !collects {
+        line.retain(|e| key(e) != "garbage_collection_threshold" || conf.contains(e));
+    }
+    if line.is_empty() {
+        return "PyTorch's caching allocator with its default settings".into();
+    }
     let env: Vec<&str> = line.iter().filter(|e| key(e) != fraction).map(|e| e.as_str()).collect();
     let call = line
         .iter()

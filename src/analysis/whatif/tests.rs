@@ -92,6 +92,34 @@ fn cache_flushes_bound_the_capacity() {
     assert_eq!((program.count, program.capacity), (0, None));
 }
 
+/// A recorded `garbage_collection_threshold` does nothing without a memory
+/// fraction below 1, so a recommendation does not advise it again; with
+/// such a fraction it stays. A scenario that sets it keeps it.
+#[test]
+fn an_inert_recorded_garbage_collection_is_not_advised_again() {
+    let recorded = ["garbage_collection_threshold:0.8".to_string()];
+    let expandable = ["expandable_segments:True".to_string()];
+    assert_eq!(conf_line(&recorded, &expandable), "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True");
+    let with_fraction = ["expandable_segments:True".to_string(), "per_process_memory_fraction:0.9".to_string()];
+    assert_eq!(
+        conf_line(&recorded, &with_fraction),
+        "PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.8,expandable_segments:True and torch.cuda.set_per_process_memory_fraction(0.9)"
+    );
+    let only_gc = ["garbage_collection_threshold:0.6".to_string()];
+    assert_eq!(conf_line(&[], &only_gc), "PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.6");
+}
+
+/// `max_split_size_mb` with expandable segments follows the same code as
+/// each alone, but no real run checked the pair: its rows say so.
+#[test]
+fn the_unchecked_pair_of_settings_is_noted() {
+    let mut s = Settings::default();
+    s.apply("expandable_segments:True").unwrap();
+    assert_eq!(settings_note(&s, true), None);
+    s.apply("max_split_size_mb:32").unwrap();
+    assert!(settings_note(&s, true).is_some_and(|n| n.contains("no real run has checked")));
+}
+
 #[test]
 fn a_fraction_is_advised_as_the_python_call_beside_the_environment_line() {
     let conf = ["garbage_collection_threshold:0.8".to_string(), "per_process_memory_fraction:1.0".to_string()];

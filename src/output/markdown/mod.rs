@@ -163,11 +163,22 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
     if a.recovered_allocs > 0 {
         let _ = writeln!(
             md,
-            "| failed allocations | {} ({} served on PyTorch's second ask, after it released its cache: no OOM) |",
+            "| failed allocations | {} ({} served when PyTorch asked again, after it released cached memory: no OOM) |",
             a.failed_allocs, a.recovered_allocs
         );
     } else {
         let _ = writeln!(md, "| failed allocations | {} |", a.failed_allocs);
+    }
+    if let Some(d) = a.snapshot_details() {
+        let (segments, blocks): (u64, u64) =
+            d.reconstruction.iter().fold((0, 0), |(s, b), r| (s + r.initial_segments, b + r.initial_blocks));
+        if segments + blocks > 0 {
+            let _ = writeln!(
+                md,
+                "\nOf these, {segments} segment_alloc and {blocks} block_alloc are reconstructed: what was alive before the \
+                 snapshot's first trace entry, stamped at its time. The rest are the entries the snapshot recorded."
+            );
+        }
     }
 
     if a.allocator_view {
