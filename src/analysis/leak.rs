@@ -528,37 +528,60 @@ fn by_windows(r: &mut LeakReport, input: &Input<'_>) -> (Verdict, String) {
     let ev = input.events;
     let b = crate::units::bytes;
     let noise = threshold(input.peak);
-    // The series' events and its live bytes after each.
-    let rows: Vec<usize> = (0..ev.len()).filter(|&i| ev.pid[i] == input.pid).collect();
+    let series = || (0..ev.len()).filter(|&i| ev.pid[i] == input.pid);
+    // Its live bytes at the end, and how many events it has.
     let mut live = LiveBytes::new(input.allocator_view);
-    let level: Vec<u64> = rows
-        .iter()
-        .map(|&i| {
-            live.apply(ev, i);
-            live.now
-        })
-        .collect();
+    let mut count = 0usize;
+    for i in series() {
+        live.apply(ev, i);
+        count += 1;
+    }
     let at_end = live.now;
     // The final descent: from the last rise before the last time live
-    // memory stood more than the noise above its end level.
-    let above = level.iter().rposition(|&l| l > at_end + noise);
-    let n = match above {
-        Some(p) => (1..=p).rev().find(|&k| level[k] > level[k - 1]).unwrap_or(0) + 1,
-        None => rows.len(),
-    };
-    let (Some(&first), Some(&last)) = (rows.first(), rows.get(n.saturating_sub(1))) else {
-        return (Verdict::CannotTell, "no events: nothing to compare".into());
-    };
-    let (t0, end) = (ev.ts_ns[first], ev.ts_ns[last] + 1);
-    if n < 8 || end - t0 < 8 {
+    // memory stood more than the noise above its end level. `n`: the
+    // events before it; `top`: the live bytes where it began.
+    let (mut n, mut top) = (count, at_end);
+    let mut live = LiveBytes::new(input.allocator_view);
+    let mut rise = (0usize, 0u64);
+    for (k, i) in series().enumerate() {
+        let before = live.now;
+        live.apply(ev, i);
+        if live.now > before {
+            rise = (k, live.now);
+        }
+        if live.now > at_end.saturating_add(noise) {
+            (n, top) = (rise.0 + 1, rise.1);
+        }
+    }
+    if n < 8 {
         return (Verdict::CannotTell, format!("{n} events: too few to compare the floor of live memory over time"));
     }
-    // The instant of the series' event at position `at` (of the n).
-    let t = |at: usize| if at >= n { end } else { ev.ts_ns[rows[at]] };
-    // Six windows after the first quarter, then the second quarter and the
-    // last one.
+    // Six windows after the first quarter, then the second quarter and
+    // the last one, at the instants of the series' events at these
+    // positions (of the n).
     let q = n / 4;
-    let mut spans: Vec<(u64, u64)> = (0..6).map(|k| (t(q + k * (n - q) / 6), t(q + (k + 1) * (n - q) / 6))).collect();
+    let cuts: Vec<usize> = (0..=6).map(|k| q + k * (n - q) / 6).collect();
+    let mut wanted: Vec<usize> = cuts.iter().copied().chain([0, n - 1, 2 * q, 3 * q]).collect();
+    wanted.sort_unstable();
+    wanted.dedup();
+    let mut at: ahash::AHashMap<usize, u64> = AHashMap::new();
+    let mut next = wanted.iter().peekable();
+    for (k, i) in series().enumerate() {
+        while next.peek().is_some_and(|&&w| w == k) {
+            at.insert(k, ev.ts_ns[i]);
+            next.next();
+        }
+        if next.peek().is_none() {
+            break;
+        }
+    }
+    let (t0, end) = (at[&0], at[&(n - 1)] + 1);
+    if end - t0 < 8 {
+        return (Verdict::CannotTell, format!("{n} events: too few to compare the floor of live memory over time"));
+    }
+    let last_t = end - 1;
+    let t = |k: usize| if k >= n { end } else { at[&k] };
+    let mut spans: Vec<(u64, u64)> = cuts.windows(2).map(|c| (t(c[0]), t(c[1]))).collect();
     spans.retain(|s| s.1 > s.0);
     let (windows, _) = floors(ev, input.pid, input.allocator_view, &spans);
     let (quarters, _) = floors(ev, input.pid, input.allocator_view, &[(t(q), t(2 * q)), (t(3 * q), end)]);
@@ -570,9 +593,9 @@ fn by_windows(r: &mut LeakReport, input: &Input<'_>) -> (Verdict, String) {
     r.growth_bytes = growth;
     let seconds = late.at_t_ns.saturating_sub(early.at_t_ns) as f64 / 1e9;
     r.rate_bytes_per_s = if seconds > 0.0 && growth > 0 { growth as f64 / seconds } else { 0.0 };
-    let given_back = level[n - 1].saturating_sub(at_end);
+    let given_back = top.saturating_sub(at_end);
     let back = if given_back > noise {
-        r.released_after = Some((ev.ts_ns[last], given_back));
+        r.released_after = Some((last_t, given_back));
         format!(
             "; then {} was given back at the end (a function returning, generation ending or the process exiting)",
             b(given_back)
