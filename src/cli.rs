@@ -429,7 +429,8 @@ pub struct GateArgs {
     #[arg(long, value_enum)]
     pub fail_on_fragmentation: Option<Risk>,
     /// Fail when any trace's leak verdict is "leaking" (the floor of live
-    /// memory rose across iterations, or over the trace without them).
+    /// memory rose at every iteration; a trace without iterations is never
+    /// "leaking").
     #[arg(long)]
     pub fail_on_leak: bool,
     /// Fail when any trace's final score exceeds this.

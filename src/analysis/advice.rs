@@ -118,14 +118,14 @@ pub fn advise(a: &Analysis, events: &Events) -> Vec<Advice> {
         out.extend(regrown_tensors(events, st));
     }
     for l in a.leaks.iter().filter(|l| l.leaking) {
-        let site = l.top_sites.first().map_or(String::new(), |s| format!(", most of it from `{}`", s.site));
-        let mut per = l
+        let mut site = l.top_sites.first().map_or(String::new(), |s| format!(", most of it from `{}`", s.site));
+        let per = l
             .growth_per_iteration_bytes
             .map_or(String::new(), |g| format!(" ({} per iteration)", bytes(g.max(0) as u64)));
         if let Some(x) = a.oom_risk.iter().find(|x| x.covers(l.pid))
             && let (Some(left), Some(h)) = (x.leak_iterations_left, x.headroom_bytes)
         {
-            per.push_str(&format!("; the headroom of {} lasts about {left} more iterations at that rate", bytes(h)));
+            site.push_str(&format!("; the headroom of {} lasts about {left} more iterations at that rate", bytes(h)));
         }
         out.push(Advice::new(
             Kind::Leak,
@@ -158,7 +158,11 @@ fn from_replay(a: &Analysis, w: &crate::analysis::whatif::Whatif, events: &Event
         w.scenarios[1..].iter().filter(|s| s.ooms == 0 && !s.conf.is_empty()).collect();
     fixes.sort_by_key(|s| s.peak_reserved_bytes);
     for s in &fixes {
-        let tight = crate::analysis::whatif::tight_margin(w.capacity, s).map_or(String::new(), |t| format!(", {t}"));
+        let mut tight =
+            crate::analysis::whatif::tight_margin(w.capacity, s).map_or(String::new(), |t| format!(", {t}"));
+        if s.unchecked_pair {
+            tight.push_str(&format!("; {}", crate::analysis::whatif::UNCHECKED));
+        }
         out.push(Advice {
             kind: Kind::Setting,
             text: format!(

@@ -31,15 +31,16 @@
 //!   reached across the iterations; the reason says that it was released.
 //!   `growth_per_iteration_bytes` is the median of the rises from one floor
 //!   to the next (exact for a constant leak, robust to one odd iteration).
-//!   The call sites of the growth are those of the blocks allocated during
-//!   the iterations after the warm-up and still alive at the last
-//!   iteration's floor.
-//! - **Without iterations**: the floor of the second quarter of the
-//!   series' time against the last quarter (the first quarter is warm-up).
-//!   No growth beyond the noise (2 % of the peak, at least 16 MiB): `not
-//!   leaking` — so growth that is all released by the end is not a leak.
-//!   Growth: `leaking` only when the floors of six windows after the first
-//!   quarter rise at every window, else `cannot tell`.
+//!   The call sites of the growth are what each site held more at the last
+//!   iteration's floor than at the first after the warm-up.
+//! - **Without iterations**: the series' events that move live memory,
+//!   up to the final descent (see [`by_windows`]), cut by count into
+//!   quarters and six windows after the first quarter (warm-up): the floor
+//!   of the second quarter against the last. No growth beyond the noise
+//!   (2 % of the peak, at least 16 MiB): `not leaking`. Growth: `cannot
+//!   tell`, never `leaking` — a leak across steps, one pass that holds
+//!   memory and a working set that grows by design look the same; with
+//!   stacks and a rise at every window, the rise's call sites.
 //!
 //! Floors use live bytes as the replay counts them (every block by its
 //! address; an allocation at a live address replaces that block; a
@@ -120,7 +121,7 @@ impl Floor {
 pub enum Method {
     /// The floors of complete iterations after the warm-up.
     Iterations,
-    /// No iterations: the floors of windows of the series' time.
+    /// No iterations: the floors of windows of the series' events.
     Windows,
 }
 
@@ -148,22 +149,25 @@ pub struct LeakReport {
     /// Iterations: the floor of every complete iteration, the warm-up
     /// first; windows: the floors of the six windows.
     pub floors: Vec<Floor>,
-    /// Memory released after the last complete iteration: (when, how much
-    /// below the last iteration's floor live memory went).
+    /// Iterations: memory released after the last complete iteration
+    /// (when, how much below the last iteration's floor live memory went).
+    /// Windows: what was freed after the run's last rise (when the run
+    /// ended, how much), where it took live memory below the run's last
+    /// floor.
     pub released_after: Option<(u64, u64)>,
     pub live_at_end_bytes: u64,
     pub live_at_end_blocks: u64,
     /// Largest groups first (by bytes), at most ten.
     pub by_size: Vec<SizeGroup>,
-    /// The call sites of the growth (traces with stacks): iterations, the
-    /// blocks allocated during the iterations after the warm-up and alive
-    /// at the last iteration's floor; windows, the blocks allocated after
-    /// the second quarter and alive at the end. Largest first.
+    /// The call sites of the growth (traces with stacks): what each site
+    /// held more at the last floor than at the first compared (the first
+    /// after the warm-up; without iterations, the second quarter's).
+    /// Bytes as the program asked for them. Largest first, at most ten.
     pub top_sites: Vec<SiteBytes>,
     /// Traces with stacks and iterations: blocks alive at the end that were
     /// allocated once, in the warm-up (or the only) iteration, by call site
     /// — state such as optimizer moments, not leaks. A site of the growth
-    /// is never listed here.
+    /// keeps its warm-up blocks here.
     pub allocated_once: Vec<SiteBytes>,
 }
 
@@ -496,8 +500,14 @@ fn by_iterations(r: &mut LeakReport, input: &Input<'_>, floors: &IterationFloors
 /// floor (the previous step's input and loss, say).
 fn growth_sites(input: &Input<'_>, st: &Stacks, first_rows: usize, last_rows: usize) -> Vec<SiteBytes> {
     let ev = input.events;
+    // The bytes the program asked for, as the floors count them (a
+    // snapshot's block sizes carry the allocator's rounding).
+    let bytes = |b: &crate::trace::event::LiveBlock| {
+        let requested = ev.requested.get(b.row).copied().filter(|&r| r != u64::MAX && r > 0);
+        if input.allocator_view { requested.unwrap_or(b.size) } else { b.size }
+    };
     let blocks = |live: &crate::trace::event::LiveSet| -> Vec<(u64, u64, u64, u32)> {
-        live.blocks.iter().map(|(&(_, a), b)| (a, b.size, b.size, b.stack)).collect()
+        live.blocks.iter().map(|(&(_, a), b)| (a, bytes(b), bytes(b), b.stack)).collect()
     };
     let mut live = crate::trace::event::LiveSet::default();
     let mut before = Vec::new();
@@ -528,91 +538,84 @@ fn by_windows(r: &mut LeakReport, input: &Input<'_>) -> (Verdict, String) {
     let ev = input.events;
     let b = crate::units::bytes;
     let noise = threshold(input.peak);
-    let series = || (0..ev.len()).filter(|&i| ev.pid[i] == input.pid);
-    // Its live bytes at the end, and how many events it has.
+    // Its events that move live memory (not a snapshot's segment events,
+    // which differ between allocator settings for the same requests).
+    let series = || (0..ev.len()).filter(|&i| ev.pid[i] == input.pid && moves_live(ev, i, input.allocator_view));
+    // Its live bytes after each of them.
     let mut live = LiveBytes::new(input.allocator_view);
-    let mut count = 0usize;
-    for i in series() {
-        live.apply(ev, i);
-        count += 1;
-    }
+    let level: Vec<u64> = series()
+        .map(|i| {
+            live.apply(ev, i);
+            live.now
+        })
+        .collect();
     let at_end = live.now;
-    // The final descent: from the last rise before the last time live
-    // memory stood more than the noise above its end level. `n`: the
-    // events before it; `top`: the live bytes where it began.
-    let (mut n, mut top) = (count, at_end);
-    let mut live = LiveBytes::new(input.allocator_view);
-    let mut rise = (0usize, 0u64);
-    for (k, i) in series().enumerate() {
-        let before = live.now;
-        live.apply(ev, i);
-        if live.now > before {
-            rise = (k, live.now);
-        }
-        if live.now > at_end.saturating_add(noise) {
-            (n, top) = (rise.0 + 1, rise.1);
+    // The final descent, read back from the end: live memory rises to the
+    // descent's top and stays within the noise of it; where it stood more
+    // than the noise lower, the run was still climbing. The events up to
+    // the top (`n` of them) are the run; after it, the end's release.
+    let mut top: Option<(usize, u64)> = None;
+    for (k, &l) in level.iter().enumerate().rev() {
+        let best = top.map_or(at_end, |t| t.1);
+        if l > best {
+            top = Some((k, l));
+        } else if l.saturating_add(noise) < best {
+            break;
         }
     }
+    let n = top.map_or(level.len(), |t| t.0 + 1);
     if n < 8 {
         return (Verdict::CannotTell, format!("{n} events: too few to compare the floor of live memory over time"));
     }
     // Six windows after the first quarter, then the second quarter and
-    // the last one, at the instants of the series' events at these
-    // positions (of the n).
+    // the last one, by position among the run's events.
     let q = n / 4;
-    let cuts: Vec<usize> = (0..=6).map(|k| q + k * (n - q) / 6).collect();
-    let mut wanted: Vec<usize> = cuts.iter().copied().chain([0, n - 1, 2 * q, 3 * q]).collect();
-    wanted.sort_unstable();
-    wanted.dedup();
-    let mut at: ahash::AHashMap<usize, u64> = AHashMap::new();
-    let mut next = wanted.iter().peekable();
-    for (k, i) in series().enumerate() {
-        while next.peek().is_some_and(|&&w| w == k) {
-            at.insert(k, ev.ts_ns[i]);
-            next.next();
-        }
-        if next.peek().is_none() {
-            break;
-        }
-    }
-    let (t0, end) = (at[&0], at[&(n - 1)] + 1);
-    if end - t0 < 8 {
+    let mut spans: Vec<(usize, usize)> = (0..6).map(|k| (q + k * (n - q) / 6, q + (k + 1) * (n - q) / 6)).collect();
+    spans.retain(|s| s.1 > s.0);
+    let six = spans.len();
+    spans.extend([(q, 2 * q), (3 * q, n)]);
+    let mut all = floors_at(ev, input.pid, input.allocator_view, &spans);
+    let late = all.pop().expect("the last quarter");
+    let early = all.pop().expect("the second quarter");
+    if late.end_t_ns.saturating_sub(all.first().map_or(late.start_t_ns, |f| f.start_t_ns)) < 8 {
         return (Verdict::CannotTell, format!("{n} events: too few to compare the floor of live memory over time"));
     }
-    let last_t = end - 1;
-    let t = |k: usize| if k >= n { end } else { at[&k] };
-    let mut spans: Vec<(u64, u64)> = cuts.windows(2).map(|c| (t(c[0]), t(c[1]))).collect();
-    spans.retain(|s| s.1 > s.0);
-    let (windows, _) = floors(ev, input.pid, input.allocator_view, &spans);
-    let (quarters, _) = floors(ev, input.pid, input.allocator_view, &[(t(q), t(2 * q)), (t(3 * q), end)]);
-    let (early, late) = (quarters[0], quarters[1]);
-    r.floors = windows;
+    r.floors = all;
     r.floor_early_bytes = early.bytes;
     r.floor_late_bytes = late.bytes;
     let growth = late.bytes as i64 - early.bytes as i64;
     r.growth_bytes = growth;
     let seconds = late.at_t_ns.saturating_sub(early.at_t_ns) as f64 / 1e9;
     r.rate_bytes_per_s = if seconds > 0.0 && growth > 0 { growth as f64 / seconds } else { 0.0 };
-    let given_back = top.saturating_sub(at_end);
-    let back = if given_back > noise {
-        r.released_after = Some((last_t, given_back));
-        format!(
-            "; then {} was given back at the end (a function returning, generation ending or the process exiting)",
-            b(given_back)
-        )
-    } else {
-        String::new()
+    // What was freed after the run's last rise, said where it took live
+    // memory below the run's last floor (a temporary's free is not).
+    let back = match top {
+        Some((_, t)) if late.bytes.saturating_sub(at_end) > noise => {
+            r.released_after = Some((late.end_t_ns, t - at_end));
+            format!(
+                "; after the run's last rise, {} was freed by the end of the trace ({} → {}), which says nothing either \
+                 way",
+                b(t - at_end),
+                b(t),
+                b(at_end)
+            )
+        }
+        _ => String::new(),
     };
     if growth <= 0 || growth as u64 <= noise {
-        return (
-            Verdict::NotLeaking,
+        let rose = if growth > 0 {
             format!(
-                "no iterations found; the floor of live memory did not rise from the second quarter of the run's \
-                 events to the last{back}"
-            ),
-        );
+                "rose by only {} from the second quarter of the run's events to the last, within the noise ({}: 2 % of \
+                 the peak, at least 16 MiB)",
+                b(growth as u64),
+                b(noise)
+            )
+        } else {
+            "did not rise from the second quarter of the run's events to the last".to_string()
+        };
+        return (Verdict::NotLeaking, format!("no iterations found; the floor of live memory {rose}{back}"));
     }
-    let steady = r.floors.len() >= 2 && r.floors.windows(2).all(|p| p[1].bytes > p[0].bytes);
+    let steady = six >= 2 && r.floors.windows(2).all(|p| p[1].bytes > p[0].bytes);
     if steady && let Some(st) = input.stacks {
         r.top_sites = growth_sites(input, st, early.after_rows, late.after_rows);
     }
@@ -623,9 +626,70 @@ fn by_windows(r: &mut LeakReport, input: &Input<'_>) -> (Verdict, String) {
              steps, one pass that holds memory (a forward pass keeping activations) and a working set that grows by \
              design (a KV cache) look the same",
             b(growth as u64),
-            if steady { " over the run, at each of six windows of its events" } else { ", but not steadily" },
+            if steady {
+                let word = ["two", "three", "four", "five", "six"].get(six.wrapping_sub(2)).copied().unwrap_or("the");
+                format!(" over the run, at each of {word} windows of its events")
+            } else {
+                ", but not steadily".into()
+            },
         ),
     )
+}
+
+/// Whether event `i` is one [`LiveBytes`] counts: a block allocated or
+/// freed (successfully), or a process's exit.
+fn moves_live(events: &Events, i: usize, allocator_view: bool) -> bool {
+    events.kind[i].is_some_and(|k| {
+        k == EventKind::Exit
+            || (events.ret[i] == 0
+                && (k.creates_block() || k.releases_block())
+                && crate::analysis::replay::tracks(k, allocator_view))
+    })
+}
+
+/// The exact floor of series `pid` over each of `spans`, given as
+/// positions among its events that move live memory ([`moves_live`]) (`[start, end)`, non-empty; they may
+/// overlap): by position, so that events sharing a timestamp with a span's
+/// end stay out of it.
+fn floors_at(events: &Events, pid: u32, allocator_view: bool, spans: &[(usize, usize)]) -> Vec<Floor> {
+    let mut out: Vec<Floor> = spans
+        .iter()
+        .map(|_| Floor { start_t_ns: 0, end_t_ns: 0, bytes: u64::MAX, at_t_ns: 0, after_rows: 0 })
+        .collect();
+    let last = spans.iter().map(|s| s.1).max().unwrap_or(0);
+    let mut live = LiveBytes::new(allocator_view);
+    let mut last_ts = 0;
+    let series = (0..events.len()).filter(|&i| events.pid[i] == pid && moves_live(events, i, allocator_view));
+    for (k, i) in series.enumerate() {
+        let ts = events.ts_ns[i];
+        for (f, s) in out.iter_mut().zip(spans) {
+            if s.1 == k {
+                f.end_t_ns = ts;
+            }
+            if s.0 == k {
+                // The state entering the span.
+                f.start_t_ns = ts;
+                f.consider(live.now, ts, i);
+            }
+        }
+        if k >= last {
+            break;
+        }
+        live.apply(events, i);
+        last_ts = ts;
+        for (f, s) in out.iter_mut().zip(spans) {
+            if (s.0..s.1).contains(&k) {
+                f.consider(live.now, ts, i + 1);
+            }
+        }
+    }
+    // A span that ends with the series ends after its last event.
+    for (f, s) in out.iter_mut().zip(spans) {
+        if f.end_t_ns == 0 && s.1 > s.0 {
+            f.end_t_ns = last_ts + 1;
+        }
+    }
+    out
 }
 
 #[cfg(test)]

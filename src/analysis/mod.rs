@@ -440,6 +440,9 @@ fn walk(events: &Events, bounds: &[(usize, u64)], replay: &mut Replay, context: 
                 // PyTorch's second ask of the request that just failed: a
                 // failed one is that OOM again, a served one means the
                 // failure was no OOM (the cache's release made room).
+                if e.kind.is_device_free() && e.ret == 0 {
+                    retries.freed(e.pid);
+                }
                 let ask = if e.kind.is_device_alloc() { retries.ask(e.pid, e.size, e.is_oom()) } else { oom::Ask::New };
                 if ask == oom::Ask::Retry
                     && let Some(first) = w.ooms.iter_mut().rev().find(|o| o.pid == e.pid)
@@ -452,7 +455,8 @@ fn walk(events: &Events, bounds: &[(usize, u64)], replay: &mut Replay, context: 
                     if let Some(row) = w.rows.iter().rposition(|r| r.at_oom && r.pid == e.pid && r.t_ns == gone.t_ns) {
                         w.rows.remove(row);
                     }
-                    w.recovered += 1;
+                    // Every failed call of that request was served in the end.
+                    w.recovered += 1 + u64::from(gone.retries);
                 } else if e.is_oom() {
                     let r = row(step, e.ts_ns, e.pid, true, replay);
                     let mut d = diagnose_oom(&e, &r.metrics, replay, context);

@@ -113,9 +113,10 @@ pub struct OomDiagnosis {
 pub struct Retries {
     /// The units whose allocator asks again, and how many times.
     retrying: PytorchUnits,
-    /// Per unit: the size of its last failure and the asks still to come,
-    /// while nothing succeeded.
-    pending: ahash::AHashMap<u32, (u64, u8)>,
+    /// Per unit: the size of its last failure, the asks still to come, and
+    /// whether the next one waits for a free (a third ask follows the
+    /// cache's release), while nothing succeeded.
+    pending: ahash::AHashMap<u32, (u64, u8, bool)>,
 }
 
 /// The units (and pids) of a device-level recording that ran PyTorch's
@@ -146,20 +147,30 @@ impl Retries {
     pub fn ask(&mut self, unit: u32, size: u64, failed: bool) -> Ask {
         let Some(&again) = self.retrying.get(&unit) else { return Ask::New };
         match (self.pending.remove(&unit), failed) {
-            (Some((s, left)), true) if s == size => {
+            (Some((s, left, false)), true) if s == size => {
                 if left > 1 {
-                    self.pending.insert(unit, (size, left - 1));
+                    self.pending.insert(unit, (size, left - 1, true));
                 }
                 Ask::Retry
             }
-            (Some((s, _)), false) if s == size => Ask::Recovered,
+            (Some((s, _, false)), false) if s == size => Ask::Recovered,
             (_, true) => {
                 if again > 0 {
-                    self.pending.insert(unit, (size, again));
+                    self.pending.insert(unit, (size, again, false));
                 }
                 Ask::New
             }
             (_, false) => Ask::New,
+        }
+    }
+
+    /// Notes a device free of `unit`: with `max_split_size_mb`, PyTorch
+    /// asks a third time only after releasing its whole cache, so a third
+    /// call with no free before it is the program's own (when the first
+    /// release found no block above that size, PyTorch asks only twice).
+    pub fn freed(&mut self, unit: u32) {
+        if let Some(p) = self.pending.get_mut(&unit) {
+            p.2 = false;
         }
     }
 }
@@ -275,13 +286,21 @@ mod tests {
         let mut r = Retries::of([(1, 2)].into_iter().collect());
         assert_eq!(r.ask(1, GIB, true), Ask::New);
         assert_eq!(r.ask(1, GIB, true), Ask::Retry);
+        r.freed(1);
         assert_eq!(r.ask(1, GIB, true), Ask::Retry);
         assert_eq!(r.ask(1, GIB, true), Ask::New, "a new request");
         assert_eq!(r.ask(1, GIB, true), Ask::Retry);
+        r.freed(1);
         assert_eq!(r.ask(1, GIB, false), Ask::Recovered, "served at the third ask");
-        // Only two asks skipped when the first release freed too little.
+        // Only two asks when the first release found no block above the
+        // size: a call after them with nothing freed between is the
+        // program's own, served or not.
         assert_eq!(r.ask(1, GIB, true), Ask::New);
         assert_eq!(r.ask(1, GIB, true), Ask::Retry);
+        assert_eq!(r.ask(1, GIB, false), Ask::New, "the program's own call, served");
+        assert_eq!(r.ask(1, GIB, true), Ask::New);
+        assert_eq!(r.ask(1, GIB, true), Ask::Retry);
+        assert_eq!(r.ask(1, GIB, true), Ask::New, "the program's own call, failed: a new request");
         assert_eq!(r.ask(1, GIB / 2, true), Ask::New, "another size: a new request");
     }
 

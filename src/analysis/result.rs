@@ -70,8 +70,8 @@ pub struct Analysis {
     pub events: u64,
     pub counts_by_kind: crate::trace::event::KindCounts,
     pub failed_allocs: u64,
-    /// Of those, cudaMallocs that PyTorch's allocator then served on its
-    /// second ask, after releasing its cache: not OOMs.
+    /// Of those, failed cudaMallocs whose request PyTorch's allocator then
+    /// served when it asked again, after releasing cached memory: not OOMs.
     pub recovered_allocs: u64,
     pub first_ts: u64,
     pub last_ts: u64,

@@ -239,33 +239,33 @@ pub(crate) fn evaluate(inp: &Inputs<'_>, rows: &mut [crate::analysis::result::Ro
     out
 }
 
-/// A confirmed leak raises the risk to at least high: memory that grows
-/// every iteration runs out if the job runs long enough, whatever share
-/// of the device the trace reached. With a known headroom and the rise per
-/// iteration, the reason says how many more iterations it lasts
-/// (`leak_iterations_left`). `leaks`: the rise per iteration of each
-/// leaking process of the series (None without iterations).
+/// A confirmed leak raises the risk to at least high where the capacity is
+/// known: memory that grows every iteration runs out if the job runs long
+/// enough, whatever share of the device the trace reached. With a known
+/// headroom and the rise per iteration, the reason says how many more
+/// iterations it lasts (`leak_iterations_left`: the fewest of the leaking
+/// processes on the device, each at its own rise). Without a capacity the
+/// level stays unknown, and the reason says that it leaks. `leaks`: the
+/// rise per iteration of each leaking process of the series (None
+/// without iterations).
 fn with_leak(a: &mut Assessment, leaks: impl Iterator<Item = Option<u64>>) {
-    let mut rises = leaks.peekable();
-    if rises.peek().is_none() || a.capacity.is_none() || a.level >= OomRisk::Oom {
+    let rises: Vec<Option<u64>> = leaks.collect();
+    if rises.is_empty() || a.level >= OomRisk::Oom {
         return;
     }
-    let per_iteration: Option<u64> = rises.sum::<Option<u64>>().filter(|&g| g > 0);
     let b = crate::units::bytes;
-    let text = match (per_iteration, a.headroom_bytes) {
-        (Some(g), Some(h)) => {
-            a.leak_iterations_left = Some(h / g);
-            format!(
-                "leaking {} per iteration (Leaks): the headroom of {} lasts about {} more iterations",
-                b(g),
-                b(h),
-                h / g
-            )
+    let fastest = rises.iter().flatten().copied().filter(|&g| g > 0).max();
+    let per = fastest.map_or(String::new(), |g| format!(" {} per iteration", b(g)));
+    let text = match (a.capacity, fastest, a.headroom_bytes) {
+        (None, _, _) => format!("leaking{per} (Leaks): it runs out on any device if the job runs long enough"),
+        (Some(_), Some(g), Some(h)) => {
+            let left = rises.iter().flatten().filter(|&&g| g > 0).map(|&g| h / g).min().unwrap_or(h / g);
+            a.leak_iterations_left = Some(left);
+            format!("leaking{per} (Leaks): the headroom of {} lasts about {left} more iterations", b(h))
         }
-        (Some(g), None) => format!("leaking {} per iteration (Leaks): it runs out if the job runs long enough", b(g)),
-        (None, _) => "leaking (Leaks): it runs out if the job runs long enough".to_string(),
+        (Some(_), _, _) => format!("leaking{per} (Leaks): it runs out if the job runs long enough"),
     };
-    if a.level < OomRisk::High {
+    if a.capacity.is_some() && a.level < OomRisk::High {
         a.level = OomRisk::High;
         a.raised_by_leak = true;
     }

@@ -121,6 +121,7 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
             "peak_is": x.peak_what,
             "headroom_bytes": x.headroom_bytes,
             "leak_iterations_left": x.leak_iterations_left,
+            "raised_by_leak": x.raised_by_leak,
             "largest_request_bytes": x.largest_request_bytes,
             "room_now_bytes": x.room_now_bytes,
             "trend_bytes_per_step": r6(x.trend_bytes_per_step),

@@ -97,6 +97,7 @@ pub fn json(w: &Whatif) -> serde_json::Value {
             "oom_classes": classes,
             "devices": s.devices,
             "note": s.note,
+            "unchecked_pair": s.unchecked_pair,
         })
     };
     let recorded = &w.scenarios[0];

@@ -232,6 +232,7 @@ fn without_iterations_a_flat_floor_is_no_leak_and_a_rising_one_cannot_be_told() 
     let r = judge(&events(&saw), None);
     assert_eq!((r.verdict, r.leaking), (Verdict::NotLeaking, false), "{}", r.reason);
     assert_eq!(r.growth_bytes, 0);
+    assert_eq!(r.released_after, None, "the last temporary's free is no release: {}", r.reason);
     // The same with 64 MiB more held every 10 ns: a rise, which without
     // iterations may be one pass holding memory as well as a leak.
     let mut leak = saw.clone();
@@ -258,6 +259,26 @@ fn without_iterations_a_flat_floor_is_no_leak_and_a_rising_one_cannot_be_told() 
     let mut idle = vec![(0, 1024 * MIB, 0x1000_0000), (1, 8 * MIB, 0x2000_0000), (1_000_000, 0, 0x2000_0000)];
     idle.extend(back.iter().skip(1).map(|&(t, s, a)| (t + 2_000_000, s, a)));
     let r = judge(&events(&idle), None);
+    assert!(r.reason.contains("rose by") && r.growth_bytes > 0, "{}", r.reason);
+    assert!(r.floors[0].start_t_ns >= 2_000_000, "the windows lie in the run: {:?}", r.floors);
+    // A release stamped with the last rise's time stays out of the run.
+    let mut same = leak.clone();
+    let t_last = same.last().unwrap().0;
+    for i in 1..100u64 {
+        same.push((t_last, 0, 0x1_0000_0000 + i * 64 * MIB));
+    }
+    let r = judge(&events(&same), None);
+    assert!(r.growth_bytes > 0 && r.released_after.is_some(), "{} {:?}", r.reason, r.floors);
+    // An early spike higher than the run does not hide the run's rise.
+    let mut spike = vec![(0, 1024 * MIB, 0x1000_0000)];
+    for i in 1..=20u64 {
+        spike.push((i * 10, 8192 * MIB, 0x9000_0000));
+        spike.push((i * 10 + 5, 0, 0x9000_0000));
+    }
+    for i in 1..=100u64 {
+        spike.push((1000 + i * 10, 32 * MIB, 0x2_0000_0000 + i * 32 * MIB));
+    }
+    let r = judge(&events(&spike), None);
     assert!(r.reason.contains("rose by") && r.growth_bytes > 0, "{}", r.reason);
 }
 

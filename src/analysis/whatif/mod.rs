@@ -90,6 +90,9 @@ pub struct Scenario {
     /// What the reader must know about how it replays (a setting that has
     /// no effect as given).
     pub note: Option<String>,
+    /// Its settings pair expandable segments with `max_split_size_mb` or
+    /// `roundup_power2_divisions`, which no real run has checked.
+    pub unchecked_pair: bool,
 }
 
 impl Scenario {
@@ -105,35 +108,49 @@ impl Scenario {
             ooms: sum(|o| o.ooms),
             devices,
             note: None,
+            unchecked_pair: false,
         }
     }
 }
 
-/// Why settings replay otherwise than they read, if they do.
+/// Why settings replay otherwise than they read, or how far the model
+/// was checked on them, if the reader must know (several notes joined).
 fn settings_note(s: &Settings, capacity_known: bool) -> Option<String> {
+    let mut notes: Vec<&str> = Vec::new();
     if s.garbage_collection_threshold.is_some() && s.collects_garbage().is_none() {
-        return Some(
+        notes.push(
             "`garbage_collection_threshold` acts only under a per-process memory fraction below 1 \
-             (`torch.cuda.set_per_process_memory_fraction`): PyTorch collects garbage only then, so it replays as if \
-             unset"
-                .into(),
+             (`torch.cuda.set_per_process_memory_fraction`, which a trace does not show: none is assumed): PyTorch \
+             collects garbage only then, so it replays as if unset",
         );
     }
     if s.per_process_memory_fraction.is_some() && !capacity_known {
-        return Some(
+        notes.push(
             "a per-process memory fraction needs the device's capacity (`--capacity`): without one it limits nothing \
-             here"
-                .into(),
+             here",
         );
     }
     // The model was checked on real PyTorch 2.11 runs one setting at a
-    // time (SPEC §10); this pair follows the same code, unchecked.
-    (s.expandable_segments && s.max_split_size.is_some()).then(|| {
-        "`max_split_size_mb` with expandable segments: no real run has checked the model on this pair (it was \
-         checked on PyTorch 2.11 one setting at a time)"
-            .into()
-    })
+    // time (SPEC §10); these pairs follow the same code, unchecked.
+    if unchecked_pair(s) {
+        notes.push(
+            "expandable segments with `max_split_size_mb` or `roundup_power2_divisions`: no real run has checked the \
+             model on such a pair (it was checked on PyTorch 2.11 one setting at a time)",
+        );
+    }
+    (!notes.is_empty()).then(|| notes.join("; "))
 }
+
+/// Whether settings pair expandable segments with `max_split_size_mb` or
+/// `roundup_power2_divisions`: the model follows the same code, but no
+/// real run has checked such a pair (SPEC §10).
+fn unchecked_pair(s: &Settings) -> bool {
+    s.expandable_segments && (s.max_split_size.is_some() || s.roundup_power2_divisions.iter().any(|&d| d > 1))
+}
+
+/// Where a recommended or advised scenario pairs settings that no real run
+/// has checked: said beside it.
+pub const UNCHECKED: &str = "a pair of settings no real run has checked the model on";
 
 /// A lower peak reserved counts only beyond this share of the recorded
 /// scenario's (and 2 MiB): smaller differences are noise of the model.
@@ -270,9 +287,6 @@ pub fn conf_line(recorded: &[String], conf: &[String]) -> String {
     });
     if !collects {
         line.retain(|e| key(e) != "garbage_collection_threshold" || conf.contains(e));
-    }
-    if line.is_empty() {
-        return "PyTorch's caching allocator with its default settings".into();
     }
     let env: Vec<&str> = line.iter().filter(|e| key(e) != fraction).map(|e| e.as_str()).collect();
     let call = line
@@ -422,6 +436,7 @@ pub fn run(
         let outcomes = devices.iter().zip(&capacities).map(|(d, &c)| simulate(d, s, c, name, conf)).collect();
         let mut scenario = Scenario::of(name, conf, outcomes);
         scenario.note = settings_note(s, capacities.iter().all(Option::is_some));
+        scenario.unchecked_pair = unchecked_pair(s);
         scenario
     };
     // Fidelity, the recorded settings and every scenario at once, on
@@ -474,6 +489,9 @@ pub fn run(
         && let Some(tight) = tight_margin(Some(*cap), &scenarios[recommended.0])
     {
         recommended.1 = format!("{}, {tight}", recommended.1);
+    }
+    if recommended.0 != 0 && scenarios[recommended.0].unchecked_pair {
+        recommended.1 = format!("{} ({UNCHECKED})", recommended.1);
     }
     let capacity_inferred = capacity.is_none() && capacities.iter().any(Option::is_some);
     let capacity = capacity.or_else(|| capacities.iter().flatten().copied().max());

@@ -80,6 +80,9 @@ pub fn device_level_streams(
     let mut retries = crate::analysis::oom::Retries::of(pytorch.clone());
     for i in 0..events.len() {
         let Some(kind) = events.kind[i] else { continue };
+        if kind.is_device_free() && events.ret[i] == 0 {
+            retries.freed(events.pid[i]);
+        }
         if kind.is_device_alloc() {
             let oom = events.ret[i] == crate::trace::event::CUDA_ERROR_OUT_OF_MEMORY;
             match retries.ask(events.pid[i], events.size[i], oom) {

@@ -478,18 +478,28 @@ pub(crate) fn leaks_md(a: &Analysis) -> String {
     // Where the floor rose: a leak's growth, or (without iterations) a
     // steady rise that cannot be told from one.
     for l in a.leaks.iter().filter(|l| !l.top_sites.is_empty()) {
-        md.push_str(match l.method {
-            Method::Iterations => "\nThe growth by call site: what each site held more at the last iteration's floor than at the first after the warm-up:\n\n| call site | bytes | blocks more |\n|---|---|---|\n",
-            Method::Windows => "\nThe rise by call site: what each site held more at the last quarter's floor than at the second quarter's (of the run's events):\n\n| call site | bytes | blocks more |\n|---|---|---|\n",
-        });
+        let (what, floors) = match l.method {
+            Method::Iterations => ("growth", "at the last iteration's floor than at the first after the warm-up"),
+            Method::Windows => {
+                ("rise", "at the last quarter's floor than at the second quarter's (of the run's events)")
+            }
+        };
+        let _ = writeln!(
+            md,
+            "\nThe {what} of {} {} by call site{}: what each site held more {floors}, in the bytes the program asked for:\n\n| call site | bytes | blocks more |\n|---|---|---|",
+            a.unit(),
+            a.who(l.pid),
+            if l.top_sites.len() >= 10 { " (the ten largest)" } else { "" }
+        );
         for t in &l.top_sites {
-            let _ = writeln!(md, "| `{}` | {} | {} |", t.site, bytes(t.bytes), t.blocks);
+            let more = if t.blocks == 0 { "0 (the same blocks, larger)".to_string() } else { t.blocks.to_string() };
+            let _ = writeln!(md, "| `{}` | {} | {more} |", t.site, bytes(t.bytes));
         }
     }
     for l in a.leaks.iter().filter(|l| !l.allocated_once.is_empty()) {
         let _ = writeln!(
             md,
-            "\nAllocated once, in the warm-up (or only) iteration of {} {}, and alive at the end — state such as weights, optimizer moments or caches, not leaks:\n\n| call site | bytes | blocks |\n|---|---|---|",
+            "\nAllocated once — before the trace began or in the warm-up (or only) iteration of {} {} — and alive at the end: state such as weights, optimizer moments or caches, not leaks:\n\n| call site | bytes | blocks |\n|---|---|---|",
             a.unit(),
             a.who(l.pid)
         );
