@@ -162,7 +162,7 @@ pub struct WhatifArgs {
     /// Output directory (whatif.json, whatif.md, whatif.png, scenarios/NAME/ trace directories).
     #[arg(short, long)]
     pub output: PathBuf,
-    /// A scenario: PYTORCH_CUDA_ALLOC_CONF entries on top of the recorded settings, comma-separated
+    /// A scenario: PYTORCH_CUDA_ALLOC_CONF entries on top of the recorded settings, comma-separated; KEY:default leaves a recorded entry out (PyTorch's default)
     /// (max_split_size_mb:128,roundup_power2_divisions:4). Repeatable; without it a default sweep runs.
     #[arg(long = "conf", value_name = "KEY:VALUE[,KEY:VALUE]")]
     pub conf: Vec<String>,

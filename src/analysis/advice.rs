@@ -156,7 +156,8 @@ fn from_replay(a: &Analysis, w: &crate::analysis::whatif::Whatif, events: &Event
     let line = |conf: &[String]| crate::analysis::whatif::conf_line(&w.recorded_conf, conf);
     let mut fixes: Vec<&crate::analysis::whatif::Scenario> =
         w.scenarios[1..].iter().filter(|s| s.ooms == 0 && !s.conf.is_empty()).collect();
-    fixes.sort_by_key(|s| s.peak_reserved_bytes);
+    // The lowest peak first; at the same peak, settings real runs checked.
+    fixes.sort_by_key(|s| (s.peak_reserved_bytes, s.unchecked_pair));
     for s in &fixes {
         let mut tight =
             crate::analysis::whatif::tight_margin(w.capacity, s).map_or(String::new(), |t| format!(", {t}"));

@@ -90,12 +90,26 @@ impl Settings {
         })
     }
 
-    /// Applies one `PYTORCH_CUDA_ALLOC_CONF` entry (`key:value`).
+    /// Applies one `PYTORCH_CUDA_ALLOC_CONF` entry (`key:value`). A value
+    /// of `default` (fragscope's, not PyTorch's) puts back PyTorch's
+    /// default for that key: the recorded settings without it.
     pub fn apply(&mut self, entry: &str) -> Result<(), String> {
         let (key, value) = entry
             .split_once(':')
             .ok_or_else(|| format!("`{entry}`: expected KEY:VALUE, as in PYTORCH_CUDA_ALLOC_CONF"))?;
         let bad = |what: &str| format!("`{entry}`: {key} takes {what}");
+        if value.trim() == "default" {
+            let d = Settings::default();
+            match key.trim() {
+                "max_split_size_mb" => self.max_split_size = d.max_split_size,
+                "roundup_power2_divisions" => self.roundup_power2_divisions = d.roundup_power2_divisions,
+                "garbage_collection_threshold" => self.garbage_collection_threshold = d.garbage_collection_threshold,
+                "expandable_segments" => self.expandable_segments = d.expandable_segments,
+                "per_process_memory_fraction" => self.per_process_memory_fraction = d.per_process_memory_fraction,
+                other => return Err(format!("`{entry}`: unknown key `{other}`")),
+            }
+            return Ok(());
+        }
         match key.trim() {
             "max_split_size_mb" => {
                 let mb: u64 = value.trim().parse().map_err(|_| bad("a whole number of MiB"))?;

@@ -218,16 +218,31 @@ pub fn sections_md(w: &Whatif, level: &str, name: &dyn Fn(u32) -> String) -> Str
 /// so `roundup_power2_divisions:4` on a run with `max_split_size_mb:64`
 /// is both).
 fn scenario_label(recorded: &[String], conf: &[String]) -> String {
+    use crate::analysis::whatif::is_default;
     let kept: Vec<&str> =
         crate::analysis::whatif::kept_entries(recorded, conf).into_iter().map(String::as_str).collect();
     if is_recorded(recorded, conf) {
         // The sweep's entry is what the recording already ran with.
-        format!("`{}` (the recorded settings)", recorded.join(","))
-    } else if kept.is_empty() {
-        format!("`{}`", conf.join(","))
-    } else {
-        format!("`{}` + recorded `{}`", conf.join(","), kept.join(","))
+        return format!("`{}` (the recorded settings)", recorded.join(","));
     }
+    let key = |e: &str| e.split(':').next().unwrap_or_default().trim().to_string();
+    let set: Vec<&str> = conf.iter().map(String::as_str).filter(|e| !is_default(e)).collect();
+    // `KEY:default`: a recorded entry left out.
+    let dropped: Vec<&str> = recorded
+        .iter()
+        .map(String::as_str)
+        .filter(|r| conf.iter().any(|e| is_default(e) && key(e) == key(r)))
+        .collect();
+    let mut label = match (set.is_empty(), kept.is_empty()) {
+        (true, true) => "PyTorch's defaults".to_string(),
+        (true, false) => format!("recorded `{}`", kept.join(",")),
+        (false, true) => format!("`{}`", set.join(",")),
+        (false, false) => format!("`{}` + recorded `{}`", set.join(","), kept.join(",")),
+    };
+    if !dropped.is_empty() {
+        label.push_str(&format!(", without recorded `{}`", dropped.join(",")));
+    }
+    label
 }
 
 /// Whether a sweep's entries are what the recording already ran with.

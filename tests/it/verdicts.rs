@@ -404,3 +404,35 @@ fn the_same_program_gets_the_same_leak_verdict_under_every_setting() {
         assert!(seen.windows(2).all(|w| w[0].1 == w[1].1 && w[0].2 == w[1].2), "{program}: {seen:?}");
     }
 }
+
+/// A recorded setting can be left out (`KEY:default`): the sweep replays
+/// the recording without it, alone and under expandable segments, and a
+/// recommendation prefers what real runs checked to an unchecked pair.
+/// Each figure is a real run's (outcomes.json, the README).
+#[test]
+fn a_recorded_setting_is_replayed_without_it_as_the_real_runs_did() {
+    let (Some(kvcat), Some(varshape)) =
+        (h100("kvcat-roundup_power2_divisions-4.pickle"), h100("varshape-max_split_size_mb-128.pickle"))
+    else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let peak = |r: &serde_json::Value, conf: &[&str]| -> u64 {
+        let s = r["whatif"]["scenarios"].as_array().unwrap().iter().find(|s| s["conf"] == serde_json::json!(conf));
+        s.unwrap_or_else(|| panic!("no scenario {conf:?}"))["peak_reserved_bytes"].as_u64().unwrap()
+    };
+    let (k, _) = analyze(&kvcat, &tmp.path().join("k"), &[]);
+    // kvcat: the real default run reserved 413 138 944 B, the real
+    // expandable one 358 612 992 B.
+    assert_eq!(peak(&k, &["roundup_power2_divisions:default"]), 413_138_944);
+    assert_eq!(peak(&k, &["expandable_segments:True", "roundup_power2_divisions:default"]), 358_612_992);
+    assert_eq!(k["whatif"]["recommendation"]["conf"], "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True");
+    // varshape under max_split_size_mb:128 ran out of memory; the real run
+    // with expandable segments alone did not, at 2 348 810 240 B.
+    let (v, md) = analyze(&varshape, &tmp.path().join("v"), &[]);
+    assert_eq!(peak(&v, &["expandable_segments:True", "max_split_size_mb:default"]), 2_348_810_240);
+    let rec = &v["whatif"]["recommendation"];
+    assert_eq!(rec["conf"], "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "{rec}");
+    assert!(rec["reason"].as_str().unwrap().contains("without the recorded `max_split_size_mb:128`"), "{rec}");
+    assert!(md.contains(", without recorded `max_split_size_mb:128`"), "{md}");
+}

@@ -64,6 +64,22 @@ pub fn default_sweep(d: &[DeviceStream], recorded: &Settings, capacity: Option<u
     // would have done instead.
     let flip = if recorded.expandable_segments { "expandable_segments:False" } else { "expandable_segments:True" };
     let mut sweep: Vec<Vec<String>> = vec![vec![flip.into()]];
+    // A recording made with a rounding or a split threshold: what it cost
+    // or saved, without it and without it under expandable segments (the
+    // pair with expandable segments is unchecked, each alone is not).
+    let mut set: Vec<&str> = Vec::new();
+    if recorded.max_split_size.is_some() {
+        set.push("max_split_size_mb");
+    }
+    if recorded.roundup_power2_divisions.iter().any(|&d| d > 1) {
+        set.push("roundup_power2_divisions");
+    }
+    for key in set {
+        sweep.push(vec![format!("{key}:default")]);
+        if !recorded.expandable_segments {
+            sweep.push(vec![flip.into(), format!("{key}:default")]);
+        }
+    }
     sweep.extend(splits.into_iter().map(|mb| vec![format!("max_split_size_mb:{mb}")]));
     sweep.push(vec!["roundup_power2_divisions:4".into()]);
     // Garbage collection acts only under a per-process memory fraction
@@ -180,7 +196,22 @@ fn recommend(scenarios: &[Scenario], capacity_known: bool, unreproduced: Option<
         );
     }
     let best = (1..scenarios.len()).min_by_key(|&i| (scenarios[i].ooms, scenarios[i].peak_reserved_bytes));
-    let Some(b) = best else { return (0, "no other scenario ran".into()) };
+    let Some(mut b) = best else { return (0, "no other scenario ran".into()) };
+    // Between scenarios as good (the same OOMs, peak reserved within the
+    // model's noise), one whose settings real runs checked wins over a
+    // pair that none did.
+    if scenarios[b].unchecked_pair {
+        let close = |s: &Scenario| {
+            let m = ((scenarios[b].peak_reserved_bytes as f64 * SIGNIFICANT) as u64).max(2 << 20);
+            s.ooms == scenarios[b].ooms && s.peak_reserved_bytes <= scenarios[b].peak_reserved_bytes + m
+        };
+        if let Some(c) = (1..scenarios.len())
+            .filter(|&i| !scenarios[i].unchecked_pair && close(&scenarios[i]))
+            .min_by_key(|&i| scenarios[i].peak_reserved_bytes)
+        {
+            b = c;
+        }
+    }
     let s = &scenarios[b];
     if s.ooms < rec.ooms {
         return (
@@ -254,6 +285,12 @@ pub fn kept_entries<'a>(recorded: &'a [String], conf: &[String]) -> Vec<&'a Stri
     recorded.iter().filter(|e| !keys.contains(&key(e))).collect()
 }
 
+/// Whether an entry is `KEY:default`: the recorded settings without that
+/// key.
+pub fn is_default(entry: &str) -> bool {
+    entry.split_once(':').is_some_and(|(_, v)| v.trim() == "default")
+}
+
 /// What a scenario leaves below a capacity, when it is under 1 % of it:
 /// a setting that removes the OOMs with that little to spare says so (the
 /// replay is exact only for the requests the trace holds). On one device
@@ -278,7 +315,9 @@ pub fn conf_line(recorded: &[String], conf: &[String]) -> String {
     let key = |e: &String| e.split(':').next().unwrap_or_default().to_string();
     // The fraction is a Python call, not an environment entry.
     let fraction = "per_process_memory_fraction";
-    let mut line: Vec<&String> = kept_entries(recorded, conf).into_iter().chain(conf).collect();
+    // `KEY:default` leaves the key out: PyTorch's default.
+    let mut line: Vec<&String> =
+        kept_entries(recorded, conf).into_iter().chain(conf).filter(|e| !is_default(e)).collect();
     // A recorded `garbage_collection_threshold` does nothing without a
     // memory fraction below 1 ([`Settings::collects_garbage`]): not
     // advised again.
@@ -287,6 +326,9 @@ pub fn conf_line(recorded: &[String], conf: &[String]) -> String {
     });
     if !collects {
         line.retain(|e| key(e) != "garbage_collection_threshold" || conf.contains(e));
+    }
+    if line.is_empty() {
+        return "PyTorch's default settings (no PYTORCH_CUDA_ALLOC_CONF)".into();
     }
     let env: Vec<&str> = line.iter().filter(|e| key(e) != fraction).map(|e| e.as_str()).collect();
     let call = line
@@ -492,6 +534,19 @@ pub fn run(
     }
     if recommended.0 != 0 && scenarios[recommended.0].unchecked_pair {
         recommended.1 = format!("{} ({UNCHECKED})", recommended.1);
+    }
+    // A recommendation that leaves recorded entries out says which.
+    let recorded_entries = recorded.conf_entries();
+    let dropped: Vec<&String> = recorded_entries
+        .iter()
+        .filter(|r| {
+            let key = r.split(':').next().unwrap_or_default();
+            scenarios[recommended.0].conf.iter().any(|e| is_default(e) && e.split(':').next() == Some(key))
+        })
+        .collect();
+    if recommended.0 != 0 && !dropped.is_empty() {
+        let list: Vec<String> = dropped.iter().map(|e| format!("`{e}`")).collect();
+        recommended.1 = format!("{}; without the recorded {}", recommended.1, list.join(", "));
     }
     let capacity_inferred = capacity.is_none() && capacities.iter().any(Option::is_some);
     let capacity = capacity.or_else(|| capacities.iter().flatten().copied().max());

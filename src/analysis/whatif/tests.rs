@@ -109,6 +109,31 @@ fn an_inert_recorded_garbage_collection_is_not_advised_again() {
     assert_eq!(conf_line(&[], &only_gc), "PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.6");
 }
 
+/// `KEY:default` puts back PyTorch's default for that key: the recorded
+/// settings without it. The advised line leaves it out, and a line with
+/// nothing left is the defaults.
+#[test]
+fn a_recorded_entry_can_be_left_out() {
+    let mut s = Settings::default();
+    s.apply("max_split_size_mb:128").unwrap();
+    s.apply("roundup_power2_divisions:4").unwrap();
+    s.apply("max_split_size_mb:default").unwrap();
+    s.apply("roundup_power2_divisions:default").unwrap();
+    assert_eq!(s, Settings::default());
+    assert!(s.apply("nonsense:default").is_err());
+    let recorded = ["max_split_size_mb:128".to_string()];
+    let without = ["max_split_size_mb:default".to_string()];
+    assert_eq!(conf_line(&recorded, &without), "PyTorch's default settings (no PYTORCH_CUDA_ALLOC_CONF)");
+    let both = ["expandable_segments:True".to_string(), "max_split_size_mb:default".to_string()];
+    assert_eq!(conf_line(&recorded, &both), "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True");
+    // The sweep tries the recording without each rounding or split
+    // threshold it ran with, alone and under expandable segments.
+    let mut rec = Settings::default();
+    rec.apply("max_split_size_mb:128").unwrap();
+    let sweep = default_sweep(&[], &rec, None);
+    assert!(sweep.contains(&without.to_vec()) && sweep.contains(&both.to_vec()), "{sweep:?}");
+}
+
 /// `max_split_size_mb` with expandable segments follows the same code as
 /// each alone, but no real run checked the pair: its rows say so.
 #[test]
