@@ -38,7 +38,8 @@ fn training_runs_leak_only_where_the_program_keeps_its_logits() {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
-    let (d, _) = analyze(&default, &tmp.path().join("d"), &[]);
+    let (d, d_md) = analyze(&default, &tmp.path().join("d"), &[]);
+    assert!(d_md.contains("| warm-up (the set-up and the first step) |"), "{d_md}");
     let (e, _) = analyze(&expandable, &tmp.path().join("e"), &[]);
     // The same allocations: the same floors to the byte under both
     // settings, equal in every iteration, and the same verdict.

@@ -444,8 +444,17 @@ pub(crate) fn leaks_md(a: &Analysis) -> String {
             if a.allocator_view { " (the bytes the program requested, whatever the allocator's rounding)" } else { "" }
         );
         let shown = 24;
+        // An iteration that began with the trace (a snapshot recorded from
+        // the program's start) holds the set-up too.
+        use crate::analysis::iterations::IterationSource;
+        let with_setup = a.iterations.iter().any(|it| {
+            it.pid == l.pid
+                && matches!(it.source, IterationSource::Annotations | IterationSource::CallSites)
+                && it.boundaries_t_ns.first() == Some(&a.first_ts)
+        });
         for (i, f) in l.floors.iter().enumerate().take(shown) {
             let change = match i {
+                0 if with_setup => "warm-up (the set-up and the first step)".to_string(),
                 0 => "warm-up".to_string(),
                 _ => {
                     let d = f.bytes as i64 - l.floors[i - 1].bytes as i64;
