@@ -91,8 +91,8 @@ pub fn advise(a: &Analysis, events: &Events) -> Vec<Advice> {
         out.push(Advice {
             kind: Kind::Saving,
             text: format!(
-                "No OOM here. `{}` would reserve less in a replay of this trace's requests: peak reserved {} instead of {} — a saving, not a fix.",
-                w.recommendation(),
+                "No OOM here. {} would reserve less in a replay of this trace's requests: peak reserved {} instead of {} — a saving, not a fix.",
+                crate::analysis::whatif::conf_md(&w.recommendation()),
                 bytes(s.peak_reserved_bytes),
                 bytes(w.scenarios[0].peak_reserved_bytes)
             ),
@@ -167,8 +167,8 @@ fn from_replay(a: &Analysis, w: &crate::analysis::whatif::Whatif, events: &Event
         out.push(Advice {
             kind: Kind::Setting,
             text: format!(
-                "`{}` removes every OOM in a replay of this trace's requests (0 instead of {rec_ooms}; peak reserved {}{tight}).",
-                line(&s.conf),
+                "{} removes every OOM in a replay of this trace's requests (0 instead of {rec_ooms}; peak reserved {}{tight}).",
+                crate::analysis::whatif::conf_md(&line(&s.conf)),
                 bytes(s.peak_reserved_bytes)
             ),
             conf: Some(line(&s.conf)),
@@ -177,12 +177,16 @@ fn from_replay(a: &Analysis, w: &crate::analysis::whatif::Whatif, events: &Event
         });
     }
     if fixes.is_empty() {
-        let tried: Vec<String> = w.scenarios[1..].iter().map(|s| format!("`{}`", s.name)).collect();
+        let tried: Vec<String> = w.scenarios[1..]
+            .iter()
+            .filter(|s| !crate::analysis::whatif::is_recorded(&w.recorded_conf, &s.conf))
+            .map(|s| crate::analysis::whatif::scenario_label(&w.recorded_conf, &s.conf))
+            .collect();
         out.push(Advice {
             kind: Kind::NoSetting,
             text: format!(
                 "No allocator setting tried removes the OOM: in the replay, {} still fail{}. The program itself must change.",
-                tried.join(", "),
+                tried.join("; "),
                 if tried.len() == 1 { "s" } else { "" }
             ),
             conf: None,
@@ -197,16 +201,17 @@ fn from_replay(a: &Analysis, w: &crate::analysis::whatif::Whatif, events: &Event
         if let Some(s) = w.scenarios[1..]
             .iter()
             .filter(|s| s.ooms >= rec_ooms && s.peak_reserved_bytes < recorded.peak_reserved_bytes)
-            .min_by_key(|s| s.peak_reserved_bytes)
+            .min_by_key(|s| (s.peak_reserved_bytes, s.unchecked_pair))
         {
             out.push(Advice {
                 kind: Kind::Saving,
                 text: format!(
-                    "`{}` would reserve {} less at the peak ({} instead of {}) but still runs out of memory in the replay: a secondary saving, not a fix.",
-                    line(&s.conf),
+                    "{} would reserve {} less at the peak ({} instead of {}) but still runs out of memory in the replay: a secondary saving, not a fix{}.",
+                    crate::analysis::whatif::conf_md(&line(&s.conf)),
                     bytes(recorded.peak_reserved_bytes - s.peak_reserved_bytes),
                     bytes(s.peak_reserved_bytes),
-                    bytes(recorded.peak_reserved_bytes)
+                    bytes(recorded.peak_reserved_bytes),
+                    if s.unchecked_pair { format!(" ({})", crate::analysis::whatif::UNCHECKED) } else { String::new() }
                 ),
                 conf: Some(line(&s.conf)),
                 simulated: true,
@@ -226,10 +231,11 @@ fn fewer(w: &crate::analysis::whatif::Whatif, rec_ooms: u64, out: &mut Vec<Advic
         out.push(Advice {
             kind: Kind::Setting,
             text: format!(
-                "`{}` leaves {} of the {rec_ooms} OOMs in the replay (peak reserved {}): fewer, not none.",
-                line(&s.conf),
+                "{} leaves {} of the {rec_ooms} OOMs in the replay (peak reserved {}): fewer, not none{}.",
+                crate::analysis::whatif::conf_md(&line(&s.conf)),
                 s.ooms,
-                bytes(s.peak_reserved_bytes)
+                bytes(s.peak_reserved_bytes),
+                if s.unchecked_pair { format!("; {}", crate::analysis::whatif::UNCHECKED) } else { String::new() }
             ),
             conf: Some(line(&s.conf)),
             simulated: true,

@@ -628,7 +628,9 @@ fn by_windows(r: &mut LeakReport, input: &Input<'_>) -> (Verdict, String) {
             b(growth as u64),
             if steady {
                 let word = ["two", "three", "four", "five", "six"].get(six.wrapping_sub(2)).copied().unwrap_or("the");
-                format!(" over the run, at each of {word} windows of its events")
+                format!(
+                    " from the second quarter of its events to the last, up to its last rise (at each of {word} windows)"
+                )
             } else {
                 ", but not steadily".into()
             },

@@ -88,6 +88,7 @@ pub fn json(w: &Whatif) -> serde_json::Value {
             .collect();
         json!({
             "name": s.name,
+            "label": crate::analysis::whatif::scenario_label(&w.recorded_conf, &s.conf).replace('`', ""),
             "conf": s.conf,
             "peak_reserved_bytes": s.peak_reserved_bytes,
             "peak_allocated_bytes": s.peak_allocated_bytes,
@@ -213,43 +214,6 @@ pub fn sections_md(w: &Whatif, level: &str, name: &dyn Fn(u32) -> String) -> Str
     md + &scenarios_md(w, level)
 }
 
-/// A scenario's settings as its row names them: what it sets, and the
-/// recorded settings it keeps (a scenario changes the recorded settings,
-/// so `roundup_power2_divisions:4` on a run with `max_split_size_mb:64`
-/// is both).
-fn scenario_label(recorded: &[String], conf: &[String]) -> String {
-    use crate::analysis::whatif::is_default;
-    let kept: Vec<&str> =
-        crate::analysis::whatif::kept_entries(recorded, conf).into_iter().map(String::as_str).collect();
-    if is_recorded(recorded, conf) {
-        // The sweep's entry is what the recording already ran with.
-        return format!("`{}` (the recorded settings)", recorded.join(","));
-    }
-    let key = |e: &str| e.split(':').next().unwrap_or_default().trim().to_string();
-    let set: Vec<&str> = conf.iter().map(String::as_str).filter(|e| !is_default(e)).collect();
-    // `KEY:default`: a recorded entry left out.
-    let dropped: Vec<&str> = recorded
-        .iter()
-        .map(String::as_str)
-        .filter(|r| conf.iter().any(|e| is_default(e) && key(e) == key(r)))
-        .collect();
-    let mut label = match (set.is_empty(), kept.is_empty()) {
-        (true, true) => "PyTorch's defaults".to_string(),
-        (true, false) => format!("recorded `{}`", kept.join(",")),
-        (false, true) => format!("`{}`", set.join(",")),
-        (false, false) => format!("`{}` + recorded `{}`", set.join(","), kept.join(",")),
-    };
-    if !dropped.is_empty() {
-        label.push_str(&format!(", without recorded `{}`", dropped.join(",")));
-    }
-    label
-}
-
-/// Whether a sweep's entries are what the recording already ran with.
-fn is_recorded(recorded: &[String], conf: &[String]) -> bool {
-    !conf.is_empty() && conf.iter().all(|e| recorded.contains(e))
-}
-
 fn scenarios_md(w: &Whatif, level: &str) -> String {
     let mut md = String::new();
     let _ = writeln!(md, "\n{level} Scenarios\n");
@@ -317,7 +281,7 @@ fn scenarios_md(w: &Whatif, level: &str) -> String {
             // would read as a verdict.
             None if w.capacity.is_none()
                 && !(i == 0 && s.conf.is_empty())
-                && !is_recorded(&w.recorded_conf, &s.conf) =>
+                && !crate::analysis::whatif::is_recorded(&w.recorded_conf, &s.conf) =>
             {
                 (bytes(s.peak_reserved_bytes), "not judged".to_string())
             }
@@ -331,7 +295,7 @@ fn scenarios_md(w: &Whatif, level: &str) -> String {
                     "as recorded (cudaMalloc per request)".to_string(),
                 (true, "recorded") => "recorded settings".to_string(),
                 (true, _) => "PyTorch's caching allocator, default settings".to_string(),
-                (false, _) => scenario_label(&w.recorded_conf, &s.conf),
+                (false, _) => crate::analysis::whatif::scenario_label(&w.recorded_conf, &s.conf),
             },
             bytes(s.peak_allocated_bytes),
             bytes(s.reserved_minus_allocated_at_peak),
@@ -343,7 +307,11 @@ fn scenarios_md(w: &Whatif, level: &str) -> String {
     let mut notes: Vec<(&str, Vec<String>)> = Vec::new();
     for s in w.scenarios.iter() {
         let Some(note) = s.note.as_deref() else { continue };
-        let who = if s.conf.is_empty() { "recorded settings".to_string() } else { format!("`{}`", s.conf.join(",")) };
+        let who = if s.conf.is_empty() {
+            "recorded settings".to_string()
+        } else {
+            crate::analysis::whatif::scenario_label(&w.recorded_conf, &s.conf)
+        };
         match notes.iter_mut().find(|n| n.0 == note) {
             Some(n) => n.1.push(who),
             None => notes.push((note, vec![who])),
@@ -435,14 +403,13 @@ pub fn render_png(w: &Whatif, width: u32, height: u32) -> anyhow::Result<crate::
 /// The recommendation for Markdown: a setting line in code, a sentence as
 /// it is.
 pub(crate) fn recommendation_md(w: &crate::analysis::whatif::Whatif) -> String {
-    let r = w.recommendation();
-    if r.starts_with("PYTORCH_CUDA_ALLOC_CONF") { format!("`{r}`") } else { r }
+    crate::analysis::whatif::conf_md(&w.recommendation())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::analysis::whatif::{Fidelity, Outcome, Scenario, Source};
+    use crate::analysis::whatif::{Fidelity, Outcome, Scenario, Source, scenario_label};
 
     fn whatif(desynchronised: u64) -> Whatif {
         let recorded = Scenario::of("recorded", &[], vec![Outcome { name: "recorded".into(), ..Default::default() }]);

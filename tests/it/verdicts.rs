@@ -271,7 +271,7 @@ fn a_recording_of_pytorchs_segments_gets_no_setting() {
     let (r, md) = analyze(&bare, &tmp.path().join("bare-out"), &["--capacity", "85017493504"]);
     assert_eq!(r["ooms"].as_array().map(Vec::len), Some(2), "no retry claimed without the maps");
     assert!(r["advice"].as_array().unwrap().iter().all(|a| a["removes_ooms"] != true));
-    assert!(md.contains("Recommendation: none: the replay does not reproduce"), "{md}");
+    assert!(md.contains("Recommendation: none — the replay does not reproduce"), "{md}");
 }
 
 #[test]
@@ -436,4 +436,30 @@ fn a_recorded_setting_is_replayed_without_it_as_the_real_runs_did() {
     assert_eq!(rec["conf"], "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "{rec}");
     assert!(rec["reason"].as_str().unwrap().contains("without the recorded `max_split_size_mb:128`"), "{rec}");
     assert!(md.contains(", without recorded `max_split_size_mb:128`"), "{md}");
+}
+
+/// A `--capacity` larger than what the process had (another tenant held
+/// the rest) lets the replay serve the request that failed: no setting is
+/// then said to remove the OOM, and the reason gives the capacity the
+/// `oom` entry shows. Advice never names fragscope's `KEY:default`, which
+/// PyTorch would refuse, nor a Python call inside the environment line.
+#[test]
+fn a_capacity_larger_than_the_process_had_claims_no_fix() {
+    let (Some(varshape), Some(checker)) =
+        (h100("varshape-max_split_size_mb-128.pickle"), h100("checker-max_split_size_mb-128.pickle"))
+    else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let (r, md) = analyze(&varshape, &tmp.path().join("v"), &["--capacity", "85017493504"]);
+    assert!(r["advice"].as_array().unwrap().iter().all(|a| a["removes_ooms"] != true), "{}", r["advice"]);
+    let why = r["whatif"]["unreproduced_ooms"].as_str().unwrap_or_default();
+    assert!(why.contains("the `oom` entry shows 2.54 GiB available"), "{why}");
+    assert!(md.contains("Recommendation: none"), "{md}");
+    let (_, md) = analyze(&checker, &tmp.path().join("c"), &["--capacity", "85017493504"]);
+    let (_, md2) = analyze(&checker, &tmp.path().join("c2"), &[]);
+    for m in [&md, &md2] {
+        assert!(!m.contains(":default"), "{m}");
+        assert!(!m.contains(" and torch.cuda.set_per_process_memory_fraction(0.99)`"), "{m}");
+    }
 }

@@ -106,8 +106,9 @@ pub struct Scenario {
     /// What the reader must know about how it replays (a setting that has
     /// no effect as given).
     pub note: Option<String>,
-    /// Its settings pair expandable segments with `max_split_size_mb` or
-    /// `roundup_power2_divisions`, which no real run has checked.
+    /// Its settings combine two or more of expandable segments,
+    /// `max_split_size_mb` and `roundup_power2_divisions`, which no real
+    /// run has checked.
     pub unchecked_pair: bool,
 }
 
@@ -150,23 +151,25 @@ fn settings_note(s: &Settings, capacity_known: bool) -> Option<String> {
     // time (SPEC §10); these pairs follow the same code, unchecked.
     if unchecked_pair(s) {
         notes.push(
-            "expandable segments with `max_split_size_mb` or `roundup_power2_divisions`: no real run has checked the \
-             model on such a pair (it was checked on PyTorch 2.11 one setting at a time)",
+            "two or more of expandable segments, `max_split_size_mb` and `roundup_power2_divisions`: no real run has \
+             checked the model on such a combination (it was checked on PyTorch 2.11 one setting at a time)",
         );
     }
     (!notes.is_empty()).then(|| notes.join("; "))
 }
 
-/// Whether settings pair expandable segments with `max_split_size_mb` or
-/// `roundup_power2_divisions`: the model follows the same code, but no
-/// real run has checked such a pair (SPEC §10).
+/// Whether settings combine two or more of expandable segments,
+/// `max_split_size_mb` and `roundup_power2_divisions`: the model follows
+/// the same code, but real runs checked it one setting at a time (SPEC
+/// §10).
 fn unchecked_pair(s: &Settings) -> bool {
-    s.expandable_segments && (s.max_split_size.is_some() || s.roundup_power2_divisions.iter().any(|&d| d > 1))
+    let set = [s.expandable_segments, s.max_split_size.is_some(), s.roundup_power2_divisions.iter().any(|&d| d > 1)];
+    set.iter().filter(|&&x| x).count() >= 2
 }
 
 /// Where a recommended or advised scenario pairs settings that no real run
 /// has checked: said beside it.
-pub const UNCHECKED: &str = "a pair of settings no real run has checked the model on";
+pub const UNCHECKED: &str = "a combination of settings no real run has checked the model on";
 
 /// A lower peak reserved counts only beyond this share of the recorded
 /// scenario's (and 2 MiB): smaller differences are noise of the model.
@@ -176,7 +179,12 @@ const SIGNIFICANT: f64 = 0.01;
 /// recorded settings unless another is better by more than noise. Without
 /// a capacity no scenario can run out of memory, so a recording's OOMs
 /// cannot be compared with them.
-fn recommend(scenarios: &[Scenario], capacity_known: bool, unreproduced: Option<&str>) -> (usize, String) {
+fn recommend(
+    scenarios: &[Scenario],
+    recorded: &[String],
+    capacity_known: bool,
+    unreproduced: Option<&str>,
+) -> (usize, String) {
     let Some(rec) = scenarios.first() else { return (0, "no scenario ran".into()) };
     if !capacity_known && rec.ooms > 0 {
         return (
@@ -195,7 +203,8 @@ fn recommend(scenarios: &[Scenario], capacity_known: bool, unreproduced: Option<
             ),
         );
     }
-    let best = (1..scenarios.len()).min_by_key(|&i| (scenarios[i].ooms, scenarios[i].peak_reserved_bytes));
+    let best = (1..scenarios.len())
+        .min_by_key(|&i| (scenarios[i].ooms, scenarios[i].peak_reserved_bytes, scenarios[i].unchecked_pair));
     let Some(mut b) = best else { return (0, "no other scenario ran".into()) };
     // Between scenarios as good (the same OOMs, peak reserved within the
     // model's noise), one whose settings real runs checked wins over a
@@ -236,8 +245,8 @@ fn recommend(scenarios: &[Scenario], capacity_known: bool, unreproduced: Option<
                 rec.ooms,
                 if lower {
                     format!(
-                        "; `{}` reserves {} less at the peak, a secondary saving that does not remove them",
-                        s.name,
+                        "; {} reserves {} less at the peak, a secondary saving that does not remove them",
+                        scenario_label(recorded, &s.conf),
                         crate::units::bytes(rec.peak_reserved_bytes - s.peak_reserved_bytes)
                     )
                 } else {
@@ -289,6 +298,51 @@ pub fn kept_entries<'a>(recorded: &'a [String], conf: &[String]) -> Vec<&'a Stri
 /// key.
 pub fn is_default(entry: &str) -> bool {
     entry.split_once(':').is_some_and(|(_, v)| v.trim() == "default")
+}
+
+/// A scenario's settings as its row names them: what it sets, and the
+/// recorded settings it keeps (a scenario changes the recorded settings,
+/// so `roundup_power2_divisions:4` on a run with `max_split_size_mb:64`
+/// is both).
+pub fn scenario_label(recorded: &[String], conf: &[String]) -> String {
+    let kept: Vec<&str> = kept_entries(recorded, conf).into_iter().map(String::as_str).collect();
+    if is_recorded(recorded, conf) {
+        // The sweep's entry is what the recording already ran with.
+        return format!("`{}` (the recorded settings)", recorded.join(","));
+    }
+    let key = |e: &str| e.split(':').next().unwrap_or_default().trim().to_string();
+    let set: Vec<&str> = conf.iter().map(String::as_str).filter(|e| !is_default(e)).collect();
+    // `KEY:default`: a recorded entry left out.
+    let dropped: Vec<&str> = recorded
+        .iter()
+        .map(String::as_str)
+        .filter(|r| conf.iter().any(|e| is_default(e) && key(e) == key(r)))
+        .collect();
+    let mut label = match (set.is_empty(), kept.is_empty()) {
+        (true, true) => "PyTorch's defaults".to_string(),
+        (true, false) => format!("recorded `{}`", kept.join(",")),
+        (false, true) => format!("`{}`", set.join(",")),
+        (false, false) => format!("`{}` + recorded `{}`", set.join(","), kept.join(",")),
+    };
+    if !dropped.is_empty() {
+        label.push_str(&format!(", without recorded `{}`", dropped.join(",")));
+    }
+    label
+}
+
+/// Whether a sweep's entries are what the recording already ran with.
+pub fn is_recorded(recorded: &[String], conf: &[String]) -> bool {
+    !conf.is_empty() && conf.iter().all(|e| recorded.contains(e))
+}
+
+/// A `conf_line` for Markdown: each setting line or Python call in code,
+/// a sentence (the defaults) as it is.
+pub fn conf_md(line: &str) -> String {
+    if line.starts_with("PYTORCH_CUDA_ALLOC_CONF") || line.starts_with("torch.") {
+        line.split(" and ").map(|p| format!("`{p}`")).collect::<Vec<_>>().join(" and ")
+    } else {
+        line.to_string()
+    }
 }
 
 /// What a scenario leaves below a capacity, when it is under 1 % of it:
@@ -405,7 +459,7 @@ impl Whatif {
             if self.scenarios.first().is_some_and(|s| s.ooms > 0) && self.capacity.is_none() {
                 "none: which setting avoids the OOMs cannot be told without a capacity".into()
             } else if self.unreproduced.is_some() {
-                "none: the replay does not reproduce the recorded OOMs".into()
+                "none".into()
             } else if self.scenarios.first().is_some_and(|s| s.ooms > 0) {
                 "no allocator setting tried removes the OOMs: change the program".into()
             } else {
@@ -514,13 +568,36 @@ pub fn run(
                 .iter()
                 .filter(|f| f.not_measured.is_none())
                 .fold((0, 0), |(s, n), f| (s + f.ooms_same, n + f.recorded_ooms));
-            (same < recorded).then(|| {
-                format!("the model under the recorded settings fails at {same} of the {recorded} recorded OOMs")
-            })
+            let replayed = scenarios.first().map_or(0, |s| s.ooms);
+            let inferred = fidelity.iter().filter_map(|f| f.inferred_capacity).max();
+            if same < recorded {
+                Some(format!("the model under the recorded settings fails at {same} of the {recorded} recorded OOMs"))
+            } else if replayed < recorded {
+                // The model fails where the recording did, but not under
+                // the capacity given: the process had less.
+                let b = crate::units::bytes;
+                Some(format!(
+                    "under the capacity given ({}), the recorded settings' replay runs out of memory {replayed} time(s) \
+                     where the recording did {recorded} time(s){}",
+                    capacity.map_or("none".into(), b),
+                    inferred.map_or(String::new(), |c| format!(
+                        ": the `oom` entry shows {} available to the process (CUDA's free memory plus what it had \
+                         reserved), less than that; give that as --capacity, or leave --capacity out",
+                        b(c)
+                    ))
+                ))
+            } else {
+                None
+            }
         }
         Source::DeviceLevel => unexplained,
     };
-    let mut recommended = recommend(&scenarios, capacities.iter().all(Option::is_some), unreproduced.as_deref());
+    let mut recommended = recommend(
+        &scenarios,
+        &recorded.conf_entries(),
+        capacities.iter().all(Option::is_some),
+        unreproduced.as_deref(),
+    );
     if source == Source::DeviceLevel && recommended.0 != 0 && scenarios[recommended.0].conf.is_empty() {
         recommended.1 = format!("{} with PyTorch's caching allocator as it comes", recommended.1);
     }

@@ -501,7 +501,7 @@ pub(crate) fn leaks_md(a: &Analysis) -> String {
             if l.top_sites.len() >= 10 { " (the ten largest)" } else { "" }
         );
         for t in &l.top_sites {
-            let more = if t.blocks == 0 { "0 (the same blocks, larger)".to_string() } else { t.blocks.to_string() };
+            let more = if t.blocks == 0 { "0 (as many blocks, each larger)".to_string() } else { t.blocks.to_string() };
             let _ = writeln!(md, "| `{}` | {} | {more} |", t.site, bytes(t.bytes));
         }
     }
