@@ -232,6 +232,27 @@ pub(crate) fn evaluate(inp: &Inputs<'_>, rows: &mut [crate::analysis::result::Ro
         last.largest_request = requests.last().map_or(0, |x| x.1);
         last.fragmentation = inp.fragmentation.iter().filter(|(pid, _)| series.has(*pid)).filter_map(|x| x.1).max();
         let mut a = assessment(device, capacity, &last, oom_times.len() as u64, inp.allocator_view);
+        // A capacity that cache flushes bound is reached by what is
+        // reserved: what was allocated says how much of it the program
+        // itself needed.
+        if inp.allocator_view
+            && let Some(c) = capacity.filter(|c| c.source == CapacitySource::InferredFromFlushes)
+        {
+            let allocated: u64 = inp.peaks.iter().filter(|p| series.has(p.pid)).map(|p| p.bytes).sum();
+            let hi = c.upper.unwrap_or(c.bytes).max(1);
+            let (least, most) =
+                (allocated as f64 / hi as f64 * 100.0, allocated as f64 / c.bytes.max(1) as f64 * 100.0);
+            let share = if format!("{least:.0}") == format!("{most:.0}") {
+                format!("{least:.0} %")
+            } else {
+                format!("{least:.0}–{most:.0} %")
+            };
+            a.reason = format!(
+                "{}; peak allocated {} ({share}): the cache held the rest, and PyTorch released it to make room",
+                a.reason,
+                crate::units::bytes(allocated)
+            );
+        }
         with_leak(&mut a, inp.leaks.iter().filter(|(pid, _)| series.has(*pid)).map(|&(_, g)| g));
         a.members = series.members;
         out.push(a);

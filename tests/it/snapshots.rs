@@ -643,6 +643,11 @@ fn cache_flushes_give_the_capacity() {
     assert!(lo_b <= truth && truth <= hi_b, "{risk}");
     assert!(reason.contains(" MiB of ") && reason.contains(" MiB–"), "{reason}");
     assert!(!reason.contains("fills the headroom") && risk["headroom_bytes"].is_null(), "{risk}");
+    // The reserved bytes reach the capacity by construction: the peak of
+    // what was allocated is said beside them.
+    let md = fs::read_to_string(a.join("report.md")).unwrap();
+    let live = md.split("· peak live ").nth(1).and_then(|t| t.split(" ·").next()).unwrap_or_default();
+    assert!(!live.is_empty() && reason.contains(&format!("peak allocated {live}")), "{reason} / {live}");
 }
 
 /// A recording made from a generated snapshot's own segments (every
