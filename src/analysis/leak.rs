@@ -574,7 +574,7 @@ fn by_windows(r: &mut LeakReport, input: &Input<'_>) -> (Verdict, String) {
     spans.retain(|s| s.1 > s.0);
     let six = spans.len();
     spans.extend([(q, 2 * q), (3 * q, n)]);
-    let mut all = floors_at(ev, input.pid, input.allocator_view, &spans);
+    let mut all = floors_at(ev, series(), &level, &spans);
     let late = all.pop().expect("the last quarter");
     let early = all.pop().expect("the second quarter");
     if late.end_t_ns.saturating_sub(all.first().map_or(late.start_t_ns, |f| f.start_t_ns)) < 8 {
@@ -649,49 +649,66 @@ fn moves_live(events: &Events, i: usize, allocator_view: bool) -> bool {
     })
 }
 
-/// The exact floor of series `pid` over each of `spans`, given as
-/// positions among its events that move live memory ([`moves_live`]) (`[start, end)`, non-empty; they may
-/// overlap): by position, so that events sharing a timestamp with a span's
-/// end stay out of it.
-fn floors_at(events: &Events, pid: u32, allocator_view: bool, spans: &[(usize, usize)]) -> Vec<Floor> {
-    let mut out: Vec<Floor> = spans
+/// The exact floor over each of `spans`, given as positions among a
+/// series' events that move live memory (`series`, [`moves_live`];
+/// `[start, end)`, non-empty, possibly overlapping), read off `level`
+/// (its live bytes after each of them): by position, so that events
+/// sharing a timestamp with a span's end stay out of it.
+fn floors_at(
+    events: &Events,
+    series: impl Iterator<Item = usize>,
+    level: &[u64],
+    spans: &[(usize, usize)],
+) -> Vec<Floor> {
+    // Per span: the least live bytes and where, first the state entering
+    // its start, then after each of its events (the first least kept).
+    let least: Vec<(u64, usize, bool)> = spans
         .iter()
-        .map(|_| Floor { start_t_ns: 0, end_t_ns: 0, bytes: u64::MAX, at_t_ns: 0, after_rows: 0 })
+        .map(|&(s, e)| {
+            let mut best = (if s == 0 { 0 } else { level[s - 1] }, s, true);
+            for (k, &l) in level.iter().enumerate().take(e).skip(s) {
+                if l < best.0 {
+                    best = (l, k, false);
+                }
+            }
+            best
+        })
         .collect();
+    // The events at the positions the floors name.
     let last = spans.iter().map(|s| s.1).max().unwrap_or(0);
-    let mut live = LiveBytes::new(allocator_view);
-    let mut last_ts = 0;
-    let series = (0..events.len()).filter(|&i| events.pid[i] == pid && moves_live(events, i, allocator_view));
+    let mut wanted: Vec<usize> =
+        spans.iter().flat_map(|s| [s.0, s.1, s.1.saturating_sub(1)]).chain(least.iter().map(|f| f.1)).collect();
+    wanted.push(last.saturating_sub(1));
+    wanted.sort_unstable();
+    wanted.dedup();
+    let mut row: AHashMap<usize, usize> = AHashMap::new();
+    let mut next = wanted.iter().peekable();
     for (k, i) in series.enumerate() {
-        let ts = events.ts_ns[i];
-        for (f, s) in out.iter_mut().zip(spans) {
-            if s.1 == k {
-                f.end_t_ns = ts;
-            }
-            if s.0 == k {
-                // The state entering the span.
-                f.start_t_ns = ts;
-                f.consider(live.now, ts, i);
-            }
+        while next.peek().is_some_and(|&&w| w == k) {
+            row.insert(k, i);
+            next.next();
         }
-        if k >= last {
+        if next.peek().is_none() {
             break;
         }
-        live.apply(events, i);
-        last_ts = ts;
-        for (f, s) in out.iter_mut().zip(spans) {
-            if (s.0..s.1).contains(&k) {
-                f.consider(live.now, ts, i + 1);
-            }
-        }
     }
+    let ts = |k: usize| row.get(&k).map(|&i| events.ts_ns[i]);
     // A span that ends with the series ends after its last event.
-    for (f, s) in out.iter_mut().zip(spans) {
-        if f.end_t_ns == 0 && s.1 > s.0 {
-            f.end_t_ns = last_ts + 1;
-        }
-    }
-    out
+    let after_last = ts(last.saturating_sub(1)).unwrap_or(0) + 1;
+    spans
+        .iter()
+        .zip(least)
+        .map(|(&(s, e), (bytes, k, entering))| {
+            let i = row[&k];
+            Floor {
+                start_t_ns: ts(s).unwrap_or(0),
+                end_t_ns: ts(e).filter(|&t| t != 0).unwrap_or(after_last),
+                bytes,
+                at_t_ns: events.ts_ns[i],
+                after_rows: if entering { i } else { i + 1 },
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
