@@ -280,7 +280,8 @@ fn with_leak(a: &mut Assessment, leaks: impl Iterator<Item = Option<u64>>) {
     let text = match (a.capacity, fastest, a.headroom_bytes) {
         (None, _, _) => format!("leaking{per} (Leaks): it runs out on any device if the job runs long enough"),
         (Some(_), Some(g), Some(h)) => {
-            let left = rises.iter().flatten().filter(|&&g| g > 0).map(|&g| h / g).min().unwrap_or(h / g);
+            // The fastest rise empties the headroom first.
+            let left = h / g;
             a.leak_iterations_left = Some(left);
             format!("leaking{per} (Leaks): the headroom of {} lasts about {left} more iterations", b(h))
         }

@@ -175,6 +175,11 @@ pub const UNCHECKED: &str = "a combination of settings no real run has checked t
 /// scenario's (and 2 MiB): smaller differences are noise of the model.
 const SIGNIFICANT: f64 = 0.01;
 
+/// The model's noise around a peak of `bytes` ([`SIGNIFICANT`]).
+fn noise(bytes: u64) -> u64 {
+    ((bytes as f64 * SIGNIFICANT) as u64).max(2 << 20)
+}
+
 /// The scenario with the fewest OOMs, then the lowest peak reserved; the
 /// recorded settings unless another is better by more than noise. Without
 /// a capacity no scenario can run out of memory, so a recording's OOMs
@@ -203,16 +208,15 @@ fn recommend(
             ),
         );
     }
-    let best = (1..scenarios.len())
-        .min_by_key(|&i| (scenarios[i].ooms, scenarios[i].peak_reserved_bytes, scenarios[i].unchecked_pair));
+    let best = (1..scenarios.len()).min_by_key(|&i| (scenarios[i].ooms, scenarios[i].peak_reserved_bytes));
     let Some(mut b) = best else { return (0, "no other scenario ran".into()) };
     // Between scenarios as good (the same OOMs, peak reserved within the
     // model's noise), one whose settings real runs checked wins over a
     // pair that none did.
     if scenarios[b].unchecked_pair {
         let close = |s: &Scenario| {
-            let m = ((scenarios[b].peak_reserved_bytes as f64 * SIGNIFICANT) as u64).max(2 << 20);
-            s.ooms == scenarios[b].ooms && s.peak_reserved_bytes <= scenarios[b].peak_reserved_bytes + m
+            s.ooms == scenarios[b].ooms
+                && s.peak_reserved_bytes <= scenarios[b].peak_reserved_bytes + noise(scenarios[b].peak_reserved_bytes)
         };
         if let Some(c) = (1..scenarios.len())
             .filter(|&i| !scenarios[i].unchecked_pair && close(&scenarios[i]))
@@ -233,7 +237,7 @@ fn recommend(
             ),
         );
     }
-    let margin = ((rec.peak_reserved_bytes as f64 * SIGNIFICANT) as u64).max(2 << 20);
+    let margin = noise(rec.peak_reserved_bytes);
     let lower = s.ooms == rec.ooms && s.peak_reserved_bytes + margin < rec.peak_reserved_bytes;
     // With OOMs that nothing removes, a setting that only reserves less
     // is a secondary saving, never the recommendation.
@@ -287,11 +291,19 @@ fn recommend(
     )
 }
 
+/// The key of a `KEY:VALUE` entry.
+fn entry_key(entry: &str) -> &str {
+    entry.split(':').next().unwrap_or_default().trim()
+}
+
 /// The recorded entries a scenario keeps: those whose key it does not set.
 pub fn kept_entries<'a>(recorded: &'a [String], conf: &[String]) -> Vec<&'a String> {
-    let key = |e: &String| e.split(':').next().unwrap_or_default().to_string();
-    let keys: Vec<String> = conf.iter().map(key).collect();
-    recorded.iter().filter(|e| !keys.contains(&key(e))).collect()
+    recorded.iter().filter(|e| !conf.iter().any(|c| entry_key(c) == entry_key(e))).collect()
+}
+
+/// The recorded entries a scenario leaves out (`KEY:default`).
+fn dropped_entries<'a>(recorded: &'a [String], conf: &[String]) -> Vec<&'a String> {
+    recorded.iter().filter(|r| conf.iter().any(|e| is_default(e) && entry_key(e) == entry_key(r))).collect()
 }
 
 /// Whether an entry is `KEY:default`: the recorded settings without that
@@ -310,14 +322,8 @@ pub fn scenario_label(recorded: &[String], conf: &[String]) -> String {
         // The sweep's entry is what the recording already ran with.
         return format!("`{}` (the recorded settings)", recorded.join(","));
     }
-    let key = |e: &str| e.split(':').next().unwrap_or_default().trim().to_string();
     let set: Vec<&str> = conf.iter().map(String::as_str).filter(|e| !is_default(e)).collect();
-    // `KEY:default`: a recorded entry left out.
-    let dropped: Vec<&str> = recorded
-        .iter()
-        .map(String::as_str)
-        .filter(|r| conf.iter().any(|e| is_default(e) && key(e) == key(r)))
-        .collect();
+    let dropped: Vec<&str> = dropped_entries(recorded, conf).into_iter().map(String::as_str).collect();
     let mut label = match (set.is_empty(), kept.is_empty()) {
         (true, true) => "PyTorch's defaults".to_string(),
         (true, false) => format!("recorded `{}`", kept.join(",")),
@@ -366,7 +372,7 @@ pub fn conf_line(recorded: &[String], conf: &[String]) -> String {
     if conf.is_empty() {
         return "PyTorch's caching allocator with its default settings".into();
     }
-    let key = |e: &String| e.split(':').next().unwrap_or_default().to_string();
+    let key = |e: &String| entry_key(e).to_string();
     // The fraction is a Python call, not an environment entry.
     let fraction = "per_process_memory_fraction";
     // `KEY:default` leaves the key out: PyTorch's default.
@@ -592,12 +598,9 @@ pub fn run(
         }
         Source::DeviceLevel => unexplained,
     };
-    let mut recommended = recommend(
-        &scenarios,
-        &recorded.conf_entries(),
-        capacities.iter().all(Option::is_some),
-        unreproduced.as_deref(),
-    );
+    let recorded_conf = recorded.conf_entries();
+    let mut recommended =
+        recommend(&scenarios, &recorded_conf, capacities.iter().all(Option::is_some), unreproduced.as_deref());
     if source == Source::DeviceLevel && recommended.0 != 0 && scenarios[recommended.0].conf.is_empty() {
         recommended.1 = format!("{} with PyTorch's caching allocator as it comes", recommended.1);
     }
@@ -613,21 +616,13 @@ pub fn run(
         recommended.1 = format!("{} ({UNCHECKED})", recommended.1);
     }
     // A recommendation that leaves recorded entries out says which.
-    let recorded_entries = recorded.conf_entries();
-    let dropped: Vec<&String> = recorded_entries
-        .iter()
-        .filter(|r| {
-            let key = r.split(':').next().unwrap_or_default();
-            scenarios[recommended.0].conf.iter().any(|e| is_default(e) && e.split(':').next() == Some(key))
-        })
-        .collect();
+    let dropped = dropped_entries(&recorded_conf, &scenarios[recommended.0].conf);
     if recommended.0 != 0 && !dropped.is_empty() {
         let list: Vec<String> = dropped.iter().map(|e| format!("`{e}`")).collect();
         recommended.1 = format!("{}; without the recorded {}", recommended.1, list.join(", "));
     }
     let capacity_inferred = capacity.is_none() && capacities.iter().any(Option::is_some);
     let capacity = capacity.or_else(|| capacities.iter().flatten().copied().max());
-    let recorded_conf = recorded.conf_entries();
     let flushes = devices.iter().map(|d| (d.device, d.flushes)).filter(|x| x.1.count > 0).collect();
     Ok(Whatif {
         fidelity,
