@@ -355,17 +355,11 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
 /// several GPUs.
 pub(crate) fn pytorch_units(trace: &Trace) -> oom::PytorchUnits {
     let pids = crate::trace::symbols::pytorch_processes(&trace.dir);
-    let conf = trace.meta.as_ref().and_then(|m| m.details.record()).map(|d| &d.allocator_conf);
     // With `max_split_size_mb`, PyTorch first releases only its cached
     // blocks above that size and asks again, then its whole cache and asks
     // a third time.
     let asks_again = |pid: u32| -> u8 {
-        let mut settings = crate::allocator::Settings::default();
-        for entry in
-            conf.and_then(|c| c.get(&pid.to_string())).into_iter().flat_map(|c| crate::import::settings::split_conf(c))
-        {
-            let _ = settings.apply(entry);
-        }
+        let settings = crate::input::recorded_settings(trace, pid, |_, _| {});
         if settings.max_split_size.is_some() { 2 } else { 1 }
     };
     let units =
@@ -440,10 +434,7 @@ fn walk(events: &Events, bounds: &[(usize, u64)], replay: &mut Replay, context: 
                 // PyTorch's second ask of the request that just failed: a
                 // failed one is that OOM again, a served one means the
                 // failure was no OOM (the cache's release made room).
-                if e.kind.is_device_free() && e.ret == 0 {
-                    retries.freed(e.pid);
-                }
-                let ask = if e.kind.is_device_alloc() { retries.ask(e.pid, e.size, e.is_oom()) } else { oom::Ask::New };
+                let ask = retries.see(e.kind, e.pid, e.size, e.ret);
                 if ask == oom::Ask::Retry
                     && let Some(first) = w.ooms.iter_mut().rev().find(|o| o.pid == e.pid)
                 {

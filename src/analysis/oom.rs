@@ -164,6 +164,20 @@ impl Retries {
         }
     }
 
+    /// Notes one event of `unit` (its kind, size and return code): a device
+    /// allocation is an ask ([`Retries::ask`]), a device free may precede
+    /// a third ask ([`Retries::freed`]); anything else is [`Ask::New`].
+    pub fn see(&mut self, kind: crate::trace::event::EventKind, unit: u32, size: u64, ret: i32) -> Ask {
+        if kind.is_device_free() && ret == 0 {
+            self.freed(unit);
+        }
+        if kind.is_device_alloc() {
+            self.ask(unit, size, ret == crate::trace::event::CUDA_ERROR_OUT_OF_MEMORY)
+        } else {
+            Ask::New
+        }
+    }
+
     /// Notes a device free of `unit`: with `max_split_size_mb`, PyTorch
     /// asks a third time only after releasing its whole cache, so a third
     /// call with no free before it is the program's own (when the first

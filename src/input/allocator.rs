@@ -53,23 +53,31 @@ pub fn has_blocks(l: &Loaded) -> bool {
         && l.events.kind.iter().any(|k| *k == Some(EventKind::BlockAlloc))
 }
 
-/// The allocator settings of process `pid`, as `record` kept its
-/// `PYTORCH_CUDA_ALLOC_CONF` (PyTorch's defaults without it; entries this
-/// version does not know are left out).
-fn settings_of(recording: &Loaded, pid: u32) -> crate::allocator::Settings {
+/// The allocator settings of process `pid` of a recording, as `record`
+/// kept its `PYTORCH_CUDA_ALLOC_CONF` (PyTorch's defaults without it); an
+/// entry this version does not know is left out and given to `bad` with
+/// why.
+pub(crate) fn recorded_settings(
+    trace: &crate::trace::Trace,
+    pid: u32,
+    mut bad: impl FnMut(&str, String),
+) -> crate::allocator::Settings {
     let mut s = crate::allocator::Settings::default();
-    let conf = recording
-        .trace
-        .meta
-        .as_ref()
-        .and_then(|m| m.details.record())
-        .and_then(|d| d.allocator_conf.get(&pid.to_string()));
+    let conf =
+        trace.meta.as_ref().and_then(|m| m.details.record()).and_then(|d| d.allocator_conf.get(&pid.to_string()));
     for entry in conf.into_iter().flat_map(|c| crate::import::settings::split_conf(c)) {
         if let Err(e) = s.apply(entry) {
-            tracing::warn!("PYTORCH_CUDA_ALLOC_CONF of pid {pid}: {entry}: {e}; left out");
+            bad(entry, e);
         }
     }
     s
+}
+
+/// [`recorded_settings`], warning of each entry left out.
+fn settings_of(recording: &Loaded, pid: u32) -> crate::allocator::Settings {
+    recorded_settings(&recording.trace, pid, |entry, e| {
+        tracing::warn!("PYTORCH_CUDA_ALLOC_CONF of pid {pid}: {entry}: {e}; left out");
+    })
 }
 
 /// The size of each block of a unit (its `rows`, in time order; by its

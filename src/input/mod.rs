@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 
+pub(crate) use allocator::recorded_settings;
 pub use join::OUTSIDE;
 pub use loaded::Loaded;
 

@@ -80,22 +80,16 @@ pub fn device_level_streams(
     let mut retries = crate::analysis::oom::Retries::of(pytorch.clone());
     for i in 0..events.len() {
         let Some(kind) = events.kind[i] else { continue };
-        if kind.is_device_free() && events.ret[i] == 0 {
-            retries.freed(events.pid[i]);
-        }
-        if kind.is_device_alloc() {
-            let oom = events.ret[i] == crate::trace::event::CUDA_ERROR_OUT_OF_MEMORY;
-            match retries.ask(events.pid[i], events.size[i], oom) {
-                Ask::Retry => continue,
-                Ask::Recovered => {
-                    if let Some(d) = by.get_mut(&events.pid[i])
-                        && let Some(at) = d.events.iter().rposition(|r| r.kind == EventKind::Oom)
-                    {
-                        d.events.remove(at);
-                    }
+        match retries.see(kind, events.pid[i], events.size[i], events.ret[i]) {
+            Ask::Retry => continue,
+            Ask::Recovered => {
+                if let Some(d) = by.get_mut(&events.pid[i])
+                    && let Some(at) = d.events.iter().rposition(|r| r.kind == EventKind::Oom)
+                {
+                    d.events.remove(at);
                 }
-                Ask::New => {}
             }
+            Ask::New => {}
         }
         let k = if kind.is_device_alloc() || (kind.is_alloc_request() && events.ret[i] != 0) {
             if events.ret[i] == 0 { EventKind::BlockAlloc } else { EventKind::Oom }
