@@ -273,17 +273,21 @@ fn generic(a: &Analysis, why_not: &str, out: &mut Vec<Advice>) {
     out.push(Advice::new(Kind::Generic, text));
 }
 
-/// At the first OOM of a snapshot: the live blocks that keep partly used
-/// segments (or expandable pages) from being released, by call site and
-/// size.
+/// At the first OOM of a snapshot, when it was one of fragmentation: the
+/// live blocks that keep partly used segments (or expandable pages) from
+/// being released, by call site and size. After a capacity OOM the free
+/// bytes inside segments are not what stood in the way, so nothing is said.
 fn pinned(a: &Analysis, events: &Events) -> Option<Advice> {
     if !a.allocator_view {
         return None;
     }
-    let first = a.ooms.first()?;
+    let first = a.ooms.first().filter(|o| o.class == OomClass::Fragmentation)?;
     let device = first.pid;
-    // Segments (or mapped pages) and blocks of the device at the OOM.
-    let mut segments: BTreeMap<u64, u64> = BTreeMap::new();
+    // Segments (or mapped ranges) and blocks of the device at the OOM. An
+    // expandable segment unmaps pages anywhere in what one request mapped,
+    // so a range is cut, not removed whole; each piece keeps its map's
+    // start, so two segments that happen to touch stay two.
+    let mut segments: rangemap::RangeMap<u64, u64> = rangemap::RangeMap::new();
     let mut blocks: BTreeMap<u64, (u64, u32)> = BTreeMap::new();
     for i in 0..events.len() {
         if events.ts_ns[i] > first.t_ns {
@@ -293,13 +297,14 @@ fn pinned(a: &Analysis, events: &Events) -> Option<Advice> {
             continue;
         }
         let (addr, size) = (events.addr[i], events.size[i]);
+        let end = addr.saturating_add(size);
         let stack = events.stack.get(i).copied().unwrap_or(crate::trace::event::NO_STACK);
         match events.kind[i] {
-            Some(EventKind::SegmentAlloc | EventKind::SegmentMap) => {
-                segments.insert(addr, size);
+            Some(EventKind::SegmentAlloc | EventKind::SegmentMap) if end > addr => {
+                segments.insert(addr..end, addr);
             }
-            Some(EventKind::SegmentFree | EventKind::SegmentUnmap) => {
-                segments.remove(&addr);
+            Some(EventKind::SegmentFree | EventKind::SegmentUnmap) if end > addr => {
+                segments.remove(addr..end);
             }
             Some(EventKind::BlockAlloc) if size > 0 => {
                 blocks.insert(addr, (size, stack));
@@ -313,8 +318,9 @@ fn pinned(a: &Analysis, events: &Events) -> Option<Advice> {
     // Per segment: its live blocks (those that overlap it).
     let mut pinning: BTreeMap<u64, (u64, u32)> = BTreeMap::new();
     let (mut partly, mut free_in_partly, mut seg_sizes) = (0u64, 0u64, BTreeMap::<u64, u64>::new());
-    for (&s, &len) in &segments {
-        let end = s.saturating_add(len);
+    for (range, _) in segments.iter() {
+        let (s, end) = (range.start, range.end);
+        let len = end - s;
         let start_key = blocks.range(..s).next_back().filter(|(b, v)| **b + v.0 > s).map_or(s, |(b, _)| *b);
         let inside: Vec<(u64, (u64, u32))> = blocks.range(start_key..end).map(|(&b, &v)| (b, v)).collect();
         let used: u64 = inside.iter().map(|(b, (sz, _))| (b + sz).min(end) - (*b).max(s)).sum();
@@ -352,13 +358,17 @@ fn pinned(a: &Analysis, events: &Events) -> Option<Advice> {
         })
         .collect();
     let (common_size, common_n) = seg_sizes.iter().max_by_key(|x| x.1).map(|(s, n)| (*s, *n)).unwrap_or((0, 0));
-    let unit = if segments.len() > 1
-        && a.snapshot_details()
-            .is_some_and(|d| crate::allocator::Settings::from_snapshot(&d.allocator_settings).expandable_segments)
+    // Under expandable segments a range is what one request mapped: pages
+    // (20 MiB in the large pool) where none is larger than one.
+    let unit = if !a
+        .snapshot_details()
+        .is_some_and(|d| crate::allocator::Settings::from_snapshot(&d.allocator_settings).expandable_segments)
     {
+        "segments"
+    } else if seg_sizes.keys().all(|&len| len <= 20 << 20) {
         "mapped pages"
     } else {
-        "segments"
+        "mapped ranges"
     };
     let one_each = pinning.len() as u64 == partly;
     Some(Advice::new(

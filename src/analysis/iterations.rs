@@ -171,17 +171,20 @@ pub fn detect(
     rows: &[usize],
     stacks: Option<&Stacks>,
     annotations: &[Annotation],
-    starts_empty: bool,
+    rebuilt: Option<usize>,
 ) -> Option<Iterations> {
     // A series with nothing alive before its first event began in the
     // trace (a snapshot whose recording started with the program): the
     // stretch before its first optimizer step's end is a whole iteration,
     // the first, with the program's set-up.
-    let begins = rows.first().map(|&i| events.ts_ns[i]).filter(|_| starts_empty);
+    let begins = rows.first().map(|&i| events.ts_ns[i]).filter(|_| rebuilt == Some(0));
     // A snapshot's allocations repeat per layer as much as per iteration,
-    // so only its optimizer steps count.
+    // so only its optimizer steps count; and only those the trace recorded,
+    // not the blocks rebuilt from its final state (all at its first
+    // instant: the optimizer's moments made by steps before it began).
+    let recorded = &rows[rebuilt.unwrap_or(0).min(rows.len())..];
     from_annotations(pid, annotations, begins).or_else(|| match stacks {
-        Some(st) => from_optimizer_steps(events, pid, rows, st, begins),
+        Some(st) => from_optimizer_steps(events, pid, recorded, st, begins),
         None => from_periodicity(events, pid, rows).or_else(|| from_launches(events, pid, rows)),
     })
 }
@@ -214,9 +217,15 @@ fn with_start(begins: Option<u64>, mut ends: Vec<u64>) -> Vec<u64> {
     ends
 }
 
-/// A frame of an optimizer's `step`.
+/// A frame of an optimizer's `step`: `torch.optim.Optimizer`'s wrapper
+/// around every subclass's `step` (a hand-written optimizer that subclasses
+/// it too), or a `step` in a file under an `optim/` folder. Other `step`s
+/// are not (a diffusion scheduler's, an LR scheduler's, a game's).
 fn is_step_frame(f: &Frame) -> bool {
-    f.name == "step" || (f.filename.ends_with("optim/optimizer.py") && (f.name == "wrapper" || f.name == "_use_grad"))
+    let file = f.filename.replace('\\', "/");
+    let in_optim = file.contains("/optim/") || file.starts_with("optim/");
+    (file.ends_with("optim/optimizer.py") && (f.name == "wrapper" || f.name == "_use_grad"))
+        || (f.name == "step" && in_optim && !file.ends_with("lr_scheduler.py"))
 }
 
 /// Events of `pid` between two optimizer-step events that end one burst
@@ -634,6 +643,62 @@ mod tests {
         assert_eq!(from_annotations(0, &list[4..], Some(281)).unwrap().boundaries_t_ns, vec![280]);
     }
 
+    /// Only an optimizer's `step` marks an iteration: a diffusion
+    /// scheduler's `step` or an LR scheduler's does not, and a Windows
+    /// path reads as a POSIX one.
+    #[test]
+    fn a_step_frame_is_an_optimizer_s() {
+        let f = |file: &str, name: &str| Frame { filename: file.into(), line: 1, name: name.into() };
+        assert!(is_step_frame(&f("/venv/lib/python3.11/site-packages/torch/optim/optimizer.py", "wrapper")));
+        assert!(is_step_frame(&f("/venv/lib/python3.11/site-packages/torch/optim/adamw.py", "step")));
+        assert!(is_step_frame(&f(r"D:\env\Lib\site-packages\torch\optim\adam.py", "step")));
+        assert!(!is_step_frame(&f("/venv/lib/python3.11/site-packages/torch/optim/lr_scheduler.py", "step")));
+        assert!(!is_step_frame(&f(
+            "/venv/lib/python3.11/site-packages/diffusers/schedulers/scheduling_lcm.py",
+            "step"
+        )));
+        assert!(!is_step_frame(&f("/w/train.py", "step")));
+    }
+
+    /// A snapshot's blocks rebuilt from its final state (the optimizer's
+    /// moments, made by steps before the trace began) are no steps of the
+    /// trace: only recorded events after them count.
+    #[test]
+    fn rebuilt_blocks_are_no_optimizer_steps() {
+        let stacks = Stacks {
+            frames: vec![
+                Frame { filename: "/v/torch/optim/optimizer.py".into(), line: 493, name: "wrapper".into() },
+                Frame { filename: "/w/model.py".into(), line: 7, name: "forward".into() },
+            ],
+            stacks: vec![vec![0], vec![1]],
+        };
+        let mut events = Events::default();
+        let push = |events: &mut Events, ts, addr, stack| {
+            let mut e = ev(ts, EventKind::BlockAlloc, addr, 4096);
+            e.extra.stack = Some(stack);
+            events.push(&e);
+        };
+        // Rebuilt: three bursts of optimizer state, each apart by more
+        // than a burst's gap, all at the first instant.
+        for burst in 0..3u64 {
+            for k in 0..4 {
+                push(&mut events, 10, 0x10_0000 * (burst + 1) + k * 0x1000, 0);
+            }
+            for k in 0..(BURST_GAP as u64 + 1) {
+                push(&mut events, 10, 0x100_0000 + burst * 0x10_0000 + k * 0x1000, 1);
+            }
+        }
+        let rebuilt = events.len();
+        // Recorded: one forward pass, no optimizer step.
+        for k in 0..100u64 {
+            push(&mut events, 20 + k, 0x1000_0000 + k * 0x1000, 1);
+        }
+        let rows: Vec<usize> = (0..events.len()).collect();
+        assert!(detect(&events, 1, &rows, Some(&stacks), &[], Some(rebuilt)).is_none());
+        let counted = detect(&events, 1, &rows, Some(&stacks), &[], None).expect("the rebuilt bursts, when not told");
+        assert_eq!(counted.count, 3);
+    }
+
     /// The period leaves the warm-up out when two or more iterations
     /// follow it (a first step of 2.5 s, then steps of about 36 ms).
     #[test]
@@ -728,7 +793,7 @@ mod tests {
             let events = cached_training(steps, 8, steps as u64);
             let rows: Vec<usize> = (0..events.len()).collect();
             assert!(from_periodicity(&events, 1, &rows).is_none(), "live memory is flat: no periodicity");
-            let it = detect(&events, 1, &rows, None, &[], false).expect("iterations from the launches");
+            let it = detect(&events, 1, &rows, None, &[], None).expect("iterations from the launches");
             assert_eq!((it.count, it.source), (steps, IterationSource::Launches), "{steps} steps");
             assert_eq!(it.complete, steps - 1);
         }
@@ -736,7 +801,7 @@ mod tests {
         // repeat has no period.
         let events = cached_training(3, 8, 3);
         let rows: Vec<usize> = (0..events.len()).collect();
-        assert!(detect(&events, 1, &rows, None, &[], false).is_none());
+        assert!(detect(&events, 1, &rows, None, &[], None).is_none());
         let mut random = Events::default();
         let mut x: u64 = 7;
         for t in 0..5000 {

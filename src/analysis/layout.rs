@@ -138,38 +138,54 @@ fn lifetimes_with_streams(events: &Events) -> (Vec<Lifetime>, Vec<(u32, u64)>) {
 }
 
 /// Segment lifetimes (allocator view): `segment_alloc` to `segment_free`,
-/// each `segment_map`ped range to the `segment_unmap` that covers its
-/// start. Empty for device-view traces.
+/// and each `segment_map`ped range to its `segment_unmap`. An expandable
+/// segment unmaps pages anywhere in what one request mapped: the pages
+/// unmapped end there, and the rest of the range lives on from its map.
+/// Empty for device-view traces.
 pub fn segment_lifetimes(events: &Events) -> Vec<Lifetime> {
-    let mut open: std::collections::BTreeMap<(u32, u64), (u64, u64)> = Default::default();
+    // Per process: each mapped byte range → (its map's time, its map's
+    // start), so that two segments that touch stay two.
+    let mut open: std::collections::BTreeMap<u32, rangemap::RangeMap<u64, (u64, u64)>> = Default::default();
     let mut out = Vec::new();
     let last = events.ts_ns.last().copied().unwrap_or(0);
     for i in 0..events.len() {
         let Some(kind) = events.kind[i] else { continue };
         let (pid, addr, size, ts) = (events.pid[i], events.addr[i], events.size[i], events.ts_ns[i]);
+        let end = addr.saturating_add(size);
         match kind {
-            EventKind::SegmentAlloc | EventKind::SegmentMap if size > 0 => {
-                open.insert((pid, addr), (size, ts));
+            EventKind::SegmentAlloc | EventKind::SegmentMap if end > addr => {
+                open.entry(pid).or_default().insert(addr..end, (ts, addr));
             }
             EventKind::SegmentFree | EventKind::SegmentUnmap => {
-                let ended: Vec<(u32, u64)> =
-                    open.range((pid, addr)..(pid, addr.saturating_add(size.max(1)))).map(|(k, _)| *k).collect();
-                for k in ended {
-                    if let Some((size, start)) = open.remove(&k) {
-                        out.push(Lifetime { pid, stack: NO_STACK, addr: k.1, size, start, end: ts });
-                    }
+                let Some(ranges) = open.get_mut(&pid) else { continue };
+                // A free names its segment's start: all of the segment ends.
+                let end = if kind == EventKind::SegmentFree {
+                    ranges
+                        .get(&addr)
+                        .and_then(|&(_, at)| ranges.iter().filter(|(_, v)| v.1 == at).map(|(r, _)| r.end).max())
+                        .unwrap_or(end.max(addr + 1))
+                } else {
+                    end.max(addr + 1)
+                };
+                let ended: Vec<(std::ops::Range<u64>, u64)> =
+                    ranges.overlapping(addr..end).map(|(r, v)| (r.start.max(addr)..r.end.min(end), v.0)).collect();
+                for (r, start) in ended {
+                    out.push(Lifetime { pid, stack: NO_STACK, addr: r.start, size: r.end - r.start, start, end: ts });
                 }
+                ranges.remove(addr..end);
             }
             _ => {}
         }
     }
-    out.extend(open.into_iter().map(|((pid, addr), (size, start))| Lifetime {
-        pid,
-        stack: NO_STACK,
-        addr,
-        size,
-        start,
-        end: last,
+    out.extend(open.into_iter().flat_map(|(pid, ranges)| {
+        ranges.into_iter().map(move |(r, (start, _))| Lifetime {
+            pid,
+            stack: NO_STACK,
+            addr: r.start,
+            size: r.end - r.start,
+            start,
+            end: last,
+        })
     }));
     out
 }
@@ -178,6 +194,38 @@ pub fn segment_lifetimes(events: &Events) -> Vec<Lifetime> {
 mod tests {
     use super::*;
     use crate::trace::event::Event;
+
+    /// An expandable segment unmaps pages inside what one request mapped:
+    /// those pages end there, the rest lives on from its map; two maps
+    /// that touch stay two, and a `segment_free` ends its whole segment.
+    #[test]
+    fn an_unmap_inside_a_mapped_range_ends_only_its_pages() {
+        const P: u64 = 20 << 20;
+        let mut events = Events::default();
+        for (t, kind, addr, size) in [
+            (1, EventKind::SegmentMap, 0x1000_0000, 5 * P),
+            (2, EventKind::SegmentMap, 0x1000_0000 + 5 * P, P),
+            (3, EventKind::SegmentUnmap, 0x1000_0000 + P, 2 * P),
+            (4, EventKind::SegmentAlloc, 0x9000_0000, P),
+            (5, EventKind::SegmentFree, 0x9000_0000, P),
+            (9, EventKind::BlockAlloc, 0x1000_0000, 512),
+        ] {
+            events.push(&Event::new(t, 0, kind, addr, size));
+        }
+        let mut lives: Vec<(u64, u64, u64, u64)> =
+            segment_lifetimes(&events).iter().map(|l| (l.addr, l.size, l.start, l.end)).collect();
+        lives.sort();
+        assert_eq!(
+            lives,
+            vec![
+                (0x1000_0000, P, 1, 9),
+                (0x1000_0000 + P, 2 * P, 1, 3),
+                (0x1000_0000 + 3 * P, 2 * P, 1, 9),
+                (0x1000_0000 + 5 * P, P, 2, 9),
+                (0x9000_0000, P, 4, 5),
+            ]
+        );
+    }
 
     #[test]
     fn lives_left_open_come_in_address_order_every_time() {

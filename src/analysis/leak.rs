@@ -602,6 +602,35 @@ fn by_windows(r: &mut LeakReport, input: &Input<'_>) -> (Verdict, String) {
         }
         _ => String::new(),
     };
+    // A floor that held says nothing of steps unless the run repeated
+    // itself: one pass (a forward pass, a forward and a backward) rises
+    // and falls once, and its second quarter is taken mid-pass.
+    let swings = swings(&level[..n], noise);
+    if (growth <= 0 || growth as u64 <= noise) && swings < MIN_SWINGS {
+        return (
+            Verdict::CannotTell,
+            format!(
+                "no iterations found, and live memory rose by half its range only {swings} time{} in the run's \
+                 events (falling back between; at least {MIN_SWINGS} are needed): one pass, not repeated steps, so \
+                 a leak across steps cannot show{back}",
+                if swings == 1 { "" } else { "s" }
+            ),
+        );
+    }
+    // A snapshot's own frames show no optimizer step: what repeats in it
+    // may be layers or requests as well as steps, and a leak once per step
+    // would not show.
+    let framed = input.allocator_view && input.stacks.is_some_and(|st| python_frames(ev, series(), st));
+    if (growth <= 0 || growth as u64 <= noise) && framed {
+        return (
+            Verdict::CannotTell,
+            format!(
+                "no optimizer step or profiler step marks iterations here; the floor of live memory held over \
+                 {swings} rises (layers, requests or steps: the trace does not say which), so there is no sign of a \
+                 leak within the trace, but a leak once per step cannot be excluded{back}"
+            ),
+        );
+    }
     if growth <= 0 || growth as u64 <= noise {
         let rose = if growth > 0 {
             format!(
@@ -636,6 +665,53 @@ fn by_windows(r: &mut LeakReport, input: &Input<'_>) -> (Verdict, String) {
             },
         ),
     )
+}
+
+/// Whether the stacks of events `rows` hold the program's Python frames
+/// (a snapshot's, not a recording's native ones): frames in which an
+/// optimizer step would have shown.
+fn python_frames(events: &Events, rows: impl Iterator<Item = usize>, stacks: &crate::trace::Stacks) -> bool {
+    let mut seen: ahash::AHashSet<u32> = ahash::AHashSet::new();
+    for i in rows {
+        let Some(&id) = events.stack.get(i) else { return false };
+        if id != crate::trace::event::NO_STACK
+            && seen.insert(id)
+            && stacks.frames_of(id).any(|f| f.filename.ends_with(".py"))
+        {
+            return true;
+        }
+    }
+    false
+}
+
+/// The fewest rises and falls of live memory after which a floor that
+/// held reads as no leak (as three complete iterations after the warm-up
+/// do).
+const MIN_SWINGS: usize = 3;
+
+/// How often `level` rose by at least half its range (and `noise`) above
+/// where it last stood lowest, each time after falling back as far below
+/// where it then stood highest: the run's repetitions (a run cut at its
+/// last top ends on a rise), with a hysteresis so that a layer's
+/// temporaries inside one pass do not count.
+fn swings(level: &[u64], noise: u64) -> usize {
+    let (Some(&lo), Some(&hi)) = (level.iter().min(), level.iter().max()) else { return 0 };
+    let step = ((hi - lo) / 2).max(noise).max(1);
+    let (mut count, mut rising, mut low, mut high) = (0, true, level[0], level[0]);
+    for &l in level {
+        if rising {
+            low = low.min(l);
+            if l >= low.saturating_add(step) {
+                (rising, high, count) = (false, l, count + 1);
+            }
+        } else {
+            high = high.max(l);
+            if l.saturating_add(step) <= high {
+                (rising, low) = (true, l);
+            }
+        }
+    }
+    count
 }
 
 /// Whether event `i` is one [`LiveBytes`] counts: a block allocated or

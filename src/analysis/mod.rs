@@ -138,18 +138,15 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     // Call-site iterations are a snapshot's (allocator view); a device-level
     // trace, with recorded stacks or not, uses its period.
     let snapshot_stacks = stacks.as_deref().filter(|_| allocator_view);
-    // A snapshot's devices that held nothing before its first entry.
-    let empty_at_start: std::collections::HashSet<u32> = trace
+    // Per device of a snapshot: how many of its first events rebuild what
+    // was alive before its first entry (none: the device held nothing).
+    let rebuilt: ahash::AHashMap<u32, usize> = trace
         .meta
         .as_ref()
         .and_then(|m| m.details.snapshot())
         .filter(|_| allocator_view)
         .map(|d| {
-            d.reconstruction
-                .iter()
-                .filter(|r| r.initial_blocks == 0 && r.initial_segments == 0)
-                .map(|r| r.device)
-                .collect()
+            d.reconstruction.iter().map(|r| (r.device, (r.initial_segments + r.initial_blocks) as usize)).collect()
         })
         .unwrap_or_default();
     // Iterations and the pictures' block lives only read the events, so
@@ -160,7 +157,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         std::thread::scope(|scope| {
             let beside = scope.spawn(|| {
                 let started = std::time::Instant::now();
-                let found = detect_iterations(events, allocator_view, snapshot_stacks, annotations, &empty_at_start);
+                let found = detect_iterations(events, allocator_view, snapshot_stacks, annotations, &rebuilt);
                 tracing::debug!("iterations in {:.3} s (beside the replay)", started.elapsed().as_secs_f64());
                 // The leak rule's exact floors read only the events and the
                 // iterations: found here too, off the replay's path.
@@ -547,7 +544,7 @@ fn detect_iterations(
     allocator_view: bool,
     snapshot_stacks: Option<&crate::trace::Stacks>,
     annotations: &[crate::trace::details::Annotation],
-    empty_at_start: &std::collections::HashSet<u32>,
+    rebuilt: &ahash::AHashMap<u32, usize>,
 ) -> ahash::AHashMap<u32, Iterations> {
     let replayed = |i: &usize| events.kind[*i].is_some_and(|k| replay::tracks(k, allocator_view));
     let by_pid = crate::analysis::iterations::rows_by_pid(events);
@@ -561,7 +558,7 @@ fn detect_iterations(
                 rows,
                 snapshot_stacks,
                 annotations,
-                empty_at_start.contains(&pid),
+                rebuilt.get(&pid).copied(),
             )
             .map(|it| (pid, it))
         })

@@ -100,16 +100,19 @@ fn is_python(f: &Frame) -> bool {
     f.filename.ends_with(".py")
 }
 
+/// A frame of PyTorch or an installed package, not the program's own (a
+/// Windows path too: `D:\env\Lib\site-packages\torch\functional.py`).
 fn is_framework_python(f: &Frame) -> bool {
-    let p = &f.filename;
+    let p = f.filename.replace('\\', "/");
     p.contains("/torch/") || p.starts_with("torch/") || p.contains("site-packages/") || p.contains("dist-packages/")
 }
 
-/// `file:line:function`, the file by its base name.
+/// `file:line:function`, the file by its base name (after the last `/`,
+/// or `\` in a Windows path).
 ///
 /// Also used for flamegraph frames.
 pub fn format_frame(f: &Frame) -> String {
-    let file = f.filename.rsplit('/').next().unwrap_or(&f.filename);
+    let file = f.filename.rsplit(['/', '\\']).next().unwrap_or(&f.filename);
     format!("{file}:{}:{}", f.line, f.name)
 }
 
@@ -309,5 +312,11 @@ mod tests {
         assert_eq!(call_site(&st, 4), None);
         assert_eq!(call_site(&st, NO_STACK), None);
         assert!(is_machinery(&unwind) && !is_machinery(&ext) && !is_machinery(&user_py));
+        // A Windows run: the program's file by its base name, PyTorch's
+        // passed over.
+        let win_torch = frame(r"D:\env\Lib\site-packages\torch\functional.py", 373, "einsum");
+        let win_user = frame(r"D:\work\bench.py", 65, "run");
+        let st = stacks(vec![vec![win_torch, win_user]]);
+        assert_eq!(call_site(&st, 0).as_deref(), Some("bench.py:65:run"));
     }
 }

@@ -119,7 +119,7 @@ pub fn json(w: &Whatif) -> serde_json::Value {
             "capacity_hi_bytes": f.capacity.map(|c| c.1),
         })).collect::<Vec<_>>(),
         "model": "PyTorch CUDACachingAllocator (the native allocator of 2.4-2.5, checked against real 2.11 runs; expandable segments included); see src/allocator/",
-        "fidelity": w.fidelity.iter().zip(&recorded.devices).map(|(f, o)| json!({
+        "fidelity": w.fidelity.iter().zip(&recorded.devices).enumerate().map(|(j, (f, o))| json!({
             "device": f.device,
             "allocations": f.allocations,
             "same_address": f.same_address,
@@ -137,12 +137,14 @@ pub fn json(w: &Whatif) -> serde_json::Value {
             "ooms_same": f.ooms_same,
             "simulated_ooms": o.ooms,
             "inferred_capacity_bytes": f.inferred_capacity,
+            "capacity_bytes": w.capacities.get(j).copied().flatten(),
             "first_mismatches": f.first_mismatches,
             "not_measured": f.not_measured,
         })).collect::<Vec<_>>(),
         "scenarios": w.scenarios.iter().map(scenario).collect::<Vec<_>>(),
         "recommendation": {"conf": w.recommendation(), "reason": w.recommended.1},
         "unreproduced_ooms": w.unreproduced,
+        "untestable": w.untestable,
     })
 }
 
@@ -152,7 +154,7 @@ pub fn sections_md(w: &Whatif, level: &str, name: &dyn Fn(u32) -> String) -> Str
     let mut md = format!("{level} Fidelity: the model against the recording\n\n");
     if w.source == Source::DeviceLevel {
         md.push_str("Not measured: a device-level trace (eBPF or synthetic) has no caching allocator's decisions to check — every cudaMalloc is a request. The first scenario is the recording as it happened; the others put PyTorch's caching allocator, modelled, between the program and the device.\n");
-        return md + &scenarios_md(w, level);
+        return md + &scenarios_md(w, level, name);
     }
     md.push_str("Under the snapshot's own settings, from the state before the first trace entry, the model chose a block for every allocation; the recorded choice was then applied.");
     if w.recorded_conf.iter().any(|e| e.replace(" ", "") == "expandable_segments:True") {
@@ -211,39 +213,80 @@ pub fn sections_md(w: &Whatif, level: &str, name: &dyn Fn(u32) -> String) -> Str
             );
         }
     }
-    md + &scenarios_md(w, level)
+    md + &scenarios_md(w, level, name)
 }
 
-fn scenarios_md(w: &Whatif, level: &str) -> String {
+/// A scenario's figures in one row: over all devices, or one device's.
+struct Figures {
+    reserved: u64,
+    allocated: u64,
+    spare: u64,
+    segments: u64,
+    ooms: u64,
+}
+
+/// What a row says of a capacity: the inferred one's source.
+fn capacity_source(w: &Whatif) -> &'static str {
+    match (w.capacity_inferred, w.capacity_from_flushes) {
+        (true, true) => " (inferred from cache flushes: the least capacity they allow)",
+        (true, false) => " (inferred from an `oom` entry: the free memory CUDA reported plus what was reserved then)",
+        (false, _) => "",
+    }
+}
+
+fn scenarios_md(w: &Whatif, level: &str, name: &dyn Fn(u32) -> String) -> String {
     let mut md = String::new();
     let _ = writeln!(md, "\n{level} Scenarios\n");
-    let _ = writeln!(
-            md,
-            "{}\n",
-            match w.capacity {
-                Some(c) => {
-                    let start: u64 = w.fidelity.iter().map(|f| f.initial_reserved).max().unwrap_or(0);
-                    let mut t = format!(
-                        "Capacity {} per device{}: a segment beyond it is refused after the cache is released, and the request fails.",
-                        bytes(c),
-                        match (w.capacity_inferred, w.capacity_from_flushes) {
-                            (true, true) => " (inferred from cache flushes: the least capacity they allow)",
-                            (true, false) => " (inferred from an `oom` entry: the free memory CUDA reported plus what was reserved then)",
-                            (false, _) => "",
-                        }
-                    );
-                    if start > c {
-                        let _ = write!(
-                            t,
-                            " The state before the first trace entry already reserves {} (more than the capacity): scenarios only refuse new segments.",
-                            bytes(start)
-                        );
-                    }
-                    t
-                }
-                None => "No capacity given (`--capacity`): nothing runs out of memory, so the scenarios differ only in the memory they reserve, and their OOMs are not judged.".into(),
+    let several = w.fidelity.len() > 1;
+    // "device 1", or "pid 4242 on GPU 0" for a unit of a recording.
+    let name = |d: u32| {
+        let n = name(d);
+        if n.parse::<u32>().is_ok() { format!("device {n}") } else { format!("pid {n}") }
+    };
+    let known: Vec<(u32, u64)> =
+        w.fidelity.iter().zip(&w.capacities).filter_map(|(f, c)| c.map(|c| (f.device, c))).collect();
+    let unknown: Vec<String> =
+        w.fidelity.iter().zip(&w.capacities).filter(|(_, c)| c.is_none()).map(|(f, _)| name(f.device)).collect();
+    let text = match w.capacity {
+        // Several devices, not all of one known capacity: each says its own.
+        Some(_) if several && (!unknown.is_empty() || known.iter().any(|k| k.1 != known[0].1)) => {
+            let each: Vec<String> = known.iter().map(|(d, c)| format!("{}: {}", name(*d), bytes(*c))).collect();
+            let mut t = format!(
+                "Capacity of {}{}: a segment beyond it is refused after the cache is released, and the request fails.",
+                each.join("; "),
+                capacity_source(w)
+            );
+            if !unknown.is_empty() {
+                let list = match unknown.split_last() {
+                    Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+                    _ => unknown.join(""),
+                };
+                let _ = write!(
+                    t,
+                    " No capacity is known for {list}: no scenario can run out of memory there, so OOMs there are not judged (give `--capacity`)."
+                );
             }
-        );
+            t
+        }
+        Some(c) => {
+            let start: u64 = w.fidelity.iter().map(|f| f.initial_reserved).max().unwrap_or(0);
+            let mut t = format!(
+                "Capacity {} per device{}: a segment beyond it is refused after the cache is released, and the request fails.",
+                bytes(c),
+                capacity_source(w)
+            );
+            if start > c {
+                let _ = write!(
+                    t,
+                    " The state before the first trace entry already reserves {} (more than the capacity): scenarios only refuse new segments.",
+                    bytes(start)
+                );
+            }
+            t
+        }
+        None => "No capacity given (`--capacity`): nothing runs out of memory, so the scenarios differ only in the memory they reserve, and their OOMs are not judged.".into(),
+    };
+    let _ = writeln!(md, "{text}\n");
     for (d, f) in &w.flushes {
         let _ = writeln!(
             md,
@@ -260,47 +303,41 @@ fn scenarios_md(w: &Whatif, level: &str) -> String {
             ))
         );
     }
-    md.push_str("| scenario | peak reserved | peak allocated | reserved − allocated at peak | segments allocated | OOMs |\n|---|---|---|---|---|---|\n");
-    // A snapshot's recorded row gives what the recording did, and the
-    // model's replay beside it where the two differ.
-    let recording = (w.source == Source::Snapshot).then(|| {
-        let measured = w.fidelity.iter().filter(|f| f.not_measured.is_none());
-        measured.fold((0u64, 0u64), |(r, o), f| (r + f.recorded_peak_reserved, o + f.recorded_ooms))
-    });
-    for (i, s) in w.scenarios.iter().enumerate() {
-        let (reserved, ooms) = match recording.filter(|_| i == 0) {
-            Some((r, o)) => (
-                if r == s.peak_reserved_bytes {
-                    bytes(r)
-                } else {
-                    format!("{} (model: {})", bytes(r), bytes(s.peak_reserved_bytes))
-                },
-                if o == s.ooms { o.to_string() } else { format!("{o} (model: {})", s.ooms) },
-            ),
-            // Without a capacity nothing can run out of memory: a 0 there
-            // would read as a verdict.
-            None if w.capacity.is_none()
-                && !(i == 0 && s.conf.is_empty())
-                && !crate::analysis::whatif::is_recorded(&w.recorded_conf, &s.conf) =>
-            {
-                (bytes(s.peak_reserved_bytes), "not judged".to_string())
-            }
-            None => (bytes(s.peak_reserved_bytes), s.ooms.to_string()),
+    if several {
+        // Peaks summed over devices would be set against one device's
+        // capacity: a table per device instead.
+        for (j, f) in w.fidelity.iter().enumerate() {
+            let _ = writeln!(md, "{}{}:\n", name(f.device)[..1].to_uppercase(), &name(f.device)[1..]);
+            let figures = |s: &Scenario| {
+                let o = &s.devices[j];
+                Figures {
+                    reserved: o.peak_reserved_bytes,
+                    allocated: o.peak_allocated_bytes,
+                    spare: o.reserved_minus_allocated_at_peak,
+                    segments: o.segment_allocs,
+                    ooms: o.ooms,
+                }
+            };
+            let recording = (w.source == Source::Snapshot && f.not_measured.is_none())
+                .then_some((f.recorded_peak_reserved, f.recorded_ooms));
+            scenario_table(&mut md, w, &figures, recording, w.capacities.get(j).is_some_and(Option::is_some));
+            md.push('\n');
+        }
+    } else {
+        let figures = |s: &Scenario| Figures {
+            reserved: s.peak_reserved_bytes,
+            allocated: s.peak_allocated_bytes,
+            spare: s.reserved_minus_allocated_at_peak,
+            segments: s.segment_allocs,
+            ooms: s.ooms,
         };
-        let _ = writeln!(
-            md,
-            "| {} | {reserved} | {} | {} | {} | {ooms} |",
-            match (s.conf.is_empty(), s.name.as_str()) {
-                (true, "recorded") if w.source == Source::DeviceLevel =>
-                    "as recorded (cudaMalloc per request)".to_string(),
-                (true, "recorded") => "recorded settings".to_string(),
-                (true, _) => "PyTorch's caching allocator, default settings".to_string(),
-                (false, _) => crate::analysis::whatif::scenario_label(&w.recorded_conf, &s.conf),
-            },
-            bytes(s.peak_allocated_bytes),
-            bytes(s.reserved_minus_allocated_at_peak),
-            s.segment_allocs,
-        );
+        // A snapshot's recorded row gives what the recording did, and the
+        // model's replay beside it where the two differ.
+        let recording = (w.source == Source::Snapshot).then(|| {
+            let measured = w.fidelity.iter().filter(|f| f.not_measured.is_none());
+            measured.fold((0u64, 0u64), |(r, o), f| (r + f.recorded_peak_reserved, o + f.recorded_ooms))
+        });
+        scenario_table(&mut md, w, &figures, recording, w.capacity.is_some());
     }
     // One note once, naming every row it is about (a setting the recording
     // ran with gives every row the same note).
@@ -323,6 +360,51 @@ fn scenarios_md(w: &Whatif, level: &str) -> String {
     md.push_str("\nReserved − allocated at peak: while reserved was at its peak, what it held beyond the most that was allocated then.\n");
     md.push_str("\nNot modelled: CUDA graph pools, pending `record_stream` events. Every scenario starts from the recorded state before the first trace entry.\n");
     md
+}
+
+/// The scenarios' rows, with `figures` of each: the recorded row gives
+/// what the recording did (`recording`: its peak reserved and OOMs) and
+/// the model's replay beside it where the two differ. Without a capacity
+/// nothing can run out of memory, so a scenario's 0 would read as a
+/// verdict: it says "not judged".
+fn scenario_table(
+    md: &mut String,
+    w: &Whatif,
+    figures: &dyn Fn(&Scenario) -> Figures,
+    recording: Option<(u64, u64)>,
+    capacity_known: bool,
+) {
+    md.push_str("| scenario | peak reserved | peak allocated | reserved − allocated at peak | segments allocated | OOMs |\n|---|---|---|---|---|---|\n");
+    for (i, s) in w.scenarios.iter().enumerate() {
+        let f = figures(s);
+        let (reserved, ooms) = match recording.filter(|_| i == 0) {
+            Some((r, o)) => (
+                if r == f.reserved { bytes(r) } else { format!("{} (model: {})", bytes(r), bytes(f.reserved)) },
+                if o == f.ooms { o.to_string() } else { format!("{o} (model: {})", f.ooms) },
+            ),
+            None if !capacity_known
+                && !(i == 0 && s.conf.is_empty())
+                && !crate::analysis::whatif::is_recorded(&w.recorded_conf, &s.conf) =>
+            {
+                (bytes(f.reserved), "not judged".to_string())
+            }
+            None => (bytes(f.reserved), f.ooms.to_string()),
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {reserved} | {} | {} | {} | {ooms} |",
+            match (s.conf.is_empty(), s.name.as_str()) {
+                (true, "recorded") if w.source == Source::DeviceLevel =>
+                    "as recorded (cudaMalloc per request)".to_string(),
+                (true, "recorded") => "recorded settings".to_string(),
+                (true, _) => "PyTorch's caching allocator, default settings".to_string(),
+                (false, _) => crate::analysis::whatif::scenario_label(&w.recorded_conf, &s.conf),
+            },
+            bytes(f.allocated),
+            bytes(f.spare),
+            f.segments,
+        );
+    }
 }
 
 /// whatif.png: reserved (thick) and allocated (thin) bytes over time, of
@@ -430,6 +512,8 @@ mod tests {
             source: Source::Snapshot,
             recorded_conf: Vec::new(),
             unreproduced: None,
+            untestable: None,
+            capacities: vec![None],
         }
     }
 

@@ -340,3 +340,66 @@ proptest::proptest! {
         proptest::prop_assert_eq!(r.growth_per_iteration_bytes, Some(k as i64));
     }
 }
+
+/// Without iterations, a floor that held is no leak only where the run
+/// repeated itself: one pass (activations built up, then released once)
+/// rises and falls once, and its second quarter is taken mid-pass.
+#[test]
+fn without_iterations_one_pass_cannot_be_told() {
+    // A forward pass: 1 GiB of weights, 60 activations of 64 MiB kept,
+    // then the backward frees them in reverse.
+    let mut pass = vec![(0, 1024 * MIB, 0x1000_0000)];
+    for i in 1..=60u64 {
+        pass.push((i * 10, 64 * MIB, 0x1_0000_0000 + i * 64 * MIB));
+    }
+    for i in (1..=60u64).rev() {
+        pass.push((1000 + (61 - i) * 10, 0, 0x1_0000_0000 + i * 64 * MIB));
+    }
+    let r = judge(&events(&pass), None);
+    assert_eq!(r.verdict, Verdict::CannotTell, "{}", r.reason);
+    assert!(r.reason.contains("one pass"), "{}", r.reason);
+    // Three such passes in a row: repetitions whose floor held.
+    let mut three = vec![(0, 1024 * MIB, 0x1000_0000)];
+    for k in 0..3u64 {
+        three.extend(pass[1..].iter().map(|&(t, s, a)| (t + k * 2000, s, a)));
+    }
+    let r = judge(&events(&three), None);
+    assert_eq!(r.verdict, Verdict::NotLeaking, "{}", r.reason);
+    assert_eq!(swings(&[0, 10, 0, 10, 0, 10], 1), 3);
+    assert_eq!(swings(&[0, 2, 1, 3, 2, 10], 1), 1, "small steps inside one rise are no swings");
+}
+
+/// A snapshot whose Python frames show no optimizer step: what repeats
+/// may be layers, so a floor that held is no verdict either way.
+#[test]
+fn a_snapshot_without_optimizer_steps_is_not_called_leak_free() {
+    let mut saw = vec![(0, 1024 * MIB, 0x1000_0000)];
+    for i in 1..100u64 {
+        saw.push((i * 10, (i % 10) * 100 * MIB + MIB, 0x9000_0000));
+        saw.push((i * 10 + 5, 0, 0x9000_0000));
+    }
+    let mut ev = Events::default();
+    for &(t, size, addr) in &saw {
+        let kind = if size > 0 { EventKind::BlockAlloc } else { EventKind::BlockFree };
+        let mut e = Event::new(t, 1, kind, addr, size);
+        e.extra.stack = Some(0);
+        ev.push(&e);
+    }
+    let stacks = crate::trace::Stacks {
+        frames: vec![crate::trace::Frame { filename: "/w/model.py".into(), line: 7, name: "forward".into() }],
+        stacks: vec![vec![0]],
+    };
+    let input = Input {
+        pid: 1,
+        events: &ev,
+        allocator_view: true,
+        live: &[],
+        peak: 4096 * MIB,
+        iterations: None,
+        stacks: Some(&stacks),
+        oom_times: &[],
+    };
+    let r = detect(&input);
+    assert_eq!(r.verdict, Verdict::CannotTell, "{}", r.reason);
+    assert!(r.reason.contains("a leak once per step cannot be excluded"), "{}", r.reason);
+}

@@ -113,6 +113,15 @@ pub struct Scenario {
 }
 
 impl Scenario {
+    /// Its peak reserved for a sentence: summed over the devices, and said
+    /// so, when there are several.
+    pub fn reserved(&self) -> String {
+        match self.devices.len() {
+            0 | 1 => crate::units::bytes(self.peak_reserved_bytes),
+            n => format!("{} (summed over its {n} devices)", crate::units::bytes(self.peak_reserved_bytes)),
+        }
+    }
+
     pub fn of(name: &str, conf: &[String], devices: Vec<Outcome>) -> Scenario {
         let sum = |f: fn(&Outcome) -> u64| devices.iter().map(f).sum();
         Scenario {
@@ -187,11 +196,19 @@ fn noise(bytes: u64) -> u64 {
 fn recommend(
     scenarios: &[Scenario],
     recorded: &[String],
-    capacity_known: bool,
+    capacities: &[Option<u64>],
     unreproduced: Option<&str>,
+    untestable: Option<&str>,
 ) -> (usize, String) {
     let Some(rec) = scenarios.first() else { return (0, "no scenario ran".into()) };
-    if !capacity_known && rec.ooms > 0 {
+    if let Some(why) = untestable {
+        return (0, why.to_string());
+    }
+    // OOMs compare where every recorded one fell on a device whose capacity
+    // is known: elsewhere no scenario can run out of memory.
+    let capacity_known = capacities.iter().all(Option::is_some);
+    let ooms_judged = rec.devices.iter().zip(capacities).all(|(d, c)| d.ooms == 0 || c.is_some());
+    if !ooms_judged && rec.ooms > 0 {
         return (
             0,
             format!(
@@ -208,7 +225,18 @@ fn recommend(
             ),
         );
     }
-    let best = (1..scenarios.len()).min_by_key(|&i| (scenarios[i].ooms, scenarios[i].peak_reserved_bytes));
+    // Between scenarios exactly as good, the milder setting: the fewest
+    // entries, then the largest `max_split_size_mb` (it splits fewer blocks).
+    let milder = |i: usize| {
+        let conf = &scenarios[i].conf;
+        let split = conf
+            .iter()
+            .filter_map(|e| e.strip_prefix("max_split_size_mb:").and_then(|v| v.trim().parse::<u64>().ok()))
+            .max()
+            .unwrap_or(u64::MAX);
+        (conf.iter().filter(|e| !is_default(e)).count(), std::cmp::Reverse(split))
+    };
+    let best = (1..scenarios.len()).min_by_key(|&i| (scenarios[i].ooms, scenarios[i].peak_reserved_bytes, milder(i)));
     let Some(mut b) = best else { return (0, "no other scenario ran".into()) };
     // Between scenarios as good (the same OOMs, peak reserved within the
     // model's noise), one whose settings real runs checked wins over a
@@ -227,15 +255,7 @@ fn recommend(
     }
     let s = &scenarios[b];
     if s.ooms < rec.ooms {
-        return (
-            b,
-            format!(
-                "{} OOM(s) instead of {}, peak reserved {}",
-                s.ooms,
-                rec.ooms,
-                crate::units::bytes(s.peak_reserved_bytes)
-            ),
-        );
+        return (b, format!("{} OOM(s) instead of {}, peak reserved {}", s.ooms, rec.ooms, s.reserved()));
     }
     let margin = noise(rec.peak_reserved_bytes);
     let lower = s.ooms == rec.ooms && s.peak_reserved_bytes + margin < rec.peak_reserved_bytes;
@@ -264,7 +284,7 @@ fn recommend(
             b,
             format!(
                 "peak reserved {} instead of {} ({} less), same OOMs ({})",
-                crate::units::bytes(s.peak_reserved_bytes),
+                s.reserved(),
                 crate::units::bytes(rec.peak_reserved_bytes),
                 crate::units::bytes(rec.peak_reserved_bytes - s.peak_reserved_bytes),
                 s.ooms
@@ -276,8 +296,13 @@ fn recommend(
         return (
             0,
             format!(
-                "no scenario reserves less than the recorded settings' {} by more than 1 % at the peak (OOMs are not judged without a capacity)",
-                crate::units::bytes(rec.peak_reserved_bytes)
+                "no scenario reserves less than the recorded settings' {} by more than 1 % at the peak (OOMs are not judged {})",
+                rec.reserved(),
+                if capacities.iter().any(Option::is_some) {
+                    "on a device without a capacity"
+                } else {
+                    "without a capacity"
+                }
             ),
         );
     }
@@ -286,7 +311,7 @@ fn recommend(
         format!(
             "no scenario has fewer OOMs ({}) or a peak reserved lower by more than 1 % than the recorded settings' {}",
             rec.ooms,
-            crate::units::bytes(rec.peak_reserved_bytes)
+            rec.reserved()
         ),
     )
 }
@@ -429,6 +454,15 @@ pub struct Whatif {
     /// or a device-level trace's failed requests would have fit by its own
     /// count. No setting is then said to avoid them.
     pub unreproduced: Option<String>,
+    /// Why the replay cannot test any setting on this trace, when it
+    /// cannot: it holds no allocation, or every request fit in the cache
+    /// reserved before it began (each scenario starts from that cache, so
+    /// none can reserve less, and how a setting would have built it is not
+    /// in the trace). Nothing is then recommended.
+    pub untestable: Option<String>,
+    /// Each device's capacity in the replay (in the order of `fidelity`
+    /// and of each scenario's `devices`): given, inferred, or unknown.
+    pub capacities: Vec<Option<u64>>,
 }
 
 impl Whatif {
@@ -462,7 +496,9 @@ impl Whatif {
     pub fn recommendation(&self) -> String {
         let (i, _) = &self.recommended;
         if *i == 0 {
-            if self.scenarios.first().is_some_and(|s| s.ooms > 0) && self.capacity.is_none() {
+            if self.untestable.is_some() {
+                "none: the settings cannot be judged from this trace".into()
+            } else if self.scenarios.first().is_some_and(|s| s.ooms > 0) && self.capacity.is_none() {
                 "none: which setting avoids the OOMs cannot be told without a capacity".into()
             } else if self.unreproduced.is_some() {
                 "none".into()
@@ -598,9 +634,22 @@ pub fn run(
         }
         Source::DeviceLevel => unexplained,
     };
+    let untestable = scenarios.first().and_then(|rec| {
+        if rec.devices.iter().all(|d| d.allocations == 0) {
+            Some("it holds no allocation to replay".to_string())
+        } else if source == Source::Snapshot && rec.ooms == 0 && rec.segment_allocs == 0 {
+            Some(
+                "every request fit in the segments PyTorch had reserved before it began, and each scenario starts \
+                 from them, so none can reserve less; how a setting would have built that cache is not in the trace"
+                    .to_string(),
+            )
+        } else {
+            None
+        }
+    });
     let recorded_conf = recorded.conf_entries();
     let mut recommended =
-        recommend(&scenarios, &recorded_conf, capacities.iter().all(Option::is_some), unreproduced.as_deref());
+        recommend(&scenarios, &recorded_conf, &capacities, unreproduced.as_deref(), untestable.as_deref());
     if source == Source::DeviceLevel && recommended.0 != 0 && scenarios[recommended.0].conf.is_empty() {
         recommended.1 = format!("{} with PyTorch's caching allocator as it comes", recommended.1);
     }
@@ -635,6 +684,8 @@ pub fn run(
         source,
         recorded_conf,
         unreproduced,
+        untestable,
+        capacities,
     })
 }
 

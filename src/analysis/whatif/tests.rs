@@ -357,3 +357,37 @@ fn a_request_the_recording_failed_counts_where_a_scenario_serves_it() {
     let tight = simulate(&d, &Settings::default(), Some(300 * MIB), "s", &[]);
     assert_eq!((tight.ooms, tight.peak_allocated_bytes), (1, 100 * MIB));
 }
+
+/// A scenario over two devices, the OOMs on the second.
+fn two_devices(conf: &[&str], reserved: [u64; 2], ooms: [u64; 2]) -> Scenario {
+    let conf: Vec<String> = conf.iter().map(|s| s.to_string()).collect();
+    let outcome = |j: usize| Outcome {
+        peak_reserved_bytes: reserved[j],
+        ooms: ooms[j],
+        allocations: 10,
+        segment_allocs: 3,
+        ..Default::default()
+    };
+    Scenario::of(if conf.is_empty() { "recorded" } else { "s" }, &conf, vec![outcome(0), outcome(1)])
+}
+
+/// OOMs compare where each recorded one fell on a device whose capacity is
+/// known, though another device has none; between settings exactly as
+/// good, the milder wins; a trace whose requests all fit in the cache it
+/// began with judges no setting.
+#[test]
+fn recommendations_judge_what_the_replay_can_show() {
+    let rec = two_devices(&[], [8 << 30, 78 << 30], [0, 1]);
+    let fix32 = two_devices(&["max_split_size_mb:32"], [9 << 30, 70 << 30], [0, 0]);
+    let fix512 = two_devices(&["max_split_size_mb:512"], [9 << 30, 70 << 30], [0, 0]);
+    let scenarios = vec![rec.clone(), fix32, fix512];
+    let (i, why) = recommend(&scenarios, &[], &[None, Some(79 << 30)], None, None);
+    assert_eq!((i, scenarios[i].conf.clone()), (2, vec!["max_split_size_mb:512".to_string()]), "{why}");
+    assert!(why.contains("summed over its 2 devices"), "{why}");
+    // The OOM on a device without a capacity: nothing to compare.
+    let (i, why) = recommend(&scenarios, &[], &[Some(79 << 30), None], None, None);
+    assert_eq!(i, 0, "{why}");
+    assert!(why.contains("without a capacity"), "{why}");
+    let (i, why) = recommend(&scenarios, &[], &[Some(1), Some(1)], None, Some("it holds no allocation to replay"));
+    assert_eq!((i, why.as_str()), (0, "it holds no allocation to replay"));
+}
