@@ -572,6 +572,16 @@ def cases(out):
     snap["device_traces"][0] = d.trace[dropped:]
     write_case(out, "ring", snap, [d], extra={"entries": {"0": len(d.trace) - dropped}})
 
+    # a ring buffer of two entries (max_entries=2) that kept only frees:
+    # a trace with no allocation, the state at one instant.
+    d = Device(0, 1 << 30, sites, rng=random.Random(6))
+    live = workload(d, 300, churn=0.2)
+    d.free(live[0])
+    snap = snapshot_of([d])
+    frees = [e for e in d.trace if e["action"].startswith("free")]
+    snap["device_traces"][0] = frees[-2:]
+    write_case(out, "last_frees", snap, [d], extra={"entries": {"0": 2}})
+
     # no time_us in the entries.
     d = Device(0, 1 << 30, sites, time_us=False, rng=random.Random(7))
     workload(d, 500)

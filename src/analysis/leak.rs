@@ -155,7 +155,11 @@ pub struct LeakReport {
     /// ended, how much), where it took live memory below the run's last
     /// floor.
     pub released_after: Option<(u64, u64)>,
+    /// Block sizes alive at the end.
     pub live_at_end_bytes: u64,
+    /// Allocator view: the bytes the program asked for of them, the unit
+    /// of its floors.
+    pub live_at_end_requested_bytes: Option<u64>,
     pub live_at_end_blocks: u64,
     /// Largest groups first (by bytes), at most ten.
     pub by_size: Vec<SizeGroup>,
@@ -336,6 +340,7 @@ pub fn detect(input: &Input<'_>) -> LeakReport {
         floors: Vec::new(),
         released_after: None,
         live_at_end_bytes: input.live.iter().map(|b| b.1).sum(),
+        live_at_end_requested_bytes: None,
         live_at_end_blocks: input.live.len() as u64,
         by_size,
         top_sites: Vec::new(),

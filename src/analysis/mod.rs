@@ -597,7 +597,8 @@ fn find_leaks(
         .map(|p| {
             let live = replay.live_blocks(p.pid);
             let oom_times: Vec<u64> = ooms.iter().filter(|o| o.pid == p.pid).map(|o| o.t_ns).collect();
-            crate::analysis::leak::detect(&crate::analysis::leak::Input {
+            let requested = replay.allocator_figures(p.pid).map(|f| f.requested_bytes);
+            let mut report = crate::analysis::leak::detect(&crate::analysis::leak::Input {
                 pid: p.pid,
                 events,
                 allocator_view,
@@ -609,7 +610,9 @@ fn find_leaks(
                     .and_then(|it| floors.get(&p.pid).map(|f| (it, f))),
                 stacks,
                 oom_times: &oom_times,
-            })
+            });
+            report.live_at_end_requested_bytes = requested;
+            report
         })
         .collect()
 }

@@ -155,9 +155,15 @@ impl Analysis {
 
     /// False for a snapshot that holds no trace history (only the state at
     /// one instant): OOMs, leaks, iterations and what-if cannot be judged
-    /// from it.
+    /// from it. A trace of a few frees and no allocation (PyTorch keeps
+    /// only the last `max_entries` entries) is none either.
     pub fn has_history(&self) -> bool {
-        self.snapshot_details().is_none_or(|d| d.reconstruction.iter().map(|r| r.entries).sum::<u64>() > 0)
+        self.snapshot_details().is_none_or(|d| {
+            let rebuilt: u64 = d.reconstruction.iter().map(|r| r.initial_blocks).sum();
+            d.reconstruction.iter().map(|r| r.entries).sum::<u64>() > 0
+                && (self.counts_by_kind.get(crate::trace::event::EventKind::BlockAlloc) > rebuilt
+                    || self.counts_by_kind.get(crate::trace::event::EventKind::Oom) > 0)
+        })
     }
 
     /// What an imported snapshot's `trace.json` says about it.

@@ -44,6 +44,7 @@ fn config_json(a: &Analysis) -> serde_json::Value {
 pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
     let s = Summary::of(a);
     let meta = a.trace.meta.as_ref();
+    let history = a.has_history();
     let processes: Vec<_> = a
         .peaks
         .iter()
@@ -53,7 +54,8 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
                 "peak_live_bytes": p.bytes,
                 "peak_t_ns": p.t_ns,
                 "score": score_json(&ScoreStats::of(&process_scores(&a.rows, p.pid))),
-                "ooms": a.ooms.iter().filter(|o| o.pid == p.pid).count(),
+                // A snapshot without history recorded no OOMs: none known.
+                "ooms": history.then(|| a.ooms.iter().filter(|o| o.pid == p.pid).count()),
                 "fragmentation_level": a.predictions.iter().find(|q| q.pid == p.pid).and_then(|q| q.prediction.risk).map(Risk::name),
                 "oom_risk": a.oom_risk.iter().find(|x| x.covers(p.pid)).map(|x| x.level.name()),
                 "final": last_row(a, p.pid).map(|r| metrics_json(&r.metrics)),
@@ -83,13 +85,16 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
             // by their recorded maps: a device-level recording holds only
             // their segments.
             "pytorch_processes": a.pytorch_processes,
+            // False for a snapshot of one instant (no trace history): its
+            // OOM counts are then null, not 0.
+            "history": history,
         },
         "events": {
             "total": a.events,
             "by_kind": a.counts_by_kind.present().map(|(k, n)| (k.name().to_string(), json!(n))).collect::<serde_json::Map<String, serde_json::Value>>(),
             "failed_allocs": a.failed_allocs,
             "recovered_allocs": a.recovered_allocs,
-            "ooms": a.ooms.len(),
+            "ooms": history.then_some(a.ooms.len()),
             "first_ts_ns": a.first_ts,
             "last_ts_ns": a.last_ts,
             "duration_s": r6(s.duration_s),
@@ -124,8 +129,8 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
             "raised_by_leak": x.raised_by_leak,
             "largest_request_bytes": x.largest_request_bytes,
             "room_now_bytes": x.room_now_bytes,
-            "trend_bytes_per_step": r6(x.trend_bytes_per_step),
-            "ooms": x.ooms,
+            "trend_bytes_per_step": history.then(|| r6(x.trend_bytes_per_step)),
+            "ooms": history.then_some(x.ooms),
             "fragmentation_level": x.fragmentation_level.map(Risk::name),
           });
           // The processes (replay units) on this GPU, when a device-level
@@ -259,6 +264,7 @@ pub(crate) fn leak_json(l: &crate::analysis::leak::LeakReport) -> serde_json::Va
         })).collect::<Vec<_>>(),
         "released_after_last_iteration": l.released_after.map(|(t, b)| json!({"t_ns": t, "bytes": b})),
         "live_at_end_bytes": l.live_at_end_bytes,
+        "live_at_end_requested_bytes": l.live_at_end_requested_bytes,
         "live_at_end_blocks": l.live_at_end_blocks,
         "by_size": l.by_size,
         "top_sites": l.top_sites,

@@ -136,9 +136,29 @@ fn every_generated_layout_imports_exactly() {
     let md = fs::read_to_string(out.join("report.md")).unwrap();
     assert!(md.contains("cannot be judged from this file") && md.contains("OOMs not recorded"), "{md}");
     assert!(!md.contains("No OOM in this trace") && !md.contains("keep the current settings"), "{md}");
+    // A bare list never holds a trace: said so, not blamed on the history.
+    assert!(md.contains("bare list of segments, as `torch.cuda.memory_snapshot()` returns"), "{md}");
+    assert!(md.contains("live at the snapshot") && !md.contains("peak live"), "{md}");
     let r = json(&out.join("report.json"));
     assert!(r.get("whatif").is_none());
     assert_eq!(r["leaks"][0]["verdict"], "cannot tell");
+    // No OOM count is given as 0: none was recorded.
+    assert_eq!(r["trace"]["history"], false);
+    assert!(r["events"]["ooms"].is_null() && r["processes"][0]["ooms"].is_null(), "{r}");
+    // A trace that kept two frees (PyTorch's `max_entries`) and no
+    // allocation is the state at one instant too, and says why.
+    let out = tmp.path().join("last_frees-analyze");
+    fragscope()
+        .arg("analyze")
+        .arg(dir.join("last_frees.pickle"))
+        .args(["--no-plots", "-o"])
+        .arg(&out)
+        .assert()
+        .success();
+    let md = fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("its trace holds 2 entries and no allocation") && md.contains("OOMs not recorded"), "{md}");
+    let r = json(&out.join("report.json"));
+    assert!(r.get("whatif").is_none() && r["trace"]["history"] == false, "{r}");
     assert!(details("legacy_history")["legacy_history_blocks"].as_u64().unwrap() > 0);
     assert!(details("legacy_history")["blocks_without_address"].as_u64().unwrap() > 0);
     assert!(details("no_time")["time_source"].as_str().unwrap().starts_with("event order"));

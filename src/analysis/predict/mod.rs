@@ -202,8 +202,14 @@ pub fn predict_with_backtest(series: &[Step], cfg: &PredictConfig, period: Optio
         p.warnings.push(format!("sharp deterioration: consecutive forecasts jump from {:.1} to {:.1}", w[0], w[1]));
     }
     if trend.abs() > cfg.clear_trend {
-        let dir = if trend > 0.0 { "rising" } else { "falling" };
-        p.warnings.push(format!("clear trend: the score is {dir} by {:.2} points per step", trend.abs()));
+        // What the last steps did, not a forecast (which may be flat: the
+        // rise may be one release at the end).
+        let dir = if trend > 0.0 { "rose" } else { "fell" };
+        p.warnings.push(format!(
+            "clear trend: the score {dir} by {:.2} points per step over the last {} steps",
+            trend.abs(),
+            cfg.trend_window.min(scores.len())
+        ));
     }
     p.risk = Some(Risk::of(highest));
     p.forecast = Some(forecast);

@@ -26,7 +26,7 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
     md.push_str(&verdict_md(a, &s));
     let _ = writeln!(
         md,
-        "Fragmentation score now {:.1} / 100 (mean {:.1}, p95 {:.1}, max {:.1}) · peak live {} · {} · {}{}.\n",
+        "Fragmentation score now {:.1} / 100 (mean {:.1}, p95 {:.1}, max {:.1}) · {} · {} · {}{}.\n",
         s.score.final_,
         s.score.mean,
         s.score.p95,
@@ -44,11 +44,11 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
     let _ = writeln!(md, "| trace | |\n|---|---|");
     let _ = writeln!(md, "| source | {} |", s.source);
     if a.entry_order() {
+        let entries: u64 = a.snapshot_details().map_or(0, |d| d.reconstruction.iter().map(|r| r.entries).sum());
         let _ = writeln!(
             md,
-            "| events | {} over {} (no timestamps: time is entry order) |",
+            "| events | {} from {entries} trace entries (no timestamps: time is entry order) |",
             s.events,
-            a.time_text(s.duration_s)
         );
     } else {
         let _ = writeln!(md, "| events | {} over {:.3} s |", s.events, s.duration_s);
@@ -93,8 +93,12 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
     }
 
     let _ = writeln!(md, "\n## {}\n", if a.allocator_view { "Devices" } else { "Processes" });
-    let _ =
-        writeln!(md, "| {} | peak live | score final | mean | p95 | max | E | K | S | C | L | U | OOMs |", a.unit());
+    let _ = writeln!(
+        md,
+        "| {} | {} | score final | mean | p95 | max | E | K | S | C | L | U | OOMs |",
+        a.unit(),
+        if a.has_history() { "peak live" } else { "live at the snapshot" }
+    );
     let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for p in &a.peaks {
         let st = ScoreStats::of(&process_scores(&a.rows, p.pid));
@@ -115,7 +119,7 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
             cv,
             l,
             u,
-            a.ooms.iter().filter(|o| o.pid == p.pid).count()
+            if a.has_history() { a.ooms.iter().filter(|o| o.pid == p.pid).count().to_string() } else { "—".into() }
         );
     }
     let _ = writeln!(
@@ -279,7 +283,7 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
 pub fn stdout_summary(a: &Analysis, out: &Path) -> String {
     let s = Summary::of(a);
     format!(
-        "{}: {} events, {} {}, {:.3} s, {} steps; OOM risk {}, fragmentation level {}{}\n  score final {:.1}, mean {:.1}, p95 {:.1}, max {:.1}; peak live {}; {} OOM{}; {} anomal{}\n  wrote {}\n",
+        "{}: {} events, {} {}, {}, {}; OOM risk {}, fragmentation level {}{}\n  score final {:.1}, mean {:.1}, p95 {:.1}, max {:.1}; {}; {}; {} anomal{}\n  wrote {}\n",
         s.name,
         s.events,
         s.processes,
@@ -289,8 +293,13 @@ pub fn stdout_summary(a: &Analysis, out: &Path) -> String {
             (false, true) => "process",
             (false, false) => "processes",
         },
-        s.duration_s,
-        a.step_count,
+        if a.entry_order() {
+            let entries: u64 = a.snapshot_details().map_or(0, |d| d.reconstruction.iter().map(|r| r.entries).sum());
+            format!("{entries} trace entries without timestamps")
+        } else {
+            format!("{:.3} s", s.duration_s)
+        },
+        plural(a.step_count as u64, "step", "steps"),
         s.oom_risk.name(),
         s.risk.map_or("insufficient data", Risk::name),
         if s.leaking {
@@ -303,8 +312,7 @@ pub fn stdout_summary(a: &Analysis, out: &Path) -> String {
         s.score.p95,
         s.score.max,
         peak_live_text(a),
-        s.ooms,
-        if s.ooms == 1 { "" } else { "s" },
+        if a.has_history() { plural(s.ooms, "OOM", "OOMs") } else { "OOMs not recorded".to_string() },
         s.anomalies,
         if s.anomalies == 1 { "y" } else { "ies" },
         out.display()

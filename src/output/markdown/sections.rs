@@ -16,9 +16,9 @@ use crate::units::bytes;
 pub(crate) fn allocator_md(a: &Analysis) -> String {
     let mut md = String::from("\n## PyTorch allocator\n\n");
     md.push_str(
-        "At the end of the trace, per device (the totals `_memory_viz.py segsum` prints for the snapshot):\n\n",
+        "At the end of the trace, per device: segments, reserved, allocated, free and internal are the totals `_memory_viz.py segsum` prints for the snapshot; the last column is the fragmentation figure Σ(free gap)² / (Σ segment size)², which segsum does not print.\n\n",
     );
-    md.push_str("| device | segments | reserved | allocated (requested) | free | of which internal | PyTorch fragmentation Σgap²/Σseg² |\n|---|---|---|---|---|---|---|\n");
+    md.push_str("| device | segments | reserved | allocated (requested) | free | of which internal | fragmentation Σgap²/(Σseg)² |\n|---|---|---|---|---|---|---|\n");
     let details = a.snapshot_details();
     for p in &a.peaks {
         let f = last_row(a, p.pid).and_then(|r| r.alloc).unwrap_or_default();
@@ -41,7 +41,10 @@ pub(crate) fn allocator_md(a: &Analysis) -> String {
     // A recording of PyTorch's allocator was not reconstructed from a final
     // state: its devices are listed for `whatif` only.
     let probed = details.and_then(|d| d.join.as_ref()).is_some_and(|j| j.probed);
-    if let Some(recs) = details.map(|d| &d.reconstruction).filter(|r| !r.is_empty() && !probed) {
+    let entries: u64 = details.map_or(0, |d| d.reconstruction.iter().map(|r| r.entries).sum());
+    if details.is_some_and(|d| !d.reconstruction.is_empty()) && entries == 0 {
+        md.push_str("\nImport: the snapshot holds no trace entries; its state at the one instant it was taken is all there is.\n");
+    } else if let Some(recs) = details.map(|d| &d.reconstruction).filter(|r| !r.is_empty() && !probed) {
         md.push_str("\nImport: the trace was undone backwards from the final state, then replayed forwards.\n\n");
         md.push_str("| device | trace entries | alive before the first (segments, blocks) | final state | block sizes by rule, checked |\n|---|---|---|---|---|\n");
         for r in recs {
@@ -148,10 +151,30 @@ pub(crate) fn verdict_md(a: &Analysis, s: &Summary) -> String {
     md
 }
 
-/// A snapshot that holds no trace history: only the state at one instant.
+/// A snapshot that holds no trace history: only the state at one instant,
+/// and why, as far as the file tells.
 pub(crate) fn no_history(a: &Analysis) -> Option<String> {
-    (!a.has_history()).then(|| {
-        "it holds no trace history (no `alloc`/`free` entries, only the state at one instant: PyTorch's memory history was not recording)".to_string()
+    if a.has_history() {
+        return None;
+    }
+    let d = a.snapshot_details()?;
+    let entries: u64 = d.reconstruction.iter().map(|r| r.entries).sum();
+    Some(if d.layout == "bare list of segments" {
+        "it holds no trace history, only the state at one instant: the file is a bare list of segments, as \
+         `torch.cuda.memory_snapshot()` returns, which never holds one (`torch.cuda.memory._snapshot()` or \
+         `_dump_snapshot` with memory history recording does)"
+            .to_string()
+    } else if entries == 0 {
+        "it holds no trace history (no `alloc`/`free` entries, only the state at one instant: PyTorch's memory \
+         history was not recording when it was dumped)"
+            .to_string()
+    } else {
+        format!(
+            "its trace holds {entries} entr{} and no allocation, so only the state at one instant: PyTorch keeps the \
+             last `max_entries` entries of its memory history (`_record_memory_history(max_entries=...)`), and these \
+             are too few",
+            if entries == 1 { "y" } else { "ies" }
+        )
     })
 }
 
@@ -427,7 +450,8 @@ pub(crate) fn leaks_md(a: &Analysis) -> String {
             md,
             "| {} | {verdict} | {from} | {floors} | {per} | {rate} | {} in {} |",
             a.who(l.pid),
-            bytes(l.live_at_end_bytes),
+            // In the floors' unit: requested bytes under an allocator.
+            bytes(l.live_at_end_requested_bytes.unwrap_or(l.live_at_end_bytes)),
             plural(l.live_at_end_blocks, "block", "blocks")
         );
     }
@@ -537,6 +561,10 @@ pub(crate) fn iterations_md(a: &Analysis) -> String {
                 if names.len() > 4 { ", …" } else { "" }
             )
         };
+        if let Some(why) = no_history(a) {
+            let _ = writeln!(md, "None: {why}.");
+            return md;
+        }
         if a.allocator_view {
             let _ = writeln!(
                 md,

@@ -9,15 +9,19 @@ use crate::units::bytes;
 /// The peak live bytes for a reader: per device when a snapshot has
 /// several (each device has its own memory), a sum labelled as one.
 pub(crate) fn peak_live_text(a: &Analysis) -> String {
+    if !a.has_history() {
+        // One instant: what was live then, not a peak.
+        return format!("live {} at the snapshot (its peak is not in it)", bytes(a.peak_live_total));
+    }
     match (a.allocator_view, a.peaks.iter().max_by_key(|p| p.bytes)) {
         (true, Some(top)) if a.peaks.len() > 1 => format!(
-            "{} on {} (the highest of {} devices; {} summed over them at one instant)",
+            "peak live {} on {} (the highest of {} devices; {} summed over them at one instant)",
             bytes(top.bytes),
             a.device_name(top.pid),
             a.peaks.len(),
             bytes(a.peak_live_total)
         ),
-        _ => bytes(a.peak_live_total),
+        _ => format!("peak live {}", bytes(a.peak_live_total)),
     }
 }
 
