@@ -47,8 +47,9 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
         let entries: u64 = a.snapshot_details().map_or(0, |d| d.reconstruction.iter().map(|r| r.entries).sum());
         let _ = writeln!(
             md,
-            "| events | {} from {entries} trace entries (no timestamps: time is entry order) |",
+            "| events | {} from {} (no timestamps: time is entry order) |",
             s.events,
+            plural(entries, "trace entry", "trace entries"),
         );
     } else {
         let _ = writeln!(md, "| events | {} over {:.3} s |", s.events, s.duration_s);
@@ -295,7 +296,7 @@ pub fn stdout_summary(a: &Analysis, out: &Path) -> String {
         },
         if a.entry_order() {
             let entries: u64 = a.snapshot_details().map_or(0, |d| d.reconstruction.iter().map(|r| r.entries).sum());
-            format!("{entries} trace entries without timestamps")
+            format!("{} without timestamps", plural(entries, "trace entry", "trace entries"))
         } else {
             format!("{:.3} s", s.duration_s)
         },
