@@ -616,9 +616,10 @@ fn by_windows(r: &mut LeakReport, input: &Input<'_>) -> (Verdict, String) {
             Verdict::CannotTell,
             format!(
                 "no iterations found, and live memory rose by half its range only {swings} time{} in the run's \
-                 events (falling back between; at least {MIN_SWINGS} are needed): one pass, not repeated steps, so \
-                 a leak across steps cannot show{back}",
-                if swings == 1 { "" } else { "s" }
+                 events (falling back between; at least {MIN_SWINGS} are needed): {}, so a leak across steps cannot \
+                 show{back}",
+                if swings == 1 { "" } else { "s" },
+                if swings <= 1 { "one pass, not repeated steps" } else { "too few repetitions" }
             ),
         );
     }
@@ -650,6 +651,22 @@ fn by_windows(r: &mut LeakReport, input: &Input<'_>) -> (Verdict, String) {
         return (Verdict::NotLeaking, format!("no iterations found; the floor of live memory {rose}{back}"));
     }
     let steady = six >= 2 && r.floors.windows(2).all(|p| p[1].bytes > p[0].bytes);
+    // A floor that rose unsteadily over a run that hardly repeated: the
+    // quarters fall where they fall (a dip of one round against the next
+    // round's level), so the two floors are not compared.
+    if !steady && swings < MIN_SWINGS {
+        return (
+            Verdict::CannotTell,
+            format!(
+                "no iterations found, and live memory rose by half its range only {swings} time{} in the run's \
+                 events (falling back between; at least {MIN_SWINGS} are needed): too few repetitions for the floors \
+                 of its quarters ({} → {}) to say anything{back}",
+                if swings == 1 { "" } else { "s" },
+                b(early.bytes),
+                b(late.bytes)
+            ),
+        );
+    }
     if steady && let Some(st) = input.stacks {
         r.top_sites = growth_sites(input, st, early.after_rows, late.after_rows);
     }

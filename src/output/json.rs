@@ -247,13 +247,17 @@ pub(crate) fn leak_json(l: &crate::analysis::leak::LeakReport) -> serde_json::Va
         "reason": l.reason,
         "leaking": l.leaking,
         "method": l.method,
-        "floor_early_bytes": l.floor_early_bytes,
-        "floor_late_bytes": l.floor_late_bytes,
-        "growth_bytes": l.growth_bytes,
+        // Null where no floors were taken (a snapshot of one instant, too
+        // few events): a 0 would read as no growth.
+        "floor_early_bytes": (!l.floors.is_empty()).then_some(l.floor_early_bytes),
+        "floor_late_bytes": (!l.floors.is_empty()).then_some(l.floor_late_bytes),
+        "growth_bytes": (!l.floors.is_empty()).then_some(l.growth_bytes),
         "growth_per_iteration_bytes": l.growth_per_iteration_bytes,
         "growth_per_iteration_method": iterations.then_some("median of the rises from one iteration's floor to the next, after the warm-up"),
         "fluctuation_bytes": l.fluctuation_bytes,
-        "rate_bytes_per_s": r6(l.rate_bytes_per_s),
+        // Only a leak has a rate: a rise that may be one pass's is no rate
+        // of anything.
+        "rate_bytes_per_s": l.leaking.then(|| r6(l.rate_bytes_per_s)),
         "floors": l.floors.iter().enumerate().map(|(i, f)| json!({
             "index": i,
             "warmup": iterations && i == 0,

@@ -283,11 +283,15 @@ fn recommend(
         return (
             b,
             format!(
-                "peak reserved {} instead of {} ({} less), same OOMs ({})",
+                "peak reserved {} instead of {} ({} less), {}",
                 s.reserved(),
                 crate::units::bytes(rec.peak_reserved_bytes),
                 crate::units::bytes(rec.peak_reserved_bytes - s.peak_reserved_bytes),
-                s.ooms
+                if capacity_known {
+                    format!("same OOMs ({})", s.ooms)
+                } else {
+                    "OOMs not judged without a capacity".to_string()
+                }
             ),
         );
     }
@@ -663,6 +667,21 @@ pub fn run(
     }
     if recommended.0 != 0 && scenarios[recommended.0].unchecked_pair {
         recommended.1 = format!("{} ({UNCHECKED})", recommended.1);
+    }
+    // Scenarios compare with the model's own replay of the recorded
+    // settings; where that is not what PyTorch reserved, say both.
+    let recorded_peak: u64 =
+        fidelity.iter().filter(|f| f.not_measured.is_none()).map(|f| f.recorded_peak_reserved).sum();
+    if source == Source::Snapshot
+        && recommended.0 != 0
+        && recorded_peak.abs_diff(scenarios[0].peak_reserved_bytes) > noise(recorded_peak)
+    {
+        recommended.1 = format!(
+            "{} (against the model's own replay of the recorded settings, {}; PyTorch reserved {})",
+            recommended.1,
+            crate::units::bytes(scenarios[0].peak_reserved_bytes),
+            crate::units::bytes(recorded_peak)
+        );
     }
     // A recommendation that leaves recorded entries out says which.
     let dropped = dropped_entries(&recorded_conf, &scenarios[recommended.0].conf);

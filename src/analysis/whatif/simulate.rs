@@ -111,8 +111,10 @@ pub fn simulate_into(
             let requested = (r.kind == EventKind::BlockAlloc).then_some(r.requested);
             sink(ev(r.ts_ns, r.kind, r.addr, r.size, requested, r.stream));
         }
-        a.log = Some(Vec::new());
     }
+    // The segment changes, always: a segment the model frees gives its
+    // addresses back to the driver (below), and a sink gets them.
+    a.log = Some(Vec::new());
     // Fresh device addresses above everything the recording used, and
     // above the ranges of its expandable segments.
     let top = d.events.iter().map(|r| r.addr.saturating_add(r.size)).max().unwrap_or(0).max(a.top());
@@ -128,13 +130,18 @@ pub fn simulate_into(
     } else {
         d.events[d.initial..].iter().filter(|r| r.kind == EventKind::SegmentAlloc).map(|r| (r.addr, r.size)).collect()
     };
-    let mut handed: BTreeMap<u64, u64> = d.events[..d.initial]
+    // What the device has handed out and not had back (a `cudaFree` gives
+    // its range back: the driver hands it out again, as the recording's
+    // addresses after an `empty_cache()` show).
+    let handed: std::cell::RefCell<BTreeMap<u64, u64>> = d.events[..d.initial]
         .iter()
         .filter(|r| matches!(r.kind, EventKind::SegmentAlloc | EventKind::SegmentMap))
         .map(|r| (r.addr, r.size))
-        .collect();
+        .collect::<BTreeMap<u64, u64>>()
+        .into();
     let mut nth = 0usize;
     let mut device = |size: u64| {
+        let mut handed = handed.borrow_mut();
         let free_at = |at: u64, handed: &BTreeMap<u64, u64>| {
             let end = at.saturating_add(size);
             handed.range(..end).next_back().is_none_or(|(&s, &len)| s.saturating_add(len) <= at)
@@ -247,8 +254,14 @@ pub fn simulate_into(
             }
             _ => {}
         }
+        let log = a.take_log();
+        for &(kind, addr, _) in &log {
+            if kind == EventKind::SegmentFree {
+                handed.borrow_mut().remove(&addr);
+            }
+        }
         if let Some(sink) = sink.as_mut() {
-            for (kind, addr, size) in a.take_log() {
+            for (kind, addr, size) in log {
                 sink(ev(r.ts_ns, kind, addr, size, None, r.stream));
             }
             for e in pending.drain(..) {

@@ -52,7 +52,11 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
             plural(entries, "trace entry", "trace entries"),
         );
     } else {
-        let _ = writeln!(md, "| events | {} over {:.3} s |", s.events, s.duration_s);
+        if a.has_history() {
+            let _ = writeln!(md, "| events | {} over {:.3} s |", s.events, s.duration_s);
+        } else {
+            let _ = writeln!(md, "| events | {} (the state at one instant, rebuilt) |", s.events);
+        }
     }
     let _ = writeln!(md, "| steps | {} ({}), {} rows |", a.step_count, a.options.step, a.rows.len());
     let _ = writeln!(md, "| parts | {} read, {} skipped |", a.trace.parts.len(), a.trace.skipped.len());
@@ -181,7 +185,12 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
             let _ = writeln!(
                 md,
                 "\nOf these, {segments} segment_alloc and {blocks} block_alloc are reconstructed: what was alive before the \
-                 snapshot's first trace entry, stamped at its time. The rest are the entries the snapshot recorded."
+                 snapshot's first trace entry, stamped at its time.{}",
+                if a.has_history() {
+                    " The rest are the entries the snapshot recorded."
+                } else {
+                    " They are the state at the one instant the snapshot holds."
+                }
             );
         }
     }

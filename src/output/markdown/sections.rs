@@ -57,9 +57,14 @@ pub(crate) fn allocator_md(a: &Analysis) -> String {
                     fc.blocks_missing, fc.blocks_unexpected, fc.blocks_size_mismatch, fc.segment_ranges_mismatch
                 )
             };
+            let checked = if r.sizes_checked == 0 {
+                "—".to_string()
+            } else {
+                format!("{} of {} agreed", r.sizes_agreed, r.sizes_checked)
+            };
             let _ = writeln!(
                 md,
-                "| {} | {}{} | {}, {} | {} | {} of {} agreed |",
+                "| {} | {}{} | {}, {} | {} | {checked} |",
                 r.device,
                 r.entries,
                 if r.inconsistent_entries > 0 {
@@ -70,8 +75,6 @@ pub(crate) fn allocator_md(a: &Analysis) -> String {
                 r.initial_segments,
                 r.initial_blocks,
                 verdict,
-                r.sizes_agreed,
-                r.sizes_checked
             );
         }
     }
@@ -220,7 +223,8 @@ pub(crate) fn prediction_md(a: &Analysis) -> String {
     };
     let pr = &p.prediction;
     if a.predictions.len() > 1 {
-        let _ = writeln!(md, "Process {} (the highest risk of {}).\n", a.who(p.pid), a.predictions.len());
+        let unit = if a.unit() == "device" { "Device" } else { "Process" };
+        let _ = writeln!(md, "{unit} {} (the highest risk of {}).\n", a.who(p.pid), a.predictions.len());
     }
     if pr.forecast.is_none() {
         let _ = writeln!(
@@ -421,8 +425,9 @@ pub(crate) fn leaks_md(a: &Analysis) -> String {
     let mut md = String::from("\n## Leaks\n\n");
     let _ = writeln!(
         md,
-        "| {} | verdict | from | floors compared | growth per iteration | growth rate | alive at end |\n|---|---|---|---|---|---|---|",
-        a.unit()
+        "| {} | verdict | from | floors compared | growth per iteration | growth rate | alive at end{} |\n|---|---|---|---|---|---|---|",
+        a.unit(),
+        if a.allocator_view { " (requested)" } else { "" }
     );
     for l in &a.leaks {
         let verdict = match l.verdict {
@@ -554,9 +559,12 @@ pub(crate) fn iterations_md(a: &Analysis) -> String {
             "no profiler annotations".to_string()
         } else {
             let shown: Vec<String> = names.iter().take(4).map(|n| format!("`{n}`")).collect();
+            // A range is a START and an END: count the ranges.
+            let starts = annotations.iter().filter(|x| x.stage == "START").count();
+            let n = if starts > 0 { starts } else { annotations.len() };
             format!(
-                "{} profiler annotations ({}{}), none of them a `ProfilerStep#` range or an `Optimizer.step#` end,",
-                annotations.len(),
+                "{n} profiler annotation{} ({}{}), none of them a `ProfilerStep#` range or an `Optimizer.step#` end,",
+                if n == 1 { "" } else { "s" },
                 shown.join(", "),
                 if names.len() > 4 { ", …" } else { "" }
             )

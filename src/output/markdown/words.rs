@@ -11,7 +11,10 @@ use crate::units::bytes;
 pub(crate) fn peak_live_text(a: &Analysis) -> String {
     if !a.has_history() {
         // One instant: what was live then, not a peak.
-        return format!("live {} at the snapshot (its peak is not in it)", bytes(a.peak_live_total));
+        // What was live at its end (a trace of a free or two starts
+        // before them).
+        let live: u64 = a.leaks.iter().map(|l| l.live_at_end_bytes).sum();
+        return format!("live {} at the snapshot (its peak is not in it)", bytes(live));
     }
     match (a.allocator_view, a.peaks.iter().max_by_key(|p| p.bytes)) {
         (true, Some(top)) if a.peaks.len() > 1 => format!(
