@@ -174,8 +174,8 @@ pub(crate) fn no_history(a: &Analysis) -> Option<String> {
     } else {
         format!(
             "its trace holds {entries} entr{} and no allocation, so only the state at one instant: PyTorch keeps the \
-             last `max_entries` entries of its memory history (`_record_memory_history(max_entries=...)`), and these \
-             are too few",
+             last `max_entries` entries of its memory history (`_record_memory_history(max_entries=N)`; before \
+             PyTorch 2.1 `trace_alloc_max_entries=N`, whose default kept one), and these are too few",
             if entries == 1 { "y" } else { "ies" }
         )
     })
