@@ -582,6 +582,10 @@ def cases(out):
     snap["device_traces"][0] = frees[-2:]
     write_case(out, "last_frees", snap, [d], extra={"entries": {"0": 2}})
 
+    # an empty snapshot: dumped before PyTorch reserved anything.
+    write_case(out, "empty", {"segments": [], "device_traces": [],
+                              "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": ""}}, [])
+
     # no time_us in the entries.
     d = Device(0, 1 << 30, sites, time_us=False, rng=random.Random(7))
     workload(d, 500)

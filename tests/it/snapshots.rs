@@ -159,6 +159,11 @@ fn every_generated_layout_imports_exactly() {
     assert!(md.contains("its trace holds 2 entries and no allocation") && md.contains("OOMs not recorded"), "{md}");
     let r = json(&out.join("report.json"));
     assert!(r.get("whatif").is_none() && r["trace"]["history"] == false, "{r}");
+    // An empty snapshot says it holds nothing.
+    let out = tmp.path().join("empty-analyze");
+    fragscope().arg("analyze").arg(dir.join("empty.pickle")).args(["--no-plots", "-o"]).arg(&out).assert().success();
+    let md = fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("it holds nothing: no segment and no trace entry"), "{md}");
     assert!(details("legacy_history")["legacy_history_blocks"].as_u64().unwrap() > 0);
     assert!(details("legacy_history")["blocks_without_address"].as_u64().unwrap() > 0);
     assert!(details("no_time")["time_source"].as_str().unwrap().starts_with("event order"));

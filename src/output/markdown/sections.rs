@@ -162,7 +162,10 @@ pub(crate) fn no_history(a: &Analysis) -> Option<String> {
     }
     let d = a.snapshot_details()?;
     let entries: u64 = d.reconstruction.iter().map(|r| r.entries).sum();
-    Some(if d.layout == "bare list of segments" {
+    Some(if a.peaks.is_empty() && entries == 0 {
+        "it holds nothing: no segment and no trace entry (PyTorch had reserved no GPU memory when it was dumped)"
+            .to_string()
+    } else if d.layout == "bare list of segments" {
         "it holds no trace history, only the state at one instant: the file is a bare list of segments, as \
          `torch.cuda.memory_snapshot()` returns, which never holds one (`torch.cuda.memory._snapshot()` or \
          `_dump_snapshot` with memory history recording does)"
