@@ -319,6 +319,7 @@ impl Allocator {
         }
         let before = self.mapped_total;
         let mut found = self.try_allocate_expandable(rounded, stream, small, capacity, new_range_at);
+        self.flushes += u64::from(found.is_none());
         if found.is_none() && self.release_available(rounded, stream) {
             found = self.try_allocate_expandable(rounded, stream, small, capacity, new_range_at);
         }

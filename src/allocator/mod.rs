@@ -147,6 +147,9 @@ pub struct Allocator {
     pub reserved: u64,
     pub allocated: u64,
     clock: u64,
+    /// Requests that found the device full and released cached memory to
+    /// make room (each release a `cudaFree` that synchronizes the device).
+    pub flushes: u64,
     /// Expandable segments: the virtual ranges by start. Their blocks tile
     /// them: allocated, free and mapped, or unmapped.
     ranges: BTreeMap<u64, Range>,
@@ -503,6 +506,9 @@ impl Allocator {
         // As PyTorch: a new segment; else release oversize cached blocks
         // (with max_split_size) and try again; else release every cached
         // segment and try again; else out of memory.
+        if !fits(self) {
+            self.flushes += 1;
+        }
         if !fits(self) && !(self.release_available(rounded, stream) && fits(self)) {
             self.release_cache();
             if !fits(self) {

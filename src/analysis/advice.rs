@@ -200,7 +200,11 @@ fn from_replay(a: &Analysis, w: &crate::analysis::whatif::Whatif, events: &Event
         // A lower peak reserved with the same OOMs: a saving only.
         if let Some(s) = w.scenarios[1..]
             .iter()
-            .filter(|s| s.ooms >= rec_ooms && s.peak_reserved_bytes < recorded.peak_reserved_bytes)
+            .filter(|s| {
+                s.ooms >= rec_ooms
+                    && s.peak_reserved_bytes < recorded.peak_reserved_bytes
+                    && s.flushes <= recorded.flushes
+            })
             .min_by_key(|s| (s.peak_reserved_bytes, s.unchecked_pair))
         {
             out.push(Advice {
@@ -281,7 +285,7 @@ fn pinned(a: &Analysis, events: &Events) -> Option<Advice> {
     if !a.allocator_view {
         return None;
     }
-    let first = a.ooms.first().filter(|o| o.class == OomClass::Fragmentation)?;
+    let first = a.ooms.iter().find(|o| o.class == OomClass::Fragmentation)?;
     let device = first.pid;
     // Segments (or mapped ranges) and blocks of the device at the OOM. An
     // expandable segment unmaps pages anywhere in what one request mapped,
@@ -303,8 +307,10 @@ fn pinned(a: &Analysis, events: &Events) -> Option<Advice> {
             Some(EventKind::SegmentAlloc | EventKind::SegmentMap) if end > addr => {
                 segments.insert(addr..end, addr);
             }
-            Some(EventKind::SegmentFree | EventKind::SegmentUnmap) if end > addr => {
-                segments.remove(addr..end);
+            Some(kind @ (EventKind::SegmentFree | EventKind::SegmentUnmap)) => {
+                if let Some(span) = crate::analysis::layout::released_span(&segments, kind, addr, size, |&v| v) {
+                    segments.remove(span);
+                }
             }
             Some(EventKind::BlockAlloc) if size > 0 => {
                 blocks.insert(addr, (size, stack));
@@ -374,7 +380,8 @@ fn pinned(a: &Analysis, events: &Events) -> Option<Advice> {
     Some(Advice::new(
         Kind::Program,
         format!(
-            "What pins the memory at the first OOM: {} keep {partly} {unit}{} partly used{}, and the {} free inside them can be neither released nor merged into one range for the request of {}. Free those tensors before the large request, or allocate long-lived tensors before the temporaries (so they share segments instead of each pinning one).",
+            "What pins the memory at the first {}OOM: {} keep {partly} {unit}{} partly used{}, and the {} free inside them can be neither released nor merged into one range for the request of {}. Free those tensors before the large request, or allocate long-lived tensors before the temporaries (so they share segments instead of each pinning one).",
+            if a.ooms.first().is_some_and(|o| o.t_ns == first.t_ns) { "" } else { "fragmentation " },
             list.join(", "),
             if common_n == partly {
                 format!(" of {}", bytes(common_size))

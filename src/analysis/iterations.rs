@@ -182,11 +182,38 @@ pub fn detect(
     // so only its optimizer steps count; and only those the trace recorded,
     // not the blocks rebuilt from its final state (all at its first
     // instant: the optimizer's moments made by steps before it began).
-    let recorded = &rows[rebuilt.unwrap_or(0).min(rows.len())..];
     from_annotations(pid, annotations, begins).or_else(|| match stacks {
-        Some(st) => from_optimizer_steps(events, pid, recorded, st, begins),
+        Some(st) => {
+            from_optimizer_steps(events, pid, after_rebuilt(events, rows, st, rebuilt.unwrap_or(0)), st, begins)
+        }
         None => from_periodicity(events, pid, rows).or_else(|| from_launches(events, pid, rows)),
     })
+}
+
+/// The rows after the first `rebuilt` of a snapshot's device (what was
+/// alive before its first entry), counting as the what-if's streams do:
+/// not the allocations a joined recording adds from outside PyTorch,
+/// which may be stamped before them.
+fn after_rebuilt<'a>(events: &Events, rows: &'a [usize], stacks: &Stacks, rebuilt: usize) -> &'a [usize] {
+    if rebuilt == 0 {
+        return rows;
+    }
+    let outside = |i: usize| {
+        events
+            .stack
+            .get(i)
+            .is_some_and(|&id| id != NO_STACK && stacks.frames_of(id).any(|f| f.name == crate::input::OUTSIDE))
+    };
+    let mut seen = 0;
+    for (k, &i) in rows.iter().enumerate() {
+        if seen == rebuilt {
+            return &rows[k..];
+        }
+        if !outside(i) {
+            seen += 1;
+        }
+    }
+    &[]
 }
 
 fn from_annotations(pid: u32, annotations: &[Annotation], begins: Option<u64>) -> Option<Iterations> {

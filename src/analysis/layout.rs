@@ -137,6 +137,30 @@ fn lifetimes_with_streams(events: &Events) -> (Vec<Lifetime>, Vec<(u32, u64)>) {
     (out, streams)
 }
 
+/// What a `segment_free` or `segment_unmap` at `addr` gives back of the
+/// mapped `ranges` (each piece valued with its map's start by `map_of`):
+/// a free names its segment's start, and all of that segment ends (its
+/// size may be missing); an unmap ends [addr, addr + size), which may cut
+/// a mapped range anywhere. None when nothing is named.
+pub fn released_span<V: Clone + Eq>(
+    ranges: &rangemap::RangeMap<u64, V>,
+    kind: EventKind,
+    addr: u64,
+    size: u64,
+    map_of: impl Fn(&V) -> u64,
+) -> Option<std::ops::Range<u64>> {
+    let end = addr.saturating_add(size);
+    let span = match (kind, ranges.get(&addr)) {
+        (EventKind::SegmentFree, Some(v)) => {
+            let at = map_of(v);
+            let last = ranges.iter().filter(|(_, w)| map_of(w) == at).map(|(r, _)| r.end).max().unwrap_or(end);
+            addr..last.max(end)
+        }
+        _ => addr..end,
+    };
+    (span.end > span.start).then_some(span)
+}
+
 /// Segment lifetimes (allocator view): `segment_alloc` to `segment_free`,
 /// and each `segment_map`ped range to its `segment_unmap`. An expandable
 /// segment unmaps pages anywhere in what one request mapped: the pages
@@ -158,21 +182,15 @@ pub fn segment_lifetimes(events: &Events) -> Vec<Lifetime> {
             }
             EventKind::SegmentFree | EventKind::SegmentUnmap => {
                 let Some(ranges) = open.get_mut(&pid) else { continue };
-                // A free names its segment's start: all of the segment ends.
-                let end = if kind == EventKind::SegmentFree {
-                    ranges
-                        .get(&addr)
-                        .and_then(|&(_, at)| ranges.iter().filter(|(_, v)| v.1 == at).map(|(r, _)| r.end).max())
-                        .unwrap_or(end.max(addr + 1))
-                } else {
-                    end.max(addr + 1)
-                };
-                let ended: Vec<(std::ops::Range<u64>, u64)> =
-                    ranges.overlapping(addr..end).map(|(r, v)| (r.start.max(addr)..r.end.min(end), v.0)).collect();
+                let Some(span) = released_span(ranges, kind, addr, size, |v| v.1) else { continue };
+                let ended: Vec<(std::ops::Range<u64>, u64)> = ranges
+                    .overlapping(span.clone())
+                    .map(|(r, v)| (r.start.max(span.start)..r.end.min(span.end), v.0))
+                    .collect();
                 for (r, start) in ended {
                     out.push(Lifetime { pid, stack: NO_STACK, addr: r.start, size: r.end - r.start, start, end: ts });
                 }
-                ranges.remove(addr..end);
+                ranges.remove(span);
             }
             _ => {}
         }

@@ -610,7 +610,7 @@ fn by_windows(r: &mut LeakReport, input: &Input<'_>) -> (Verdict, String) {
     // A floor that held says nothing of steps unless the run repeated
     // itself: one pass (a forward pass, a forward and a backward) rises
     // and falls once, and its second quarter is taken mid-pass.
-    let swings = swings(&level[..n], noise);
+    let swings = swings(&level[..n], &level[q..n], noise);
     if (growth <= 0 || growth as u64 <= noise) && swings < MIN_SWINGS {
         return (
             Verdict::CannotTell,
@@ -711,15 +711,17 @@ fn python_frames(events: &Events, rows: impl Iterator<Item = usize>, stacks: &cr
 /// do).
 const MIN_SWINGS: usize = 3;
 
-/// How often `level` rose by at least half its range (and `noise`) above
-/// where it last stood lowest, each time after falling back as far below
-/// where it then stood highest: the run's repetitions (a run cut at its
-/// last top ends on a rise), with a hysteresis so that a layer's
-/// temporaries inside one pass do not count.
-fn swings(level: &[u64], noise: u64) -> usize {
-    let (Some(&lo), Some(&hi)) = (level.iter().min(), level.iter().max()) else { return 0 };
+/// How often `level` rose by at least half the range of `span` (the run
+/// after its first quarter, so that a set-up's climb does not set the
+/// scale) and `noise` above where it last stood lowest, each time after
+/// falling back as far below where it then stood highest: the run's
+/// repetitions (a run cut at its last top ends on a rise), with a
+/// hysteresis so that a layer's temporaries inside one pass do not count.
+fn swings(level: &[u64], span: &[u64], noise: u64) -> usize {
+    let (Some(&lo), Some(&hi)) = (span.iter().min(), span.iter().max()) else { return 0 };
+    let Some(&first) = level.first() else { return 0 };
     let step = ((hi - lo) / 2).max(noise).max(1);
-    let (mut count, mut rising, mut low, mut high) = (0, true, level[0], level[0]);
+    let (mut count, mut rising, mut low, mut high) = (0, true, first, first);
     for &l in level {
         if rising {
             low = low.min(l);

@@ -45,6 +45,9 @@ pub struct Summary {
     pub peak_live_bytes: u64,
     pub score: ScoreStats,
     pub ooms: u64,
+    /// False for a snapshot of one instant: `ooms` is then unknown, not 0
+    /// (written as null).
+    pub history: bool,
     pub anomalies: u64,
     /// The highest fragmentation level (SPEC §6.8) forecast over processes
     /// (None: insufficient data).
@@ -92,6 +95,7 @@ impl Summary {
             peak_live_bytes: a.peak_live_total,
             score: ScoreStats::of(&scores),
             ooms: a.ooms.len() as u64,
+            history: a.has_history(),
             anomalies: a.anomalies.total(),
             risk: a.predictions.iter().filter_map(|p| p.prediction.risk).max(),
             oom_risk: a.oom_risk.iter().map(|x| x.level).max().unwrap_or(crate::analysis::risk::OomRisk::Unknown),

@@ -78,6 +78,8 @@ fn value(s: &Summary, key: &str) -> f64 {
         "max_score" => s.score.max,
         "final_score" => s.score.final_,
         "ext_frag_at_peak" => s.ext_frag_at_peak,
+        // Unknown for a snapshot of one instant: not compared.
+        "ooms" if !s.history => f64::NAN,
         "ooms" => s.ooms as f64,
         "leaked" => s.leaked_bytes.max(0) as f64,
         "risk" => s.risk.map_or(f64::NAN, |r| Risk::ALL.iter().position(|x| *x == r).unwrap_or(0) as f64),

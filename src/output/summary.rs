@@ -67,7 +67,7 @@ pub(crate) fn summary_cells(
                 Some(format!("{:.6}", s.score.p95)),
                 Some(format!("{:.6}", s.score.max)),
                 Some(format!("{:.6}", s.ext_frag_at_peak)),
-                Some(s.ooms.to_string()),
+                s.history.then(|| s.ooms.to_string()),
                 s.oom_classes.first().map(|c| c.0.name().to_string()),
                 Some(s.oom_risk.name().to_string()),
                 s.risk.map(|r| r.name().to_string()),
@@ -114,7 +114,10 @@ pub(crate) fn summary_frame(
         .push("score_p95", ok(|s| s.score.p95))
         .push("score_max", ok(|s| s.score.max))
         .push("ext_frag_at_peak", ok(|s| s.ext_frag_at_peak))
-        .push("ooms", oku(|s| s.ooms))
+        .push(
+            "ooms",
+            UInt64Array::from_iter(rows.iter().map(|r| r.1.as_ref().ok().and_then(|s| s.history.then_some(s.ooms)))),
+        )
         .push("oom_class", text(|s| s.oom_classes.first().map(|c| c.0.name().to_string())))
         .push("oom_risk", text(|s| Some(s.oom_risk.name().to_string())))
         .push("fragmentation_level", text(|s| s.risk.map(|r| r.name().to_string())))
@@ -284,7 +287,7 @@ fn rows_of(df: &Table, source: &str, date: &str) -> Result<Vec<SummaryRow>> {
         uint("peak_live_bytes")?,
         uint("peak_reserved_bytes")?,
         uint("allocs")?,
-        uint("ooms")?,
+        df.ints::<u64>("ooms")?,
         uint("leaked_bytes")?,
         uint("anomalies")?,
     );
@@ -320,7 +323,8 @@ fn rows_of(df: &Table, source: &str, date: &str) -> Result<Vec<SummaryRow>> {
                 duration_s: duration[i],
                 peak_live_bytes: peak_live[i],
                 score: ScoreStats { final_: final_[i], mean: mean[i], p95: p95[i], max: max[i] },
-                ooms: ooms[i],
+                ooms: ooms[i].unwrap_or(0),
+                history: ooms[i].is_some(),
                 anomalies: anomalies[i],
                 risk: risk[i].as_deref().and_then(|r| <Risk as clap::ValueEnum>::from_str(r, true).ok()),
                 oom_risk: oom_risk[i]
@@ -328,7 +332,7 @@ fn rows_of(df: &Table, source: &str, date: &str) -> Result<Vec<SummaryRow>> {
                     .and_then(crate::analysis::risk::OomRisk::from_name)
                     .unwrap_or(crate::analysis::risk::OomRisk::Unknown),
                 // The part keeps the most frequent class only.
-                oom_classes: class.map(|c| vec![(c, ooms[i])]).unwrap_or_default(),
+                oom_classes: class.map(|c| vec![(c, ooms[i].unwrap_or(0))]).unwrap_or_default(),
                 leaking: leaking[i],
                 leaked_bytes: leaked[i] as i64,
                 allocs: allocs[i],
@@ -409,7 +413,7 @@ pub(crate) fn summary_md(
                     s.score.final_,
                     s.score.p95,
                     s.score.max,
-                    s.ooms,
+                    if s.history { s.ooms.to_string() } else { "—".into() },
                     s.oom_classes.first().map_or("—", |c| c.0.name()),
                     bytes(s.peak_live_bytes),
                 );

@@ -167,17 +167,22 @@ pub fn sections_md(w: &Whatif, level: &str, name: &dyn Fn(u32) -> String) -> Str
             let _ = writeln!(md, "| {} | — | not measured: {why} | | | | | |", name(f.device));
             continue;
         }
-        let pct = |x: u64| if f.allocations == 0 { 100.0 } else { 100.0 * x as f64 / f.allocations as f64 };
+        // No allocation: no share of them to give.
+        let pct = |x: u64| {
+            if f.allocations == 0 {
+                "—".to_string()
+            } else {
+                format!("{x} ({:.1} %)", 100.0 * x as f64 / f.allocations as f64)
+            }
+        };
         let _ = writeln!(
             md,
-            "| {} | {} | {} ({:.1} %) | {} / {} | {} ({:.1} %) | {} ({}) | {} / {} | {} → {} |",
+            "| {} | {} | {} | {} / {} | {} | {} ({}) | {} / {} | {} → {} |",
             name(f.device),
             f.allocations,
-            f.same_address,
             pct(f.same_address),
             f.unknowable_before_trace,
             f.model_mismatches,
-            f.same_size,
             pct(f.same_size),
             f.segments_requested,
             f.segments_same_size,
@@ -238,10 +243,11 @@ fn scenarios_md(w: &Whatif, level: &str, name: &dyn Fn(u32) -> String) -> String
     let mut md = String::new();
     let _ = writeln!(md, "\n{level} Scenarios\n");
     let several = w.fidelity.len() > 1;
-    // "device 1", or "pid 4242 on GPU 0" for a unit of a recording.
-    let name = |d: u32| {
-        let n = name(d);
-        if n.parse::<u32>().is_ok() { format!("device {n}") } else { format!("pid {n}") }
+    // "device 1" for a snapshot's device; "pid 4242", or "pid 4242 on
+    // GPU 0" for a unit of a recording.
+    let name = |d: u32| match w.source {
+        Source::Snapshot => format!("device {}", name(d)),
+        Source::DeviceLevel => format!("pid {}", name(d)),
     };
     let known: Vec<(u32, u64)> =
         w.fidelity.iter().zip(&w.capacities).filter_map(|(f, c)| c.map(|c| (f.device, c))).collect();
@@ -250,12 +256,33 @@ fn scenarios_md(w: &Whatif, level: &str, name: &dyn Fn(u32) -> String) -> String
     let text = match w.capacity {
         // Several devices, not all of one known capacity: each says its own.
         Some(_) if several && (!unknown.is_empty() || known.iter().any(|k| k.1 != known[0].1)) => {
-            let each: Vec<String> = known.iter().map(|(d, c)| format!("{}: {}", name(*d), bytes(*c))).collect();
+            // Each inferred capacity from its own device's `oom` entry or
+            // cache flushes.
+            let each: Vec<String> = known
+                .iter()
+                .map(|(d, c)| {
+                    let from = match w.fidelity.iter().find(|f| f.device == *d) {
+                        _ if !w.capacity_inferred => "",
+                        Some(f) if f.inferred_capacity.is_some() => " (inferred from its `oom` entry)",
+                        _ => " (inferred from its cache flushes: the least capacity they allow)",
+                    };
+                    format!("{}: {}{from}", name(*d), bytes(*c))
+                })
+                .collect();
             let mut t = format!(
-                "Capacity of {}{}: a segment beyond it is refused after the cache is released, and the request fails.",
-                each.join("; "),
-                capacity_source(w)
+                "Capacity of {}: a segment beyond it is refused after the cache is released, and the request fails.",
+                each.join("; ")
             );
+            for (d, c) in &known {
+                if let Some(f) = w.fidelity.iter().find(|f| f.device == *d && f.initial_reserved > *c) {
+                    let _ = write!(
+                        t,
+                        " On {} the state before the first trace entry already reserves {} (more than the capacity): scenarios only refuse new segments.",
+                        name(*d),
+                        bytes(f.initial_reserved)
+                    );
+                }
+            }
             if !unknown.is_empty() {
                 let list = match unknown.split_last() {
                     Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
@@ -570,5 +597,28 @@ mod tests {
             "`max_split_size_mb:64` (the recorded settings)"
         );
         assert_eq!(scenario_label(&[], &conf("expandable_segments:True")), "`expandable_segments:True`");
+    }
+
+    /// Several devices: a table each, named as the trace names them (a
+    /// snapshot's devices, a recording's processes), and each device's
+    /// capacity or its absence said.
+    #[test]
+    fn several_devices_get_a_table_each_under_their_own_names() {
+        let mut w = whatif(0);
+        let o = |d: u64| Outcome { name: "recorded".into(), peak_reserved_bytes: d << 20, ..Default::default() };
+        w.scenarios = vec![Scenario::of("recorded", &[], vec![o(100), o(200)])];
+        let f = |device: u32, mib: u64| Fidelity { device, recorded_peak_reserved: mib << 20, ..Default::default() };
+        w.fidelity = vec![f(0, 100), f(1, 200)];
+        w.capacities = vec![None, Some(1 << 30)];
+        w.capacity = Some(1 << 30);
+        w.capacity_inferred = true;
+        let md = sections_md(&w, "##", &|d| d.to_string());
+        assert!(md.contains("Device 0:") && md.contains("Device 1:"), "{md}");
+        assert!(md.contains("| recorded settings | 200.00 MiB |") && !md.contains("300.00 MiB"), "{md}");
+        assert!(md.contains("device 1: 1.00 GiB (inferred from its cache flushes"), "{md}");
+        assert!(md.contains("No capacity is known for device 0"), "{md}");
+        w.source = Source::DeviceLevel;
+        let md = sections_md(&w, "##", &|d| (4242 + d).to_string());
+        assert!(md.contains("Pid 4243:") && !md.contains("Device 4243"), "{md}");
     }
 }

@@ -365,8 +365,19 @@ fn without_iterations_one_pass_cannot_be_told() {
     }
     let r = judge(&events(&three), None);
     assert_eq!(r.verdict, Verdict::NotLeaking, "{}", r.reason);
-    assert_eq!(swings(&[0, 10, 0, 10, 0, 10], 1), 3);
-    assert_eq!(swings(&[0, 2, 1, 3, 2, 10], 1), 1, "small steps inside one rise are no swings");
+    let l = [0, 10, 0, 10, 0, 10];
+    assert_eq!(swings(&l, &l, 1), 3);
+    let l = [0, 2, 1, 3, 2, 10];
+    assert_eq!(swings(&l, &l, 1), 1, "small steps inside one rise are no swings");
+    // Weights loaded in ten chunks, then twenty steps of +4/−4: the set-up's
+    // climb does not set the scale of a step.
+    let mut run: Vec<u64> = (1..=10).collect();
+    for _ in 0..20 {
+        run.extend([14, 10]);
+    }
+    run.push(14);
+    let n = run.len();
+    assert_eq!(swings(&run, &run[n / 4..], 1), 21, "the set-up climbing into the first step, then each step: {run:?}");
 }
 
 /// A snapshot whose Python frames show no optimizer step: what repeats

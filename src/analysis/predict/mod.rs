@@ -208,7 +208,7 @@ pub fn predict_with_backtest(series: &[Step], cfg: &PredictConfig, period: Optio
         p.warnings.push(format!(
             "clear trend: the score {dir} by {:.2} points per step over the last {} steps",
             trend.abs(),
-            cfg.trend_window.min(scores.len())
+            cfg.trend_window.max(2).min(scores.len())
         ));
     }
     p.risk = Some(Risk::of(highest));

@@ -102,6 +102,8 @@ pub struct Scenario {
     pub reserved_minus_allocated_at_peak: u64,
     pub segment_allocs: u64,
     pub ooms: u64,
+    /// Requests that found the device full and released the cache.
+    pub flushes: u64,
     pub devices: Vec<Outcome>,
     /// What the reader must know about how it replays (a setting that has
     /// no effect as given).
@@ -132,6 +134,7 @@ impl Scenario {
             reserved_minus_allocated_at_peak: sum(|o| o.reserved_minus_allocated_at_peak),
             segment_allocs: sum(|o| o.segment_allocs),
             ooms: sum(|o| o.ooms),
+            flushes: sum(|o| o.flushes),
             devices,
             note: None,
             unchecked_pair: false,
@@ -184,6 +187,13 @@ pub const UNCHECKED: &str = "a combination of settings no real run has checked t
 /// scenario's (and 2 MiB): smaller differences are noise of the model.
 const SIGNIFICANT: f64 = 0.01;
 
+/// Whether a scenario's OOMs compare with the recorded ones: every
+/// recorded OOM fell on a device whose capacity is known (elsewhere no
+/// scenario can run out of memory).
+fn ooms_judged(rec: &Scenario, capacities: &[Option<u64>]) -> bool {
+    rec.devices.iter().zip(capacities).all(|(d, c)| d.ooms == 0 || c.is_some())
+}
+
 /// The model's noise around a peak of `bytes` ([`SIGNIFICANT`]).
 fn noise(bytes: u64) -> u64 {
     ((bytes as f64 * SIGNIFICANT) as u64).max(2 << 20)
@@ -207,8 +217,7 @@ fn recommend(
     // OOMs compare where every recorded one fell on a device whose capacity
     // is known: elsewhere no scenario can run out of memory.
     let capacity_known = capacities.iter().all(Option::is_some);
-    let ooms_judged = rec.devices.iter().zip(capacities).all(|(d, c)| d.ooms == 0 || c.is_some());
-    if !ooms_judged && rec.ooms > 0 {
+    if !ooms_judged(rec, capacities) && rec.ooms > 0 {
         return (
             0,
             format!(
@@ -236,7 +245,17 @@ fn recommend(
             .unwrap_or(u64::MAX);
         (conf.iter().filter(|e| !is_default(e)).count(), std::cmp::Reverse(split))
     };
-    let best = (1..scenarios.len()).min_by_key(|&i| (scenarios[i].ooms, scenarios[i].peak_reserved_bytes, milder(i)));
+    // A setting that reserves less only by releasing its cache more often
+    // (a `cudaFree` each time, which synchronizes the device) buys the
+    // saving with stalls: it is no candidate unless it removes OOMs.
+    let eligible = |i: &usize| scenarios[*i].ooms < rec.ooms || scenarios[*i].flushes <= rec.flushes;
+    let flushing = (1..scenarios.len()).any(|i| {
+        !eligible(&i) && scenarios[i].peak_reserved_bytes + noise(rec.peak_reserved_bytes) < rec.peak_reserved_bytes
+    });
+    let unless_flushing = if flushing { " without releasing its cache more often" } else { "" };
+    let best = (1..scenarios.len())
+        .filter(eligible)
+        .min_by_key(|&i| (scenarios[i].ooms, scenarios[i].peak_reserved_bytes, milder(i)));
     let Some(mut b) = best else { return (0, "no other scenario ran".into()) };
     // Between scenarios as good (the same OOMs, peak reserved within the
     // model's noise), one whose settings real runs checked wins over a
@@ -300,7 +319,8 @@ fn recommend(
         return (
             0,
             format!(
-                "no scenario reserves less than the recorded settings' {} by more than 1 % at the peak (OOMs are not judged {})",
+                "no scenario reserves less than the recorded settings' {} by more than 1 % at the peak{unless_flushing} \
+                 (OOMs are not judged {})",
                 rec.reserved(),
                 if capacities.iter().any(Option::is_some) {
                     "on a device without a capacity"
@@ -313,7 +333,8 @@ fn recommend(
     (
         0,
         format!(
-            "no scenario has fewer OOMs ({}) or a peak reserved lower by more than 1 % than the recorded settings' {}",
+            "no scenario has fewer OOMs ({}) or a peak reserved lower by more than 1 % than the recorded settings' \
+             {}{unless_flushing}",
             rec.ooms,
             rec.reserved()
         ),
@@ -502,7 +523,7 @@ impl Whatif {
         if *i == 0 {
             if self.untestable.is_some() {
                 "none: the settings cannot be judged from this trace".into()
-            } else if self.scenarios.first().is_some_and(|s| s.ooms > 0) && self.capacity.is_none() {
+            } else if self.scenarios.first().is_some_and(|s| s.ooms > 0 && !ooms_judged(s, &self.capacities)) {
                 "none: which setting avoids the OOMs cannot be told without a capacity".into()
             } else if self.unreproduced.is_some() {
                 "none".into()
@@ -638,10 +659,17 @@ pub fn run(
         }
         Source::DeviceLevel => unexplained,
     };
+    // What the recording itself did: its OOMs and the segments it asked.
+    let (recorded_ooms, recorded_segments) = fidelity
+        .iter()
+        .fold((0, 0), |(o, s), f| (o + f.recorded_ooms, s + f.segments_requested + f.segments_only_recorded));
     let untestable = scenarios.first().and_then(|rec| {
-        if rec.devices.iter().all(|d| d.allocations == 0) {
+        if rec.devices.iter().all(|d| d.allocations + d.ooms == 0) {
             Some("it holds no allocation to replay".to_string())
-        } else if source == Source::Snapshot && rec.ooms == 0 && rec.segment_allocs == 0 {
+        } else if source == Source::Snapshot
+            && rec.ooms + recorded_ooms == 0
+            && rec.segment_allocs + recorded_segments == 0
+        {
             Some(
                 "every request fit in the segments PyTorch had reserved before it began, and each scenario starts \
                  from them, so none can reserve less; how a setting would have built that cache is not in the trace"
@@ -668,19 +696,43 @@ pub fn run(
     if recommended.0 != 0 && scenarios[recommended.0].unchecked_pair {
         recommended.1 = format!("{} ({UNCHECKED})", recommended.1);
     }
+    // A setting left out because it reserves less only by releasing its
+    // cache more often: said, with the cost.
+    if recommended.0 == 0 && untestable.is_none() && unreproduced.is_none() {
+        let rec = &scenarios[0];
+        if let Some(s) = scenarios[1..]
+            .iter()
+            .filter(|s| {
+                s.ooms == rec.ooms
+                    && s.flushes > rec.flushes
+                    && s.peak_reserved_bytes + noise(rec.peak_reserved_bytes) < rec.peak_reserved_bytes
+            })
+            .min_by_key(|s| s.peak_reserved_bytes)
+        {
+            recommended.1 = format!(
+                "{}; {} reserves {} less at the peak, but only by releasing its cache to make room {} times where the \
+                 recorded settings did {} (a `cudaFree` each time, which synchronizes the device)",
+                recommended.1,
+                scenario_label(&recorded_conf, &s.conf),
+                crate::units::bytes(rec.peak_reserved_bytes - s.peak_reserved_bytes),
+                s.flushes,
+                rec.flushes
+            );
+        }
+    }
     // Scenarios compare with the model's own replay of the recorded
     // settings; where that is not what PyTorch reserved, say both.
-    let recorded_peak: u64 =
-        fidelity.iter().filter(|f| f.not_measured.is_none()).map(|f| f.recorded_peak_reserved).sum();
-    if source == Source::Snapshot
-        && recommended.0 != 0
-        && recorded_peak.abs_diff(scenarios[0].peak_reserved_bytes) > noise(recorded_peak)
-    {
+    let measured = || fidelity.iter().enumerate().filter(|(_, f)| f.not_measured.is_none());
+    let recorded_peak: u64 = measured().map(|(_, f)| f.recorded_peak_reserved).sum();
+    let model_peak: u64 =
+        measured().filter_map(|(j, _)| scenarios[0].devices.get(j)).map(|o| o.peak_reserved_bytes).sum();
+    if source == Source::Snapshot && recommended.0 != 0 && recorded_peak.abs_diff(model_peak) > noise(recorded_peak) {
         recommended.1 = format!(
-            "{} (against the model's own replay of the recorded settings, {}; PyTorch reserved {})",
+            "{} (against the model's own replay of the recorded settings, {}; PyTorch reserved {}{})",
             recommended.1,
-            crate::units::bytes(scenarios[0].peak_reserved_bytes),
-            crate::units::bytes(recorded_peak)
+            crate::units::bytes(model_peak),
+            crate::units::bytes(recorded_peak),
+            if measured().count() > 1 { ", both summed over the devices" } else { "" }
         );
     }
     // A recommendation that leaves recorded entries out says which.

@@ -25,6 +25,10 @@ pub struct Outcome {
     pub reserved_minus_allocated_at_peak: u64,
     pub segment_allocs: u64,
     pub ooms: u64,
+    /// Requests that found the device full and released cached memory to
+    /// make room (each a device-wide synchronisation); a request that then
+    /// failed counts too.
+    pub flushes: u64,
     pub oom_classes: Vec<(String, u64)>,
     /// Requests (allocations and recorded OOMs) the scenario served.
     pub allocations: u64,
@@ -277,6 +281,7 @@ pub fn simulate_into(
     sampler.finish(&mut out.series);
     out.peak_reserved_bytes = peak.0;
     out.reserved_minus_allocated_at_peak = peak.0 - peak.1;
+    out.flushes = a.flushes;
     let mut classes: Vec<(OomClass, u64)> = classes.into_iter().collect();
     classes.sort_by(|x, y| y.1.cmp(&x.1).then(x.0.cmp(&y.0)));
     out.oom_classes = classes.into_iter().map(|(c, n)| (c.name().to_string(), n)).collect();

@@ -422,3 +422,54 @@ fn a_freed_segment_s_addresses_are_handed_out_again() {
     assert_eq!(segments, vec![high, high, low], "{o:?}");
     assert_eq!((o.segment_allocs, o.peak_reserved_bytes), (3, 40 * MIB));
 }
+
+/// `run` judges no setting where every request fit in the cache reserved
+/// before the trace (each scenario starts from it), nor where the trace
+/// holds no request; a trace that asked a segment is judged.
+#[test]
+fn run_judges_no_setting_the_trace_cannot_show() {
+    let base = 1u64 << 36;
+    let cached = vec![
+        req(EventKind::SegmentAlloc, base, 20 * MIB, 0),
+        req(EventKind::BlockAlloc, base, 4 * MIB, 4 * MIB),
+        req(EventKind::BlockFree, base, 4 * MIB, 4 * MIB),
+    ];
+    let d = DeviceStream { device: 0, initial: 1, events: cached.clone(), ..Default::default() };
+    let w = run(&[d], &Settings::default(), None, Vec::new(), Source::Snapshot, None).unwrap();
+    assert!(w.untestable.as_deref().is_some_and(|why| why.contains("reserved before it began")), "{:?}", w.untestable);
+    assert_eq!(w.recommendation(), "none: the settings cannot be judged from this trace");
+    let empty = DeviceStream { device: 0, initial: 1, events: cached[..1].to_vec(), ..Default::default() };
+    let w = run(&[empty], &Settings::default(), None, Vec::new(), Source::Snapshot, None).unwrap();
+    assert_eq!(w.untestable.as_deref(), Some("it holds no allocation to replay"));
+    let mut grew = cached.clone();
+    grew.extend([
+        req(EventKind::SegmentAlloc, base + (1 << 30), 40 * MIB, 0),
+        req(EventKind::BlockAlloc, base + (1 << 30), 40 * MIB, 40 * MIB),
+    ]);
+    let d = DeviceStream { device: 0, initial: 1, events: grew, ..Default::default() };
+    let w = run(&[d], &Settings::default(), None, Vec::new(), Source::Snapshot, None).unwrap();
+    assert_eq!(w.untestable, None);
+}
+
+/// A setting that reserves less only by releasing its cache more often (a
+/// device-wide synchronisation each time) is not recommended for the
+/// saving; one that removes an OOM is, however often it releases.
+#[test]
+fn a_saving_bought_with_cache_flushes_is_not_recommended() {
+    let one = |conf: &[&str], reserved: u64, ooms: u64, flushes: u64| {
+        let conf: Vec<String> = conf.iter().map(|s| s.to_string()).collect();
+        let o = Outcome { peak_reserved_bytes: reserved, ooms, flushes, allocations: 10, ..Default::default() };
+        Scenario::of(if conf.is_empty() { "recorded" } else { "s" }, &conf, vec![o])
+    };
+    let cap = [Some(32u64 << 30)];
+    let scenarios = vec![
+        one(&[], 21 << 30, 0, 1),
+        one(&["max_split_size_mb:4096"], 20 << 30, 0, 59),
+        one(&["x:1"], 21 << 30, 0, 1),
+    ];
+    let (i, why) = recommend(&scenarios, &[], &cap, None, None);
+    assert_eq!(i, 0, "{why}");
+    assert!(why.contains("without releasing its cache more often"), "{why}");
+    let scenarios = vec![one(&[], 21 << 30, 2, 1), one(&["max_split_size_mb:4096"], 20 << 30, 0, 59)];
+    assert_eq!(recommend(&scenarios, &[], &cap, None, None).0, 1);
+}

@@ -365,12 +365,15 @@ pub fn perfetto(a: &Analysis, window: Window) -> Trace {
     for l in &a.leaks {
         let Some(t) = tracks.get(&l.pid) else { continue };
         let track = t.leaks;
-        let args = vec![
+        let mut args = vec![
             annotation("verdict", Arg::S(l.verdict.name().to_string())),
             annotation("reason", Arg::S(l.reason.clone())),
             annotation("growth_bytes", Arg::I(l.growth_bytes)),
-            annotation("rate_bytes_per_s", Arg::F(l.rate_bytes_per_s)),
         ];
+        // Only a leak has a rate (as in report.json).
+        if l.leaking {
+            args.push(annotation("rate_bytes_per_s", Arg::F(l.rate_bytes_per_s)));
+        }
         b.instant(end, track, format!("leak: {}", l.verdict.name()), "leak", args);
     }
     b.into_trace()

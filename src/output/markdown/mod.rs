@@ -113,7 +113,12 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
             md,
             "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {} |",
             a.who(p.pid),
-            bytes(p.bytes),
+            // One instant: what was live at its end, not a peak.
+            bytes(if a.has_history() {
+                p.bytes
+            } else {
+                a.leaks.iter().find(|l| l.pid == p.pid).map_or(p.bytes, |l| l.live_at_end_bytes)
+            }),
             st.final_,
             st.mean,
             st.p95,

@@ -177,8 +177,9 @@ pub(crate) fn no_history(a: &Analysis) -> Option<String> {
     } else {
         format!(
             "its trace holds {entries} entr{} and no allocation, so only the state at one instant: PyTorch keeps the \
-             last `max_entries` entries of its memory history (`_record_memory_history(max_entries=N)`; before \
-             PyTorch 2.1 `trace_alloc_max_entries=N`, whose default kept one), and these are too few",
+             last entries of its memory history, one only when it is turned on with a bool \
+             (`_record_memory_history(True)`, the older form, whose `trace_alloc_max_entries` is 1); \
+             `_record_memory_history(max_entries=N)` keeps N",
             if entries == 1 { "y" } else { "ies" }
         )
     })
