@@ -674,8 +674,8 @@ fn by_windows(r: &mut LeakReport, input: &Input<'_>) -> (Verdict, String) {
         Verdict::CannotTell,
         format!(
             "no iterations found; the floor of live memory rose by {}{}{back}: without iterations a leak across \
-             steps, one pass that holds memory (a forward pass keeping activations) and a working set that grows by \
-             design (a KV cache) look the same",
+             steps, a set-up (a model moved to the GPU), one pass that holds memory (a forward pass keeping \
+             activations) and a working set that grows by design (a KV cache) look the same",
             b(growth as u64),
             if steady {
                 let word = ["two", "three", "four", "five", "six"].get(six.wrapping_sub(2)).copied().unwrap_or("the");

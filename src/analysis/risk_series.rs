@@ -248,7 +248,8 @@ pub(crate) fn evaluate(inp: &Inputs<'_>, rows: &mut [crate::analysis::result::Ro
                 format!("{least:.0}–{most:.0} %")
             };
             a.reason = format!(
-                "{}; peak allocated {} ({share}): the cache held the rest, and PyTorch released it to make room",
+                "{}; peak allocated {} ({share}): the cache held the rest (cached memory PyTorch releases when the \
+                 device is full, as it did here)",
                 a.reason,
                 crate::units::bytes(allocated)
             );
