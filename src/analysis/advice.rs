@@ -105,12 +105,22 @@ pub fn advise(a: &Analysis, events: &Events) -> Vec<Advice> {
         out.push(Advice::new(
             Kind::Flush,
             format!(
-                "Device {d} ran full {} time{}: PyTorch {} ({} segments, {}) and retried; each `cudaFree` synchronizes the device — slow, and the sign that the next larger request may fail. A lower peak reserved (What the allocator settings would change) or a smaller batch avoids it.",
+                "Device {d} ran full {} time{}: PyTorch {} ({} segments, {}) and retried; each `cudaFree` synchronizes the device — slow, and the sign that the next larger request may fail. {}",
                 f.count,
                 if f.count == 1 { "" } else { "s" },
                 w.release_phrase(),
                 f.segments_freed,
-                bytes(f.bytes_freed)
+                bytes(f.bytes_freed),
+                // Only a setting the replay found to reserve less (without
+                // flushing more) is pointed to.
+                if w.recommended.0 != 0 {
+                    format!(
+                        "The replay recommends {} (What the allocator settings would change); a smaller batch helps too.",
+                        crate::analysis::whatif::conf_md(&w.recommendation())
+                    )
+                } else {
+                    "No allocator setting tried reserves less without releasing its cache more often (What the allocator settings would change): less memory held at the peak (a smaller batch, activations checkpointed) avoids it.".to_string()
+                }
             ),
         ));
     }

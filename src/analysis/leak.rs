@@ -631,9 +631,19 @@ fn by_windows(r: &mut LeakReport, input: &Input<'_>) -> (Verdict, String) {
         return (
             Verdict::CannotTell,
             format!(
-                "no optimizer step or profiler step marks iterations here; the floor of live memory held over \
-                 {swings} rises (layers, requests or steps: the trace does not say which), so there is no sign of a \
-                 leak within the trace, but a leak once per step cannot be excluded{back}"
+                "no optimizer step or profiler step marks iterations here; the floor of live memory {} over {swings} \
+                 rises (layers, requests or steps: the trace does not say which): a leak once per step would not \
+                 show{back}",
+                if growth > 0 {
+                    format!(
+                        "rose by only {} from the second quarter of its events to the last, within the noise ({}: 2 % \
+                         of the peak, at least 16 MiB),",
+                        b(growth as u64),
+                        b(noise)
+                    )
+                } else {
+                    "did not rise from the second quarter of its events to the last,".to_string()
+                }
             ),
         );
     }
@@ -663,6 +673,27 @@ fn by_windows(r: &mut LeakReport, input: &Input<'_>) -> (Verdict, String) {
                  of its quarters ({} → {}) to say anything{back}",
                 if swings == 1 { "" } else { "s" },
                 b(early.bytes),
+                b(late.bytes)
+            ),
+        );
+    }
+    // The first window already stood where the last quarter does: the
+    // second quarter's floor is a dip (a model swapped out for a moment),
+    // not a level the run rose from.
+    if let Some(first) = r.floors.first().filter(|f| !steady && f.bytes.saturating_add(noise) >= late.bytes) {
+        // The floors compared are then the first window's and the last
+        // quarter's.
+        let first = first.bytes;
+        r.floor_early_bytes = first;
+        r.growth_bytes = late.bytes as i64 - first as i64;
+        r.rate_bytes_per_s = 0.0;
+        return (
+            Verdict::CannotTell,
+            format!(
+                "no iterations found; the floor of live memory dipped to {} in the second quarter of the run's events \
+                 and otherwise held ({} in its first window, {} in its last quarter): no rise{back}",
+                b(early.bytes),
+                b(first),
                 b(late.bytes)
             ),
         );

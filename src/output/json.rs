@@ -109,6 +109,8 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
         "summary": {
             "processes": s.processes,
             "peak_live_bytes": s.peak_live_bytes,
+            // Over several processes or devices: their sum at one instant.
+            "peak_live_is": if s.processes > 1 { "summed over the processes or devices at one instant" } else { "the one process's or device's" },
             "score": score_json(&s.score),
             "oom_risk": s.oom_risk.name(),
             "fragmentation_level": s.risk.map(Risk::name),

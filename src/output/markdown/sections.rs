@@ -452,6 +452,7 @@ pub(crate) fn leaks_md(a: &Analysis) -> String {
         };
         let rate = if l.leaking { format!("{}/s", bytes(l.rate_bytes_per_s.max(0.0) as u64)) } else { "—".into() };
         let from = match l.method {
+            _ if !a.has_history() => "—",
             Method::Iterations => "iteration floors",
             Method::Windows => "windows (no iterations)",
         };
