@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use super::words::{forecaster_phrase, oom_sentence, plural, skill_phrase};
+use super::words::{confidence_phrase, forecaster_phrase, oom_sentence, plural, skill_phrase};
 use crate::analysis::Analysis;
 use crate::analysis::predict::{ForecasterKind, Risk};
 use crate::analysis::summary::*;
@@ -98,14 +98,14 @@ pub(crate) fn verdict_md(a: &Analysis, s: &Summary) -> String {
             let forecast: Vec<String> = f.iter().map(|v| format!("{v:.1}")).collect();
             let _ = writeln!(
                 md,
-                "Fragmentation level: **{}** — fragmentation score {:.1} now, forecast {} over the next {} by {} ({}; confidence {:.2}, trend {:+.2} per step). The score counts free blocks that a cache keeps on purpose as gaps: on its own it does not say that memory will run out.\n",
+                "Fragmentation level: **{}** — fragmentation score {:.1} now, forecast {} over the next {} by {} ({}; {}, trend {:+.2} per step). The score counts free blocks that a cache keeps on purpose as gaps: on its own it does not say that memory will run out.\n",
                 pr.risk.map_or("unknown", Risk::name),
                 pr.current,
                 forecast.join(" → "),
                 plural(pr.horizon as u64, "step", "steps"),
                 forecaster_phrase(pr.forecaster),
                 skill_phrase(pr),
-                pr.confidence.unwrap_or(0.0),
+                confidence_phrase(pr),
                 pr.trend,
             );
             if a.pytorch_processes.contains(&p.pid) {
