@@ -605,6 +605,17 @@ fn by_windows(r: &mut LeakReport, input: &Input<'_>) -> (Verdict, String) {
                 b(at_end)
             )
         }
+        // The trace ends at the run's top, well above its last floor: it
+        // stopped while memory was still rising (a pass cut off).
+        _ if at_end > late.bytes.saturating_add(noise)
+            && top.is_none_or(|(_, t)| t.saturating_sub(at_end) <= noise) =>
+        {
+            format!(
+                "; the trace ends while live memory is still rising ({} at its end, {} at its last quarter's floor)",
+                b(at_end),
+                b(late.bytes)
+            )
+        }
         _ => String::new(),
     };
     // A floor that held says nothing of steps unless the run repeated

@@ -473,3 +473,17 @@ fn a_dip_in_the_second_quarter_is_no_rise() {
     assert!(r.reason.contains("dipped to 512.00 MiB") && r.reason.contains("no rise"), "{}", r.reason);
     assert_eq!((r.floor_early_bytes, r.growth_bytes), (1024 * MIB, 0));
 }
+
+/// A trace that stops in the middle of a forward pass says so.
+#[test]
+fn a_trace_cut_off_while_rising_says_so() {
+    let mut list = vec![(0, 1024 * MIB, 0x1000_0000)];
+    for i in 1..=60u64 {
+        list.push((i * 10, 64 * MIB, 0x1_0000_0000 + i * 64 * MIB));
+        list.push((i * 10 + 1, 8 * MIB, 0x9000_0000));
+        list.push((i * 10 + 2, 0, 0x9000_0000));
+    }
+    let r = judge(&events(&list), None);
+    assert_eq!(r.verdict, Verdict::CannotTell, "{}", r.reason);
+    assert!(r.reason.contains("the trace ends while live memory is still rising"), "{}", r.reason);
+}
