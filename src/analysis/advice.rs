@@ -111,15 +111,14 @@ pub fn advise(a: &Analysis, events: &Events) -> Vec<Advice> {
                 w.release_phrase(),
                 f.segments_freed,
                 bytes(f.bytes_freed),
-                // Only a setting the replay found to reserve less (without
-                // flushing more) is pointed to.
+                // Only a setting the replay recommends is pointed to.
                 if w.recommended.0 != 0 {
                     format!(
                         "The replay recommends {} (What the allocator settings would change); a smaller batch helps too.",
                         crate::analysis::whatif::conf_md(&w.recommendation())
                     )
                 } else {
-                    "No allocator setting tried reserves less without releasing its cache more often (What the allocator settings would change): less memory held at the peak (a smaller batch, activations checkpointed) avoids it.".to_string()
+                    "The replay recommends no allocator setting (What the allocator settings would change says why): less memory held at the peak (a smaller batch, activations checkpointed) avoids it.".to_string()
                 }
             ),
         ));

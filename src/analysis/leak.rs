@@ -605,15 +605,15 @@ fn by_windows(r: &mut LeakReport, input: &Input<'_>) -> (Verdict, String) {
                 b(at_end)
             )
         }
-        // The trace ends at the run's top, well above its last floor: it
-        // stopped while memory was still rising (a pass cut off).
+        // The trace ends at (within the noise of) the run's top, well
+        // above its last floor: a pass may have been cut off.
         _ if at_end > late.bytes.saturating_add(noise)
             && top.is_none_or(|(_, t)| t.saturating_sub(at_end) <= noise) =>
         {
             format!(
-                "; the trace ends while live memory is still rising ({} at its end, {} at its last quarter's floor)",
-                b(at_end),
-                b(late.bytes)
+                "; the trace ends near its highest, {} above its last quarter's floor ({} at its end)",
+                b(at_end - late.bytes),
+                b(at_end)
             )
         }
         _ => String::new(),
@@ -643,7 +643,7 @@ fn by_windows(r: &mut LeakReport, input: &Input<'_>) -> (Verdict, String) {
             Verdict::CannotTell,
             format!(
                 "no optimizer step or profiler step marks iterations here; the floor of live memory {} over {swings} \
-                 rises (layers, requests or steps: the trace does not say which): a leak once per step would not \
+                 rises (layers, requests or steps: the trace does not say which): a leak once per step may not \
                  show{back}",
                 if growth > 0 {
                     format!(
@@ -688,21 +688,33 @@ fn by_windows(r: &mut LeakReport, input: &Input<'_>) -> (Verdict, String) {
             ),
         );
     }
-    // The first window already stood where the last quarter does: the
-    // second quarter's floor is a dip (a model swapped out for a moment),
-    // not a level the run rose from.
-    if let Some(first) = r.floors.first().filter(|f| !steady && f.bytes.saturating_add(noise) >= late.bytes) {
+    // The second quarter's floor is a dip (a model swapped out for a
+    // moment), not a level the run rose from: the first window stood
+    // higher by more than the noise, every window after the lowest came
+    // back to within the noise of it, and so did the last quarter.
+    let lowest = r.floors.iter().enumerate().min_by_key(|(_, f)| f.bytes).map_or(0, |(k, _)| k);
+    let dip = r.floors.first().map(|f| f.bytes).filter(|&first| {
+        !steady
+            && first > early.bytes.saturating_add(noise)
+            && late.bytes.abs_diff(first) <= noise
+            && r.floors[lowest + 1..].iter().all(|f| f.bytes.abs_diff(first) <= noise)
+    });
+    if let Some(first) = dip {
         // The floors compared are then the first window's and the last
         // quarter's.
-        let first = first.bytes;
         r.floor_early_bytes = first;
         r.growth_bytes = late.bytes as i64 - first as i64;
         r.rate_bytes_per_s = 0.0;
+        let held = if late.bytes > first {
+            format!("rose by only {} from its first window, within the noise ({})", b(late.bytes - first), b(noise))
+        } else {
+            "did not rise from its first window".to_string()
+        };
         return (
             Verdict::CannotTell,
             format!(
                 "no iterations found; the floor of live memory dipped to {} in the second quarter of the run's events \
-                 and otherwise held ({} in its first window, {} in its last quarter): no rise{back}",
+                 and otherwise {held} ({} in its first window, {} in its last quarter){back}",
                 b(early.bytes),
                 b(first),
                 b(late.bytes)

@@ -110,7 +110,12 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
             "processes": s.processes,
             "peak_live_bytes": s.peak_live_bytes,
             // Over several processes or devices: their sum at one instant.
-            "peak_live_is": if s.processes > 1 { "summed over the processes or devices at one instant" } else { "the one process's or device's" },
+            "peak_live_is": match (s.history, s.processes) {
+                (false, _) => Some("the most live at any event of a snapshot of one instant (its peak is not in it)"),
+                (_, 0) => None,
+                (_, 1) => Some("the one process's or device's"),
+                _ => Some("summed over the processes or devices at one instant"),
+            },
             "score": score_json(&s.score),
             "oom_risk": s.oom_risk.name(),
             "fragmentation_level": s.risk.map(Risk::name),

@@ -658,7 +658,15 @@ fn cache_flushes_give_the_capacity() {
     let r = json(&a.join("report.json"));
     assert_eq!(r["oom_risk"][0]["capacity_source"], "inferred_from_flushes");
     assert_ne!(r["summary"]["oom_risk"], "unknown");
-    assert!(r["advice"].as_array().unwrap().iter().any(|x| x["kind"] == "flush"));
+    let flush = r["advice"].as_array().unwrap().iter().find(|x| x["kind"] == "flush").expect("the flush advice");
+    // It points only to what the replay recommends, whichever it is.
+    let text = flush["text"].as_str().unwrap();
+    let recommended = r["whatif"]["recommendation"]["conf"].as_str().unwrap();
+    if recommended.starts_with("PYTORCH_CUDA_ALLOC_CONF=") {
+        assert!(text.contains(&format!("The replay recommends `{recommended}`")), "{text}");
+    } else {
+        assert!(text.contains("The replay recommends no allocator setting"), "{text}");
+    }
     // Only an interval is known: the headline gives it, judges the level
     // at its top (where the least share is in use), and claims no headroom
     // for a rise to fill.

@@ -412,7 +412,7 @@ fn a_snapshot_without_optimizer_steps_is_not_called_leak_free() {
     };
     let r = detect(&input);
     assert_eq!(r.verdict, Verdict::CannotTell, "{}", r.reason);
-    assert!(r.reason.contains("a leak once per step would not show"), "{}", r.reason);
+    assert!(r.reason.contains("a leak once per step may not show"), "{}", r.reason);
 }
 
 /// Two rounds, with a model swapped out for a moment inside the second:
@@ -470,8 +470,19 @@ fn a_dip_in_the_second_quarter_is_no_rise() {
     }
     let r = judge(&events(&list), None);
     assert_eq!(r.verdict, Verdict::CannotTell, "{}", r.reason);
-    assert!(r.reason.contains("dipped to 512.00 MiB") && r.reason.contains("no rise"), "{}", r.reason);
+    assert!(r.reason.contains("dipped to 512.00 MiB") && r.reason.contains("did not rise"), "{}", r.reason);
     assert_eq!((r.floor_early_bytes, r.growth_bytes), (1024 * MIB, 0));
+    // A floor that, after the dip, climbs past where it began is no dip.
+    let mut climb = list.clone();
+    let t_end = climb.last().unwrap().0;
+    for i in 0..40u64 {
+        climb.push((t_end + 10 + i, 40 * MIB, 0x4_0000_0000 + i * 64 * MIB));
+        climb.push((t_end + 10 + i, 800 * MIB, 0x9000_0000));
+        climb.push((t_end + 10 + i, 0, 0x9000_0000));
+    }
+    climb.sort_by_key(|x| x.0);
+    let r = judge(&events(&climb), None);
+    assert!(!r.reason.contains("dipped"), "{}", r.reason);
 }
 
 /// A trace that stops in the middle of a forward pass says so.
@@ -485,5 +496,5 @@ fn a_trace_cut_off_while_rising_says_so() {
     }
     let r = judge(&events(&list), None);
     assert_eq!(r.verdict, Verdict::CannotTell, "{}", r.reason);
-    assert!(r.reason.contains("the trace ends while live memory is still rising"), "{}", r.reason);
+    assert!(r.reason.contains("the trace ends near its highest"), "{}", r.reason);
 }

@@ -180,7 +180,7 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
             "| failed allocations | {} ({} served when PyTorch asked again, after it released cached memory: no OOM) |",
             a.failed_allocs, a.recovered_allocs
         );
-    } else if !(a.allocator_view && a.failed_allocs == 0) {
+    } else if !(a.snapshot_details().is_some() && a.failed_allocs == 0) {
         // A snapshot's failures are its `oom` entries, counted above.
         let _ = writeln!(md, "| failed allocations | {} |", a.failed_allocs);
     }

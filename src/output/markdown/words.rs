@@ -52,14 +52,14 @@ pub(crate) fn forecaster_phrase(f: ForecasterKind) -> &'static str {
     }
 }
 
-/// Whether the forecaster beats "no change", with its skill.
 /// The forecaster's confidence; where the score never moved at a
 /// cross-validation origin (a trace that idles for most of its span), an
 /// error of 0 is no evidence, and the phrase says so.
 pub(crate) fn confidence_phrase(pr: &crate::analysis::predict::Prediction) -> String {
     let c = pr.confidence.unwrap_or(0.0);
     match &pr.cv_mae {
-        Some(cv) if cv.model < 1e-9 && cv.persistence < 1e-9 => {
+        // "No change" forecast every origin exactly: the score never moved.
+        Some(cv) if cv.persistence < 1e-9 => {
             format!(
                 "confidence {c:.2}, but the score did not move at any cross-validation origin, so it rests on nothing"
             )
@@ -68,6 +68,7 @@ pub(crate) fn confidence_phrase(pr: &crate::analysis::predict::Prediction) -> St
     }
 }
 
+/// Whether the forecaster beats "no change", with its skill.
 pub(crate) fn skill_phrase(pr: &crate::analysis::predict::Prediction) -> String {
     match (pr.forecaster, pr.skill) {
         (ForecasterKind::Persistence, _) => "nothing forecast better than no change".into(),
