@@ -160,7 +160,7 @@ impl Analysis {
     pub fn has_history(&self) -> bool {
         self.snapshot_details().is_none_or(|d| {
             let rebuilt: u64 = d.reconstruction.iter().map(|r| r.initial_blocks).sum();
-            d.reconstruction.iter().map(|r| r.entries).sum::<u64>() > 0
+            d.entries() > 0
                 && (self.counts_by_kind.get(crate::trace::event::EventKind::BlockAlloc) > rebuilt
                     || self.counts_by_kind.get(crate::trace::event::EventKind::Oom) > 0)
         })

@@ -185,6 +185,11 @@ impl SnapshotDetails {
     pub fn entry_order(&self) -> bool {
         self.time_source.starts_with("event order")
     }
+
+    /// The trace entries the snapshot holds, over its devices.
+    pub fn entries(&self) -> u64 {
+        self.reconstruction.iter().map(|r| r.entries).sum()
+    }
 }
 
 /// One segment of a snapshot's final state.

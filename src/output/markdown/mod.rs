@@ -44,7 +44,7 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
     let _ = writeln!(md, "| trace | |\n|---|---|");
     let _ = writeln!(md, "| source | {} |", s.source);
     if a.entry_order() {
-        let entries: u64 = a.snapshot_details().map_or(0, |d| d.reconstruction.iter().map(|r| r.entries).sum());
+        let entries: u64 = a.snapshot_details().map_or(0, |d| d.entries());
         let _ = writeln!(
             md,
             "| events | {} from {} (no timestamps: time is entry order) |",
@@ -310,7 +310,7 @@ pub fn stdout_summary(a: &Analysis, out: &Path) -> String {
             (false, false) => "processes",
         },
         if a.entry_order() {
-            let entries: u64 = a.snapshot_details().map_or(0, |d| d.reconstruction.iter().map(|r| r.entries).sum());
+            let entries: u64 = a.snapshot_details().map_or(0, |d| d.entries());
             format!("{} without timestamps", plural(entries, "trace entry", "trace entries"))
         } else {
             format!("{:.3} s", s.duration_s)

@@ -41,7 +41,7 @@ pub(crate) fn allocator_md(a: &Analysis) -> String {
     // A recording of PyTorch's allocator was not reconstructed from a final
     // state: its devices are listed for `whatif` only.
     let probed = details.and_then(|d| d.join.as_ref()).is_some_and(|j| j.probed);
-    let entries: u64 = details.map_or(0, |d| d.reconstruction.iter().map(|r| r.entries).sum());
+    let entries: u64 = details.map_or(0, |d| d.entries());
     if details.is_some_and(|d| !d.reconstruction.is_empty()) && entries == 0 {
         md.push_str("\nImport: the snapshot holds no trace entries; its state at the one instant it was taken is all there is.\n");
     } else if let Some(recs) = details.map(|d| &d.reconstruction).filter(|r| !r.is_empty() && !probed) {
@@ -161,7 +161,7 @@ pub(crate) fn no_history(a: &Analysis) -> Option<String> {
         return None;
     }
     let d = a.snapshot_details()?;
-    let entries: u64 = d.reconstruction.iter().map(|r| r.entries).sum();
+    let entries = d.entries();
     Some(if a.peaks.is_empty() && entries == 0 {
         "it holds nothing: no segment and no trace entry (PyTorch had reserved no GPU memory when it was dumped)"
             .to_string()
