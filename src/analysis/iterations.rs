@@ -198,12 +198,8 @@ fn after_rebuilt<'a>(events: &Events, rows: &'a [usize], stacks: &Stacks, rebuil
     if rebuilt == 0 {
         return rows;
     }
-    let outside = |i: usize| {
-        events
-            .stack
-            .get(i)
-            .is_some_and(|&id| id != NO_STACK && stacks.frames_of(id).any(|f| f.name == crate::input::OUTSIDE))
-    };
+    // Only the rows up to the rebuilt ones are asked.
+    let outside = |i: usize| events.stack.get(i).is_some_and(|&id| crate::input::is_outside(stacks, id));
     let mut seen = 0;
     for (k, &i) in rows.iter().enumerate() {
         if seen == rebuilt {

@@ -535,9 +535,8 @@ mod tests {
         let rec = open(&rec_dir);
         let joined = crate::input::join(open(&rec_dir), open(&snap_file)).unwrap();
         let j = joined.trace.meta.as_ref().and_then(|m| m.details.snapshot()).and_then(|d| d.join.clone()).unwrap();
-        let outside: HashSet<u32> = joined.trace.stacks.as_deref().map_or_else(Default::default, |st| {
-            (0..st.stacks.len() as u32).filter(|&id| st.frames_of(id).any(|f| f.name == OUTSIDE)).collect()
-        });
+        let outside: HashSet<u32> =
+            joined.trace.stacks.as_deref().map_or_else(Default::default, crate::input::outside_stacks);
         let mut events = Events::default();
         for i in 0..joined.events.len() {
             let Some(mut e) = joined.events.get(i) else { continue };

@@ -39,6 +39,19 @@ use crate::trace::stacks::{Frame, Stacks};
 /// The name of the call site that outside allocations get.
 pub const OUTSIDE: &str = "device allocation outside PyTorch's allocator";
 
+/// The stacks (rows of `stacks`) of the allocations a joined recording
+/// adds from outside PyTorch's allocator: those whose frames name
+/// [`OUTSIDE`].
+pub fn outside_stacks(stacks: &Stacks) -> std::collections::HashSet<u32> {
+    (0..stacks.stacks.len() as u32).filter(|&id| is_outside(stacks, id)).collect()
+}
+
+/// Whether stack `id` is that of an allocation from outside PyTorch's
+/// allocator ([`outside_stacks`], for one stack).
+pub fn is_outside(stacks: &Stacks, id: u32) -> bool {
+    stacks.frames_of(id).any(|f| f.name == OUTSIDE)
+}
+
 /// A successful device allocation of the recording.
 #[derive(Clone, Copy, Debug)]
 struct Alloc {

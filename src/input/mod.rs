@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 
 pub(crate) use allocator::recorded_settings;
-pub use join::OUTSIDE;
+pub use join::{OUTSIDE, is_outside, outside_stacks};
 pub use loaded::Loaded;
 
 use crate::trace::Trace;

@@ -142,9 +142,7 @@ pub fn streams(
     // A recording joined with the snapshot adds the allocations PyTorch
     // did not make, at their own call site: they are not the allocator's
     // requests, and its model does not replay them.
-    let outside: std::collections::HashSet<u32> = stacks.map_or_else(Default::default, |st| {
-        (0..st.stacks.len() as u32).filter(|&id| st.frames_of(id).any(|f| f.name == crate::input::OUTSIDE)).collect()
-    });
+    let outside: std::collections::HashSet<u32> = stacks.map_or_else(Default::default, crate::input::outside_stacks);
     for i in 0..events.len() {
         let Some(kind) = events.kind[i] else { continue };
         let Some(d) = by.get_mut(&events.pid[i]) else { continue };
