@@ -152,8 +152,15 @@ pub fn released_span<V: Clone + Eq>(
     let end = addr.saturating_add(size);
     let span = match (kind, ranges.get(&addr)) {
         (EventKind::SegmentFree, Some(v)) => {
+            // Its pieces follow one another from `addr` (no other segment
+            // lies inside one): read them, not every range held.
             let at = map_of(v);
-            let last = ranges.iter().filter(|(_, w)| map_of(w) == at).map(|(r, _)| r.end).max().unwrap_or(end);
+            let last = ranges
+                .overlapping(addr..u64::MAX)
+                .take_while(|(_, w)| map_of(w) == at)
+                .map(|(r, _)| r.end)
+                .last()
+                .unwrap_or(end);
             addr..last.max(end)
         }
         _ => addr..end,
