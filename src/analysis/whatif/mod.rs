@@ -194,6 +194,13 @@ fn ooms_judged(rec: &Scenario, capacities: &[Option<u64>]) -> bool {
     rec.devices.iter().zip(capacities).all(|(d, c)| d.ooms == 0 || c.is_some())
 }
 
+/// Whether `s` reserves less than `rec` at the peak (by more than the
+/// model's noise) while releasing its cache to make room more often: a
+/// saving bought with device-wide synchronisations.
+fn saves_by_flushing(rec: &Scenario, s: &Scenario) -> bool {
+    s.flushes > rec.flushes && s.peak_reserved_bytes + noise(rec.peak_reserved_bytes) < rec.peak_reserved_bytes
+}
+
 /// The model's noise around a peak of `bytes` ([`SIGNIFICANT`]).
 fn noise(bytes: u64) -> u64 {
     ((bytes as f64 * SIGNIFICANT) as u64).max(2 << 20)
@@ -249,9 +256,7 @@ fn recommend(
     // (a `cudaFree` each time, which synchronizes the device) buys the
     // saving with stalls: it is no candidate unless it removes OOMs.
     let eligible = |i: &usize| scenarios[*i].ooms < rec.ooms || scenarios[*i].flushes <= rec.flushes;
-    let flushing = (1..scenarios.len()).any(|i| {
-        !eligible(&i) && scenarios[i].peak_reserved_bytes + noise(rec.peak_reserved_bytes) < rec.peak_reserved_bytes
-    });
+    let flushing = scenarios[1..].iter().any(|s| s.ooms >= rec.ooms && saves_by_flushing(rec, s));
     let unless_flushing = if flushing { " without releasing its cache more often" } else { "" };
     let best = (1..scenarios.len())
         .filter(eligible)
@@ -702,11 +707,7 @@ pub fn run(
         let rec = &scenarios[0];
         if let Some(s) = scenarios[1..]
             .iter()
-            .filter(|s| {
-                s.ooms == rec.ooms
-                    && s.flushes > rec.flushes
-                    && s.peak_reserved_bytes + noise(rec.peak_reserved_bytes) < rec.peak_reserved_bytes
-            })
+            .filter(|s| s.ooms == rec.ooms && saves_by_flushing(rec, s))
             .min_by_key(|s| s.peak_reserved_bytes)
         {
             recommended.1 = format!(
