@@ -233,8 +233,8 @@ pub(crate) fn prediction_md(a: &Analysis) -> String {
     if pr.forecast.is_none() {
         let _ = writeln!(
             md,
-            "Insufficient data: {} steps, the model needs at least {}.",
-            a.step_count,
+            "Insufficient data: {}, the model needs at least {}.",
+            plural(a.step_count as u64, "step", "steps"),
             pr.window + pr.horizon + 1
         );
         return md;
