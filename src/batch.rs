@@ -337,9 +337,11 @@ fn discover_all(inputs: &[PathBuf]) -> Result<(Vec<(TraceIn, String)>, bool)> {
             let top = key.split('/').next().unwrap_or_default().to_string();
             entries.entry(top).or_default().push((key, t));
         }
+        // Each also compressed (`.pickle.gz`, `.sqlite.zst`): input::compressed.
         let input_file = |k: &str| {
             let k = k.to_ascii_lowercase();
-            [".pickle", ".pkl", ".json", ".json.gz", ".sqlite"].iter().any(|e| k.ends_with(e))
+            let k = [".gz", ".gzip", ".zst", ".zstd"].iter().find_map(|c| k.strip_suffix(c)).unwrap_or(&k);
+            [".pickle", ".pkl", ".json", ".sqlite"].iter().any(|e| k.ends_with(e))
         };
         for (rel, keys) in entries {
             let is_file = keys.len() == 1 && keys[0].0 == rel;

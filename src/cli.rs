@@ -198,7 +198,8 @@ pub struct ExportArgs {
 #[derive(Debug, Args)]
 pub struct ImportArgs {
     /// The snapshot pickle, a PyTorch-profiler trace (`.json`, `.json.gz`) or an Nsight Systems
-    /// export (`nsys export --type sqlite`, or the folder of `--type parquetdir`).
+    /// export (`nsys export --type sqlite`, or the folder of `--type parquetdir`); each file may
+    /// also be compressed with gzip or zstd.
     pub snapshot: PathBuf,
     /// Output trace directory (must not already hold a trace).
     #[arg(short, long)]
@@ -247,7 +248,8 @@ pub struct SynthArgs {
 #[derive(Debug, Args)]
 pub struct AnalyzeArgs {
     /// Trace directories, PyTorch snapshot pickles, PyTorch-profiler traces (.json, .json.gz), Nsight
-    /// Systems exports (.sqlite, parquetdir folders), directories of them, or object-store URLs.
+    /// Systems exports (.sqlite, parquetdir folders), each file also compressed with gzip or zstd,
+    /// directories of them, or object-store URLs.
     #[arg(required = true)]
     pub traces: Vec<PathBuf>,
     /// PyTorch snapshots (pickles or imported traces): analyse only this CUDA

@@ -17,6 +17,7 @@ pub(crate) fn import_file(
     path: &std::path::Path,
     out: &std::path::Path,
     source: crate::trace::Source,
+    origin: Option<&crate::trace::details::CompressedOrigin>,
     convert: impl FnOnce(
         &std::path::Path,
         &mut dyn FnMut(crate::trace::event::Event) -> anyhow::Result<()>,
@@ -35,6 +36,10 @@ pub(crate) fn import_file(
             return Err(err);
         }
     }
-    writer.set_details(meta.details);
+    let mut details = meta.details;
+    if let Some(o) = origin {
+        details.name_compressed_source(o);
+    }
+    writer.set_details(details);
     writer.finish()
 }

@@ -45,7 +45,12 @@ pub fn looks_like_sqlite(path: &Path) -> bool {
     let mut head = [0u8; 16];
     path.is_file()
         && std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut head)).is_ok()
-        && &head == b"SQLite format 3\0"
+        && head_is_sqlite(&head)
+}
+
+/// Whether a file's first bytes are an SQLite database's header.
+pub fn head_is_sqlite(head: &[u8]) -> bool {
+    head.starts_with(b"SQLite format 3\0")
 }
 
 /// The id → name table of an enum, or an error naming what is missing.
@@ -311,8 +316,10 @@ fn convert_parquetdir(dir: &Path, sink: Sink<'_>) -> Result<Converted> {
 }
 
 /// `fragscope import` of an Nsight Systems export: writes the trace.
-pub fn import(path: &Path, out: &Path) -> Result<Converted> {
-    let meta =
-        super::import_file(path, out, crate::trace::Source::NsightSystems, |p, sink| Ok(convert_file(p, sink)?.meta))?;
+/// `origin`: the compressed file `path` was decompressed from, if any.
+pub fn import(path: &Path, out: &Path, origin: Option<&crate::trace::details::CompressedOrigin>) -> Result<Converted> {
+    let meta = super::import_file(path, out, crate::trace::Source::NsightSystems, origin, |p, sink| {
+        Ok(convert_file(p, sink)?.meta)
+    })?;
     Ok(Converted { meta })
 }

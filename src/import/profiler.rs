@@ -61,7 +61,13 @@ pub fn looks_like_profiler_trace(path: &Path) -> bool {
     if reader.take(64 << 10).read_to_end(&mut head).is_err() && head.is_empty() {
         return false;
     }
-    let text = String::from_utf8_lossy(&head);
+    head_is_profiler_trace(&head)
+}
+
+/// Whether a file's (decompressed) first bytes are a JSON object naming
+/// `traceEvents` or Kineto's `schemaVersion`.
+pub fn head_is_profiler_trace(head: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(head);
     text.trim_start().starts_with('{') && (text.contains("\"traceEvents\"") || text.contains("\"schemaVersion\""))
 }
 
@@ -417,6 +423,7 @@ pub fn convert_file(path: &Path, sink: Sink<'_>) -> Result<Converted> {
     meta.details = Details::Profiler(Box::new(ProfilerDetails {
         profiler_trace: path.display().to_string(),
         file_bytes,
+        compression: None,
         trace_events: r.events,
         memory_events: r.memory_events,
         cuda_memory_events: r.mem.len() as u64,
@@ -440,13 +447,10 @@ pub fn convert_file(path: &Path, sink: Sink<'_>) -> Result<Converted> {
 }
 
 /// `fragscope import` of a profiler trace: writes the trace directory.
-pub fn import(path: &Path, out: &Path) -> Result<Converted> {
-    let meta =
-        super::import_file(
-            path,
-            out,
-            crate::trace::Source::PytorchProfiler,
-            |p, sink| Ok(convert_file(p, sink)?.meta),
-        )?;
+/// `origin`: the compressed file `path` was decompressed from, if any.
+pub fn import(path: &Path, out: &Path, origin: Option<&crate::trace::details::CompressedOrigin>) -> Result<Converted> {
+    let meta = super::import_file(path, out, crate::trace::Source::PytorchProfiler, origin, |p, sink| {
+        Ok(convert_file(p, sink)?.meta)
+    })?;
     Ok(Converted { meta })
 }

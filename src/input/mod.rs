@@ -10,6 +10,7 @@
 //! comes through here. A new input format plugs in here.
 
 mod allocator;
+mod compressed;
 mod join;
 mod loaded;
 mod units;
@@ -52,8 +53,10 @@ pub fn classify(path: &Path) -> Option<Input> {
         Some(Input::Snapshot)
     } else if crate::import::nsys::looks_like_sqlite(path) {
         Some(Input::Nsys)
+    } else if crate::import::profiler::looks_like_profiler_trace(path) {
+        Some(Input::Profiler)
     } else {
-        crate::import::profiler::looks_like_profiler_trace(path).then_some(Input::Profiler)
+        compressed::codec(path).and_then(|c| compressed::inner_kind(path, c))
     }
 }
 
@@ -75,14 +78,23 @@ pub fn load(dir: &Path, kind: Option<Input>, device: Option<u32>) -> Result<Load
             name: dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned()),
             modified: std::fs::metadata(dir).and_then(|m| m.modified()).ok(),
         };
-        return convert(dir, kind, device, shell, start);
+        let readable = compressed::readable(dir, kind)?;
+        let Some(origin) = &readable.origin else { return convert(dir, kind, device, shell, start) };
+        let mut loaded = convert(&readable.path, kind, device, shell, start)
+            .with_context(|| format!("{}, decompressed", dir.display()))?;
+        if let Some(meta) = &mut loaded.trace.meta {
+            meta.details.name_compressed_source(origin);
+        }
+        return Ok(loaded);
     }
     if kind.is_none() && dir.exists() && !dir.is_dir() {
         bail!(
             "{} is not a trace directory (expected a directory of events-NNNNN.parquet parts), and its \
              content is none of the files fragscope imports: a PyTorch memory snapshot (a pickle of protocol 2 to 5, \
-             starting with the PROTO opcode 0x80), a PyTorch-profiler JSON trace or an Nsight Systems SQLite export",
-            dir.display()
+             starting with the PROTO opcode 0x80), a PyTorch-profiler JSON trace or an Nsight Systems SQLite export, \
+             each also compressed with gzip or zstd{}",
+            dir.display(),
+            compressed::not_an_input(dir).unwrap_or_default()
         );
     }
     let mut trace = Trace::open(dir)?;
@@ -256,9 +268,15 @@ pub fn discover(paths: &[PathBuf]) -> Result<(Vec<Found>, bool)> {
 pub fn import(path: &Path, output: &Path, device: Option<u32>) -> Result<()> {
     let started = std::time::Instant::now();
     let kind = classify(path);
+    let readable = compressed::readable(path, kind)?;
+    let (from, origin) = (readable.path.as_path(), readable.origin.as_ref());
+    let decompressed = |e: anyhow::Error| match origin {
+        Some(_) => e.context(format!("{}, decompressed", path.display())),
+        None => e,
+    };
     if kind == Some(Input::Nsys) {
         anyhow::ensure!(device.is_none(), "--device selects a device of a PyTorch snapshot, not of an Nsight export");
-        let c = crate::import::nsys::import(path, output)?;
+        let c = crate::import::nsys::import(from, output, origin).map_err(decompressed)?;
         if let Details::Nsys(d) = &c.meta.details {
             println!(
                 "{}: {} device-memory events of {} rows from {} (device(s) {:?}, {} from memory pools) in {:.2} s",
@@ -278,7 +296,7 @@ pub fn import(path: &Path, output: &Path, device: Option<u32>) -> Result<()> {
     }
     if kind == Some(Input::Profiler) {
         anyhow::ensure!(device.is_none(), "--device selects a device of a PyTorch snapshot, not of a profiler trace");
-        let c = crate::import::profiler::import(path, output)?;
+        let c = crate::import::profiler::import(from, output, origin).map_err(decompressed)?;
         let total: u64 = c.meta.event_counts.values().sum();
         println!(
             "{}: {} events from {} in {:.2} s",
@@ -307,7 +325,7 @@ pub fn import(path: &Path, output: &Path, device: Option<u32>) -> Result<()> {
         }
         return Ok(());
     }
-    let c = crate::import::snapshot::import(path, output, device)?;
+    let c = crate::import::snapshot::import(from, output, device, origin).map_err(decompressed)?;
     let total: u64 = c.meta.event_counts.values().sum();
     println!(
         "{}: {} events from {} ({} device(s), {} stacks) in {:.2} s",

@@ -41,6 +41,20 @@ impl Details {
         if let Details::Record(r) = self { Some(r) } else { None }
     }
 
+    /// Names the file an imported trace came from when the importer read a
+    /// decompressed copy of it (`input::compressed`).
+    pub fn name_compressed_source(&mut self, origin: &CompressedOrigin) {
+        let (p, b, c) = match self {
+            Details::Snapshot(s) => (&mut s.snapshot, &mut s.file_bytes, &mut s.compression),
+            Details::Profiler(s) => (&mut s.profiler_trace, &mut s.file_bytes, &mut s.compression),
+            Details::Nsys(s) => (&mut s.nsys_export, &mut s.file_bytes, &mut s.compression),
+            _ => return,
+        };
+        p.clone_from(&origin.path);
+        *b = origin.file_bytes;
+        *c = Some(origin.compression.to_string());
+    }
+
     /// The reserved bytes a profiler trace reported over time (empty for
     /// other sources).
     pub fn reserved_series(&self) -> &[ReservedSample] {
@@ -61,6 +75,15 @@ impl Details {
     }
 }
 
+/// The compressed file an import read a decompressed copy of: its path,
+/// its size and how it was compressed ("gzip", "zstd").
+#[derive(Clone, Debug)]
+pub struct CompressedOrigin {
+    pub path: String,
+    pub file_bytes: u64,
+    pub compression: &'static str,
+}
+
 /// Writes `details` with its keys sorted, whatever the declaration order.
 pub(crate) fn sorted<S: serde::Serializer>(d: &Details, s: S) -> Result<S::Ok, S::Error> {
     serde_json::to_value(d).map_err(serde::ser::Error::custom)?.serialize(s)
@@ -73,6 +96,10 @@ pub struct SnapshotDetails {
     pub snapshot: String,
     #[serde(default)]
     pub file_bytes: u64,
+    /// How the file was compressed ("gzip", "zstd"), when it was:
+    /// `file_bytes` is then the compressed size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<String>,
     /// "dict", or "bare list of segments" (the oldest layout).
     #[serde(default)]
     pub layout: String,
@@ -344,6 +371,10 @@ pub struct ProfilerDetails {
     pub profiler_trace: String,
     #[serde(default)]
     pub file_bytes: u64,
+    /// How the file was compressed ("gzip", "zstd"), when it was:
+    /// `file_bytes` is then the compressed size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<String>,
     #[serde(default)]
     pub trace_events: u64,
     /// `"[memory]"` events, of every device type.
@@ -407,6 +438,10 @@ pub struct NsysDetails {
     pub nsys_export: String,
     #[serde(default)]
     pub file_bytes: u64,
+    /// How the file was compressed ("gzip", "zstd"), when it was:
+    /// `file_bytes` is then the compressed size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<String>,
     /// Rows of `CUDA_GPU_MEMORY_USAGE_EVENTS`.
     #[serde(default)]
     pub rows: u64,

@@ -90,7 +90,8 @@ impl Trace {
             bail!(
                 "{} is not a trace directory (expected a directory of events-NNNNN.parquet parts), and its \
                  content is none of the files fragscope imports: a PyTorch memory snapshot (a pickle of protocol 2 to 5, \
-                 starting with the PROTO opcode 0x80), a PyTorch-profiler JSON trace or an Nsight Systems SQLite export",
+                 starting with the PROTO opcode 0x80), a PyTorch-profiler JSON trace or an Nsight Systems SQLite export, \
+                 each also compressed with gzip or zstd",
                 dir.display()
             );
         }

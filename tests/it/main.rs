@@ -9,6 +9,7 @@ mod batch;
 mod browser;
 mod cli;
 mod compare;
+mod compressed;
 mod diagnosis;
 mod docs;
 mod export;

@@ -15,7 +15,7 @@ fn json(path: &Path) -> Value {
 }
 
 /// Runs the generator; None (and a note) without python3.
-fn generate(dir: &Path, extra: &[&str]) -> Option<PathBuf> {
+pub(crate) fn generate(dir: &Path, extra: &[&str]) -> Option<PathBuf> {
     let out = dir.join("report.sqlite");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/gen-nsys.py");
     match std::process::Command::new("python3").arg(&script).arg(&out).args(extra).status() {

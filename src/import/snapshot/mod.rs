@@ -154,6 +154,7 @@ pub fn convert(
     meta.details = Details::Snapshot(Box::new(SnapshotDetails {
         snapshot: source.to_string(),
         file_bytes,
+        compression: None,
         layout: if snap.bare_list { "bare list of segments" } else { "dict" }.into(),
         devices: devices.clone(),
         device_count: snap.traces.len().max(all.iter().map(|&d| d as usize + 1).max().unwrap_or(0)),
@@ -179,7 +180,13 @@ pub fn convert(
 
 /// `fragscope import`: writes the converted snapshot as a trace directory.
 /// The output directory appears only once the snapshot has been read.
-pub fn import(path: &Path, out: &Path, device: Option<u32>) -> Result<Converted> {
+/// `origin`: the compressed file `path` was decompressed from, if any.
+pub fn import(
+    path: &Path,
+    out: &Path,
+    device: Option<u32>,
+    origin: Option<&crate::trace::details::CompressedOrigin>,
+) -> Result<Converted> {
     let file_bytes = std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?.len();
     let snap = Snapshot::read(path)?;
     let started = std::time::Instant::now();
@@ -206,7 +213,11 @@ pub fn import(path: &Path, out: &Path, device: Option<u32>) -> Result<Converted>
         }
     };
     writer.write_stacks(&converted.stacks)?;
-    writer.set_details(converted.meta.details.clone());
+    let mut details = converted.meta.details.clone();
+    if let Some(o) = origin {
+        details.name_compressed_source(o);
+    }
+    writer.set_details(details);
     let meta = writer.finish()?;
     tracing::info!("converted and written in {:.3} s", started.elapsed().as_secs_f64());
     Ok(Converted { meta, ..converted })
@@ -216,6 +227,10 @@ pub fn import(path: &Path, out: &Path, device: Option<u32>) -> Result<Converted>
 pub fn looks_like_pickle(path: &Path) -> bool {
     let mut head = [0u8; 2];
     std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head)).is_ok()
-        && head[0] == 0x80
-        && (2..=5).contains(&head[1])
+        && head_is_pickle(&head)
+}
+
+/// Whether a file's first bytes are a pickle's of protocol 2 to 5.
+pub fn head_is_pickle(head: &[u8]) -> bool {
+    matches!(head, [0x80, v, ..] if (2..=5).contains(v))
 }

@@ -1,0 +1,200 @@
+//! Inputs compressed as a whole with gzip or zstd (`snap.pickle.gz`,
+//! `report.sqlite.zst`, `trace.json.zst`): the way big snapshots are
+//! shared. Known by their magic bytes, never by their name; what is inside
+//! is classified by its own first bytes, as a plain file is.
+//!
+//! The importers read a file twice (the pickle reader's first pass notes
+//! which memo entries are read back) or need one on disk (SQLite), so a
+//! compressed input is decompressed once, streaming, into a file of a
+//! temporary folder (`TMPDIR`, else `/tmp`) that lives while it is read and
+//! is removed after. It costs the decompressed size in disk for that time,
+//! not in memory; where there is no room, the error says so and how to
+//! point `TMPDIR` elsewhere. A gzip profiler trace (`.json.gz`) is not
+//! decompressed to disk: the profiler importer streams it itself.
+//!
+//! A stream that ends early or fails its checksum is an error naming the
+//! file: nothing of a partial decompression is analysed.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use super::Input;
+use crate::trace::details::CompressedOrigin;
+
+/// How a file is compressed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Codec {
+    Gzip,
+    Zstd,
+}
+
+impl Codec {
+    pub fn name(self) -> &'static str {
+        match self {
+            Codec::Gzip => "gzip",
+            Codec::Zstd => "zstd",
+        }
+    }
+
+    /// The suffixes a file compressed this way usually ends with.
+    fn suffixes(self) -> &'static [&'static str] {
+        match self {
+            Codec::Gzip => &[".gz", ".gzip"],
+            Codec::Zstd => &[".zst", ".zstd"],
+        }
+    }
+}
+
+/// How `path` is compressed (by its magic bytes), or None: not a file, not
+/// readable, or not compressed.
+pub fn codec(path: &Path) -> Option<Codec> {
+    let mut head = [0u8; 4];
+    if !path.is_file() || std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut head)).is_err() {
+        return None;
+    }
+    match head {
+        [0x1f, 0x8b, _, _] => Some(Codec::Gzip),
+        [0x28, 0xb5, 0x2f, 0xfd] => Some(Codec::Zstd),
+        _ => None,
+    }
+}
+
+/// `path`'s content, decompressed.
+fn reader(path: &Path, codec: Codec) -> Result<Box<dyn Read>> {
+    let file = std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    Ok(match codec {
+        // Several members, as pigz and bgzip write, are one stream.
+        Codec::Gzip => Box::new(flate2::read::MultiGzDecoder::new(std::io::BufReader::new(file))),
+        Codec::Zstd => Box::new(
+            zstd::stream::read::Decoder::new(file)
+                .with_context(|| format!("{}: cannot start a zstd decoder", path.display()))?,
+        ),
+    })
+}
+
+/// The first 64 KiB of `path`'s decompressed content, and the stream's
+/// error if it broke before them.
+fn head(path: &Path, codec: Codec) -> (Vec<u8>, Option<String>) {
+    let mut head = Vec::with_capacity(64 << 10);
+    let err = match reader(path, codec) {
+        Ok(r) => r.take(64 << 10).read_to_end(&mut head).err().map(|e| e.to_string()),
+        Err(e) => Some(format!("{e:#}")),
+    };
+    (head, err)
+}
+
+/// What the decompressed content of `path` is, by its first 64 KiB: a
+/// snapshot pickle, an Nsight SQLite export or a profiler JSON trace.
+pub fn inner_kind(path: &Path, codec: Codec) -> Option<Input> {
+    // A stream broken after its head still classifies; the error is
+    // reported when the whole is decompressed.
+    let (head, _) = head(path, codec);
+    if crate::import::snapshot::head_is_pickle(&head) {
+        Some(Input::Snapshot)
+    } else if crate::import::nsys::head_is_sqlite(&head) {
+        Some(Input::Nsys)
+    } else {
+        crate::import::profiler::head_is_profiler_trace(&head).then_some(Input::Profiler)
+    }
+}
+
+/// For the error on a file that is no input: how it is compressed, and
+/// whether its stream breaks before a head could be read (None: not
+/// compressed).
+pub fn not_an_input(path: &Path) -> Option<String> {
+    let codec = codec(path)?;
+    Some(match head(path, codec) {
+        (h, Some(e)) if h.len() < 16 => format!(
+            "; it is compressed with {}, and its stream breaks after {} byte(s) ({e}): a truncated or corrupt file?",
+            codec.name(),
+            h.len()
+        ),
+        _ => format!(
+            "; it is compressed with {}, and what it holds once decompressed is none of these either",
+            codec.name()
+        ),
+    })
+}
+
+/// Whether `kind` read from `path` goes through `inflate`: every
+/// compressed input but a gzip profiler trace, which its importer streams.
+fn needs_inflating(path: &Path, kind: Option<Input>) -> Option<Codec> {
+    match (codec(path), kind) {
+        (Some(Codec::Gzip), Some(Input::Profiler)) => None,
+        (c, Some(Input::Snapshot | Input::Profiler | Input::Nsys)) => c,
+        _ => None,
+    }
+}
+
+/// An input file as an importer reads it: the file itself, or its
+/// decompressed copy in a temporary folder (removed when this is dropped),
+/// with the compressed file it came from.
+pub struct Readable {
+    /// The file to read: the input, or its decompressed copy, named as the
+    /// input without its compression suffix.
+    pub path: PathBuf,
+    /// The compressed file, where `path` is its copy.
+    pub origin: Option<CompressedOrigin>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+/// `path`, classified as `kind`, ready for its importer: decompressed
+/// into a temporary folder where [`needs_inflating`] says so.
+pub fn readable(path: &Path, kind: Option<Input>) -> Result<Readable> {
+    match needs_inflating(path, kind) {
+        None => Ok(Readable { path: path.to_path_buf(), origin: None, _dir: None }),
+        Some(codec) => inflate(path, codec),
+    }
+}
+
+/// Decompresses `path` into a temporary folder.
+fn inflate(path: &Path, codec: Codec) -> Result<Readable> {
+    let started = std::time::Instant::now();
+    let dir = tempfile::Builder::new()
+        .prefix("fragscope-inflated-")
+        .tempdir()
+        .with_context(|| format!("{}: cannot create a temporary folder to decompress it into", path.display()))?;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "input".into());
+    let lower = name.to_ascii_lowercase();
+    let stem = codec
+        .suffixes()
+        .iter()
+        .find_map(|s| lower.strip_suffix(s).map(|k| name[..k.len()].to_string()))
+        .filter(|s| !s.is_empty())
+        .unwrap_or(name);
+    let out_path = dir.path().join(&stem);
+    let mut out = std::fs::File::create(&out_path).with_context(|| format!("cannot create {}", out_path.display()))?;
+    let mut input = reader(path, codec)?;
+    let n = std::io::copy(&mut input, &mut out).map_err(|e| {
+        let room = e.kind() == std::io::ErrorKind::StorageFull;
+        let mut err = anyhow::Error::new(e);
+        if room {
+            err = err.context(format!(
+                "no room to decompress it into {} (it needs the decompressed size): set TMPDIR to a folder with room, \
+                 or decompress it by hand",
+                dir.path().display()
+            ));
+        } else {
+            err = err.context(format!(
+                "the {} stream is broken or ends early (a truncated or corrupt file?); nothing of it was analysed",
+                codec.name()
+            ));
+        }
+        err.context(format!("{}: cannot decompress it", path.display()))
+    })?;
+    tracing::info!(
+        "{}: {} decompressed to {} bytes in {:.3} s",
+        path.display(),
+        codec.name(),
+        n,
+        started.elapsed().as_secs_f64()
+    );
+    let origin = CompressedOrigin {
+        path: path.display().to_string(),
+        file_bytes: std::fs::metadata(path).map_or(0, |m| m.len()),
+        compression: codec.name(),
+    };
+    Ok(Readable { path: out_path, origin: Some(origin), _dir: Some(dir) })
+}
