@@ -582,6 +582,31 @@ def cases(out):
     snap["device_traces"][0] = frees[-2:]
     write_case(out, "last_frees", snap, [d], extra={"entries": {"0": 2}})
 
+    # ring_steps: a training loop that does not leak (weights kept, each
+    # step's activations freed), with `ProfilerStep#N` annotations for all
+    # 12 steps, but a trace that kept only its last entries, as PyTorch's
+    # ring buffer does: it begins just after step 6 began, so steps 0-6 and
+    # the weights' allocations are not in it whole, while the annotations
+    # (far fewer) reach back to the start. Steps 7-11 are.
+    d = Device(0, 8 << 30, sites, rng=random.Random(15))
+    weights = [d.malloc(40 * MiB + 512 * i) for i in range(6)]
+    annotations, starts = [], []
+    for step in range(12):
+        d.clock += 5
+        annotations.append({"stage": "START", "name": f"ProfilerStep#{step}", "device": 0, "time_us": d.clock})
+        starts.append(len(d.trace))
+        acts = [d.malloc(rng_size) for rng_size in (3 * MiB + 100 * step, 9 * MiB, 700_000)]
+        for a in reversed(acts):
+            d.free(a)
+        d.clock += 5
+        annotations.append({"stage": "END", "name": f"ProfilerStep#{step}", "device": 0, "time_us": d.clock})
+    snap = snapshot_of([d])
+    snap["device_traces"][0] = d.trace[starts[6]:]
+    snap["external_annotations"] = annotations
+    assert weights and len(snap["device_traces"][0]) < len(d.trace)
+    write_case(out, "ring_steps", snap, [d],
+               extra={"entries": {"0": len(d.trace) - starts[6]}, "steps_before_trace": 7, "steps_in_trace": 5})
+
     # an empty snapshot: dumped before PyTorch reserved anything.
     write_case(out, "empty", {"segments": [], "device_traces": [],
                               "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": ""}}, [])

@@ -101,6 +101,11 @@ pub struct Iterations {
     pub source: IterationSource,
     /// Iteration starts (ns, the trace's clock), ascending.
     pub boundaries_t_ns: Vec<u64>,
+    /// Steps the annotations name that began before the trace's first
+    /// entry, where something was alive before it (PyTorch keeps the last
+    /// entries of its history, and its annotations reach further back):
+    /// not counted, since the trace holds none of their events.
+    pub before_trace: usize,
 }
 
 impl Iterations {
@@ -121,7 +126,16 @@ impl Iterations {
             median / 1e9
         });
         let warmup_end_t_ns = boundaries.get(1).copied().filter(|_| complete >= 1);
-        Iterations { pid, count, complete, period_s, warmup_end_t_ns, source, boundaries_t_ns: boundaries }
+        Iterations {
+            pid,
+            count,
+            complete,
+            period_s,
+            warmup_end_t_ns,
+            source,
+            boundaries_t_ns: boundaries,
+            before_trace: 0,
+        }
     }
 
     /// The iteration holding instant `t` (0 from the first boundary), None
@@ -178,11 +192,15 @@ pub fn detect(
     // stretch before its first optimizer step's end is a whole iteration,
     // the first, with the program's set-up.
     let begins = rows.first().map(|&i| events.ts_ns[i]).filter(|_| rebuilt == Some(0));
+    // Where something was alive before it, the trace is a window on the
+    // run (PyTorch's history keeps its last entries): steps that began
+    // before its first entry are not in it.
+    let window = rows.first().map(|&i| events.ts_ns[i]).filter(|_| rebuilt.is_some_and(|n| n > 0));
     // A snapshot's allocations repeat per layer as much as per iteration,
     // so only its optimizer steps count; and only those the trace recorded,
     // not the blocks rebuilt from its final state (all at its first
     // instant: the optimizer's moments made by steps before it began).
-    from_annotations(pid, annotations, begins).or_else(|| match stacks {
+    from_annotations(pid, annotations, begins, window).or_else(|| match stacks {
         Some(st) => {
             from_optimizer_steps(events, pid, after_rebuilt(events, rows, st, rebuilt.unwrap_or(0)), st, begins)
         }
@@ -212,8 +230,16 @@ fn after_rebuilt<'a>(events: &Events, rows: &'a [usize], stacks: &Stacks, rebuil
     &[]
 }
 
-fn from_annotations(pid: u32, annotations: &[Annotation], begins: Option<u64>) -> Option<Iterations> {
-    let mine: Vec<&Annotation> = annotations.iter().filter(|a| a.device == pid).collect();
+fn from_annotations(
+    pid: u32,
+    annotations: &[Annotation],
+    begins: Option<u64>,
+    window: Option<u64>,
+) -> Option<Iterations> {
+    let all: Vec<&Annotation> = annotations.iter().filter(|a| a.device == pid).collect();
+    let inside = |a: &&Annotation| window.is_none_or(|w| a.t_ns >= w);
+    let before = |step: &dyn Fn(&Annotation) -> bool| all.iter().filter(|a| step(a) && !inside(a)).count();
+    let mine: Vec<&Annotation> = all.iter().copied().filter(inside).collect();
     let profiler: Vec<&&Annotation> = mine.iter().filter(|a| a.name.starts_with("ProfilerStep#")).collect();
     let starts: Vec<u64> = profiler.iter().filter(|a| a.stage == "START").map(|a| a.t_ns).collect();
     if !starts.is_empty() {
@@ -224,11 +250,17 @@ fn from_annotations(pid: u32, annotations: &[Annotation], begins: Option<u64>) -
         {
             boundaries.push(end);
         }
-        return Some(Iterations::new(pid, starts.len(), boundaries, IterationSource::Annotations));
+        let mut it = Iterations::new(pid, starts.len(), boundaries, IterationSource::Annotations);
+        it.before_trace = before(&|a| a.name.starts_with("ProfilerStep#") && a.stage == "START");
+        return Some(it);
     }
-    let ends: Vec<u64> =
-        mine.iter().filter(|a| a.name.starts_with("Optimizer.step#") && a.stage == "END").map(|a| a.t_ns).collect();
-    (!ends.is_empty()).then(|| Iterations::new(pid, ends.len(), with_start(begins, ends), IterationSource::Annotations))
+    let step_end = |a: &Annotation| a.name.starts_with("Optimizer.step#") && a.stage == "END";
+    let ends: Vec<u64> = mine.iter().filter(|a| step_end(a)).map(|a| a.t_ns).collect();
+    (!ends.is_empty()).then(|| {
+        let mut it = Iterations::new(pid, ends.len(), with_start(begins, ends), IterationSource::Annotations);
+        it.before_trace = before(&step_end);
+        it
+    })
 }
 
 /// Iteration ends, with the series' first instant as the first start when
@@ -648,22 +680,31 @@ mod tests {
             a("START", "Optimizer.step#AdamW.step", 250),
             a("END", "Optimizer.step#AdamW.step", 280),
         ];
-        let it = from_annotations(0, &list, None).unwrap();
+        let it = from_annotations(0, &list, None, None).unwrap();
         assert_eq!((it.count, it.complete, it.boundaries_t_ns.clone()), (2, 2, vec![100, 200, 290]));
         assert_eq!(it.index_at(99), None);
         assert_eq!(it.index_at(200), Some(1));
-        let only_step = from_annotations(0, &list[4..], None).unwrap();
+        let only_step = from_annotations(0, &list[4..], None, None).unwrap();
         assert_eq!((only_step.count, only_step.complete, only_step.warmup_end_t_ns), (1, 0, None));
-        assert!(from_annotations(1, &list, None).is_none());
+        assert!(from_annotations(1, &list, None, None).is_none());
         // A device that began in the trace: its first event starts the
         // first iteration, which ends at the first optimizer step.
-        let began = from_annotations(0, &list[4..], Some(10)).unwrap();
+        let began = from_annotations(0, &list[4..], Some(10), None).unwrap();
         assert_eq!((began.count, began.complete, began.boundaries_t_ns.clone()), (1, 1, vec![10, 280]));
         assert_eq!(began.warmup_end_t_ns, Some(280));
         // Profiler steps have their own starts; a start after the first
         // end is not one.
-        assert_eq!(from_annotations(0, &list, Some(10)).unwrap().boundaries_t_ns, vec![100, 200, 290]);
-        assert_eq!(from_annotations(0, &list[4..], Some(281)).unwrap().boundaries_t_ns, vec![280]);
+        assert_eq!(from_annotations(0, &list, Some(10), None).unwrap().boundaries_t_ns, vec![100, 200, 290]);
+        assert_eq!(from_annotations(0, &list[4..], Some(281), None).unwrap().boundaries_t_ns, vec![280]);
+        // A trace that is a window on the run (its first entry at 195,
+        // something alive before it): the step that began before it is
+        // not in it, and is counted apart.
+        let window = from_annotations(0, &list, None, Some(195)).unwrap();
+        assert_eq!((window.count, window.complete, window.boundaries_t_ns.clone()), (1, 1, vec![200, 290]));
+        assert_eq!(window.before_trace, 1);
+        let steps = from_annotations(0, &list[4..], None, Some(281));
+        assert!(steps.is_none(), "the only optimizer step ended before the window: {steps:?}");
+        assert_eq!(from_annotations(0, &list[4..], None, Some(280)).unwrap().before_trace, 0);
     }
 
     /// Only an optimizer's `step` marks an iteration: a diffusion

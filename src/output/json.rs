@@ -175,6 +175,7 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
             "warmup_end_t_ns": it.warmup_end_t_ns,
             "source": it.source.name(),
             "boundaries_t_ns": it.boundaries_t_ns,
+            "before_trace": it.before_trace,
         })).collect::<Vec<_>>(),
         "leaks": a.leaks.iter().map(leak_json).collect::<Vec<_>>(),
     });

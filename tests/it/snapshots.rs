@@ -103,6 +103,7 @@ fn every_generated_layout_imports_exactly() {
         "expandable_oom",
         "two_devices",
         "ring",
+        "ring_steps",
         "no_time",
         "legacy_list",
         "legacy_history",
@@ -178,6 +179,41 @@ fn every_generated_layout_imports_exactly() {
 }
 
 /// Without `time_us` the OOM table counts trace entries, not seconds.
+/// A ring buffer's trace is a window on the run, while its
+/// `ProfilerStep#N` annotations reach back to the start: the steps that
+/// began before the trace's first entry are not iterations of it (their
+/// floors would be 0 B, nothing of theirs being in the trace, and the
+/// weights rebuilt at the first entry would read as a rise).
+#[test]
+fn steps_that_began_before_a_ring_buffers_trace_are_not_its_iterations() {
+    let Some(dir) = generated() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    fragscope()
+        .arg("analyze")
+        .arg(dir.join("ring_steps.pickle"))
+        .args(["--no-plots", "--no-view", "-o"])
+        .arg(&out)
+        .assert()
+        .success();
+    let expected = json(&dir.join("ring_steps.expected.json"));
+    let report = json(&out.join("report.json"));
+    let it = &report["iterations"][0];
+    assert_eq!(it["source"], "annotations");
+    assert_eq!(it["count"], expected["steps_in_trace"], "{it}");
+    assert_eq!(it["before_trace"], expected["steps_before_trace"], "{it}");
+    // Every boundary lies in the trace.
+    let first = report["leaks"][0]["floors"][0]["start_t_ns"].as_u64().unwrap();
+    let events_start = it["boundaries_t_ns"][0].as_u64().unwrap();
+    assert!(events_start >= first, "{it}");
+    let leak = &report["leaks"][0];
+    assert_eq!(leak["verdict"], "not leaking", "{leak}");
+    let floors: Vec<u64> = leak["floors"].as_array().unwrap().iter().map(|f| f["bytes"].as_u64().unwrap()).collect();
+    assert!(floors.iter().all(|&b| b == floors[0] && b > 200 << 20), "the weights in every floor: {floors:?}");
+    let md = fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("the annotations also name 7 steps that began before the trace's first entry"), "{md}");
+}
+
 #[test]
 fn untimed_oom_tables_give_the_entry() {
     let Some(dir) = generated() else { return };

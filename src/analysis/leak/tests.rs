@@ -22,6 +22,7 @@ fn iterations(boundaries: Vec<u64>) -> Iterations {
         warmup_end_t_ns: boundaries.get(1).copied(),
         source: crate::analysis::iterations::IterationSource::Periodicity,
         boundaries_t_ns: boundaries,
+        before_trace: 0,
     }
 }
 

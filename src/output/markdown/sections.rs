@@ -611,6 +611,16 @@ pub(crate) fn iterations_md(a: &Analysis) -> String {
             it.source.name()
         );
     }
+    for it in a.iterations.iter().filter(|it| it.before_trace > 0) {
+        let _ = writeln!(
+            md,
+            "\n{}: the annotations also name {} that began before the trace's first entry (PyTorch keeps only the \
+             last entries of its memory history, and its annotations reach further back). The trace does not hold them \
+             whole, so they are not counted.",
+            a.device_name(it.pid),
+            plural(it.before_trace as u64, "step", "steps"),
+        );
+    }
     if a.iterations.iter().all(|it| it.complete < 4) {
         let most = a.iterations.iter().map(|it| it.complete).max().unwrap_or(0);
         let count = match (most, a.iterations.len()) {
