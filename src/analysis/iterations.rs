@@ -45,8 +45,10 @@
 //!
 //! 4. **Launches** (device-level traces whose live memory does not repeat:
 //!    a recording of a program whose allocator caches, as PyTorch's does,
-//!    sees its segments allocated once and kept): the kernel launch
-//!    sequence repeats once per iteration; see [`from_launches`].
+//!    sees its segments allocated once and kept; and a recording's
+//!    allocator view, the probes on PyTorch's allocator, whose stacks hold
+//!    no Python frame to find a step in): the kernel launch sequence
+//!    repeats once per iteration; see [`from_launches`].
 //!
 //! An iteration runs from one boundary to the next; the stretch before the
 //! first boundary and after the last is partial. Where a snapshot's device
@@ -201,11 +203,21 @@ pub fn detect(
     // not the blocks rebuilt from its final state (all at its first
     // instant: the optimizer's moments made by steps before it began).
     from_annotations(pid, annotations, begins, window).or_else(|| match stacks {
+        // A recording's allocator view (the probes on PyTorch's allocator)
+        // has native frames at most, where no optimizer step can show:
+        // its kernel launches repeat once per iteration, as a device-level
+        // recording's do (not its blocks, which repeat per layer too).
         Some(st) => {
             from_optimizer_steps(events, pid, after_rebuilt(events, rows, st, rebuilt.unwrap_or(0)), st, begins)
+                .or_else(|| if st.frames.iter().any(is_python) { None } else { from_launches(events, pid, rows) })
         }
         None => from_periodicity(events, pid, rows).or_else(|| from_launches(events, pid, rows)),
     })
+}
+
+/// A frame of the program's Python code (a snapshot's), not a native one.
+fn is_python(f: &Frame) -> bool {
+    f.filename.ends_with(".py")
 }
 
 /// The rows after the first `rebuilt` of a snapshot's device (what was

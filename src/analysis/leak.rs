@@ -634,17 +634,20 @@ fn by_windows(r: &mut LeakReport, input: &Input<'_>) -> (Verdict, String) {
             ),
         );
     }
-    // A snapshot's own frames show no optimizer step: what repeats in it
-    // may be layers or requests as well as steps, and a leak once per step
-    // would not show.
-    let framed = input.allocator_view && input.stacks.is_some_and(|st| python_frames(ev, series(), st));
-    if (growth <= 0 || growth as u64 <= noise) && framed {
+    // PyTorch's blocks (a snapshot, or a recording's allocator view) with
+    // no optimizer step in their frames, or no Python frames to look in:
+    // what repeats may be layers or requests as well as steps (a
+    // transformer's layers repeat as regularly as its steps), and a leak
+    // once per step would not show.
+    if (growth <= 0 || growth as u64 <= noise) && input.allocator_view {
+        let framed = input.stacks.is_some_and(|st| python_frames(ev, series(), st));
         return (
             Verdict::CannotTell,
             format!(
-                "no optimizer step or profiler step marks iterations here; the floor of live memory {} over {swings} \
-                 rises (layers, requests or steps: the trace does not say which): a leak once per step may not \
-                 show{back}",
+                "no optimizer step or profiler step marks iterations here{}; the floor of live memory {} over \
+                 {swings} rises (layers, requests or steps: the trace does not say which): a leak once per step may \
+                 not show{back}",
+                if framed { "" } else { ", and the trace holds no Python frames to find one in" },
                 if growth > 0 {
                     format!(
                         "rose by only {} from the second quarter of its events to the last, within the noise ({}: 2 % \

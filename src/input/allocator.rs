@@ -225,6 +225,7 @@ pub fn view(recording: Loaded) -> Result<Loaded> {
     }
 
     let mut out = Events::default();
+    let mut launches: Vec<Event> = Vec::new();
     let mut spans = Vec::new();
     let (mut segments, mut orphans) = (0u64, 0u64);
     for u in &units {
@@ -310,9 +311,15 @@ pub fn view(recording: Loaded) -> Result<Loaded> {
                     e.extra.device_free = refused_segment(rec, &u.rows[at + 1..]).map(|_| 0);
                     row(kind, 0, size, &e, plain(&e, size));
                 }
+                // Kernel launches, whole: the iterations of a recording
+                // without Python frames are found from them.
+                EventKind::Launch => launches.push(Event { pid: id, ..e }),
                 _ => {}
             }
         }
+    }
+    for e in &launches {
+        out.push(e);
     }
     out.sort_by_time();
 
@@ -522,7 +529,8 @@ mod tests {
     /// memory), then written back as the probes would have recorded it
     /// (segments as `cudaMalloc`s, blocks with their requests, the outside
     /// allocations as they were) and put in this view: the same segments,
-    /// outside memory and figures, and so the same verdicts.
+    /// outside memory and figures. The verdicts differ only where the
+    /// snapshot knows more: its annotations mark the steps.
     #[test]
     fn a_real_run_seen_by_the_probes_is_analysed_as_its_snapshot_joined_with_its_recording() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/gpu-h100");
@@ -557,6 +565,20 @@ mod tests {
             e.extra.stack = None;
             events.push(&e);
         }
+        // The recording's kernel launches, which the probes record too
+        // (the join leaves them out).
+        for i in 0..rec.events.len() {
+            if rec.events.kind[i] == Some(EventKind::Launch)
+                && let Some(mut e) = rec.events.get(i)
+            {
+                // On the snapshot's clock, as the joined view is.
+                e.pid = j.pids[0];
+                e.ts_ns = (e.ts_ns as i64 - j.clock_offset_ns) as u64;
+                events.push(&e);
+            }
+        }
+        events.sort_by_time();
+        let rec_probed = events.clone();
         let probed = view(Loaded { trace: rec.trace.clone(), events, out_of_order: 0 }).unwrap();
         let pj = probed.trace.meta.as_ref().and_then(|m| m.details.snapshot()).and_then(|d| d.join.clone()).unwrap();
         assert_eq!((pj.segments_matched, pj.blocks_without_segment), (j.segments_matched, 0));
@@ -572,8 +594,23 @@ mod tests {
             (peaks, x.ooms.len(), last.map(|f| (f.reserved_bytes, f.allocated_bytes)), x.rows.len())
         };
         assert_eq!(figures(&a), figures(&b));
+        // The snapshot's `ProfilerStep` annotations give its iterations,
+        // equal floors: not leaking. The probes see no annotation and no
+        // Python frame; their kernel launches give the iterations, and the
+        // same verdict.
         let verdicts = |x: &crate::analysis::Analysis| x.leaks.iter().map(|l| l.verdict).collect::<Vec<_>>();
-        assert_eq!(verdicts(&a), verdicts(&b));
+        assert_eq!(verdicts(&b), vec![crate::analysis::leak::Verdict::NotLeaking], "{:?}", b.leaks[0].reason);
+        assert_eq!(verdicts(&a), verdicts(&b), "{:?}", a.leaks[0].reason);
+        assert_eq!(a.iterations[0].source, crate::analysis::iterations::IterationSource::Launches);
+        // Without its launches (`record --no-launch`), nothing marks a
+        // step: a floor that held over repeated rises may be layers as well
+        // as steps, so it cannot tell.
+        let mut no_launches = rec_probed.clone();
+        no_launches.retain(|e, i| e.kind[i] != Some(EventKind::Launch));
+        let c = view(Loaded { trace: rec.trace.clone(), events: no_launches, out_of_order: 0 }).unwrap();
+        let c = crate::analysis::analyze_loaded(c, &opts).unwrap();
+        assert_eq!(verdicts(&c), vec![crate::analysis::leak::Verdict::CannotTell], "{:?}", c.leaks[0].reason);
+        assert!(c.leaks[0].reason.contains("no Python frames to find one in"), "{}", c.leaks[0].reason);
     }
 
     #[test]

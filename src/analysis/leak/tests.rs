@@ -381,8 +381,9 @@ fn without_iterations_one_pass_cannot_be_told() {
     assert_eq!(swings(&run, &run[n / 4..], 1), 21, "the set-up climbing into the first step, then each step: {run:?}");
 }
 
-/// A snapshot whose Python frames show no optimizer step: what repeats
-/// may be layers, so a floor that held is no verdict either way.
+/// A snapshot whose Python frames show no optimizer step, or that has no
+/// frames: what repeats may be layers, so a floor that held is no verdict
+/// either way.
 #[test]
 fn a_snapshot_without_optimizer_steps_is_not_called_leak_free() {
     let mut saw = vec![(0, 1024 * MIB, 0x1000_0000)];
@@ -414,6 +415,20 @@ fn a_snapshot_without_optimizer_steps_is_not_called_leak_free() {
     let r = detect(&input);
     assert_eq!(r.verdict, Verdict::CannotTell, "{}", r.reason);
     assert!(r.reason.contains("a leak once per step may not show"), "{}", r.reason);
+    assert!(!r.reason.contains("no Python frames"), "{}", r.reason);
+    // The same snapshot recorded without frames (`context=None`, or
+    // stacks off): nothing to find a step in, and the same doubt.
+    let r = detect(&Input { stacks: None, ..input });
+    assert_eq!(r.verdict, Verdict::CannotTell, "{}", r.reason);
+    assert!(r.reason.contains("the trace holds no Python frames to find one in"), "{}", r.reason);
+    // The device view of the same events (an eBPF recording of a program
+    // that does not cache) repeated itself 99 times: not leaking.
+    let mut device = Events::default();
+    for &(t, size, addr) in &saw {
+        device.push(&Event::new(t, 1, if size > 0 { EventKind::Alloc } else { EventKind::Free }, addr, size));
+    }
+    let r = detect(&Input { events: &device, stacks: None, allocator_view: false, ..input });
+    assert_eq!(r.verdict, Verdict::NotLeaking, "{}", r.reason);
 }
 
 /// Two rounds, with a model swapped out for a moment inside the second:
