@@ -30,8 +30,10 @@ pub struct KernelStat {
 type Launched = (u32, u64);
 
 /// Kernels by launch count (most first), for a trace recorded with maps.
-/// Empty when the trace has no launches or no `maps/` folder.
-pub fn kernel_table(trace_dir: &Path, events: &Events) -> Vec<KernelStat> {
+/// Empty when the trace has no launches or no `maps/` folder. `process`
+/// gives the recorded process of a series (a unit's, or a probed
+/// recording's allocator view's), which the maps are keyed by.
+pub fn kernel_table(trace_dir: &Path, events: &Events, process: impl Fn(u32) -> u32) -> Vec<KernelStat> {
     let registered = match KernelNames::read(trace_dir) {
         Ok(k) => k,
         Err(e) => {
@@ -45,7 +47,7 @@ pub fn kernel_table(trace_dir: &Path, events: &Events) -> Vec<KernelStat> {
     let mut launches: BTreeMap<Launched, (u64, u64)> = BTreeMap::new();
     for i in 0..events.len() {
         if events.kind[i] == Some(EventKind::Launch) {
-            let c = launches.entry((events.pid[i], events.addr[i])).or_default();
+            let c = launches.entry((process(events.pid[i]), events.addr[i])).or_default();
             c.0 += 1;
             c.1 += u64::from(events.ret[i] != 0);
         }

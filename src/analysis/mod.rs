@@ -293,7 +293,8 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         tracing::debug!("whatif in {:.3} s", started.elapsed().as_secs_f64());
     }
     if analysis.trace.source() == Some(crate::trace::Source::Ebpf) {
-        analysis.kernels = crate::analysis::kernels::kernel_table(&analysis.trace.dir, events);
+        let trace = &analysis.trace;
+        analysis.kernels = crate::analysis::kernels::kernel_table(&trace.dir, events, |id| trace.process_of(id));
         if let Some(st) = &stacks {
             analysis.alloc_stacks = sites::allocation_stacks(events, st);
         }

@@ -179,6 +179,21 @@ impl Trace {
         self.meta.as_ref().map(|m| m.source)
     }
 
+    /// The recorded process of series `id`: its unit's process
+    /// ([`Trace::units`]), the one process of a probed recording's
+    /// allocator view (whose series is named by its device), or `id`
+    /// itself. What the recording's maps are keyed by.
+    pub fn process_of(&self, id: u32) -> u32 {
+        if let Some(&(pid, _)) = self.units.get(&id) {
+            return pid;
+        }
+        let probed = self.meta.as_ref().and_then(|m| m.details.snapshot()).and_then(|d| d.join.as_ref());
+        match probed {
+            Some(j) if j.probed && j.pids.len() == 1 => j.pids[0],
+            _ => id,
+        }
+    }
+
     /// Reads the replay columns of every part (in parallel), maps
     /// `kind` to [`EventKind`] and sorts by time. Returns the events and the
     /// number of rows that were out of time order.

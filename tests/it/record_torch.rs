@@ -24,12 +24,17 @@ fn record_torch(tmp: &Path, extra: &[&str]) -> (PathBuf, Output) {
 }
 
 fn record_torch_env(tmp: &Path, extra: &[&str], env: &[(&str, &str)]) -> (PathBuf, Output) {
+    record_torch_run(tmp, extra, &["3"], env)
+}
+
+/// Records the stand-in workload run with `args`.
+fn record_torch_run(tmp: &Path, extra: &[&str], args: &[&str], env: &[(&str, &str)]) -> (PathBuf, Output) {
     let dir = standin();
     let trace = tmp.join("trace");
     let l = libs(dir);
     let c10 = format!("--lib={}", dir.join("lib64/libc10_cuda.so").display());
     let mut c = record_cmd(&trace, &[&l[0], &l[1], &c10]);
-    c.args(extra).arg("--").arg(dir.join("torch-workload")).arg("3").env("STANDIN_CAPACITY", CAPACITY);
+    c.args(extra).arg("--").arg(dir.join("torch-workload")).args(args).env("STANDIN_CAPACITY", CAPACITY);
     c.envs(env.iter().copied());
     let out = c.output().unwrap();
     assert!(out.status.success(), "record failed: {}", String::from_utf8_lossy(&out.stderr));
@@ -394,4 +399,37 @@ fn the_programs_allocator_settings_are_kept_and_used() {
     assert!(md.contains(&format!("`PYTORCH_CUDA_ALLOC_CONF` (`{conf}`)")), "{md}");
     // whatif's "recorded settings" are the program's.
     assert_eq!(json["allocator"]["snapshot"]["allocator_settings"]["roundup_power2_divisions"][0], 4);
+}
+
+/// A training loop seen through the probes: no Python frame and no
+/// profiler annotation mark its steps, its kernel launches do. The leak
+/// verdict follows each step's floor, and the kernels are named as the
+/// process registered them (the view's series is named by its device, the
+/// recording's maps by the process).
+#[test]
+fn the_probes_view_finds_steps_from_the_launches_and_tells_a_leak() {
+    if !bpf_ready("the_probes_view_finds_steps_from_the_launches_and_tells_a_leak") {
+        return;
+    }
+    for (keep, verdict) in [("0", "not leaking"), ("1048576", "leaking")] {
+        let tmp = tempfile::tempdir().unwrap();
+        let (trace, _) = record_torch_run(tmp.path(), &[], &["launches", "10", keep], &[]);
+        let (json, md) = analyze_json(&trace, &tmp.path().join("report"));
+        assert_eq!(json["join"]["probed"], true);
+        let it = &json["iterations"][0];
+        assert_eq!(it["source"], "launches", "keep {keep}: {it}");
+        assert!(it["count"].as_u64().unwrap() >= 8, "keep {keep}: {it}");
+        let leak = &json["leaks"][0];
+        assert_eq!(leak["verdict"], verdict, "keep {keep}: {}", leak["reason"]);
+        if keep != "0" {
+            assert_eq!(leak["growth_per_iteration_bytes"].as_u64(), Some(1 << 20), "{leak}");
+        }
+        let kernels: Vec<(&str, u64)> = json["kernels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| (k["name"].as_str().unwrap(), k["launches"].as_u64().unwrap()))
+            .collect();
+        assert_eq!(kernels, [("layer(float*, int)", 40), ("norm(float*)", 40), ("adam(float*, float*)", 10)], "{md}");
+    }
 }
