@@ -606,6 +606,14 @@ def cases(out):
     assert weights and len(snap["device_traces"][0]) < len(d.trace)
     write_case(out, "ring_steps", snap, [d],
                extra={"entries": {"0": len(d.trace) - starts[6]}, "steps_before_trace": 7, "steps_in_trace": 5})
+    # steps_no_time: the same loop's whole trace without time_us (older
+    # PyTorch): its annotations' wall-clock times cannot be placed among
+    # the entries.
+    whole = snapshot_of([d])
+    whole["device_traces"] = [[{k: v for k, v in e.items() if k != "time_us"} for e in t]
+                              for t in whole["device_traces"]]
+    whole["external_annotations"] = annotations
+    write_case(out, "steps_no_time", whole, [d], extra={"annotated_steps": 12})
 
     # an empty snapshot: dumped before PyTorch reserved anything.
     write_case(out, "empty", {"segments": [], "device_traces": [],

@@ -175,6 +175,15 @@ pub struct LeakReport {
     pub allocated_once: Vec<SiteBytes>,
 }
 
+impl LeakReport {
+    /// The growth per second, for a leak on a clock: None otherwise (not
+    /// leaking, or a snapshot whose time is entry order, where a second
+    /// means nothing; [`LeakReport::rate_bytes_per_s`] is then 0).
+    pub fn rate(&self) -> Option<f64> {
+        (self.leaking && self.rate_bytes_per_s > 0.0).then_some(self.rate_bytes_per_s)
+    }
+}
+
 /// Growth below this is noise without iterations: 2 % of the peak, at
 /// least 16 MiB.
 fn threshold(peak: u64) -> u64 {

@@ -200,7 +200,12 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         .map(|(p, (idx, prediction, backtest))| apply_prediction(p.pid, idx, prediction, backtest, &mut rows))
         .collect();
     tracing::debug!("predictor and backtest in {:.3} s", started.elapsed().as_secs_f64());
-    let leaks = find_leaks(events, &peaks, &iterations, &floors, &mut replay, allocator_view, stacks.as_deref(), &ooms);
+    let mut leaks =
+        find_leaks(events, &peaks, &iterations, &floors, &mut replay, allocator_view, stacks.as_deref(), &ooms);
+    // Entry order: a nanosecond stands for one entry, so no rate per second.
+    if trace.meta.as_ref().and_then(|m| m.details.snapshot()).is_some_and(|d| d.entry_order()) {
+        leaks.iter_mut().for_each(|l| l.rate_bytes_per_s = 0.0);
+    }
     let exits = replay.exits().to_vec();
     let mut anomalies = replay.finish();
     anomalies.out_of_order = out_of_order;

@@ -265,7 +265,7 @@ pub(crate) fn leak_json(l: &crate::analysis::leak::LeakReport) -> serde_json::Va
         "fluctuation_bytes": l.fluctuation_bytes,
         // Only a leak has a rate: a rise that may be one pass's is no rate
         // of anything.
-        "rate_bytes_per_s": l.leaking.then(|| r6(l.rate_bytes_per_s)),
+        "rate_bytes_per_s": l.rate().map(r6),
         "floors": l.floors.iter().enumerate().map(|(i, f)| json!({
             "index": i,
             "warmup": iterations && i == 0,

@@ -66,8 +66,12 @@ impl Details {
 
     /// Profiler ranges (`record_function`, `ProfilerStep#N`) of a snapshot
     /// or a profiler trace: where `analyze` takes iterations from first.
+    /// None for a snapshot whose time is entry order: its annotations'
+    /// wall-clock times cannot be placed among entries that have none
+    /// ([`Details::unplaced_annotations`]).
     pub fn annotations(&self) -> &[Annotation] {
         match self {
+            Details::Snapshot(s) if s.entry_order() => &[],
             Details::Snapshot(s) => &s.annotations,
             Details::Profiler(p) => &p.annotations,
             _ => &[],
@@ -205,6 +209,17 @@ pub fn by_library(spans: &[OutsideSpan]) -> Vec<(String, u64, u64)> {
         e.1 += s.bytes;
     }
     by.into_iter().map(|(l, (n, b))| (l.to_string(), n, b)).collect()
+}
+
+impl Details {
+    /// A snapshot's annotations that cannot be placed: it has some, and its
+    /// time is entry order.
+    pub fn unplaced_annotations(&self) -> usize {
+        match self {
+            Details::Snapshot(s) if s.entry_order() => s.annotations.iter().filter(|a| a.stage == "START").count(),
+            _ => 0,
+        }
+    }
 }
 
 impl SnapshotDetails {

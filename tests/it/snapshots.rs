@@ -214,6 +214,35 @@ fn steps_that_began_before_a_ring_buffers_trace_are_not_its_iterations() {
     assert!(md.contains("the annotations also name 7 steps that began before the trace's first entry"), "{md}");
 }
 
+/// A trace without `time_us` (older PyTorch) is in entry order: the
+/// annotations' wall-clock times cannot be placed among its entries, so
+/// they mark no iterations (they once gave 12, the warm-up ending at
+/// "1748729391000480000 entries"), and the report says why.
+#[test]
+fn annotations_of_a_trace_in_entry_order_mark_no_iterations() {
+    let Some(dir) = generated() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    fragscope()
+        .arg("analyze")
+        .arg(dir.join("steps_no_time.pickle"))
+        .args(["--no-plots", "--no-view", "-o"])
+        .arg(&out)
+        .assert()
+        .success();
+    let report = json(&out.join("report.json"));
+    assert!(report["iterations"].as_array().unwrap().iter().all(|it| it["source"] != "annotations"), "{report}");
+    let md = fs::read_to_string(out.join("report.md")).unwrap();
+    let n = json(&dir.join("steps_no_time.expected.json"))["annotated_steps"].as_u64().unwrap();
+    assert!(
+        md.contains(&format!(
+            "{n} profiler annotations with wall-clock times, which cannot be placed among trace entries that have none"
+        )),
+        "{md}"
+    );
+    assert_ne!(report["leaks"][0]["method"], "iterations", "{}", report["leaks"][0]);
+}
+
 #[test]
 fn untimed_oom_tables_give_the_entry() {
     let Some(dir) = generated() else { return };

@@ -495,3 +495,51 @@ fn a_cache_reserved_before_the_trace_leaves_the_settings_unjudged() {
     assert!(!md.contains("keep the current settings"), "{md}");
     assert!(r["advice"].as_array().unwrap().iter().all(|a| a["conf"].is_null()), "{}", r["advice"]);
 }
+
+/// `training-leak` as other recordings of the same run would hold it: the
+/// trace of a ring buffer that kept only its last half (the annotations,
+/// far fewer, kept whole, as PyTorch keeps them), and the trace without
+/// `time_us` (older PyTorch). Each still says `leaking` by 250 MiB per
+/// iteration, from the iterations its trace holds; the one without a
+/// clock gives no rate per second.
+#[test]
+fn a_leak_is_told_from_a_ring_buffers_half_and_from_a_trace_without_time() {
+    let Some(leak) = h100("training-leak.pickle") else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let script = r#"
+import pickle, sys
+class Plain(pickle.Unpickler):
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"{module}.{name}")
+s = Plain(open(sys.argv[1], "rb")).load()
+half = dict(s)
+half["device_traces"] = [t[len(t) // 2:] for t in s["device_traces"]]
+pickle.dump(half, open(sys.argv[2], "wb"), protocol=4)
+untimed = dict(s)
+untimed["device_traces"] = [[{k: v for k, v in e.items() if k != "time_us"} for e in t] for t in s["device_traces"]]
+pickle.dump(untimed, open(sys.argv[3], "wb"), protocol=4)
+"#;
+    let (half, untimed) = (tmp.path().join("half.pickle"), tmp.path().join("untimed.pickle"));
+    let made = std::process::Command::new("python3").arg("-c").arg(script).arg(&leak).arg(&half).arg(&untimed).status();
+    if !matches!(made, Ok(s) if s.success()) {
+        assert!(std::env::var("FRAGSCOPE_REQUIRE_PYTHON").as_deref() != Ok("1"), "python3: {made:?}");
+        eprintln!("skipped: python3 could not rewrite the snapshot ({made:?})");
+        return;
+    }
+    let (h, h_md) = analyze(&half, &tmp.path().join("h"), &[]);
+    let it = &h["iterations"][0];
+    assert_eq!(it["source"], "annotations");
+    assert!(it["before_trace"].as_u64().unwrap() >= 4, "{it}");
+    let f = floors(&h);
+    assert!(f.iter().all(|&b| b > 1 << 30), "no floor of an iteration outside the trace: {f:?}");
+    assert!(h_md.contains("that began before the trace's first entry"), "{h_md}");
+    let (u, _) = analyze(&untimed, &tmp.path().join("u"), &[]);
+    for (r, name) in [(&h, "half"), (&u, "untimed")] {
+        let l = &r["leaks"][0];
+        assert_eq!(l["verdict"], "leaking", "{name}: {}", l["reason"]);
+        assert_eq!(l["growth_per_iteration_bytes"].as_u64(), Some(250 << 20), "{name}: {l}");
+    }
+    assert!(h["leaks"][0]["rate_bytes_per_s"].as_f64().is_some_and(|r| r > 0.0));
+    assert!(u["leaks"][0]["rate_bytes_per_s"].is_null(), "no clock, no rate: {}", u["leaks"][0]);
+    assert_ne!(u["iterations"][0]["source"], "annotations");
+}

@@ -74,7 +74,7 @@ pub fn chrome(a: &Analysis, window: Window) -> serde_json::Value {
     for l in &a.leaks {
         out.push(json!({"ph": "i", "s": "p", "name": format!("leak: {}", l.verdict.name()), "pid": l.pid, "tid": 0,
             "ts": us(end), "args": {"verdict": l.verdict.name(), "reason": l.reason, "growth_bytes": l.growth_bytes,
-            "rate_bytes_per_s": l.leaking.then_some(l.rate_bytes_per_s)}}));
+            "rate_bytes_per_s": l.rate()}}));
     }
     json!({
         "traceEvents": out,

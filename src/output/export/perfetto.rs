@@ -371,8 +371,8 @@ pub fn perfetto(a: &Analysis, window: Window) -> Trace {
             annotation("growth_bytes", Arg::I(l.growth_bytes)),
         ];
         // Only a leak has a rate (as in report.json).
-        if l.leaking {
-            args.push(annotation("rate_bytes_per_s", Arg::F(l.rate_bytes_per_s)));
+        if let Some(rate) = l.rate() {
+            args.push(annotation("rate_bytes_per_s", Arg::F(rate)));
         }
         b.instant(end, track, format!("leak: {}", l.verdict.name()), "leak", args);
     }

@@ -450,7 +450,7 @@ pub(crate) fn leaks_md(a: &Analysis) -> String {
             Some(g) => format!("−{}", bytes(g.unsigned_abs())),
             None => "—".into(),
         };
-        let rate = if l.leaking { format!("{}/s", bytes(l.rate_bytes_per_s.max(0.0) as u64)) } else { "—".into() };
+        let rate = l.rate().map_or("—".into(), |r| format!("{}/s", bytes(r as u64)));
         let from = match l.method {
             _ if !a.has_history() => "—",
             Method::Iterations => "iteration floors",
@@ -560,7 +560,14 @@ pub(crate) fn iterations_md(a: &Analysis) -> String {
         let annotations = a.trace.meta.as_ref().map_or(&[][..], |m| m.details.annotations());
         let names: std::collections::BTreeSet<&str> =
             annotations.iter().map(|x| x.name.split('#').next().unwrap_or(&x.name)).collect();
-        let marks = if annotations.is_empty() {
+        let unplaced = a.trace.meta.as_ref().map_or(0, |m| m.details.unplaced_annotations());
+        let marks = if unplaced > 0 {
+            format!(
+                "{} with wall-clock times, which cannot be placed among trace entries that have none (time is entry \
+                 order),",
+                plural(unplaced as u64, "profiler annotation", "profiler annotations")
+            )
+        } else if annotations.is_empty() {
             "no profiler annotations".to_string()
         } else {
             let shown: Vec<String> = names.iter().take(4).map(|n| format!("`{n}`")).collect();
