@@ -546,6 +546,16 @@ def cases(out):
     d = ExpandableDevice(0, 2 << 30, sites, rng=random.Random(3))
     workload(d, 3000, streams=(0, 5))
     write_case(out, "expandable", snapshot_of([d]), [d])
+    # The same without `allocator_settings` (older PyTorch writes none):
+    # its expandable segments say the setting was on.
+    bare = snapshot_of([d])
+    del bare["allocator_settings"]
+    write_case(out, "expandable_no_settings", bare, [d])
+    # ... and with settings that contradict its segments (a hand-made
+    # dict): the replay cannot be measured against it.
+    off = snapshot_of([d])
+    off["allocator_settings"]["expandable_segments"] = False
+    write_case(out, "expandable_settings_off", off, [d])
     # ... and on a small device: mappings that fail, the cache released
     # before the last retry, OOMs.
     d = ExpandableDevice(0, 300 * MiB, sites, rng=random.Random(12))

@@ -360,9 +360,11 @@ fn scenarios_md(w: &Whatif, level: &str, name: &dyn Fn(u32) -> String) -> String
         };
         // A snapshot's recorded row gives what the recording did, and the
         // model's replay beside it where the two differ.
-        let recording = (w.source == Source::Snapshot).then(|| {
-            let measured = w.fidelity.iter().filter(|f| f.not_measured.is_none());
-            measured.fold((0u64, 0u64), |(r, o), f| (r + f.recorded_peak_reserved, o + f.recorded_ooms))
+        // The recording's figures beside the model's where the fidelity was
+        // measured (not: a "recorded" peak of 0 B).
+        let measured: Vec<_> = w.fidelity.iter().filter(|f| f.not_measured.is_none()).collect();
+        let recording = (w.source == Source::Snapshot && !measured.is_empty()).then(|| {
+            measured.iter().fold((0u64, 0u64), |(r, o), f| (r + f.recorded_peak_reserved, o + f.recorded_ooms))
         });
         scenario_table(&mut md, w, &figures, recording, w.capacity.is_some());
     }

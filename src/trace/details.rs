@@ -112,9 +112,15 @@ pub struct SnapshotDetails {
     pub devices: Vec<u32>,
     #[serde(default)]
     pub device_count: usize,
-    /// PyTorch's `allocator_settings`, as the snapshot has them.
+    /// PyTorch's `allocator_settings`, as the snapshot has them, plus the
+    /// keys in `inferred_settings`.
     #[serde(default)]
     pub allocator_settings: serde_json::Value,
+    /// Keys of `allocator_settings` the snapshot did not record, inferred
+    /// from what it holds: `expandable_segments` (true) where its segments
+    /// are expandable.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inferred_settings: Vec<String>,
     /// "time_us", or why time is entry order.
     #[serde(default)]
     pub time_source: String,

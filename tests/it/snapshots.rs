@@ -100,6 +100,7 @@ fn every_generated_layout_imports_exactly() {
         "proto5",
         "oom",
         "expandable",
+        "expandable_no_settings",
         "expandable_oom",
         "two_devices",
         "ring",
@@ -241,6 +242,47 @@ fn annotations_of_a_trace_in_entry_order_mark_no_iterations() {
         "{md}"
     );
     assert_ne!(report["leaks"][0]["method"], "iterations", "{}", report["leaks"][0]);
+}
+
+/// A snapshot without `allocator_settings` whose segments are expandable
+/// ran with expandable segments: the replay takes them, reproduces the
+/// recording, and does not advise the setting already on. Settings that
+/// contradict the segments leave the replay unmeasured, and the recorded
+/// row then gives no figure (it read "0 B (model: …)").
+#[test]
+fn expandable_segments_are_inferred_where_the_settings_are_missing() {
+    let Some(dir) = generated() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let trace = tmp.path().join("trace");
+    let meta = import(&dir.join("expandable_no_settings.pickle"), &trace, &[]);
+    assert_eq!(meta["details"]["inferred_settings"], serde_json::json!(["expandable_segments"]));
+    assert_eq!(meta["details"]["allocator_settings"]["expandable_segments"], true);
+    let out = tmp.path().join("w");
+    fragscope().arg("whatif").arg(dir.join("expandable_no_settings.pickle")).arg("-o").arg(&out).assert().success();
+    let w = json(&out.join("whatif.json"));
+    let f = &w["fidelity"][0];
+    assert!(f["not_measured"].is_null(), "{f}");
+    assert_eq!(f["same_address"], f["allocations"], "{f}");
+    assert_eq!(f["recorded_peak_reserved_bytes"], f["simulated_peak_reserved_bytes"], "{f}");
+    let conf = w["recommendation"]["conf"].as_str().unwrap_or_default();
+    assert!(!conf.contains("expandable_segments:True"), "advised the setting already on: {conf}");
+    let report = tmp.path().join("a");
+    fragscope()
+        .arg("analyze")
+        .arg(dir.join("expandable_no_settings.pickle"))
+        .args(["--no-plots", "--no-view", "-o"])
+        .arg(&report)
+        .assert()
+        .success();
+    let md = fs::read_to_string(report.join("report.md")).unwrap();
+    assert!(md.contains("the snapshot does not record `expandable_segments`, and its segments are expandable"), "{md}");
+    // Settings that say the segments are not expandable, while they are.
+    let out = tmp.path().join("off");
+    fragscope().arg("whatif").arg(dir.join("expandable_settings_off.pickle")).arg("-o").arg(&out).assert().success();
+    let w = json(&out.join("whatif.json"));
+    assert!(!w["fidelity"][0]["not_measured"].is_null(), "{}", w["fidelity"][0]);
+    let md = fs::read_to_string(out.join("whatif.md")).unwrap();
+    assert!(md.contains("| recorded settings |") && !md.contains("0 B (model:"), "{md}");
 }
 
 #[test]

@@ -148,6 +148,9 @@ pub struct Snapshot {
     /// `external_annotations`: profiler ranges (`record_function`), with
     /// `time_us` turned into the trace's ns.
     pub annotations: Vec<Annotation>,
+    /// Keys of `allocator_settings` the snapshot did not record, inferred
+    /// from what it holds (`expandable_segments`).
+    pub inferred_settings: Vec<String>,
 }
 
 /// Turns the memo's shared frame dicts and lists into table ids.
@@ -340,7 +343,31 @@ impl Snapshot {
             })?;
         }
         snap.stacks = std::mem::take(&mut interner.stacks);
+        snap.infer_expandable();
         Ok(snap)
+    }
+
+    /// A snapshot that records no `expandable_segments` (no
+    /// `allocator_settings` at all, as older PyTorch wrote them, or a
+    /// hand-made dict) but whose segments are expandable, or whose trace
+    /// maps pages: `expandable_segments:True` was on, and is recorded so,
+    /// with the key named in `inferred_settings`. Without it every later
+    /// step took the default (off): the replay refused to measure, its
+    /// "recorded" peak read 0 B, and it advised the setting already on.
+    fn infer_expandable(&mut self) {
+        if self.allocator_settings.get("expandable_segments").is_some() {
+            return;
+        }
+        let mapped = self.segments.iter().any(|s| s.is_expandable)
+            || self.traces.iter().flatten().any(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap));
+        if !mapped {
+            return;
+        }
+        if !self.allocator_settings.is_object() {
+            self.allocator_settings = serde_json::Value::Object(Default::default());
+        }
+        self.allocator_settings["expandable_segments"] = serde_json::Value::Bool(true);
+        self.inferred_settings.push("expandable_segments".into());
     }
 
     pub(super) fn segment(&mut self, s: &Value, interner: &mut Interner) -> Result<Segment> {

@@ -83,6 +83,24 @@ pub(crate) fn allocator_md(a: &Analysis) -> String {
     {
         let _ = writeln!(md, "\nTime: {ts}.");
     }
+    // Settings the snapshot did not record (older PyTorch writes none).
+    if let Some(d) = details.filter(|d| d.join.is_none() && a.whatif.is_some()) {
+        let recorded = d.allocator_settings.as_object().map_or(0, |m| m.len()) > d.inferred_settings.len();
+        if d.inferred_settings.iter().any(|k| k == "expandable_segments") {
+            let _ = writeln!(
+                md,
+                "\nSettings: the snapshot does not record `expandable_segments`, and its segments are expandable, so it \
+                 was on: the replay below takes `expandable_segments:True`{}.",
+                if recorded { "" } else { " and PyTorch's defaults for the other settings, which it records none of" }
+            );
+        } else if !recorded {
+            let _ = writeln!(
+                md,
+                "\nSettings: the snapshot records no allocator settings (older PyTorch writes none): the replay below \
+                 takes PyTorch's defaults."
+            );
+        }
+    }
     md
 }
 
