@@ -339,8 +339,7 @@ fn discover_all(inputs: &[PathBuf]) -> Result<(Vec<(TraceIn, String)>, bool)> {
         }
         // Each also compressed (`.pickle.gz`, `.sqlite.zst`): input::compressed.
         let input_file = |k: &str| {
-            let k = k.to_ascii_lowercase();
-            let k = [".gz", ".gzip", ".zst", ".zstd"].iter().find_map(|c| k.strip_suffix(c)).unwrap_or(&k);
+            let k = crate::input::strip_compression_suffix(k).to_ascii_lowercase();
             [".pickle", ".pkl", ".json", ".sqlite"].iter().any(|e| k.ends_with(e))
         };
         for (rel, keys) in entries {

@@ -132,7 +132,8 @@ fn parse_size_arg(s: &str) -> Result<u64, String> {
 
 #[derive(Debug, Args)]
 pub struct CompareArgs {
-    /// The baseline: a trace directory or a PyTorch snapshot pickle.
+    /// The baseline: a trace directory, or any file `analyze` reads (a PyTorch snapshot pickle, a
+    /// profiler trace, an Nsight export; each also gzip- or zstd-compressed).
     pub a: PathBuf,
     /// The candidate, compared against A.
     pub b: PathBuf,
@@ -156,8 +157,9 @@ pub struct CompareArgs {
 
 #[derive(Debug, Args)]
 pub struct WhatifArgs {
-    /// A PyTorch memory snapshot pickle (or a trace imported from one), or a device-level trace
-    /// (an eBPF recording, a synthetic trace): its allocations are replayed as the allocator's requests.
+    /// A PyTorch memory snapshot pickle (also gzip- or zstd-compressed, or a trace imported from
+    /// one), or a device-level trace (an eBPF recording, a synthetic trace): its allocations are
+    /// replayed as the allocator's requests.
     pub input: PathBuf,
     /// Output directory (whatif.json, whatif.md, whatif.png, scenarios/NAME/ trace directories).
     #[arg(short, long)]
@@ -177,7 +179,8 @@ pub struct WhatifArgs {
 
 #[derive(Debug, Args)]
 pub struct ExportArgs {
-    /// A trace directory or a PyTorch snapshot.
+    /// A trace directory, or any file `analyze` reads (a PyTorch snapshot, also gzip- or
+    /// zstd-compressed).
     pub input: PathBuf,
     /// memory-viz: a PyTorch snapshot pickle (pytorch.org/memory_viz, SnapViewer); perfetto: a
     /// Perfetto protobuf trace (ui.perfetto.dev, trace_processor); chrome: Trace Event JSON

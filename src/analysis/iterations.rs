@@ -197,7 +197,11 @@ pub fn detect(
     // Where something was alive before it, the trace is a window on the
     // run (PyTorch's history keeps its last entries): steps that began
     // before its first entry are not in it.
-    let window = rows.first().map(|&i| events.ts_ns[i]).filter(|_| rebuilt.is_some_and(|n| n > 0));
+    // Its first entry: the first row that is PyTorch's (a joined
+    // recording's allocations from outside it may come earlier).
+    let own =
+        |i: &usize| stacks.is_none_or(|st| !events.stack.get(*i).is_some_and(|&id| crate::input::is_outside(st, id)));
+    let window = rows.iter().find(|&i| own(i)).map(|&i| events.ts_ns[i]).filter(|_| rebuilt.is_some_and(|n| n > 0));
     // A snapshot's allocations repeat per layer as much as per iteration,
     // so only its optimizer steps count; and only those the trace recorded,
     // not the blocks rebuilt from its final state (all at its first
@@ -209,15 +213,12 @@ pub fn detect(
         // recording's do (not its blocks, which repeat per layer too).
         Some(st) => {
             from_optimizer_steps(events, pid, after_rebuilt(events, rows, st, rebuilt.unwrap_or(0)), st, begins)
-                .or_else(|| if st.frames.iter().any(is_python) { None } else { from_launches(events, pid, rows) })
+                .or_else(
+                    || if st.frames.iter().any(Frame::is_python) { None } else { from_launches(events, pid, rows) },
+                )
         }
         None => from_periodicity(events, pid, rows).or_else(|| from_launches(events, pid, rows)),
     })
-}
-
-/// A frame of the program's Python code (a snapshot's), not a native one.
-fn is_python(f: &Frame) -> bool {
-    f.filename.ends_with(".py")
 }
 
 /// The rows after the first `rebuilt` of a snapshot's device (what was

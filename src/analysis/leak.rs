@@ -764,7 +764,7 @@ fn python_frames(events: &Events, rows: impl Iterator<Item = usize>, stacks: &cr
         let Some(&id) = events.stack.get(i) else { return false };
         if id != crate::trace::event::NO_STACK
             && seen.insert(id)
-            && stacks.frames_of(id).any(|f| f.filename.ends_with(".py"))
+            && stacks.frames_of(id).any(crate::trace::Frame::is_python)
         {
             return true;
         }

@@ -133,8 +133,11 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     // allocator: their failed cudaMallocs are retried once, and their OOMs
     // cannot be classified from the segments.
     let pytorch = if allocator_view { Default::default() } else { pytorch_units(&trace) };
-    let annotations: &[crate::trace::details::Annotation] =
-        trace.meta.as_ref().map_or(&[], |m| m.details.annotations());
+    // Only those that can be placed among their device's events.
+    let annotations: Vec<crate::trace::details::Annotation> = trace.meta.as_ref().map_or_else(Vec::new, |m| {
+        m.details.annotations().iter().filter(|a| m.details.placeable(a)).cloned().collect()
+    });
+    let annotations = annotations.as_slice();
     // Call-site iterations are a snapshot's (allocator view); a device-level
     // trace, with recorded stacks or not, uses its period.
     let snapshot_stacks = stacks.as_deref().filter(|_| allocator_view);
@@ -203,8 +206,8 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     let mut leaks =
         find_leaks(events, &peaks, &iterations, &floors, &mut replay, allocator_view, stacks.as_deref(), &ooms);
     // Entry order: a nanosecond stands for one entry, so no rate per second.
-    if trace.meta.as_ref().and_then(|m| m.details.snapshot()).is_some_and(|d| d.entry_order()) {
-        leaks.iter_mut().for_each(|l| l.rate_bytes_per_s = 0.0);
+    if let Some(m) = &trace.meta {
+        leaks.iter_mut().filter(|l| m.details.untimed(l.pid)).for_each(|l| l.rate_bytes_per_s = 0.0);
     }
     let exits = replay.exits().to_vec();
     let mut anomalies = replay.finish();

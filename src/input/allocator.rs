@@ -248,7 +248,7 @@ pub fn view(recording: Loaded) -> Result<Loaded> {
         for (at, &i) in u.rows.iter().enumerate() {
             let (Some(kind), Some(mut e)) = (rec.kind[i], rec.get(i)) else { continue };
             let (addr, size) = (rec.addr[i], rec.size[i]);
-            if rec.ret[i] != 0 && kind != EventKind::Oom {
+            if rec.ret[i] != 0 && !matches!(kind, EventKind::Oom | EventKind::Launch) {
                 continue;
             }
             match kind {
@@ -351,7 +351,12 @@ pub fn view(recording: Loaded) -> Result<Loaded> {
             .iter()
             .map(|u| Reconstruction {
                 device: u.id,
-                entries: out.pid.iter().filter(|&&p| p == u.id).count() as u64,
+                entries: out
+                    .pid
+                    .iter()
+                    .zip(&out.kind)
+                    .filter(|&(&p, &k)| p == u.id && k != Some(EventKind::Launch))
+                    .count() as u64,
                 ..Default::default()
             })
             .collect(),
@@ -602,6 +607,7 @@ mod tests {
         assert_eq!(verdicts(&b), vec![crate::analysis::leak::Verdict::NotLeaking], "{:?}", b.leaks[0].reason);
         assert_eq!(verdicts(&a), verdicts(&b), "{:?}", a.leaks[0].reason);
         assert_eq!(a.iterations[0].source, crate::analysis::iterations::IterationSource::Launches);
+        assert_eq!((a.iterations[0].count, a.iterations[0].complete), (6, 5), "docs/recording.md says so");
         // Without its launches (`record --no-launch`), nothing marks a
         // step: a floor that held over repeated rises may be layers as well
         // as steps, so it cannot tell.

@@ -7,9 +7,11 @@
 //! which memo entries are read back) or need one on disk (SQLite), so a
 //! compressed input is decompressed once, streaming, into a file of a
 //! temporary folder (`TMPDIR`, else `/tmp`) that lives while it is read and
-//! is removed after. It costs the decompressed size in disk for that time,
-//! not in memory; where there is no room, the error says so and how to
-//! point `TMPDIR` elsewhere. A gzip profiler trace (`.json.gz`) is not
+//! is removed after (also on an error; not when the process is killed).
+//! It costs the decompressed size there for that time: disk, or memory
+//! where `TMPDIR` is a tmpfs (as `/tmp` is on many systems); where there
+//! is no room, the error says so and how to point `TMPDIR` elsewhere. A
+//! batch holds one copy per job at once. A gzip profiler trace (`.json.gz`) is not
 //! decompressed to disk: the profiler importer streams it itself.
 //!
 //! A stream that ends early or fails its checksum is an error naming the
@@ -45,6 +47,18 @@ impl Codec {
             Codec::Zstd => &[".zst", ".zstd"],
         }
     }
+}
+
+/// `name` without a compression suffix (`.gz`, `.zst`, …; any case), or
+/// as it is: the input's own name, as a file's extension tells it.
+pub fn strip_suffix(name: &str) -> &str {
+    let lower = name.to_ascii_lowercase();
+    [Codec::Gzip, Codec::Zstd]
+        .iter()
+        .flat_map(|c| c.suffixes())
+        .find_map(|s| lower.strip_suffix(s).map(|k| &name[..k.len()]))
+        .filter(|s| !s.is_empty())
+        .unwrap_or(name)
 }
 
 /// How `path` is compressed (by its magic bytes), or None: not a file, not
@@ -157,33 +171,42 @@ fn inflate(path: &Path, codec: Codec) -> Result<Readable> {
         .tempdir()
         .with_context(|| format!("{}: cannot create a temporary folder to decompress it into", path.display()))?;
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "input".into());
-    let lower = name.to_ascii_lowercase();
-    let stem = codec
-        .suffixes()
-        .iter()
-        .find_map(|s| lower.strip_suffix(s).map(|k| name[..k.len()].to_string()))
-        .filter(|s| !s.is_empty())
-        .unwrap_or(name);
-    let out_path = dir.path().join(&stem);
+    let out_path = dir.path().join(strip_suffix(&name));
     let mut out = std::fs::File::create(&out_path).with_context(|| format!("cannot create {}", out_path.display()))?;
     let mut input = reader(path, codec)?;
-    let n = std::io::copy(&mut input, &mut out).map_err(|e| {
-        let room = e.kind() == std::io::ErrorKind::StorageFull;
-        let mut err = anyhow::Error::new(e);
-        if room {
-            err = err.context(format!(
-                "no room to decompress it into {} (it needs the decompressed size): set TMPDIR to a folder with room, \
-                 or decompress it by hand",
+    // Copied by hand, so that the stream's errors (a truncated or corrupt
+    // file) are told from the copy's (no room, a quota, a failing disk).
+    let mut buf = vec![0u8; 1 << 20];
+    let mut n = 0u64;
+    loop {
+        let k = match input.read(&mut buf) {
+            Ok(0) => break,
+            Ok(k) => k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                return Err(anyhow::Error::new(e)
+                    .context(format!(
+                        "the {} stream is broken or ends early (a truncated or corrupt file?); nothing of it was \
+                         analysed",
+                        codec.name()
+                    ))
+                    .context(format!("{}: cannot decompress it", path.display())));
+            }
+        };
+        if let Err(e) = std::io::Write::write_all(&mut out, &buf[..k]) {
+            let why = if e.kind() == std::io::ErrorKind::StorageFull {
+                "no room for the decompressed copy (it needs the decompressed size)"
+            } else {
+                "cannot write the decompressed copy"
+            };
+            return Err(anyhow::Error::new(e).context(format!(
+                "{}: {why} in {}: set TMPDIR to a folder on a disk with room, or decompress it by hand",
+                path.display(),
                 dir.path().display()
-            ));
-        } else {
-            err = err.context(format!(
-                "the {} stream is broken or ends early (a truncated or corrupt file?); nothing of it was analysed",
-                codec.name()
-            ));
+            )));
         }
-        err.context(format!("{}: cannot decompress it", path.display()))
-    })?;
+        n += k as u64;
+    }
     tracing::info!(
         "{}: {} decompressed to {} bytes in {:.3} s",
         path.display(),
@@ -197,4 +220,21 @@ fn inflate(path: &Path, codec: Codec) -> Result<Readable> {
         compression: codec.name(),
     };
     Ok(Readable { path: out_path, origin: Some(origin), _dir: Some(dir) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_compression_suffix_is_stripped_whatever_its_case() {
+        assert_eq!(strip_suffix("snap.pickle.gz"), "snap.pickle");
+        assert_eq!(strip_suffix("Snap.PICKLE.ZST"), "Snap.PICKLE");
+        assert_eq!(strip_suffix("report.sqlite.zstd"), "report.sqlite");
+        assert_eq!(strip_suffix("trace.json.gzip"), "trace.json");
+        assert_eq!(strip_suffix("snap.pickle"), "snap.pickle");
+        // Nothing left: the name stays.
+        assert_eq!(strip_suffix(".gz"), ".gz");
+        assert_eq!(strip_suffix("é.pickle.gz"), "é.pickle");
+    }
 }

@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 
 pub(crate) use allocator::recorded_settings;
+pub use compressed::strip_suffix as strip_compression_suffix;
 pub use join::{OUTSIDE, is_outside, outside_stacks};
 pub use loaded::Loaded;
 
@@ -88,14 +89,7 @@ pub fn load(dir: &Path, kind: Option<Input>, device: Option<u32>) -> Result<Load
         return Ok(loaded);
     }
     if kind.is_none() && dir.exists() && !dir.is_dir() {
-        bail!(
-            "{} is not a trace directory (expected a directory of events-NNNNN.parquet parts), and its \
-             content is none of the files fragscope imports: a PyTorch memory snapshot (a pickle of protocol 2 to 5, \
-             starting with the PROTO opcode 0x80), a PyTorch-profiler JSON trace or an Nsight Systems SQLite export, \
-             each also compressed with gzip or zstd{}",
-            dir.display(),
-            compressed::not_an_input(dir).unwrap_or_default()
-        );
+        return Err(no_input(dir));
     }
     let mut trace = Trace::open(dir)?;
     match &trace.meta {
@@ -125,6 +119,18 @@ pub fn load(dir: &Path, kind: Option<Input>, device: Option<u32>) -> Result<Load
     }
     tracing::info!("{}: loaded {} events in {:.3} s", trace.name, events.len(), start.elapsed().as_secs_f64());
     Ok(Loaded { trace, events, out_of_order })
+}
+
+/// The error for a file that is none of the inputs.
+fn no_input(path: &Path) -> anyhow::Error {
+    anyhow::anyhow!(
+        "{} is not a trace directory (expected a directory of events-NNNNN.parquet parts), and its \
+         content is none of the files fragscope imports: a PyTorch memory snapshot (a pickle of protocol 2 to 5, \
+         starting with the PROTO opcode 0x80), a PyTorch-profiler JSON trace or an Nsight Systems SQLite export, \
+         each also compressed with gzip or zstd{}",
+        path.display(),
+        compressed::not_an_input(path).unwrap_or_default()
+    )
 }
 
 /// One view of a run recorded both ways ([`join`](join::join)): a
@@ -268,6 +274,9 @@ pub fn discover(paths: &[PathBuf]) -> Result<(Vec<Found>, bool)> {
 pub fn import(path: &Path, output: &Path, device: Option<u32>) -> Result<()> {
     let started = std::time::Instant::now();
     let kind = classify(path);
+    if kind.is_none() && path.is_file() {
+        return Err(no_input(path));
+    }
     let readable = compressed::readable(path, kind)?;
     let (from, origin) = (readable.path.as_path(), readable.origin.as_ref());
     let decompressed = |e: anyhow::Error| match origin {

@@ -66,12 +66,11 @@ impl Details {
 
     /// Profiler ranges (`record_function`, `ProfilerStep#N`) of a snapshot
     /// or a profiler trace: where `analyze` takes iterations from first.
-    /// None for a snapshot whose time is entry order: its annotations'
-    /// wall-clock times cannot be placed among entries that have none
-    /// ([`Details::unplaced_annotations`]).
+    /// Those of a snapshot's device whose time is entry order are among
+    /// them, though their wall-clock times cannot be placed among its
+    /// entries: see [`Details::placeable`].
     pub fn annotations(&self) -> &[Annotation] {
         match self {
-            Details::Snapshot(s) if s.entry_order() => &[],
             Details::Snapshot(s) => &s.annotations,
             Details::Profiler(p) => &p.annotations,
             _ => &[],
@@ -121,6 +120,10 @@ pub struct SnapshotDetails {
     /// are expandable.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub inferred_settings: Vec<String>,
+    /// Devices whose trace entries have no `time_us` (their time is entry
+    /// order, 1 ns per entry).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub untimed_devices: Vec<u32>,
     /// "time_us", or why time is entry order.
     #[serde(default)]
     pub time_source: String,
@@ -218,13 +221,23 @@ pub fn by_library(spans: &[OutsideSpan]) -> Vec<(String, u64, u64)> {
 }
 
 impl Details {
-    /// A snapshot's annotations that cannot be placed: it has some, and its
-    /// time is entry order.
+    /// Whether annotation `a` can be placed among its device's events: not
+    /// where that device's time is entry order (no `time_us`), while the
+    /// annotation's is the wall clock.
+    pub fn placeable(&self, a: &Annotation) -> bool {
+        self.snapshot().is_none_or(|s| !s.untimed_devices.contains(&a.device))
+    }
+
+    /// Whether series `id` (a snapshot's device) has no clock: its time is
+    /// entry order.
+    pub fn untimed(&self, id: u32) -> bool {
+        self.snapshot().is_some_and(|s| s.untimed_devices.contains(&id))
+    }
+
+    /// A snapshot's annotation ranges that cannot be placed
+    /// ([`Details::placeable`]).
     pub fn unplaced_annotations(&self) -> usize {
-        match self {
-            Details::Snapshot(s) if s.entry_order() => s.annotations.iter().filter(|a| a.stage == "START").count(),
-            _ => 0,
-        }
+        self.annotations().iter().filter(|a| a.stage == "START" && !self.placeable(a)).count()
     }
 }
 

@@ -70,6 +70,14 @@ pub struct Frame {
     pub name: String,
 }
 
+impl Frame {
+    /// A frame of the program's Python code (a snapshot's), not a native
+    /// one (a recording's).
+    pub fn is_python(&self) -> bool {
+        self.filename.ends_with(".py")
+    }
+}
+
 /// The stack table of a trace: distinct frames, and stacks as lists of
 /// frame indices, innermost frame first. On disk (`stacks.parquet`) one row
 /// per (stack, depth): `stack_id, depth, filename, line, name`.

@@ -28,11 +28,20 @@ fn zstd(from: &Path, to: &Path) -> PathBuf {
 }
 
 /// `analyze`'s report.md of `input`, with the input's name replaced by
-/// `NAME`.
+/// `NAME`. It runs with a `TMPDIR` of its own, which must be empty after.
 fn report(input: &Path, out: &Path) -> String {
-    fragscope().arg("analyze").arg(input).arg("-o").arg(out).assert().success();
+    let tmpdir = tempfile::tempdir().unwrap();
+    fragscope().env("TMPDIR", tmpdir.path()).arg("analyze").arg(input).arg("-o").arg(out).assert().success();
+    assert_empty(tmpdir.path());
     let name = input.file_name().unwrap().to_string_lossy().into_owned();
     fs::read_to_string(out.join("report.md")).unwrap().replace(&name, "NAME")
+}
+
+/// Nothing is left in a `TMPDIR` after a run (the decompressed copy is
+/// removed).
+fn assert_empty(dir: &Path) {
+    let left: Vec<_> = fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+    assert!(left.is_empty(), "left in TMPDIR: {left:?}");
 }
 
 fn details(trace: &Path) -> Value {
@@ -55,7 +64,9 @@ fn a_compressed_snapshot_reads_as_the_plain_one_and_is_named_in_what_is_recorded
             let got = report(&file, &tmp.path().join(format!("{name}-{codec}")));
             assert_eq!(got, want, "{name}, {codec}: the report differs from the plain file's");
             let trace = tmp.path().join(format!("{name}-{codec}-trace"));
-            fragscope().arg("import").arg(&file).arg("-o").arg(&trace).assert().success();
+            let tmpdir = tempfile::tempdir().unwrap();
+            fragscope().env("TMPDIR", tmpdir.path()).arg("import").arg(&file).arg("-o").arg(&trace).assert().success();
+            assert_empty(tmpdir.path());
             let d = details(&trace);
             assert_eq!(d["snapshot"], file.display().to_string(), "{name}, {codec}");
             assert_eq!(d["file_bytes"], fs::metadata(&file).unwrap().len(), "{name}, {codec}: the compressed size");
@@ -136,7 +147,9 @@ fn a_broken_compressed_stream_is_an_error_naming_the_file_and_writes_nothing() {
         fs::write(&cut, &bytes[..bytes.len() * 7 / 8]).unwrap();
         for cmd in ["analyze", "import"] {
             let out = tmp.path().join(format!("out-{codec}-{cmd}"));
+            let tmpdir = tempfile::tempdir().unwrap();
             fragscope()
+                .env("TMPDIR", tmpdir.path())
                 .arg(cmd)
                 .arg(&cut)
                 .arg("-o")
@@ -147,6 +160,7 @@ fn a_broken_compressed_stream_is_an_error_naming_the_file_and_writes_nothing() {
                 .stderr(predicate::str::contains(why))
                 .stderr(predicate::str::contains("panicked").not());
             assert!(!out.exists(), "{codec}, {cmd}: an output was written for a broken file");
+            assert_empty(tmpdir.path());
         }
         // A flipped byte in the middle fails the stream or its checksum
         // (gzip's CRC-32; zstd's content checksum, which the `zstd`
@@ -181,14 +195,16 @@ fn a_broken_compressed_stream_is_an_error_naming_the_file_and_writes_nothing() {
         .stderr(predicate::str::contains("it is compressed with gzip, and its stream breaks after"));
     // A compressed file of something else says what it is not.
     let text = gzip(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md").as_path(), &tmp.path().join("r.gz"));
-    fragscope()
-        .arg("analyze")
-        .arg(&text)
-        .arg("-o")
-        .arg(tmp.path().join("out-text"))
-        .assert()
-        .code(1)
-        .stderr(predicate::str::contains("what it holds once decompressed is none of these either"));
+    for cmd in ["analyze", "import"] {
+        fragscope()
+            .arg(cmd)
+            .arg(&text)
+            .arg("-o")
+            .arg(tmp.path().join(format!("out-text-{cmd}")))
+            .assert()
+            .code(1)
+            .stderr(predicate::str::contains("what it holds once decompressed is none of these either"));
+    }
 }
 
 #[test]

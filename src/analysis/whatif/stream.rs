@@ -117,6 +117,15 @@ pub fn device_level_streams(
 /// sorted events), with the reconstructed state before the first trace
 /// entry: the first `initial_segments + initial_blocks` events of each
 /// device.
+/// The kinds of event the allocator model reads.
+fn replays(kind: EventKind) -> bool {
+    use EventKind::*;
+    matches!(
+        kind,
+        BlockAlloc | BlockFree | BlockFreeRequested | SegmentAlloc | SegmentFree | SegmentMap | SegmentUnmap | Oom
+    )
+}
+
 pub fn streams(
     events: &crate::trace::event::Events,
     details: &crate::trace::details::SnapshotDetails,
@@ -144,7 +153,9 @@ pub fn streams(
     // requests, and its model does not replay them.
     let outside: std::collections::HashSet<u32> = stacks.map_or_else(Default::default, crate::input::outside_stacks);
     for i in 0..events.len() {
-        let Some(kind) = events.kind[i] else { continue };
+        // The allocator's own events only: a recording's view also holds
+        // its kernel launches, which would split a run of segment frees.
+        let Some(kind) = events.kind[i].filter(|&k| replays(k)) else { continue };
         let Some(d) = by.get_mut(&events.pid[i]) else { continue };
         if !outside.is_empty() && events.stack.get(i).is_some_and(|s| outside.contains(s)) {
             continue;

@@ -160,6 +160,7 @@ pub fn convert(
         device_count: snap.traces.len().max(all.iter().map(|&d| d as usize + 1).max().unwrap_or(0)),
         allocator_settings: snap.allocator_settings.clone(),
         inferred_settings: snap.inferred_settings.clone(),
+        untimed_devices: untimed.clone(),
         time_source: if untimed.is_empty() {
             "time_us".to_string()
         } else {

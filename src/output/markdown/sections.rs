@@ -90,7 +90,7 @@ pub(crate) fn allocator_md(a: &Analysis) -> String {
             let _ = writeln!(
                 md,
                 "\nSettings: the snapshot does not record `expandable_segments`, and its segments are expandable, so it \
-                 was on: the replay below takes `expandable_segments:True`{}.",
+                 was on when they were made: the replay below takes `expandable_segments:True`{}.",
                 if recorded { "" } else { " and PyTorch's defaults for the other settings, which it records none of" }
             );
         } else if !recorded {
@@ -592,11 +592,22 @@ pub(crate) fn iterations_md(a: &Analysis) -> String {
             // A range is a START and an END: count the ranges.
             let starts = annotations.iter().filter(|x| x.stage == "START").count();
             let n = if starts > 0 { starts } else { annotations.len() };
+            let steps = annotations.iter().any(|x| {
+                x.name.starts_with("ProfilerStep#") || (x.name.starts_with("Optimizer.step#") && x.stage == "END")
+            });
             format!(
-                "{n} profiler annotation{} ({}{}), none of them a `ProfilerStep#` range or an `Optimizer.step#` end,",
+                "{n} profiler annotation{} ({}{}), {}",
                 if n == 1 { "" } else { "s" },
                 shown.join(", "),
-                if names.len() > 4 { ", …" } else { "" }
+                if names.len() > 4 { ", …" } else { "" },
+                if steps {
+                    // Their steps all began before the trace's first entry
+                    // (`iterations::detect` leaves those out).
+                    "whose steps all began before the trace's first entry (the memory history began later, or kept \
+                     only its last entries),"
+                } else {
+                    "none of them a `ProfilerStep#` range or an `Optimizer.step#` end,"
+                }
             )
         };
         if let Some(why) = no_history(a) {
@@ -636,12 +647,21 @@ pub(crate) fn iterations_md(a: &Analysis) -> String {
             it.source.name()
         );
     }
+    let unplaced = a.trace.meta.as_ref().map_or(0, |m| m.details.unplaced_annotations());
+    if unplaced > 0 {
+        let _ = writeln!(
+            md,
+            "\nThe snapshot's {} with wall-clock times cannot be placed among trace entries that have none (time is \
+             entry order): the iterations above are not from them.",
+            plural(unplaced as u64, "profiler annotation", "profiler annotations")
+        );
+    }
     for it in a.iterations.iter().filter(|it| it.before_trace > 0) {
         let _ = writeln!(
             md,
-            "\n{}: the annotations also name {} that began before the trace's first entry (PyTorch keeps only the \
-             last entries of its memory history, and its annotations reach further back). The trace does not hold them \
-             whole, so they are not counted.",
+            "\n{}: the annotations also name {} that began before the trace's first entry (the memory history began \
+             later, or kept only its last entries while the annotations, far fewer, reach further back). The trace \
+             does not hold them whole, so they are not counted.",
             a.device_name(it.pid),
             plural(it.before_trace as u64, "step", "steps"),
         );
