@@ -572,6 +572,11 @@ def cases(out):
     workload(d0, 1500, streams=(0, 7, 9))
     workload(d1, 1500, streams=(0, 3))
     write_case(out, "two_devices", snapshot_of([d0, d1]), [d0, d1])
+    # ... where the history kept holds nothing of device 1 (its last
+    # entries were before the ring buffer's window): its state only.
+    idle = snapshot_of([d0, d1])
+    idle["device_traces"][1] = []
+    write_case(out, "idle_device", idle, [d0, d1], extra={"entries": {"0": len(d0.trace), "1": 0}})
 
     # ring buffer: the trace lost its first 60 % (blocks allocated then are
     # alive or freed later without their alloc in the trace).

@@ -314,6 +314,18 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
             l.leaking = false;
             l.reason = "the snapshot holds no trace history, only the state at one instant".into();
         }
+    } else if let Some(d) = analysis.snapshot_details().filter(|d| d.join.is_none()) {
+        // A device of a snapshot whose trace holds no entry (nothing
+        // happened on it in the history kept, a ring buffer's on another
+        // device): its state at one instant, like a snapshot's without
+        // history.
+        let empty: Vec<u32> = d.reconstruction.iter().filter(|r| r.entries == 0).map(|r| r.device).collect();
+        for l in analysis.leaks.iter_mut().filter(|l| empty.contains(&l.pid)) {
+            l.verdict = leak::Verdict::CannotTell;
+            l.leaking = false;
+            l.reason =
+                format!("the snapshot's trace holds no entry for device {}, only its state at one instant", l.pid);
+        }
     }
     // The OOM risk, after the what-if (a capacity its cache flushes imply
     // counts too) and the leaks (a leak raises it).

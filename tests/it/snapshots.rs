@@ -103,6 +103,7 @@ fn every_generated_layout_imports_exactly() {
         "expandable_no_settings",
         "expandable_oom",
         "two_devices",
+        "idle_device",
         "ring",
         "ring_steps",
         "no_time",
@@ -282,6 +283,29 @@ fn expandable_segments_are_inferred_where_the_settings_are_missing() {
     assert!(!w["fidelity"][0]["not_measured"].is_null(), "{}", w["fidelity"][0]);
     let md = fs::read_to_string(out.join("whatif.md")).unwrap();
     assert!(md.contains("| recorded settings |") && !md.contains("0 B (model:"), "{md}");
+}
+
+/// A device whose trace holds no entry (nothing of it in the history
+/// kept) is its state at one instant: no leak verdict is drawn from its
+/// rebuilt blocks ("179 events: too few to compare" before), while the
+/// other device is judged as usual.
+#[test]
+fn a_device_without_trace_entries_is_its_state_at_one_instant() {
+    let Some(dir) = generated() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    fragscope()
+        .arg("analyze")
+        .arg(dir.join("idle_device.pickle"))
+        .args(["--no-plots", "--no-view", "-o"])
+        .arg(&out)
+        .assert()
+        .success();
+    let report = json(&out.join("report.json"));
+    let leak = |d: u64| report["leaks"].as_array().unwrap().iter().find(|l| l["pid"] == d).unwrap().clone();
+    assert_eq!(leak(1)["verdict"], "cannot tell");
+    assert_eq!(leak(1)["reason"], "the snapshot's trace holds no entry for device 1, only its state at one instant");
+    assert!(!leak(0)["reason"].as_str().unwrap().contains("only its state at one instant"), "{}", leak(0));
 }
 
 /// Without `time_us` the OOM table counts trace entries, not seconds.
