@@ -85,6 +85,44 @@ pub fn advise(a: &Analysis, events: &Events) -> Vec<Advice> {
             ));
         }
     } else if let Some(w) = a.whatif.as_ref()
+        && w.capacity.is_some()
+        && w.scenarios.first().is_some_and(|s| s.ooms > 0)
+    {
+        // No OOM was recorded, but under the capacity given (a smaller
+        // device than the recording's) the replay of the recorded
+        // settings fails: the question is then whether it fits.
+        let (recorded, cap) = (&w.scenarios[0], w.capacity.unwrap_or(0));
+        let head = format!(
+            "No OOM in this trace, but under the capacity of {} a replay of its requests under the recorded settings \
+             fails {} time{}",
+            bytes(cap),
+            recorded.ooms,
+            if recorded.ooms == 1 { "" } else { "s" }
+        );
+        let s = &w.scenarios[w.recommended.0];
+        if w.recommended.0 != 0 && s.ooms < recorded.ooms {
+            out.push(Advice {
+                kind: Kind::Saving,
+                text: format!(
+                    "{head}; {} fails {} (peak reserved {}) in the same replay.",
+                    crate::analysis::whatif::conf_md(&w.recommendation()),
+                    if s.ooms == 0 { "never".to_string() } else { format!("{} times", s.ooms) },
+                    bytes(s.peak_reserved_bytes)
+                ),
+                conf: Some(w.recommendation()),
+                simulated: true,
+                removes_ooms: Some(s.ooms == 0),
+            });
+        } else {
+            out.push(Advice::new(
+                Kind::Generic,
+                format!(
+                    "{head}, and no allocator setting tried fails less: to fit it, hold less memory at the peak (a \
+                     smaller batch, activations checkpointed, offloading)."
+                ),
+            ));
+        }
+    } else if let Some(w) = a.whatif.as_ref()
         && w.recommended.0 != 0
     {
         let s = &w.scenarios[w.recommended.0];

@@ -218,7 +218,15 @@ pub fn assess(c: u64, s: &State) -> (OomRisk, Vec<String>) {
     let headroom = c.saturating_sub(s.peak);
     let room = s.largest_free_now.max(c.saturating_sub(s.reserved_now));
     let mut why = Vec::new();
-    let mut level = if share >= CRITICAL_SHARE {
+    let mut level = if s.peak > c {
+        // More than the capacity: a capacity given for another (smaller)
+        // device, or one inferred too low. As recorded, it does not fit.
+        why.push(format!(
+            "{:.0} % of the capacity in use at the peak: the run reserved more than the capacity holds",
+            share * 100.0
+        ));
+        OomRisk::Critical
+    } else if share >= CRITICAL_SHARE {
         why.push(format!("{:.0} % of the capacity in use at the peak", share * 100.0));
         OomRisk::Critical
     } else if room < s.largest_request {
@@ -250,7 +258,7 @@ pub fn assess(c: u64, s: &State) -> (OomRisk, Vec<String>) {
         ));
         OomRisk::Low
     };
-    if s.trend_per_step > 0.0 && s.steps > 0 && (headroom as f64) < s.trend_per_step * s.steps as f64 {
+    if s.trend_per_step > 0.0 && s.steps > 0 && headroom > 0 && (headroom as f64) < s.trend_per_step * s.steps as f64 {
         why.push(format!(
             "rising by {} per step, which fills the headroom of {} within {} steps",
             b(s.trend_per_step as u64),
@@ -327,6 +335,18 @@ mod tests {
         assert_eq!(assess(80 * GIB, &s).0, OomRisk::High);
         s.trend_per_step = (GIB / 1000) as f64;
         assert_eq!(assess(80 * GIB, &s).0, OomRisk::Low);
+    }
+
+    /// A capacity below the peak (given for a smaller device): critical,
+    /// said as such, and no headroom "filled within 0 steps".
+    #[test]
+    fn a_peak_above_the_capacity_is_said_so() {
+        let mut s = state(20 * GIB, GIB / 4);
+        s.trend_per_step = GIB as f64;
+        let (level, why) = assess(18 * GIB, &s);
+        assert_eq!(level, OomRisk::Critical);
+        assert!(why[0].contains("the run reserved more than the capacity holds"), "{why:?}");
+        assert!(!why.iter().any(|w| w.contains("fills the headroom")), "{why:?}");
     }
 
     #[test]

@@ -308,6 +308,38 @@ fn a_device_without_trace_entries_is_its_state_at_one_instant() {
     assert!(!leak(0)["reason"].as_str().unwrap().contains("only its state at one instant"), "{}", leak(0));
 }
 
+/// A capacity below what the trace reserved (a smaller device, asked of
+/// the what-if): the advice speaks of the replay's failures under it, not
+/// of "no OOM here" and a saving.
+#[test]
+fn a_smaller_capacity_than_the_recording_s_is_advised_as_a_fit() {
+    let Some(dir) = generated() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let probe = tmp.path().join("probe");
+    fragscope().arg("whatif").arg(dir.join("basic.pickle")).arg("-o").arg(&probe).assert().success();
+    let peak = json(&probe.join("whatif.json"))["fidelity"][0]["recorded_peak_reserved_bytes"].as_u64().unwrap();
+    let out = tmp.path().join("out");
+    fragscope()
+        .arg("analyze")
+        .arg(dir.join("basic.pickle"))
+        .args(["--no-plots", "--no-view", "--capacity"])
+        .arg((peak / 2).to_string())
+        .arg("-o")
+        .arg(&out)
+        .assert()
+        .success();
+    let report = json(&out.join("report.json"));
+    let advice: Vec<String> =
+        report["advice"].as_array().unwrap().iter().map(|a| a["text"].as_str().unwrap().to_string()).collect();
+    assert!(
+        advice.iter().any(|t| t.contains("a replay of its requests under the recorded settings fails")),
+        "{advice:?}"
+    );
+    assert!(!advice.iter().any(|t| t.starts_with("No OOM here.")), "{advice:?}");
+    let md = fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("the run reserved more than the capacity holds"), "{md}");
+}
+
 /// Without `time_us` the OOM table counts trace entries, not seconds.
 #[test]
 fn untimed_oom_tables_give_the_entry() {
