@@ -48,6 +48,12 @@ fn fixture() -> Option<PathBuf> {
     }
 }
 
+/// `analyze` of `input` without plots or view into `out`.
+fn analyze_quietly(input: &Path, out: &Path) -> PathBuf {
+    fragscope().arg("analyze").arg(input).args(["--no-plots", "--no-view", "-o"]).arg(out).assert().success();
+    out.to_path_buf()
+}
+
 fn import(pickle: &Path, out: &Path, extra: &[&str]) -> Value {
     fragscope().arg("import").arg(pickle).arg("-o").arg(out).args(extra).assert().success();
     json(&out.join("trace.json"))
@@ -189,14 +195,7 @@ fn every_generated_layout_imports_exactly() {
 fn steps_that_began_before_a_ring_buffers_trace_are_not_its_iterations() {
     let Some(dir) = generated() else { return };
     let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("out");
-    fragscope()
-        .arg("analyze")
-        .arg(dir.join("ring_steps.pickle"))
-        .args(["--no-plots", "--no-view", "-o"])
-        .arg(&out)
-        .assert()
-        .success();
+    let out = analyze_quietly(&dir.join("ring_steps.pickle"), &tmp.path().join("out"));
     let expected = json(&dir.join("ring_steps.expected.json"));
     let report = json(&out.join("report.json"));
     let it = &report["iterations"][0];
@@ -223,14 +222,7 @@ fn steps_that_began_before_a_ring_buffers_trace_are_not_its_iterations() {
 fn annotations_of_a_trace_in_entry_order_mark_no_iterations() {
     let Some(dir) = generated() else { return };
     let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("out");
-    fragscope()
-        .arg("analyze")
-        .arg(dir.join("steps_no_time.pickle"))
-        .args(["--no-plots", "--no-view", "-o"])
-        .arg(&out)
-        .assert()
-        .success();
+    let out = analyze_quietly(&dir.join("steps_no_time.pickle"), &tmp.path().join("out"));
     let report = json(&out.join("report.json"));
     assert!(report["iterations"].as_array().unwrap().iter().all(|it| it["source"] != "annotations"), "{report}");
     let md = fs::read_to_string(out.join("report.md")).unwrap();
@@ -293,14 +285,7 @@ fn expandable_segments_are_inferred_where_the_settings_are_missing() {
 fn a_device_without_trace_entries_is_its_state_at_one_instant() {
     let Some(dir) = generated() else { return };
     let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("out");
-    fragscope()
-        .arg("analyze")
-        .arg(dir.join("idle_device.pickle"))
-        .args(["--no-plots", "--no-view", "-o"])
-        .arg(&out)
-        .assert()
-        .success();
+    let out = analyze_quietly(&dir.join("idle_device.pickle"), &tmp.path().join("out"));
     let report = json(&out.join("report.json"));
     let leak = |d: u64| report["leaks"].as_array().unwrap().iter().find(|l| l["pid"] == d).unwrap().clone();
     assert_eq!(leak(1)["verdict"], "cannot tell");
