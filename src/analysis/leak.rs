@@ -36,11 +36,13 @@
 //! - **Without iterations**: the series' events that move live memory,
 //!   up to the final descent (see [`by_windows`]), cut by count into
 //!   quarters and six windows after the first quarter (warm-up): the floor
-//!   of the second quarter against the last. No growth beyond the noise
-//!   (2 % of the peak, at least 16 MiB): `not leaking`. Growth: `cannot
-//!   tell`, never `leaking` — a leak across steps, one pass that holds
-//!   memory and a working set that grows by design look the same; with
-//!   stacks and a rise at every window, the rise's call sites.
+//!   of the second quarter against the last. Always `cannot tell`: no
+//!   growth beyond the noise (2 % of the peak, at least 16 MiB) over
+//!   repeated rises may be layers or requests as well as steps, and a leak
+//!   once per step would not show; growth may be a leak across steps, one
+//!   pass that holds memory or a working set that grows by design. The
+//!   reason says which, with the rise's call sites where there are stacks
+//!   and a rise at every window.
 //!
 //! Floors use live bytes as the replay counts them (every block by its
 //! address; an allocation at a live address replaces that block; a
@@ -636,27 +638,33 @@ fn by_windows(r: &mut LeakReport, input: &Input<'_>) -> (Verdict, String) {
             Verdict::CannotTell,
             format!(
                 "no iterations found, and live memory rose by half its range only {swings} time{} in the run's \
-                 events (falling back between; at least {MIN_SWINGS} are needed): {}, so a leak across steps cannot \
-                 show{back}",
+                 events (falling back between): {}, so a leak across steps cannot show{back}",
                 if swings == 1 { "" } else { "s" },
                 if swings <= 1 { "one pass, not repeated steps" } else { "too few repetitions" }
             ),
         );
     }
-    // PyTorch's blocks (a snapshot, or a recording's allocator view) with
-    // no optimizer step in their frames, or no Python frames to look in:
-    // what repeats may be layers or requests as well as steps (a
-    // transformer's layers repeat as regularly as its steps), and a leak
-    // once per step would not show.
-    if (growth <= 0 || growth as u64 <= noise) && input.allocator_view {
-        let framed = input.stacks.is_some_and(|st| python_frames(ev, series(), st));
+    // A floor that held over repeated rises is no verdict either: without
+    // iterations, what repeats may be layers or requests as well as steps
+    // (a transformer's layers repeat as regularly as its steps; a pass of
+    // inference frees each layer's memory before the next), and a leak
+    // once per step would not show. `not leaking` needs iterations.
+    if growth <= 0 || growth as u64 <= noise {
+        let what = if input.allocator_view {
+            let framed = input.stacks.is_some_and(|st| python_frames(ev, series(), st));
+            format!(
+                "no optimizer step or profiler step marks iterations here{}",
+                if framed { "" } else { ", and the trace holds no Python frames to find one in" }
+            )
+        } else {
+            "no iterations found (no regular period in its allocations, no repeating sequence of kernel launches)"
+                .to_string()
+        };
         return (
             Verdict::CannotTell,
             format!(
-                "no optimizer step or profiler step marks iterations here{}; the floor of live memory {} over \
-                 {swings} rises (layers, requests or steps: the trace does not say which): a leak once per step may \
-                 not show{back}",
-                if framed { "" } else { ", and the trace holds no Python frames to find one in" },
+                "{what}; the floor of live memory {} over {swings} rises (layers, requests or steps: the trace does not \
+                 say which): a leak once per step may not show{back}",
                 if growth > 0 {
                     format!(
                         "rose by only {} from the second quarter of its events to the last, within the noise ({}: 2 % \
@@ -669,19 +677,6 @@ fn by_windows(r: &mut LeakReport, input: &Input<'_>) -> (Verdict, String) {
                 }
             ),
         );
-    }
-    if growth <= 0 || growth as u64 <= noise {
-        let rose = if growth > 0 {
-            format!(
-                "rose by only {} from the second quarter of the run's events to the last, within the noise ({}: 2 % of \
-                 the peak, at least 16 MiB)",
-                b(growth as u64),
-                b(noise)
-            )
-        } else {
-            "did not rise from the second quarter of the run's events to the last".to_string()
-        };
-        return (Verdict::NotLeaking, format!("no iterations found; the floor of live memory {rose}{back}"));
     }
     let steady = six >= 2 && r.floors.windows(2).all(|p| p[1].bytes > p[0].bytes);
     // A floor that rose unsteadily over a run that hardly repeated: the
