@@ -86,11 +86,15 @@ pub fn advise(a: &Analysis, events: &Events) -> Vec<Advice> {
         }
     } else if let Some(w) = a.whatif.as_ref()
         && w.capacity.is_some()
+        && !w.capacity_inferred
+        && !w.capacity_from_flushes
         && w.scenarios.first().is_some_and(|s| s.ooms > 0)
     {
-        // No OOM was recorded, but under the capacity given (a smaller
-        // device than the recording's) the replay of the recorded
-        // settings fails: the question is then whether it fits.
+        // No OOM was recorded, but under the capacity given or recorded
+        // (a smaller device than the recording's, with --capacity) the
+        // replay of the recorded settings fails: the question is then
+        // whether it fits. (A capacity inferred from the trace itself
+        // holds what it did.)
         let (recorded, cap) = (&w.scenarios[0], w.capacity.unwrap_or(0));
         let head = format!(
             "No OOM in this trace, but under the capacity of {} a replay of its requests under the recorded settings \
