@@ -244,3 +244,39 @@ fn part_names() {
     assert!(!is_part_name("events-0a.parquet"));
     assert!(!is_part_name("events-00000.parquet.tmp"));
 }
+
+/// The recorded process of a series, which the recording's maps are keyed
+/// by: a unit's process; the one process of a probed recording's view,
+/// whose series is named by its device; else the series id itself.
+#[test]
+fn a_series_maps_to_its_recorded_process() {
+    let mut t = Trace {
+        dir: "t".into(),
+        name: "t".into(),
+        meta: Some(TraceMeta::new(Source::Ebpf)),
+        parts: Vec::new(),
+        skipped: Vec::new(),
+        pytorch_columns: false,
+        ustack_ids: false,
+        modified: None,
+        device_column: false,
+        units: Default::default(),
+        stacks: None,
+    };
+    assert_eq!(t.process_of(4242), 4242);
+    t.units.insert(1 << 30, (4242, 3));
+    assert_eq!(t.process_of(1 << 30), 4242);
+    let join = details::Join { pids: vec![777], probed: true, ..Default::default() };
+    t.units.clear();
+    t.meta.as_mut().unwrap().details = details::Details::Snapshot(Box::new(details::SnapshotDetails {
+        join: Some(join.clone()),
+        ..Default::default()
+    }));
+    assert_eq!(t.process_of(0), 777, "the probed view's device 0 is process 777's");
+    // A snapshot joined with a recording, not probed: its devices are not
+    // the recording's processes.
+    let joined = details::Join { probed: false, ..join };
+    t.meta.as_mut().unwrap().details =
+        details::Details::Snapshot(Box::new(details::SnapshotDetails { join: Some(joined), ..Default::default() }));
+    assert_eq!(t.process_of(0), 0);
+}
