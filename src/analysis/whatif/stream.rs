@@ -113,10 +113,6 @@ pub fn device_level_streams(
     by.into_values().collect()
 }
 
-/// The request stream of each device of an imported snapshot (its time-
-/// sorted events), with the reconstructed state before the first trace
-/// entry: the first `initial_segments + initial_blocks` events of each
-/// device.
 /// The kinds of event the allocator model reads.
 fn replays(kind: EventKind) -> bool {
     use EventKind::*;
@@ -126,6 +122,10 @@ fn replays(kind: EventKind) -> bool {
     )
 }
 
+/// The request stream of each device of an imported snapshot (its time-
+/// sorted events), with the reconstructed state before the first trace
+/// entry: the first `initial_segments + initial_blocks` events of each
+/// device.
 pub fn streams(
     events: &crate::trace::event::Events,
     details: &crate::trace::details::SnapshotDetails,
