@@ -106,7 +106,7 @@ pub fn advise(a: &Analysis, events: &Events) -> Vec<Advice> {
         let s = &w.scenarios[w.recommended.0];
         if w.recommended.0 != 0 && s.ooms < recorded.ooms {
             out.push(Advice {
-                kind: Kind::Saving,
+                kind: Kind::Setting,
                 text: format!(
                     "{head}; {} fails {} (peak reserved {}) in the same replay.",
                     crate::analysis::whatif::conf_md(&w.recommendation()),
@@ -119,7 +119,7 @@ pub fn advise(a: &Analysis, events: &Events) -> Vec<Advice> {
             });
         } else {
             out.push(Advice::new(
-                Kind::Generic,
+                Kind::NoSetting,
                 format!(
                     "{head}, and no allocator setting tried fails less: to fit it, hold less memory at the peak (a \
                      smaller batch, activations checkpointed, offloading)."
