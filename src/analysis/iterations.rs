@@ -196,12 +196,14 @@ pub fn detect(
     let begins = rows.first().map(|&i| events.ts_ns[i]).filter(|_| rebuilt == Some(0));
     // Where something was alive before it, the trace is a window on the
     // run (PyTorch's history keeps its last entries): steps that began
-    // before its first entry are not in it.
-    // Its first entry: the first row that is PyTorch's (a joined
-    // recording's allocations from outside it may come earlier).
-    let own =
-        |i: &usize| stacks.is_none_or(|st| !events.stack.get(*i).is_some_and(|&id| crate::input::is_outside(st, id)));
-    let window = rows.iter().find(|&i| own(i)).map(|&i| events.ts_ns[i]).filter(|_| rebuilt.is_some_and(|n| n > 0));
+    // before its first entry are not in it. Its first entry is its first
+    // row that is PyTorch's (a joined recording's allocations from outside
+    // it may come earlier).
+    let window = rows
+        .iter()
+        .find(|&&i| stacks.is_none_or(|st| !outside_row(events, st, i)))
+        .map(|&i| events.ts_ns[i])
+        .filter(|_| rebuilt.is_some_and(|n| n > 0));
     // A snapshot's allocations repeat per layer as much as per iteration,
     // so only its optimizer steps count; and only those the trace recorded,
     // not the blocks rebuilt from its final state (all at its first
@@ -230,17 +232,28 @@ fn after_rebuilt<'a>(events: &Events, rows: &'a [usize], stacks: &Stacks, rebuil
         return rows;
     }
     // Only the rows up to the rebuilt ones are asked.
-    let outside = |i: usize| events.stack.get(i).is_some_and(|&id| crate::input::is_outside(stacks, id));
     let mut seen = 0;
     for (k, &i) in rows.iter().enumerate() {
         if seen == rebuilt {
             return &rows[k..];
         }
-        if !outside(i) {
+        if !outside_row(events, stacks, i) {
             seen += 1;
         }
     }
     &[]
+}
+
+/// Whether row `i` is an allocation a joined recording adds from outside
+/// PyTorch (by its stack).
+fn outside_row(events: &Events, stacks: &Stacks, i: usize) -> bool {
+    events.stack.get(i).is_some_and(|&id| crate::input::is_outside(stacks, id))
+}
+
+/// Whether annotation `a` marks a step: a `ProfilerStep#N` range or the
+/// end of an `Optimizer.step#…` range (what [`from_annotations`] reads).
+pub fn marks_step(a: &Annotation) -> bool {
+    a.name.starts_with("ProfilerStep#") || (a.name.starts_with("Optimizer.step#") && a.stage == "END")
 }
 
 fn from_annotations(

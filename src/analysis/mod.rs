@@ -307,25 +307,24 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
             analysis.alloc_stacks = sites::allocation_stacks(events, st);
         }
     }
-    if !analysis.has_history() {
-        // The state at one instant: nothing happened in it to judge.
-        for l in &mut analysis.leaks {
-            l.verdict = leak::Verdict::CannotTell;
-            l.leaking = false;
-            l.reason = "the snapshot holds no trace history, only the state at one instant".into();
-        }
-    } else if let Some(d) = analysis.snapshot_details().filter(|d| d.join.is_none()) {
-        // A device of a snapshot whose trace holds no entry (nothing
-        // happened on it in the history kept, a ring buffer's on another
-        // device): its state at one instant, like a snapshot's without
-        // history.
-        let empty: Vec<u32> = d.reconstruction.iter().filter(|r| r.entries == 0).map(|r| r.device).collect();
-        for l in analysis.leaks.iter_mut().filter(|l| empty.contains(&l.pid)) {
-            l.verdict = leak::Verdict::CannotTell;
-            l.leaking = false;
-            l.reason =
-                format!("the snapshot's trace holds no entry for device {}, only its state at one instant", l.pid);
-        }
+    // The state at one instant (a snapshot without history, or a device
+    // of one whose trace holds no entry: nothing of it in the history
+    // kept, a ring buffer's on another device): nothing happened in it to
+    // judge.
+    let history = analysis.has_history();
+    let empty: Vec<u32> = analysis
+        .snapshot_details()
+        .filter(|d| d.join.is_none())
+        .map(|d| d.reconstruction.iter().filter(|r| r.entries == 0).map(|r| r.device).collect())
+        .unwrap_or_default();
+    for l in analysis.leaks.iter_mut().filter(|l| !history || empty.contains(&l.pid)) {
+        l.verdict = leak::Verdict::CannotTell;
+        l.leaking = false;
+        l.reason = if history {
+            format!("the snapshot's trace holds no entry for device {}, only its state at one instant", l.pid)
+        } else {
+            "the snapshot holds no trace history, only the state at one instant".into()
+        };
     }
     // The OOM risk, after the what-if (a capacity its cache flushes imply
     // counts too) and the leaks (a leak raises it).

@@ -55,6 +55,25 @@ impl Details {
         *c = Some(origin.compression.to_string());
     }
 
+    /// Whether annotation `a` can be placed among its device's events: not
+    /// where that device's time is entry order (no `time_us`), while the
+    /// annotation's is the wall clock.
+    pub fn placeable(&self, a: &Annotation) -> bool {
+        self.snapshot().is_none_or(|s| !s.untimed_devices.contains(&a.device))
+    }
+
+    /// Whether series `id` (a snapshot's device) has no clock: its time is
+    /// entry order.
+    pub fn untimed(&self, id: u32) -> bool {
+        self.snapshot().is_some_and(|s| s.untimed_devices.contains(&id))
+    }
+
+    /// A snapshot's annotation ranges that cannot be placed
+    /// ([`Details::placeable`]).
+    pub fn unplaced_annotations(&self) -> usize {
+        self.annotations().iter().filter(|a| a.stage == "START" && !self.placeable(a)).count()
+    }
+
     /// The reserved bytes a profiler trace reported over time (empty for
     /// other sources).
     pub fn reserved_series(&self) -> &[ReservedSample] {
@@ -218,27 +237,6 @@ pub fn by_library(spans: &[OutsideSpan]) -> Vec<(String, u64, u64)> {
         e.1 += s.bytes;
     }
     by.into_iter().map(|(l, (n, b))| (l.to_string(), n, b)).collect()
-}
-
-impl Details {
-    /// Whether annotation `a` can be placed among its device's events: not
-    /// where that device's time is entry order (no `time_us`), while the
-    /// annotation's is the wall clock.
-    pub fn placeable(&self, a: &Annotation) -> bool {
-        self.snapshot().is_none_or(|s| !s.untimed_devices.contains(&a.device))
-    }
-
-    /// Whether series `id` (a snapshot's device) has no clock: its time is
-    /// entry order.
-    pub fn untimed(&self, id: u32) -> bool {
-        self.snapshot().is_some_and(|s| s.untimed_devices.contains(&id))
-    }
-
-    /// A snapshot's annotation ranges that cannot be placed
-    /// ([`Details::placeable`]).
-    pub fn unplaced_annotations(&self) -> usize {
-        self.annotations().iter().filter(|a| a.stage == "START" && !self.placeable(a)).count()
-    }
 }
 
 impl SnapshotDetails {

@@ -574,11 +574,11 @@ pub(crate) fn leaks_md(a: &Analysis) -> String {
 
 pub(crate) fn iterations_md(a: &Analysis) -> String {
     let mut md = String::from("\n## Iterations\n\n");
+    let unplaced = a.trace.meta.as_ref().map_or(0, |m| m.details.unplaced_annotations());
     if a.iterations.is_empty() {
         let annotations = a.trace.meta.as_ref().map_or(&[][..], |m| m.details.annotations());
         let names: std::collections::BTreeSet<&str> =
             annotations.iter().map(|x| x.name.split('#').next().unwrap_or(&x.name)).collect();
-        let unplaced = a.trace.meta.as_ref().map_or(0, |m| m.details.unplaced_annotations());
         let marks = if unplaced > 0 {
             format!(
                 "{} with wall-clock times, which cannot be placed among trace entries that have none (time is entry \
@@ -592,9 +592,7 @@ pub(crate) fn iterations_md(a: &Analysis) -> String {
             // A range is a START and an END: count the ranges.
             let starts = annotations.iter().filter(|x| x.stage == "START").count();
             let n = if starts > 0 { starts } else { annotations.len() };
-            let steps = annotations.iter().any(|x| {
-                x.name.starts_with("ProfilerStep#") || (x.name.starts_with("Optimizer.step#") && x.stage == "END")
-            });
+            let steps = annotations.iter().any(crate::analysis::iterations::marks_step);
             format!(
                 "{n} profiler annotation{} ({}{}), {}",
                 if n == 1 { "" } else { "s" },
@@ -647,7 +645,6 @@ pub(crate) fn iterations_md(a: &Analysis) -> String {
             it.source.name()
         );
     }
-    let unplaced = a.trace.meta.as_ref().map_or(0, |m| m.details.unplaced_annotations());
     if unplaced > 0 {
         let _ = writeln!(
             md,
