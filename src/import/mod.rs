@@ -2,8 +2,10 @@
 //! PyTorch memory snapshot (`torch.cuda.memory._snapshot()` pickles), read
 //! by a restricted [`pickle`] reader and converted by [`snapshot`]; and
 //! the PyTorch profiler's Chrome trace JSON with memory events
-//! ([`profiler`]); and Nsight Systems' SQLite exports ([`nsys`]).
+//! ([`profiler`]); and Nsight Systems' SQLite exports ([`nsys`]); each
+//! maybe compressed ([`decompress`]).
 
+pub mod decompress;
 pub mod nsys;
 pub mod pickle;
 pub mod profiler;

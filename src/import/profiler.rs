@@ -1,5 +1,6 @@
 //! PyTorch-profiler traces (`torch.profiler.profile(profile_memory=True)`,
-//! Chrome Trace Event JSON, `.json` or `.json.gz`) as fragscope traces.
+//! Chrome Trace Event JSON, `.json`, or compressed: `.json.gz`, `.json.zst`)
+//! as fragscope traces.
 //!
 //! What is read, streamed (the files reach gigabytes; only the memory
 //! events and the step spans are kept):
@@ -56,7 +57,7 @@ pub fn looks_like_profiler_trace(path: &Path) -> bool {
     if !(name.ends_with(".json") || name.ends_with(".json.gz")) || !path.is_file() {
         return false;
     }
-    let Ok(reader) = open(path) else { return false };
+    let Ok(reader) = super::decompress::open(path) else { return false };
     let mut head = Vec::with_capacity(64 << 10);
     if reader.take(64 << 10).read_to_end(&mut head).is_err() && head.is_empty() {
         return false;
@@ -69,14 +70,6 @@ pub fn looks_like_profiler_trace(path: &Path) -> bool {
 pub fn head_is_profiler_trace(head: &[u8]) -> bool {
     let text = String::from_utf8_lossy(head);
     text.trim_start().starts_with('{') && (text.contains("\"traceEvents\"") || text.contains("\"schemaVersion\""))
-}
-
-/// The file's content, decompressed when it is gzip.
-fn open(path: &Path) -> Result<Box<dyn Read>> {
-    let mut head = [0u8; 2];
-    let gz = std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut head)).is_ok() && head == [0x1f, 0x8b];
-    let file = std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
-    Ok(if gz { Box::new(flate2::read::MultiGzDecoder::new(file)) } else { Box::new(file) })
 }
 
 /// A JSON number kept exactly when it is an integer; anything else
@@ -301,12 +294,12 @@ impl<'de> Visitor<'de> for Events<'_> {
 }
 
 fn read(path: &Path) -> Result<Read_> {
-    let reader = open(path)?;
+    let reader = super::decompress::open(path)?;
     let mut r = Read_::default();
     let mut de = serde_json::Deserializer::from_reader(std::io::BufReader::with_capacity(1 << 20, reader));
     Top(&mut r).deserialize(&mut de).map_err(|e| {
         if e.is_io() {
-            anyhow::anyhow!("{}: cannot read ({e}); a truncated or corrupt gzip file?", path.display())
+            anyhow::anyhow!("{}: cannot read ({e}); a truncated or corrupt compressed file?", path.display())
         } else {
             anyhow::anyhow!("{}: not a valid Chrome trace JSON ({e})", path.display())
         }
@@ -423,7 +416,7 @@ pub fn convert_file(path: &Path, sink: Sink<'_>) -> Result<Converted> {
     meta.details = Details::Profiler(Box::new(ProfilerDetails {
         profiler_trace: path.display().to_string(),
         file_bytes,
-        compression: None,
+        compression: super::decompress::codec(path).map(|c| c.name().to_string()),
         trace_events: r.events,
         memory_events: r.memory_events,
         cuda_memory_events: r.mem.len() as u64,

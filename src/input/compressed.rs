@@ -11,8 +11,9 @@
 //! It costs the decompressed size there for that time: disk, or memory
 //! where `TMPDIR` is a tmpfs (as `/tmp` is on many systems); where there
 //! is no room, the error says so and how to point `TMPDIR` elsewhere. A
-//! batch holds one copy per job at once. A gzip profiler trace (`.json.gz`) is not
-//! decompressed to disk: the profiler importer streams it itself.
+//! batch holds one copy per job at once. A profiler trace is not
+//! decompressed to disk: its importer streams it through the same reader
+//! ([`crate::import::decompress`]).
 //!
 //! A stream that ends early or fails its checksum is an error naming the
 //! file: nothing of a partial decompression is analysed.
@@ -23,31 +24,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 use super::Input;
+pub use crate::import::decompress::codec;
+use crate::import::decompress::{Codec, reader};
 use crate::trace::details::CompressedOrigin;
-
-/// How a file is compressed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Codec {
-    Gzip,
-    Zstd,
-}
-
-impl Codec {
-    pub fn name(self) -> &'static str {
-        match self {
-            Codec::Gzip => "gzip",
-            Codec::Zstd => "zstd",
-        }
-    }
-
-    /// The suffixes a file compressed this way usually ends with.
-    fn suffixes(self) -> &'static [&'static str] {
-        match self {
-            Codec::Gzip => &[".gz", ".gzip"],
-            Codec::Zstd => &[".zst", ".zstd"],
-        }
-    }
-}
 
 /// `name` without a compression suffix (`.gz`, `.zst`, …; any case), or
 /// as it is: the input's own name, as a file's extension tells it.
@@ -59,33 +38,6 @@ pub fn strip_suffix(name: &str) -> &str {
         .find_map(|s| lower.strip_suffix(s).map(|k| &name[..k.len()]))
         .filter(|s| !s.is_empty())
         .unwrap_or(name)
-}
-
-/// How `path` is compressed (by its magic bytes), or None: not a file, not
-/// readable, or not compressed.
-pub fn codec(path: &Path) -> Option<Codec> {
-    let mut head = [0u8; 4];
-    if !path.is_file() || std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut head)).is_err() {
-        return None;
-    }
-    match head {
-        [0x1f, 0x8b, _, _] => Some(Codec::Gzip),
-        [0x28, 0xb5, 0x2f, 0xfd] => Some(Codec::Zstd),
-        _ => None,
-    }
-}
-
-/// `path`'s content, decompressed.
-fn reader(path: &Path, codec: Codec) -> Result<Box<dyn Read>> {
-    let file = std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
-    Ok(match codec {
-        // Several members, as pigz and bgzip write, are one stream.
-        Codec::Gzip => Box::new(flate2::read::MultiGzDecoder::new(std::io::BufReader::new(file))),
-        Codec::Zstd => Box::new(
-            zstd::stream::read::Decoder::new(file)
-                .with_context(|| format!("{}: cannot start a zstd decoder", path.display()))?,
-        ),
-    })
 }
 
 /// The first 64 KiB of `path`'s decompressed content, and the stream's
@@ -132,12 +84,12 @@ pub fn not_an_input(path: &Path) -> Option<String> {
     })
 }
 
-/// Whether `kind` read from `path` goes through `inflate`: every
-/// compressed input but a gzip profiler trace, which its importer streams.
+/// Whether `kind` read from `path` goes through `inflate`: a compressed
+/// snapshot or Nsight export (a profiler trace is streamed by its
+/// importer, decompressed as it goes).
 fn needs_inflating(path: &Path, kind: Option<Input>) -> Option<Codec> {
-    match (codec(path), kind) {
-        (Some(Codec::Gzip), Some(Input::Profiler)) => None,
-        (c, Some(Input::Snapshot | Input::Profiler | Input::Nsys)) => c,
+    match kind {
+        Some(Input::Snapshot | Input::Nsys) => codec(path),
         _ => None,
     }
 }

@@ -93,6 +93,13 @@ fn compressed_profiler_traces_and_nsight_exports_read_as_the_plain_ones() {
     assert_eq!(report(&gz, &tmp.path().join("p-gz")), want);
     let zst = zstd(&plain, &tmp.path().join("mlp.pt.trace.json.zst"));
     assert_eq!(report(&zst, &tmp.path().join("p-zst")), want);
+    // Streamed, not copied: its own importer names the compression.
+    for (file, codec) in [(&gz, "gzip"), (&zst, "zstd")] {
+        let trace = tmp.path().join(format!("p-trace-{codec}"));
+        fragscope().arg("import").arg(file).arg("-o").arg(&trace).assert().success();
+        assert_eq!(details(&trace)["profiler_trace"], file.display().to_string());
+        assert_eq!(details(&trace)["compression"], codec);
+    }
 
     let Some(sqlite) = crate::nsys::generate(tmp.path(), &[]) else { return };
     let want = report(&sqlite, &tmp.path().join("n-plain"));

@@ -1,0 +1,69 @@
+//! Files compressed as a whole with gzip or zstd, known by their magic
+//! bytes, read as their decompressed bytes: one reader for the importers
+//! that stream (the profiler's JSON) and for the input stage, which
+//! decompresses the others into a temporary file
+//! (`input::compressed`).
+
+use std::io::Read;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+/// How a file is compressed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Codec {
+    Gzip,
+    Zstd,
+}
+
+impl Codec {
+    pub fn name(self) -> &'static str {
+        match self {
+            Codec::Gzip => "gzip",
+            Codec::Zstd => "zstd",
+        }
+    }
+
+    /// The suffixes a file compressed this way usually ends with.
+    pub fn suffixes(self) -> &'static [&'static str] {
+        match self {
+            Codec::Gzip => &[".gz", ".gzip"],
+            Codec::Zstd => &[".zst", ".zstd"],
+        }
+    }
+}
+
+/// How `path` is compressed (by its magic bytes), or None: not a file, not
+/// readable, or not compressed.
+pub fn codec(path: &Path) -> Option<Codec> {
+    let mut head = [0u8; 4];
+    if !path.is_file() || std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut head)).is_err() {
+        return None;
+    }
+    match head {
+        [0x1f, 0x8b, _, _] => Some(Codec::Gzip),
+        [0x28, 0xb5, 0x2f, 0xfd] => Some(Codec::Zstd),
+        _ => None,
+    }
+}
+
+/// `path`'s content, decompressed as `codec` says.
+pub fn reader(path: &Path, codec: Codec) -> Result<Box<dyn Read>> {
+    let file = std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    Ok(match codec {
+        // Several members, as pigz and bgzip write, are one stream.
+        Codec::Gzip => Box::new(flate2::read::MultiGzDecoder::new(std::io::BufReader::new(file))),
+        Codec::Zstd => Box::new(
+            zstd::stream::read::Decoder::new(file)
+                .with_context(|| format!("{}: cannot start a zstd decoder", path.display()))?,
+        ),
+    })
+}
+
+/// `path`'s content: decompressed where it is compressed, else as it is.
+pub fn open(path: &Path) -> Result<Box<dyn Read>> {
+    match codec(path) {
+        Some(c) => reader(path, c),
+        None => Ok(Box::new(std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?)),
+    }
+}
