@@ -428,10 +428,7 @@ fn a_snapshot_without_optimizer_steps_is_not_called_leak_free() {
     assert!(r.reason.contains("the trace holds no Python frames to find one in"), "{}", r.reason);
     // The device view of the same events (an eBPF recording of a program
     // that does not cache, recorded without its launches): the same doubt.
-    let mut device = Events::default();
-    for &(t, size, addr) in &saw {
-        device.push(&Event::new(t, 1, if size > 0 { EventKind::Alloc } else { EventKind::Free }, addr, size));
-    }
+    let device = events(&saw);
     let r = detect(&Input { events: &device, stacks: None, allocator_view: false, ..input });
     assert_eq!(r.verdict, Verdict::CannotTell, "{}", r.reason);
     assert!(r.reason.contains("no repeating sequence of kernel launches"), "{}", r.reason);
