@@ -121,8 +121,11 @@ pub fn load(dir: &Path, kind: Option<Input>, device: Option<u32>) -> Result<Load
     Ok(Loaded { trace, events, out_of_order })
 }
 
-/// The error for a file that is none of the inputs.
+/// The error for a file that is none of the inputs, or cannot be read.
 fn no_input(path: &Path) -> anyhow::Error {
+    if let Err(e) = std::fs::File::open(path) {
+        return anyhow::anyhow!("cannot read {}: {e}", path.display());
+    }
     anyhow::anyhow!(
         "{} is not a trace directory (expected a directory of events-NNNNN.parquet parts), and its \
          content is none of the files fragscope imports: a PyTorch memory snapshot (a pickle of protocol 2 to 5, \

@@ -447,3 +447,38 @@ fn record_says_what_to_record() {
         .stderr(predicate::str::contains("missing.so: cannot read it"));
     assert!(!tmp.path().join("t").exists());
 }
+
+/// A file its user may not read says so, rather than "none of the files
+/// fragscope imports". Run as `nobody` (root reads anything), with a copy
+/// of the binary in a folder `nobody` can enter; skipped, visibly, where
+/// the test is not root or `setpriv` is missing.
+#[test]
+fn an_unreadable_file_says_it_cannot_be_read() {
+    let setpriv = std::path::Path::new("/usr/bin/setpriv");
+    if unsafe { libc::geteuid() } != 0 || !setpriv.exists() {
+        eprintln!("skipped: an_unreadable_file_says_it_cannot_be_read needs root and setpriv");
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = tmp.path().join("fragscope");
+    fs::copy(assert_cmd::cargo::cargo_bin("fragscope"), &bin).unwrap();
+    let file = tmp.path().join("snapshot.pickle");
+    fs::write(&file, b"\x80\x04}.").unwrap();
+    fs::set_permissions(&file, fs::Permissions::from_mode(0o000)).unwrap();
+    for cmd in ["analyze", "import"] {
+        let out = std::process::Command::new(setpriv)
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(&bin)
+            .arg(cmd)
+            .arg(&file)
+            .arg("-o")
+            .arg(tmp.path().join(format!("out-{cmd}")))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{cmd}: {err}");
+        assert!(err.contains(&format!("cannot read {}: Permission denied", file.display())), "{cmd}: {err}");
+    }
+}
