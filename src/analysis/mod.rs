@@ -344,7 +344,6 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
             given: opts.capacity,
             recorded: analysis.trace.meta.as_ref().and_then(|m| m.capacity_bytes),
             flushes: &flushes,
-            probed: analysis.snapshot_details().and_then(|d| d.join.as_ref()).is_some_and(|j| j.probed),
             gpus: &gpus,
             fragmentation: analysis.predictions.iter().map(|p| (p.pid, p.prediction.risk)).collect(),
             leaks: analysis

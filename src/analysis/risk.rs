@@ -90,11 +90,9 @@ pub enum CapacitySource {
     Given,
     /// `capacity_bytes` in `trace.json` (the recorder, or `synth`).
     Recorded,
-    /// An `oom` entry: CUDA's free memory plus what was reserved then.
+    /// An `oom` entry (a snapshot's, or a recording's of PyTorch's
+    /// allocator): CUDA's free memory plus what was reserved then.
     InferredFromOom,
-    /// A recording's OOM during which CUDA refused PyTorch's segment: no
-    /// more than that was free, taken as none (a lower bound).
-    InferredFromRefusal,
     /// PyTorch's cache flushes (the device was full): the least capacity
     /// they allow ([`crate::analysis::whatif::Flushes`]).
     InferredFromFlushes,
@@ -107,9 +105,6 @@ impl CapacitySource {
             CapacitySource::Recorded => "recorded in trace.json",
             CapacitySource::InferredFromOom => {
                 "inferred from the `oom` entry: the free memory CUDA reported plus what was reserved then"
-            }
-            CapacitySource::InferredFromRefusal => {
-                "inferred at the OOM: what was reserved then, as CUDA refused the segment PyTorch asked for (at least this much)"
             }
             CapacitySource::InferredFromFlushes => {
                 "inferred from cache flushes (PyTorch released cached segments because the device was full), which bound it"
@@ -128,12 +123,11 @@ pub struct Capacity {
 }
 
 impl Capacity {
-    /// Whether only a least capacity is known (cache flushes, or CUDA
-    /// refusing PyTorch's segment): the device may be larger. Flushes that
-    /// bound it from both sides to one figure know it exactly.
+    /// Whether only a least capacity is known (cache flushes): the device
+    /// may be larger. Flushes that bound it from both sides to one figure
+    /// know it exactly.
     pub fn is_lower_bound(&self) -> bool {
         match self.source {
-            CapacitySource::InferredFromRefusal => true,
             CapacitySource::InferredFromFlushes => self.upper != Some(self.bytes),
             _ => false,
         }

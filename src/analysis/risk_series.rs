@@ -17,9 +17,6 @@ pub(crate) struct Inputs<'a> {
     pub recorded: Option<u64>,
     /// Per device, the least and the most capacity its cache flushes allow.
     pub flushes: &'a [(u32, u64, u64)],
-    /// A recording made with the probes on PyTorch's allocator: an OOM's
-    /// free memory is a bound ([`CapacitySource::InferredFromRefusal`]).
-    pub probed: bool,
     /// The fragmentation level of each process's forecast.
     pub fragmentation: Vec<(u32, Option<Risk>)>,
     /// A device-level recording's GPUs ([`Gpus`]).
@@ -128,8 +125,11 @@ fn capacity_of(inp: &Inputs<'_>, series: &Series) -> Option<Capacity> {
         .iter()
         .find(|o| o.pid == device && o.device_free.is_some())
         .and_then(|o| {
-            let source = if inp.probed { CapacitySource::InferredFromRefusal } else { CapacitySource::InferredFromOom };
-            Some(Capacity { bytes: o.device_free? + o.live_bytes, source, upper: None })
+            Some(Capacity {
+                bytes: o.device_free? + o.live_bytes,
+                source: CapacitySource::InferredFromOom,
+                upper: None,
+            })
         })
         .or_else(|| {
             let &(_, bytes, upper) = inp.flushes.iter().find(|f| f.0 == device)?;
@@ -192,7 +192,7 @@ pub(crate) fn evaluate(inp: &Inputs<'_>, rows: &mut [crate::analysis::result::Ro
         // at the end; before, the online risk is unknown.
         let known_from = capacity.map(|c| match c.source {
             CapacitySource::Given | CapacitySource::Recorded => 0,
-            CapacitySource::InferredFromOom | CapacitySource::InferredFromRefusal => first_oom.unwrap_or(u64::MAX),
+            CapacitySource::InferredFromOom => first_oom.unwrap_or(u64::MAX),
             CapacitySource::InferredFromFlushes => u64::MAX,
         });
         let (mut peak, mut history) = (0u64, Vec::with_capacity(steps.len()));
@@ -383,7 +383,7 @@ mod tests {
 
     /// Cache flushes bound the capacity: an interval is said as one and
     /// judged at its top, with no headroom; an interval of one figure is
-    /// the capacity, exactly; a refused segment gives only a least one.
+    /// the capacity, exactly.
     #[test]
     fn a_capacity_from_flushes_is_said_as_the_interval_it_is() {
         let a = assessment(Some(0), Some(flushes(2520 * MIB, 2540 * MIB)), &state(2520 * MIB), 0, true);
@@ -392,9 +392,5 @@ mod tests {
         let a = assessment(Some(0), Some(flushes(2540 * MIB, 2540 * MIB)), &state(2520 * MIB), 0, true);
         assert!(a.reason.contains("peak reserved 2.46 GiB of 2.48 GiB: 99 %"), "{}", a.reason);
         assert_eq!(a.headroom_bytes, Some(20 * MIB));
-        let refused = Capacity { bytes: 2540 * MIB, source: CapacitySource::InferredFromRefusal, upper: None };
-        let a = assessment(Some(0), Some(refused), &state(2520 * MIB), 0, true);
-        assert!(a.reason.contains("of at least 2.48 GiB: at most 99 %"), "{}", a.reason);
-        assert_eq!(a.headroom_bytes, None);
     }
 }

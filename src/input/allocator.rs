@@ -20,11 +20,14 @@
 //!   a process that used several, [`super::units`]). One unit is named by
 //!   its device, as a snapshot's; several get ids above every pid, named
 //!   "PID on GPU N" ([`crate::trace::Trace::units`]).
-//! - **OOMs**: a `malloc` that never returned (it threw). When CUDA refused
-//!   the segment PyTorch asked for during it, the device had less than
-//!   that free: the OOM is classified with nothing free beyond PyTorch's
-//!   cache, as a snapshot's would be with CUDA's free memory; otherwise
-//!   its class stays unknown.
+//! - **OOMs**: a `malloc` that never returned (it threw). The recorder
+//!   gives it the free memory CUDA reported to PyTorch during it
+//!   (`cudaMemGetInfo`, the figure of PyTorch's error message and of a
+//!   snapshot's `oom` entry), so it is classified as a snapshot's is.
+//!   Without that figure its class stays unknown: that CUDA refused a
+//!   segment bounds the free memory below the segment, which is too loose
+//!   to tell capacity from fragmentation (on an H200, the cache's 800 MiB of
+//!   tails and 599 MiB on the device beside a 1 GiB request).
 //! - **Block sizes** follow PyTorch's own rules on the recorded layout
 //!   ([`block_sizes`]): the request rounded under the process's
 //!   `PYTORCH_CUDA_ALLOC_CONF` (which `record` keeps), and kept whole
@@ -43,7 +46,7 @@ use super::join::{OUTSIDE, callers, library_of, real_pid};
 use super::loaded::Loaded;
 use super::units::FIRST_UNIT;
 use crate::trace::details::{Details, Join, JoinOutside, OutsideSpan, Reconstruction, SnapshotDetails};
-use crate::trace::event::{CUDA_ERROR_OUT_OF_MEMORY, Event, EventKind, Events, Extra, NO_STACK};
+use crate::trace::event::{Event, EventKind, Events, Extra, NO_STACK};
 use crate::trace::stacks::{Frame, Stacks};
 
 /// Whether the loaded recording holds PyTorch's blocks (a recording whose
@@ -245,7 +248,7 @@ pub fn view(recording: Loaded) -> Result<Loaded> {
         let mut live_segments: BTreeMap<u64, (u64, bool)> = BTreeMap::new();
         let mut live_outside: HashMap<u64, (u64, u32, usize)> = HashMap::new();
         let mut live_blocks: HashMap<u64, (u64, bool)> = HashMap::new();
-        for (at, &i) in u.rows.iter().enumerate() {
+        for &i in &u.rows {
             let (Some(kind), Some(mut e)) = (rec.kind[i], rec.get(i)) else { continue };
             let (addr, size) = (rec.addr[i], rec.size[i]);
             if rec.ret[i] != 0 && !matches!(kind, EventKind::Oom | EventKind::Launch) {
@@ -307,10 +310,8 @@ pub fn view(recording: Loaded) -> Result<Loaded> {
                         }
                     }
                 }
-                EventKind::Oom => {
-                    e.extra.device_free = refused_segment(rec, &u.rows[at + 1..]).map(|_| 0);
-                    row(kind, 0, size, &e, plain(&e, size));
-                }
+                // Its `device_free` is the recorder's (CudaFree), if any.
+                EventKind::Oom => row(kind, 0, size, &e, plain(&e, size)),
                 // Kernel launches, whole: the iterations of a recording
                 // without Python frames are found from them.
                 EventKind::Launch => launches.push(Event { pid: id, ..e }),
@@ -378,22 +379,6 @@ pub fn view(recording: Loaded) -> Result<Loaded> {
     trace.stacks = Some(Arc::new(stacks));
     trace.pytorch_columns = true;
     Ok(Loaded { trace, events: out, out_of_order: recording.out_of_order })
-}
-
-/// The device allocation that CUDA refused with out-of-memory during the
-/// allocation that ended in an OOM (`after`: the unit's rows after the
-/// OOM's; the refusal comes before the unit's next block event): PyTorch asked
-/// CUDA for a segment and got none, so the device had less than that free.
-/// The OOM is then classified with no device memory free beyond PyTorch's
-/// cache (`device_free` 0), as a snapshot's OOM with CUDA's free memory is.
-/// (The trace keeps no thread: a refusal of another thread of the process
-/// in that window would count too.)
-fn refused_segment(rec: &Events, after: &[usize]) -> Option<usize> {
-    after
-        .iter()
-        .copied()
-        .take_while(|&i| !matches!(rec.kind[i], Some(EventKind::BlockAlloc | EventKind::BlockFree | EventKind::Oom)))
-        .find(|&i| rec.kind[i].is_some_and(EventKind::can_run_out_of_memory) && rec.ret[i] == CUDA_ERROR_OUT_OF_MEMORY)
 }
 
 /// The rows of a unit's device allocations (of its `rows`, in time order)
@@ -617,6 +602,64 @@ mod tests {
         let c = crate::analysis::analyze_loaded(c, &opts).unwrap();
         assert_eq!(verdicts(&c), vec![crate::analysis::leak::Verdict::CannotTell], "{:?}", c.leaks[0].reason);
         assert!(c.leaks[0].reason.contains("no Python frames to find one in"), "{}", c.leaks[0].reason);
+    }
+
+    /// The real fragmentation OOM of the H100 fixtures (`varshape`: 1 GiB
+    /// asked, 600 MiB on the device and 800 MiB in the cached tails) as the
+    /// probes record it: its snapshot's segments as `cudaMalloc`s, its
+    /// blocks and its OOM, in a recording of the same program. With the
+    /// free memory CUDA reported during the failed call (the recorder's
+    /// `cudaMemGetInfo`), it is the snapshot's fragmentation OOM, and the
+    /// capacity is inferred as the snapshot's. Without that figure it is
+    /// unknown, and no capacity is inferred from it: that CUDA refused a
+    /// segment says only that less than the segment was free, and the
+    /// cache alone (800 MiB) would make it one of capacity.
+    #[test]
+    fn a_recorded_oom_is_classified_from_the_free_memory_cuda_reported_during_it() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/gpu-h100");
+        let (rec_dir, snap_file) = (root.join("ebpf/varshape-default"), root.join("snapshots/varshape-default.pickle"));
+        if !rec_dir.is_dir() || !snap_file.is_file() {
+            eprintln!("SKIPPED a_recorded_oom_is_classified_from_the_free_memory_cuda_reported: no {}", root.display());
+            return;
+        }
+        let open = |p: &std::path::Path| crate::input::open(p, None).unwrap();
+        let (rec, snap) = (open(&rec_dir), open(&snap_file));
+        let pid = rec.trace.meta.as_ref().unwrap().pids[0];
+        let probed = |keep_free: bool| {
+            let mut events = Events::default();
+            for i in 0..snap.events.len() {
+                let Some(mut e) = snap.events.get(i) else { continue };
+                e.kind = match e.kind {
+                    EventKind::SegmentAlloc => EventKind::Alloc,
+                    EventKind::SegmentFree => EventKind::Free,
+                    EventKind::BlockAlloc => {
+                        e.size = e.extra.requested.unwrap_or(e.size).div_ceil(512) * 512;
+                        EventKind::BlockAlloc
+                    }
+                    k @ (EventKind::BlockFree | EventKind::Oom) => k,
+                    _ => continue,
+                };
+                if !keep_free {
+                    e.extra.device_free = None;
+                }
+                (e.pid, e.extra.stack) = (pid, None);
+                events.push(&e);
+            }
+            let v = view(Loaded { trace: rec.trace.clone(), events, out_of_order: 0 }).unwrap();
+            crate::analysis::analyze_loaded(v, &crate::analysis::Options::default()).unwrap()
+        };
+        let truth = crate::analysis::analyze_loaded(open(&snap_file), &crate::analysis::Options::default()).unwrap();
+        let class = |a: &crate::analysis::Analysis| a.ooms.iter().map(|o| o.class).collect::<Vec<_>>();
+        assert_eq!(class(&truth), vec![crate::analysis::oom::OomClass::Fragmentation]);
+        let with = probed(true);
+        assert_eq!(class(&with), class(&truth));
+        assert_eq!(
+            (with.ooms[0].cuda_free, with.ooms[0].device_free, with.ooms[0].largest_free),
+            (truth.ooms[0].cuda_free, truth.ooms[0].device_free, truth.ooms[0].largest_free)
+        );
+        let without = probed(false);
+        assert_eq!(class(&without), vec![crate::analysis::oom::OomClass::Unknown]);
+        assert_eq!(without.ooms[0].device_free, None);
     }
 
     #[test]

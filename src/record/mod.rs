@@ -237,6 +237,7 @@ fn record(
                 Group::Memcpy => opts.memcpy,
                 Group::Launch => opts.launch,
                 Group::Torch => false,
+                Group::TorchRuntime => opts.torch,
             })
             .filter(|(_, p)| defined.contains_key(p.symbol))
             .map(|(i, _)| i)
@@ -283,9 +284,10 @@ fn record(
     let kernels: Rc<RefCell<kernels::Kernels>> = Rc::default();
     let mut devices = probes::Devices::default();
     let mut blocks = probes::TorchBlocks::default();
+    let cuda_free: Rc<RefCell<probes::CudaFree>> = Rc::default();
     let mut rb = RingBufferBuilder::new();
     {
-        let (queue, bad, kernels) = (queue.clone(), bad.clone(), kernels.clone());
+        let (queue, bad, kernels, cuda_free) = (queue.clone(), bad.clone(), kernels.clone(), cuda_free.clone());
         rb.add(&skel.maps.events, move |data: &[u8]| {
             match probes::Raw::parse(data) {
                 Some(r) => {
@@ -293,11 +295,14 @@ fn record(
                         kernels.borrow_mut().add(k);
                     } else if let Some(d) = r.device() {
                         devices.apply(d);
+                    } else if let Some((tid, at, free)) = r.free_report() {
+                        cuda_free.borrow_mut().apply(tid, at, free);
                     } else {
                         match r.decode() {
                             Some(mut e) => {
                                 use crate::trace::event::EventKind::{AllocHost, Exit, FreeHost};
                                 blocks.apply(&mut e);
+                                cuda_free.borrow().stamp(&mut e);
                                 if e.device.is_none() && !matches!(e.kind, Exit | AllocHost | FreeHost) {
                                     e.device = Some(devices.of(e.tid));
                                 }
@@ -397,7 +402,8 @@ fn record(
             && let Some(mut r) = probes::Raw::parse(&v)
         {
             r.cookie.0 |= skel::types::cookie_bits::COOKIE_UNRETURNED.0;
-            if let Some(e) = r.decode() {
+            if let Some(mut e) = r.decode() {
+                cuda_free.borrow().stamp(&mut e);
                 queue.borrow_mut().push(e);
             }
         }

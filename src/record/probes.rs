@@ -16,6 +16,9 @@ pub enum Group {
     Launch,
     /// PyTorch's caching allocator (`--no-torch`).
     Torch,
+    /// A runtime function read for PyTorch's allocator (`--no-torch`
+    /// too): `cudaMemGetInfo`, whose figure PyTorch's OOM carries.
+    TorchRuntime,
 }
 
 /// How to read a call's arguments. `stream` is the index of the stream
@@ -57,11 +60,22 @@ pub enum Shape {
     TorchMalloc,
     /// A free of PyTorch's allocator, the pointer in argument `ptr`.
     TorchFree { ptr: usize },
+    /// `cudaMemGetInfo(size_t *free, size_t *total)`: CUDA's free memory,
+    /// which PyTorch reads when a request fails ([`CudaFree`]).
+    MemInfo,
 }
 
 impl Shape {
     fn writes_out_ptr(self) -> bool {
-        matches!(self, Shape::Alloc { .. } | Shape::Create | Shape::GetKernel | Shape::CtxRetain | Shape::TorchMalloc)
+        matches!(
+            self,
+            Shape::Alloc { .. }
+                | Shape::Create
+                | Shape::GetKernel
+                | Shape::CtxRetain
+                | Shape::TorchMalloc
+                | Shape::MemInfo
+        )
     }
 }
 
@@ -120,6 +134,9 @@ pub const PROBES: &[Probe] = &[
     drv("cuDevicePrimaryCtxRetain", K::Alloc, Shape::CtxRetain),
     drv("cuCtxSetCurrent", K::Alloc, Shape::CtxSet),
     drv("cuCtxPushCurrent_v2", K::Alloc, Shape::CtxSet),
+    // The free memory PyTorch's OOM message gives (not an event either: it
+    // goes into the OOM's `device_free`).
+    Probe { symbol: "cudaMemGetInfo", driver: false, kind: K::Oom, shape: Shape::MemInfo, group: Group::TorchRuntime },
     drv("cuMemAlloc_v2", K::Alloc, Shape::Alloc { stream: NO_STREAM }),
     drv("cuMemFree_v2", K::Free, Shape::Free { stream: NO_STREAM }),
     drv("cuMemAllocAsync", K::AllocAsync, Shape::Alloc { stream: Some(2) }),
@@ -260,6 +277,37 @@ impl Devices {
     }
 }
 
+/// CUDA's free memory as a thread last read it (`cudaMemGetInfo`), to give
+/// PyTorch's OOMs the figure of its error message. When a request fails,
+/// PyTorch's allocator asks CUDA for its free memory (in
+/// `DeviceCachingAllocator::malloc`, after the segment it asked for was
+/// refused and before it throws), and a snapshot's `oom` entry holds that
+/// figure. The OOM of a recording is written only when the thread's next
+/// allocator call begins, so the figure read in between, on that thread,
+/// is PyTorch's.
+#[derive(Debug, Default)]
+pub struct CudaFree {
+    /// Thread -> (when the call returned, the free bytes it reported).
+    last: std::collections::HashMap<u32, (u64, u64)>,
+}
+
+impl CudaFree {
+    pub fn apply(&mut self, tid: u32, at: u64, free: u64) {
+        self.last.insert(tid, (at, free));
+    }
+
+    /// Gives an OOM the free memory its thread read during the failed call.
+    pub fn stamp(&self, e: &mut Event) {
+        if e.kind == K::Oom
+            && e.extra.device_free.is_none()
+            && let Some(&(at, free)) = self.last.get(&e.tid)
+            && at >= e.ts_ns
+        {
+            e.extra.device_free = Some(free);
+        }
+    }
+}
+
 /// The device of each live PyTorch block, by process and address: a free
 /// names only the pointer.
 #[derive(Debug, Default)]
@@ -358,6 +406,16 @@ impl Raw {
         }
     }
 
+    /// The free memory a `cudaMemGetInfo` reported: (thread, when it
+    /// returned, bytes). `None` for every other record and a failed call.
+    pub fn free_report(&self) -> Option<(u32, u64, u64)> {
+        if self.cookie.0 & cookie_bits::COOKIE_EXIT.0 != 0 {
+            return None;
+        }
+        let p = PROBES.get((self.cookie.0 & COOKIE_INDEX) as usize)?;
+        (p.shape == Shape::MemInfo && self.ret == 0).then(|| (self.tid, self.ts.saturating_add(self.dur), self.result))
+    }
+
     /// The event this record describes; `None` for a cookie that names no
     /// probe (never written by this recorder).
     pub fn decode(&self) -> Option<Event> {
@@ -422,7 +480,12 @@ impl Raw {
                 return Some(e);
             }
             Shape::TorchFree { ptr } => (a[ptr], 0, None),
-            Shape::Register | Shape::GetKernel | Shape::SetDevice | Shape::CtxRetain | Shape::CtxSet => return None,
+            Shape::Register
+            | Shape::GetKernel
+            | Shape::SetDevice
+            | Shape::CtxRetain
+            | Shape::CtxSet
+            | Shape::MemInfo => return None,
         };
         Some(self.event(p.kind, addr, size, stream.map(|i| a[i]), cuda))
     }

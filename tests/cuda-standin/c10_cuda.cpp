@@ -13,6 +13,7 @@
 
 extern "C" int cudaMalloc(void **devPtr, size_t size);
 extern "C" int cudaFree(void *devPtr);
+extern "C" int cudaMemGetInfo(size_t *free_bytes, size_t *total);
 
 struct CUstream_st;
 
@@ -25,8 +26,10 @@ namespace CUDACachingAllocator {
 namespace Native {
 
 struct OutOfMemoryError : std::runtime_error {
-	explicit OutOfMemoryError(size_t n) : std::runtime_error("CUDA out of memory"), size(n) {}
+	OutOfMemoryError(size_t n, size_t device_free)
+	    : std::runtime_error("CUDA out of memory"), size(n), device_free(device_free) {}
 	size_t size;
+	size_t device_free; // what CUDA reported free, as PyTorch's message says
 };
 
 class NativeCachingAllocator {
@@ -89,8 +92,13 @@ void NativeCachingAllocator::malloc(void **devPtr, signed char device, unsigned 
 		if (cudaMalloc(&p, seg) != 0) {
 			// Release the cached segments no block uses, then try again.
 			release_unused();
-			if (cudaMalloc(&p, seg) != 0)
-				throw OutOfMemoryError(size);
+			if (cudaMalloc(&p, seg) != 0) {
+				// As PyTorch does for its error message and its
+				// history's `oom` entry.
+				size_t device_free = 0, device_total = 0;
+				cudaMemGetInfo(&device_free, &device_total);
+				throw OutOfMemoryError(size, device_free);
+			}
 		}
 		Segment s;
 		s.size = seg;
@@ -175,6 +183,8 @@ LOCAL void local_raw_delete(void *ptr)
 using c10::cuda::CUDACachingAllocator::Native::allocator;
 using c10::cuda::CUDACachingAllocator::Native::OutOfMemoryError;
 
+static size_t last_oom_free;
+
 // What the stand-in workload calls: a tensor's allocation (0, or 2 when the
 // allocator threw OutOfMemoryError), its deleter, and the raw interface.
 EXPORT int standin_torch_alloc(void **out, size_t size, int device)
@@ -182,11 +192,14 @@ EXPORT int standin_torch_alloc(void **out, size_t size, int device)
 	try {
 		allocator.malloc(out, (signed char)device, size, nullptr);
 		return 0;
-	} catch (const OutOfMemoryError &) {
+	} catch (const OutOfMemoryError &e) {
 		*out = nullptr;
+		last_oom_free = e.device_free;
 		return 2;
 	}
 }
+// The free memory CUDA reported at the last out-of-memory.
+EXPORT size_t standin_torch_oom_free() { return last_oom_free; }
 EXPORT void standin_torch_free(void *ptr) { c10::cuda::CUDACachingAllocator::Native::local_raw_delete(ptr); }
 EXPORT void *standin_torch_raw_alloc(size_t size) { return allocator.raw_alloc(size); }
 EXPORT void standin_torch_raw_delete(void *ptr) { allocator.raw_delete(ptr); }

@@ -74,6 +74,22 @@ CUresult standin_device_free(CUdeviceptr dptr)
 	return CUDA_ERROR_INVALID_VALUE;
 }
 
+/* Free device memory: the capacity less what the blocks and the physical
+ * allocations of the virtual-memory calls hold. */
+CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
+{
+	if (!free_bytes || !total)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&lock);
+	size_t used = physical_used;
+	for (int i = 0; i < nblocks; i++)
+		used += blocks[i].size;
+	pthread_mutex_unlock(&lock);
+	*total = capacity();
+	*free_bytes = used < *total ? *total - used : 0;
+	return CUDA_SUCCESS;
+}
+
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) { return standin_device_alloc(dptr, bytesize); }
 CUresult cuMemFree_v2(CUdeviceptr dptr) { return standin_device_free(dptr); }
 CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream s) { (void)s; return standin_device_alloc(dptr, bytesize); }

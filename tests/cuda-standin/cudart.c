@@ -16,6 +16,7 @@ int cuMemFree_v2(CUdeviceptr dptr);
 int cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, void *stream);
 int cuMemFreeAsync(CUdeviceptr dptr, void *stream);
 int standin_device_alloc(CUdeviceptr *dptr, size_t bytes);
+int cuMemGetInfo_v2(size_t *free_bytes, size_t *total);
 
 static cudaError_t from_driver(int r) { return r == 0 ? cudaSuccess : r == 2 ? cudaErrorMemoryAllocation : cudaErrorInvalidValue; }
 
@@ -27,6 +28,8 @@ cudaError_t cudaMalloc(void **devPtr, size_t size)
 		*devPtr = r == 0 ? (void *)p : NULL;
 	return from_driver(r);
 }
+
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total) { return from_driver(cuMemGetInfo_v2(free_bytes, total)); }
 
 cudaError_t cudaFree(void *devPtr) { return devPtr ? from_driver(cuMemFree_v2((CUdeviceptr)devPtr)) : cudaSuccess; }
 

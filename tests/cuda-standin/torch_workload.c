@@ -4,9 +4,11 @@
  * the recording:
  *   alloc ADDR SIZE DEVICE   a tensor (SIZE as asked)
  *   free ADDR                its deleter, or raw_delete
- *   oom SIZE DEVICE          the allocator threw out-of-memory
+ *   oom SIZE DEVICE FREE     the allocator threw out-of-memory, CUDA
+ *                            having reported FREE bytes free
  * Run with STANDIN_CAPACITY small enough for the last phase to fail.
- * Modes: STEPS (default 3), `ranks N`, `wait` (see main). */
+ * Modes: STEPS (default 3), `ranks N`, `wait`, `launches STEPS KEEP`,
+ * `frag` (see main and each mode's function). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +20,7 @@ void standin_torch_free(void *ptr);
 void *standin_torch_raw_alloc(size_t size);
 void standin_torch_raw_delete(void *ptr);
 void standin_torch_empty_cache(void);
+size_t standin_torch_oom_free(void);
 
 #define N 64
 static void *live[N];
@@ -27,7 +30,7 @@ static int alloc(size_t size, int device)
 {
 	void *p = NULL;
 	if (standin_torch_alloc(&p, size, device)) {
-		printf("oom %zu %d\n", size, device);
+		printf("oom %zu %d %zu\n", size, device, standin_torch_oom_free());
 		return 1;
 	}
 	printf("alloc %p %zu %d\n", p, size, device);
@@ -101,8 +104,28 @@ static void launches(int steps, size_t keep)
 	fflush(stdout);
 }
 
+/* `frag`, with STANDIN_CAPACITY=64MiB: a 50 MiB tensor, then 6 of 1.5 MiB
+ * (each in a 2 MiB segment of its own, a 0.5 MiB tail cached beside it)
+ * leave 2 MiB on the device; then one of 4 MiB. The cache's 3 MiB free and
+ * the device's 2 MiB would hold it, but no one piece does: a fragmentation
+ * OOM, which the cache alone (3 MiB) would call one of capacity. */
+static void frag(void)
+{
+	alloc(50u << 20, 0);
+	for (int i = 0; i < 6; i++)
+		alloc(3u << 19, 0);
+	alloc(4u << 20, 0);
+	while (nlive > 0)
+		release(nlive - 1);
+	fflush(stdout);
+}
+
 int main(int argc, char **argv)
 {
+	if (argc > 1 && !strcmp(argv[1], "frag")) {
+		frag();
+		return 0;
+	}
 	if (argc > 3 && !strcmp(argv[1], "launches")) {
 		launches(atoi(argv[2]), (size_t)atol(argv[3]));
 		return 0;

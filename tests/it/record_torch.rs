@@ -13,8 +13,9 @@ use std::process::Output;
 use super::{bpf_ready, libs, meta, parts, record_cmd, standin};
 use crate::common::read_parquet;
 
-/// (kind, address, requested size, device) of the allocator's events.
-type Block = (String, u64, Option<u64>, Option<i32>);
+/// (kind, address, requested size, device, and for an OOM the free memory
+/// CUDA reported during it) of the allocator's events.
+type Block = (String, u64, Option<u64>, Option<i32>, Option<u64>);
 
 /// 64 MiB of stand-in device memory: the workload's last phase runs out.
 const CAPACITY: &str = "67108864";
@@ -49,9 +50,14 @@ fn bookkeeping(out: &Output) -> Vec<Block> {
             let f: Vec<&str> = l.split_whitespace().collect();
             let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).unwrap();
             match f[0] {
-                "alloc" => ("block_alloc".into(), hex(f[1]), Some(f[2].parse().unwrap()), Some(f[3].parse().unwrap())),
-                "free" => ("block_free".into(), hex(f[1]), None, Some(0)),
-                "oom" => ("oom".into(), 0, Some(f[1].parse().unwrap()), Some(f[2].parse().unwrap())),
+                "alloc" => {
+                    ("block_alloc".into(), hex(f[1]), Some(f[2].parse().unwrap()), Some(f[3].parse().unwrap()), None)
+                }
+                "free" => ("block_free".into(), hex(f[1]), None, Some(0), None),
+                "oom" => {
+                    let free = Some(f[3].parse().unwrap());
+                    ("oom".into(), 0, Some(f[1].parse().unwrap()), Some(f[2].parse().unwrap()), free)
+                }
                 other => panic!("unexpected line {other:?}"),
             }
         })
@@ -64,12 +70,12 @@ fn recorded(trace: &Path) -> Vec<Block> {
     for part in parts(trace) {
         let df = read_parquet(&part);
         let (ts, kind, addr) = (df.u64s("ts_ns"), df.strs("kind"), df.u64s("addr"));
-        let (req, dev) = (df.u64s("requested_size"), df.i32s("device"));
+        let (req, dev, free) = (df.u64s("requested_size"), df.i32s("device"), df.u64s("device_free"));
         for i in 0..df.height() {
             let k = kind[i].clone().unwrap();
             if matches!(k.as_str(), "block_alloc" | "block_free" | "oom") {
                 let req = if k == "block_free" { None } else { req[i] };
-                rows.push((ts[i].unwrap(), (k, addr[i].unwrap(), req, dev[i])));
+                rows.push((ts[i].unwrap(), (k, addr[i].unwrap(), req, dev[i], free[i])));
             }
         }
     }
@@ -193,12 +199,47 @@ fn a_recording_with_blocks_is_analysed_as_a_snapshot_and_its_oom_classified() {
     for bad in ["double_free", "overlap", "outside_segment", "unknown_free"] {
         assert!(!md.contains(&format!("| {bad} |")), "{bad}: {md}");
     }
-    // The OOM: CUDA refused the segment PyTorch asked for, and its cache
-    // had nothing free: capacity.
+    // The OOM, with the free memory CUDA reported to the allocator during
+    // it (as PyTorch's message and a snapshot's `oom` entry have it): less
+    // than the request, and the cache had nothing free: capacity.
     let ooms = json["ooms"].as_array().unwrap();
     assert_eq!(ooms.len(), 1, "{ooms:?}");
+    let reported = truth.iter().find(|b| b.0 == "oom").and_then(|b| b.4).unwrap();
+    assert!(reported < 6 << 20, "{reported}");
+    assert_eq!(ooms[0]["cuda_free"].as_u64(), Some(reported), "{:?}", ooms[0]);
     assert_eq!(ooms[0]["class"], "capacity", "{:?}", ooms[0]);
     assert_eq!(ooms[0]["requested"].as_u64(), Some(6 << 20));
+}
+
+/// A fragmentation OOM is one, as in a snapshot: the free memory CUDA
+/// reported and the cache's free pieces are read together. (Classified
+/// from the refused segment alone, as before, with nothing taken as free
+/// on the device, it read "capacity", as the real `varshape` OOM on an
+/// H200 did.)
+#[test]
+fn a_recorded_fragmentation_oom_is_classified_as_one() {
+    if !bpf_ready("a_recorded_fragmentation_oom_is_classified_as_one") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (trace, out) = record_torch_run(tmp.path(), &[], &["frag"], &[]);
+    let truth = bookkeeping(&out);
+    let oom = truth.iter().find(|b| b.0 == "oom").cloned().unwrap();
+    assert_eq!((oom.2, oom.4), (Some(4 << 20), Some(2 << 20)), "{truth:?}");
+    assert_eq!(recorded(&trace), truth);
+    let (json, md) = analyze_json(&trace, &tmp.path().join("report"));
+    let ooms = json["ooms"].as_array().unwrap();
+    assert_eq!(ooms.len(), 1, "{ooms:?}");
+    // 2 MiB on the device and 6 tails of 0.5 MiB: 5 MiB free, 2 MiB the
+    // largest piece.
+    assert_eq!(ooms[0]["cuda_free"].as_u64(), Some(2 << 20), "{:?}", ooms[0]);
+    assert_eq!(ooms[0]["device_free"].as_u64(), Some(5 << 20), "{:?}", ooms[0]);
+    assert_eq!(ooms[0]["largest_free"].as_u64(), Some(2 << 20), "{:?}", ooms[0]);
+    assert_eq!(ooms[0]["class"], "fragmentation", "{:?}", ooms[0]);
+    assert!(
+        md.contains("At the first OOM CUDA reported 2.00 MiB free (the figure in PyTorch's error message)"),
+        "{md}"
+    );
 }
 
 #[test]

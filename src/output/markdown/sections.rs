@@ -153,6 +153,11 @@ pub(crate) fn verdict_md(a: &Analysis, s: &Summary) -> String {
             "the process ran PyTorch's caching allocator, so its requests failed inside PyTorch's cache, whose free \
              blocks this recording of cudaMalloc calls does not see: capacity or fragmentation cannot be told from it, \
              whatever `--capacity` says (record with the allocator probes, or take a memory snapshot)"
+        } else if *class == crate::analysis::oom::OomClass::Unknown && a.allocator_view {
+            "the free memory CUDA reported during the failed request is not in the trace (a snapshot's `oom` entry \
+             holds it as `device_free`; a recording of PyTorch's allocator, when `record` read the `cudaMemGetInfo` \
+             PyTorch makes as it fails), so capacity cannot be told from fragmentation, whatever `--capacity` says: \
+             the CUDA context's own memory is in no trace"
         } else {
             oom_sentence(*class)
         };
