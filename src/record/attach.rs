@@ -162,30 +162,45 @@ pub(super) fn bpf_error(what: &str, e: libbpf_rs::Error) -> anyhow::Error {
 
 /// PyTorch's allocator in `path` ([`super::torch`]): its malloc's and
 /// frees' entries, and plain uprobes after each call to malloc (no return
-/// probes: they would stop its out-of-memory exception).
+/// probes: they would stop its out-of-memory exception), one of them on
+/// PyTorch's static probe where the plan has it. Also says whether that
+/// static probe is attached.
 pub(super) fn attach_allocator(
     skel: &skel::RecordSkel,
     path: &Path,
     plan: &super::torch::Plan,
     multi: bool,
-) -> Result<Vec<Link>> {
+) -> Result<(Vec<Link>, bool)> {
     use super::torch::Role;
     let malloc = probes::cookie(probes::torch_probe(Role::Malloc));
     let mut entries = vec![(plan.malloc.offset, malloc)];
     entries.extend(plan.frees.iter().map(|(f, role)| (f.offset, probes::cookie(probes::torch_probe(*role)))));
-    let landings: Vec<(usize, u64)> = plan.landings.iter().map(|&at| (at, malloc | probes::COOKIE_LANDED)).collect();
+    // (offset, cookie, semaphore): the static probe where there is one,
+    // else the instruction after the call.
+    let landed = malloc | probes::COOKIE_LANDED;
+    let landings = |use_static: bool| -> Vec<(usize, u64, usize)> {
+        plan.landings
+            .iter()
+            .map(|&at| match &plan.static_probe {
+                Some(p) if use_static && p.replaces == at => (p.offset, landed, p.semaphore),
+                _ => (at, landed, 0),
+            })
+            .collect()
+    };
     if multi {
-        let attach = |prog: &libbpf_rs::ProgramMut, sites: &[(usize, u64)]| {
+        let attach = |prog: &libbpf_rs::ProgramMut, sites: &[(usize, u64, usize)]| {
             let opts = libbpf_rs::UprobeMultiOpts {
                 offsets: sites.iter().map(|s| s.0).collect(),
                 cookies: sites.iter().map(|s| s.1).collect(),
+                ref_ctr_offsets: sites.iter().map(|s| s.2).collect(),
                 retprobe: false,
                 ..Default::default()
             };
             prog.attach_uprobe_multi_with_opts(-1, path, "", opts)
         };
-        match (attach(&skel.progs.on_entry_multi, &entries), attach(&skel.progs.on_landed_multi, &landings)) {
-            (Ok(a), Ok(b)) => return Ok(vec![a, b]),
+        let entries: Vec<(usize, u64, usize)> = entries.iter().map(|&(at, c)| (at, c, 0)).collect();
+        match (attach(&skel.progs.on_entry_multi, &entries), attach(&skel.progs.on_landed_multi, &landings(true))) {
+            (Ok(a), Ok(b)) => return Ok((vec![a, b], plan.static_probe.is_some())),
             (a, b) => tracing::info!(
                 "{}: multi-uprobe attach failed ({:?}); one probe per site",
                 path.display(),
@@ -193,15 +208,36 @@ pub(super) fn attach_allocator(
             ),
         }
     }
+    let attach = |prog: &libbpf_rs::ProgramMut, (at, cookie, semaphore): (usize, u64, usize)| {
+        let o = UprobeOpts { cookie, retprobe: false, ref_ctr_offset: semaphore, ..Default::default() };
+        prog.attach_uprobe_with_opts(-1, path, at, o)
+    };
+    let error = |e| bpf_error(&format!("attach PyTorch's allocator in {} with", path.display()), e);
     let mut links = Vec::new();
-    for (prog, sites) in [(&skel.progs.on_entry, &entries), (&skel.progs.on_landed, &landings)] {
-        for &(at, cookie) in sites {
-            let o = UprobeOpts { cookie, retprobe: false, ..Default::default() };
-            links.push(
-                prog.attach_uprobe_with_opts(-1, path, at, o)
-                    .map_err(|e| bpf_error(&format!("attach PyTorch's allocator in {} with", path.display()), e))?,
-            );
+    for &(at, cookie) in &entries {
+        links.push(attach(&skel.progs.on_entry, (at, cookie, 0)).map_err(error)?);
+    }
+    let mut used_static = false;
+    for (site, plain) in landings(true).into_iter().zip(landings(false)) {
+        if site == plain {
+            links.push(attach(&skel.progs.on_landed, site).map_err(error)?);
+            continue;
+        }
+        // A kernel that cannot raise the semaphore (before 4.20) refuses
+        // the static probe: the instruction after the call then.
+        match attach(&skel.progs.on_landed, site) {
+            Ok(l) => {
+                links.push(l);
+                used_static = true;
+            }
+            Err(e) => {
+                tracing::info!(
+                    "{}: PyTorch's static probe not attached ({e}); the call's return probed",
+                    path.display()
+                );
+                links.push(attach(&skel.progs.on_landed, plain).map_err(error)?);
+            }
         }
     }
-    Ok(links)
+    Ok((links, used_static))
 }

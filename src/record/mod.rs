@@ -217,9 +217,14 @@ fn record(
         };
         let mut allocator = if opts.torch { allocator_plan(lib) } else { None };
         let mut lib_links = Vec::new();
-        if let Some(plan) = &allocator {
+        if let Some(plan) = &mut allocator {
             match attach_allocator(&skel, &lib.path, plan, multi) {
-                Ok(l) => lib_links.extend(l),
+                Ok((l, used_static)) => {
+                    lib_links.extend(l);
+                    if !used_static {
+                        plan.static_probe = None;
+                    }
+                }
                 Err(e) => {
                     eprintln!(
                         "fragscope: {}: PyTorch's allocator not probed: {e:#}. Its segments are recorded as usual.",
@@ -570,6 +575,7 @@ fn finish(opts: &Options, mut writer: TraceWriter, end: End, attached: &[Attache
                 j["pytorch_allocator"] = serde_json::json!({
                     "malloc": p.malloc.name,
                     "returns_probed_at": p.landings.len(),
+                    "static_probe": p.static_probe.as_ref().map(|u| format!("pytorch:malloc in {}", u.function)),
                     "frees": p.frees.iter().map(|(f, _)| &f.name).collect::<Vec<_>>(),
                     "frees_left_out": p.left_out,
                 });

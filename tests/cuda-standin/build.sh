@@ -6,6 +6,8 @@
 #   workload-dlopen   not linked; dlopens the runtime (mode `dlopen`)
 #   nvml/libnvidia-ml.so.1   the driver's NVML, answering from $STANDIN_NVML
 #   lib64/libc10_cuda.so, torch-workload   PyTorch's caching allocator (issue 40)
+#   nosdt/lib64/libc10_cuda.so, nosdt/torch-workload   the same without its
+#                     static probe (USDT), as PyTorch before 2.1
 set -euo pipefail
 src="$(cd "$(dirname "$0")" && pwd)"
 out="$1"
@@ -27,3 +29,9 @@ ${CXX:-g++} "${flags[@]}" -std=c++17 -fPIC -shared -fvisibility=hidden -Wl,-sona
   -o "$out/lib64/libc10_cuda.so" "$src/c10_cuda.cpp" -L"$out/lib64" -l:libcudart.so.12 -Wl,-rpath,'$ORIGIN'
 $cc "${flags[@]}" -o "$out/torch-workload" "$src/torch_workload.c" -L"$out/lib64" -l:libc10_cuda.so -l:libcudart.so.12 \
   -Wl,-rpath,'$ORIGIN/lib64'
+mkdir -p "$out/nosdt/lib64"
+cp "$out/lib64/libcuda.so.1" "$out/lib64/libcudart.so.12" "$out/nosdt/lib64/"
+${CXX:-g++} "${flags[@]}" -DSTANDIN_NO_SDT -std=c++17 -fPIC -shared -fvisibility=hidden -Wl,-soname,libc10_cuda.so \
+  -o "$out/nosdt/lib64/libc10_cuda.so" "$src/c10_cuda.cpp" -L"$out/nosdt/lib64" -l:libcudart.so.12 -Wl,-rpath,'$ORIGIN'
+$cc "${flags[@]}" -o "$out/nosdt/torch-workload" "$src/torch_workload.c" -L"$out/nosdt/lib64" -l:libc10_cuda.so \
+  -l:libcudart.so.12 -Wl,-rpath,'$ORIGIN/lib64'

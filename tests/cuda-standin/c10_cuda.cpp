@@ -11,6 +11,18 @@
 #include <mutex>
 #include <stdexcept>
 
+// PyTorch's static probe on an allocation (USDT `pytorch:malloc`, since
+// 2.1): in `allocate`, after `malloc` returned, behind a semaphore that a
+// tracer raises. The recorder puts its probe there rather than after the
+// call (a `nop` costs one trap; the instruction after a call is stepped
+// out of line, about ten times slower in a virtual machine).
+// STANDIN_NO_SDT builds the allocator of a PyTorch before 2.1, without it.
+#ifndef STANDIN_NO_SDT
+#define _SDT_HAS_SEMAPHORES 1
+#include <sys/sdt.h>
+__attribute__((section(".probes"), visibility("hidden"))) volatile unsigned short pytorch_malloc_semaphore;
+#endif
+
 extern "C" int cudaMalloc(void **devPtr, size_t size);
 extern "C" int cudaFree(void *devPtr);
 extern "C" int cudaMemGetInfo(size_t *free_bytes, size_t *total);
@@ -35,6 +47,8 @@ struct OutOfMemoryError : std::runtime_error {
 class NativeCachingAllocator {
       public:
 	LOCAL void malloc(void **devPtr, signed char device, unsigned long size, CUstream_st *stream);
+	// A tensor's allocation, as PyTorch's `allocate` (DataPtr) makes it.
+	LOCAL void *allocate(unsigned long size, signed char device);
 	LOCAL void free(void *ptr);
 	// free's body, inlined where PyTorch inlines it (local_raw_delete).
 	inline __attribute__((always_inline)) void free_block(void *ptr);
@@ -108,6 +122,18 @@ void NativeCachingAllocator::malloc(void **devPtr, signed char device, unsigned 
 	}
 	live_[at] = n;
 	*devPtr = (void *)at;
+}
+
+void *NativeCachingAllocator::allocate(unsigned long size, signed char device)
+{
+	void *devPtr = nullptr;
+	if (size != 0)
+		malloc(&devPtr, device, size, nullptr);
+#ifndef STANDIN_NO_SDT
+	if (size && pytorch_malloc_semaphore)
+		STAP_PROBE4(pytorch, malloc, devPtr, device, size, 0);
+#endif
+	return devPtr;
 }
 
 void NativeCachingAllocator::free(void *ptr) { free_block(ptr); }
@@ -190,7 +216,7 @@ static size_t last_oom_free;
 EXPORT int standin_torch_alloc(void **out, size_t size, int device)
 {
 	try {
-		allocator.malloc(out, (signed char)device, size, nullptr);
+		*out = allocator.allocate(size, (signed char)device);
 		return 0;
 	} catch (const OutOfMemoryError &e) {
 		*out = nullptr;

@@ -114,11 +114,49 @@ fn every_tensor_block_and_the_oom_are_recorded_and_the_program_runs_on() {
         a["frees_left_out"][0],
         "c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::raw_delete(void*)"
     );
-    // Two call sites: the workload's tensor allocation and raw_alloc.
+    // Two call sites: allocate's (a tensor's) and raw_alloc's; allocate's
+    // seen through PyTorch's static probe.
     assert_eq!(a["returns_probed_at"], 2);
+    assert_eq!(
+        a["static_probe"],
+        "pytorch:malloc in c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::allocate(unsigned long, signed char)"
+    );
     // The segments underneath are still the runtime's calls.
     let n = &m["event_counts"];
     assert!(n["alloc"].as_u64().unwrap() >= 3, "{n}");
+}
+
+/// A PyTorch before 2.1 has no static probe: the probe goes after each
+/// call to malloc, and the recording is the same.
+#[test]
+fn without_pytorchs_static_probe_every_block_is_recorded_the_same() {
+    if !bpf_ready("without_pytorchs_static_probe_every_block_is_recorded_the_same") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = standin().join("nosdt");
+    let trace = tmp.path().join("trace");
+    let l: Vec<String> = ["libcudart.so.12", "libcuda.so.1", "libc10_cuda.so"]
+        .iter()
+        .map(|f| format!("--lib={}", dir.join("lib64").join(f).display()))
+        .collect();
+    let a: Vec<&str> = l.iter().map(String::as_str).collect();
+    let out = record_cmd(&trace, &a)
+        .arg("--")
+        .arg(dir.join("torch-workload"))
+        .arg("3")
+        .env("STANDIN_CAPACITY", CAPACITY)
+        .output();
+    let out = out.unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let truth = bookkeeping(&out);
+    assert_eq!(truth.iter().filter(|b| b.0 == "oom").count(), 1, "{truth:?}");
+    assert_eq!(recorded(&trace), truth);
+    let m = meta(&trace);
+    let probes = m["details"]["probes"].as_array().unwrap();
+    let c10 = probes.iter().find(|p| p["library"].as_str().unwrap().ends_with("libc10_cuda.so")).unwrap();
+    assert_eq!(c10["pytorch_allocator"]["returns_probed_at"], 2);
+    assert!(c10["pytorch_allocator"]["static_probe"].is_null(), "{c10}");
 }
 
 #[test]
