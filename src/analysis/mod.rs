@@ -295,6 +295,16 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
                 analysis.ooms.len()
             )
         });
+        // The replay holds PyTorch's requests alone. A device's total that
+        // a recording gives (NVML) is shared with what lies outside
+        // PyTorch (libraries' workspaces, another tenant, the CUDA
+        // context): not what those requests had. Only a capacity given is
+        // taken; else the `oom` entries say what the process had (CUDA's
+        // free memory, which a recording of the allocator reads too).
+        let capacity = match source {
+            whatif::Source::Snapshot => opts.capacity,
+            whatif::Source::DeviceLevel => capacity,
+        };
         analysis.whatif = whatif::run(&streams, &settings, capacity, Vec::new(), source, unexplained)
             .map_err(|e| tracing::warn!("whatif: {e}"))
             .ok();

@@ -623,9 +623,13 @@ mod tests {
             return;
         }
         let open = |p: &std::path::Path| crate::input::open(p, None).unwrap();
-        let (rec, snap) = (open(&rec_dir), open(&snap_file));
-        let pid = rec.trace.meta.as_ref().unwrap().pids[0];
-        let probed = |keep_free: bool| {
+        let snap = open(&snap_file);
+        let opts = crate::analysis::Options { whatif: true, ..Default::default() };
+        // `capacity`: the GPU's total, as the recorder reads it from NVML.
+        let probed = |keep_free: bool, capacity: Option<u64>| {
+            let mut rec = open(&rec_dir);
+            rec.trace.meta.as_mut().unwrap().capacity_bytes = capacity;
+            let pid = rec.trace.meta.as_ref().unwrap().pids[0];
             let mut events = Events::default();
             for i in 0..snap.events.len() {
                 let Some(mut e) = snap.events.get(i) else { continue };
@@ -645,21 +649,36 @@ mod tests {
                 (e.pid, e.extra.stack) = (pid, None);
                 events.push(&e);
             }
-            let v = view(Loaded { trace: rec.trace.clone(), events, out_of_order: 0 }).unwrap();
-            crate::analysis::analyze_loaded(v, &crate::analysis::Options::default()).unwrap()
+            let v = view(Loaded { trace: rec.trace, events, out_of_order: 0 }).unwrap();
+            crate::analysis::analyze_loaded(v, &opts).unwrap()
         };
-        let truth = crate::analysis::analyze_loaded(open(&snap_file), &crate::analysis::Options::default()).unwrap();
+        let truth = crate::analysis::analyze_loaded(open(&snap_file), &opts).unwrap();
         let class = |a: &crate::analysis::Analysis| a.ooms.iter().map(|o| o.class).collect::<Vec<_>>();
         assert_eq!(class(&truth), vec![crate::analysis::oom::OomClass::Fragmentation]);
-        let with = probed(true);
+        let with = probed(true, None);
         assert_eq!(class(&with), class(&truth));
         assert_eq!(
             (with.ooms[0].cuda_free, with.ooms[0].device_free, with.ooms[0].largest_free),
             (truth.ooms[0].cuda_free, truth.ooms[0].device_free, truth.ooms[0].largest_free)
         );
-        let without = probed(false);
+        let without = probed(false, None);
         assert_eq!(class(&without), vec![crate::analysis::oom::OomClass::Unknown]);
         assert_eq!(without.ooms[0].device_free, None);
+        // The what-if replays PyTorch's requests under what the process had
+        // (the OOM's figure), as the snapshot's does, not under the GPU's
+        // total that the recorder read from NVML: the budget's blocker
+        // outside PyTorch held the rest. Both recommend the same setting,
+        // the one that removed this OOM on the H100 (outcomes.json).
+        let recommended = |a: &crate::analysis::Analysis| {
+            let w = a.whatif.as_ref().unwrap();
+            (w.scenarios[w.recommended.0].name.clone(), w.recommended.1.clone(), w.capacity, w.capacity_inferred)
+        };
+        let h100 = 85_045_231_616;
+        let nvml = probed(true, Some(h100));
+        assert_eq!(nvml.trace.meta.as_ref().unwrap().capacity_bytes, Some(h100));
+        let (w, t) = (recommended(&nvml), recommended(&truth));
+        assert_eq!(w, t);
+        assert!(w.0 == "expandable_segments:True" && w.3, "{w:?}");
     }
 
     #[test]
