@@ -225,6 +225,21 @@ static __always_inline int ret(struct pt_regs *ctx)
 		st->depth--;
 		return 0;
 	}
+	if (cookie & COOKIE_FREE_REPORT) {
+		// cudaMemGetInfo inside an allocator call: PyTorch reading the
+		// free memory for its out-of-memory error. The first figure is
+		// kept with that call (a handler that catches the error and asks
+		// again finds it set), and written with it when it never returns.
+		__u64 akey = tid | (2ull << 32), free = 0;
+		struct inflight *m = bpf_map_lookup_elem(&inflight, &akey);
+		if (m && !m->ev.stack[1] && (__s32)PT_REGS_RC(ctx) == 0 &&
+		    !bpf_probe_read_user(&free, sizeof(free), (void *)st->ev.args[0])) {
+			m->ev.stack[0] = free;
+			m->ev.stack[1] = 1;
+		}
+		bpf_map_delete_elem(&inflight, &key);
+		return 0;
+	}
 	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
 		count_lost();

@@ -28,6 +28,9 @@ enum cookie_bits {
 	COOKIE_AT_ENTRY = 1u << 22,   // written at entry (a free: nothing to wait for)
 	COOKIE_UNRETURNED = 1u << 23, // written for a call that never returned (threw)
 	COOKIE_OUT_ARG1 = 1u << 24,   // the output pointer is argument 2 (after `this`)
+	// cudaMemGetInfo: its free memory goes to the allocation in flight on
+	// the thread (PyTorch asks as a request fails), not to the ring buffer.
+	COOKIE_FREE_REPORT = 1u << 25,
 };
 
 // One record in the ring buffer.
@@ -35,7 +38,9 @@ struct event {
 	__u64 ts;       // entry, CLOCK_MONOTONIC ns
 	__u64 dur;      // return - entry
 	__u64 args[6];  // the six register arguments
-	__u64 stack[2]; // first two stack arguments (COOKIE_STACK_ARGS)
+	__u64 stack[2]; // first two stack arguments (COOKIE_STACK_ARGS); for an
+	                // allocator call: the free memory CUDA reported during it
+	                // and 1 (COOKIE_FREE_REPORT)
 	__u64 result;   // *(u64 *)args[0] (or args[1]) at return (COOKIE_OUT_PTR)
 	__u32 pid;
 	__u32 tid;

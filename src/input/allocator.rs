@@ -619,7 +619,10 @@ mod tests {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/gpu-h100");
         let (rec_dir, snap_file) = (root.join("ebpf/varshape-default"), root.join("snapshots/varshape-default.pickle"));
         if !rec_dir.is_dir() || !snap_file.is_file() {
-            eprintln!("SKIPPED a_recorded_oom_is_classified_from_the_free_memory_cuda_reported: no {}", root.display());
+            eprintln!(
+                "SKIPPED a_recorded_oom_is_classified_from_the_free_memory_cuda_reported_during_it: no {}",
+                root.display()
+            );
             return;
         }
         let open = |p: &std::path::Path| crate::input::open(p, None).unwrap();

@@ -199,13 +199,23 @@ pub(super) fn attach_allocator(
             prog.attach_uprobe_multi_with_opts(-1, path, "", opts)
         };
         let entries: Vec<(usize, u64, usize)> = entries.iter().map(|&(at, c)| (at, c, 0)).collect();
-        match (attach(&skel.progs.on_entry_multi, &entries), attach(&skel.progs.on_landed_multi, &landings(true))) {
-            (Ok(a), Ok(b)) => return Ok((vec![a, b], plan.static_probe.is_some())),
-            (a, b) => tracing::info!(
-                "{}: multi-uprobe attach failed ({:?}); one probe per site",
-                path.display(),
-                a.err().or(b.err())
-            ),
+        // The landings with the static probe, else without it (its
+        // semaphore refused), before one probe per site.
+        let attach_landings = || match attach(&skel.progs.on_landed_multi, &landings(true)) {
+            Ok(l) => Ok((l, plan.static_probe.is_some())),
+            Err(e) if plan.static_probe.is_some() => {
+                tracing::info!(
+                    "{}: PyTorch's static probe not attached ({e}); the call's return probed",
+                    path.display()
+                );
+                attach(&skel.progs.on_landed_multi, &landings(false)).map(|l| (l, false))
+            }
+            Err(e) => Err(e),
+        };
+        match attach(&skel.progs.on_entry_multi, &entries).and_then(|a| attach_landings().map(|(b, used)| (a, b, used)))
+        {
+            Ok((a, b, used)) => return Ok((vec![a, b], used)),
+            Err(e) => tracing::info!("{}: multi-uprobe attach failed ({e}); one probe per site", path.display()),
         }
     }
     let attach = |prog: &libbpf_rs::ProgramMut, (at, cookie, semaphore): (usize, u64, usize)| {
@@ -223,8 +233,8 @@ pub(super) fn attach_allocator(
             links.push(attach(&skel.progs.on_landed, site).map_err(error)?);
             continue;
         }
-        // A kernel that cannot raise the semaphore (before 4.20) refuses
-        // the static probe: the instruction after the call then.
+        // A kernel that refuses to raise the semaphore (`ref_ctr_offset`)
+        // refuses the static probe: the instruction after the call then.
         match attach(&skel.progs.on_landed, site) {
             Ok(l) => {
                 links.push(l);

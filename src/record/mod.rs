@@ -289,10 +289,9 @@ fn record(
     let kernels: Rc<RefCell<kernels::Kernels>> = Rc::default();
     let mut devices = probes::Devices::default();
     let mut blocks = probes::TorchBlocks::default();
-    let cuda_free: Rc<RefCell<probes::CudaFree>> = Rc::default();
     let mut rb = RingBufferBuilder::new();
     {
-        let (queue, bad, kernels, cuda_free) = (queue.clone(), bad.clone(), kernels.clone(), cuda_free.clone());
+        let (queue, bad, kernels) = (queue.clone(), bad.clone(), kernels.clone());
         rb.add(&skel.maps.events, move |data: &[u8]| {
             match probes::Raw::parse(data) {
                 Some(r) => {
@@ -300,14 +299,11 @@ fn record(
                         kernels.borrow_mut().add(k);
                     } else if let Some(d) = r.device() {
                         devices.apply(d);
-                    } else if let Some((tid, at, free)) = r.free_report() {
-                        cuda_free.borrow_mut().apply(tid, at, free);
                     } else {
                         match r.decode() {
                             Some(mut e) => {
                                 use crate::trace::event::EventKind::{AllocHost, Exit, FreeHost};
                                 blocks.apply(&mut e);
-                                cuda_free.borrow().stamp(&mut e);
                                 if e.device.is_none() && !matches!(e.kind, Exit | AllocHost | FreeHost) {
                                     e.device = Some(devices.of(e.tid));
                                 }
@@ -407,8 +403,7 @@ fn record(
             && let Some(mut r) = probes::Raw::parse(&v)
         {
             r.cookie.0 |= skel::types::cookie_bits::COOKIE_UNRETURNED.0;
-            if let Some(mut e) = r.decode() {
-                cuda_free.borrow().stamp(&mut e);
+            if let Some(e) = r.decode() {
                 queue.borrow_mut().push(e);
             }
         }

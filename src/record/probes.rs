@@ -61,7 +61,9 @@ pub enum Shape {
     /// A free of PyTorch's allocator, the pointer in argument `ptr`.
     TorchFree { ptr: usize },
     /// `cudaMemGetInfo(size_t *free, size_t *total)`: CUDA's free memory,
-    /// which PyTorch reads when a request fails ([`CudaFree`]).
+    /// which PyTorch reads when a request fails. Never an event: the BPF
+    /// program keeps the figure with the allocator call in flight on the
+    /// thread (`COOKIE_FREE_REPORT`), and its OOM carries it.
     MemInfo,
 }
 
@@ -135,7 +137,7 @@ pub const PROBES: &[Probe] = &[
     drv("cuCtxSetCurrent", K::Alloc, Shape::CtxSet),
     drv("cuCtxPushCurrent_v2", K::Alloc, Shape::CtxSet),
     // The free memory PyTorch's OOM message gives (not an event either: it
-    // goes into the OOM's `device_free`).
+    // goes into the OOM's `device_free`, in the BPF program).
     Probe { symbol: "cudaMemGetInfo", driver: false, kind: K::Oom, shape: Shape::MemInfo, group: Group::TorchRuntime },
     drv("cuMemAlloc_v2", K::Alloc, Shape::Alloc { stream: NO_STREAM }),
     drv("cuMemFree_v2", K::Free, Shape::Free { stream: NO_STREAM }),
@@ -201,6 +203,7 @@ pub const COOKIE_LANDED: u64 = cookie_bits::COOKIE_LANDED.0 as u64;
 const COOKIE_AT_ENTRY: u64 = cookie_bits::COOKIE_AT_ENTRY.0 as u64;
 const COOKIE_UNRETURNED: u32 = cookie_bits::COOKIE_UNRETURNED.0;
 const COOKIE_OUT_ARG1: u64 = cookie_bits::COOKIE_OUT_ARG1.0 as u64;
+const COOKIE_FREE_REPORT: u64 = cookie_bits::COOKIE_FREE_REPORT.0 as u64;
 
 /// The attach cookie of probe `index`.
 pub fn cookie(index: usize) -> u64 {
@@ -218,6 +221,7 @@ pub fn cookie(index: usize) -> u64 {
     match p.shape {
         Shape::TorchMalloc => c |= COOKIE_ALLOCATOR | COOKIE_OUT_ARG1,
         Shape::TorchFree { .. } => c |= COOKIE_ALLOCATOR | COOKIE_AT_ENTRY,
+        Shape::MemInfo => c |= COOKIE_FREE_REPORT,
         _ => {}
     }
     c
@@ -274,37 +278,6 @@ impl Devices {
     /// The device thread `tid` works on now.
     pub fn of(&self, tid: u32) -> i32 {
         self.of_thread.get(&tid).copied().unwrap_or(0)
-    }
-}
-
-/// CUDA's free memory as a thread last read it (`cudaMemGetInfo`), to give
-/// PyTorch's OOMs the figure of its error message. When a request fails,
-/// PyTorch's allocator asks CUDA for its free memory (in
-/// `DeviceCachingAllocator::malloc`, after the segment it asked for was
-/// refused and before it throws), and a snapshot's `oom` entry holds that
-/// figure. The OOM of a recording is written only when the thread's next
-/// allocator call begins, so the figure read in between, on that thread,
-/// is PyTorch's.
-#[derive(Debug, Default)]
-pub struct CudaFree {
-    /// Thread -> (when the call returned, the free bytes it reported).
-    last: std::collections::HashMap<u32, (u64, u64)>,
-}
-
-impl CudaFree {
-    pub fn apply(&mut self, tid: u32, at: u64, free: u64) {
-        self.last.insert(tid, (at, free));
-    }
-
-    /// Gives an OOM the free memory its thread read during the failed call.
-    pub fn stamp(&self, e: &mut Event) {
-        if e.kind == K::Oom
-            && e.extra.device_free.is_none()
-            && let Some(&(at, free)) = self.last.get(&e.tid)
-            && at >= e.ts_ns
-        {
-            e.extra.device_free = Some(free);
-        }
     }
 }
 
@@ -406,16 +379,6 @@ impl Raw {
         }
     }
 
-    /// The free memory a `cudaMemGetInfo` reported: (thread, when it
-    /// returned, bytes). `None` for every other record and a failed call.
-    pub fn free_report(&self) -> Option<(u32, u64, u64)> {
-        if self.cookie.0 & cookie_bits::COOKIE_EXIT.0 != 0 {
-            return None;
-        }
-        let p = PROBES.get((self.cookie.0 & COOKIE_INDEX) as usize)?;
-        (p.shape == Shape::MemInfo && self.ret == 0).then(|| (self.tid, self.ts.saturating_add(self.dur), self.result))
-    }
-
     /// The event this record describes; `None` for a cookie that names no
     /// probe (never written by this recorder).
     pub fn decode(&self) -> Option<Event> {
@@ -476,6 +439,11 @@ impl Raw {
                 // `device` is a signed char (an int before 2.3): its low byte.
                 e.device = Some(a[2] as u8 as i8 as i32);
                 e.extra.requested = Some(a[3]);
+                // The free memory CUDA reported to it as it failed: the
+                // figure of PyTorch's error message.
+                if kind == K::Oom && self.stack[1] == 1 {
+                    e.extra.device_free = Some(self.stack[0]);
+                }
                 e.ret = 0;
                 return Some(e);
             }

@@ -7,7 +7,7 @@
 #   nvml/libnvidia-ml.so.1   the driver's NVML, answering from $STANDIN_NVML
 #   lib64/libc10_cuda.so, torch-workload   PyTorch's caching allocator (issue 40)
 #   nosdt/lib64/libc10_cuda.so, nosdt/torch-workload   the same without its
-#                     static probe (USDT), as PyTorch before 2.1
+#                     static probe (USDT), as PyTorch before 2.2
 set -euo pipefail
 src="$(cd "$(dirname "$0")" && pwd)"
 out="$1"
@@ -23,6 +23,9 @@ $cc "${flags[@]}" -o "$out/workload-static" "$src/workload.c" "$src/cudart.c" "$
 $cc "${flags[@]}" -Wno-unused-function -DDLOPEN_ONLY -o "$out/workload-dlopen" "$src/workload.c" -ldl -lpthread
 mkdir -p "$out/nvml"
 $cc "${flags[@]}" -fPIC -shared -Wl,-soname,libnvidia-ml.so.1 -o "$out/nvml/libnvidia-ml.so.1" "$src/nvml.c"
+# PyTorch's static probe in the stand-in allocator needs <sys/sdt.h>.
+echo '#include <sys/sdt.h>' | ${CXX:-g++} -E -x c++ - >/dev/null 2>&1 \
+  || { echo "tests/cuda-standin: <sys/sdt.h> is missing: install systemtap-sdt-dev (scripts/install-deps does)" >&2; exit 1; }
 # PyTorch's caching allocator, as libc10_cuda.so (its probed functions are
 # local symbols, as in PyTorch's wheels), and a program that uses it.
 ${CXX:-g++} "${flags[@]}" -std=c++17 -fPIC -shared -fvisibility=hidden -Wl,-soname,libc10_cuda.so \

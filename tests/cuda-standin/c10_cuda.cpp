@@ -12,11 +12,11 @@
 #include <stdexcept>
 
 // PyTorch's static probe on an allocation (USDT `pytorch:malloc`, since
-// 2.1): in `allocate`, after `malloc` returned, behind a semaphore that a
+// 2.2): in `allocate`, after `malloc` returned, behind a semaphore that a
 // tracer raises. The recorder puts its probe there rather than after the
 // call (a `nop` costs one trap; the instruction after a call is stepped
 // out of line, about ten times slower in a virtual machine).
-// STANDIN_NO_SDT builds the allocator of a PyTorch before 2.1, without it.
+// STANDIN_NO_SDT builds the allocator of a PyTorch before 2.2, without it.
 #ifndef STANDIN_NO_SDT
 #define _SDT_HAS_SEMAPHORES 1
 #include <sys/sdt.h>

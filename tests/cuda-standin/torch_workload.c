@@ -104,17 +104,28 @@ static void launches(int steps, size_t keep)
 	fflush(stdout);
 }
 
+int cudaMemGetInfo(size_t *free_bytes, size_t *total);
+
 /* `frag`, with STANDIN_CAPACITY=64MiB: a 50 MiB tensor, then 6 of 1.5 MiB
  * (each in a 2 MiB segment of its own, a 0.5 MiB tail cached beside it)
  * leave 2 MiB on the device; then one of 4 MiB. The cache's 3 MiB free and
  * the device's 2 MiB would hold it, but no one piece does: a fragmentation
- * OOM, which the cache alone (3 MiB) would call one of capacity. */
+ * OOM, which the cache alone (3 MiB) would call one of capacity. Then, as
+ * a handler would, it frees the large tensor, empties the cache and asks
+ * CUDA for its free memory (52 MiB now, not what PyTorch saw), and goes on
+ * allocating. */
 static void frag(void)
 {
 	alloc(50u << 20, 0);
 	for (int i = 0; i < 6; i++)
 		alloc(3u << 19, 0);
-	alloc(4u << 20, 0);
+	if (alloc(4u << 20, 0)) {
+		release(0);
+		standin_torch_empty_cache();
+		size_t free_bytes = 0, total = 0;
+		cudaMemGetInfo(&free_bytes, &total);
+		alloc(1000, 0);
+	}
 	while (nlive > 0)
 		release(nlive - 1);
 	fflush(stdout);

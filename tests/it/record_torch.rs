@@ -126,7 +126,7 @@ fn every_tensor_block_and_the_oom_are_recorded_and_the_program_runs_on() {
     assert!(n["alloc"].as_u64().unwrap() >= 3, "{n}");
 }
 
-/// A PyTorch before 2.1 has no static probe: the probe goes after each
+/// A PyTorch before 2.2 has no static probe after malloc: the probe goes after each
 /// call to malloc, and the recording is the same.
 #[test]
 fn without_pytorchs_static_probe_every_block_is_recorded_the_same() {
@@ -253,7 +253,9 @@ fn a_recording_with_blocks_is_analysed_as_a_snapshot_and_its_oom_classified() {
 /// reported and the cache's free pieces are read together. (Classified
 /// from the refused segment alone, as before, with nothing taken as free
 /// on the device, it read "capacity", as the real `varshape` OOM on an
-/// H200 did.)
+/// H200 did.) The figure is the one PyTorch read as it failed, not the
+/// one its handler reads after emptying the cache (52 MiB), although the
+/// OOM is written only later, when the thread allocates again.
 #[test]
 fn a_recorded_fragmentation_oom_is_classified_as_one() {
     if !bpf_ready("a_recorded_fragmentation_oom_is_classified_as_one") {
@@ -420,6 +422,10 @@ fn one_uprobe_per_site_as_on_kernels_before_6_6_records_the_same() {
     let tmp = tempfile::tempdir().unwrap();
     let (trace, out) = record_torch_env(tmp.path(), &[], &[("FRAGSCOPE_RECORD_UPROBES", "single")]);
     assert_eq!(recorded(&trace), bookkeeping(&out));
+    // With PyTorch's static probe (its semaphore raised), not the fallback.
+    let probes = meta(&trace)["details"]["probes"].as_array().unwrap().clone();
+    let c10 = probes.iter().find(|p| p["library"].as_str().unwrap().ends_with("libc10_cuda.so")).unwrap();
+    assert!(c10["pytorch_allocator"]["static_probe"].is_string(), "{c10}");
 }
 
 #[test]
