@@ -150,7 +150,7 @@ static __always_inline int entry(struct pt_regs *ctx)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
-	if (stopping || !is_traced(tgid))
+	if (!is_traced(tgid))
 		return 0;
 	__u32 cookie = (__u32)bpf_get_attach_cookie(ctx);
 	__u64 key = level_key(tid, cookie);
@@ -165,13 +165,19 @@ static __always_inline int entry(struct pt_regs *ctx)
 		// The allocator's probed functions do not call each other (the
 		// recorder leaves out those that do): an allocation still in
 		// flight on this thread never returned.
+		// (Counted after the stop too: the nested call's return must not
+		// take the outer call's state.)
 		if (!(cookie & COOKIE_ALLOCATOR)) {
 			cur->depth++;
 			return 0;
 		}
+		if (stopping)
+			return 0;
 		submit_unreturned(cur);
 		bpf_map_delete_elem(&inflight, &key);
 	}
+	if (stopping)
+		return 0;
 	struct inflight st = {};
 	st.ev.ts = bpf_ktime_get_ns();
 	st.ev.args[0] = PT_REGS_PARM1(ctx);

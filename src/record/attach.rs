@@ -212,9 +212,12 @@ pub(super) fn attach_allocator(
             }
             Err(e) => Err(e),
         };
-        match attach(&skel.progs.on_entry_multi, &entries).and_then(|a| attach_landings().map(|(b, used)| (a, b, used)))
+        // The landings first: one without its entry does nothing, but an
+        // entry without its landing would leave a call in flight that the
+        // thread's next one writes as an OOM (a `--pid` attach).
+        match attach_landings().and_then(|(b, used)| attach(&skel.progs.on_entry_multi, &entries).map(|a| (a, b, used)))
         {
-            Ok((a, b, used)) => return Ok((vec![a, b], used)),
+            Ok((a, b, used)) => return Ok((vec![b, a], used)),
             Err(e) => tracing::info!("{}: multi-uprobe attach failed ({e}); one probe per site", path.display()),
         }
     }
@@ -223,10 +226,8 @@ pub(super) fn attach_allocator(
         prog.attach_uprobe_with_opts(-1, path, at, o)
     };
     let error = |e| bpf_error(&format!("attach PyTorch's allocator in {} with", path.display()), e);
+    // The landings first (see above).
     let mut links = Vec::new();
-    for &(at, cookie) in &entries {
-        links.push(attach(&skel.progs.on_entry, (at, cookie, 0)).map_err(error)?);
-    }
     let mut used_static = false;
     for (site, plain) in landings(true).into_iter().zip(landings(false)) {
         if site == plain {
@@ -248,6 +249,9 @@ pub(super) fn attach_allocator(
                 links.push(attach(&skel.progs.on_landed, plain).map_err(error)?);
             }
         }
+    }
+    for &(at, cookie) in &entries {
+        links.push(attach(&skel.progs.on_entry, (at, cookie, 0)).map_err(error)?);
     }
     Ok((links, used_static))
 }

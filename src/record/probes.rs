@@ -561,5 +561,29 @@ mod tests {
         assert_ne!(at("cudaLaunchKernel") & COOKIE_STACK_ARGS, 0);
         assert!(PROBES.len() < COOKIE_INDEX as usize);
         assert!((0..PROBES.len()).all(|i| cookie(i) as u32 & cookie_bits::COOKIE_EXIT.0 == 0));
+        // cudaMemGetInfo: its free memory read at return and kept with the
+        // allocation in flight, at the runtime's level.
+        let info = at("cudaMemGetInfo");
+        assert_eq!(info & (COOKIE_FREE_REPORT | COOKIE_OUT_PTR), COOKIE_FREE_REPORT | COOKIE_OUT_PTR);
+        assert_eq!(info & (COOKIE_ALLOCATOR | COOKIE_STACK_ARGS | COOKIE_DRIVER | COOKIE_AT_ENTRY), 0);
+    }
+
+    /// An allocation that never returned is an OOM with the free memory
+    /// the BPF program kept with it (`stack`: the figure, and 1), or none;
+    /// one that returned is a block, whatever `stack` holds.
+    #[test]
+    fn an_oom_carries_the_free_memory_kept_with_its_call() {
+        let args = [0x5000, 0x7ff0_0000_1000, 0, 6 << 20, 0, 0];
+        let mut r = raw(TORCH_MALLOC, args, 0x7f00_0000_0000, 0);
+        r.stack = [2 << 20, 1];
+        let block = r.decode().unwrap();
+        assert_eq!((block.kind, block.extra.device_free), (K::BlockAlloc, None));
+        r.cookie.0 |= COOKIE_UNRETURNED;
+        let oom = r.decode().unwrap();
+        assert_eq!((oom.kind, oom.size, oom.extra.device_free), (K::Oom, 6 << 20, Some(2 << 20)));
+        r.stack = [0, 0];
+        assert_eq!(r.decode().unwrap().extra.device_free, None);
+        // cudaMemGetInfo itself is never an event.
+        assert!(raw("cudaMemGetInfo", [0x10, 0x18, 0, 0, 0, 0], 1 << 30, 0).decode().is_none());
     }
 }

@@ -305,10 +305,11 @@ fn plan_bytes(data: &[u8]) -> Result<std::result::Result<Plan, Refusal>> {
 /// (the instruction after a call to `malloc`) reaches `target` (the static
 /// probe's `nop`) before it returns, leaves the function, jumps somewhere
 /// computed, or calls `malloc` again. Conditional jumps are followed both
-/// ways, but for the probe's guard: after a read of its semaphore
-/// (`semaphore`, its address; 0 for none), a conditional jump one side of
-/// which goes to the `nop` (straight, or through jumps) is taken that way,
-/// as the kernel holds the semaphore raised while the probe is attached. Other calls are taken
+/// ways, but for the probe's guard: the first conditional jump within a few
+/// instructions of a read of its semaphore (`semaphore`, its address; 0
+/// for none), if one side of it goes to the `nop` (straight, or through
+/// jumps), is taken that way, as the kernel holds the semaphore raised
+/// while the probe is attached. Other calls are taken
 /// to return; a trap (`ud2`, `int3`) ends a path (the process dies there).
 /// So each return of that call is seen at the probe, and none is mistaken
 /// for an out-of-memory. (In 2.1 the probe comes before the call, and this
@@ -331,8 +332,11 @@ fn always_reaches(code: &[u8], start: u64, from: u64, target: u64, malloc: u64, 
         }
         false
     };
-    // (address, whether the semaphore was read on the way there)
-    let mut todo = vec![(from, false)];
+    // (address, instructions left in which the next conditional jump tests
+    // the semaphore just read: the compiler puts moves between the load,
+    // the test and the jump, 5 in 2.6)
+    const GUARD: u8 = 8;
+    let mut todo = vec![(from, 0u8)];
     let mut seen = std::collections::HashSet::new();
     while let Some((at, read)) = todo.pop() {
         if at == target || !seen.insert((at, read)) {
@@ -344,8 +348,11 @@ fn always_reaches(code: &[u8], start: u64, from: u64, target: u64, malloc: u64, 
         let mut decoder = Decoder::with_ip(64, &code[(at - start) as usize..], at, DecoderOptions::NONE);
         let ins = decoder.decode();
         let direct = ins.op0_kind() == OpKind::NearBranch64;
-        let read =
-            read || (semaphore != 0 && ins.is_ip_rel_memory_operand() && ins.ip_rel_memory_address() == semaphore);
+        let read = if semaphore != 0 && ins.is_ip_rel_memory_operand() && ins.ip_rel_memory_address() == semaphore {
+            GUARD
+        } else {
+            read.saturating_sub(1)
+        };
         let m = ins.mnemonic();
         if ins.is_invalid() || matches!(m, Mnemonic::Ret | Mnemonic::Retf | Mnemonic::Iret | Mnemonic::Iretq) {
             return false;
@@ -361,12 +368,13 @@ fn always_reaches(code: &[u8], start: u64, from: u64, target: u64, malloc: u64, 
                 return false;
             }
             todo.push((ins.near_branch_target(), read));
-        } else if direct && read && (lands(ins.next_ip()) || lands(ins.near_branch_target())) {
+        } else if direct && read > 0 && (lands(ins.next_ip()) || lands(ins.near_branch_target())) {
             // The guard: with the semaphore raised, on to the probe.
-            todo.push((target, read));
+            todo.push((target, 0));
         } else if direct {
-            // A conditional jump (jcc, jrcxz, loop): both ways.
-            todo.extend([(ins.next_ip(), read), (ins.near_branch_target(), read)]);
+            // A conditional jump (jcc, jrcxz, loop): both ways. (The first
+            // one after the semaphore's read is its test, or there is none.)
+            todo.extend([(ins.next_ip(), 0), (ins.near_branch_target(), 0)]);
         } else {
             todo.push((ins.next_ip(), read));
         }
@@ -556,6 +564,12 @@ mod tests {
             .arg(dir.path())
             .output()
             .unwrap();
+        // 77: no <sys/sdt.h> (scripts/install-deps --build-only leaves it
+        // out); CI, which requires the recorder's tests, has it.
+        if built.status.code() == Some(77) && std::env::var_os("FRAGSCOPE_REQUIRE_BPF").is_none() {
+            eprintln!("SKIPPED the_stand_ins_static_probe_is_planned: {}", String::from_utf8_lossy(&built.stderr));
+            return;
+        }
         assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
         let with = plan(&dir.path().join("lib64/libc10_cuda.so")).unwrap().unwrap();
         let p = with.static_probe.clone().unwrap();

@@ -25,7 +25,7 @@ mkdir -p "$out/nvml"
 $cc "${flags[@]}" -fPIC -shared -Wl,-soname,libnvidia-ml.so.1 -o "$out/nvml/libnvidia-ml.so.1" "$src/nvml.c"
 # PyTorch's static probe in the stand-in allocator needs <sys/sdt.h>.
 echo '#include <sys/sdt.h>' | ${CXX:-g++} -E -x c++ - >/dev/null 2>&1 \
-  || { echo "tests/cuda-standin: <sys/sdt.h> is missing: install systemtap-sdt-dev (scripts/install-deps does)" >&2; exit 1; }
+  || { echo "tests/cuda-standin: <sys/sdt.h> is missing: install systemtap-sdt-dev (scripts/install-deps does)" >&2; exit 77; }
 # PyTorch's caching allocator, as libc10_cuda.so (its probed functions are
 # local symbols, as in PyTorch's wheels), and a program that uses it.
 ${CXX:-g++} "${flags[@]}" -std=c++17 -fPIC -shared -fvisibility=hidden -Wl,-soname,libc10_cuda.so \
