@@ -310,7 +310,8 @@ pub fn view(recording: Loaded) -> Result<Loaded> {
                         }
                     }
                 }
-                // Its `device_free` is the recorder's (CudaFree), if any.
+                // Its `device_free` is what the recorder kept with the call
+                // (CUDA's free memory as it failed), if any.
                 EventKind::Oom => row(kind, 0, size, &e, plain(&e, size)),
                 // Kernel launches, whole: the iterations of a recording
                 // without Python frames are found from them.
@@ -514,6 +515,28 @@ mod tests {
         assert_eq!((same, whole_same), (total, whole));
     }
 
+    /// An event of a snapshot (or of one joined with a recording) as the
+    /// probes record it: segments as the device allocations they were,
+    /// blocks with their request rounded as the probe rounds it, no stack;
+    /// `None` for what they do not see (`outside`: an allocation outside
+    /// PyTorch, which has no block).
+    fn as_probed(mut e: Event, outside: bool) -> Option<Event> {
+        e.kind = match (e.kind, outside) {
+            (EventKind::SegmentAlloc, _) => EventKind::Alloc,
+            (EventKind::SegmentFree, _) => EventKind::Free,
+            (EventKind::SegmentMap, _) => EventKind::MemMap,
+            (EventKind::SegmentUnmap, _) => EventKind::MemUnmap,
+            (EventKind::BlockAlloc, false) => {
+                e.size = e.extra.requested.unwrap_or(e.size).div_ceil(512) * 512;
+                EventKind::BlockAlloc
+            }
+            (k @ (EventKind::BlockFree | EventKind::Oom), false) => k,
+            _ => return None,
+        };
+        e.extra.stack = None;
+        Some(e)
+    }
+
     /// The real H100 run recorded both ways (`training-default`), joined
     /// (the trusted view: the snapshot's blocks, the recording's outside
     /// memory), then written back as the probes would have recorded it
@@ -537,22 +560,10 @@ mod tests {
             joined.trace.stacks.as_deref().map_or_else(Default::default, crate::input::outside_stacks);
         let mut events = Events::default();
         for i in 0..joined.events.len() {
-            let Some(mut e) = joined.events.get(i) else { continue };
+            let Some(e) = joined.events.get(i) else { continue };
             let is_outside = e.extra.stack.is_some_and(|s| outside.contains(&s));
-            e.kind = match (e.kind, is_outside) {
-                (EventKind::SegmentAlloc, _) => EventKind::Alloc,
-                (EventKind::SegmentFree, _) => EventKind::Free,
-                (EventKind::SegmentMap, _) => EventKind::MemMap,
-                (EventKind::SegmentUnmap, _) => EventKind::MemUnmap,
-                (EventKind::BlockAlloc, false) => {
-                    e.size = e.extra.requested.unwrap_or(e.size).div_ceil(512) * 512;
-                    EventKind::BlockAlloc
-                }
-                (k @ (EventKind::BlockFree | EventKind::Oom), false) => k,
-                _ => continue,
-            };
+            let Some(mut e) = as_probed(e, is_outside) else { continue };
             e.pid = j.pids[0];
-            e.extra.stack = None;
             events.push(&e);
         }
         // The recording's kernel launches, which the probes record too
@@ -635,21 +646,11 @@ mod tests {
             let pid = rec.trace.meta.as_ref().unwrap().pids[0];
             let mut events = Events::default();
             for i in 0..snap.events.len() {
-                let Some(mut e) = snap.events.get(i) else { continue };
-                e.kind = match e.kind {
-                    EventKind::SegmentAlloc => EventKind::Alloc,
-                    EventKind::SegmentFree => EventKind::Free,
-                    EventKind::BlockAlloc => {
-                        e.size = e.extra.requested.unwrap_or(e.size).div_ceil(512) * 512;
-                        EventKind::BlockAlloc
-                    }
-                    k @ (EventKind::BlockFree | EventKind::Oom) => k,
-                    _ => continue,
-                };
+                let Some(mut e) = snap.events.get(i).and_then(|e| as_probed(e, false)) else { continue };
                 if !keep_free {
                     e.extra.device_free = None;
                 }
-                (e.pid, e.extra.stack) = (pid, None);
+                e.pid = pid;
                 events.push(&e);
             }
             let v = view(Loaded { trace: rec.trace, events, out_of_order: 0 }).unwrap();

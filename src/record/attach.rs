@@ -187,6 +187,10 @@ pub(super) fn attach_allocator(
             })
             .collect()
     };
+    // The static probe refused (its semaphore): the call's return instead.
+    let refused = |e: &libbpf_rs::Error| {
+        tracing::info!("{}: PyTorch's static probe not attached ({e}); the call's return probed", path.display())
+    };
     if multi {
         let attach = |prog: &libbpf_rs::ProgramMut, sites: &[(usize, u64, usize)]| {
             let opts = libbpf_rs::UprobeMultiOpts {
@@ -204,10 +208,7 @@ pub(super) fn attach_allocator(
         let attach_landings = || match attach(&skel.progs.on_landed_multi, &landings(true)) {
             Ok(l) => Ok((l, plan.static_probe.is_some())),
             Err(e) if plan.static_probe.is_some() => {
-                tracing::info!(
-                    "{}: PyTorch's static probe not attached ({e}); the call's return probed",
-                    path.display()
-                );
+                refused(&e);
                 attach(&skel.progs.on_landed_multi, &landings(false)).map(|l| (l, false))
             }
             Err(e) => Err(e),
@@ -242,10 +243,7 @@ pub(super) fn attach_allocator(
                 used_static = true;
             }
             Err(e) => {
-                tracing::info!(
-                    "{}: PyTorch's static probe not attached ({e}); the call's return probed",
-                    path.display()
-                );
+                refused(&e);
                 links.push(attach(&skel.progs.on_landed, plain).map_err(error)?);
             }
         }

@@ -284,7 +284,7 @@ fn plan_bytes(data: &[u8]) -> Result<std::result::Result<Plan, Refusal>> {
     let malloc = Function { name: malloc_name, offset: offset(malloc_at).context("malloc lies in no segment")? };
     // The static probe, in the function of exactly one call to malloc,
     // where every path from that call's return reaches it.
-    let static_probe = usdt(&file, "pytorch", "malloc").into_iter().find_map(|(pc, sema)| {
+    let static_probe = usdt(data, "pytorch", "malloc").into_iter().find_map(|(pc, sema)| {
         let f = syms.iter().find(|s| s.addr <= pc && pc < s.addr + s.size)?;
         let calls: Vec<u64> = landing_at.iter().copied().filter(|&a| f.addr < a && a <= f.addr + f.size).collect();
         let (&[next], Some(&0x90)) = (calls.as_slice(), text(pc, 1).and_then(|b| b.first())) else { return None };
@@ -387,24 +387,26 @@ fn always_reaches(code: &[u8], start: u64, from: u64, target: u64, malloc: u64, 
 /// `pytorch:malloc`), moved as the `.stapsdt.base` section was (prelink).
 /// The note's layout: three addresses (the probe, the base, the
 /// semaphore), then the provider's, the probe's and the arguments' names.
-fn usdt(file: &object::File<'_>, provider: &str, name: &str) -> Vec<(u64, u64)> {
+fn usdt(data: &[u8], provider: &str, name: &str) -> Vec<(u64, u64)> {
     use object::ObjectSection;
+    use object::read::elf::{ElfFile64, SectionHeader};
+    let Ok(elf) = ElfFile64::<object::Endianness>::parse(data) else { return Vec::new() };
+    let endian = elf.endian();
+    let base_section = elf.section_by_name(".stapsdt.base").map(|s| s.address());
+    let Some(mut notes) =
+        elf.section_by_name(".note.stapsdt").and_then(|s| s.elf_section_header().notes(endian, data).ok().flatten())
+    else {
+        return Vec::new();
+    };
     let mut found = Vec::new();
-    let Some(data) = file.section_by_name(".note.stapsdt").and_then(|s| s.data().ok()) else { return found };
-    let base_section = file.section_by_name(".stapsdt.base").map(|s| s.address());
-    let u32_at = |at: usize| Some(u32::from_le_bytes(data.get(at..at + 4)?.try_into().ok()?));
-    let u64_at = |d: &[u8], at: usize| Some(u64::from_le_bytes(d.get(at..at + 8)?.try_into().ok()?));
-    let mut at = 0;
-    while at + 12 <= data.len() {
-        let (Some(namesz), Some(descsz), Some(kind)) = (u32_at(at), u32_at(at + 4), u32_at(at + 8)) else { break };
-        let (namesz, descsz) = (namesz as usize, descsz as usize);
-        let desc_at = at + 12 + namesz.div_ceil(4) * 4;
-        let Some(desc) = data.get(desc_at..desc_at + descsz) else { break };
-        at = desc_at + descsz.div_ceil(4) * 4;
-        if kind != 3 || desc.len() < 24 {
+    while let Ok(Some(note)) = notes.next() {
+        let desc = note.desc();
+        if note.name() != b"stapsdt" || note.n_type(endian) != 3 || desc.len() < 24 {
             continue;
         }
-        let (Some(pc), Some(base), Some(sema)) = (u64_at(desc, 0), u64_at(desc, 8), u64_at(desc, 16)) else { break };
+        // x86-64 only (checked by the caller): little-endian words.
+        let word = |i: usize| u64::from_le_bytes(desc[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
+        let (pc, base, sema) = (word(0), word(1), word(2));
         let mut strings = desc[24..].split(|&b| b == 0);
         if strings.next() != Some(provider.as_bytes()) || strings.next() != Some(name.as_bytes()) {
             continue;
