@@ -119,6 +119,18 @@ static __always_inline __u64 wake_flags(void)
 	return bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
 }
 
+// The flags to submit a process's event with: wake the reader at once for
+// its first event (so it copies the process's maps while it runs), else
+// as wake_flags says.
+static __always_inline __u64 submit_flags(__u32 tgid)
+{
+	if (bpf_map_lookup_elem(&seen, &tgid))
+		return wake_flags();
+	__u8 one = 1;
+	bpf_map_update_elem(&seen, &tgid, &one, BPF_ANY);
+	return BPF_RB_FORCE_WAKEUP;
+}
+
 // The in-flight state's key: the thread, and the level of the call (the
 // runtime, the driver, PyTorch's allocator), so that a call of one level
 // made inside another's is recorded on its own.
@@ -203,15 +215,16 @@ static __always_inline int entry(struct pt_regs *ctx)
 	st.ev.cookie = (enum cookie_bits)cookie;
 	st.ev.stack_id = want_stacks ? bpf_get_stackid(ctx, &stacks, BPF_F_USER_STACK) : -1;
 	if (cookie & COOKIE_AT_ENTRY) {
-		// Nothing to wait for (a free's argument says it all), and no
-		// return probe, which would stop a C++ exception's unwinding.
+		// Nothing to wait for: a free's argument says it all (and a
+		// return probe would stop a C++ exception's unwinding); a launch's
+		// return code is not worth a second trap per launch.
 		struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 		if (!e) {
 			count_lost();
 			return 0;
 		}
 		__builtin_memcpy(e, &st.ev, sizeof(*e));
-		bpf_ringbuf_submit(e, wake_flags());
+		bpf_ringbuf_submit(e, submit_flags(tgid));
 		return 0;
 	}
 	bpf_map_update_elem(&inflight, &key, &st, BPF_ANY);
@@ -262,14 +275,7 @@ static __always_inline int ret(struct pt_regs *ctx)
 		bpf_probe_read_user(&e->result, sizeof(e->result),
 				    (void *)e->args[(e->cookie & COOKIE_OUT_ARG1) ? 1 : 0]);
 	bpf_map_delete_elem(&inflight, &key);
-	__u64 flags = wake_flags();
-	__u32 tgid = pid_tgid >> 32;
-	if (!bpf_map_lookup_elem(&seen, &tgid)) {
-		__u8 one = 1;
-		bpf_map_update_elem(&seen, &tgid, &one, BPF_ANY);
-		flags = BPF_RB_FORCE_WAKEUP;
-	}
-	bpf_ringbuf_submit(e, flags);
+	bpf_ringbuf_submit(e, submit_flags(pid_tgid >> 32));
 	return 0;
 }
 

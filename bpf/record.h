@@ -25,7 +25,7 @@ enum cookie_bits {
 	// would stop the C++ unwinder: so no return probes there.
 	COOKIE_ALLOCATOR = 1u << 20,  // an allocator call: state of its own level
 	COOKIE_LANDED = 1u << 21,     // a probe after a call to it: it returned
-	COOKIE_AT_ENTRY = 1u << 22,   // written at entry (a free: nothing to wait for)
+	COOKIE_AT_ENTRY = 1u << 22,   // written at entry, no return probe (a free, a launch)
 	COOKIE_UNRETURNED = 1u << 23, // written for a call that never returned (threw)
 	COOKIE_OUT_ARG1 = 1u << 24,   // the output pointer is argument 2 (after `this`)
 	// cudaMemGetInfo: its free memory goes to the allocation in flight on

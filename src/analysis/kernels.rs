@@ -22,8 +22,10 @@ pub struct KernelStat {
     /// `0xADDR` when no mapping was recorded for the process.
     pub name: String,
     pub launches: u64,
-    /// Launches that returned an error.
-    pub failed: u64,
+    /// Launches that returned an error; `None` where the recording has no
+    /// return codes (launches written at entry, as `record` does since
+    /// 2026-11-26).
+    pub failed: Option<u64>,
 }
 
 /// (pid, code address).
@@ -33,7 +35,12 @@ type Launched = (u32, u64);
 /// Empty when the trace has no launches or no `maps/` folder. `process`
 /// gives the recorded process of a series (a unit's, or a probed
 /// recording's allocator view's), which the maps are keyed by.
-pub fn kernel_table(trace_dir: &Path, events: &Events, process: impl Fn(u32) -> u32) -> Vec<KernelStat> {
+pub fn kernel_table(
+    trace_dir: &Path,
+    events: &Events,
+    returns: bool,
+    process: impl Fn(u32) -> u32,
+) -> Vec<KernelStat> {
     let registered = match KernelNames::read(trace_dir) {
         Ok(k) => k,
         Err(e) => {
@@ -76,7 +83,7 @@ pub fn kernel_table(trace_dir: &Path, events: &Events, process: impl Fn(u32) -> 
         e.1 += f;
     }
     let mut out: Vec<KernelStat> =
-        by_name.into_iter().map(|(name, (launches, failed))| KernelStat { name, launches, failed }).collect();
+        by_name.into_iter().map(|(name, (launches, failed))| KernelStat { name, launches, failed: returns.then_some(failed) }).collect();
     out.sort_by(|a, b| b.launches.cmp(&a.launches).then_with(|| a.name.cmp(&b.name)));
     out
 }

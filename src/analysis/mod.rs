@@ -312,7 +312,9 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     }
     if analysis.trace.source() == Some(crate::trace::Source::Ebpf) {
         let trace = &analysis.trace;
-        analysis.kernels = crate::analysis::kernels::kernel_table(&trace.dir, events, |id| trace.process_of(id));
+        let at_entry = trace.meta.as_ref().and_then(|m| m.details.record()).is_some_and(|d| d.launches_at_entry);
+        analysis.kernels =
+            crate::analysis::kernels::kernel_table(&trace.dir, events, !at_entry, |id| trace.process_of(id));
         if let Some(st) = &stacks {
             analysis.alloc_stacks = sites::allocation_stacks(events, st);
         }

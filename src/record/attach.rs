@@ -97,7 +97,8 @@ pub(super) fn defined_functions(path: &Path) -> Result<std::collections::HashMap
         .collect())
 }
 
-/// Two links for the file: every wanted function's entry, and return.
+/// Two links for the file: every wanted function's entry, and the return of
+/// those not written at entry ([`probes::at_entry`]).
 /// The probes go at the offsets read from the file ([`defined_functions`]),
 /// not by name: libbpf's own lookup of the names refused NVIDIA's runtime
 /// from PyPI (ENOENT), and probing each function on its own instead made
@@ -109,17 +110,20 @@ pub(super) fn attach_multi(
     defined: &std::collections::HashMap<String, usize>,
 ) -> Result<Vec<Link>> {
     // Each function's offset and cookie, from one list so they stay paired.
-    let (offsets, cookies): (Vec<usize>, Vec<u64>) =
-        wanted.iter().filter_map(|&i| Some((*defined.get(PROBES[i].symbol)?, probes::cookie(i)))).unzip();
-    let opts = |retprobe| libbpf_rs::UprobeMultiOpts {
-        offsets: offsets.clone(),
-        cookies: cookies.clone(),
-        retprobe,
-        ..Default::default()
+    let sites = |retprobe: bool| -> libbpf_rs::UprobeMultiOpts {
+        let (offsets, cookies) = wanted
+            .iter()
+            .filter(|&&i| !(retprobe && probes::at_entry(i)))
+            .filter_map(|&i| Some((*defined.get(PROBES[i].symbol)?, probes::cookie(i))))
+            .unzip();
+        libbpf_rs::UprobeMultiOpts { offsets, cookies, retprobe, ..Default::default() }
     };
-    let entry = skel.progs.on_entry_multi.attach_uprobe_multi_with_opts(-1, path, "", opts(false))?;
-    let ret = skel.progs.on_return_multi.attach_uprobe_multi_with_opts(-1, path, "", opts(true))?;
-    Ok(vec![entry, ret])
+    let mut links = vec![skel.progs.on_entry_multi.attach_uprobe_multi_with_opts(-1, path, "", sites(false))?];
+    let returns = sites(true);
+    if !returns.offsets.is_empty() {
+        links.push(skel.progs.on_return_multi.attach_uprobe_multi_with_opts(-1, path, "", returns)?);
+    }
+    Ok(links)
 }
 
 /// Two links per function (kernels before 6.6).
@@ -132,6 +136,9 @@ pub(super) fn attach_each(
     let mut links = Vec::with_capacity(wanted.len() * 2);
     for &i in wanted {
         for (prog, retprobe) in [(&skel.progs.on_entry, false), (&skel.progs.on_return, true)] {
+            if retprobe && probes::at_entry(i) {
+                continue;
+            }
             let symbol = PROBES[i].symbol;
             // At the offset read from the file, as the multi-probe: not by
             // name, which libbpf's lookup refused for NVIDIA's PyPI runtime.

@@ -447,6 +447,7 @@ fn record(
         gpus: gpus_at_start,
         nvml: driver.unavailable.clone(),
         devices: devices_used.into_iter().map(|(pid, d)| (pid.to_string(), d.into_iter().collect())).collect(),
+        launches_at_entry: opts.launch,
         ..RecordDetails::default()
     });
     Ok((end, attached))

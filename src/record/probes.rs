@@ -216,7 +216,9 @@ pub fn cookie(index: usize) -> u64 {
         c |= COOKIE_OUT_PTR;
     }
     if p.shape == Shape::Launch {
-        c |= COOKIE_STACK_ARGS;
+        // Written at entry: a return probe would cost a second trap per
+        // launch (1 µs of the 1.7 a launch cost) for the return code alone.
+        c |= COOKIE_STACK_ARGS | COOKIE_AT_ENTRY;
     }
     match p.shape {
         Shape::TorchMalloc => c |= COOKIE_ALLOCATOR | COOKIE_OUT_ARG1,
@@ -225,6 +227,11 @@ pub fn cookie(index: usize) -> u64 {
         _ => {}
     }
     c
+}
+
+/// Whether probe `index` is written at its entry, with no return probe.
+pub fn at_entry(index: usize) -> bool {
+    cookie(index) & COOKIE_AT_ENTRY != 0
 }
 
 /// A record of the probes that follow each thread's device.

@@ -372,6 +372,11 @@ pub struct RecordDetails {
     /// the settings PyTorch's allocator ran under.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub allocator_conf: BTreeMap<String, String>,
+    /// Launches were written at their entry, without their return code (so
+    /// without whether one failed). Absent in recordings made before, whose
+    /// launches have it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub launches_at_entry: bool,
 }
 
 /// One GPU as the driver reports it.

@@ -206,12 +206,30 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
         md.push_str(&join_md(a));
     }
     if !a.kernels.is_empty() {
+        // Recordings since 2026-11-26 write launches at entry: no return code.
+        let failed = a.kernels.iter().any(|k| k.failed.is_some());
         let _ = writeln!(
             md,
-            "\n## Kernels\n\nLaunches by kernel (the names the program registered with the CUDA runtime, else the symbols of the traced processes' files; demangled):\n\n| kernel | launches | failed |\n|---|---|---|"
+            "\n## Kernels\n\nLaunches by kernel (the names the program registered with the CUDA runtime, else the symbols of the traced processes' files; demangled){}:\n\n| kernel | launches |{}\n|---|---|{}",
+            if failed {
+                ""
+            } else {
+                ". Each launch is recorded as it is made; whether it failed is not (its return would cost a second \
+                 probe per launch)"
+            },
+            if failed { " failed |" } else { "" },
+            if failed { "---|" } else { "" },
         );
         for k in a.kernels.iter().take(15) {
-            let _ = writeln!(md, "| `{}` | {} | {} |", k.name.replace('|', "\\|"), k.launches, k.failed);
+            let name = k.name.replace('|', "\\|");
+            match k.failed {
+                Some(f) if failed => {
+                    let _ = writeln!(md, "| `{name}` | {} | {f} |", k.launches);
+                }
+                _ => {
+                    let _ = writeln!(md, "| `{name}` | {} |", k.launches);
+                }
+            }
         }
         if a.kernels.len() > 15 {
             let _ = writeln!(md, "\n{} more in report.json.", a.kernels.len() - 15);
