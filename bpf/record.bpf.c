@@ -21,12 +21,14 @@
 // preserve_access_index so libbpf relocates them (CO-RE) against the
 // running kernel's BTF.
 
+#include <stdbool.h>
 #include <linux/types.h>
 #include <linux/bpf.h>
 #include <asm/ptrace.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
+#include <bpf/usdt.bpf.h>
 
 #include "record.h"
 
@@ -91,6 +93,15 @@ struct {
 	__type(value, __u8);
 } seen SEC(".maps");
 
+// Threads in a call that allocates without PyTorch's cache
+// (COOKIE_UNCACHED) -> the size asked: the static probe after it skips it.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, __u64);
+} uncached SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
 	__uint(max_entries, 16384); // resized by the recorder
@@ -134,6 +145,11 @@ static __always_inline __u64 submit_flags(__u32 tgid)
 // The in-flight state's key: the thread, and the level of the call (the
 // runtime, the driver, PyTorch's allocator), so that a call of one level
 // made inside another's is recorded on its own.
+// Key tid | 3 << 32 holds the free memory cudaMemGetInfo last reported on
+// a thread with no allocator call in flight (FREE_SLOT): the out-of-memory
+// report that follows takes it.
+#define FREE_SLOT(tid) ((tid) | (3ull << 32))
+
 static __always_inline __u64 level_key(__u32 tid, __u32 cookie)
 {
 	if (cookie & COOKIE_ALLOCATOR)
@@ -158,6 +174,44 @@ static __always_inline void submit_unreturned(struct inflight *st)
 	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
 }
 
+// PyTorch reports an out-of-memory (reportOutOfMemoryToProfiler(size,
+// allocated, reserved, device), after asking CUDA for the free memory and
+// before it throws). An allocator call in flight on the thread (one seen
+// from its call) is written as the one that failed; else (an allocation
+// seen by the static probe only) the report's size and device are, with
+// the free memory kept for it.
+static __always_inline int oom_report(struct pt_regs *ctx, __u32 tgid, __u32 tid, __u32 cookie)
+{
+	if (stopping)
+		return 0;
+	__u64 akey = tid | (2ull << 32), skey = FREE_SLOT(tid);
+	struct inflight *cur = bpf_map_lookup_elem(&inflight, &akey);
+	if (cur) {
+		submit_unreturned(cur);
+		bpf_map_delete_elem(&inflight, &akey);
+		bpf_map_delete_elem(&inflight, &skey);
+		return 0;
+	}
+	struct inflight st = {};
+	st.ev.ts = bpf_ktime_get_ns();
+	// c10::Device in one register: its type, then its index.
+	st.ev.args[2] = (PT_REGS_PARM4(ctx) >> 8) & 0xff;
+	st.ev.args[3] = PT_REGS_PARM1(ctx);
+	st.ev.caller = PT_REGS_IP(ctx) + 5;
+	st.ev.pid = tgid;
+	st.ev.tid = tid;
+	st.ev.cookie = (enum cookie_bits)(cookie & ~COOKIE_OOM_REPORT);
+	st.ev.stack_id = want_stacks ? bpf_get_stackid(ctx, &stacks, BPF_F_USER_STACK) : -1;
+	struct inflight *slot = bpf_map_lookup_elem(&inflight, &skey);
+	if (slot) {
+		st.ev.stack[0] = slot->ev.stack[0];
+		st.ev.stack[1] = 1;
+		bpf_map_delete_elem(&inflight, &skey);
+	}
+	submit_unreturned(&st);
+	return 0;
+}
+
 static __always_inline int entry(struct pt_regs *ctx)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
@@ -166,6 +220,17 @@ static __always_inline int entry(struct pt_regs *ctx)
 		return 0;
 	__u32 cookie = (__u32)bpf_get_attach_cookie(ctx);
 	__u64 key = level_key(tid, cookie);
+	if (cookie & COOKIE_UNCACHED) {
+		// Both read, then one kept: the verifier refuses a computed
+		// offset into the context.
+		__u64 first = PT_REGS_PARM1(ctx), second = PT_REGS_PARM2(ctx);
+		asm volatile("" : "+r"(first), "+r"(second));
+		__u64 size = (cookie & COOKIE_OUT_ARG1) ? second : first;
+		bpf_map_update_elem(&uncached, &tid, &size, BPF_ANY);
+		return 0;
+	}
+	if (cookie & COOKIE_OOM_REPORT)
+		return oom_report(ctx, tgid, tid, cookie);
 	if (cookie & COOKIE_DRIVER) {
 		// A driver call made by the runtime is part of that runtime call.
 		__u64 rt_key = tid;
@@ -200,8 +265,12 @@ static __always_inline int entry(struct pt_regs *ctx)
 #ifdef __TARGET_ARCH_x86
 	st.ev.args[5] = ctx->r9;
 	// At entry the stack pointer is at the return address: the caller,
-	// which names the library that asked without a whole stack.
-	bpf_probe_read_user(&st.ev.caller, sizeof(st.ev.caller), (void *)PT_REGS_SP(ctx));
+	// which names the library that asked without a whole stack. On a
+	// call instruction (5 bytes), the return address is the next one.
+	if (cookie & COOKIE_CALL_SITE)
+		st.ev.caller = PT_REGS_IP(ctx) + 5;
+	else
+		bpf_probe_read_user(&st.ev.caller, sizeof(st.ev.caller), (void *)PT_REGS_SP(ctx));
 	if (cookie & COOKIE_STACK_ARGS) {
 		// At entry the stack pointer is at the return address.
 		bpf_probe_read_user(&st.ev.stack, sizeof(st.ev.stack), (void *)(PT_REGS_SP(ctx) + 8));
@@ -251,10 +320,19 @@ static __always_inline int ret(struct pt_regs *ctx)
 		// again finds it set), and written with it when it never returns.
 		__u64 akey = tid | (2ull << 32), free = 0;
 		struct inflight *m = bpf_map_lookup_elem(&inflight, &akey);
-		if (m && !m->ev.stack[1] && (__s32)PT_REGS_RC(ctx) == 0 &&
-		    !bpf_probe_read_user(&free, sizeof(free), (void *)st->ev.args[0])) {
-			m->ev.stack[0] = free;
-			m->ev.stack[1] = 1;
+		if ((__s32)PT_REGS_RC(ctx) == 0 && !bpf_probe_read_user(&free, sizeof(free), (void *)st->ev.args[0])) {
+			if (m && !m->ev.stack[1]) {
+				m->ev.stack[0] = free;
+				m->ev.stack[1] = 1;
+			} else if (!m) {
+				// No allocator call in flight (its allocation is read
+				// from PyTorch's static probe): kept for the report.
+				struct inflight slot = {};
+				__u64 skey = FREE_SLOT(tid);
+				slot.ev.stack[0] = free;
+				slot.ev.stack[1] = 1;
+				bpf_map_update_elem(&inflight, &skey, &slot, BPF_ANY);
+			}
 		}
 		bpf_map_delete_elem(&inflight, &key);
 		return 0;
@@ -297,6 +375,50 @@ int on_landed(struct pt_regs *ctx) { return ret(ctx); }
 SEC("uprobe.multi")
 int on_landed_multi(struct pt_regs *ctx) { return ret(ctx); }
 
+// PyTorch's static probe after an allocation (USDT pytorch:malloc, since
+// 2.2: the pointer, the device, the size, the stream's id), where it stands
+// for malloc's entry and return (src/record/torch.rs, StaticArgs): one
+// trap per tensor. Written as a probe after the call would write it.
+SEC("usdt")
+int on_static_malloc(struct pt_regs *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
+	if (!is_traced(tgid) || stopping)
+		return 0;
+	long ptr = 0, device = 0, size = 0, stream = 0;
+	bpf_usdt_arg(ctx, 0, &ptr);
+	bpf_usdt_arg(ctx, 1, &device);
+	bpf_usdt_arg(ctx, 2, &size);
+	bpf_usdt_arg(ctx, 3, &stream);
+	__u64 *asked = bpf_map_lookup_elem(&uncached, &tid);
+	if (asked) {
+		// A tensor allocated without the cache: a segment of its own.
+		__u64 was = *asked;
+		bpf_map_delete_elem(&uncached, &tid);
+		if (was == (__u64)size)
+			return 0;
+	}
+	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count_lost();
+		return 0;
+	}
+	__builtin_memset(e, 0, sizeof(*e));
+	e->ts = bpf_ktime_get_ns();
+	e->args[2] = device;
+	e->args[3] = size;
+	e->args[4] = stream;
+	e->result = ptr;
+	e->pid = tgid;
+	e->tid = tid;
+	e->cookie = (enum cookie_bits)bpf_usdt_cookie(ctx);
+	e->stack_id = want_stacks ? bpf_get_stackid(ctx, &stacks, BPF_F_USER_STACK) : -1;
+	e->caller = PT_REGS_IP(ctx);
+	bpf_ringbuf_submit(e, submit_flags(tgid));
+	return 0;
+}
+
 // Kernel structs, relocated by field name (CO-RE).
 struct signal_struct {
 	struct {
@@ -337,6 +459,9 @@ static __always_inline int note_exit(struct task_struct *task)
 	bpf_map_delete_elem(&inflight, &key);
 	key = tid | (1ull << 32);
 	bpf_map_delete_elem(&inflight, &key);
+	key = FREE_SLOT(tid);
+	bpf_map_delete_elem(&inflight, &key);
+	bpf_map_delete_elem(&uncached, &tid);
 	// An allocation that never returned: the thread died of its exception.
 	key = tid | (2ull << 32);
 	struct inflight *st = bpf_map_lookup_elem(&inflight, &key);

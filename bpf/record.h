@@ -31,6 +31,17 @@ enum cookie_bits {
 	// cudaMemGetInfo: its free memory goes to the allocation in flight on
 	// the thread (PyTorch asks as a request fails), not to the ring buffer.
 	COOKIE_FREE_REPORT = 1u << 25,
+	// Where PyTorch's static probe's own arguments stand for malloc's
+	// entry (src/record/torch.rs, StaticArgs): a probe on a call
+	// instruction to malloc, in place of its entry;
+	COOKIE_CALL_SITE = 1u << 26,
+	// on a call that allocates without the cache (the static probe that
+	// follows skips that allocation; argument 2 holds the size with
+	// COOKIE_OUT_ARG1, else argument 1);
+	COOKIE_UNCACHED = 1u << 27,
+	// on a call to reportOutOfMemoryToProfiler(size, ..., device): an
+	// allocation that is failing.
+	COOKIE_OOM_REPORT = 1u << 28,
 };
 
 // One record in the ring buffer.

@@ -35,12 +35,7 @@ type Launched = (u32, u64);
 /// Empty when the trace has no launches or no `maps/` folder. `process`
 /// gives the recorded process of a series (a unit's, or a probed
 /// recording's allocator view's), which the maps are keyed by.
-pub fn kernel_table(
-    trace_dir: &Path,
-    events: &Events,
-    returns: bool,
-    process: impl Fn(u32) -> u32,
-) -> Vec<KernelStat> {
+pub fn kernel_table(trace_dir: &Path, events: &Events, returns: bool, process: impl Fn(u32) -> u32) -> Vec<KernelStat> {
     let registered = match KernelNames::read(trace_dir) {
         Ok(k) => k,
         Err(e) => {
@@ -82,8 +77,10 @@ pub fn kernel_table(
         e.0 += n;
         e.1 += f;
     }
-    let mut out: Vec<KernelStat> =
-        by_name.into_iter().map(|(name, (launches, failed))| KernelStat { name, launches, failed: returns.then_some(failed) }).collect();
+    let mut out: Vec<KernelStat> = by_name
+        .into_iter()
+        .map(|(name, (launches, failed))| KernelStat { name, launches, failed: returns.then_some(failed) })
+        .collect();
     out.sort_by(|a, b| b.launches.cmp(&a.launches).then_with(|| a.name.cmp(&b.name)));
     out
 }

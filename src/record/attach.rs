@@ -167,12 +167,106 @@ pub(super) fn bpf_error(what: &str, e: libbpf_rs::Error) -> anyhow::Error {
     }
 }
 
-/// PyTorch's allocator in `path` ([`super::torch`]): its malloc's and
-/// frees' entries, and plain uprobes after each call to malloc (no return
-/// probes: they would stop its out-of-memory exception), one of them on
-/// PyTorch's static probe where the plan has it. Also says whether that
-/// static probe is attached.
+/// How PyTorch's allocations are seen in a library.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum AllocatorProbes {
+    /// Through PyTorch's static probe's own arguments: one trap a tensor.
+    StaticArguments,
+    /// `malloc`'s entry, then PyTorch's static probe after the call.
+    StaticProbe,
+    /// `malloc`'s entry, then the instruction after each call.
+    AfterCall,
+}
+
+/// PyTorch's allocator in `path` ([`super::torch`]): where the plan can,
+/// PyTorch's static probe with its own arguments ([`attach_static_arguments`]);
+/// else (or when that is refused) its malloc's and frees' entries, and
+/// plain uprobes after each call to malloc (no return probes: they would
+/// stop its out-of-memory exception), one of them on PyTorch's static
+/// probe where the plan has it. Also says which.
 pub(super) fn attach_allocator(
+    skel: &skel::RecordSkel,
+    path: &Path,
+    plan: &super::torch::Plan,
+    multi: bool,
+) -> Result<(Vec<Link>, AllocatorProbes)> {
+    if plan.static_args.is_some() {
+        match attach_static_arguments(skel, path, plan, multi) {
+            Ok(links) => return Ok((links, AllocatorProbes::StaticArguments)),
+            Err(e) => tracing::info!(
+                "{}: PyTorch's static probe's arguments not read ({e:#}); malloc's entry probed instead",
+                path.display()
+            ),
+        }
+    }
+    attach_entries(skel, path, plan, multi)
+        .map(|(links, used)| (links, if used { AllocatorProbes::StaticProbe } else { AllocatorProbes::AfterCall }))
+}
+
+/// The allocator with its allocations read from PyTorch's static probe's
+/// arguments ([`super::torch::StaticArgs`]), through libbpf's USDT support
+/// (which reads the note's argument places and raises the semaphore):
+/// malloc's entry is not probed. In this order, so that a `--pid` attach
+/// never half-sees a call: the calls without the cache (which the static
+/// probe must skip), the probes after the other calls to malloc, the
+/// static probe, then the probes on those calls, on the out-of-memory
+/// reports and on the frees.
+fn attach_static_arguments(
+    skel: &skel::RecordSkel,
+    path: &Path,
+    plan: &super::torch::Plan,
+    multi: bool,
+) -> Result<Vec<Link>> {
+    use super::torch::Role;
+    let (Some(args), Some(sp)) = (&plan.static_args, &plan.static_probe) else {
+        bail!("no static probe's arguments planned")
+    };
+    let malloc = probes::cookie(probes::torch_probe(Role::Malloc));
+    let landed = malloc | probes::COOKIE_LANDED;
+    let uncached: Vec<(usize, u64)> = args
+        .uncached
+        .iter()
+        .map(|&(at, arg)| {
+            let which = if arg == 1 { probes::COOKIE_OUT_ARG1 } else { 0 };
+            (at, (malloc & !probes::COOKIE_OUT_ARG1) | probes::COOKIE_UNCACHED | which)
+        })
+        .collect();
+    let landings: Vec<(usize, u64)> =
+        plan.landings.iter().filter(|&&at| at != sp.replaces).map(|&at| (at, landed)).collect();
+    let mut entries: Vec<(usize, u64)> = args.calls.iter().map(|&at| (at, malloc | probes::COOKIE_CALL_SITE)).collect();
+    entries.extend(args.oom_reports.iter().map(|&at| (at, malloc | probes::COOKIE_OOM_REPORT)));
+    entries.extend(plan.frees.iter().map(|(f, role)| (f.offset, probes::cookie(probes::torch_probe(*role)))));
+    let attach = |multi_prog: &libbpf_rs::ProgramMut, prog: &libbpf_rs::ProgramMut, sites: &[(usize, u64)]| {
+        if sites.is_empty() {
+            return Ok(Vec::new());
+        }
+        if multi {
+            let opts = libbpf_rs::UprobeMultiOpts {
+                offsets: sites.iter().map(|s| s.0).collect(),
+                cookies: sites.iter().map(|s| s.1).collect(),
+                retprobe: false,
+                ..Default::default()
+            };
+            return Ok(vec![multi_prog.attach_uprobe_multi_with_opts(-1, path, "", opts)?]);
+        }
+        sites
+            .iter()
+            .map(|&(at, cookie)| {
+                prog.attach_uprobe_with_opts(-1, path, at, UprobeOpts { cookie, retprobe: false, ..Default::default() })
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()
+    };
+    let p = &skel.progs;
+    let mut links = attach(&p.on_entry_multi, &p.on_entry, &uncached)?;
+    links.extend(attach(&p.on_landed_multi, &p.on_landed, &landings)?);
+    let usdt = libbpf_rs::UsdtOpts { cookie: landed, ..Default::default() };
+    links.push(p.on_static_malloc.attach_usdt_with_opts(-1, path, "pytorch", "malloc", usdt)?);
+    links.extend(attach(&p.on_entry_multi, &p.on_entry, &entries)?);
+    Ok(links)
+}
+
+/// The allocator through malloc's entry and the probes after its calls.
+fn attach_entries(
     skel: &skel::RecordSkel,
     path: &Path,
     plan: &super::torch::Plan,

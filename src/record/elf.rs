@@ -19,3 +19,52 @@ impl FileOffsets {
             .and_then(|&(at, _, file_at)| usize::try_from(addr - at + file_at).ok())
     }
 }
+
+/// Where a library calls an imported function: the function's PLT stub
+/// (`call stub`) and its GOT slot (`call *slot(%rip)`, built with
+/// `-fno-plt`). The dynamic relocations name the slot; the stubs in `.plt`
+/// and `.plt.sec` jump through it (`jmp *slot(%rip)`), one per 16 bytes.
+/// x86-64 only. Neither is found for a name the file does not import.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Import {
+    pub stub: Option<u64>,
+    pub slot: Option<u64>,
+}
+
+impl Import {
+    /// The import of `name` (its mangled name) in `file`.
+    pub(super) fn of(file: &object::File<'_>, name: &str) -> Import {
+        use iced_x86::{Decoder, DecoderOptions, Mnemonic};
+        use object::{ObjectSection, ObjectSymbol, ObjectSymbolTable, RelocationTarget};
+        let Some(symbols) = file.dynamic_symbol_table() else { return Import::default() };
+        let slot = file.dynamic_relocations().into_iter().flatten().find_map(|(at, r)| match r.target() {
+            RelocationTarget::Symbol(i) if symbols.symbol_by_index(i).ok()?.name().ok()? == name => Some(at),
+            _ => None,
+        });
+        let stub = slot.and_then(|slot| {
+            file.sections().filter(|s| matches!(s.name(), Ok(".plt" | ".plt.sec"))).find_map(|s| {
+                let code = s.data().ok()?;
+                let mut d = Decoder::with_ip(64, code, s.address(), DecoderOptions::NONE);
+                std::iter::from_fn(|| d.can_decode().then(|| d.decode())).find_map(|ins| {
+                    (ins.mnemonic() == Mnemonic::Jmp
+                        && ins.is_ip_rel_memory_operand()
+                        && ins.ip_rel_memory_address() == slot)
+                        .then(|| s.address() + (ins.ip() - s.address()) / 16 * 16)
+                })
+            })
+        });
+        Import { stub, slot }
+    }
+
+    /// Whether `ins` calls the import.
+    pub(super) fn called_by(&self, ins: &iced_x86::Instruction) -> bool {
+        use iced_x86::{Mnemonic, OpKind};
+        if ins.mnemonic() != Mnemonic::Call {
+            return false;
+        }
+        if ins.op0_kind() == OpKind::NearBranch64 {
+            return self.stub == Some(ins.near_branch_target());
+        }
+        ins.is_ip_rel_memory_operand() && self.slot == Some(ins.ip_rel_memory_address())
+    }
+}

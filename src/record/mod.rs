@@ -51,7 +51,9 @@ use anyhow::{Context, Result, bail};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, RingBufferBuilder};
 
-use self::attach::{Hooks, attach_allocator, attach_each, attach_hooks, attach_multi, bpf_error, defined_functions};
+use self::attach::{
+    AllocatorProbes, Hooks, attach_allocator, attach_each, attach_hooks, attach_multi, bpf_error, defined_functions,
+};
 use self::process::{
     MapsKeeper, Paused, STOP_SIGNAL, alive, install_signal_handlers, mono_to_wall_offset, own_cpu_seconds, sudo_owner,
 };
@@ -219,9 +221,12 @@ fn record(
         let mut lib_links = Vec::new();
         if let Some(plan) = &mut allocator {
             match attach_allocator(&skel, &lib.path, plan, multi) {
-                Ok((l, used_static)) => {
+                Ok((l, how)) => {
                     lib_links.extend(l);
-                    if !used_static {
+                    if how != AllocatorProbes::StaticArguments {
+                        plan.static_args = None;
+                    }
+                    if how == AllocatorProbes::AfterCall {
                         plan.static_probe = None;
                     }
                 }
@@ -572,6 +577,14 @@ fn finish(opts: &Options, mut writer: TraceWriter, end: End, attached: &[Attache
                     "malloc": p.malloc.name,
                     "returns_probed_at": p.landings.len(),
                     "static_probe": p.static_probe.as_ref().map(|u| format!("pytorch:malloc in {}", u.function)),
+                    // Its arguments read (one trap a tensor), malloc's entry
+                    // not probed; the calls probed in its place.
+                    "static_probe_arguments": p.static_args.as_ref().map(|a| serde_json::json!({
+                        "locations": a.locations,
+                        "calls_to_malloc": a.calls.len(),
+                        "oom_reports": a.oom_reports.len(),
+                        "uncached_allocations": a.uncached.len(),
+                    })),
                     "frees": p.frees.iter().map(|(f, _)| &f.name).collect::<Vec<_>>(),
                     "frees_left_out": p.left_out,
                 });

@@ -202,7 +202,14 @@ const COOKIE_ALLOCATOR: u64 = cookie_bits::COOKIE_ALLOCATOR.0 as u64;
 pub const COOKIE_LANDED: u64 = cookie_bits::COOKIE_LANDED.0 as u64;
 const COOKIE_AT_ENTRY: u64 = cookie_bits::COOKIE_AT_ENTRY.0 as u64;
 const COOKIE_UNRETURNED: u32 = cookie_bits::COOKIE_UNRETURNED.0;
-const COOKIE_OUT_ARG1: u64 = cookie_bits::COOKIE_OUT_ARG1.0 as u64;
+/// The output pointer (or, with [`COOKIE_UNCACHED`], the size) is argument 2.
+pub const COOKIE_OUT_ARG1: u64 = cookie_bits::COOKIE_OUT_ARG1.0 as u64;
+/// A probe on a call instruction to the allocator's malloc, in place of its entry.
+pub const COOKIE_CALL_SITE: u64 = cookie_bits::COOKIE_CALL_SITE.0 as u64;
+/// A probe on a call that allocates without PyTorch's cache.
+pub const COOKIE_UNCACHED: u64 = cookie_bits::COOKIE_UNCACHED.0 as u64;
+/// A probe on a call to PyTorch's out-of-memory report.
+pub const COOKIE_OOM_REPORT: u64 = cookie_bits::COOKIE_OOM_REPORT.0 as u64;
 const COOKIE_FREE_REPORT: u64 = cookie_bits::COOKIE_FREE_REPORT.0 as u64;
 
 /// The attach cookie of probe `index`.

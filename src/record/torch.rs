@@ -118,6 +118,39 @@ pub struct StaticProbe {
     pub function: String,
 }
 
+/// What reading the allocation from PyTorch's static probe's own arguments
+/// (pointer, device, size, stream) takes, in place of `malloc`'s entry: the
+/// entry is then not probed, so what it did is done elsewhere.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StaticArgs {
+    /// The calls to `malloc` the static probe does not stand in for
+    /// (`raw_alloc`'s): a probe on each call instruction takes the
+    /// arguments, as the entry did, and the probe after it the pointer.
+    pub calls: Vec<usize>,
+    /// The calls to `c10::reportOutOfMemoryToProfiler(size, allocated,
+    /// reserved, device)`, which PyTorch makes as a request fails, after
+    /// asking CUDA for the free memory: each allocation that throws is
+    /// written there (an allocation seen only by the static probe has no
+    /// entry left in flight to tell it).
+    pub oom_reports: Vec<usize>,
+    /// The calls in the static probe's function that allocate without the
+    /// cache (`PYTORCH_NO_CUDA_MEMORY_CACHING`, the allocator disabled),
+    /// which the static probe follows too: the call, and the argument that
+    /// holds the size (0: `uncached_allocate(size)`, 1: `cudaMalloc(&p,
+    /// size)`). The probe there tells the static probe to skip that one,
+    /// as such a tensor is a segment of its own and freed by
+    /// `uncached_delete`, not a block.
+    pub uncached: Vec<(usize, u8)>,
+    /// How many `pytorch:malloc` probes the library has (libbpf attaches
+    /// every one).
+    pub locations: usize,
+}
+
+/// The function PyTorch's allocator reports an out-of-memory to.
+const REPORT_OOM: &str = "_ZN3c1027reportOutOfMemoryToProfilerElmmNS_6DeviceE";
+/// The allocation without the cache, where it is not inlined.
+const UNCACHED_ALLOCATE: &str = "c10::cuda::CUDACachingAllocator::Native::uncached_allocate(unsigned long)";
+
 /// How to probe one library's allocator.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Plan {
@@ -126,6 +159,9 @@ pub struct Plan {
     pub landings: Vec<usize>,
     /// Where one of them is better seen through PyTorch's static probe.
     pub static_probe: Option<StaticProbe>,
+    /// Where the static probe's own arguments can stand for `malloc`'s
+    /// entry too: one trap per tensor allocation instead of two.
+    pub static_args: Option<StaticArgs>,
     pub frees: Vec<(Function, Role)>,
     /// Frees left out because they call another probed one.
     pub left_out: Vec<String>,
@@ -220,13 +256,17 @@ fn plan_bytes(data: &[u8]) -> Result<std::result::Result<Plan, Refusal>> {
     // (an indirect call), or a jump to the instruction after a call (that
     // instruction would not only mean "malloc returned").
     let mut landing_at = Vec::new();
+    let mut call_at = HashMap::new(); // landing -> its call instruction
     let mut jump_targets = std::collections::HashSet::new();
     let mut hidden = Vec::new();
     for s in &syms {
         let Some(code) = text(s.addr, s.size) else { continue };
         for b in branches(code, s.addr) {
             match b {
-                Branch::Direct { next, target, call: true, .. } if target == malloc_at => landing_at.push(next),
+                Branch::Direct { at, next, target, call: true } if target == malloc_at => {
+                    landing_at.push(next);
+                    call_at.insert(next, at);
+                }
                 Branch::Direct { at, target, call: false, .. } => {
                     if target == malloc_at && s.addr != malloc_at {
                         hidden.push(format!("a tail call from {} at {at:#x}", s.name));
@@ -284,7 +324,8 @@ fn plan_bytes(data: &[u8]) -> Result<std::result::Result<Plan, Refusal>> {
     let malloc = Function { name: malloc_name, offset: offset(malloc_at).context("malloc lies in no segment")? };
     // The static probe, in the function of exactly one call to malloc,
     // where every path from that call's return reaches it.
-    let static_probe = usdt(data, "pytorch", "malloc").into_iter().find_map(|(pc, sema)| {
+    let notes = usdt(data, "pytorch", "malloc");
+    let static_probe = notes.iter().find_map(|&Note { pc, semaphore: sema, .. }| {
         let f = syms.iter().find(|s| s.addr <= pc && pc < s.addr + s.size)?;
         let calls: Vec<u64> = landing_at.iter().copied().filter(|&a| f.addr < a && a <= f.addr + f.size).collect();
         let (&[next], Some(&0x90)) = (calls.as_slice(), text(pc, 1).and_then(|b| b.first())) else { return None };
@@ -298,7 +339,67 @@ fn plan_bytes(data: &[u8]) -> Result<std::result::Result<Plan, Refusal>> {
             function: f.name.clone(),
         })
     });
-    Ok(Ok(Plan { malloc, landings, static_probe, frees, left_out }))
+    let static_args = static_probe.as_ref().and_then(|p| {
+        let within = |f: &Sym, a: u64| f.addr <= a && a < f.addr + f.size;
+        let function = syms.iter().find(|f| f.name == p.function)?;
+        // libbpf attaches every `pytorch:malloc`: each other one must be
+        // where no call to malloc is (2.15's `allocateWithAddress`), so
+        // that none of its allocations is written twice.
+        let others_apart = notes.iter().all(|n| {
+            n.args == 4
+                && syms
+                    .iter()
+                    .filter(|f| within(f, n.pc))
+                    .all(|f| f.name == p.function || !call_at.values().any(|&a| within(f, a)))
+        });
+        let report = super::elf::Import::of(&file, REPORT_OOM);
+        let runtime_malloc = super::elf::Import::of(&file, "cudaMalloc");
+        let uncached_at = syms.iter().find(|f| f.name == UNCACHED_ALLOCATE).map(|f| f.addr);
+        let mut oom_reports = Vec::new();
+        let mut uncached = Vec::new();
+        for (f, c) in syms.iter().filter_map(|f| Some((f, text(f.addr, f.size)?))) {
+            let mut d = iced_x86::Decoder::with_ip(64, c, f.addr, iced_x86::DecoderOptions::NONE);
+            while d.can_decode() {
+                let ins = d.decode();
+                if report.called_by(&ins) {
+                    oom_reports.push(offset(ins.ip())?);
+                } else if std::ptr::eq(f, function) {
+                    // The allocation without the cache (PYTORCH_NO_CUDA_MEMORY_CACHING):
+                    // `uncached_allocate(size)`, or `cudaMalloc(&p, size)` inlined.
+                    let direct = ins.op0_kind() == iced_x86::OpKind::NearBranch64;
+                    if direct
+                        && ins.mnemonic() == iced_x86::Mnemonic::Call
+                        && Some(ins.near_branch_target()) == uncached_at
+                    {
+                        uncached.push((offset(ins.ip())?, 0));
+                    } else if runtime_malloc.called_by(&ins) {
+                        uncached.push((offset(ins.ip())?, 1));
+                    }
+                }
+            }
+        }
+        let calls: Option<Vec<usize>> = plan_landings_other_than(&landing_at, &call_at, p, &offset);
+        (others_apart && !oom_reports.is_empty() && !uncached.is_empty())
+            .then_some(())
+            .and(calls)
+            .map(|calls| StaticArgs { calls, oom_reports, uncached, locations: notes.len() })
+    });
+    Ok(Ok(Plan { malloc, landings, static_probe, static_args, frees, left_out }))
+}
+
+/// The call instructions (file offsets) of the calls to malloc other than
+/// the one the static probe stands in for.
+fn plan_landings_other_than(
+    landing_at: &[u64],
+    call_at: &HashMap<u64, u64>,
+    p: &StaticProbe,
+    offset: &impl Fn(u64) -> Option<usize>,
+) -> Option<Vec<usize>> {
+    landing_at
+        .iter()
+        .filter(|&&next| offset(next) != Some(p.replaces))
+        .map(|next| offset(*call_at.get(next)?))
+        .collect()
 }
 
 /// Whether every path through the function `code` (at `start`) from `from`
@@ -387,7 +488,7 @@ fn always_reaches(code: &[u8], start: u64, from: u64, target: u64, malloc: u64, 
 /// `pytorch:malloc`), moved as the `.stapsdt.base` section was (prelink).
 /// The note's layout: three addresses (the probe, the base, the
 /// semaphore), then the provider's, the probe's and the arguments' names.
-fn usdt(data: &[u8], provider: &str, name: &str) -> Vec<(u64, u64)> {
+fn usdt(data: &[u8], provider: &str, name: &str) -> Vec<Note> {
     use object::ObjectSection;
     use object::read::elf::{ElfFile64, SectionHeader};
     let Ok(elf) = ElfFile64::<object::Endianness>::parse(data) else { return Vec::new() };
@@ -415,9 +516,20 @@ fn usdt(data: &[u8], provider: &str, name: &str) -> Vec<(u64, u64)> {
             Some(b) if base != 0 => pc.wrapping_add(b).wrapping_sub(base),
             _ => pc,
         };
-        found.push((pc, sema));
+        // The arguments: `size@place` each, separated by spaces.
+        let args = strings.next().map_or(0, |a| a.split(|&b| b == b' ').filter(|w| !w.is_empty()).count());
+        found.push(Note { pc, semaphore: sema, args });
     }
     found
+}
+
+/// A static probe's note: its `nop`, its semaphore (0: none), and how many
+/// arguments it passes.
+#[derive(Clone, Copy, Debug)]
+struct Note {
+    pc: u64,
+    semaphore: u64,
+    args: usize,
 }
 
 /// What an instruction says of the flow to an address.
@@ -535,6 +647,7 @@ mod tests {
                 plan.left_out,
                 plan.static_probe.as_ref().map(|p| &p.function)
             );
+            eprintln!("  static probe's arguments: {:?}", plan.static_args);
             // PyTorch's static probe on malloc came with 2.1, before the
             // call there; after it (where a return is seen) since 2.2.
             let version = path.file_stem().unwrap().to_string_lossy().trim_start_matches("c10_").to_string();
@@ -546,6 +659,15 @@ mod tests {
                 let p = plan.static_probe.as_ref().unwrap_or_else(|| panic!("{version}: no static probe"));
                 assert!(p.function.contains("NativeCachingAllocator::allocate(unsigned long)"), "{p:?}");
                 assert!(plan.landings.contains(&p.replaces) && p.semaphore > 0, "{p:?}");
+                // Every wheel since 2.2 reports its out-of-memory to the
+                // profiler, and has an allocation without the cache in
+                // `allocate`: its allocations are read from the static
+                // probe's arguments, one trap each.
+                let a = plan.static_args.as_ref().unwrap_or_else(|| panic!("{version}: no static arguments"));
+                assert_eq!(a.calls.len(), plan.landings.len() - 1, "{version}: {a:?}");
+                assert!(!a.oom_reports.is_empty() && !a.uncached.is_empty(), "{version}: {a:?}");
+            } else {
+                assert_eq!(plan.static_args, None, "{version}");
             }
             n += 1;
         }
@@ -584,8 +706,17 @@ mod tests {
         let data = std::fs::read(dir.path().join("lib64/libc10_cuda.so")).unwrap();
         assert_eq!(data[p.offset], 0x90);
         assert_eq!(&data[p.semaphore..p.semaphore + 2], &[0, 0]);
+        // Its arguments stand for malloc's entry: raw_alloc's call is
+        // probed instead, with the out-of-memory report and the allocation
+        // without the cache (`uncached_allocate(size)`).
+        let a = with.static_args.clone().unwrap();
+        assert_eq!((a.calls.len(), a.oom_reports.len(), a.locations), (1, 1, 1), "{a:?}");
+        assert!(matches!(a.uncached.as_slice(), [(_, 0)]), "{a:?}");
+        assert_eq!(data[a.oom_reports[0]], 0xe8, "a call instruction");
+        assert_eq!(data[a.calls[0]], 0xe8, "a call instruction");
         let without = plan(&dir.path().join("nosdt/lib64/libc10_cuda.so")).unwrap().unwrap();
         assert_eq!(without.static_probe, None);
+        assert_eq!(without.static_args, None);
         assert_eq!(without.landings.len(), with.landings.len());
     }
 

@@ -5,7 +5,8 @@
 #   workload-static   the runtime and driver linked into the executable
 #   workload-dlopen   not linked; dlopens the runtime (mode `dlopen`)
 #   nvml/libnvidia-ml.so.1   the driver's NVML, answering from $STANDIN_NVML
-#   lib64/libc10_cuda.so, torch-workload   PyTorch's caching allocator (issue 40)
+#   lib64/libc10_cuda.so, torch-workload   PyTorch's caching allocator (issue 40),
+#                     lib64/libc10.so where it reports an out-of-memory
 #   nosdt/lib64/libc10_cuda.so, nosdt/torch-workload   the same without its
 #                     static probe (USDT), as PyTorch before 2.2
 set -euo pipefail
@@ -28,13 +29,15 @@ echo '#include <sys/sdt.h>' | ${CXX:-g++} -E -x c++ - >/dev/null 2>&1 \
   || { echo "tests/cuda-standin: <sys/sdt.h> is missing: install systemtap-sdt-dev (scripts/install-deps does)" >&2; exit 77; }
 # PyTorch's caching allocator, as libc10_cuda.so (its probed functions are
 # local symbols, as in PyTorch's wheels), and a program that uses it.
+${CXX:-g++} "${flags[@]}" -std=c++17 -fPIC -shared -Wl,-soname,libc10.so -o "$out/lib64/libc10.so" "$src/c10.cpp"
 ${CXX:-g++} "${flags[@]}" -std=c++17 -fPIC -shared -fvisibility=hidden -Wl,-soname,libc10_cuda.so \
-  -o "$out/lib64/libc10_cuda.so" "$src/c10_cuda.cpp" -L"$out/lib64" -l:libcudart.so.12 -Wl,-rpath,'$ORIGIN'
+  -o "$out/lib64/libc10_cuda.so" "$src/c10_cuda.cpp" -L"$out/lib64" -l:libcudart.so.12 -l:libc10.so -Wl,-rpath,'$ORIGIN'
 $cc "${flags[@]}" -o "$out/torch-workload" "$src/torch_workload.c" -L"$out/lib64" -l:libc10_cuda.so -l:libcudart.so.12 \
   -Wl,-rpath,'$ORIGIN/lib64'
 mkdir -p "$out/nosdt/lib64"
-cp "$out/lib64/libcuda.so.1" "$out/lib64/libcudart.so.12" "$out/nosdt/lib64/"
+cp "$out/lib64/libcuda.so.1" "$out/lib64/libcudart.so.12" "$out/lib64/libc10.so" "$out/nosdt/lib64/"
 ${CXX:-g++} "${flags[@]}" -DSTANDIN_NO_SDT -std=c++17 -fPIC -shared -fvisibility=hidden -Wl,-soname,libc10_cuda.so \
-  -o "$out/nosdt/lib64/libc10_cuda.so" "$src/c10_cuda.cpp" -L"$out/nosdt/lib64" -l:libcudart.so.12 -Wl,-rpath,'$ORIGIN'
+  -o "$out/nosdt/lib64/libc10_cuda.so" "$src/c10_cuda.cpp" -L"$out/nosdt/lib64" -l:libcudart.so.12 -l:libc10.so \
+  -Wl,-rpath,'$ORIGIN'
 $cc "${flags[@]}" -o "$out/nosdt/torch-workload" "$src/torch_workload.c" -L"$out/nosdt/lib64" -l:libc10_cuda.so \
   -l:libcudart.so.12 -Wl,-rpath,'$ORIGIN/lib64'

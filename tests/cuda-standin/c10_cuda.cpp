@@ -7,6 +7,8 @@
 // through the probed frames is tested too. Not PyTorch code.
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <new>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -22,6 +24,17 @@
 #include <sys/sdt.h>
 __attribute__((section(".probes"), visibility("hidden"))) volatile unsigned short pytorch_malloc_semaphore;
 #endif
+
+// Where PyTorch reports an out-of-memory to its profiler, in libc10.so
+// (here c10.cpp), called through the PLT as PyTorch's allocator does.
+namespace c10 {
+struct Device {
+	signed char type; // DeviceType: CUDA is 1
+	signed char index;
+};
+void reportOutOfMemoryToProfiler(long alloc_size, unsigned long total_allocated, unsigned long total_reserved,
+				 Device device);
+} // namespace c10
 
 extern "C" int cudaMalloc(void **devPtr, size_t size);
 extern "C" int cudaFree(void *devPtr);
@@ -111,6 +124,10 @@ void NativeCachingAllocator::malloc(void **devPtr, signed char device, unsigned 
 				// history's `oom` entry.
 				size_t device_free = 0, device_total = 0;
 				cudaMemGetInfo(&device_free, &device_total);
+				size_t reserved = 0;
+				for (auto &sg : segments_)
+					reserved += sg.second.size;
+				c10::reportOutOfMemoryToProfiler((long)n, 0, reserved, c10::Device{1, device});
 				throw OutOfMemoryError(size, device_free);
 			}
 		}
@@ -124,10 +141,33 @@ void NativeCachingAllocator::malloc(void **devPtr, signed char device, unsigned 
 	*devPtr = (void *)at;
 }
 
+// PYTORCH_NO_CUDA_MEMORY_CACHING: each tensor is a cudaMalloc of its own,
+// freed by uncached_delete. PyTorch's static probe follows it too.
+static bool force_uncached()
+{
+	static const bool force = getenv("PYTORCH_NO_CUDA_MEMORY_CACHING") != nullptr;
+	return force;
+}
+
+LOCAL void *uncached_allocate(unsigned long size)
+{
+	void *p = nullptr;
+	if (cudaMalloc(&p, size) != 0) {
+		size_t device_free = 0, device_total = 0;
+		cudaMemGetInfo(&device_free, &device_total);
+		throw OutOfMemoryError(size, device_free);
+	}
+	return p;
+}
+
+LOCAL void uncached_delete(void *ptr) { cudaFree(ptr); }
+
 void *NativeCachingAllocator::allocate(unsigned long size, signed char device)
 {
 	void *devPtr = nullptr;
-	if (size != 0)
+	if (force_uncached())
+		devPtr = uncached_allocate(size);
+	else if (size != 0)
 		malloc(&devPtr, device, size, nullptr);
 #ifndef STANDIN_NO_SDT
 	if (size && pytorch_malloc_semaphore)
@@ -226,7 +266,26 @@ EXPORT int standin_torch_alloc(void **out, size_t size, int device)
 }
 // The free memory CUDA reported at the last out-of-memory.
 EXPORT size_t standin_torch_oom_free() { return last_oom_free; }
-EXPORT void standin_torch_free(void *ptr) { c10::cuda::CUDACachingAllocator::Native::local_raw_delete(ptr); }
+EXPORT void standin_torch_free(void *ptr)
+{
+	// The deleter allocate gave the tensor.
+	if (c10::cuda::CUDACachingAllocator::Native::force_uncached())
+		c10::cuda::CUDACachingAllocator::Native::uncached_delete(ptr);
+	else
+		c10::cuda::CUDACachingAllocator::Native::local_raw_delete(ptr);
+}
 EXPORT void *standin_torch_raw_alloc(size_t size) { return allocator.raw_alloc(size); }
+// The raw interface, with its out-of-memory caught (0, or 2).
+EXPORT int standin_torch_raw_alloc_caught(void **out, size_t size)
+{
+	try {
+		*out = allocator.raw_alloc(size);
+		return 0;
+	} catch (const OutOfMemoryError &e) {
+		*out = nullptr;
+		last_oom_free = e.device_free;
+		return 2;
+	}
+}
 EXPORT void standin_torch_raw_delete(void *ptr) { allocator.raw_delete(ptr); }
 EXPORT void standin_torch_empty_cache() { allocator.empty_cache(); }

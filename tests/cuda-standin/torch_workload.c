@@ -8,7 +8,8 @@
  *                            having reported FREE bytes free
  * Run with STANDIN_CAPACITY small enough for the last phase to fail.
  * Modes: STEPS (default 3), `ranks N`, `wait`, `launches STEPS KEEP`,
- * `frag` (see main and each mode's function). */
+ * `frag`, `rawoom` (see main and each mode's function). With
+ * PYTORCH_NO_CUDA_MEMORY_CACHING set, each tensor is a cudaMalloc. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,8 +132,36 @@ static void frag(void)
 	fflush(stdout);
 }
 
+int standin_torch_raw_alloc_caught(void **out, size_t size);
+
+/* `rawoom`: the raw interface (cuBLAS's workspaces) until the allocator
+ * gives up, then everything freed through it. */
+static void rawoom(void)
+{
+	void *got[N];
+	int n = 0;
+	while (n < N) {
+		void *p = NULL;
+		if (standin_torch_raw_alloc_caught(&p, 6u << 20)) {
+			printf("oom %u 0 %zu\n", 6u << 20, standin_torch_oom_free());
+			break;
+		}
+		printf("alloc %p %u 0\n", p, 6u << 20);
+		got[n++] = p;
+	}
+	while (n > 0) {
+		printf("free %p\n", got[--n]);
+		standin_torch_raw_delete(got[n]);
+	}
+	fflush(stdout);
+}
+
 int main(int argc, char **argv)
 {
+	if (argc > 1 && !strcmp(argv[1], "rawoom")) {
+		rawoom();
+		return 0;
+	}
 	if (argc > 1 && !strcmp(argv[1], "frag")) {
 		frag();
 		return 0;

@@ -121,6 +121,14 @@ fn every_tensor_block_and_the_oom_are_recorded_and_the_program_runs_on() {
         a["static_probe"],
         "pytorch:malloc in c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::allocate(unsigned long, signed char)"
     );
+    // Its own arguments read there, so malloc's entry is not probed: raw_alloc's
+    // call is, and the out-of-memory report (which wrote the OOM above, with
+    // its free memory) and the allocation without the cache.
+    assert_eq!(
+        a["static_probe_arguments"],
+        serde_json::json!({"locations": 1, "calls_to_malloc": 1, "oom_reports": 1, "uncached_allocations": 1}),
+        "{a}"
+    );
     // The segments underneath are still the runtime's calls.
     let n = &m["event_counts"];
     assert!(n["alloc"].as_u64().unwrap() >= 3, "{n}");
@@ -157,6 +165,7 @@ fn without_pytorchs_static_probe_every_block_is_recorded_the_same() {
     let c10 = probes.iter().find(|p| p["library"].as_str().unwrap().ends_with("libc10_cuda.so")).unwrap();
     assert_eq!(c10["pytorch_allocator"]["returns_probed_at"], 2);
     assert!(c10["pytorch_allocator"]["static_probe"].is_null(), "{c10}");
+    assert!(c10["pytorch_allocator"]["static_probe_arguments"].is_null(), "{c10}");
 }
 
 #[test]
@@ -182,7 +191,7 @@ fn a_stripped_allocator_library_is_said_and_its_segments_still_recorded() {
     // A copy without .symtab: PyTorch's names are gone.
     let lib = tmp.path().join("lib64");
     fs::create_dir(&lib).unwrap();
-    for f in ["libcudart.so.12", "libcuda.so.1"] {
+    for f in ["libcudart.so.12", "libcuda.so.1", "libc10.so"] {
         fs::copy(dir.join("lib64").join(f), lib.join(f)).unwrap();
     }
     let st = std::process::Command::new("strip")
@@ -422,10 +431,51 @@ fn one_uprobe_per_site_as_on_kernels_before_6_6_records_the_same() {
     let tmp = tempfile::tempdir().unwrap();
     let (trace, out) = record_torch_env(tmp.path(), &[], &[("FRAGSCOPE_RECORD_UPROBES", "single")]);
     assert_eq!(recorded(&trace), bookkeeping(&out));
-    // With PyTorch's static probe (its semaphore raised), not the fallback.
+    // With PyTorch's static probe (its semaphore raised) and its arguments,
+    // not the fallback.
     let probes = meta(&trace)["details"]["probes"].as_array().unwrap().clone();
     let c10 = probes.iter().find(|p| p["library"].as_str().unwrap().ends_with("libc10_cuda.so")).unwrap();
     assert!(c10["pytorch_allocator"]["static_probe"].is_string(), "{c10}");
+    assert!(c10["pytorch_allocator"]["static_probe_arguments"].is_object(), "{c10}");
+}
+
+/// An allocation through the raw interface (which the static probe does
+/// not follow) that fails: its call was probed in place of malloc's entry,
+/// and the out-of-memory report writes it, with the free memory CUDA gave.
+#[test]
+fn a_raw_allocation_that_fails_is_an_oom_too() {
+    if !bpf_ready("a_raw_allocation_that_fails_is_an_oom_too") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (trace, out) = record_torch_run(tmp.path(), &[], &["rawoom"], &[]);
+    let truth = bookkeeping(&out);
+    let oom = truth.iter().find(|b| b.0 == "oom").cloned().unwrap_or_else(|| panic!("{truth:?}"));
+    assert!(oom.4.is_some_and(|free| free > 0), "{oom:?}");
+    assert!(truth.iter().filter(|b| b.0 == "block_alloc").count() > 2, "{truth:?}");
+    assert_eq!(recorded(&trace), truth);
+}
+
+/// PYTORCH_NO_CUDA_MEMORY_CACHING: each tensor is a cudaMalloc of its own,
+/// which PyTorch's static probe follows too. The recording keeps them as
+/// the segments they are (as with malloc's entry probed, which they never
+/// reach), not as blocks that no free would end.
+#[test]
+fn without_the_cache_tensors_are_segments_not_blocks() {
+    if !bpf_ready("without_the_cache_tensors_are_segments_not_blocks") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (trace, out) = record_torch_run(tmp.path(), &[], &["2"], &[("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")]);
+    let truth = bookkeeping(&out);
+    let tensors = truth.iter().filter(|b| b.0 == "block_alloc").count() as u64;
+    assert!(tensors > 10, "{truth:?}");
+    let blocks: Vec<_> = recorded(&trace).into_iter().filter(|b| b.0 != "oom").collect();
+    // raw_alloc's one allocation goes through the cache's malloc even so in
+    // the stand-in; no tensor of `allocate` is a block.
+    assert!(blocks.iter().filter(|b| b.0 == "block_alloc").count() <= 1, "{blocks:?}");
+    let n = &meta(&trace)["event_counts"];
+    assert!(n["alloc"].as_u64().unwrap() >= tensors, "{n}");
 }
 
 #[test]
