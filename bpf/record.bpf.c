@@ -391,6 +391,16 @@ int on_static_malloc(struct pt_regs *ctx)
 	bpf_usdt_arg(ctx, 1, &device);
 	bpf_usdt_arg(ctx, 2, &size);
 	bpf_usdt_arg(ctx, 3, &stream);
+	// An allocator call still in flight on the thread (a raw_alloc's:
+	// allocate and raw_alloc do not nest) never returned: it threw. Written
+	// now, as malloc's entry would have, so that it is not taken for the
+	// next out-of-memory's.
+	__u64 akey = tid | (2ull << 32);
+	struct inflight *cur = bpf_map_lookup_elem(&inflight, &akey);
+	if (cur) {
+		submit_unreturned(cur);
+		bpf_map_delete_elem(&inflight, &akey);
+	}
 	__u64 *asked = bpf_map_lookup_elem(&uncached, &tid);
 	if (asked) {
 		// A tensor allocated without the cache: a segment of its own.

@@ -209,8 +209,10 @@ pub(super) fn attach_allocator(
 /// malloc's entry is not probed. In this order, so that a `--pid` attach
 /// never half-sees a call: the calls without the cache (which the static
 /// probe must skip), the probes after the other calls to malloc, the
-/// static probe, then the probes on those calls, on the out-of-memory
-/// reports and on the frees.
+/// probes on those calls, on the out-of-memory reports and on the frees,
+/// and the static probe last (a tensor allocated before it and freed after
+/// is a free of an unknown block, left out; the other way round it would
+/// be a block never freed).
 fn attach_static_arguments(
     skel: &skel::RecordSkel,
     path: &Path,
@@ -259,9 +261,9 @@ fn attach_static_arguments(
     let p = &skel.progs;
     let mut links = attach(&p.on_entry_multi, &p.on_entry, &uncached)?;
     links.extend(attach(&p.on_landed_multi, &p.on_landed, &landings)?);
+    links.extend(attach(&p.on_entry_multi, &p.on_entry, &entries)?);
     let usdt = libbpf_rs::UsdtOpts { cookie: landed, ..Default::default() };
     links.push(p.on_static_malloc.attach_usdt_with_opts(-1, path, "pytorch", "malloc", usdt)?);
-    links.extend(attach(&p.on_entry_multi, &p.on_entry, &entries)?);
     Ok(links)
 }
 

@@ -25,10 +25,12 @@ impl FileOffsets {
 /// `-fno-plt`). The dynamic relocations name the slot; the stubs in `.plt`
 /// and `.plt.sec` jump through it (`jmp *slot(%rip)`), one per 16 bytes.
 /// x86-64 only. Neither is found for a name the file does not import.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(super) struct Import {
     pub stub: Option<u64>,
-    pub slot: Option<u64>,
+    /// Every GOT slot a dynamic relocation fills with its address (a
+    /// `JUMP_SLOT` for the PLT, a `GLOB_DAT` for `-fno-plt` calls).
+    pub slots: Vec<u64>,
 }
 
 impl Import {
@@ -37,23 +39,30 @@ impl Import {
         use iced_x86::{Decoder, DecoderOptions, Mnemonic};
         use object::{ObjectSection, ObjectSymbol, ObjectSymbolTable, RelocationTarget};
         let Some(symbols) = file.dynamic_symbol_table() else { return Import::default() };
-        let slot = file.dynamic_relocations().into_iter().flatten().find_map(|(at, r)| match r.target() {
-            RelocationTarget::Symbol(i) if symbols.symbol_by_index(i).ok()?.name().ok()? == name => Some(at),
-            _ => None,
-        });
-        let stub = slot.and_then(|slot| {
-            file.sections().filter(|s| matches!(s.name(), Ok(".plt" | ".plt.sec"))).find_map(|s| {
-                let code = s.data().ok()?;
-                let mut d = Decoder::with_ip(64, code, s.address(), DecoderOptions::NONE);
-                std::iter::from_fn(|| d.can_decode().then(|| d.decode())).find_map(|ins| {
-                    (ins.mnemonic() == Mnemonic::Jmp
-                        && ins.is_ip_rel_memory_operand()
-                        && ins.ip_rel_memory_address() == slot)
+        let slots: Vec<u64> = file
+            .dynamic_relocations()
+            .into_iter()
+            .flatten()
+            .filter_map(|(at, r)| match r.target() {
+                RelocationTarget::Symbol(i) if symbols.symbol_by_index(i).ok()?.name().ok()? == name => Some(at),
+                _ => None,
+            })
+            .collect();
+        let stub = (!slots.is_empty())
+            .then(|| {
+                file.sections().filter(|s| matches!(s.name(), Ok(".plt" | ".plt.sec"))).find_map(|s| {
+                    let code = s.data().ok()?;
+                    let mut d = Decoder::with_ip(64, code, s.address(), DecoderOptions::NONE);
+                    std::iter::from_fn(|| d.can_decode().then(|| d.decode())).find_map(|ins| {
+                        (ins.mnemonic() == Mnemonic::Jmp
+                            && ins.is_ip_rel_memory_operand()
+                            && slots.contains(&ins.ip_rel_memory_address()))
                         .then(|| s.address() + (ins.ip() - s.address()) / 16 * 16)
+                    })
                 })
             })
-        });
-        Import { stub, slot }
+            .flatten();
+        Import { stub, slots }
     }
 
     /// Whether `ins` calls the import.
@@ -65,6 +74,6 @@ impl Import {
         if ins.op0_kind() == OpKind::NearBranch64 {
             return self.stub == Some(ins.near_branch_target());
         }
-        ins.is_ip_rel_memory_operand() && self.slot == Some(ins.ip_rel_memory_address())
+        ins.is_ip_rel_memory_operand() && self.slots.contains(&ins.ip_rel_memory_address())
     }
 }

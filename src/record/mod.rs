@@ -394,7 +394,10 @@ fn record(
     // SAFETY: `stopping` points into the BPF object's mapped .bss.
     unsafe { std::ptr::write_volatile(stopping, 1) };
     let settle = Instant::now();
-    while skel.maps.inflight.keys().next().is_some() && settle.elapsed() < Duration::from_millis(200) {
+    // (Level 3 is a thread's last free-memory figure, kept for an OOM
+    // report: no call in flight.)
+    let level = |key: &[u8]| key.get(..8).map(|k| u64::from_ne_bytes(k.try_into().unwrap_or_default()) >> 32);
+    while skel.maps.inflight.keys().any(|k| level(&k) != Some(3)) && settle.elapsed() < Duration::from_millis(200) {
         std::thread::sleep(Duration::from_millis(5));
     }
     detach(links);
@@ -403,7 +406,7 @@ fn record(
     // threads that made no allocator call since (and have not exited).
     for key in skel.maps.inflight.keys() {
         if key.len() == 8
-            && u64::from_ne_bytes(key[..8].try_into().unwrap_or_default()) >> 32 == 2
+            && level(&key) == Some(2)
             && let Ok(Some(v)) = skel.maps.inflight.lookup(&key, MapFlags::ANY)
             && let Some(mut r) = probes::Raw::parse(&v)
         {

@@ -165,7 +165,12 @@ LOCAL void uncached_delete(void *ptr) { cudaFree(ptr); }
 void *NativeCachingAllocator::allocate(unsigned long size, signed char device)
 {
 	void *devPtr = nullptr;
-	if (force_uncached())
+	// PyTorch calls uncached_allocate (2.8, 2.14, 2.15) or inlines its
+	// cudaMalloc (2.2 to 2.7, 2.9 to 2.13): both, by STANDIN_UNCACHED_INLINE.
+	if (force_uncached() && getenv("STANDIN_UNCACHED_INLINE")) {
+		if (cudaMalloc(&devPtr, size) != 0)
+			throw OutOfMemoryError(size, 0);
+	} else if (force_uncached())
 		devPtr = uncached_allocate(size);
 	else if (size != 0)
 		malloc(&devPtr, device, size, nullptr);

@@ -126,7 +126,7 @@ fn every_tensor_block_and_the_oom_are_recorded_and_the_program_runs_on() {
     // its free memory) and the allocation without the cache.
     assert_eq!(
         a["static_probe_arguments"],
-        serde_json::json!({"locations": 1, "calls_to_malloc": 1, "oom_reports": 1, "uncached_allocations": 1}),
+        serde_json::json!({"locations": 1, "calls_to_malloc": 1, "oom_reports": 1, "uncached_allocations": 2}),
         "{a}"
     );
     // The segments underneath are still the runtime's calls.
@@ -454,6 +454,15 @@ fn a_raw_allocation_that_fails_is_an_oom_too() {
     assert!(oom.4.is_some_and(|free| free > 0), "{oom:?}");
     assert!(truth.iter().filter(|b| b.0 == "block_alloc").count() > 2, "{truth:?}");
     assert_eq!(recorded(&trace), truth);
+    assert_static_arguments(&trace);
+}
+
+/// The recording read the allocations from PyTorch's static probe's
+/// arguments (not malloc's entry, the fallback).
+fn assert_static_arguments(trace: &Path) {
+    let probes = meta(trace)["details"]["probes"].as_array().unwrap().clone();
+    let c10 = probes.iter().find(|p| p["library"].as_str().unwrap().ends_with("libc10_cuda.so")).unwrap();
+    assert!(c10["pytorch_allocator"]["static_probe_arguments"].is_object(), "{c10}");
 }
 
 /// PYTORCH_NO_CUDA_MEMORY_CACHING: each tensor is a cudaMalloc of its own,
@@ -465,17 +474,26 @@ fn without_the_cache_tensors_are_segments_not_blocks() {
     if !bpf_ready("without_the_cache_tensors_are_segments_not_blocks") {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let (trace, out) = record_torch_run(tmp.path(), &[], &["2"], &[("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")]);
-    let truth = bookkeeping(&out);
-    let tensors = truth.iter().filter(|b| b.0 == "block_alloc").count() as u64;
-    assert!(tensors > 10, "{truth:?}");
-    let blocks: Vec<_> = recorded(&trace).into_iter().filter(|b| b.0 != "oom").collect();
-    // raw_alloc's one allocation goes through the cache's malloc even so in
-    // the stand-in; no tensor of `allocate` is a block.
-    assert!(blocks.iter().filter(|b| b.0 == "block_alloc").count() <= 1, "{blocks:?}");
-    let n = &meta(&trace)["event_counts"];
-    assert!(n["alloc"].as_u64().unwrap() >= tensors, "{n}");
+    // Through `uncached_allocate(size)`, and through the `cudaMalloc(&p,
+    // size)` it inlines in most wheels.
+    for inline in [false, true] {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut env = vec![("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")];
+        if inline {
+            env.push(("STANDIN_UNCACHED_INLINE", "1"));
+        }
+        let (trace, out) = record_torch_run(tmp.path(), &[], &["2"], &env);
+        let truth = bookkeeping(&out);
+        let tensors = truth.iter().filter(|b| b.0 == "block_alloc").count() as u64;
+        assert!(tensors > 10, "{truth:?}");
+        let blocks: Vec<_> = recorded(&trace).into_iter().filter(|b| b.0 != "oom").collect();
+        // raw_alloc's one allocation goes through the cache's malloc even so
+        // in the stand-in; no tensor of `allocate` is a block.
+        assert!(blocks.iter().filter(|b| b.0 == "block_alloc").count() <= 1, "inline {inline}: {blocks:?}");
+        let n = &meta(&trace)["event_counts"];
+        assert!(n["alloc"].as_u64().unwrap() >= tensors, "{n}");
+        assert_static_arguments(&trace);
+    }
 }
 
 #[test]
