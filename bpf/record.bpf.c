@@ -157,6 +157,20 @@ static __always_inline __u64 level_key(__u32 tid, __u32 cookie)
 	return tid | ((cookie & COOKIE_DRIVER) ? (1ull << 32) : 0);
 }
 
+// A zeroed event stamped now, reserved in the ring buffer (NULL, counted
+// as lost, when it is full).
+static __always_inline struct event *new_event(void)
+{
+	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		count_lost();
+		return NULL;
+	}
+	__builtin_memset(e, 0, sizeof(*e));
+	e->ts = bpf_ktime_get_ns();
+	return e;
+}
+
 // An allocator call that never returned (it threw: out of memory) is
 // written when the thread's next allocator call begins, or when it exits.
 static __always_inline void submit_unreturned(struct inflight *st)
@@ -174,6 +188,19 @@ static __always_inline void submit_unreturned(struct inflight *st)
 	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
 }
 
+// Writes the allocator call still in flight on thread `tid`, if any, as one
+// that never returned, and forgets it; says whether there was one.
+static __always_inline int flush_unreturned(__u32 tid)
+{
+	__u64 key = tid | (2ull << 32);
+	struct inflight *st = bpf_map_lookup_elem(&inflight, &key);
+	if (!st)
+		return 0;
+	submit_unreturned(st);
+	bpf_map_delete_elem(&inflight, &key);
+	return 1;
+}
+
 // PyTorch reports an out-of-memory (reportOutOfMemoryToProfiler(size,
 // allocated, reserved, device), after asking CUDA for the free memory and
 // before it throws). An allocator call in flight on the thread (one seen
@@ -184,11 +211,8 @@ static __always_inline int oom_report(struct pt_regs *ctx, __u32 tgid, __u32 tid
 {
 	if (stopping)
 		return 0;
-	__u64 akey = tid | (2ull << 32), skey = FREE_SLOT(tid);
-	struct inflight *cur = bpf_map_lookup_elem(&inflight, &akey);
-	if (cur) {
-		submit_unreturned(cur);
-		bpf_map_delete_elem(&inflight, &akey);
+	__u64 skey = FREE_SLOT(tid);
+	if (flush_unreturned(tid)) {
 		bpf_map_delete_elem(&inflight, &skey);
 		return 0;
 	}
@@ -395,12 +419,7 @@ int on_static_malloc(struct pt_regs *ctx)
 	// allocate and raw_alloc do not nest) never returned: it threw. Written
 	// now, as malloc's entry would have, so that it is not taken for the
 	// next out-of-memory's.
-	__u64 akey = tid | (2ull << 32);
-	struct inflight *cur = bpf_map_lookup_elem(&inflight, &akey);
-	if (cur) {
-		submit_unreturned(cur);
-		bpf_map_delete_elem(&inflight, &akey);
-	}
+	flush_unreturned(tid);
 	__u64 *asked = bpf_map_lookup_elem(&uncached, &tid);
 	if (asked) {
 		// A tensor allocated without the cache: a segment of its own.
@@ -409,13 +428,9 @@ int on_static_malloc(struct pt_regs *ctx)
 		if (was == (__u64)size)
 			return 0;
 	}
-	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
-	if (!e) {
-		count_lost();
+	struct event *e = new_event();
+	if (!e)
 		return 0;
-	}
-	__builtin_memset(e, 0, sizeof(*e));
-	e->ts = bpf_ktime_get_ns();
 	e->args[2] = device;
 	e->args[3] = size;
 	e->args[4] = stream;
@@ -473,12 +488,7 @@ static __always_inline int note_exit(struct task_struct *task)
 	bpf_map_delete_elem(&inflight, &key);
 	bpf_map_delete_elem(&uncached, &tid);
 	// An allocation that never returned: the thread died of its exception.
-	key = tid | (2ull << 32);
-	struct inflight *st = bpf_map_lookup_elem(&inflight, &key);
-	if (st) {
-		submit_unreturned(st);
-		bpf_map_delete_elem(&inflight, &key);
-	}
+	flush_unreturned(tid);
 	if (tid != tgid)
 		bpf_map_delete_elem(&traced, &tid);
 	// do_exit decrements signal->live before this hook runs.
@@ -488,13 +498,9 @@ static __always_inline int note_exit(struct task_struct *task)
 	if (stopping || !bpf_map_lookup_elem(&seen, &tgid))
 		return 0;
 	bpf_map_delete_elem(&seen, &tgid);
-	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
-	if (!e) {
-		count_lost();
+	struct event *e = new_event();
+	if (!e)
 		return 0;
-	}
-	__builtin_memset(e, 0, sizeof(*e));
-	e->ts = bpf_ktime_get_ns();
 	e->pid = tgid;
 	e->tid = tid;
 	e->cookie = COOKIE_EXIT;

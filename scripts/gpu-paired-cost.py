@@ -28,7 +28,7 @@ exits with an error stops the run.
     sudo python3 scripts/gpu-paired-cost.py --rounds 10 --steps 400 \
         --record record=./fragscope --record no-launch=./fragscope,--no-launch
 """
-import argparse, json, math, os, random, shutil, signal, statistics, subprocess, sys, tempfile, threading, time
+import argparse, importlib.util, json, math, os, random, shutil, signal, statistics, subprocess, sys, tempfile, threading
 
 import torch
 
@@ -43,35 +43,16 @@ if a.pin is not None:
     others = os.sched_getaffinity(0) - {a.pin}
     os.sched_setaffinity(0, {a.pin})
 
-dev = torch.device("cuda")
-torch.manual_seed(0)
-layers = []
-for _ in range(6):
-    layers += [torch.nn.Linear(512, 512), torch.nn.ReLU()]
-m = torch.nn.Sequential(*layers).to(dev)
-opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
-x = torch.randn(32, 512, device=dev)
-
-
-def step():
-    loss = m(x).square().mean()
-    loss.backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
+# The loop of scripts/gpu-launch-loop.py (a file name Python cannot import).
+_spec = importlib.util.spec_from_file_location(
+    "launch_loop", os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu-launch-loop.py"))
+_loop = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_loop)
+step = _loop.make_step()
 
 
 def block():
-    for _ in range(30):
-        step()
-    before = torch.cuda.memory_stats()["allocation.all.allocated"]
-    times = []
-    for _ in range(a.steps):
-        s = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - s)
-    after = torch.cuda.memory_stats()["allocation.all.allocated"]
-    return statistics.median(times) * 1e6, (after - before) / a.steps
+    return _loop.timed(step, 30, a.steps)
 
 
 class Recorder:
