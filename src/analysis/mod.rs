@@ -312,7 +312,8 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     }
     if analysis.trace.source() == Some(crate::trace::Source::Ebpf) {
         let trace = &analysis.trace;
-        let at_entry = trace.meta.as_ref().and_then(|m| m.details.record()).is_some_and(|d| d.launches_at_entry);
+        // (A probed recording's view and a join keep it in their `join`.)
+        let at_entry = trace.meta.as_ref().is_some_and(|m| m.details.launches_at_entry());
         analysis.kernels =
             crate::analysis::kernels::kernel_table(&trace.dir, events, !at_entry, |id| trace.process_of(id));
         if let Some(st) = &stacks {

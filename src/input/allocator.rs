@@ -326,6 +326,7 @@ pub fn view(recording: Loaded) -> Result<Loaded> {
     out.sort_by_time();
 
     let join = Join {
+        launches_at_entry: recording.trace.meta.as_ref().is_some_and(|m| m.details.launches_at_entry()),
         recording: recording.trace.dir.display().to_string(),
         pids: units.iter().map(|u| whose(u.key).0).collect::<BTreeSet<_>>().into_iter().collect(),
         probed: true,

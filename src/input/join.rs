@@ -177,6 +177,7 @@ fn join_probed(recording: Loaded, snapshot: Loaded) -> Result<Loaded> {
     out.sort_by_time();
     let by_library = crate::trace::details::by_library(&spans);
     let join = Join {
+        launches_at_entry: recording.trace.meta.as_ref().is_some_and(|m| m.details.launches_at_entry()),
         recording: recording.trace.dir.display().to_string(),
         pids: vec![pid],
         probed: false,

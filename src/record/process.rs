@@ -120,7 +120,9 @@ impl MapsKeeper {
 
     pub(super) fn save(&mut self, pid: u32) {
         let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else { return };
-        if self.saved.get(&pid) == Some(&maps) {
+        // A process that has exited and is not yet reaped reads as empty:
+        // the copy made while it ran stays.
+        if maps.is_empty() || self.saved.get(&pid) == Some(&maps) {
             return;
         }
         if std::fs::create_dir_all(&self.dir).is_ok()
@@ -245,5 +247,40 @@ impl Paused {
             self.go.take();
             self.try_wait_blocking();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The copy of a process's maps survives its exit: read once it has
+    /// exited (a zombie, not yet reaped), `/proc/PID/maps` is empty, and the
+    /// recorder's last refresh came after that on the H200, which left every
+    /// outside allocation's library unknown.
+    #[test]
+    fn an_exited_process_keeps_its_maps() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut keeper = MapsKeeper::new(dir.path());
+        let mut child = std::process::Command::new("sleep").arg("0.3").spawn().unwrap();
+        let pid = child.id();
+        keeper.saw(pid);
+        let copy = dir.path().join("maps").join(pid.to_string());
+        let before = std::fs::read_to_string(&copy).unwrap();
+        assert!(before.contains("sleep"), "{before}");
+        // Exited, not reaped.
+        let zombie = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| s.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')))
+        };
+        let start = std::time::Instant::now();
+        while !zombie() && start.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(zombie(), "sleep did not exit");
+        assert_eq!(std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap(), "");
+        keeper.refresh();
+        assert_eq!(std::fs::read_to_string(&copy).unwrap(), before);
+        child.wait().unwrap();
     }
 }

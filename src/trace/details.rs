@@ -29,6 +29,17 @@ impl Default for Details {
 }
 
 impl Details {
+    /// Whether the recording behind these details (its own, or the one a
+    /// view or a join was made of) wrote its launches without their return
+    /// codes.
+    pub fn launches_at_entry(&self) -> bool {
+        match self {
+            Details::Record(d) => d.launches_at_entry,
+            Details::Snapshot(s) => s.join.as_ref().is_some_and(|j| j.launches_at_entry),
+            _ => false,
+        }
+    }
+
     pub fn snapshot(&self) -> Option<&SnapshotDetails> {
         if let Details::Snapshot(s) = self { Some(s) } else { None }
     }
@@ -199,6 +210,10 @@ pub struct Join {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clock_disagreement_ns: Option<i64>,
     pub outside: JoinOutside,
+    /// The recording wrote its launches at entry, without their return
+    /// codes ([`RecordDetails::launches_at_entry`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub launches_at_entry: bool,
 }
 
 /// The device allocations of the snapshot's processes that PyTorch's

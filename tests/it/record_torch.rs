@@ -584,5 +584,9 @@ fn the_probes_view_finds_steps_from_the_launches_and_tells_a_leak() {
             .map(|k| (k["name"].as_str().unwrap(), k["launches"].as_u64().unwrap()))
             .collect();
         assert_eq!(kernels, [("layer(float*, int)", 40), ("norm(float*)", 40), ("adam(float*, float*)", 10)], "{md}");
+        // Launches were written at entry: whether one failed is not known,
+        // in this view too (its details are a snapshot's, with the join's).
+        assert!(json["kernels"].as_array().unwrap().iter().all(|k| k["failed"].is_null()), "{}", json["kernels"]);
+        assert!(md.contains("| kernel | launches |\n") && md.contains("whether it failed is not"), "{md}");
     }
 }
