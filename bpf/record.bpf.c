@@ -185,6 +185,9 @@ static __always_inline void submit_unreturned(struct inflight *st)
 	e->ret = -1;
 	e->result = 0;
 	e->cookie = (enum cookie_bits)(e->cookie | COOKIE_UNRETURNED);
+	// At once (the process may be dying of it), and the process counted
+	// as seen, so that its exit is written too.
+	submit_flags(e->pid);
 	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
 }
 
