@@ -262,12 +262,21 @@ mod tests {
     fn an_exited_process_keeps_its_maps() {
         let dir = tempfile::tempdir().unwrap();
         let mut keeper = MapsKeeper::new(dir.path());
-        let mut child = std::process::Command::new("sleep").arg("0.3").spawn().unwrap();
+        let mut child = std::process::Command::new("sleep").arg("0.5").spawn().unwrap();
         let pid = child.id();
+        // Once it runs `sleep` (right after the fork it is still a copy of
+        // this test).
+        let me = std::env::current_exe().unwrap();
+        let running = || std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe != me);
+        let start = std::time::Instant::now();
+        while !running() && start.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
         keeper.saw(pid);
         let copy = dir.path().join("maps").join(pid.to_string());
         let before = std::fs::read_to_string(&copy).unwrap();
-        assert!(before.contains("sleep"), "{before}");
+        assert!(before.contains(exe.to_str().unwrap()), "{before}");
         // Exited, not reaped.
         let zombie = || {
             std::fs::read_to_string(format!("/proc/{pid}/stat"))
