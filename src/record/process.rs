@@ -264,15 +264,19 @@ mod tests {
         let mut keeper = MapsKeeper::new(dir.path());
         let mut child = std::process::Command::new("sleep").arg("0.5").spawn().unwrap();
         let pid = child.id();
-        // Once it runs `sleep` (right after the fork it is still a copy of
-        // this test).
+        // Once `sleep` is mapped (right after the fork the child is a copy
+        // of this test; during the exec, its stack alone).
         let me = std::env::current_exe().unwrap();
-        let running = || std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe != me);
+        let mapped = || {
+            let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok().filter(|exe| *exe != me)?;
+            let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+            maps.contains(exe.to_str()?).then_some(exe)
+        };
         let start = std::time::Instant::now();
-        while !running() && start.elapsed() < std::time::Duration::from_secs(5) {
+        while mapped().is_none() && start.elapsed() < std::time::Duration::from_secs(5) {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
+        let exe = mapped().expect("sleep runs");
         keeper.saw(pid);
         let copy = dir.path().join("maps").join(pid.to_string());
         let before = std::fs::read_to_string(&copy).unwrap();

@@ -84,6 +84,10 @@ pub struct AllocatorFigures {
     pub requested_bytes: u64,
     /// PyTorch's figure: Σ(free range)² / (Σ segment size)².
     pub pytorch_fragmentation: f64,
+    /// Live segments (for the report's table where no final state was
+    /// reconstructed: a recording's view).
+    #[serde(skip)]
+    pub segments: u64,
 }
 
 /// What a process still held when it exited, released by its `exit`.
@@ -356,6 +360,7 @@ impl<'f> Replay<'f> {
             } else {
                 p.free_sq as f64 / (reserved as f64 * reserved as f64)
             },
+            segments: p.segments.len() as u64,
         })
     }
 

@@ -29,7 +29,7 @@ pub(crate) fn allocator_md(a: &Analysis) -> String {
             md,
             "| {} | {} | {} | {} | {} | {} ({:.1} %) | {:.3e} |",
             a.who(p.pid),
-            totals.map_or("?".into(), |t| t.segments.to_string()),
+            totals.map_or(f.segments, |t| t.segments),
             bytes(totals.map_or(f.reserved_bytes, |t| t.reserved)),
             bytes(totals.map_or(f.requested_bytes, |t| t.allocated)),
             bytes(free),
