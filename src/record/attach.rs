@@ -239,24 +239,14 @@ fn attach_static_arguments(
     entries.extend(args.oom_reports.iter().map(|&at| (at, malloc | probes::COOKIE_OOM_REPORT)));
     entries.extend(plan.frees.iter().map(|(f, role)| (f.offset, probes::cookie(probes::torch_probe(*role)))));
     let attach = |multi_prog: &libbpf_rs::ProgramMut, prog: &libbpf_rs::ProgramMut, sites: &[(usize, u64)]| {
+        let sites: Vec<Site> = sites.iter().map(|&(at, cookie)| (at, cookie, 0)).collect();
         if sites.is_empty() {
-            return Ok(Vec::new());
+            Ok(Vec::new())
+        } else if multi {
+            attach_sites(multi_prog, path, &sites).map(|l| vec![l])
+        } else {
+            sites.iter().map(|&site| attach_site(prog, path, site)).collect::<std::result::Result<Vec<_>, _>>()
         }
-        if multi {
-            let opts = libbpf_rs::UprobeMultiOpts {
-                offsets: sites.iter().map(|s| s.0).collect(),
-                cookies: sites.iter().map(|s| s.1).collect(),
-                retprobe: false,
-                ..Default::default()
-            };
-            return Ok(vec![multi_prog.attach_uprobe_multi_with_opts(-1, path, "", opts)?]);
-        }
-        sites
-            .iter()
-            .map(|&(at, cookie)| {
-                prog.attach_uprobe_with_opts(-1, path, at, UprobeOpts { cookie, retprobe: false, ..Default::default() })
-            })
-            .collect::<std::result::Result<Vec<_>, _>>()
     };
     let p = &skel.progs;
     let mut links = attach(&p.on_entry_multi, &p.on_entry, &uncached)?;
@@ -265,6 +255,28 @@ fn attach_static_arguments(
     let usdt = libbpf_rs::UsdtOpts { cookie: landed, ..Default::default() };
     links.push(p.on_static_malloc.attach_usdt_with_opts(-1, path, "pytorch", "malloc", usdt)?);
     Ok(links)
+}
+
+/// A plain uprobe site: file offset, cookie, and the offset of a semaphore
+/// the kernel raises while it is attached (0: none).
+type Site = (usize, u64, usize);
+
+/// One multi-uprobe link (no return probes) for every site of `path`.
+fn attach_sites(prog: &libbpf_rs::ProgramMut, path: &Path, sites: &[Site]) -> libbpf_rs::Result<Link> {
+    let opts = libbpf_rs::UprobeMultiOpts {
+        offsets: sites.iter().map(|s| s.0).collect(),
+        cookies: sites.iter().map(|s| s.1).collect(),
+        ref_ctr_offsets: sites.iter().map(|s| s.2).collect(),
+        retprobe: false,
+        ..Default::default()
+    };
+    prog.attach_uprobe_multi_with_opts(-1, path, "", opts)
+}
+
+/// A classic uprobe (no return probe) on one site of `path`.
+fn attach_site(prog: &libbpf_rs::ProgramMut, path: &Path, (at, cookie, semaphore): Site) -> libbpf_rs::Result<Link> {
+    let o = UprobeOpts { cookie, retprobe: false, ref_ctr_offset: semaphore, ..Default::default() };
+    prog.attach_uprobe_with_opts(-1, path, at, o)
 }
 
 /// The allocator through malloc's entry and the probes after its calls.
@@ -281,7 +293,7 @@ fn attach_entries(
     // (offset, cookie, semaphore): the static probe where there is one,
     // else the instruction after the call.
     let landed = malloc | probes::COOKIE_LANDED;
-    let landings = |use_static: bool| -> Vec<(usize, u64, usize)> {
+    let landings = |use_static: bool| -> Vec<Site> {
         plan.landings
             .iter()
             .map(|&at| match &plan.static_probe {
@@ -295,17 +307,8 @@ fn attach_entries(
         tracing::info!("{}: PyTorch's static probe not attached ({e}); the call's return probed", path.display())
     };
     if multi {
-        let attach = |prog: &libbpf_rs::ProgramMut, sites: &[(usize, u64, usize)]| {
-            let opts = libbpf_rs::UprobeMultiOpts {
-                offsets: sites.iter().map(|s| s.0).collect(),
-                cookies: sites.iter().map(|s| s.1).collect(),
-                ref_ctr_offsets: sites.iter().map(|s| s.2).collect(),
-                retprobe: false,
-                ..Default::default()
-            };
-            prog.attach_uprobe_multi_with_opts(-1, path, "", opts)
-        };
-        let entries: Vec<(usize, u64, usize)> = entries.iter().map(|&(at, c)| (at, c, 0)).collect();
+        let attach = |prog: &libbpf_rs::ProgramMut, sites: &[Site]| attach_sites(prog, path, sites);
+        let entries: Vec<Site> = entries.iter().map(|&(at, c)| (at, c, 0)).collect();
         // The landings with the static probe, else without it (its
         // semaphore refused), before one probe per site.
         let attach_landings = || match attach(&skel.progs.on_landed_multi, &landings(true)) {
@@ -325,10 +328,7 @@ fn attach_entries(
             Err(e) => tracing::info!("{}: multi-uprobe attach failed ({e}); one probe per site", path.display()),
         }
     }
-    let attach = |prog: &libbpf_rs::ProgramMut, (at, cookie, semaphore): (usize, u64, usize)| {
-        let o = UprobeOpts { cookie, retprobe: false, ref_ctr_offset: semaphore, ..Default::default() };
-        prog.attach_uprobe_with_opts(-1, path, at, o)
-    };
+    let attach = |prog: &libbpf_rs::ProgramMut, site: Site| attach_site(prog, path, site);
     let error = |e| bpf_error(&format!("attach PyTorch's allocator in {} with", path.display()), e);
     // The landings first (see above).
     let mut links = Vec::new();

@@ -100,9 +100,7 @@ fn every_tensor_block_and_the_oom_are_recorded_and_the_program_runs_on() {
 
     // trace.json names the library and what was probed there.
     let m = meta(&trace);
-    let probes = m["details"]["probes"].as_array().unwrap();
-    let c10 = probes.iter().find(|p| p["library"].as_str().unwrap().ends_with("libc10_cuda.so")).unwrap();
-    let a = &c10["pytorch_allocator"];
+    let a = &allocator_probes(&trace);
     assert!(
         a["malloc"]
             .as_str()
@@ -160,12 +158,10 @@ fn without_pytorchs_static_probe_every_block_is_recorded_the_same() {
     let truth = bookkeeping(&out);
     assert_eq!(truth.iter().filter(|b| b.0 == "oom").count(), 1, "{truth:?}");
     assert_eq!(recorded(&trace), truth);
-    let m = meta(&trace);
-    let probes = m["details"]["probes"].as_array().unwrap();
-    let c10 = probes.iter().find(|p| p["library"].as_str().unwrap().ends_with("libc10_cuda.so")).unwrap();
-    assert_eq!(c10["pytorch_allocator"]["returns_probed_at"], 2);
-    assert!(c10["pytorch_allocator"]["static_probe"].is_null(), "{c10}");
-    assert!(c10["pytorch_allocator"]["static_probe_arguments"].is_null(), "{c10}");
+    let a = allocator_probes(&trace);
+    assert_eq!(a["returns_probed_at"], 2);
+    assert!(a["static_probe"].is_null(), "{a}");
+    assert!(a["static_probe_arguments"].is_null(), "{a}");
 }
 
 #[test]
@@ -433,10 +429,9 @@ fn one_uprobe_per_site_as_on_kernels_before_6_6_records_the_same() {
     assert_eq!(recorded(&trace), bookkeeping(&out));
     // With PyTorch's static probe (its semaphore raised) and its arguments,
     // not the fallback.
-    let probes = meta(&trace)["details"]["probes"].as_array().unwrap().clone();
-    let c10 = probes.iter().find(|p| p["library"].as_str().unwrap().ends_with("libc10_cuda.so")).unwrap();
-    assert!(c10["pytorch_allocator"]["static_probe"].is_string(), "{c10}");
-    assert!(c10["pytorch_allocator"]["static_probe_arguments"].is_object(), "{c10}");
+    let a = allocator_probes(&trace);
+    assert!(a["static_probe"].is_string(), "{a}");
+    assert!(a["static_probe_arguments"].is_object(), "{a}");
 }
 
 /// An allocation through the raw interface (which the static probe does
@@ -460,9 +455,16 @@ fn a_raw_allocation_that_fails_is_an_oom_too() {
 /// The recording read the allocations from PyTorch's static probe's
 /// arguments (not malloc's entry, the fallback).
 fn assert_static_arguments(trace: &Path) {
-    let probes = meta(trace)["details"]["probes"].as_array().unwrap().clone();
+    let a = allocator_probes(trace);
+    assert!(a["static_probe_arguments"].is_object(), "{a}");
+}
+
+/// What trace.json says was probed in the stand-in's `libc10_cuda.so`.
+fn allocator_probes(trace: &Path) -> serde_json::Value {
+    let m = meta(trace);
+    let probes = m["details"]["probes"].as_array().unwrap();
     let c10 = probes.iter().find(|p| p["library"].as_str().unwrap().ends_with("libc10_cuda.so")).unwrap();
-    assert!(c10["pytorch_allocator"]["static_probe_arguments"].is_object(), "{c10}");
+    c10["pytorch_allocator"].clone()
 }
 
 /// PYTORCH_NO_CUDA_MEMORY_CACHING: each tensor is a cudaMalloc of its own,
