@@ -5,6 +5,7 @@
 
 use anyhow::{Context, Result, bail};
 use libbpf_rs::{Link, MapCore, MapFlags, UprobeOpts};
+use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 
 use super::probes::PROBES;
@@ -61,40 +62,62 @@ pub(super) fn ensure_tracefs() -> Result<()> {
     Ok(())
 }
 
-/// The functions `path` defines, each with its offset in the file (where
-/// a uprobe goes): the symbol's address, through the loadable segment that
-/// holds it. Versioned names (`cudaMalloc@@libcudart.so.12`) count by
-/// their base name.
-pub(super) fn defined_functions(path: &Path) -> Result<std::collections::HashMap<String, usize>> {
-    use object::{Object, ObjectSymbol};
+/// The functions of [`PROBES`] that a library defines: where each one's
+/// entry probe goes ([`defined_functions`]).
+#[derive(Debug, Default)]
+pub(super) struct Defined {
+    /// Each function's file offset for its probe.
+    pub at: HashMap<String, usize>,
+    /// Those whose probe goes after the `endbr64` they begin with
+    /// ([`super::elf::entry_probe_at`]).
+    pub past_endbr64: BTreeSet<String>,
+}
+
+/// The functions of [`PROBES`] that `path` defines, each with its offset in
+/// the file (where a uprobe goes): the symbol's address, through the
+/// loadable segment that holds it, past a leading `endbr64` on x86-64.
+/// Versioned names (`cudaMalloc@@libcudart.so.12`) count by their base
+/// name.
+pub(super) fn defined_functions(path: &Path) -> Result<Defined> {
+    use object::{Object, ObjectSegment, ObjectSymbol};
     let data = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     let file = object::File::parse(&*data).with_context(|| format!("{}: not an ELF file", path.display()))?;
     let offsets = super::elf::FileOffsets::of(&file);
-    let offset = |addr: u64| offsets.at(addr);
-    Ok(file
-        .dynamic_symbols()
-        .chain(file.symbols())
-        .filter(|s| s.is_definition() && s.kind() == object::SymbolKind::Text)
-        .filter_map(|s| {
-            let name = s.name().ok()?;
-            // `f@@V2` is the default version, `f@V1` an older one.
-            let older = name.contains('@') && !name.contains("@@");
-            Some((name.split('@').next().unwrap_or(name).to_string(), (older, offset(s.address())?)))
-        })
-        // Of several definitions of a name, the default version's, then
-        // the first (the dynamic, exported symbols come first).
-        .fold(std::collections::HashMap::<String, (bool, usize)>::new(), |mut m, (name, (older, at))| {
-            match m.get(&name) {
-                Some(&(was_older, _)) if !(was_older && !older) => {}
-                _ => {
-                    m.insert(name, (older, at));
-                }
-            }
-            m
-        })
-        .into_iter()
-        .map(|(name, (_, at))| (name, at))
-        .collect())
+    let x86 = file.architecture() == object::Architecture::X86_64;
+    // Of several definitions of a name, the default version's (`f@@V2`;
+    // `f@V1` is an older one), then the first (the dynamic, exported
+    // symbols come first): (older, address, size).
+    let mut chosen: HashMap<&str, (bool, u64, u64)> = HashMap::new();
+    for s in file.dynamic_symbols().chain(file.symbols()) {
+        if !s.is_definition() || s.kind() != object::SymbolKind::Text {
+            continue;
+        }
+        let Ok(name) = s.name() else { continue };
+        let older = name.contains('@') && !name.contains("@@");
+        let base = name.split('@').next().unwrap_or(name);
+        if !PROBES.iter().any(|p| p.symbol == base) {
+            continue;
+        }
+        // Kept unless an older version's was kept and this is the default.
+        let replace = chosen.get(base).is_none_or(|&(was_older, ..)| was_older && !older);
+        if replace {
+            chosen.insert(base, (older, s.address(), s.size()));
+        }
+    }
+    let mut defined = Defined::default();
+    for (name, (_, addr, size)) in chosen {
+        let code = file.segments().find_map(|s| s.data_range(addr, size).ok().flatten());
+        let site = match code {
+            Some(code) if x86 => super::elf::entry_probe_at(code, addr),
+            _ => addr,
+        };
+        let Some(at) = offsets.at(site) else { continue };
+        if site != addr {
+            defined.past_endbr64.insert(name.to_string());
+        }
+        defined.at.insert(name.to_string(), at);
+    }
+    Ok(defined)
 }
 
 /// Two links for the file: every wanted function's entry, and the return of
@@ -107,14 +130,14 @@ pub(super) fn attach_multi(
     skel: &skel::RecordSkel,
     path: &Path,
     wanted: &[usize],
-    defined: &std::collections::HashMap<String, usize>,
+    defined: &Defined,
 ) -> Result<Vec<Link>> {
     // Each function's offset and cookie, from one list so they stay paired.
     let sites = |retprobe: bool| -> libbpf_rs::UprobeMultiOpts {
         let (offsets, cookies) = wanted
             .iter()
             .filter(|&&i| !(retprobe && probes::at_entry(i)))
-            .filter_map(|&i| Some((*defined.get(PROBES[i].symbol)?, probes::cookie(i))))
+            .filter_map(|&i| Some((*defined.at.get(PROBES[i].symbol)?, probes::cookie(i))))
             .unzip();
         libbpf_rs::UprobeMultiOpts { offsets, cookies, retprobe, ..Default::default() }
     };
@@ -131,7 +154,7 @@ pub(super) fn attach_each(
     skel: &skel::RecordSkel,
     path: &Path,
     wanted: &[usize],
-    defined: &std::collections::HashMap<String, usize>,
+    defined: &Defined,
 ) -> Result<Vec<Link>> {
     let mut links = Vec::with_capacity(wanted.len() * 2);
     for &i in wanted {
@@ -142,7 +165,7 @@ pub(super) fn attach_each(
             let symbol = PROBES[i].symbol;
             // At the offset read from the file, as the multi-probe: not by
             // name, which libbpf's lookup refused for NVIDIA's PyPI runtime.
-            let Some(&at) = defined.get(symbol) else { continue };
+            let Some(&at) = defined.at.get(symbol) else { continue };
             let o = UprobeOpts { cookie: probes::cookie(i), retprobe, ..Default::default() };
             let link = prog
                 .attach_uprobe_with_opts(-1, path, at, o)

@@ -146,6 +146,9 @@ pub fn run(opts: &Options) -> Result<u8> {
 struct Attached {
     library: Library,
     functions: Vec<String>,
+    /// How many of the probed entries are after an `endbr64`
+    /// ([`elf::entry_probe_at`]).
+    past_endbr64: usize,
     /// PyTorch's allocator, when probed in this library.
     allocator: Option<torch::Plan>,
 }
@@ -249,7 +252,7 @@ fn record(
                 Group::Torch => false,
                 Group::TorchRuntime => opts.torch,
             })
-            .filter(|(_, p)| defined.contains_key(p.symbol))
+            .filter(|(_, p)| defined.at.contains_key(p.symbol))
             .map(|(i, _)| i)
             .collect();
         if wanted.is_empty() && allocator.is_none() {
@@ -271,11 +274,17 @@ fn record(
         }
         links.extend(lib_links);
         let mut functions: Vec<String> = wanted.iter().map(|&i| PROBES[i].symbol.to_string()).collect();
+        let mut past_endbr64 = wanted.iter().filter(|&&i| defined.past_endbr64.contains(PROBES[i].symbol)).count();
         if let Some(plan) = &allocator {
             functions.push(plan.malloc.name.clone());
             functions.extend(plan.frees.iter().map(|(f, _)| f.name.clone()));
+            // malloc's entry is probed unless its allocations are read
+            // from PyTorch's static probe.
+            let malloc = plan.static_args.is_none().then_some(&plan.malloc);
+            past_endbr64 +=
+                malloc.into_iter().chain(plan.frees.iter().map(|(f, _)| f)).filter(|f| f.past_endbr64).count();
         }
-        attached.push(Attached { library: lib.clone(), functions, allocator });
+        attached.push(Attached { library: lib.clone(), functions, past_endbr64, allocator });
     }
     if attached.is_empty() {
         let list: Vec<String> = libraries.iter().map(|l| l.path.display().to_string()).collect();
@@ -574,7 +583,8 @@ fn finish(opts: &Options, mut writer: TraceWriter, end: End, attached: &[Attache
         .iter()
         .map(|a| {
             let mut j =
-                serde_json::json!({"library": a.library.path, "found": a.library.found, "functions": a.functions});
+                serde_json::json!({"library": a.library.path, "found": a.library.found, "functions": a.functions,
+                    "entries_after_endbr64": a.past_endbr64});
             if let Some(p) = &a.allocator {
                 j["pytorch_allocator"] = serde_json::json!({
                     "malloc": p.malloc.name,

@@ -96,11 +96,15 @@ pub fn recognise(demangled: &str) -> Option<Match> {
     Some(if shapes.contains(&params) { Match::Known(role) } else { Match::WrongShape(demangled.to_string()) })
 }
 
-/// A probed function: its demangled name and file offset.
+/// A probed function: its demangled name and the file offset of its entry
+/// probe.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Function {
     pub name: String,
     pub offset: usize,
+    /// The probe goes after the `endbr64` the function begins with
+    /// ([`super::elf::entry_probe_at`]).
+    pub past_endbr64: bool,
 }
 
 /// PyTorch's static probe after `malloc` in `allocate` (USDT
@@ -206,6 +210,11 @@ fn plan_bytes(data: &[u8]) -> Result<std::result::Result<Plan, Refusal>> {
     let offsets = super::elf::FileOffsets::of(&file);
     let offset = |addr: u64| offsets.at(addr);
     let mut syms: Vec<Sym> = Vec::new();
+    // A function's entry probe, past its `endbr64` where it has one.
+    let entry = |name: &str, addr: u64, size: u64| -> Option<Function> {
+        let site = text(addr, size).map_or(addr, |code| super::elf::entry_probe_at(code, addr));
+        Some(Function { name: name.to_string(), offset: offset(site)?, past_endbr64: site != addr })
+    };
     let mut roles: BTreeMap<u64, (String, Role)> = BTreeMap::new();
     let mut wrong_shape = Vec::new();
     let mut names_seen = false;
@@ -314,14 +323,15 @@ fn plan_bytes(data: &[u8]) -> Result<std::result::Result<Plan, Refusal>> {
             .unwrap_or(false);
         if reaches_other {
             left_out.push(name.clone());
-        } else if let Some(offset) = offset(addr) {
-            frees.push((Function { name: name.clone(), offset }, *role));
+        } else if let Some(f) = entry(name, addr, size) {
+            frees.push((f, *role));
         }
     }
     if frees.is_empty() {
         return Ok(Err(Refusal::Unusable(format!("{malloc_name} is there but none of the frees is"))));
     }
-    let malloc = Function { name: malloc_name, offset: offset(malloc_at).context("malloc lies in no segment")? };
+    let malloc_size = syms.iter().find(|s| s.addr == malloc_at).map_or(0, |s| s.size);
+    let malloc = entry(&malloc_name, malloc_at, malloc_size).context("malloc lies in no segment")?;
     // The static probe, in the function of exactly one call to malloc,
     // where every path from that call's return reaches it.
     let notes = usdt(data, "pytorch", "malloc");

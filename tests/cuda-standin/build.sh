@@ -9,6 +9,9 @@
 #                     lib64/libc10.so where it reports an out-of-memory
 #   nosdt/lib64/libc10_cuda.so, nosdt/torch-workload   the same without its
 #                     static probe (USDT), as PyTorch before 2.2
+#   cet/lib64/*, cet/torch-workload   the runtime, driver and allocator built
+#                     for Intel CET (-fcf-protection, the default of Ubuntu's
+#                     GCC): each function begins with endbr64 (x86-64 only)
 set -euo pipefail
 src="$(cd "$(dirname "$0")" && pwd)"
 out="$1"
@@ -41,3 +44,18 @@ ${CXX:-g++} "${flags[@]}" -DSTANDIN_NO_SDT -std=c++17 -fPIC -shared -fvisibility
   -Wl,-rpath,'$ORIGIN'
 $cc "${flags[@]}" -o "$out/nosdt/torch-workload" "$src/torch_workload.c" -L"$out/nosdt/lib64" -l:libc10_cuda.so \
   -l:libcudart.so.12 -Wl,-rpath,'$ORIGIN/lib64'
+# The same built for Intel CET: every function begins with `endbr64`, which
+# a uprobe would step out of line (src/record/elf.rs, entry_probe_at).
+cet=("${flags[@]}" -fcf-protection=full)
+if [ "$(uname -m)" = x86_64 ] && echo 'int main(void){return 0;}' | $cc "${cet[@]}" -x c -o /dev/null - 2>/dev/null; then
+  mkdir -p "$out/cet/lib64"
+  $cc "${cet[@]}" -fPIC -shared -Wl,-soname,libcuda.so.1 -o "$out/cet/lib64/libcuda.so.1" "$src/cuda.c" -lpthread
+  $cc "${cet[@]}" -fPIC -shared -Wl,-soname,libcudart.so.12 -Wl,--version-script="$src/cudart.map" \
+    -o "$out/cet/lib64/libcudart.so.12" "$src/cudart.c" -L"$out/cet/lib64" -l:libcuda.so.1 -Wl,-rpath,'$ORIGIN'
+  ${CXX:-g++} "${cet[@]}" -std=c++17 -fPIC -shared -Wl,-soname,libc10.so -o "$out/cet/lib64/libc10.so" "$src/c10.cpp"
+  ${CXX:-g++} "${cet[@]}" -std=c++17 -fPIC -shared -fvisibility=hidden -Wl,-soname,libc10_cuda.so \
+    -o "$out/cet/lib64/libc10_cuda.so" "$src/c10_cuda.cpp" -L"$out/cet/lib64" -l:libcudart.so.12 -l:libc10.so \
+    -Wl,-rpath,'$ORIGIN'
+  $cc "${cet[@]}" -o "$out/cet/torch-workload" "$src/torch_workload.c" -L"$out/cet/lib64" -l:libc10_cuda.so \
+    -l:libcudart.so.12 -Wl,-rpath,'$ORIGIN/lib64'
+fi

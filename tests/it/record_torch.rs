@@ -140,8 +140,21 @@ fn without_pytorchs_static_probe_every_block_is_recorded_the_same() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let dir = standin().join("nosdt");
-    let trace = tmp.path().join("trace");
+    let (trace, out) = record_variant(tmp.path(), "nosdt");
+    let truth = bookkeeping(&out);
+    assert_eq!(truth.iter().filter(|b| b.0 == "oom").count(), 1, "{truth:?}");
+    assert_eq!(recorded(&trace), truth);
+    let a = allocator_probes(&trace);
+    assert_eq!(a["returns_probed_at"], 2);
+    assert!(a["static_probe"].is_null(), "{a}");
+    assert!(a["static_probe_arguments"].is_null(), "{a}");
+}
+
+/// Records the stand-in's `variant` (a folder of tests/cuda-standin/build.sh's
+/// output, with its own `lib64`).
+fn record_variant(tmp: &Path, variant: &str) -> (PathBuf, Output) {
+    let dir = standin().join(variant);
+    let trace = tmp.join("trace");
     let l: Vec<String> = ["libcudart.so.12", "libcuda.so.1", "libc10_cuda.so"]
         .iter()
         .map(|f| format!("--lib={}", dir.join("lib64").join(f).display()))
@@ -155,13 +168,47 @@ fn without_pytorchs_static_probe_every_block_is_recorded_the_same() {
         .output();
     let out = out.unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    (trace, out)
+}
+
+/// Libraries built for Intel CET (`-fcf-protection`, the default of
+/// Ubuntu's GCC) begin every function with `endbr64`, which the kernel
+/// steps out of line (a second trap, about 9 µs on a VM): each entry probe
+/// goes on the instruction after it, and records the same.
+#[test]
+fn built_for_cet_the_entry_probes_go_after_endbr64_and_record_the_same() {
+    if !bpf_ready("built_for_cet_the_entry_probes_go_after_endbr64_and_record_the_same") {
+        return;
+    }
+    if !standin().join("cet").exists() {
+        eprintln!("SKIPPED built_for_cet_the_entry_probes_go_after_endbr64_and_record_the_same: not x86-64");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let (trace, out) = record_variant(tmp.path(), "cet");
     let truth = bookkeeping(&out);
     assert_eq!(truth.iter().filter(|b| b.0 == "oom").count(), 1, "{truth:?}");
     assert_eq!(recorded(&trace), truth);
-    let a = allocator_probes(&trace);
-    assert_eq!(a["returns_probed_at"], 2);
-    assert!(a["static_probe"].is_null(), "{a}");
-    assert!(a["static_probe_arguments"].is_null(), "{a}");
+    assert_static_arguments(&trace);
+    // The runtime's segments underneath.
+    let n = &meta(&trace)["event_counts"];
+    assert!(n["alloc"].as_u64().unwrap() >= 3, "{n}");
+    // Every probed entry: the runtime's and driver's functions, and the
+    // allocator's frees (its malloc's entry is not probed: its allocations
+    // are read from PyTorch's static probe).
+    let m = meta(&trace);
+    for p in m["details"]["probes"].as_array().unwrap() {
+        let entries = p["functions"].as_array().unwrap().len() - usize::from(p["pytorch_allocator"].is_object());
+        assert!(entries > 1, "{p}");
+        assert_eq!(p["entries_after_endbr64"].as_u64(), Some(entries as u64), "{p}");
+    }
+    // The same libraries built without CET: none.
+    let plain = tmp.path().join("plain");
+    fs::create_dir(&plain).unwrap();
+    let (trace, _) = record_variant(&plain, "");
+    for p in meta(&trace)["details"]["probes"].as_array().unwrap() {
+        assert_eq!(p["entries_after_endbr64"], 0, "{p}");
+    }
 }
 
 #[test]
