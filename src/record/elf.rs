@@ -107,9 +107,83 @@ pub(super) fn entry_probe_at(code: &[u8], addr: u64) -> u64 {
     if jumped_to { addr } else { after }
 }
 
+/// How many instructions after a call [`return_probe_at`] looks through.
+const RETURN_PROBE_REACH: usize = 4;
+
+/// Where the probe for a call's return goes (`code`, the bytes of the
+/// function at `start`; `landing`, the instruction after the call): the
+/// first direct `jmp` or `jcc` from `landing` on, which the kernel
+/// emulates, when it is at most [`RETURN_PROBE_REACH`] instructions on in
+/// straight-line code: no instruction after `landing` up to it is the
+/// target of a jump (`jump_targets`), and those before it only write
+/// registers (`mov`, `movzx`, `lea`, arithmetic into a register) or flags
+/// (`test`, `cmp`). It is then reached exactly when the call returns, with
+/// the memory the call wrote as it was, and costs one trap instead of two:
+/// the kernel steps any other instruction out of line (9.4 µs a hit against
+/// 0.6 µs on this project's VM). Else `landing`. (Not a `call` or a `nop`,
+/// which the kernel emulates too: other probes sit on calls and on
+/// PyTorch's static probe's `nop`, and a return probe must not share one.)
+pub(super) fn return_probe_at(
+    code: &[u8],
+    start: u64,
+    landing: u64,
+    jump_targets: &std::collections::HashSet<u64>,
+) -> u64 {
+    use iced_x86::{Decoder, DecoderOptions, Mnemonic as M, OpKind};
+    let Some(from) = landing.checked_sub(start).and_then(|o| usize::try_from(o).ok()).filter(|&o| o < code.len())
+    else {
+        return landing;
+    };
+    let mut d = Decoder::with_ip(64, &code[from..], landing, DecoderOptions::NONE);
+    for _ in 0..RETURN_PROBE_REACH {
+        if !d.can_decode() {
+            break;
+        }
+        let ins = d.decode();
+        if ins.ip() != landing && jump_targets.contains(&ins.ip()) {
+            break;
+        }
+        let jump = matches!(
+            ins.mnemonic(),
+            M::Jmp
+                | M::Jo
+                | M::Jno
+                | M::Jb
+                | M::Jae
+                | M::Je
+                | M::Jne
+                | M::Jbe
+                | M::Ja
+                | M::Js
+                | M::Jns
+                | M::Jp
+                | M::Jnp
+                | M::Jl
+                | M::Jge
+                | M::Jle
+                | M::Jg
+        );
+        if jump && ins.op0_kind() == OpKind::NearBranch64 {
+            return ins.ip();
+        }
+        let into_register = ins.op_count() > 0 && ins.op0_kind() == OpKind::Register;
+        let harmless = match ins.mnemonic() {
+            M::Test | M::Cmp => true,
+            M::Mov | M::Movzx | M::Movsx | M::Movsxd | M::Lea | M::Xor | M::Add | M::Sub | M::And | M::Or => {
+                into_register
+            }
+            _ => false,
+        };
+        if !harmless {
+            break;
+        }
+    }
+    landing
+}
+
 #[cfg(test)]
 mod tests {
-    use super::entry_probe_at;
+    use super::{entry_probe_at, return_probe_at};
 
     #[test]
     fn an_entry_probe_goes_after_endbr64_unless_a_jump_lands_there() {
@@ -127,5 +201,36 @@ mod tests {
         assert_eq!(entry_probe_at(&forward, at), at + 4);
         // endbr64 alone (a function of unknown size): nothing after it.
         assert_eq!(entry_probe_at(&[0xf3, 0x0f, 0x1e, 0xfa], at), at);
+    }
+
+    #[test]
+    fn a_return_probe_goes_on_a_jump_soon_after_the_call_in_straight_line_code() {
+        use std::collections::HashSet;
+        let at = 0x1000;
+        let none = HashSet::new();
+        // mov -0x28(%rbp),%rax; test %rax,%rax; je +2; ret; ret
+        let checked = [0x48, 0x8b, 0x45, 0xd8, 0x48, 0x85, 0xc0, 0x74, 0x02, 0xc3, 0xc3];
+        assert_eq!(return_probe_at(&checked, at, at, &none), at + 7);
+        // The same seen from a landing inside the function.
+        let mut code = vec![0x90, 0x90];
+        code.extend(checked);
+        assert_eq!(return_probe_at(&code, at, at + 2, &none), at + 9);
+        // Something jumps to the test: a probe on the je would fire for it too.
+        assert_eq!(return_probe_at(&checked, at, at, &HashSet::from([at + 4])), at);
+        // A jump to the landing itself is the caller's concern (the plan refuses it).
+        assert_eq!(return_probe_at(&checked, at, at, &HashSet::from([at])), at + 7);
+        // A store before the jump: the memory the call wrote may change.
+        let store = [0x48, 0x89, 0x45, 0xd8, 0xeb, 0x00, 0xc3];
+        assert_eq!(return_probe_at(&store, at, at, &none), at);
+        // mov -0x8(%rbp),%rax; leave; ret: no jump before the return.
+        assert_eq!(return_probe_at(&[0x48, 0x8b, 0x45, 0xf8, 0xc9, 0xc3], at, at, &none), at);
+        // The jump already there: the landing.
+        assert_eq!(return_probe_at(&[0xeb, 0x00, 0xc3], at, at, &none), at);
+        // Too far: four register moves, then the jump.
+        let far = [0x48, 0x89, 0xc1, 0x48, 0x89, 0xc1, 0x48, 0x89, 0xc1, 0x48, 0x89, 0xc1, 0xeb, 0x00, 0xc3];
+        assert_eq!(return_probe_at(&far, at, at, &none), at);
+        assert_eq!(return_probe_at(&far[3..], at, at, &none), at + 9);
+        // A call after the register moves is not taken (other probes sit on calls).
+        assert_eq!(return_probe_at(&[0x48, 0x89, 0xc1, 0xe8, 0, 0, 0, 0, 0xc3], at, at, &none), at);
     }
 }

@@ -589,6 +589,10 @@ fn finish(opts: &Options, mut writer: TraceWriter, end: End, attached: &[Attache
                 j["pytorch_allocator"] = serde_json::json!({
                     "malloc": p.malloc.name,
                     "returns_probed_at": p.landings.len(),
+                    // Of those, on a jump soon after the call (one trap, not
+                    // two); the one PyTorch's static probe replaces is not probed.
+                    "returns_probed_on_a_jump": p.on_a_jump.iter()
+                        .filter(|&&at| p.static_probe.as_ref().is_none_or(|s| s.replaces != at)).count(),
                     "static_probe": p.static_probe.as_ref().map(|u| format!("pytorch:malloc in {}", u.function)),
                     // Its arguments read (one trap a tensor), malloc's entry
                     // not probed; the calls probed in its place.

@@ -172,8 +172,16 @@ void *NativeCachingAllocator::allocate(unsigned long size, signed char device)
 			throw OutOfMemoryError(size, 0);
 	} else if (force_uncached())
 		devPtr = uncached_allocate(size);
-	else if (size != 0)
+	else if (size != 0) {
 		malloc(&devPtr, device, size, nullptr);
+#ifdef STANDIN_NO_SDT
+		// As in PyTorch 1.13 to 2.1, the instruction after the call reads
+		// what the call wrote (one the kernel steps out of line), and a
+		// jump comes soon after (record probes the jump).
+		if (devPtr == nullptr)
+			throw std::invalid_argument("no pointer");
+#endif
+	}
 #ifndef STANDIN_NO_SDT
 	if (size && pytorch_malloc_semaphore)
 		STAP_PROBE4(pytorch, malloc, devPtr, device, size, 0);

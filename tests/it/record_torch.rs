@@ -115,6 +115,8 @@ fn every_tensor_block_and_the_oom_are_recorded_and_the_program_runs_on() {
     // Two call sites: allocate's (a tensor's) and raw_alloc's; allocate's
     // seen through PyTorch's static probe.
     assert_eq!(a["returns_probed_at"], 2);
+    // raw_alloc's (allocate's is the static probe's).
+    assert_eq!(a["returns_probed_on_a_jump"], 0, "{a}");
     assert_eq!(
         a["static_probe"],
         "pytorch:malloc in c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::allocate(unsigned long, signed char)"
@@ -146,6 +148,10 @@ fn without_pytorchs_static_probe_every_block_is_recorded_the_same() {
     assert_eq!(recorded(&trace), truth);
     let a = allocator_probes(&trace);
     assert_eq!(a["returns_probed_at"], 2);
+    // allocate's return, as in those releases: a load of what malloc wrote
+    // (which the kernel would step out of line), then a jump, probed.
+    // raw_alloc's returns at once: its probe stays after the call.
+    assert_eq!(a["returns_probed_on_a_jump"], 1, "{a}");
     assert!(a["static_probe"].is_null(), "{a}");
     assert!(a["static_probe_arguments"].is_null(), "{a}");
 }
