@@ -364,6 +364,16 @@ static __always_inline int ret(struct pt_regs *ctx)
 		bpf_map_delete_elem(&inflight, &key);
 		return 0;
 	}
+	if ((cookie & COOKIE_LANDED) && (st->ev.cookie & COOKIE_OUT_PTR)) {
+		// A probe after a call (or on a jump soon after it) that finds no
+		// pointer written was not reached by that call's return (PyTorch's
+		// malloc writes one whenever it returns): the call stays in
+		// flight, and is written as never returned (an out-of-memory).
+		__u64 out = 0;
+		const void *slot = (void *)st->ev.args[(st->ev.cookie & COOKIE_OUT_ARG1) ? 1 : 0];
+		if (bpf_probe_read_user(&out, sizeof(out), slot) || out == 0)
+			return 0;
+	}
 	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
 		count_lost();

@@ -95,7 +95,7 @@ pub(super) fn defined_functions(path: &Path) -> Result<Defined> {
         let Ok(name) = s.name() else { continue };
         let older = name.contains('@') && !name.contains("@@");
         let base = name.split('@').next().unwrap_or(name);
-        if !PROBES.iter().any(|p| p.symbol == base) {
+        if !PROBES.iter().any(|p| p.symbol == base) || offsets.at(s.address()).is_none() {
             continue;
         }
         // Kept unless an older version's was kept and this is the default.

@@ -116,8 +116,8 @@ const RETURN_PROBE_REACH: usize = 4;
 /// emulates, when it is at most [`RETURN_PROBE_REACH`] instructions on in
 /// straight-line code: no instruction after `landing` up to it is the
 /// target of a jump (`jump_targets`), and those before it only write
-/// registers (`mov`, `movzx`, `lea`, arithmetic into a register) or flags
-/// (`test`, `cmp`). It is then reached exactly when the call returns, with
+/// registers other than the stack pointer (`mov`, `movzx`, `lea`,
+/// arithmetic into a register) or flags (`test`, `cmp`). It is then reached exactly when the call returns, with
 /// the memory the call wrote as it was, and costs one trap instead of two:
 /// the kernel steps any other instruction out of line (9.4 µs a hit against
 /// 0.6 µs on this project's VM). Else `landing`. (Not a `call` or a `nop`,
@@ -166,7 +166,11 @@ pub(super) fn return_probe_at(
         if jump && ins.op0_kind() == OpKind::NearBranch64 {
             return ins.ip();
         }
-        let into_register = ins.op_count() > 0 && ins.op0_kind() == OpKind::Register;
+        // Not the stack pointer: the slot the call wrote may lie below a
+        // raised one, where a signal frame can overwrite it.
+        let into_register = ins.op_count() > 0
+            && ins.op0_kind() == OpKind::Register
+            && !matches!(ins.op0_register(), iced_x86::Register::RSP | iced_x86::Register::ESP);
         let harmless = match ins.mnemonic() {
             M::Test | M::Cmp => true,
             M::Mov | M::Movzx | M::Movsx | M::Movsxd | M::Lea | M::Xor | M::Add | M::Sub | M::And | M::Or => {
@@ -219,6 +223,8 @@ mod tests {
         assert_eq!(return_probe_at(&checked, at, at, &HashSet::from([at + 4])), at);
         // A jump to the landing itself is the caller's concern (the plan refuses it).
         assert_eq!(return_probe_at(&checked, at, at, &HashSet::from([at])), at + 7);
+        // The stack pointer raised before the jump.
+        assert_eq!(return_probe_at(&[0x48, 0x83, 0xc4, 0x28, 0xeb, 0x00, 0xc3], at, at, &none), at);
         // A store before the jump: the memory the call wrote may change.
         let store = [0x48, 0x89, 0x45, 0xd8, 0xeb, 0x00, 0xc3];
         assert_eq!(return_probe_at(&store, at, at, &none), at);

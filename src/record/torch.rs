@@ -217,11 +217,7 @@ fn plan_bytes(data: &[u8]) -> Result<std::result::Result<Plan, Refusal>> {
     let offsets = super::elf::FileOffsets::of(&file);
     let offset = |addr: u64| offsets.at(addr);
     let mut syms: Vec<Sym> = Vec::new();
-    // A function's entry probe, past its `endbr64` where it has one.
-    let entry = |name: &str, addr: u64, size: u64| -> Option<Function> {
-        let site = text(addr, size).map_or(addr, |code| super::elf::entry_probe_at(code, addr));
-        Some(Function { name: name.to_string(), offset: offset(site)?, past_endbr64: site != addr })
-    };
+
     let mut roles: BTreeMap<u64, (String, Role)> = BTreeMap::new();
     let mut wrong_shape = Vec::new();
     let mut names_seen = false;
@@ -309,6 +305,13 @@ fn plan_bytes(data: &[u8]) -> Result<std::result::Result<Plan, Refusal>> {
             hidden.join(", ")
         ))));
     }
+    // A function's entry probe, past its `endbr64` where it has one and
+    // nothing jumps there (from its own code, or from a `.cold` clone).
+    let entry = |name: &str, addr: u64, size: u64| -> Option<Function> {
+        let site = text(addr, size).map_or(addr, |code| super::elf::entry_probe_at(code, addr));
+        let site = if jump_targets.contains(&site) { addr } else { site };
+        Some(Function { name: name.to_string(), offset: offset(site)?, past_endbr64: site != addr })
+    };
     // Each return's probe: the instruction after the call, or a jump soon
     // after it, which the kernel emulates.
     let site_of: HashMap<u64, u64> = landing_at

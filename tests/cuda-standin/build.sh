@@ -11,13 +11,21 @@
 #                     static probe (USDT), as PyTorch before 2.2
 #   cet/lib64/*, cet/torch-workload   the runtime, driver and allocator built
 #                     for Intel CET (-fcf-protection, the default of Ubuntu's
-#                     GCC): each function begins with endbr64 (x86-64 only)
+#                     GCC): each function begins with endbr64 (x86-64 only);
+#                     cet/nosdt/ the same without the static probe
 set -euo pipefail
 src="$(cd "$(dirname "$0")" && pwd)"
 out="$1"
 mkdir -p "$out/lib64"
 cc=${CC:-gcc}
 flags=(-O2 -g -Wall -fno-omit-frame-pointer)
+cet=("${flags[@]}" -fcf-protection=full)
+# Built without Intel CET even where the compiler enables it by default
+# (Ubuntu's and Fedora's GCC): the plain build has no `endbr64`, the cet/
+# build below has it everywhere.
+if echo 'int main(void){return 0;}' | $cc -fcf-protection=none -x c -o /dev/null - 2>/dev/null; then
+  flags+=(-fcf-protection=none)
+fi
 $cc "${flags[@]}" -fPIC -shared -Wl,-soname,libcuda.so.1 -o "$out/lib64/libcuda.so.1" "$src/cuda.c" -lpthread
 $cc "${flags[@]}" -fPIC -shared -Wl,-soname,libcudart.so.12 -Wl,--version-script="$src/cudart.map" \
   -o "$out/lib64/libcudart.so.12" "$src/cudart.c" -L"$out/lib64" -l:libcuda.so.1 -Wl,-rpath,'$ORIGIN'
@@ -46,7 +54,6 @@ $cc "${flags[@]}" -o "$out/nosdt/torch-workload" "$src/torch_workload.c" -L"$out
   -l:libcudart.so.12 -Wl,-rpath,'$ORIGIN/lib64'
 # The same built for Intel CET: every function begins with `endbr64`, which
 # a uprobe would step out of line (src/record/elf.rs, entry_probe_at).
-cet=("${flags[@]}" -fcf-protection=full)
 if [ "$(uname -m)" = x86_64 ] && echo 'int main(void){return 0;}' | $cc "${cet[@]}" -x c -o /dev/null - 2>/dev/null; then
   mkdir -p "$out/cet/lib64"
   $cc "${cet[@]}" -fPIC -shared -Wl,-soname,libcuda.so.1 -o "$out/cet/lib64/libcuda.so.1" "$src/cuda.c" -lpthread
@@ -58,4 +65,11 @@ if [ "$(uname -m)" = x86_64 ] && echo 'int main(void){return 0;}' | $cc "${cet[@
     -Wl,-rpath,'$ORIGIN'
   $cc "${cet[@]}" -o "$out/cet/torch-workload" "$src/torch_workload.c" -L"$out/cet/lib64" -l:libc10_cuda.so \
     -l:libcudart.so.12 -Wl,-rpath,'$ORIGIN/lib64'
+  mkdir -p "$out/cet/nosdt/lib64"
+  cp "$out/cet/lib64/libcuda.so.1" "$out/cet/lib64/libcudart.so.12" "$out/cet/lib64/libc10.so" "$out/cet/nosdt/lib64/"
+  ${CXX:-g++} "${cet[@]}" -DSTANDIN_NO_SDT -std=c++17 -fPIC -shared -fvisibility=hidden -Wl,-soname,libc10_cuda.so \
+    -o "$out/cet/nosdt/lib64/libc10_cuda.so" "$src/c10_cuda.cpp" -L"$out/cet/nosdt/lib64" -l:libcudart.so.12 \
+    -l:libc10.so -Wl,-rpath,'$ORIGIN'
+  $cc "${cet[@]}" -o "$out/cet/nosdt/torch-workload" "$src/torch_workload.c" -L"$out/cet/nosdt/lib64" \
+    -l:libc10_cuda.so -l:libcudart.so.12 -Wl,-rpath,'$ORIGIN/lib64'
 fi

@@ -191,22 +191,29 @@ fn built_for_cet_the_entry_probes_go_after_endbr64_and_record_the_same() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let (trace, out) = record_variant(tmp.path(), "cet");
-    let truth = bookkeeping(&out);
-    assert_eq!(truth.iter().filter(|b| b.0 == "oom").count(), 1, "{truth:?}");
-    assert_eq!(recorded(&trace), truth);
-    assert_static_arguments(&trace);
-    // The runtime's segments underneath.
-    let n = &meta(&trace)["event_counts"];
-    assert!(n["alloc"].as_u64().unwrap() >= 3, "{n}");
-    // Every probed entry: the runtime's and driver's functions, and the
-    // allocator's frees (its malloc's entry is not probed: its allocations
-    // are read from PyTorch's static probe).
-    let m = meta(&trace);
-    for p in m["details"]["probes"].as_array().unwrap() {
-        let entries = p["functions"].as_array().unwrap().len() - usize::from(p["pytorch_allocator"].is_object());
-        assert!(entries > 1, "{p}");
-        assert_eq!(p["entries_after_endbr64"].as_u64(), Some(entries as u64), "{p}");
+    // With PyTorch's static probe's arguments (malloc's entry not probed),
+    // and without it, as before 2.2 (malloc's entry past its endbr64, and a
+    // jump after its return).
+    for variant in ["cet", "cet/nosdt"] {
+        let dir = tmp.path().join(variant.replace('/', "-"));
+        fs::create_dir(&dir).unwrap();
+        let (trace, out) = record_variant(&dir, variant);
+        let truth = bookkeeping(&out);
+        assert_eq!(truth.iter().filter(|b| b.0 == "oom").count(), 1, "{variant}: {truth:?}");
+        assert_eq!(recorded(&trace), truth, "{variant}");
+        let n = &meta(&trace)["event_counts"];
+        assert!(n["alloc"].as_u64().unwrap() >= 3, "{variant}: {n}");
+        let a = allocator_probes(&trace);
+        assert_eq!(a["static_probe_arguments"].is_object(), variant == "cet", "{variant}: {a}");
+        // Every probed entry: the runtime's and driver's functions, and the
+        // allocator's frees, and its malloc unless its allocations are read
+        // from PyTorch's static probe.
+        for p in meta(&trace)["details"]["probes"].as_array().unwrap() {
+            let unprobed = usize::from(p["pytorch_allocator"]["static_probe_arguments"].is_object());
+            let entries = p["functions"].as_array().unwrap().len() - unprobed;
+            assert!(entries > 1, "{p}");
+            assert_eq!(p["entries_after_endbr64"].as_u64(), Some(entries as u64), "{variant}: {p}");
+        }
     }
     // The same libraries built without CET: none.
     let plain = tmp.path().join("plain");
