@@ -650,7 +650,12 @@ fn finish(opts: &Options, mut writer: TraceWriter, end: End, attached: &[Attache
     }
     eprintln!("  recorder CPU time: {cpu:.3} s");
     for a in attached {
-        eprintln!("  probed {} ({}): {} functions", a.library.path.display(), a.library.found, a.functions.len());
+        // A build for Intel CET: its entries probed after their endbr64.
+        let cet = match a.past_endbr64 {
+            0 => String::new(),
+            n => format!(" ({n} probed after their endbr64: built for Intel CET)"),
+        };
+        eprintln!("  probed {} ({}): {} functions{cet}", a.library.path.display(), a.library.found, a.functions.len());
         if a.allocator.is_some() {
             eprintln!("    PyTorch's caching allocator: every tensor's block_alloc and block_free");
         }
