@@ -79,9 +79,14 @@ pub(super) struct Defined {
 /// Versioned names (`cudaMalloc@@libcudart.so.12`) count by their base
 /// name.
 pub(super) fn defined_functions(path: &Path) -> Result<Defined> {
-    use object::{Object, ObjectSegment, ObjectSymbol};
     let data = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let file = object::File::parse(&*data).with_context(|| format!("{}: not an ELF file", path.display()))?;
+    defined_in(&data).with_context(|| format!("{}: not an ELF file", path.display()))
+}
+
+/// [`defined_functions`] of a file's bytes.
+pub(super) fn defined_in(data: &[u8]) -> Result<Defined> {
+    use object::{Object, ObjectSegment, ObjectSymbol};
+    let file = object::File::parse(data)?;
     let offsets = super::elf::FileOffsets::of(&file);
     let x86 = file.architecture() == object::Architecture::X86_64;
     // Of several definitions of a name, the default version's (`f@@V2`;

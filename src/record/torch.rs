@@ -764,6 +764,54 @@ mod tests {
         assert_eq!(without.landings.len(), with.landings.len());
     }
 
+    /// A damaged library (a download cut short, a disk error) is planned or
+    /// refused, never a panic: the stand-in's allocator and runtime, cut at
+    /// many lengths and with bytes changed all through them. (Each library
+    /// found is read when `record` starts, `--lib` or not.)
+    #[test]
+    fn damaged_libraries_are_planned_or_refused_without_a_panic() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let built = std::process::Command::new("bash")
+            .arg(root.join("tests/cuda-standin/build.sh"))
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        if built.status.code() == Some(77) && std::env::var_os("FRAGSCOPE_REQUIRE_BPF").is_none() {
+            eprintln!("SKIPPED damaged_libraries_are_planned_or_refused_without_a_panic: no <sys/sdt.h>");
+            return;
+        }
+        assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for lib in ["lib64/libc10_cuda.so", "cet/lib64/libc10_cuda.so", "lib64/libcudart.so.12"] {
+            let Ok(good) = std::fs::read(dir.path().join(lib)) else { continue };
+            assert!(plan_bytes(&good).is_ok() && super::super::attach::defined_in(&good).is_ok(), "{lib}");
+            let mut planned = 0;
+            let mut check = |data: &[u8]| {
+                planned += usize::from(matches!(plan_bytes(data), Ok(Ok(_))));
+                let _ = super::super::attach::defined_in(data);
+            };
+            for cut in (0..good.len()).step_by(good.len() / 97 + 1) {
+                check(&good[..cut]);
+            }
+            for _ in 0..200 {
+                let mut data = good.clone();
+                for _ in 0..4 {
+                    let at = (next() % data.len() as u64) as usize;
+                    data[at] = next() as u8;
+                }
+                check(&data);
+            }
+            eprintln!("{lib}: {planned} damaged copies still planned");
+        }
+    }
+
     #[test]
     fn a_library_without_the_allocator_is_absent() {
         let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
