@@ -91,7 +91,7 @@ const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
 /// The kernel emulates a probed `push`, `call`, `jmp` or `nop`, but steps
 /// any other instruction out of line, which is a second trap: on this
 /// project's VM (Linux 6.18) 9.8 µs a hit on `endbr64` against 0.62 µs on
-/// a `push` (docs/recording.md, "What a probe costs"). `endbr64` changes no
+/// a `push` (docs/recording.md, "Libraries built for Intel CET"). `endbr64` changes no
 /// register and no memory, so a probe after it reads the same arguments,
 /// stack pointer and return address; a uretprobe there takes the same
 /// return address. x86-64 only.
