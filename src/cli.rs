@@ -433,9 +433,10 @@ pub struct GateArgs {
     /// level: minimal, low, medium, high, critical) is at or above this.
     #[arg(long, value_enum)]
     pub fail_on_fragmentation: Option<Risk>,
-    /// Fail when any trace's leak verdict is "leaking" (the floor of live
-    /// memory rose at every iteration; a trace without iterations is never
-    /// "leaking").
+    /// Fail when any trace's leak verdict is "leaking" (the floors of
+    /// complete iterations rose beyond their fluctuation across at least 3
+    /// consecutive iterations, by more than twice it in all, and did not
+    /// then hold; a trace without iterations is never "leaking").
     #[arg(long)]
     pub fail_on_leak: bool,
     /// Fail when any trace's final score exceeds this.
