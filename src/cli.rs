@@ -169,7 +169,8 @@ pub struct WhatifArgs {
     #[arg(long = "conf", value_name = "KEY:VALUE[,KEY:VALUE]")]
     pub conf: Vec<String>,
     /// Device memory capacity: a scenario whose reserved memory would exceed it runs out of memory.
-    /// Without it nothing runs out, and only peaks are compared.
+    /// Without it the capacity is inferred from an OOM entry or cache flushes (a device-level
+    /// trace: its own); where none is known nothing runs out, and only peaks are compared.
     #[arg(long, value_parser = parse_bytes)]
     pub capacity: Option<u64>,
     /// Only this CUDA device (default: every device of the snapshot).
