@@ -59,7 +59,7 @@ pub enum Command {
     Export(ExportArgs),
     /// Rebuild summary.csv, summary.md, index.html and the groups of a batch from the summary parts under OUT (after `analyze --shard`).
     #[command(
-        after_help = "Example (two machines, then one):\n  fragscope analyze runs/ -o out --shard 0/2\n  fragscope analyze runs/ -o out --shard 1/2\n  fragscope summarize out"
+        after_help = "Example (two machines, then one):\n  fragscope analyze runs/ -o out --shard 0/2\n  fragscope analyze runs/ -o out --shard 1/2\n  fragscope summarize out\n\nExit status: 0, also when the shards' rows list failed traces (each shard exited 1 for them); 1 on errors."
     )]
     Summarize(SummarizeArgs),
     /// Record CUDA allocations, frees, copies and kernel launches of a program with eBPF (needs root).
@@ -84,9 +84,10 @@ pub struct RecordArgs {
     /// Output trace directory (must not hold a trace already).
     #[arg(short, long)]
     pub output: PathBuf,
-    /// Probe this library or executable (repeatable). Default: every libcudart/libcuda found in
-    /// $CUDA_HOME, $CUDA_PATH, $LD_LIBRARY_PATH, /usr/local/cuda*, the linker cache and Python's
-    /// site-packages (nvidia/*/lib, torch/lib), plus those mapped by --pid.
+    /// Probe this library or executable (repeatable). Default: every libcudart, libcuda and
+    /// libc10_cuda.so found in $CUDA_HOME, $CUDA_PATH, $LD_LIBRARY_PATH, /usr/local/cuda*, the
+    /// linker cache and Python's site-packages (nvidia/*/lib, torch/lib), plus those mapped by
+    /// --pid. Giving --lib replaces that search: name every library to probe.
     #[arg(long = "lib", value_name = "PATH")]
     pub libs: Vec<PathBuf>,
     /// Trace every process that calls the probed libraries, not just the command or --pid.
@@ -118,7 +119,7 @@ pub struct RecordArgs {
     /// Start a new Parquet part after this long, so a crash loses at most this much.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration, value_name = "D")]
     pub part_interval: std::time::Duration,
-    /// Size of the BPF ring buffer (rounded up to a power of two).
+    /// Size of the BPF ring buffer, 64KiB to 1GiB (rounded up to a power of two).
     #[arg(long, default_value = "64MiB", value_parser = parse_size_arg, value_name = "SIZE")]
     pub buffer_size: u64,
     /// The program to run and record, with its arguments.
@@ -191,7 +192,8 @@ pub struct ExportArgs {
     /// The file to write.
     #[arg(short, long)]
     pub output: PathBuf,
-    /// Only events from A to B seconds after the first event (A.., ..B and A..B).
+    /// Only events from A to B seconds after the first event (A.., ..B and A..B); not for
+    /// speedscope, which exports the stacks live at the end and at the peak of the whole trace.
     #[arg(long, value_name = "A..B")]
     pub time_window: Option<String>,
     /// Only this CUDA device of a snapshot.
@@ -208,7 +210,7 @@ pub struct ImportArgs {
     /// Output trace directory (must not already hold a trace).
     #[arg(short, long)]
     pub output: PathBuf,
-    /// Import only this CUDA device (default: every device).
+    /// PyTorch snapshots: import only this CUDA device (default: every device).
     #[arg(long)]
     pub device: Option<u32>,
 }
@@ -292,8 +294,8 @@ pub struct AnalyzeArgs {
     #[arg(long)]
     pub brute_force: bool,
     /// Device memory capacity for the OOM diagnosis and the OOM risk (e.g. 80GiB); default: the
-    /// trace's own (synthetic traces carry it; a snapshot's is inferred from an `oom` entry or from
-    /// PyTorch's cache flushes), else unknown.
+    /// trace's own (`record` writes NVML's, `synth` its own; else inferred from an `oom` entry or
+    /// from PyTorch's cache flushes), else unknown.
     #[arg(long, value_parser = parse_bytes)]
     pub capacity: Option<u64>,
     /// Do not replay the requests through the allocator model (PyTorch snapshots, and
@@ -316,7 +318,8 @@ pub struct AnalyzeArgs {
 #[derive(Debug, Args)]
 #[command(next_help_heading = "Plots")]
 pub struct PlotArgs {
-    /// Do not draw mdtp.png and timeline.png.
+    /// Do not draw mdtp.png, timeline.png, floors.png or the explorable view (view/); implies
+    /// --no-view.
     #[arg(long)]
     pub no_plots: bool,
     /// Image size in pixels, WIDTHxHEIGHT.
@@ -404,7 +407,8 @@ pub struct PredictArgs {
     /// Cross-validation origins (one per equal stretch of the series).
     #[arg(long, default_value_t = 50)]
     pub cv_origins: usize,
-    /// The online backtest retrains every this many steps.
+    /// The online backtest retrains every this many steps (at most 200 retrainings a series:
+    /// longer series retrain less often).
     #[arg(long, default_value_t = 10)]
     pub retrain_every: usize,
     /// Warn of deterioration when a forecast exceeds the current score by this much...

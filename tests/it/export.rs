@@ -188,6 +188,17 @@ fn bad_requests_say_what_is_wrong() {
         .assert()
         .code(2);
     assert!(String::from_utf8_lossy(&a.get_output().stderr).contains("--time-window \"5-7\""));
+    // A window for speedscope, which exports the whole trace's end and peak
+    // stacks: a usage error, not a file that ignores it.
+    let a = fragscope()
+        .arg("export")
+        .arg(&trace)
+        .args(["--format", "speedscope", "--time-window", "0..1", "-o"])
+        .arg(&out)
+        .assert()
+        .code(2);
+    assert!(String::from_utf8_lossy(&a.get_output().stderr).contains("does not apply to --format speedscope"));
+    assert!(!out.exists());
     // No stacks for speedscope: an error naming the trace.
     let a = fragscope().arg("export").arg(&trace).args(["--format", "speedscope", "-o"]).arg(&out).assert().code(1);
     let err = String::from_utf8_lossy(&a.get_output().stderr).into_owned();

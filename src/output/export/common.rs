@@ -55,6 +55,11 @@ pub(crate) trait Exporter {
     /// stacks) rather than the loaded events alone.
     fn needs_analysis(&self) -> bool;
 
+    /// Whether `--time-window` cuts this format (else it is refused).
+    fn takes_window(&self) -> bool {
+        true
+    }
+
     /// Writes the export of `source`, cut to `window`, into `out`.
     fn write(&self, paths: &Paths, source: Source<'_>, window: Window, out: &mut dyn Write) -> Result<Written>;
 }

@@ -86,12 +86,20 @@ impl Format {
 /// `fragscope export`.
 pub fn run(args: &Options) -> Result<u8> {
     let started = std::time::Instant::now();
-    // A malformed window is a usage error, before the (long) read.
-    if let Some(spec) = &args.time_window
-        && let Err(e) = Window::parse(spec, 0)
-    {
-        eprintln!("error: {e}");
-        return Ok(crate::exit::USAGE);
+    // A malformed window is a usage error, before the (long) read; so is
+    // a window for a format it does not cut.
+    if let Some(spec) = &args.time_window {
+        if let Err(e) = Window::parse(spec, 0) {
+            eprintln!("error: {e}");
+            return Ok(crate::exit::USAGE);
+        }
+        if !args.format.exporter().takes_window() {
+            eprintln!(
+                "error: --time-window does not apply to --format speedscope: it exports the live memory by call \
+                 stack at the end and at the peak of the whole trace"
+            );
+            return Ok(crate::exit::USAGE);
+        }
     }
     // A recording of PyTorch's allocator exports as the snapshot it reads
     // as: memory_viz shows each tensor.

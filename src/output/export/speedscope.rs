@@ -18,6 +18,12 @@ impl Exporter for Speedscope {
         true
     }
 
+    /// The stacks are those live at the end and at the peak of the whole
+    /// trace: no window cuts them.
+    fn takes_window(&self) -> bool {
+        false
+    }
+
     fn write(&self, paths: &Paths, source: Source<'_>, _window: Window, out: &mut dyn Write) -> Result<Written> {
         let doc = speedscope(source.analysis()?).with_context(|| {
             format!(
