@@ -77,6 +77,41 @@ pub fn discover(command: &[std::ffi::OsString], pid: Option<u32>) -> Vec<Library
     dedup(out)
 }
 
+/// The CUDA libraries (by [`is_cuda_library`]) that each process's copy of
+/// its maps shows loaded and that are not among `considered` (the same
+/// file, by device and inode): the calls a recording of them misses. By
+/// pid, each path once. PyTorch's allocator counts only with `torch`
+/// (`--no-torch` leaves it out on purpose).
+pub fn unprobed(
+    maps: &std::collections::BTreeMap<u32, String>,
+    considered: &[Library],
+    torch: bool,
+) -> std::collections::BTreeMap<String, Vec<String>> {
+    let id = |p: &Path| fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    let known: HashSet<(u64, u64)> = considered.iter().filter_map(|l| id(&l.path)).collect();
+    let mut out = std::collections::BTreeMap::new();
+    for (pid, text) in maps {
+        let mut missed: Vec<String> = Vec::new();
+        for path in text.lines().filter_map(|l| l.split_whitespace().nth(5)).map(Path::new) {
+            let Some(name) = path.file_name().filter(|n| is_cuda_library(n)) else { continue };
+            if (!torch && super::torch::is_allocator_library(name)) || missed.iter().any(|m| Path::new(m) == path) {
+                continue;
+            }
+            // Through the process's root while it runs (another mount
+            // namespace), else as named.
+            let via_proc = PathBuf::from(format!("/proc/{pid}/root{}", path.display()));
+            let Some(file) = id(&via_proc).or_else(|| id(path)) else { continue };
+            if !known.contains(&file) {
+                missed.push(path.display().to_string());
+            }
+        }
+        if !missed.is_empty() {
+            out.insert(pid.to_string(), missed);
+        }
+    }
+    out
+}
+
 /// A library of a `stubs` folder (`lib64/stubs/libcuda.so`).
 fn is_link_stub(path: &Path) -> bool {
     path.parent().and_then(Path::file_name).is_some_and(|d| d == "stubs")

@@ -465,6 +465,7 @@ fn record(
         nvml: driver.unavailable.clone(),
         devices: devices_used.into_iter().map(|(pid, d)| (pid.to_string(), d.into_iter().collect())).collect(),
         launches_at_entry: opts.launch,
+        unprobed_libraries: libs::unprobed(&maps.saved, libraries, opts.torch),
         ..RecordDetails::default()
     });
     Ok((end, attached))
@@ -623,6 +624,10 @@ fn finish(opts: &Options, mut writer: TraceWriter, end: End, attached: &[Attache
         d.end = Some(why.clone());
         d.recorder_cpu_s = Some(cpu);
     }
+    let unprobed = match &m.details {
+        Details::Record(d) => d.unprobed_libraries.clone(),
+        _ => BTreeMap::new(),
+    };
     let dir = writer.dir().to_path_buf();
     let meta = writer.finish()?;
     let total: u64 = meta.event_counts.values().sum();
@@ -658,6 +663,15 @@ fn finish(opts: &Options, mut writer: TraceWriter, end: End, attached: &[Attache
         eprintln!("  probed {} ({}): {} functions{cet}", a.library.path.display(), a.library.found, a.functions.len());
         if a.allocator.is_some() {
             eprintln!("    PyTorch's caching allocator: every tensor's block_alloc and block_free");
+        }
+    }
+    for (pid, paths) in &unprobed {
+        for path in paths {
+            eprintln!(
+                "fragscope: warning: pid {pid} loaded {path}, which was not probed (outside the places searched, \
+                 or not named by --lib): its calls are not in this recording. Name it with --lib, with the \
+                 other libraries to probe."
+            );
         }
     }
     Ok(u8::try_from(exit_code).unwrap_or(1))

@@ -392,6 +392,12 @@ pub struct RecordDetails {
     /// launches have it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub launches_at_entry: bool,
+    /// CUDA runtimes, drivers and PyTorch allocators that a recorded
+    /// process loaded but that were not among the libraries probed (outside
+    /// the places searched, or not named by `--lib`): their calls are not
+    /// in the recording. By pid.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub unprobed_libraries: BTreeMap<String, Vec<String>>,
 }
 
 /// One GPU as the driver reports it.

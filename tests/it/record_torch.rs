@@ -237,6 +237,47 @@ fn no_torch_records_the_segments_only() {
     assert!(m["details"]["probes"].as_array().unwrap().iter().all(|p| p.get("pytorch_allocator").is_none()));
 }
 
+/// `--lib` naming the runtime and the driver but not PyTorch's allocator,
+/// which the program loads: the recording says that library's calls are
+/// missing (on stderr and in trace.json), rather than looking complete.
+#[test]
+fn a_cuda_library_the_program_loaded_but_not_probed_is_said() {
+    if !bpf_ready("a_cuda_library_the_program_loaded_but_not_probed_is_said") {
+        return;
+    }
+    let dir = standin();
+    let c10 = dir.join("lib64/libc10_cuda.so");
+    let run = |tmp: &Path, extra: &[&str]| {
+        let trace = tmp.join("trace");
+        let l = libs(dir);
+        let mut c = record_cmd(&trace, &[&l[0], &l[1]]);
+        c.args(extra).arg("--").arg(dir.join("torch-workload")).arg("2").env("STANDIN_CAPACITY", CAPACITY);
+        let out = c.output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        (meta(&trace)["details"]["unprobed_libraries"].clone(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let (unprobed, err) = run(tmp.path(), &[]);
+    let listed: Vec<&str> = unprobed
+        .as_object()
+        .unwrap()
+        .values()
+        .flat_map(|v| v.as_array().unwrap())
+        .map(|p| p.as_str().unwrap())
+        .collect();
+    assert_eq!(listed, [c10.to_str().unwrap()], "{unprobed}");
+    assert!(err.contains(&format!("loaded {}, which was not probed", c10.display())), "{err}");
+    // With --no-torch the allocator is left out on purpose: nothing said.
+    let tmp = tempfile::tempdir().unwrap();
+    let (unprobed, err) = run(tmp.path(), &["--no-torch"]);
+    assert!(unprobed.is_null() && !err.contains("not probed"), "{unprobed} {err}");
+    // Every library named: nothing said.
+    let tmp = tempfile::tempdir().unwrap();
+    let (trace, out) = record_torch(tmp.path(), &[]);
+    assert!(meta(&trace)["details"]["unprobed_libraries"].is_null());
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("not probed"));
+}
+
 #[test]
 fn a_stripped_allocator_library_is_said_and_its_segments_still_recorded() {
     if !bpf_ready("a_stripped_allocator_library_is_said_and_its_segments_still_recorded") {
