@@ -647,6 +647,12 @@ fn finish(opts: &Options, mut writer: TraceWriter, end: End, attached: &[Attache
     if total > 0 {
         let kinds: Vec<String> = meta.event_counts.iter().map(|(k, n)| format!("{k} {n}")).collect();
         eprintln!("  events: {}", kinds.join(", "));
+    } else {
+        eprintln!(
+            "  no call of the probed libraries was recorded: if the program uses CUDA, it calls a runtime \
+             that was not probed (linked into the executable: name the executable with --lib; loaded from \
+             elsewhere: name that library with --lib)"
+        );
     }
     if meta.lost_events > 0 {
         eprintln!("  LOST {} events (ring buffer full): raise --buffer-size", meta.lost_events);

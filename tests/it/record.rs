@@ -687,11 +687,17 @@ fn clear_errors_without_privileges_or_libraries() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("none of the probed CUDA functions") && stderr.contains("/bin/true"), "{stderr}");
     assert!(!tmp.path().join("t1").exists(), "no half trace left behind");
+    // A program that calls none of the probed libraries (its runtime is
+    // elsewhere, or it uses none): an empty recording that says why it may be.
+    let l = libs(dir);
+    let out = record_cmd(&tmp.path().join("t0"), &[&l[0], &l[1], "--", "/bin/true"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("recorded 0 events") && stderr.contains("name the executable with --lib"), "{stderr}");
     // Not root: says what is needed.
     let open = tmp.path().join("open");
     fs::create_dir(&open).unwrap();
     fs::set_permissions(&open, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
-    let l = libs(dir);
     let out = Command::new("setpriv")
         .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
         .arg(bin())
