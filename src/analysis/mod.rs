@@ -213,6 +213,22 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     let mut anomalies = replay.finish();
     anomalies.out_of_order = out_of_order;
 
+    // A recording's processes with OOMs and no copy of their maps: the
+    // libraries they loaded, PyTorch's allocator among them, are unknown.
+    let ooms_without_maps: Vec<u32> = match trace.meta.as_ref().and_then(|m| m.details.record()) {
+        Some(_) if !allocator_view => {
+            let maps = trace.dir.join("maps");
+            let mut pids: Vec<u32> = ooms
+                .iter()
+                .map(|o| trace.units.get(&o.pid).map_or(o.pid, |u| u.0))
+                .filter(|pid| !maps.join(pid.to_string()).is_file())
+                .collect();
+            pids.sort_unstable();
+            pids.dedup();
+            pids
+        }
+        _ => Vec::new(),
+    };
     let mut analysis = Analysis {
         trace,
         events: events.len() as u64,
@@ -246,6 +262,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
             p.sort_unstable();
             p
         },
+        ooms_without_maps,
         advice: Vec::new(),
     };
     // The allocator settings' what-if: for a snapshot, and for a

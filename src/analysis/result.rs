@@ -119,6 +119,11 @@ pub struct Analysis {
     /// allocator (they mapped `libc10_cuda.so`): their cudaMallocs are its
     /// segments, so the gaps inside its cache are not in the recording.
     pub pytorch_processes: Vec<u32>,
+    /// A device-level recording's processes with OOMs and no copy of their
+    /// maps (they exited before the recorder read them): whether they ran
+    /// PyTorch's caching allocator is unknown, so their OOMs are counted
+    /// call by call.
+    pub ooms_without_maps: Vec<u32>,
     /// What to do ([`advice`]).
     pub advice: Vec<Advice>,
 }

@@ -85,6 +85,10 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
             // by their recorded maps: a device-level recording holds only
             // their segments.
             "pytorch_processes": a.pytorch_processes,
+            // Processes with OOMs whose maps the recorder could not copy
+            // (they exited first): whether they ran PyTorch's allocator,
+            // whose retries would count an OOM twice, is unknown.
+            "ooms_without_maps": a.ooms_without_maps,
             // False for a snapshot of one instant (no trace history): its
             // OOM counts are then null, not 0.
             "history": history,

@@ -270,6 +270,10 @@ fn a_recording_of_pytorchs_segments_gets_no_setting() {
     }
     let (r, md) = analyze(&bare, &tmp.path().join("bare-out"), &["--capacity", "85017493504"]);
     assert_eq!(r["ooms"].as_array().map(Vec::len), Some(2), "no retry claimed without the maps");
+    // And the report says why that count may be high (a short process can
+    // exit before the recorder copies its maps).
+    assert_eq!(r["trace"]["ooms_without_maps"], serde_json::json!([1375]), "{}", r["trace"]);
+    assert!(md.contains("holds no copy of the memory map of process 1375"), "{md}");
     assert!(r["advice"].as_array().unwrap().iter().all(|a| a["removes_ooms"] != true));
     assert!(md.contains("Recommendation: none — the replay does not reproduce"), "{md}");
 }

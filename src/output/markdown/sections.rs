@@ -419,6 +419,19 @@ pub(crate) fn ooms_md(a: &Analysis) -> String {
             }
         );
     }
+    if !a.ooms_without_maps.is_empty() {
+        let pids: Vec<String> = a.ooms_without_maps.iter().map(u32::to_string).collect();
+        let _ = writeln!(
+            md,
+            "\nThe recording holds no copy of the memory map of {} {} (a process that ends moments after its first \
+             CUDA call can exit before the recorder reads it): which libraries it loaded is unknown, so whether it \
+             ran PyTorch's caching allocator is too. If it did, these OOMs are counted one per failed cudaMalloc, \
+             though PyTorch asks again after releasing its cache (one request can count twice), and their class is \
+             of PyTorch's segments, not its tensors.",
+            if pids.len() == 1 { "process" } else { "processes" },
+            pids.join(", ")
+        );
+    }
     let first = &a.ooms[0];
     if cached && let (Some(cuda), Some(free)) = (first.cuda_free, first.device_free) {
         let _ = writeln!(
