@@ -589,7 +589,6 @@ pub fn run(
     }
     let runs = settings_of(recorded, &confs)?;
     let started = std::time::Instant::now();
-    // Each device's capacity: the one given, else inferred from its OOM.
     // Each device's capacity: the one given, else inferred from its OOM,
     // else the least its cache flushes allow (the cautious end: a setting
     // said to avoid OOMs must do so on the smallest device the recording
@@ -657,6 +656,15 @@ pub fn run(
                          reserved), less than that; give that as --capacity, or leave --capacity out",
                         b(c)
                     ))
+                ))
+            } else if replayed > recorded && capacity.is_none() {
+                // The model runs out where the program did not, at the
+                // capacity inferred: its scenarios would be judged against
+                // OOMs that never happened.
+                Some(format!(
+                    "the model under the recorded settings runs out of memory {replayed} time(s) where the recording \
+                     did {recorded} time(s), at the capacity inferred{}",
+                    if from_flushes { " from cache flushes (the least they allow)" } else { "" }
                 ))
             } else {
                 None
