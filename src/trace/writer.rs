@@ -204,6 +204,13 @@ impl TraceWriter {
         if self.buf.is_empty() {
             return Ok(());
         }
+        // In time order within the part: a recording gets its events as
+        // calls return (a call made inside another returns first), and a
+        // call that never returned when its thread's next call begins.
+        // Stable: rows of the same time keep their order.
+        if !self.buf.is_sorted_by_key(|e| e.ts_ns) {
+            self.buf.sort_by_key(|e| e.ts_ns);
+        }
         let path = self.dir.join(part_name(self.meta.parts));
         match &mut self.behind {
             Some(behind) => {

@@ -153,6 +153,13 @@ fn without_pytorchs_static_probe_every_block_is_recorded_the_same() {
     // raw_alloc's returns at once: its probe stays after the call.
     assert_eq!(a["returns_probed_on_a_jump"], 1, "{a}");
     assert!(a["static_probe"].is_null(), "{a}");
+    // Its allocation is written when malloc returns, stamped when it
+    // began, after the segment malloc asked for inside it, and its OOM at
+    // the thread's next call: each part is still in time order.
+    for part in parts(&trace) {
+        let ts: Vec<u64> = read_parquet(&part).u64s("ts_ns").into_iter().map(Option::unwrap).collect();
+        assert!(ts.is_sorted(), "{}", part.display());
+    }
     assert!(a["static_probe_arguments"].is_null(), "{a}");
 }
 
