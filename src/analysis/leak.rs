@@ -640,7 +640,7 @@ fn by_windows(r: &mut LeakReport, input: &Input<'_>) -> (Verdict, String) {
                 "no iterations found, and live memory rose by half its range only {swings} time{} in the run's \
                  events (falling back between): {}, so a leak across steps cannot show{back}",
                 if swings == 1 { "" } else { "s" },
-                if swings <= 1 { "one pass, not repeated steps" } else { "too few repetitions" }
+                if swings <= 1 { "as in one pass, not repeated steps" } else { "too few repetitions" }
             ),
         );
     }

@@ -711,4 +711,12 @@ fn the_probes_view_finds_steps_from_the_launches_and_tells_a_leak() {
         assert!(json["kernels"].as_array().unwrap().iter().all(|k| k["failed"].is_null()), "{}", json["kernels"]);
         assert!(md.contains("| kernel | launches |\n") && md.contains("whether it failed is not"), "{md}");
     }
+    // Without the launches: no steps, and the report says why (not a
+    // snapshot's reason).
+    let tmp = tempfile::tempdir().unwrap();
+    let (trace, _) = record_torch_run(tmp.path(), &["--no-launch"], &["launches", "10", "0"], &[]);
+    let (json, md) = analyze_json(&trace, &tmp.path().join("report"));
+    assert!(json["iterations"][0]["count"].as_u64().unwrap_or(0) == 0, "{}", json["iterations"]);
+    assert!(md.contains("None found: the recording has no kernel launches (`record --no-launch`"), "{md}");
+    assert_eq!(json["leaks"][0]["verdict"], "cannot tell", "{}", json["leaks"]);
 }

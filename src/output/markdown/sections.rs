@@ -630,6 +630,28 @@ pub(crate) fn iterations_md(a: &Analysis) -> String {
             let _ = writeln!(md, "None: {why}.");
             return md;
         }
+        // A recording's allocator view finds its steps from the kernel
+        // launches, and has no Python frames.
+        let recorded = a.trace.meta.as_ref().is_some_and(|m| m.source == crate::trace::Source::Ebpf);
+        if a.allocator_view && recorded {
+            let launches = a.counts_by_kind.get(crate::trace::event::EventKind::Launch);
+            let why = if launches == 0 {
+                "the recording has no kernel launches (`record --no-launch`, or a runtime whose launches were not \
+                 probed), and a recording's steps are found from its launch sequence"
+                    .to_string()
+            } else {
+                format!(
+                    "its {launches} kernel launches do not repeat as steps do (a kernel that comes back at near-constant \
+                     spacing, its launches between repeating)"
+                )
+            };
+            let _ = writeln!(
+                md,
+                "None found: {why}; the tensors' allocation sequence is not used (layers repeat as regularly as \
+                 iterations). Leak verdicts fall back to comparing quarters of the trace's events, and say so."
+            );
+            return md;
+        }
         if a.allocator_view {
             let _ = writeln!(
                 md,
