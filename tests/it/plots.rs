@@ -248,3 +248,24 @@ mod many_processes {
         }
     }
 }
+
+/// An analysis written into the folder of an earlier one leaves none of the
+/// earlier pictures behind (they would show another analysis, in the
+/// folder and inside report.html).
+#[test]
+fn a_second_analysis_into_the_same_folder_leaves_no_old_picture() {
+    let tmp = tempfile::tempdir().unwrap();
+    let trace = tmp.path().join("t");
+    fragscope().args(["synth", "--pattern", "leak", "--events", "20k", "-o"]).arg(&trace).assert().success();
+    let out = tmp.path().join("out");
+    fragscope().arg("analyze").arg(&trace).arg("-o").arg(&out).assert().success();
+    for f in ["mdtp.png", "timeline.png", "floors.png"] {
+        assert!(out.join(f).is_file(), "{f} drawn the first time");
+    }
+    fragscope().arg("analyze").arg(&trace).arg("-o").arg(&out).arg("--no-plots").assert().success();
+    for f in ["mdtp.png", "timeline.png", "floors.png", "view"] {
+        assert!(!out.join(f).exists(), "{f} left from the first analysis");
+    }
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(!html.contains("floors.png"), "report.html shows an old picture");
+}
