@@ -230,7 +230,7 @@ pub fn view(recording: Loaded) -> Result<Loaded> {
     let mut out = Events::default();
     let mut launches: Vec<Event> = Vec::new();
     let mut spans = Vec::new();
-    let (mut segments, mut orphans) = (0u64, 0u64);
+    let (mut segments, mut orphans, mut runtime_calls) = (0u64, 0u64, 0u64);
     for u in &units {
         let id = u.id;
         let sizes = block_sizes(rec, &u.rows, &u.pytorch, &settings_of(&recording, whose(u.key).0));
@@ -251,6 +251,7 @@ pub fn view(recording: Loaded) -> Result<Loaded> {
         for &i in &u.rows {
             let (Some(kind), Some(mut e)) = (rec.kind[i], rec.get(i)) else { continue };
             let (addr, size) = (rec.addr[i], rec.size[i]);
+            runtime_calls += u64::from(kind.is_device_alloc() || kind.is_device_free());
             if rec.ret[i] != 0 && !matches!(kind, EventKind::Oom | EventKind::Launch) {
                 continue;
             }
@@ -331,6 +332,7 @@ pub fn view(recording: Loaded) -> Result<Loaded> {
         pids: units.iter().map(|u| whose(u.key).0).collect::<BTreeSet<_>>().into_iter().collect(),
         probed: true,
         blocks_without_segment: orphans,
+        runtime_calls: Some(runtime_calls),
         segments_matched: segments,
         segments_total: segments,
         clock_offset_ns: 0,

@@ -182,6 +182,7 @@ fn join_probed(recording: Loaded, snapshot: Loaded) -> Result<Loaded> {
         pids: vec![pid],
         probed: false,
         blocks_without_segment: 0,
+        runtime_calls: None,
         segments_matched: matched.len() as u64,
         segments_total: segments_total as u64,
         clock_offset_ns: offset,

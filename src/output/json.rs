@@ -207,6 +207,9 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
             // The blocks are the recording's own (probes on PyTorch's allocator).
             "probed": j.probed,
             "blocks_without_segment": j.blocks_without_segment,
+            // Probed recordings: CUDA's allocation and free calls recorded
+            // beneath the blocks (0: none made, or the runtime not probed).
+            "runtime_calls": j.runtime_calls,
             "segments_matched": j.segments_matched,
             "segments_total": j.segments_total,
             "clock_offset_ns": j.clock_offset_ns,

@@ -199,6 +199,12 @@ pub struct Join {
     /// counted as a segment of its own size.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub blocks_without_segment: u64,
+    /// Probed recordings: the device allocation and free calls recorded
+    /// for these processes (CUDA's, beneath PyTorch's blocks); 0 when none
+    /// was made while recording or the runtime was not probed. Absent in
+    /// views made before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_calls: Option<u64>,
     pub segments_matched: u64,
     pub segments_total: u64,
     /// The recording's clock minus the snapshot's, from the matched

@@ -285,6 +285,31 @@ fn a_cuda_library_the_program_loaded_but_not_probed_is_said() {
     assert!(!String::from_utf8_lossy(&out.stderr).contains("not probed"));
 }
 
+/// Only PyTorch's allocator named: its blocks are recorded, CUDA's calls
+/// beneath are not, and neither the warning nor the report pretends
+/// otherwise.
+#[test]
+fn the_allocator_alone_says_what_is_not_recorded() {
+    if !bpf_ready("the_allocator_alone_says_what_is_not_recorded") {
+        return;
+    }
+    let dir = standin();
+    let tmp = tempfile::tempdir().unwrap();
+    let trace = tmp.path().join("trace");
+    let c10 = format!("--lib={}", dir.join("lib64/libc10_cuda.so").display());
+    let mut c = record_cmd(&trace, &[&c10]);
+    c.arg("--").arg(dir.join("torch-workload")).arg("2").env("STANDIN_CAPACITY", CAPACITY);
+    let out = c.output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("libcudart.so.12, which was not probed"), "{err}");
+    let (json, md) = analyze_json(&trace, &tmp.path().join("report"));
+    assert_eq!(json["join"]["runtime_calls"], 0, "{}", json["join"]);
+    assert!(md.contains("or CUDA's runtime was not probed (`--lib` without `libcudart`)"), "{md}");
+    assert!(md.contains("so the memory outside PyTorch's allocator is unknown"), "{md}");
+    assert!(!md.contains("Every device allocation of the process was PyTorch's"), "{md}");
+}
+
 #[test]
 fn a_stripped_allocator_library_is_said_and_its_segments_still_recorded() {
     if !bpf_ready("a_stripped_allocator_library_is_said_and_its_segments_still_recorded") {

@@ -753,11 +753,17 @@ pub(crate) fn join_md(a: &Analysis) -> String {
                 .map_or_else(|| "unset: PyTorch's defaults".to_string(), |e| format!("`{}`", e.join(","))),
         );
         if j.blocks_without_segment > 0 {
+            let why = if j.runtime_calls == Some(0) {
+                "the recording holds no CUDA allocation of the process at all: PyTorch got every segment before the \
+                 recording began (`record --pid` on a running program), or CUDA's runtime was not probed (`--lib` \
+                 without `libcudart`)"
+            } else {
+                "PyTorch got their segments before the recording began (`record --pid` on a running program)"
+            };
             let _ = writeln!(
                 md,
-                "{} in no recorded segment: PyTorch got their segments before the recording began (`record --pid` \
-                 on a running program). Each counts as a segment of its own size, so reserved memory and the cache's \
-                 free space are undercounted there.\n",
+                "{} in no recorded segment: {why}. Each counts as a segment of its own size, so reserved memory and \
+                 the cache's free space are undercounted there.\n",
                 plural(j.blocks_without_segment, "block lies", "blocks lie"),
             );
         }
@@ -778,6 +784,13 @@ pub(crate) fn join_md(a: &Analysis) -> String {
             a.time_text(d as f64 / 1e9)
         ))
     ));
+    if j.outside.allocations == 0 && j.probed && j.runtime_calls == Some(0) {
+        md.push_str(
+            "No CUDA allocation outside PyTorch's allocator was recorded, nor any of its own: none was made while \
+             recording, or CUDA's runtime was not probed, so the memory outside PyTorch's allocator is unknown.\n",
+        );
+        return md;
+    }
     if j.outside.allocations == 0 {
         md.push_str(if j.pids.len() > 1 {
             "Every device allocation of these processes was PyTorch's.\n"
