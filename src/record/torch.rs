@@ -720,8 +720,11 @@ mod tests {
     /// found in the file, and its `nop` taken for `allocate`'s call; the
     /// build without it keeps the probe after each call. (No root needed:
     /// nothing is attached.)
-    #[test]
-    fn the_stand_ins_static_probe_is_planned() {
+    /// The stand-in (tests/cuda-standin) built into a temporary folder, or
+    /// None (the test said it skipped) where `<sys/sdt.h>` is missing
+    /// (77: scripts/install-deps --build-only leaves it out; CI, which
+    /// requires the recorder's tests, has it).
+    fn built_standin(test: &str) -> Option<tempfile::TempDir> {
         let dir = tempfile::tempdir().unwrap();
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
         let built = std::process::Command::new("bash")
@@ -729,13 +732,17 @@ mod tests {
             .arg(dir.path())
             .output()
             .unwrap();
-        // 77: no <sys/sdt.h> (scripts/install-deps --build-only leaves it
-        // out); CI, which requires the recorder's tests, has it.
         if built.status.code() == Some(77) && std::env::var_os("FRAGSCOPE_REQUIRE_BPF").is_none() {
-            eprintln!("SKIPPED the_stand_ins_static_probe_is_planned: {}", String::from_utf8_lossy(&built.stderr));
-            return;
+            eprintln!("SKIPPED {test}: {}", String::from_utf8_lossy(&built.stderr));
+            return None;
         }
         assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+        Some(dir)
+    }
+
+    #[test]
+    fn the_stand_ins_static_probe_is_planned() {
+        let Some(dir) = built_standin("the_stand_ins_static_probe_is_planned") else { return };
         let with = plan(&dir.path().join("lib64/libc10_cuda.so")).unwrap().unwrap();
         let p = with.static_probe.clone().unwrap();
         assert_eq!(
@@ -770,18 +777,7 @@ mod tests {
     /// found is read when `record` starts, `--lib` or not.)
     #[test]
     fn damaged_libraries_are_planned_or_refused_without_a_panic() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let built = std::process::Command::new("bash")
-            .arg(root.join("tests/cuda-standin/build.sh"))
-            .arg(dir.path())
-            .output()
-            .unwrap();
-        if built.status.code() == Some(77) && std::env::var_os("FRAGSCOPE_REQUIRE_BPF").is_none() {
-            eprintln!("SKIPPED damaged_libraries_are_planned_or_refused_without_a_panic: no <sys/sdt.h>");
-            return;
-        }
-        assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+        let Some(dir) = built_standin("damaged_libraries_are_planned_or_refused_without_a_panic") else { return };
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = move || {
             seed ^= seed << 13;
