@@ -91,7 +91,23 @@ fn write_scenarios(
             })
             .collect();
         workers.into_iter().try_for_each(|h| h.join().map_err(|_| anyhow::anyhow!("a scenario writer panicked"))?)
-    })
+    })?;
+    // A scenario folder an earlier run left that this one did not write
+    // would read as one of its scenarios: removed (only the simulated
+    // traces `whatif` writes).
+    let written: std::collections::HashSet<String> = todo.iter().map(|s| folder(&s.name)).collect();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let simulated = std::fs::read_to_string(e.path().join("trace.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<crate::trace::TraceMeta>(&t).ok())
+            .is_some_and(|m| m.source == crate::trace::Source::Simulated);
+        if !written.contains(&name) && simulated {
+            std::fs::remove_dir_all(e.path())
+                .with_context(|| format!("cannot remove the old scenario {}", e.path().display()))?;
+        }
+    }
+    Ok(())
 }
 
 fn write_scenario(

@@ -896,3 +896,22 @@ fn a_joined_oom_counts_pytorchs_cache_and_what_was_held_outside_it() {
     assert!(md.contains("64.00 MiB was held outside PyTorch by libcublasLt.so.13 (1 allocation)"), "{md}");
     assert_eq!(j["outside"]["by_library"][0]["library"].as_str(), Some("libcublasLt.so.13"));
 }
+
+/// `whatif` into the folder of an earlier run: the scenario folders that
+/// run wrote and this one does not are gone (they would read as this run's).
+#[test]
+fn whatif_into_an_earlier_runs_folder_leaves_none_of_its_scenarios() {
+    let tmp = tempfile::tempdir().unwrap();
+    let trace = tmp.path().join("t");
+    fragscope().args(["synth", "--pattern", "fragmenting", "--events", "20k", "-o"]).arg(&trace).assert().success();
+    let out = tmp.path().join("w");
+    let run = |conf: &str| {
+        fragscope().arg("whatif").arg(&trace).arg("-o").arg(&out).args(["--conf", conf]).assert().success();
+    };
+    run("max_split_size_mb:64");
+    assert!(out.join("scenarios/max_split_size_mb=64/trace.json").is_file());
+    run("roundup_power2_divisions:4");
+    assert!(out.join("scenarios/roundup_power2_divisions=4/trace.json").is_file());
+    assert!(!out.join("scenarios/max_split_size_mb=64").exists(), "the first run's scenario is left");
+    assert!(out.join("scenarios/pytorch_defaults/trace.json").is_file());
+}
