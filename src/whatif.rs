@@ -98,9 +98,10 @@ fn write_scenarios(
     let written: std::collections::HashSet<String> = todo.iter().map(|s| folder(&s.name)).collect();
     for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        let simulated = std::fs::read_to_string(e.path().join("trace.json"))
+        let meta = e.path().join(crate::trace::META_FILE);
+        let simulated = std::fs::read(&meta)
             .ok()
-            .and_then(|t| serde_json::from_str::<crate::trace::TraceMeta>(&t).ok())
+            .and_then(|bytes| crate::trace::parse_meta(&meta, &bytes).ok())
             .is_some_and(|m| m.source == crate::trace::Source::Simulated);
         if !written.contains(&name) && simulated {
             std::fs::remove_dir_all(e.path())

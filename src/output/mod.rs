@@ -51,37 +51,32 @@ pub fn write_trace_outputs(a: &Analysis, out: &Path, plot: Option<&PlotConfig>) 
     lap("report.json");
     write_atomic(&out.join("report.md"), report_md(a, not_drawn).as_bytes())?;
     lap("report.md");
-    // Each optional file this run does not write is removed where an
-    // earlier run into the same folder left it: it would show another
-    // analysis, in the folder and inside report.html.
-    let mut written: Vec<&str> = Vec::new();
+    // The optional files an earlier run into the same folder left would
+    // show another analysis, in the folder and inside report.html: gone
+    // before this run writes its own.
+    for name in ["mdtp.png", "timeline.png", "floors.png", "flamegraph.folded", "flamegraph.svg"] {
+        let old = out.join(name);
+        if old.is_file() {
+            std::fs::remove_file(&old).with_context(|| format!("cannot remove the old {}", old.display()))?;
+        }
+    }
     if let Some(p) = &pictures {
         p.mdtp.write_png(&out.join("mdtp.png"))?;
         p.timeline.write_png(&out.join("timeline.png"))?;
-        written.extend(["mdtp.png", "timeline.png"]);
         lap("PNGs");
     }
     if let Some(cfg) = plot
         && let Some((pixels, height)) = floors::render(a, cfg.width)?
     {
         plot::write_png(&pixels, cfg.width, height, &out.join("floors.png"))?;
-        written.push("floors.png");
         lap("floors.png");
     }
     if let Some(folded) = &a.flamegraph {
         write_atomic(&out.join("flamegraph.folded"), folded.as_bytes())?;
-        written.push("flamegraph.folded");
         let title = format!("{}: live memory by stack (end, peak)", a.trace.name);
         let svg = flamegraph_svg(folded, &title).context("cannot render flamegraph.svg")?;
         if !svg.is_empty() {
             write_atomic(&out.join("flamegraph.svg"), &svg)?;
-            written.push("flamegraph.svg");
-        }
-    }
-    for name in ["mdtp.png", "timeline.png", "floors.png", "flamegraph.folded", "flamegraph.svg"] {
-        let old = out.join(name);
-        if !written.contains(&name) && old.is_file() {
-            std::fs::remove_file(&old).with_context(|| format!("cannot remove the old {}", old.display()))?;
         }
     }
     // The explorable view, or none: a view left from an earlier run would

@@ -87,21 +87,16 @@ pub fn unprobed(
     considered: &[Library],
     torch: bool,
 ) -> std::collections::BTreeMap<String, Vec<String>> {
-    let id = |p: &Path| fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
-    let known: HashSet<(u64, u64)> = considered.iter().filter_map(|l| id(&l.path)).collect();
+    let known: HashSet<(u64, u64)> = considered.iter().filter_map(|l| file_id(&l.path)).collect();
     let mut out = std::collections::BTreeMap::new();
-    for (pid, text) in maps {
+    for (&pid, text) in maps {
         let mut missed: Vec<String> = Vec::new();
-        for path in text.lines().filter_map(|l| l.split_whitespace().nth(5)).map(Path::new) {
-            let Some(name) = path.file_name().filter(|n| is_cuda_library(n)) else { continue };
-            if (!torch && super::torch::is_allocator_library(name)) || missed.iter().any(|m| Path::new(m) == path) {
+        for (path, openable) in mapped_cuda(pid, text) {
+            let allocator = path.file_name().is_some_and(super::torch::is_allocator_library);
+            if (!torch && allocator) || missed.iter().any(|m| Path::new(m) == path) {
                 continue;
             }
-            // Through the process's root while it runs (another mount
-            // namespace), else as named.
-            let via_proc = PathBuf::from(format!("/proc/{pid}/root{}", path.display()));
-            let Some(file) = id(&via_proc).or_else(|| id(path)) else { continue };
-            if !known.contains(&file) {
+            if file_id(&openable).is_some_and(|file| !known.contains(&file)) {
                 missed.push(path.display().to_string());
             }
         }
@@ -115,6 +110,27 @@ pub fn unprobed(
 /// A library of a `stubs` folder (`lib64/stubs/libcuda.so`).
 fn is_link_stub(path: &Path) -> bool {
     path.parent().and_then(Path::file_name).is_some_and(|d| d == "stubs")
+}
+
+/// A file's identity: its device and inode.
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// The CUDA libraries (by [`is_cuda_library`]) in the text of process
+/// `pid`'s maps: each as named there, and where to open it (through the
+/// process's root while it runs, so across mount namespaces; else as
+/// named).
+fn mapped_cuda(pid: u32, maps: &str) -> impl Iterator<Item = (&Path, PathBuf)> {
+    maps.lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .map(Path::new)
+        .filter(|path| path.file_name().is_some_and(is_cuda_library))
+        .map(move |path| {
+            let via_proc = PathBuf::from(format!("/proc/{pid}/root{}", path.display()));
+            let openable = if via_proc.exists() { via_proc } else { path.to_path_buf() };
+            (path, openable)
+        })
 }
 
 /// One entry per file (by device and inode, so symlinks such as
@@ -137,18 +153,7 @@ fn dedup(libs: Vec<Library>) -> Vec<Library> {
 
 fn mapped(pid: u32) -> Vec<Library> {
     let Ok(maps) = fs::read_to_string(format!("/proc/{pid}/maps")) else { return Vec::new() };
-    let mut out = Vec::new();
-    for line in maps.lines() {
-        let Some(path) = line.split_whitespace().nth(5) else { continue };
-        let path = Path::new(path);
-        if path.file_name().is_some_and(is_cuda_library) {
-            // Through the process's root, so it works across mount namespaces.
-            let via_proc = PathBuf::from(format!("/proc/{pid}/root{}", path.display()));
-            let path = if via_proc.exists() { via_proc } else { path.to_path_buf() };
-            out.push(Library { path, found: format!("mapped by pid {pid}") });
-        }
-    }
-    out
+    mapped_cuda(pid, &maps).map(|(_, path)| Library { path, found: format!("mapped by pid {pid}") }).collect()
 }
 
 fn search_dirs(command: &[std::ffi::OsString]) -> Vec<(PathBuf, String)> {

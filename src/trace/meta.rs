@@ -104,7 +104,7 @@ impl TraceMeta {
     }
 }
 
-pub(super) fn parse_meta(path: &Path, bytes: &[u8]) -> Result<TraceMeta> {
+pub(crate) fn parse_meta(path: &Path, bytes: &[u8]) -> Result<TraceMeta> {
     let meta: TraceMeta =
         serde_json::from_slice(bytes).with_context(|| format!("{}: not a valid trace.json", path.display()))?;
     if meta.format_version > FORMAT_VERSION {

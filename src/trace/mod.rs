@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 
-use self::meta::parse_meta;
+pub(crate) use self::meta::parse_meta;
 use self::reader::{PartError, check_part, scan};
 use crate::trace::event::Events;
 pub use meta::{FORMAT_VERSION, META_FILE, Source, TraceMeta};
