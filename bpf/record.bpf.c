@@ -52,6 +52,15 @@ const volatile __u64 wakeup_bytes = 1 << 20;
 // of a trace is a clean cut whatever order the probes are detached in.
 volatile __u8 stopping = 0;
 
+// Set by the first event that finds the backlog past wakeup_bytes and
+// wakes the reader; cleared by the reader after each read. So a reader
+// that falls behind is woken once, not by every event after (each wakeup
+// is an interrupt the traced thread raises: on a virtual machine, an exit
+// to the hypervisor).
+volatile __u64 woken = 0;
+// Wakeups for a backlog (the reader reports them in trace.json).
+__u64 wakeups = 0;
+
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 16 << 20); // resized by the recorder
@@ -125,9 +134,16 @@ static __always_inline int is_traced(__u32 tgid)
 
 static __always_inline __u64 wake_flags(void)
 {
-	// Wake the reader only when a good part of the buffer is waiting; it
-	// also polls on a timer, so quiet periods are drained too.
-	return bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
+	// Wake the reader only when a good part of the buffer is waiting, and
+	// once until it has read; it also polls on a timer, so quiet periods
+	// are drained too.
+	if (woken || bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) < wakeup_bytes)
+		return BPF_RB_NO_WAKEUP;
+	// One thread wakes the reader, however many find the backlog at once.
+	if (__sync_val_compare_and_swap(&woken, 0, 1) != 0)
+		return BPF_RB_NO_WAKEUP;
+	__sync_fetch_and_add(&wakeups, 1);
+	return BPF_RB_FORCE_WAKEUP;
 }
 
 // The flags to submit a process's event with: wake the reader at once for

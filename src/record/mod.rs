@@ -57,7 +57,7 @@ use self::attach::{
 use self::process::{
     MapsKeeper, Paused, STOP_SIGNAL, alive, install_signal_handlers, mono_to_wall_offset, own_cpu_seconds, sudo_owner,
 };
-use crate::trace::details::{Details, RecordDetails};
+use crate::trace::details::{Details, ReaderStats, RecordDetails};
 use crate::trace::event::Event;
 use crate::trace::{Source, TraceMeta, TraceWriter};
 use libs::Library;
@@ -294,10 +294,13 @@ fn record(
         );
     }
 
-    let stopping = &mut skel.maps.bss_data.as_deref_mut().context("the BPF object has no .bss")?.stopping;
+    let bss = skel.maps.bss_data.as_deref_mut().context("the BPF object has no .bss")?;
+    let (stopping, woken): (*mut u8, *mut u64) = (&mut bss.stopping, &mut bss.woken);
+    let wakeups: *const u64 = &bss.wakeups;
 
     // The ring buffer's callback only queues; the loop below writes.
-    let queue: Rc<RefCell<Vec<Event>>> = Rc::default();
+    // As long as a read can be (pages are taken as it fills).
+    let queue = Rc::new(RefCell::new(Vec::<Event>::with_capacity(READ_BATCH)));
     let bad = Rc::new(RefCell::new(0u64));
     // Kernel names are read from the process at once, while it runs.
     let kernels: Rc<RefCell<kernels::Kernels>> = Rc::default();
@@ -354,17 +357,29 @@ fn record(
     if let Some(c) = child.as_deref() {
         maps.keep_env(c.pid as u32, |name| std::env::var(name).ok());
     }
+    // The queue's other buffer: the two swap at each read, and each keeps
+    // its capacity. (A new queue each read grew from nothing into fresh
+    // pages every time: a third of the machine's time went to zeroing them
+    // when the reader fell behind, which made it fall further behind.)
+    let mut spare = Vec::with_capacity(READ_BATCH);
     let mut used_stacks = BTreeSet::new();
     let mut devices_used: BTreeMap<u32, BTreeSet<i32>> = BTreeMap::new();
     let mut last_part = Instant::now();
     let deadline = opts.duration.map(|d| Instant::now() + d);
+    // More events waiting than one batch took.
+    let mut behind = false;
+    let mut reader = ReaderStats::default();
     let end = loop {
-        match rb.poll(Duration::from_millis(50)) {
-            Err(e) if e.kind() == libbpf_rs::ErrorKind::Interrupted => {} // a signal: checked below
-            r => r.map_err(|e| bpf_error("poll the ring buffer of", e))?,
+        if !behind {
+            wait_for_events(&rb, Duration::from_millis(50))?;
         }
-        rb.consume().map_err(|e| bpf_error("read the ring buffer of", e))?;
-        drain(&queue, writer, &mut maps, &mut used_stacks, &mut devices_used)?;
+        behind = read_batch(&rb)?;
+        reader.reads += 1;
+        reader.behind += u64::from(behind);
+        // Read: the next backlog past the threshold may wake the reader again.
+        // SAFETY: `woken` points into the BPF object's mapped .bss.
+        unsafe { std::ptr::write_volatile(woken, 0) };
+        drain(&queue, &mut spare, writer, &mut maps, &mut used_stacks, &mut devices_used)?;
         if writer.buffered() > 0 && last_part.elapsed() >= opts.part_interval {
             writer.flush_part()?;
             maps.refresh();
@@ -410,7 +425,9 @@ fn record(
         std::thread::sleep(Duration::from_millis(5));
     }
     detach(links);
-    rb.consume().map_err(|e| bpf_error("read the ring buffer of", e))?;
+    while read_batch(&rb)? {
+        drain(&queue, &mut spare, writer, &mut maps, &mut used_stacks, &mut devices_used)?;
+    }
     // Allocations still in flight never returned: out-of-memory errors of
     // threads that made no allocator call since (and have not exited).
     for key in skel.maps.inflight.keys() {
@@ -425,7 +442,7 @@ fn record(
             }
         }
     }
-    drain(&queue, writer, &mut maps, &mut used_stacks, &mut devices_used)?;
+    drain(&queue, &mut spare, writer, &mut maps, &mut used_stacks, &mut devices_used)?;
     let mut lost = 0u64;
     if let Some(per_cpu) =
         skel.maps.lost.lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY).map_err(|e| bpf_error("read", e))?
@@ -466,6 +483,8 @@ fn record(
         devices: devices_used.into_iter().map(|(pid, d)| (pid.to_string(), d.into_iter().collect())).collect(),
         launches_at_entry: opts.launch,
         unprobed_libraries: libs::unprobed(&maps.saved, libraries, opts.torch),
+        // SAFETY: `wakeups` points into the BPF object's mapped .bss.
+        reader: Some(ReaderStats { wakeups: unsafe { std::ptr::read_volatile(wakeups) }, ..reader }),
         ..RecordDetails::default()
     });
     Ok((end, attached))
@@ -553,15 +572,49 @@ fn open_and_load<'o>(
     open.load().map_err(|e| bpf_error("load", e))
 }
 
+/// The most events one read takes from the ring buffer. `record` then
+/// writes them and checks for a stop before it reads on: a read that went
+/// on while events came (libbpf's `consume` does) could last the whole
+/// run when the program made events faster than the reader wrote them,
+/// holding every event in memory (230 bytes each) and answering no signal.
+const READ_BATCH: usize = 1 << 16;
+
+/// Reads at most [`READ_BATCH`] events into the queue; says whether more
+/// were waiting.
+fn read_batch(rb: &libbpf_rs::RingBuffer) -> Result<bool> {
+    let n = rb.consume_raw_n(READ_BATCH);
+    if n < 0 {
+        return Err(bpf_error("read the ring buffer of", libbpf_rs::Error::from_raw_os_error(-n)));
+    }
+    Ok(n as usize >= READ_BATCH)
+}
+
+/// Waits until the BPF side wakes the reader (a new process's first event,
+/// or a backlog past a quarter of the buffer), a signal arrives, or
+/// `timeout` passes. Reads nothing: [`read_batch`] does.
+fn wait_for_events(rb: &libbpf_rs::RingBuffer, timeout: Duration) -> Result<()> {
+    let mut fd = libc::pollfd { fd: rb.epoll_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: one pollfd, valid for the call.
+    if unsafe { libc::poll(&mut fd, 1, timeout.as_millis().try_into().unwrap_or(i32::MAX)) } < 0 {
+        let e = std::io::Error::last_os_error();
+        // A signal: the caller checks for a stop.
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(bpf_error("poll the ring buffer of", e.into()));
+        }
+    }
+    Ok(())
+}
+
 fn drain(
     queue: &RefCell<Vec<Event>>,
+    spare: &mut Vec<Event>,
     writer: &mut TraceWriter,
     maps: &mut MapsKeeper,
     stacks: &mut BTreeSet<(u32, u32)>,
     devices: &mut BTreeMap<u32, BTreeSet<i32>>,
 ) -> Result<()> {
-    let events = std::mem::take(&mut *queue.borrow_mut());
-    for e in events {
+    std::mem::swap(&mut *queue.borrow_mut(), spare);
+    for e in spare.drain(..) {
         if let Some(d) = e.device {
             devices.entry(e.pid).or_default().insert(d);
         }

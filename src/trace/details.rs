@@ -357,6 +357,19 @@ impl FinalCheck {
     }
 }
 
+/// How `record` read its ring buffer: a reader that keeps up reads on its
+/// timer (every 50 ms) and is rarely woken.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReaderStats {
+    /// Reads of the ring buffer, each of at most 65 536 events.
+    pub reads: u64,
+    /// Reads that left events waiting: the reader was behind the program.
+    pub behind: u64,
+    /// Times the traced program woke the reader because a quarter of the
+    /// buffer was waiting: at most one between two reads.
+    pub wakeups: u64,
+}
+
 /// A recording (`fragscope record`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RecordDetails {
@@ -375,6 +388,9 @@ pub struct RecordDetails {
     pub end: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recorder_cpu_s: Option<f64>,
+    /// How the recorder read its ring buffer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reader: Option<ReaderStats>,
     /// The GPUs as the driver (NVML) saw them when the recording started.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<Gpu>,

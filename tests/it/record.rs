@@ -12,7 +12,7 @@ use std::fs;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::{OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use crate::common::read_parquet;
@@ -24,9 +24,24 @@ fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_fragscope"))
 }
 
-/// Whether the record tests can run here; otherwise prints why, and panics
-/// when FRAGSCOPE_REQUIRE_BPF=1.
-fn bpf_ready(test: &str) -> bool {
+/// Record tests share the machine, except one that loads both its cores
+/// on purpose: it runs alone (the others' readers, starved, missed the
+/// maps of their short-lived programs).
+static MACHINE: RwLock<()> = RwLock::new(());
+
+/// Whether the record tests can run here (then a share of the machine, held
+/// for the test); otherwise prints why, and panics when
+/// FRAGSCOPE_REQUIRE_BPF=1.
+fn bpf_ready(test: &str) -> Option<RwLockReadGuard<'static, ()>> {
+    bpf_can_run(test).then(|| MACHINE.read().unwrap_or_else(|e| e.into_inner()))
+}
+
+/// [`bpf_ready`] for a test that loads the machine: the whole of it.
+fn bpf_ready_alone(test: &str) -> Option<RwLockWriteGuard<'static, ()>> {
+    bpf_can_run(test).then(|| MACHINE.write().unwrap_or_else(|e| e.into_inner()))
+}
+
+fn bpf_can_run(test: &str) -> bool {
     let why = if unsafe { libc_geteuid() } != 0 {
         Some("not root (BPF and uprobes need root or CAP_BPF+CAP_PERFMON)")
     } else if !Path::new("/sys/kernel/btf/vmlinux").exists() {
@@ -258,9 +273,7 @@ fn analyze_ok(trace: &Path, out: &Path) -> String {
 
 #[test]
 fn single_threaded_workload_is_recorded_exactly() {
-    if !bpf_ready("single_threaded_workload_is_recorded_exactly") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("single_threaded_workload_is_recorded_exactly") else { return };
     let tmp = tempfile::tempdir().unwrap();
     let (trace, gt, out) = record_workload(tmp.path(), &[], &["single"], &[]);
     let (got, _) = assert_exact(&trace, &gt);
@@ -312,9 +325,7 @@ fn single_threaded_workload_is_recorded_exactly() {
 
 #[test]
 fn stacks_name_the_callers_of_allocations() {
-    if !bpf_ready("stacks_name_the_callers_of_allocations") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("stacks_name_the_callers_of_allocations") else { return };
     let tmp = tempfile::tempdir().unwrap();
     let (trace, gt, _) = record_workload(tmp.path(), &["--stacks", "--no-launch", "--no-memcpy"], &["single"], &[]);
     assert!(trace.join("ustacks.parquet").is_file());
@@ -343,9 +354,7 @@ fn stacks_name_the_callers_of_allocations() {
 
 #[test]
 fn processes_that_exit_holding_memory_release_it_at_exit() {
-    if !bpf_ready("processes_that_exit_holding_memory_release_it_at_exit") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("processes_that_exit_holding_memory_release_it_at_exit") else { return };
     let tmp = tempfile::tempdir().unwrap();
     let n = 40;
     let (trace, gt, _) = record_workload(tmp.path(), &[], &["procs", &n.to_string()], &[]);
@@ -388,9 +397,7 @@ fn processes_that_exit_holding_memory_release_it_at_exit() {
 
 #[test]
 fn classic_tracepoints_mount_tracefs_when_it_is_missing() {
-    if !bpf_ready("classic_tracepoints_mount_tracefs_when_it_is_missing") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("classic_tracepoints_mount_tracefs_when_it_is_missing") else { return };
     // The fallback for kernels that refuse tp_btf, forced: in the test's
     // namespace tracefs is not mounted, so the recorder mounts it (there
     // only), and records exactly, children and exits included.
@@ -406,9 +413,7 @@ fn classic_tracepoints_mount_tracefs_when_it_is_missing() {
 
 #[test]
 fn eight_threads_hammering_lose_nothing() {
-    if !bpf_ready("eight_threads_hammering_lose_nothing") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("eight_threads_hammering_lose_nothing") else { return };
     let tmp = tempfile::tempdir().unwrap();
     let (trace, gt, _) = record_workload(tmp.path(), &[], &["threads", "8", "4000"], &[]);
     let (got, _) = assert_exact(&trace, &gt);
@@ -418,9 +423,7 @@ fn eight_threads_hammering_lose_nothing() {
 
 #[test]
 fn forked_children_and_grandchildren_are_followed() {
-    if !bpf_ready("forked_children_and_grandchildren_are_followed") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("forked_children_and_grandchildren_are_followed") else { return };
     let tmp = tempfile::tempdir().unwrap();
     let (trace, gt, _) = record_workload(tmp.path(), &[], &["fork"], &[]);
     let (got, _) = assert_exact(&trace, &gt);
@@ -435,9 +438,7 @@ fn forked_children_and_grandchildren_are_followed() {
 
 #[test]
 fn a_library_dlopened_after_start_is_found_and_recorded() {
-    if !bpf_ready("a_library_dlopened_after_start_is_found_and_recorded") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("a_library_dlopened_after_start_is_found_and_recorded") else { return };
     let dir = standin();
     let tmp = tempfile::tempdir().unwrap();
     let (trace, gt) = (tmp.path().join("trace"), tmp.path().join("gt.txt"));
@@ -464,9 +465,7 @@ fn a_library_dlopened_after_start_is_found_and_recorded() {
 
 #[test]
 fn a_runtime_linked_into_the_executable_is_probed_with_lib() {
-    if !bpf_ready("a_runtime_linked_into_the_executable_is_probed_with_lib") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("a_runtime_linked_into_the_executable_is_probed_with_lib") else { return };
     let dir = standin();
     let tmp = tempfile::tempdir().unwrap();
     let (trace, gt) = (tmp.path().join("trace"), tmp.path().join("gt.txt"));
@@ -486,9 +485,7 @@ fn a_runtime_linked_into_the_executable_is_probed_with_lib() {
 
 #[test]
 fn failed_allocations_are_events_with_their_return_code() {
-    if !bpf_ready("failed_allocations_are_events_with_their_return_code") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("failed_allocations_are_events_with_their_return_code") else { return };
     let tmp = tempfile::tempdir().unwrap();
     let (trace, gt, _) = record_workload(tmp.path(), &[], &["oom"], &[("STANDIN_CAPACITY", "1073741824")]);
     let (got, _) = assert_exact(&trace, &gt);
@@ -503,9 +500,7 @@ fn failed_allocations_are_events_with_their_return_code() {
 
 #[test]
 fn attach_to_a_running_process_with_pid() {
-    if !bpf_ready("attach_to_a_running_process_with_pid") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("attach_to_a_running_process_with_pid") else { return };
     let dir = standin();
     let tmp = tempfile::tempdir().unwrap();
     let (trace, gt) = (tmp.path().join("trace"), tmp.path().join("gt.txt"));
@@ -575,9 +570,7 @@ fn assert_prefix(trace: &Path, gt: &Path) -> usize {
 
 #[test]
 fn kill_9_of_the_recorder_leaves_analysable_parts() {
-    if !bpf_ready("kill_9_of_the_recorder_leaves_analysable_parts") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("kill_9_of_the_recorder_leaves_analysable_parts") else { return };
     let tmp = tempfile::tempdir().unwrap();
     let (mut rec, trace, gt) = start_long(tmp.path(), "3");
     std::thread::sleep(Duration::from_millis(1500));
@@ -599,9 +592,7 @@ fn kill_9_of_the_recorder_leaves_analysable_parts() {
 
 #[test]
 fn ctrl_c_finishes_a_complete_trace_with_status_0() {
-    if !bpf_ready("ctrl_c_finishes_a_complete_trace_with_status_0") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("ctrl_c_finishes_a_complete_trace_with_status_0") else { return };
     let tmp = tempfile::tempdir().unwrap();
     let (rec, trace, gt) = start_long(tmp.path(), "2");
     std::thread::sleep(Duration::from_millis(800));
@@ -624,9 +615,7 @@ fn ctrl_c_finishes_a_complete_trace_with_status_0() {
 
 #[test]
 fn nvidia_runtime_from_pypi_calls_are_recorded_with_their_error_codes() {
-    if !bpf_ready("nvidia_runtime_from_pypi_calls_are_recorded_with_their_error_codes") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("nvidia_runtime_from_pypi_calls_are_recorded_with_their_error_codes") else { return };
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let python = root.join("target/pyenv/bin/python3");
     let has_wheel = python.exists()
@@ -660,9 +649,7 @@ fn nvidia_runtime_from_pypi_calls_are_recorded_with_their_error_codes() {
 
 #[test]
 fn output_belongs_to_the_sudo_user() {
-    if !bpf_ready("output_belongs_to_the_sudo_user") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("output_belongs_to_the_sudo_user") else { return };
     let tmp = tempfile::tempdir().unwrap();
     let (trace, _, _) = record_workload(tmp.path(), &[], &["single"], &[("SUDO_UID", "65534"), ("SUDO_GID", "65534")]);
     use std::os::unix::fs::MetadataExt;
@@ -676,9 +663,7 @@ fn output_belongs_to_the_sudo_user() {
 
 #[test]
 fn clear_errors_without_privileges_or_libraries() {
-    if !bpf_ready("clear_errors_without_privileges_or_libraries") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("clear_errors_without_privileges_or_libraries") else { return };
     let tmp = tempfile::tempdir().unwrap();
     let dir = standin();
     // A file that defines none of the CUDA functions.
@@ -713,9 +698,7 @@ fn clear_errors_without_privileges_or_libraries() {
 
 #[test]
 fn the_driver_gives_the_capacity_and_who_uses_each_gpu() {
-    if !bpf_ready("the_driver_gives_the_capacity_and_who_uses_each_gpu") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("the_driver_gives_the_capacity_and_who_uses_each_gpu") else { return };
     let dir = standin();
     let tmp = tempfile::tempdir().unwrap();
     let l = libs(dir);
@@ -787,9 +770,7 @@ fn the_driver_gives_the_capacity_and_who_uses_each_gpu() {
 
 #[test]
 fn kernels_are_named_as_the_program_registered_them_on_cuda_12_and_13() {
-    if !bpf_ready("kernels_are_named_as_the_program_registered_them_on_cuda_12_and_13") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("kernels_are_named_as_the_program_registered_them_on_cuda_12_and_13") else { return };
     let dir = standin();
     let tmp = tempfile::tempdir().unwrap();
     // The workload registers two kernels (host function, mangled name),
@@ -849,9 +830,7 @@ fn kernels_are_named_as_the_program_registered_them_on_cuda_12_and_13() {
 
 #[test]
 fn each_call_keeps_the_address_it_returns_to() {
-    if !bpf_ready("each_call_keeps_the_address_it_returns_to") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("each_call_keeps_the_address_it_returns_to") else { return };
     // The workload calls the runtime from its own code: every recorded
     // call's return address lies in the workload executable's code, as the
     // copied maps of the process say (what names the library that asked).
@@ -882,9 +861,7 @@ fn each_call_keeps_the_address_it_returns_to() {
 
 #[test]
 fn every_call_carries_the_device_its_thread_works_on() {
-    if !bpf_ready("every_call_carries_the_device_its_thread_works_on") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("every_call_carries_the_device_its_thread_works_on") else { return };
     // The main thread allocates on the default device (0), a second thread
     // after cudaSetDevice(2), a third after making device 3's primary
     // context current through the driver.
@@ -937,9 +914,7 @@ mod torch;
 
 #[test]
 fn processes_on_different_gpus_do_not_share_a_capacity() {
-    if !bpf_ready("processes_on_different_gpus_do_not_share_a_capacity") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("processes_on_different_gpus_do_not_share_a_capacity") else { return };
     // Three ranks at once, rank r on GPU r holding (r + 1) MiB: 6 MiB live
     // at one instant, but never more than 3 MiB on one GPU.
     let tmp = tempfile::tempdir().unwrap();
@@ -970,9 +945,7 @@ fn processes_on_different_gpus_do_not_share_a_capacity() {
 
 #[test]
 fn each_gpu_gets_its_own_recorded_size_through_cuda_visible_devices() {
-    if !bpf_ready("each_gpu_gets_its_own_recorded_size_through_cuda_visible_devices") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("each_gpu_gets_its_own_recorded_size_through_cuda_visible_devices") else { return };
     // Three GPUs of 4, 8 and 16 MiB; the ranks see them in the order 2, 0,
     // 1, so rank r's device r is NVML's GPU [2, 0, 1][r].
     let (dir, tmp) = (standin(), tempfile::tempdir().unwrap());

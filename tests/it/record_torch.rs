@@ -10,7 +10,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use super::{bpf_ready, libs, meta, parts, record_cmd, standin};
+use super::{bpf_ready, bpf_ready_alone, libs, meta, parts, record_cmd, standin};
 use crate::common::read_parquet;
 
 /// (kind, address, requested size, device, and for an OOM the free memory
@@ -85,9 +85,9 @@ fn recorded(trace: &Path) -> Vec<Block> {
 
 #[test]
 fn every_tensor_block_and_the_oom_are_recorded_and_the_program_runs_on() {
-    if !bpf_ready("every_tensor_block_and_the_oom_are_recorded_and_the_program_runs_on") {
+    let Some(_shared) = bpf_ready("every_tensor_block_and_the_oom_are_recorded_and_the_program_runs_on") else {
         return;
-    }
+    };
     let tmp = tempfile::tempdir().unwrap();
     let (trace, out) = record_torch(tmp.path(), &[]);
     let truth = bookkeeping(&out);
@@ -138,9 +138,7 @@ fn every_tensor_block_and_the_oom_are_recorded_and_the_program_runs_on() {
 /// call to malloc, and the recording is the same.
 #[test]
 fn without_pytorchs_static_probe_every_block_is_recorded_the_same() {
-    if !bpf_ready("without_pytorchs_static_probe_every_block_is_recorded_the_same") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("without_pytorchs_static_probe_every_block_is_recorded_the_same") else { return };
     let tmp = tempfile::tempdir().unwrap();
     let (trace, out) = record_variant(tmp.path(), "nosdt");
     let truth = bookkeeping(&out);
@@ -190,9 +188,9 @@ fn record_variant(tmp: &Path, variant: &str) -> (PathBuf, Output) {
 /// goes on the instruction after it, and records the same.
 #[test]
 fn built_for_cet_the_entry_probes_go_after_endbr64_and_record_the_same() {
-    if !bpf_ready("built_for_cet_the_entry_probes_go_after_endbr64_and_record_the_same") {
+    let Some(_shared) = bpf_ready("built_for_cet_the_entry_probes_go_after_endbr64_and_record_the_same") else {
         return;
-    }
+    };
     if !standin().join("cet").exists() {
         eprintln!("SKIPPED built_for_cet_the_entry_probes_go_after_endbr64_and_record_the_same: not x86-64");
         return;
@@ -233,9 +231,7 @@ fn built_for_cet_the_entry_probes_go_after_endbr64_and_record_the_same() {
 
 #[test]
 fn no_torch_records_the_segments_only() {
-    if !bpf_ready("no_torch_records_the_segments_only") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("no_torch_records_the_segments_only") else { return };
     let tmp = tempfile::tempdir().unwrap();
     let (trace, out) = record_torch(tmp.path(), &["--no-torch"]);
     assert!(recorded(&trace).is_empty());
@@ -249,9 +245,7 @@ fn no_torch_records_the_segments_only() {
 /// missing (on stderr and in trace.json), rather than looking complete.
 #[test]
 fn a_cuda_library_the_program_loaded_but_not_probed_is_said() {
-    if !bpf_ready("a_cuda_library_the_program_loaded_but_not_probed_is_said") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("a_cuda_library_the_program_loaded_but_not_probed_is_said") else { return };
     let dir = standin();
     let c10 = dir.join("lib64/libc10_cuda.so");
     let run = |tmp: &Path, extra: &[&str]| {
@@ -290,9 +284,7 @@ fn a_cuda_library_the_program_loaded_but_not_probed_is_said() {
 /// otherwise.
 #[test]
 fn the_allocator_alone_says_what_is_not_recorded() {
-    if !bpf_ready("the_allocator_alone_says_what_is_not_recorded") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("the_allocator_alone_says_what_is_not_recorded") else { return };
     let dir = standin();
     let tmp = tempfile::tempdir().unwrap();
     let trace = tmp.path().join("trace");
@@ -312,9 +304,9 @@ fn the_allocator_alone_says_what_is_not_recorded() {
 
 #[test]
 fn a_stripped_allocator_library_is_said_and_its_segments_still_recorded() {
-    if !bpf_ready("a_stripped_allocator_library_is_said_and_its_segments_still_recorded") {
+    let Some(_shared) = bpf_ready("a_stripped_allocator_library_is_said_and_its_segments_still_recorded") else {
         return;
-    }
+    };
     let tmp = tempfile::tempdir().unwrap();
     let dir = standin();
     // A copy without .symtab: PyTorch's names are gone.
@@ -353,9 +345,9 @@ fn a_stripped_allocator_library_is_said_and_its_segments_still_recorded() {
 
 #[test]
 fn a_recording_with_blocks_is_analysed_as_a_snapshot_and_its_oom_classified() {
-    if !bpf_ready("a_recording_with_blocks_is_analysed_as_a_snapshot_and_its_oom_classified") {
+    let Some(_shared) = bpf_ready("a_recording_with_blocks_is_analysed_as_a_snapshot_and_its_oom_classified") else {
         return;
-    }
+    };
     let tmp = tempfile::tempdir().unwrap();
     let (trace, out) = record_torch(tmp.path(), &[]);
     let truth = bookkeeping(&out);
@@ -396,9 +388,7 @@ fn a_recording_with_blocks_is_analysed_as_a_snapshot_and_its_oom_classified() {
 /// OOM is written only later, when the thread allocates again.
 #[test]
 fn a_recorded_fragmentation_oom_is_classified_as_one() {
-    if !bpf_ready("a_recorded_fragmentation_oom_is_classified_as_one") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("a_recorded_fragmentation_oom_is_classified_as_one") else { return };
     let tmp = tempfile::tempdir().unwrap();
     let (trace, out) = record_torch_run(tmp.path(), &[], &["frag"], &[]);
     let truth = bookkeeping(&out);
@@ -422,9 +412,7 @@ fn a_recorded_fragmentation_oom_is_classified_as_one() {
 
 #[test]
 fn whatif_replays_a_recording_with_blocks() {
-    if !bpf_ready("whatif_replays_a_recording_with_blocks") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("whatif_replays_a_recording_with_blocks") else { return };
     let tmp = tempfile::tempdir().unwrap();
     let (trace, out) = record_torch(tmp.path(), &[]);
     let allocs = bookkeeping(&out).iter().filter(|b| b.0 == "block_alloc").count() as u64;
@@ -476,9 +464,7 @@ fn analyze_json(trace: &Path, out: &Path) -> (serde_json::Value, String) {
 
 #[test]
 fn ranks_on_two_gpus_are_two_units_of_the_allocator_view() {
-    if !bpf_ready("ranks_on_two_gpus_are_two_units_of_the_allocator_view") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("ranks_on_two_gpus_are_two_units_of_the_allocator_view") else { return };
     let tmp = tempfile::tempdir().unwrap();
     let dir = standin();
     let trace = tmp.path().join("trace");
@@ -515,9 +501,7 @@ fn ranks_on_two_gpus_are_two_units_of_the_allocator_view() {
 #[test]
 fn attached_mid_run_the_blocks_of_earlier_segments_are_said() {
     use std::io::{BufRead, BufReader, Write};
-    if !bpf_ready("attached_mid_run_the_blocks_of_earlier_segments_are_said") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("attached_mid_run_the_blocks_of_earlier_segments_are_said") else { return };
     let tmp = tempfile::tempdir().unwrap();
     let dir = standin();
     let trace = tmp.path().join("trace");
@@ -549,9 +533,7 @@ fn attached_mid_run_the_blocks_of_earlier_segments_are_said() {
 
 #[test]
 fn a_recording_without_trace_json_still_gets_the_allocator_view() {
-    if !bpf_ready("a_recording_without_trace_json_still_gets_the_allocator_view") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("a_recording_without_trace_json_still_gets_the_allocator_view") else { return };
     // As a recorder killed before its end leaves it: parts, no trace.json.
     let tmp = tempfile::tempdir().unwrap();
     let (trace, out) = record_torch(tmp.path(), &[]);
@@ -564,9 +546,7 @@ fn a_recording_without_trace_json_still_gets_the_allocator_view() {
 
 #[test]
 fn one_uprobe_per_site_as_on_kernels_before_6_6_records_the_same() {
-    if !bpf_ready("one_uprobe_per_site_as_on_kernels_before_6_6_records_the_same") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("one_uprobe_per_site_as_on_kernels_before_6_6_records_the_same") else { return };
     // The object loads without its multi-uprobe programs, and each malloc,
     // call site and free gets a classic uprobe of its own.
     let tmp = tempfile::tempdir().unwrap();
@@ -584,9 +564,7 @@ fn one_uprobe_per_site_as_on_kernels_before_6_6_records_the_same() {
 /// and the out-of-memory report writes it, with the free memory CUDA gave.
 #[test]
 fn a_raw_allocation_that_fails_is_an_oom_too() {
-    if !bpf_ready("a_raw_allocation_that_fails_is_an_oom_too") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("a_raw_allocation_that_fails_is_an_oom_too") else { return };
     let tmp = tempfile::tempdir().unwrap();
     let (trace, out) = record_torch_run(tmp.path(), &[], &["rawoom"], &[]);
     let truth = bookkeeping(&out);
@@ -618,9 +596,7 @@ fn allocator_probes(trace: &Path) -> serde_json::Value {
 /// reach), not as blocks that no free would end.
 #[test]
 fn without_the_cache_tensors_are_segments_not_blocks() {
-    if !bpf_ready("without_the_cache_tensors_are_segments_not_blocks") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("without_the_cache_tensors_are_segments_not_blocks") else { return };
     // Through `uncached_allocate(size)`, and through the `cudaMalloc(&p,
     // size)` it inlines in most wheels.
     for inline in [false, true] {
@@ -645,9 +621,7 @@ fn without_the_cache_tensors_are_segments_not_blocks() {
 
 #[test]
 fn a_recording_with_blocks_exports_to_memory_viz_with_every_tensor() {
-    if !bpf_ready("a_recording_with_blocks_exports_to_memory_viz_with_every_tensor") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("a_recording_with_blocks_exports_to_memory_viz_with_every_tensor") else { return };
     let tmp = tempfile::tempdir().unwrap();
     let (trace, out) = record_torch(tmp.path(), &[]);
     let truth = bookkeeping(&out);
@@ -685,9 +659,7 @@ fn a_recording_with_blocks_exports_to_memory_viz_with_every_tensor() {
 
 #[test]
 fn the_programs_allocator_settings_are_kept_and_used() {
-    if !bpf_ready("the_programs_allocator_settings_are_kept_and_used") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("the_programs_allocator_settings_are_kept_and_used") else { return };
     let tmp = tempfile::tempdir().unwrap();
     let conf = "roundup_power2_divisions:4";
     let (trace, _) = record_torch_env(tmp.path(), &[], &[("PYTORCH_CUDA_ALLOC_CONF", conf)]);
@@ -708,9 +680,7 @@ fn the_programs_allocator_settings_are_kept_and_used() {
 /// recording's maps by the process).
 #[test]
 fn the_probes_view_finds_steps_from_the_launches_and_tells_a_leak() {
-    if !bpf_ready("the_probes_view_finds_steps_from_the_launches_and_tells_a_leak") {
-        return;
-    }
+    let Some(_shared) = bpf_ready("the_probes_view_finds_steps_from_the_launches_and_tells_a_leak") else { return };
     for (keep, verdict) in [("0", "not leaking"), ("1048576", "leaking")] {
         let tmp = tempfile::tempdir().unwrap();
         let (trace, _) = record_torch_run(tmp.path(), &[], &["launches", "10", keep], &[]);
@@ -744,4 +714,68 @@ fn the_probes_view_finds_steps_from_the_launches_and_tells_a_leak() {
     assert!(json["iterations"][0]["count"].as_u64().unwrap_or(0) == 0, "{}", json["iterations"]);
     assert!(md.contains("None found: the recording has no kernel launches (`record --no-launch`"), "{md}");
     assert_eq!(json["leaks"][0]["verdict"], "cannot tell", "{}", json["leaks"]);
+}
+
+/// A program that makes events faster than the recorder writes them (the
+/// stand-in allocator, about a million a second, on this machine's two
+/// cores): the recorder reads in bounded batches, so it writes its parts
+/// as it goes and stops at Ctrl-C at once. (It used to read for as long as
+/// events kept coming: the whole run, every event held in memory, the
+/// signal unanswered until the program ended.)
+#[test]
+fn a_program_faster_than_the_reader_is_stopped_at_ctrl_c_at_once() {
+    let Some(_alone) = bpf_ready_alone("a_program_faster_than_the_reader_is_stopped_at_ctrl_c_at_once") else { return };
+    let dir = standin();
+    let tmp = tempfile::tempdir().unwrap();
+    let trace = tmp.path().join("trace");
+    let l = libs(dir);
+    let c10 = format!("--lib={}", dir.join("lib64/libc10_cuda.so").display());
+    // 400 000 steps: 7.2 million allocator calls, some seconds under record.
+    let mut rec = record_cmd(&trace, &[&l[0], &l[1], &c10])
+        .arg("--")
+        .arg(dir.join("torch-workload"))
+        .arg("400000")
+        .env("STANDIN_CAPACITY", CAPACITY)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Until its first part is written: the recorder reads while the program runs.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !trace.is_dir() || parts(&trace).is_empty() {
+        assert!(std::time::Instant::now() < deadline, "no part written in 5 s of recording: the reader does not write as it reads");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let asked = std::time::Instant::now();
+    assert!(std::process::Command::new("kill").args(["-INT", &rec.id().to_string()]).status().unwrap().success());
+    let out = rec.wait_with_output().unwrap();
+    let took = asked.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && stderr.contains("stopped by SIGINT"), "{stderr}");
+    let m = meta(&trace);
+    // The program runs on, untraced: not this test's to wait for.
+    let pid = m["pids"][0].as_u64().unwrap();
+    let _ = std::process::Command::new("kill").arg(pid.to_string()).status();
+    assert!(took < std::time::Duration::from_secs(4), "stopped {took:?} after SIGINT: {stderr}");
+    let counted: u64 = m["event_counts"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
+    let rows: usize = parts(&trace).iter().map(|p| read_parquet(p).height()).sum();
+    assert_eq!(rows as u64, counted, "trace.json counts every row of the parts");
+    assert!(counted > 100_000, "{counted} events");
+    let reader = &m["details"]["reader"];
+    assert!(reader["reads"].as_u64().unwrap() >= 2, "{reader}");
+}
+
+/// A reader that falls behind (a 1 MiB buffer: a quarter of it waits within
+/// milliseconds) is woken once until it has read, not by every event after
+/// that: each wakeup is an interrupt the traced program raises.
+#[test]
+fn a_reader_behind_is_woken_once_between_two_reads() {
+    let Some(_shared) = bpf_ready("a_reader_behind_is_woken_once_between_two_reads") else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let (trace, _) = record_torch_run(tmp.path(), &["--buffer-size", "1MiB"], &["20000"], &[]);
+    let reader = meta(&trace)["details"]["reader"].clone();
+    let (reads, wakeups) = (reader["reads"].as_u64().unwrap(), reader["wakeups"].as_u64().unwrap());
+    assert!(wakeups >= 1, "the backlog never woke the reader: {reader}");
+    assert!(wakeups <= reads + 1, "{reader}");
 }
