@@ -743,7 +743,10 @@ fn a_program_faster_than_the_reader_is_stopped_at_ctrl_c_at_once() {
     // Until its first part is written: the recorder reads while the program runs.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     while !trace.is_dir() || parts(&trace).is_empty() {
-        assert!(std::time::Instant::now() < deadline, "no part written in 5 s of recording: the reader does not write as it reads");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no part written in 5 s of recording: the reader does not write as it reads"
+        );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     std::thread::sleep(std::time::Duration::from_millis(300));
