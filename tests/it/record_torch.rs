@@ -20,6 +20,10 @@ type Block = (String, u64, Option<u64>, Option<i32>, Option<u64>);
 /// 64 MiB of stand-in device memory: the workload's last phase runs out.
 const CAPACITY: &str = "67108864";
 
+/// Steps of a workload whose maps the recorder must copy while it runs
+/// (what it loaded is read there).
+const STEPS_TO_BE_SEEN: &str = "5000";
+
 fn record_torch(tmp: &Path, extra: &[&str]) -> (PathBuf, Output) {
     record_torch_env(tmp, extra, &[])
 }
@@ -252,7 +256,10 @@ fn a_cuda_library_the_program_loaded_but_not_probed_is_said() {
         let trace = tmp.join("trace");
         let l = libs(dir);
         let mut c = record_cmd(&trace, &[&l[0], &l[1]]);
-        c.args(extra).arg("--").arg(dir.join("torch-workload")).arg("2").env("STANDIN_CAPACITY", CAPACITY);
+        // Long enough (5 000 steps, some 100 ms) for the reader to copy the
+        // process's maps while it runs, also on a loaded machine: two steps
+        // (a millisecond) were missed now and then.
+        c.args(extra).arg("--").arg(dir.join("torch-workload")).arg(STEPS_TO_BE_SEEN).env("STANDIN_CAPACITY", CAPACITY);
         let out = c.output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         (meta(&trace)["details"]["unprobed_libraries"].clone(), String::from_utf8_lossy(&out.stderr).into_owned())
@@ -290,7 +297,7 @@ fn the_allocator_alone_says_what_is_not_recorded() {
     let trace = tmp.path().join("trace");
     let c10 = format!("--lib={}", dir.join("lib64/libc10_cuda.so").display());
     let mut c = record_cmd(&trace, &[&c10]);
-    c.arg("--").arg(dir.join("torch-workload")).arg("2").env("STANDIN_CAPACITY", CAPACITY);
+    c.arg("--").arg(dir.join("torch-workload")).arg(STEPS_TO_BE_SEEN).env("STANDIN_CAPACITY", CAPACITY);
     let out = c.output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let err = String::from_utf8_lossy(&out.stderr);
