@@ -48,7 +48,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, RingBufferBuilder};
 
 use self::attach::{
@@ -57,7 +57,7 @@ use self::attach::{
 use self::process::{
     MapsKeeper, Paused, STOP_SIGNAL, alive, install_signal_handlers, mono_to_wall_offset, own_cpu_seconds, sudo_owner,
 };
-use crate::trace::details::{Details, ReaderStats, RecordDetails};
+use crate::trace::details::{Details, ProgramCost, ReaderStats, RecordDetails};
 use crate::trace::event::Event;
 use crate::trace::{Source, TraceMeta, TraceWriter};
 use libs::Library;
@@ -485,9 +485,39 @@ fn record(
         unprobed_libraries: libs::unprobed(&maps.saved, libraries, opts.torch),
         // SAFETY: `wakeups` points into the BPF object's mapped .bss.
         reader: Some(ReaderStats { wakeups: unsafe { std::ptr::read_volatile(wakeups) }, ..reader }),
+        bpf_programs: programs_cost(&skel),
         ..RecordDetails::default()
     });
     Ok((end, attached))
+}
+
+/// Each BPF program that ran, with its runs and mean run time, as the
+/// kernel counts them while `kernel.bpf_stats_enabled` is 1 (read from
+/// /proc/self/fdinfo, which says nothing of them otherwise); empty when
+/// counting is off. Counting costs two clock reads a run: it is the user's
+/// to turn on, for a measurement.
+fn programs_cost(skel: &skel::RecordSkel) -> BTreeMap<String, ProgramCost> {
+    use std::os::fd::{AsFd, AsRawFd};
+    let on = std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").is_ok_and(|v| v.trim() == "1");
+    let mut costs = BTreeMap::new();
+    if !on {
+        return costs;
+    }
+    for prog in skel.object().progs() {
+        let Ok(info) = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", prog.as_fd().as_raw_fd())) else {
+            continue;
+        };
+        let field = |name: &str| info.lines().find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok());
+        if let (Some(ns), Some(runs)) = (field("run_time_ns:"), field("run_cnt:"))
+            && runs > 0
+        {
+            costs.insert(
+                prog.name().to_string_lossy().into_owned(),
+                ProgramCost { runs, ns_per_run: ns as f64 / runs as f64 },
+            );
+        }
+    }
+    costs
 }
 
 /// Writes the user stacks the events refer to (`ustacks.parquet`).
@@ -713,6 +743,16 @@ fn finish(opts: &Options, mut writer: TraceWriter, end: End, attached: &[Attache
         eprintln!("  lost events: 0");
     }
     eprintln!("  recorder CPU time: {cpu:.3} s");
+    if let Details::Record(d) = &meta.details
+        && !d.bpf_programs.is_empty()
+    {
+        let each: Vec<String> = d
+            .bpf_programs
+            .iter()
+            .map(|(name, c)| format!("{name} {} runs, {:.0} ns a run", c.runs, c.ns_per_run))
+            .collect();
+        eprintln!("  BPF programs (kernel.bpf_stats_enabled): {}", each.join("; "));
+    }
     for a in attached {
         // A build for Intel CET: its entries probed after their endbr64.
         let cet = match a.past_endbr64 {

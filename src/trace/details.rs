@@ -370,6 +370,13 @@ pub struct ReaderStats {
     pub wakeups: u64,
 }
 
+/// One BPF program's runs while it was counted, and their mean time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProgramCost {
+    pub runs: u64,
+    pub ns_per_run: f64,
+}
+
 /// A recording (`fragscope record`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RecordDetails {
@@ -391,6 +398,11 @@ pub struct RecordDetails {
     /// How the recorder read its ring buffer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reader: Option<ReaderStats>,
+    /// What each of the recorder's BPF programs cost, by name, as the
+    /// kernel counts it when `kernel.bpf_stats_enabled` is 1 (else empty):
+    /// the time in the program, not the trap that brought the thread there.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub bpf_programs: BTreeMap<String, ProgramCost>,
     /// The GPUs as the driver (NVML) saw them when the recording started.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<Gpu>,

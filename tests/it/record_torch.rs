@@ -789,3 +789,28 @@ fn a_reader_behind_is_woken_once_between_two_reads() {
     assert!(wakeups >= 1, "the backlog never woke the reader: {reader}");
     assert!(wakeups <= reads + 1, "{reader}");
 }
+
+/// With `kernel.bpf_stats_enabled` on, the recording says what each of its
+/// BPF programs cost a run (the kernel's own count); with it off, nothing.
+/// Alone: the setting is the machine's.
+#[test]
+fn the_bpf_programs_cost_is_said_when_the_kernel_counts_it() {
+    let Some(_alone) = bpf_ready_alone("the_bpf_programs_cost_is_said_when_the_kernel_counts_it") else { return };
+    let setting = Path::new("/proc/sys/kernel/bpf_stats_enabled");
+    let was = fs::read_to_string(setting).unwrap();
+    let run = |on: &str| {
+        fs::write(setting, on).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let (trace, out) = record_torch_run(tmp.path(), &[], &["200"], &[]);
+        fs::write(setting, &was).unwrap();
+        (meta(&trace)["details"]["bpf_programs"].clone(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (programs, err) = run("1");
+    // 200 steps: 1 800 allocations, each seen by PyTorch's static probe.
+    let malloc = &programs["on_static_malloc"];
+    assert!(malloc["runs"].as_u64().unwrap() >= 1800, "{programs}");
+    assert!(malloc["ns_per_run"].as_f64().unwrap() > 0.0, "{programs}");
+    assert!(err.contains("BPF programs (kernel.bpf_stats_enabled): ") && err.contains("on_static_malloc "), "{err}");
+    let (programs, err) = run("0");
+    assert!(programs.is_null() && !err.contains("BPF programs"), "{programs} {err}");
+}
