@@ -749,7 +749,9 @@ fn finish(opts: &Options, mut writer: TraceWriter, end: End, attached: &[Attache
         let each: Vec<String> = d
             .bpf_programs
             .iter()
-            .map(|(name, c)| format!("{name} {} runs, {:.0} ns a run", c.runs, c.ns_per_run))
+            .map(|(name, c)| {
+                format!("{name} {} run{}, {:.0} ns a run", c.runs, if c.runs == 1 { "" } else { "s" }, c.ns_per_run)
+            })
             .collect();
         eprintln!("  BPF programs (kernel.bpf_stats_enabled): {}", each.join("; "));
     }
