@@ -140,6 +140,7 @@ static __always_inline __u64 wake_flags(void)
 	if (woken || bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) < wakeup_bytes)
 		return BPF_RB_NO_WAKEUP;
 	// One thread wakes the reader, however many find the backlog at once.
+	// (BPF_CMPXCHG: Linux 5.12, under the 5.15 the attach cookies need.)
 	if (__sync_val_compare_and_swap(&woken, 0, 1) != 0)
 		return BPF_RB_NO_WAKEUP;
 	__sync_fetch_and_add(&wakeups, 1);

@@ -422,7 +422,12 @@ fn record(
     // report: no call in flight.)
     let level = |key: &[u8]| key.get(..8).map(|k| u64::from_ne_bytes(k.try_into().unwrap_or_default()) >> 32);
     while skel.maps.inflight.keys().any(|k| level(&k) != Some(3)) && settle.elapsed() < Duration::from_millis(200) {
-        std::thread::sleep(Duration::from_millis(5));
+        // Reading meanwhile: a reader that was behind leaves the buffer
+        // nearly full, and the calls that return now need room in it.
+        if !read_batch(&rb)? {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        drain(&queue, &mut spare, writer, &mut maps, &mut used_stacks, &mut devices_used)?;
     }
     detach(links);
     while read_batch(&rb)? {
@@ -503,7 +508,8 @@ fn programs_cost(skel: &skel::RecordSkel) -> BTreeMap<String, ProgramCost> {
     if !on {
         return costs;
     }
-    for prog in skel.object().progs() {
+    // (A program not loaded, a hook left out on this kernel, has no fd.)
+    for prog in skel.object().progs().filter(|p| p.autoload()) {
         let Ok(info) = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", prog.as_fd().as_raw_fd())) else {
             continue;
         };
@@ -621,7 +627,10 @@ fn read_batch(rb: &libbpf_rs::RingBuffer) -> Result<bool> {
 
 /// Waits until the BPF side wakes the reader (a new process's first event,
 /// or a backlog past a quarter of the buffer), a signal arrives, or
-/// `timeout` passes. Reads nothing: [`read_batch`] does.
+/// `timeout` passes. Once woken, the ring stays ready (level-triggered) as
+/// long as each wait finds events in it: a reader that has been woken
+/// reads on without sleeping until it finds the buffer empty. Reads
+/// nothing: [`read_batch`] does.
 fn wait_for_events(rb: &libbpf_rs::RingBuffer, timeout: Duration) -> Result<()> {
     let mut fd = libc::pollfd { fd: rb.epoll_fd(), events: libc::POLLIN, revents: 0 };
     // SAFETY: one pollfd, valid for the call.

@@ -357,13 +357,15 @@ impl FinalCheck {
     }
 }
 
-/// How `record` read its ring buffer: a reader that keeps up reads on its
-/// timer (every 50 ms) and is rarely woken.
+/// How `record` read its ring buffer while it recorded (not the reads that
+/// empty it after the stop). A reader that keeps up reads on its timer
+/// (every 50 ms) and is not woken for a backlog; one that is woken reads
+/// on without sleeping until it finds the buffer empty.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReaderStats {
     /// Reads of the ring buffer, each of at most 65 536 events.
     pub reads: u64,
-    /// Reads that left events waiting: the reader was behind the program.
+    /// Reads that took a whole batch: events were likely still waiting.
     pub behind: u64,
     /// Times the traced program woke the reader because a quarter of the
     /// buffer was waiting: at most one between two reads.

@@ -121,12 +121,16 @@ fn ground_truth(path: &Path) -> Vec<Call> {
 }
 
 /// The trace's rows in time order, read straight from its Parquet parts.
-/// The event parts of trace `dir`, in order.
+/// The event parts of trace `dir`, in order (not a part a `kill -9` left
+/// half written: `events-N.parquet.tmp`, which readers skip).
 fn parts(dir: &Path) -> Vec<PathBuf> {
     let mut parts: Vec<PathBuf> = fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("events-"))
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_string_lossy();
+            name.starts_with("events-") && name.ends_with(".parquet")
+        })
         .collect();
     parts.sort();
     parts

@@ -738,9 +738,19 @@ fn a_program_faster_than_the_reader_is_stopped_at_ctrl_c_at_once() {
     let l = libs(dir);
     let c10 = format!("--lib={}", dir.join("lib64/libc10_cuda.so").display());
     // 400 000 steps: 7.2 million allocator calls, some seconds under record.
+    let workload = dir.join("torch-workload");
+    // Whatever happens here, neither the recorder nor the program outlives
+    // the test (the program runs on after a stop).
+    struct Reap(String);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("pkill").args(["-KILL", "-f", &self.0]).status();
+        }
+    }
+    let _reap = Reap(format!("{} 400000", workload.display()));
     let mut rec = record_cmd(&trace, &[&l[0], &l[1], &c10])
         .arg("--")
-        .arg(dir.join("torch-workload"))
+        .arg(&workload)
         .arg("400000")
         .env("STANDIN_CAPACITY", CAPACITY)
         .stdout(std::process::Stdio::null())
@@ -761,13 +771,19 @@ fn a_program_faster_than_the_reader_is_stopped_at_ctrl_c_at_once() {
     assert!(std::process::Command::new("kill").args(["-INT", &rec.id().to_string()]).status().unwrap().success());
     let out = rec.wait_with_output().unwrap();
     let took = asked.elapsed();
+    // Detaching takes a grace period a link: one link a library from Linux
+    // 6.6, one a function before (seconds for the stand-in's libraries).
+    let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut version = release.split(|c: char| !c.is_ascii_digit()).filter_map(|n| n.parse::<u32>().ok());
+    let multi = (version.next().unwrap_or(0), version.next().unwrap_or(0)) >= (6, 6);
+    let bound = std::time::Duration::from_secs(if multi { 4 } else { 10 });
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success() && stderr.contains("stopped by SIGINT"), "{stderr}");
     let m = meta(&trace);
     // The program runs on, untraced: not this test's to wait for.
     let pid = m["pids"][0].as_u64().unwrap();
     let _ = std::process::Command::new("kill").arg(pid.to_string()).status();
-    assert!(took < std::time::Duration::from_secs(4), "stopped {took:?} after SIGINT: {stderr}");
+    assert!(took < bound, "stopped {took:?} after SIGINT: {stderr}");
     let counted: u64 = m["event_counts"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
     let rows: usize = parts(&trace).iter().map(|p| read_parquet(p).height()).sum();
     assert_eq!(rows as u64, counted, "trace.json counts every row of the parts");
@@ -796,13 +812,19 @@ fn a_reader_behind_is_woken_once_between_two_reads() {
 #[test]
 fn the_bpf_programs_cost_is_said_when_the_kernel_counts_it() {
     let Some(_alone) = bpf_ready_alone("the_bpf_programs_cost_is_said_when_the_kernel_counts_it") else { return };
-    let setting = Path::new("/proc/sys/kernel/bpf_stats_enabled");
-    let was = fs::read_to_string(setting).unwrap();
+    const SETTING: &str = "/proc/sys/kernel/bpf_stats_enabled";
+    // Put back as it was, also when the test fails.
+    struct Restore(String);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let _ = fs::write(SETTING, &self.0);
+        }
+    }
+    let _restore = Restore(fs::read_to_string(SETTING).unwrap());
     let run = |on: &str| {
-        fs::write(setting, on).unwrap();
+        fs::write(SETTING, on).unwrap();
         let tmp = tempfile::tempdir().unwrap();
         let (trace, out) = record_torch_run(tmp.path(), &[], &["200"], &[]);
-        fs::write(setting, &was).unwrap();
         (meta(&trace)["details"]["bpf_programs"].clone(), String::from_utf8_lossy(&out.stderr).into_owned())
     };
     let (programs, err) = run("1");
