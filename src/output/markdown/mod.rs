@@ -297,9 +297,7 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
         md.push_str("\n## What the allocator settings would change\n\n");
         let what = match w.source {
             // A recording's allocator view replays as a snapshot does.
-            crate::analysis::whatif::Source::Snapshot
-                if a.trace.meta.as_ref().is_some_and(|m| m.source == crate::trace::Source::Ebpf) =>
-            {
+            crate::analysis::whatif::Source::Snapshot if a.trace.source() == Some(crate::trace::Source::Ebpf) => {
                 "This recording's tensor requests"
             }
             crate::analysis::whatif::Source::Snapshot => "This snapshot's requests",

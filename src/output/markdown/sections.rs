@@ -632,7 +632,7 @@ pub(crate) fn iterations_md(a: &Analysis) -> String {
         }
         // A recording's allocator view finds its steps from the kernel
         // launches, and has no Python frames.
-        let recorded = a.trace.meta.as_ref().is_some_and(|m| m.source == crate::trace::Source::Ebpf);
+        let recorded = a.trace.source() == Some(crate::trace::Source::Ebpf);
         if a.allocator_view && recorded {
             let launches = a.counts_by_kind.get(crate::trace::event::EventKind::Launch);
             let why = if launches == 0 {
