@@ -120,7 +120,7 @@ pub struct RecordArgs {
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration, value_name = "D")]
     pub part_interval: std::time::Duration,
     /// Size of the BPF ring buffer, 64KiB to 1GiB (rounded up to a power of two).
-    #[arg(long, default_value = "64MiB", value_parser = parse_size_arg, value_name = "SIZE")]
+    #[arg(long, default_value = "64MiB", value_parser = parse_buffer_size, value_name = "SIZE")]
     pub buffer_size: u64,
     /// The program to run and record, with its arguments.
     #[arg(last = true, value_name = "CMD")]
@@ -129,6 +129,17 @@ pub struct RecordArgs {
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {
     parse_size::parse_size(s).map_err(|e| e.to_string())
+}
+
+/// `--buffer-size`: a size the kernel's ring buffer can have, 64 KiB to
+/// 1 GiB (rounded up to a power of two by the recorder); outside that, a
+/// usage error rather than a buffer other than the one asked for.
+fn parse_buffer_size(s: &str) -> Result<u64, String> {
+    let n = parse_size_arg(s)?;
+    if !(1 << 16..=1 << 30).contains(&n) {
+        return Err(format!("{s} is outside 64KiB to 1GiB"));
+    }
+    Ok(n)
 }
 
 #[derive(Debug, Args)]

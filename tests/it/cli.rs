@@ -482,3 +482,20 @@ fn an_unreadable_file_says_it_cannot_be_read() {
         assert!(err.contains(&format!("cannot read {}: Permission denied", file.display())), "{cmd}: {err}");
     }
 }
+
+/// A ring buffer the kernel cannot have is a usage error, before anything
+/// is recorded (it used to be clamped to the nearest allowed size unsaid).
+#[test]
+fn record_refuses_a_buffer_size_out_of_range() {
+    let tmp = tempfile::tempdir().unwrap();
+    for size in ["1KiB", "2GiB"] {
+        fragscope()
+            .args(["record", "--buffer-size", size, "-o"])
+            .arg(tmp.path().join("t"))
+            .args(["--", "true"])
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(format!("{size} is outside 64KiB to 1GiB")));
+        assert!(!tmp.path().join("t").exists());
+    }
+}
