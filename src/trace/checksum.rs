@@ -149,10 +149,26 @@ pub(crate) fn write_batch(
     batch: &arrow_array::RecordBatch,
     props: parquet::file::properties::WriterProperties,
 ) -> anyhow::Result<()> {
+    write_batches(path, batch.schema(), props, std::iter::once(Ok(batch.clone())))
+}
+
+/// Writes `batches` (each of `schema`) as one Parquet file at `path`,
+/// through `<path>.parquet.tmp` and a rename, with the checksum in its
+/// footer. Rows go to the same row groups as one batch of them all would:
+/// a producer can build its columns a slice at a time, and reuse the
+/// memory of one slice for the next.
+pub(crate) fn write_batches(
+    path: &Path,
+    schema: arrow_schema::SchemaRef,
+    props: parquet::file::properties::WriterProperties,
+    batches: impl IntoIterator<Item = anyhow::Result<arrow_array::RecordBatch>>,
+) -> anyhow::Result<()> {
     let tmp = path.with_extension("parquet.tmp");
     let file = std::io::BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
-    let mut writer = ArrowWriter::try_new(Summed::new(file), batch.schema(), Some(props))?;
-    writer.write(batch)?;
+    let mut writer = ArrowWriter::try_new(Summed::new(file), schema, Some(props))?;
+    for batch in batches {
+        writer.write(&batch?)?;
+    }
     seal(&mut writer)?;
     writer.into_inner()?.into_inner().into_inner().map_err(|e| e.into_error())?;
     std::fs::rename(&tmp, path)?;

@@ -57,6 +57,31 @@ fn write_behind_writes_the_trace_a_plain_writer_writes() {
 }
 
 #[test]
+fn a_part_written_a_slice_at_a_time_holds_the_rows_of_one_batch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let n = 2 * PART_SLICE + 123;
+    let mut events = some_events(n as u64);
+    // Calls that differ from slice to slice: each slice's dictionary has
+    // its own names, in its own order.
+    let names = ["cudaMalloc", "cudaFree", "cuMemAlloc_v2"];
+    for (i, e) in events.iter_mut().enumerate() {
+        e.cuda.call = (i % 7 != 0).then_some(names[(i / PART_SLICE + i % 2) % names.len()]);
+        e.extra.requested = (i % 3 == 0).then_some(i as u64);
+    }
+    let path = tmp.path().join(part_name(0));
+    write_part(&path, &events, 1).unwrap();
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(File::open(&path).unwrap())
+        .unwrap()
+        .build()
+        .unwrap();
+    let batches: Vec<RecordBatch> = reader.map(|b| b.unwrap()).collect();
+    let read = arrow_select::concat::concat_batches(&events_schema(), &batches).unwrap();
+    assert_eq!(read, part_batch(&events).unwrap());
+    let meta = ArrowReaderMetadata::load(&File::open(&path).unwrap(), Default::default()).unwrap();
+    assert_eq!(meta.metadata().num_row_groups(), 1, "one row group, as one batch of the rows makes");
+}
+
+#[test]
 fn all_null_pytorch_columns_are_not_read() {
     let tmp = tempfile::tempdir().unwrap();
     let mut events = some_events(3_000);

@@ -3,7 +3,7 @@
 //! parquet, zstd), written behind the producer on a thread of its own, and
 //! `trace.json` last.
 
-use super::checksum::write_batch;
+use super::checksum::write_batches;
 use super::details;
 use super::meta::{META_FILE, TraceMeta};
 use super::stacks::{STACKS_FILE, Stacks, write_stacks};
@@ -305,8 +305,14 @@ pub(super) fn write_part(path: &Path, rows: &[Event], zstd_level: i32) -> Result
         .set_dictionary_enabled(false)
         .set_column_dictionary_enabled("kind".into(), true)
         .set_column_dictionary_enabled("call".into(), true);
-    write_batch(path, &part_batch(rows)?, props.build())
+    // A slice at a time: the columns of a whole part (tens of MiB) would
+    // be fresh pages from the kernel, zeroed, for every part; a slice's fit
+    // in the memory the allocator kept from the slice before.
+    write_batches(path, events_schema(), props.build(), rows.chunks(PART_SLICE).map(part_batch))
 }
+
+/// Rows per record batch of a part (see [`write_part`]).
+pub(super) const PART_SLICE: usize = 8192;
 
 /// The rows of a part as one record batch of [`events_schema`].
 pub(super) fn part_batch(rows: &[Event]) -> Result<RecordBatch> {
