@@ -2,7 +2,12 @@
 //! imported snapshot, a recording and `synth` each know about their trace.
 //! On disk it is a JSON object with sorted keys, as it always was; a
 //! `details` this version does not recognise (another producer's, or a
-//! hand-written trace's) is kept as it is.
+//! hand-written trace's) is kept as it is. One that has a producer's
+//! required field but does not read as that producer's (a field of the
+//! wrong type) is an error naming the field, not a foreign `details`:
+//! read as foreign, a recording would lose, without a word, what only a
+//! recording's details say (its GPUs, its launches at entry, the libraries
+//! it did not probe).
 
 use std::collections::BTreeMap;
 
@@ -10,8 +15,8 @@ use serde::{Deserialize, Serialize};
 
 /// `trace.json` `details`. Told apart by their required fields:
 /// `snapshot`, `undecodable_records`, `pattern`, `profiler_trace`,
-/// `nsys_export`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// `nsys_export` (see [`Details::KINDS`]).
+#[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum Details {
     Snapshot(Box<SnapshotDetails>),
@@ -20,6 +25,43 @@ pub enum Details {
     Profiler(Box<ProfilerDetails>),
     Nsys(Box<NsysDetails>),
     Other(serde_json::Value),
+}
+
+impl Details {
+    /// Each producer's required field, the producer, and how its details
+    /// are read, in the order they are tried.
+    #[allow(clippy::type_complexity)]
+    const KINDS: [(&'static str, &'static str, fn(serde_json::Value) -> Result<Details, String>); 5] = [
+        ("snapshot", "a snapshot import's", |v| typed(v).map(|d| Details::Snapshot(Box::new(d)))),
+        ("undecodable_records", "a recording's", |v| typed(v).map(Details::Record)),
+        ("pattern", "a synthetic trace's", |v| typed(v).map(Details::Synthetic)),
+        ("profiler_trace", "a profiler import's", |v| typed(v).map(|d| Details::Profiler(Box::new(d)))),
+        ("nsys_export", "an Nsight Systems import's", |v| typed(v).map(|d| Details::Nsys(Box::new(d)))),
+    ];
+}
+
+/// `value` read as `T`, or what is wrong with it, named by its path from
+/// `details` (e.g. `details.reader.reads: invalid type: string "x",
+/// expected u64`).
+fn typed<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<T, String> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let at = if path == "." { "details".to_string() } else { format!("details.{path}") };
+        format!("{at}: {}", e.into_inner())
+    })
+}
+
+impl<'de> Deserialize<'de> for Details {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = serde_json::Value::deserialize(deserializer)?;
+        let Some((key, producer, read)) =
+            Details::KINDS.iter().find(|(key, ..)| value.as_object().is_some_and(|o| o.contains_key(*key)))
+        else {
+            return Ok(Details::Other(value));
+        };
+        read(value)
+            .map_err(|e| serde::de::Error::custom(format!("`details` are {producer} (they have `{key}`), but {e}")))
+    }
 }
 
 impl Default for Details {

@@ -305,3 +305,35 @@ fn a_series_maps_to_its_recorded_process() {
         details::Details::Snapshot(Box::new(details::SnapshotDetails { join: Some(joined), ..Default::default() }));
     assert_eq!(t.process_of(0), 0);
 }
+
+#[test]
+fn details_with_a_producers_field_must_read_as_that_producers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut meta = TraceMeta::new(Source::Ebpf);
+    meta.details = details::Details::Record(details::RecordDetails {
+        reader: Some(details::ReaderStats { reads: 3, behind: 1, wakeups: 0 }),
+        ..Default::default()
+    });
+    let good = serde_json::to_value(&meta).unwrap();
+    let path = tmp.path().join(META_FILE);
+    let read = |v: &serde_json::Value| parse_meta(&path, &serde_json::to_vec(v).unwrap());
+    assert_eq!(read(&good).unwrap().details, meta.details);
+    // One field of the wrong type: an error naming the file and the field,
+    // not a foreign `details` that drops what a recording says.
+    let mut bad = good.clone();
+    bad["details"]["reader"]["reads"] = "many".into();
+    let err = format!("{:#}", read(&bad).unwrap_err());
+    for want in [path.to_str().unwrap(), "a recording's", "undecodable_records", "details.reader.reads", "\"many\""] {
+        assert!(err.contains(want), "{want:?} not in {err}");
+    }
+    let mut bad = good.clone();
+    bad["details"]["undecodable_records"] = (-1).into();
+    let err = format!("{:#}", read(&bad).unwrap_err());
+    assert!(err.contains("details.undecodable_records: invalid value"), "{err}");
+    // Another producer's details, and none, are kept as they are.
+    for other in [serde_json::json!({"scenario": "x", "reader": "free text"}), serde_json::Value::Null] {
+        let mut v = good.clone();
+        v["details"] = other.clone();
+        assert_eq!(read(&v).unwrap().details, details::Details::Other(other));
+    }
+}
