@@ -2,12 +2,13 @@
 //! imported snapshot, a recording and `synth` each know about their trace.
 //! On disk it is a JSON object with sorted keys, as it always was; a
 //! `details` this version does not recognise (another producer's, or a
-//! hand-written trace's) is kept as it is. One that has a producer's
-//! required field but does not read as that producer's (a field of the
-//! wrong type) is an error naming the field, not a foreign `details`:
-//! read as foreign, a recording would lose, without a word, what only a
-//! recording's details say (its GPUs, its launches at entry, the libraries
-//! it did not probe).
+//! hand-written trace's) is kept as it is. Details that have a producer's
+//! required field but do not read as that producer's (a field of the wrong
+//! type), in a trace whose `source` is that producer, are an error naming
+//! the field ([`malformed`], checked by `parse_meta`): read as foreign, a
+//! recording would lose, without a word, what only a recording's details
+//! say (its GPUs, its launches at entry, the libraries it did not probe).
+//! Under another `source` such details are another producer's, and kept.
 
 use std::collections::BTreeMap;
 
@@ -15,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 /// `trace.json` `details`. Told apart by their required fields:
 /// `snapshot`, `undecodable_records`, `pattern`, `profiler_trace`,
-/// `nsys_export` (see [`Details::KINDS`]).
+/// `nsys_export` (see [`KINDS`]).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum Details {
@@ -27,17 +28,53 @@ pub enum Details {
     Other(serde_json::Value),
 }
 
-impl Details {
-    /// Each producer's required field, the producer, and how its details
-    /// are read, in the order they are tried.
-    #[allow(clippy::type_complexity)]
-    const KINDS: [(&'static str, &'static str, fn(serde_json::Value) -> Result<Details, String>); 5] = [
-        ("snapshot", "a snapshot import's", |v| typed(v).map(|d| Details::Snapshot(Box::new(d)))),
-        ("undecodable_records", "a recording's", |v| typed(v).map(Details::Record)),
-        ("pattern", "a synthetic trace's", |v| typed(v).map(Details::Synthetic)),
-        ("profiler_trace", "a profiler import's", |v| typed(v).map(|d| Details::Profiler(Box::new(d)))),
-        ("nsys_export", "an Nsight Systems import's", |v| typed(v).map(|d| Details::Nsys(Box::new(d)))),
-    ];
+/// A producer's kind of details: its required field, the `source`s whose
+/// traces it writes (a snapshot's details also describe the view of a
+/// recording), its name in messages, and how its details are read.
+struct Kind {
+    key: &'static str,
+    sources: &'static [&'static str],
+    producer: &'static str,
+    read: fn(serde_json::Value) -> Result<Details, String>,
+}
+
+/// In the order they are tried (the order the enum's variants were tried
+/// in when it was read untagged).
+const KINDS: [Kind; 5] = [
+    Kind {
+        key: "snapshot",
+        sources: &["pytorch-snapshot", "ebpf"],
+        producer: "a snapshot import's",
+        read: |v| typed(v).map(|d| Details::Snapshot(Box::new(d))),
+    },
+    Kind {
+        key: "undecodable_records",
+        sources: &["ebpf"],
+        producer: "a recording's",
+        read: |v| typed(v).map(Details::Record),
+    },
+    Kind {
+        key: "pattern",
+        sources: &["synthetic"],
+        producer: "a synthetic trace's",
+        read: |v| typed(v).map(Details::Synthetic),
+    },
+    Kind {
+        key: "profiler_trace",
+        sources: &["pytorch-profiler"],
+        producer: "a profiler import's",
+        read: |v| typed(v).map(|d| Details::Profiler(Box::new(d))),
+    },
+    Kind {
+        key: "nsys_export",
+        sources: &["nsight-systems"],
+        producer: "an Nsight Systems import's",
+        read: |v| typed(v).map(|d| Details::Nsys(Box::new(d))),
+    },
+];
+
+fn has(value: &serde_json::Value, key: &str) -> bool {
+    value.as_object().is_some_and(|o| o.contains_key(key))
 }
 
 /// `value` read as `T`, or what is wrong with it, named by its path from
@@ -52,16 +89,28 @@ fn typed<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<T, 
 }
 
 impl<'de> Deserialize<'de> for Details {
+    /// The first producer's details they have the required field of and
+    /// read as; otherwise [`Details::Other`], as they are (see
+    /// [`malformed`] for the ones that should have read).
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let value = serde_json::Value::deserialize(deserializer)?;
-        let Some((key, producer, read)) =
-            Details::KINDS.iter().find(|(key, ..)| value.as_object().is_some_and(|o| o.contains_key(*key)))
-        else {
-            return Ok(Details::Other(value));
-        };
-        read(value)
-            .map_err(|e| serde::de::Error::custom(format!("`details` are {producer} (they have `{key}`), but {e}")))
+        Ok(KINDS
+            .iter()
+            .filter(|k| has(&value, k.key))
+            .find_map(|k| (k.read)(value.clone()).ok())
+            .unwrap_or(Details::Other(value)))
     }
+}
+
+/// Why `details`, kept as another producer's ([`Details::Other`]), do not
+/// read as those of the producer of a trace of `source` (its
+/// [`Source::name`](super::Source::name)) although they have its required
+/// field: the field that is wrong, by its path. `None` when they are not
+/// that producer's.
+pub(crate) fn malformed(value: &serde_json::Value, source: &str) -> Option<String> {
+    let kind = KINDS.iter().find(|k| k.sources.contains(&source) && has(value, k.key))?;
+    let err = (kind.read)(value.clone()).err()?;
+    Some(format!("`details` are {} (they have `{}`), but {err}", kind.producer, kind.key))
 }
 
 impl Default for Details {

@@ -115,5 +115,10 @@ pub(crate) fn parse_meta(path: &Path, bytes: &[u8]) -> Result<TraceMeta> {
             FORMAT_VERSION
         );
     }
+    if let details::Details::Other(value) = &meta.details
+        && let Some(why) = details::malformed(value, meta.source.name())
+    {
+        bail!("{}: not a valid trace.json: {why}", path.display());
+    }
     Ok(meta)
 }
