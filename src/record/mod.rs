@@ -708,6 +708,8 @@ fn finish(opts: &Options, mut writer: TraceWriter, end: End, attached: &[Attache
         End::Signal(sig) => (0, format!("stopped by {}", if sig == libc::SIGINT { "SIGINT" } else { "SIGTERM" })),
         End::Duration => (0, "--duration reached".to_string()),
     };
+    // The last part first, so that the recorder's CPU time counts it.
+    writer.flush_part()?;
     let m = writer.meta_mut();
     m.libraries = libraries.clone();
     let cpu = own_cpu_seconds();

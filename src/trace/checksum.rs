@@ -164,15 +164,22 @@ pub(crate) fn write_batches(
     batches: impl IntoIterator<Item = anyhow::Result<arrow_array::RecordBatch>>,
 ) -> anyhow::Result<()> {
     let tmp = path.with_extension("parquet.tmp");
-    let file = std::io::BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
-    let mut writer = ArrowWriter::try_new(Summed::new(file), schema, Some(props))?;
-    for batch in batches {
-        writer.write(&batch?)?;
+    let written = (|| -> anyhow::Result<()> {
+        let file = std::io::BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
+        let mut writer = ArrowWriter::try_new(Summed::new(file), schema, Some(props))?;
+        for batch in batches {
+            writer.write(&batch?)?;
+        }
+        seal(&mut writer)?;
+        writer.into_inner()?.into_inner().into_inner().map_err(|e| e.into_error())?;
+        std::fs::rename(&tmp, path)?;
+        Ok(())
+    })();
+    if written.is_err() {
+        // No half-written file left behind under the temporary name.
+        let _ = std::fs::remove_file(&tmp);
     }
-    seal(&mut writer)?;
-    writer.into_inner()?.into_inner().into_inner().map_err(|e| e.into_error())?;
-    std::fs::rename(&tmp, path)?;
-    Ok(())
+    written
 }
 
 #[cfg(test)]

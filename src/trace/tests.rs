@@ -1,4 +1,4 @@
-use super::checksum::write_batch;
+use super::checksum::{write_batch, write_batches};
 use super::meta::*;
 use super::stacks::*;
 use super::writer::*;
@@ -79,6 +79,18 @@ fn a_part_written_a_slice_at_a_time_holds_the_rows_of_one_batch() {
     assert_eq!(read, part_batch(&events).unwrap());
     let meta = ArrowReaderMetadata::load(&File::open(&path).unwrap(), Default::default()).unwrap();
     assert_eq!(meta.metadata().num_row_groups(), 1, "one row group, as one batch of the rows makes");
+}
+
+#[test]
+fn a_part_that_fails_midway_leaves_no_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join(part_name(0));
+    let events = some_events(10);
+    let batches = [part_batch(&events), Err(anyhow::anyhow!("no more rows"))];
+    let err = write_batches(&path, events_schema(), WriterProperties::default(), batches).unwrap_err();
+    assert!(format!("{err:#}").contains("no more rows"), "{err:#}");
+    let left: Vec<_> = fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
 }
 
 #[test]
@@ -330,6 +342,11 @@ fn details_with_a_producers_field_must_read_as_that_producers() {
     bad["details"]["undecodable_records"] = (-1).into();
     let err = format!("{:#}", read(&bad).unwrap_err());
     assert!(err.contains("details.undecodable_records: invalid value"), "{err}");
+    // The same details in a trace of another source are another
+    // producer's: kept as they are.
+    let mut foreign = bad.clone();
+    foreign["source"] = "synthetic".into();
+    assert_eq!(read(&foreign).unwrap().details, details::Details::Other(bad["details"].clone()));
     // Another producer's details, and none, are kept as they are.
     for other in [serde_json::json!({"scenario": "x", "reader": "free text"}), serde_json::Value::Null] {
         let mut v = good.clone();
