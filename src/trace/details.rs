@@ -35,7 +35,7 @@ struct Kind {
     key: &'static str,
     sources: &'static [&'static str],
     producer: &'static str,
-    read: fn(serde_json::Value) -> Result<Details, String>,
+    read: fn(&serde_json::Value) -> Result<Details, String>,
 }
 
 /// In the order they are tried (the order the enum's variants were tried
@@ -80,7 +80,7 @@ fn has(value: &serde_json::Value, key: &str) -> bool {
 /// `value` read as `T`, or what is wrong with it, named by its path from
 /// `details` (e.g. `details.reader.reads: invalid type: string "x",
 /// expected u64`).
-fn typed<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<T, String> {
+fn typed<T: serde::de::DeserializeOwned>(value: &serde_json::Value) -> Result<T, String> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         let at = if path == "." { "details".to_string() } else { format!("details.{path}") };
@@ -97,7 +97,7 @@ impl<'de> Deserialize<'de> for Details {
         Ok(KINDS
             .iter()
             .filter(|k| has(&value, k.key))
-            .find_map(|k| (k.read)(value.clone()).ok())
+            .find_map(|k| (k.read)(&value).ok())
             .unwrap_or(Details::Other(value)))
     }
 }
@@ -109,7 +109,7 @@ impl<'de> Deserialize<'de> for Details {
 /// that producer's.
 pub(crate) fn malformed(value: &serde_json::Value, source: &str) -> Option<String> {
     let kind = KINDS.iter().find(|k| k.sources.contains(&source) && has(value, k.key))?;
-    let err = (kind.read)(value.clone()).err()?;
+    let err = (kind.read)(value).err()?;
     Some(format!("`details` are {} (they have `{}`), but {err}", kind.producer, kind.key))
 }
 
