@@ -12,8 +12,13 @@
 //!    and dispatches allocations ([`is_machinery`]: frames without a file
 //!    (`??`), the unwinder and `CapturedTraceback`, `c10::`/`at::`/`torch::`
 //!    and the caching allocator, CPython's interpreter, the C runtime's
-//!    start-up, and the CUDA runtime and driver);
-//! 4. else [`UNKNOWN_NATIVE`].
+//!    start-up and thread start, and the CUDA runtime and driver);
+//! 4. else, in a stack of PyTorch's autograd engine (its backward runs on
+//!    threads of its own, without Python frames), `autograd backward
+//!    (BmmBackward0)`: the innermost node of the backward graph, or
+//!    [`BACKWARD`] alone where no node's frame shows (the engine reducing
+//!    a gradient);
+//! 5. else [`UNKNOWN_NATIVE`].
 //!
 //! The same rule names sites everywhere: OOMs, leaks, the peak, compare,
 //! and the leaves of flamegraphs.
@@ -29,6 +34,14 @@ pub const NO_SITE: &str = "<no stack recorded>";
 
 /// The site of a stack made only of machinery frames.
 pub const UNKNOWN_NATIVE: &str = "unknown (native)";
+
+/// The site of an allocation of PyTorch's autograd engine, where no node
+/// of the backward graph shows in its stack.
+pub const BACKWARD: &str = "autograd backward";
+
+/// Names of whole functions that start a process or a thread: never the
+/// program's code, and outermost in every native stack.
+const THREAD_START: &[&str] = &["_start", "clone", "__clone", "clone3", "__clone3", "start_thread"];
 
 /// Function-name fragments of frames that are never the program's own.
 const MACHINERY_NAMES: &[&str] = &[
@@ -52,6 +65,8 @@ const MACHINERY_NAMES: &[&str] = &[
     "Py_BytesMain",
     "__libc_start_main",
     "__libc_start_call_main",
+    // libstdc++'s std::thread entry (`thread48.o` in its symbols).
+    "execute_native_thread_routine",
 ];
 /// File-name fragments of the same.
 const MACHINERY_FILES: &[&str] = &[
@@ -83,7 +98,7 @@ pub fn is_machinery(f: &Frame) -> bool {
     let file = f.filename.as_str();
     file.is_empty()
         || file == "??"
-        || f.name == "_start"
+        || THREAD_START.contains(&f.name.as_str())
         || MACHINERY_NAMES.iter().any(|m| f.name.contains(m))
         || MACHINERY_FILES.iter().any(|m| file.contains(m))
 }
@@ -132,8 +147,26 @@ pub fn call_site(stacks: &Stacks, id: u32) -> Option<String> {
             .find(|f| is_python(f) && !is_framework_python(f))
             .or_else(|| frames.iter().find(|f| is_python(f)))
             .or_else(|| frames.iter().find(|f| !is_machinery(f)))
-            .map_or_else(|| UNKNOWN_NATIVE.to_string(), |f| format_frame(f)),
+            .map(|f| format_frame(f))
+            .or_else(|| backward_site(&frames))
+            .unwrap_or_else(|| UNKNOWN_NATIVE.to_string()),
     )
+}
+
+/// A stack of PyTorch's autograd engine: `autograd backward (Node)` with
+/// the innermost node of the backward graph
+/// (`torch::autograd::generated::BmmBackward0::apply`), or [`BACKWARD`].
+fn backward_site(frames: &[&Frame]) -> Option<String> {
+    const NODE: &str = "torch::autograd::generated::";
+    if !frames.iter().any(|f| f.name.contains("torch::autograd::Engine::") || f.name.contains(NODE)) {
+        return None;
+    }
+    let node = frames.iter().find_map(|f| {
+        let rest = &f.name[f.name.find(NODE)? + NODE.len()..];
+        let (name, tail) = rest.split_once("::")?;
+        tail.starts_with("apply").then_some(name)
+    });
+    Some(node.map_or_else(|| BACKWARD.to_string(), |n| format!("{BACKWARD} ({n})")))
 }
 
 /// Live bytes by call site, the `n` largest; `blocks` are (address, size,
@@ -185,13 +218,15 @@ pub fn site_growth(
 /// Live bytes at the end of the trace by call site, counting only blocks of
 /// `pid` allocated in (`since_ns`, `until_ns`): after the early floor, the
 /// memory a leak report is about (the floor that rose); before the end of
-/// the warm-up, what was allocated once.
+/// the warm-up, what was allocated once. With `requested`, a block counts
+/// the bytes the program asked for where the trace has them (a snapshot's
+/// block sizes carry the allocator's rounding), as the leak's floors do.
 pub fn grown_sites(
     events: &crate::trace::event::Events,
     stacks: &Stacks,
     pid: u32,
-    since_ns: u64,
-    until_ns: u64,
+    (since_ns, until_ns): (u64, u64),
+    requested: bool,
     n: usize,
 ) -> Vec<SiteBytes> {
     let mut live = crate::trace::event::LiveSet::default();
@@ -202,7 +237,11 @@ pub fn grown_sites(
         .blocks
         .into_iter()
         .filter(|((p, _), b)| *p == pid && events.ts_ns[b.row] > since_ns && events.ts_ns[b.row] < until_ns)
-        .map(|((_, a), b)| (a, b.size, b.size, b.stack))
+        .map(|((_, a), b)| {
+            let asked = events.requested.get(b.row).copied().filter(|&r| requested && r != u64::MAX && r > 0);
+            let bytes = asked.unwrap_or(b.size);
+            (a, bytes, bytes, b.stack)
+        })
         .collect();
     top_sites(stacks, &blocks, n)
 }
@@ -318,5 +357,35 @@ mod tests {
         let win_user = frame(r"D:\work\bench.py", 65, "run");
         let st = stacks(vec![vec![win_torch, win_user]]);
         assert_eq!(call_site(&st, 0).as_deref(), Some("bench.py:65:run"));
+    }
+
+    /// The backward runs on the autograd engine's threads, whose stacks
+    /// hold no Python frame: a snapshot's blocks from there are named by
+    /// the node of the backward graph (as in nothanmin's snapshot, where
+    /// 3.7 GiB came from `BmmBackward0`), never by the thread's start.
+    #[test]
+    fn backward_allocations_are_named_by_their_node_not_the_thread_start() {
+        let unwind = frame("??", 0, "torch::unwind::unwind()");
+        let empty = frame("??", 0, "at::detail::empty_cuda(c10::ArrayRef<long>, c10::TensorOptions const&)");
+        let node = frame(
+            "??",
+            0,
+            "torch::autograd::generated::BmmBackward0::apply(std::vector<at::Tensor, std::allocator<at::Tensor> >&&)",
+        );
+        let engine =
+            frame("??", 0, "torch::autograd::Engine::thread_main(std::shared_ptr<torch::autograd::GraphTask> const&)");
+        let reduce = frame("??", 0, "torch::autograd::InputMetadata::reduce_grad(at::Tensor&) const");
+        let routine = frame("thread48.o", 0, "execute_native_thread_routine");
+        let clone = frame("??", 0, "__clone");
+        let st = stacks(vec![
+            vec![unwind.clone(), empty.clone(), node, engine.clone(), routine.clone(), clone.clone()],
+            vec![unwind.clone(), empty.clone(), reduce, engine, routine.clone(), clone.clone()],
+            vec![unwind, empty, routine.clone(), clone.clone()],
+        ]);
+        assert_eq!(call_site(&st, 0).as_deref(), Some("autograd backward (BmmBackward0)"));
+        assert_eq!(call_site(&st, 1).as_deref(), Some(BACKWARD));
+        // A thread of something else: its start is machinery too.
+        assert_eq!(call_site(&st, 2).as_deref(), Some(UNKNOWN_NATIVE));
+        assert!(is_machinery(&routine) && is_machinery(&clone));
     }
 }
