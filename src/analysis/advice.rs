@@ -147,7 +147,7 @@ pub fn advise(a: &Analysis, events: &Events) -> Vec<Advice> {
         out.push(Advice::new(
             Kind::Flush,
             format!(
-                "Device {d} ran full {} time{}: PyTorch {} ({} segments, {}) and retried; each `cudaFree` synchronizes the device — slow, and the sign that the next larger request may fail. {}",
+                "Device {d} ran full {} time{}: PyTorch {} ({} segments, {}) and asked CUDA again; each `cudaFree` synchronizes the device — slow, and the sign that the next larger request may fail. {}",
                 f.count,
                 if f.count == 1 { "" } else { "s" },
                 w.release_phrase(),

@@ -369,7 +369,8 @@ pub fn detect(input: &Input<'_>) -> LeakReport {
     {
         // A site that also grew keeps its warm-up blocks here: they were
         // allocated once, and the report says the site grew too.
-        report.allocated_once = crate::analysis::sites::grown_sites(input.events, st, input.pid, 0, until, 10);
+        report.allocated_once =
+            crate::analysis::sites::grown_sites(input.events, st, input.pid, (0, until), input.allocator_view, 10);
     }
     report
 }
@@ -638,9 +639,12 @@ fn by_windows(r: &mut LeakReport, input: &Input<'_>) -> (Verdict, String) {
             Verdict::CannotTell,
             format!(
                 "no iterations found, and live memory rose by half its range only {swings} time{} in the run's \
-                 events (falling back between): {}, so a leak across steps cannot show{back}",
+                 events (falling back between): {}, so a leak across steps cannot show (its floor was {} in the \
+                 second quarter of those events and {} in the last){back}",
                 if swings == 1 { "" } else { "s" },
-                if swings <= 1 { "as in one pass, not repeated steps" } else { "too few repetitions" }
+                if swings <= 1 { "as in one pass, not repeated steps" } else { "too few repetitions" },
+                b(early.bytes),
+                b(late.bytes)
             ),
         );
     }

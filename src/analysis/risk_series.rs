@@ -248,8 +248,8 @@ pub(crate) fn evaluate(inp: &Inputs<'_>, rows: &mut [crate::analysis::result::Ro
                 format!("{least:.0}–{most:.0} %")
             };
             a.reason = format!(
-                "{}; peak allocated {} ({share}): the cache held the rest (cached memory PyTorch releases when the \
-                 device is full, as it did here)",
+                "{}; peak allocated {} ({share}): the program's tensors never held more, so at least the rest was \
+                 PyTorch's cache (memory it releases when the device is full, as it did here)",
                 a.reason,
                 crate::units::bytes(allocated)
             );

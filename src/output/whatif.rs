@@ -317,7 +317,7 @@ fn scenarios_md(w: &Whatif, level: &str, name: &dyn Fn(u32) -> String) -> String
     for (d, f) in &w.flushes {
         let _ = writeln!(
             md,
-            "Cache flushes on device {d}: PyTorch {} {} time{} ({} segments, {}) because the device was full — each flush calls `cudaFree`, which synchronizes the device, once per segment.{}\n",
+            "Cache flushes on device {d}: PyTorch {} {} time{} ({} segments, {}) because the device was full — each flush calls `cudaFree`, which synchronizes the device, once per segment.{}{}\n",
             w.release_phrase(),
             f.count,
             if f.count == 1 { "" } else { "s" },
@@ -327,7 +327,8 @@ fn scenarios_md(w: &Whatif, level: &str, name: &dyn Fn(u32) -> String) -> String
                 " So its capacity lies between {} and {} (inferred from cache flushes).",
                 bytes(lo),
                 bytes(hi)
-            ))
+            )),
+            w.retries_note(),
         );
     }
     if several {

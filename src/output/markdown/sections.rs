@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use super::words::{confidence_phrase, forecaster_phrase, oom_sentence, plural, skill_phrase};
+use super::words::{confidence_phrase, flat_score, forecaster_phrase, oom_sentence, plural, skill_phrase};
 use crate::analysis::Analysis;
 use crate::analysis::predict::{ForecasterKind, Risk};
 use crate::analysis::summary::*;
@@ -16,9 +16,9 @@ use crate::units::bytes;
 pub(crate) fn allocator_md(a: &Analysis) -> String {
     let mut md = String::from("\n## PyTorch allocator\n\n");
     md.push_str(
-        "At the end of the trace, per device: segments, reserved, allocated, free and internal are the totals `_memory_viz.py segsum` prints for the snapshot; the last column is the fragmentation figure Σ(free gap)² / (Σ segment size)², which segsum does not print.\n\n",
+        "At the end of the trace, per device: segments, reserved, allocated, free and internal are the totals `_memory_viz.py segsum` prints for the snapshot; the internal share is of the free bytes. The last column is Σ(free gap)² / (Σ segment size)², which segsum does not print (metrics.parquet's `pytorch_fragmentation`). Despite that name it is not a fragmentation score: it rises as free memory gathers into fewer, larger ranges — 1 when all reserved memory is one free range, near 0 when the free memory lies in many small gaps or little is free.\n\n",
     );
-    md.push_str("| device | segments | reserved | allocated (requested) | free | of which internal | fragmentation Σgap²/(Σseg)² |\n|---|---|---|---|---|---|---|\n");
+    md.push_str("| device | segments | reserved | allocated (requested) | free | of which internal | free in large ranges Σgap²/(Σseg)² |\n|---|---|---|---|---|---|---|\n");
     let details = a.snapshot_details();
     for p in &a.peaks {
         let f = last_row(a, p.pid).and_then(|r| r.alloc).unwrap_or_default();
@@ -27,7 +27,7 @@ pub(crate) fn allocator_md(a: &Analysis) -> String {
         let internal = totals.map_or(f.allocated_bytes.saturating_sub(f.requested_bytes), |t| t.free_internal);
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} ({:.1} %) | {:.3e} |",
+            "| {} | {} | {} | {} | {} | {} ({:.1} % of free) | {:.3e} |",
             a.who(p.pid),
             totals.map_or(f.segments, |t| t.segments),
             bytes(totals.map_or(f.reserved_bytes, |t| t.reserved)),
@@ -104,6 +104,23 @@ pub(crate) fn allocator_md(a: &Analysis) -> String {
     md
 }
 
+/// What the score "now" describes: the state at the trace's last step,
+/// which for a finished job is often a cache its tensors have left.
+fn last_state(a: &Analysis, pid: u32) -> String {
+    let Some(m) = last_row(a, pid).map(|r| &r.metrics).filter(|m| m.span_bytes > 0) else {
+        return String::new();
+    };
+    let held = if a.allocator_view { "reserved" } else { "of arenas" };
+    if m.live_bytes == 0 {
+        format!(
+            " (the trace's last state: nothing live in {} {held}, so the score describes an empty cache)",
+            bytes(m.span_bytes)
+        )
+    } else {
+        format!(" (the trace's last state: {} live in {} {held})", bytes(m.live_bytes), bytes(m.span_bytes))
+    }
+}
+
 /// The verdict: OOM risk, the fragmentation level and its forecast, OOM
 /// causes, leak — first thing.
 pub(crate) fn verdict_md(a: &Analysis, s: &Summary) -> String {
@@ -116,9 +133,10 @@ pub(crate) fn verdict_md(a: &Analysis, s: &Summary) -> String {
             let forecast: Vec<String> = f.iter().map(|v| format!("{v:.1}")).collect();
             let _ = writeln!(
                 md,
-                "Fragmentation level: **{}** — fragmentation score {:.1} now, forecast {} over the next {} by {} ({}; {}, trend {:+.2} per step). The score counts free blocks that a cache keeps on purpose as gaps: on its own it does not say that memory will run out.\n",
+                "Fragmentation level: **{}** — fragmentation score {:.1} now{}, forecast {} over the next {} by {} ({}; {}, trend {:+.2} per step). The score counts free blocks that a cache keeps on purpose as gaps: on its own it does not say that memory will run out.\n",
                 pr.risk.map_or("unknown", Risk::name),
                 pr.current,
+                last_state(a, p.pid),
                 forecast.join(" → "),
                 plural(pr.horizon as u64, "step", "steps"),
                 forecaster_phrase(pr.forecaster),
@@ -281,13 +299,17 @@ pub(crate) fn prediction_md(a: &Analysis) -> String {
     }
     let _ = writeln!(md, "| forecaster | {} (the lowest cross-validated MAE) |", pr.forecaster.name());
     let _ = writeln!(md, "| skill against \"no change\" | {} |", skill_phrase(pr));
-    let _ = writeln!(
-        md,
-        "| confidence | {:.2} ({}); the model's own {:.2} |",
-        pr.confidence.unwrap_or(0.0),
-        pr.forecaster.name(),
-        pr.confidence_model.unwrap_or(0.0)
-    );
+    if flat_score(pr) {
+        let _ = writeln!(md, "| confidence | none: the score did not move at any cross-validation origin |");
+    } else {
+        let _ = writeln!(
+            md,
+            "| confidence | {:.2} ({}); the model's own {:.2} |",
+            pr.confidence.unwrap_or(0.0),
+            pr.forecaster.name(),
+            pr.confidence_model.unwrap_or(0.0)
+        );
+    }
     let _ = writeln!(md, "| trend | {:+.3} points per step |", pr.trend);
     match p.lead_time {
         Some((steps, secs)) => {
@@ -376,17 +398,25 @@ pub(crate) fn ooms_md(a: &Analysis) -> String {
     // Under PyTorch's allocator the free memory is CUDA's and the unused
     // bytes of its segments: the table says so, and gives CUDA's figure.
     let cached = a.allocator_view && a.ooms.iter().any(|o| o.cuda_free.is_some());
-    let free = if cached { "free (CUDA + PyTorch's cache)" } else { "device free" };
-    let _ = writeln!(
-        md,
-        "| {when} | {} | requested | {free} | largest free range | class |\n|---|---|---|---|---|---|",
-        a.unit()
-    );
+    // The largest range is the larger of the cache's largest gap and the
+    // free memory outside it, taken as one (what `cudaMalloc` could still
+    // give): with a cache, both are shown.
+    let (free, ranges, rule) = if cached {
+        (
+            "free (CUDA + PyTorch's cache)",
+            "largest gap in the cache | largest free range (that gap, or CUDA's free)",
+            "|---|---|---|---|---|---|---|",
+        )
+    } else {
+        ("device free", "largest free range", "|---|---|---|---|---|---|")
+    };
+    let _ = writeln!(md, "| {when} | {} | requested | {free} | {ranges} | class |\n{rule}", a.unit());
     let shown = 20;
     for o in a.ooms.iter().take(shown) {
+        let gap = if cached { format!(" {} |", bytes(o.largest_gap)) } else { String::new() };
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} |{gap} {} | {} |",
             at(o.t_ns - a.first_ts),
             a.who(o.pid),
             bytes(o.requested),
@@ -490,7 +520,7 @@ pub(crate) fn leaks_md(a: &Analysis) -> String {
         let from = match l.method {
             _ if !a.has_history() => "—",
             Method::Iterations => "iteration floors",
-            Method::Windows => "windows (no iterations)",
+            Method::Windows => "quarters of its events (no iterations)",
         };
         let _ = writeln!(
             md,
@@ -576,11 +606,19 @@ pub(crate) fn leaks_md(a: &Analysis) -> String {
         }
     }
     for l in a.leaks.iter().filter(|l| !l.allocated_once.is_empty()) {
+        // Without iterations to compare, a leak of one step is allocated
+        // once too: the table cannot clear these blocks.
+        let what = if l.verdict == Verdict::CannotTell {
+            "usually state such as weights, optimizer moments or caches; with no iteration after the warm-up to compare, a leak of one step would look the same"
+        } else {
+            "state such as weights, optimizer moments or caches, not leaks"
+        };
         let _ = writeln!(
             md,
-            "\nAllocated once — before the trace began or in the warm-up (or only) iteration of {} {} — and alive at the end: state such as weights, optimizer moments or caches, not leaks:\n\n| call site | bytes | blocks |\n|---|---|---|",
+            "\nAllocated once — before the trace began or in the warm-up (or only) iteration of {} {} — and alive at the end: {what}{}:\n\n| call site | bytes | blocks |\n|---|---|---|",
             a.unit(),
-            a.who(l.pid)
+            a.who(l.pid),
+            if a.allocator_view { " (in the bytes the program asked for)" } else { "" }
         );
         for t in &l.allocated_once {
             let grew = if l.top_sites.iter().any(|g| g.site == t.site) { " (this site grew too, above)" } else { "" };

@@ -3,12 +3,13 @@ use crate::analysis::predict::ForecasterKind;
 use crate::analysis::predict::{PredictConfig, Step, predict};
 
 /// A score that never moved at a cross-validation origin gives an error of
-/// 0 and a confidence of 1: said to rest on nothing.
+/// 0 and a confidence of 1: said to rest on nothing, and the 1 not shown.
 #[test]
 fn a_confidence_from_a_flat_score_is_said_to_rest_on_nothing() {
     let flat: Vec<Step> = (0..120).map(|_| [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 42.0]).collect();
     let p = predict(&flat, &PredictConfig::default(), None);
     assert!(confidence_phrase(&p).contains("rests on nothing"), "{}", confidence_phrase(&p));
+    assert!(!confidence_phrase(&p).contains("1.00"), "{}", confidence_phrase(&p));
     let moving: Vec<Step> = (0..120).map(|i| [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 20.0 + 3.0 * (i % 10) as f64]).collect();
     let p = predict(&moving, &PredictConfig::default(), Some(10));
     assert!(!confidence_phrase(&p).contains("rests on nothing"), "{}", confidence_phrase(&p));
