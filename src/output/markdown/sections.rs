@@ -339,6 +339,15 @@ pub(crate) fn prediction_md(a: &Analysis) -> String {
         }
         None => {}
     }
+    if pr.cv_mae.is_some() {
+        md.push_str(
+            "\nHow to read it: from each past origin, each forecaster predicted the score the next steps would have, \
+             from the steps before the origin only; its MAE is its mean error there, in score points. The model is a \
+             linear model trained on the last window's metrics; persistence forecasts no change; seasonal, the \
+             score one iteration earlier; ridge, a regularised least-squares fit of the same window. Skill = 1 − \
+             MAE ÷ persistence's MAE (above 0: better than no change); confidence = 1 − MAE ÷ 50, at least 0.1.\n",
+        );
+    }
     if let Some(cv) = &pr.cv_mae
         && pr.forecaster != ForecasterKind::Model
     {
@@ -478,7 +487,12 @@ pub(crate) fn ooms_md(a: &Analysis) -> String {
         let _ = writeln!(md, "\nThe first failed request came from `{site}`.");
     }
     if !first.top_sites.is_empty() {
-        md.push_str("\nLive memory by call site at the first OOM:\n\n| call site | bytes | blocks |\n|---|---|---|\n");
+        md.push_str(if a.allocator_view {
+            "\nLive memory by call site at the first OOM, in the bytes its blocks held (the allocator's rounding \
+             included: what the failed request could not use):\n\n| call site | bytes | blocks |\n|---|---|---|\n"
+        } else {
+            "\nLive memory by call site at the first OOM:\n\n| call site | bytes | blocks |\n|---|---|---|\n"
+        });
         for t in &first.top_sites {
             let _ = writeln!(md, "| `{}` | {} | {} |", t.site, bytes(t.bytes), t.blocks);
         }
