@@ -20,7 +20,8 @@
 //!   (one call site whose allocations grow by a constant size, each size
 //!   allocated in its turn, from the smallest to the largest) calls for a
 //!   buffer allocated once at its final size.
-//! - **Leaks** and an **OOM risk** of high or more without an OOM.
+//! - **Leaks** and an **OOM risk** of high or more without an OOM. Without
+//!   an OOM a leak is the first advice, before any setting's saving.
 
 use std::collections::BTreeMap;
 
@@ -62,8 +63,9 @@ pub fn advise(a: &Analysis, events: &Events) -> Vec<Advice> {
                 out.push(Advice::new(
                     Kind::Generic,
                     "No allocator setting is judged here: this recording holds PyTorch's segments, not its requests \
-                     (What the allocator settings would change). Record again with `fragscope record`, whose probes on \
-                     PyTorch's allocator see every tensor, or dump a memory snapshot."
+                     (What the allocator settings would change). Record again with this version of `fragscope record`, \
+                     without `--no-torch`: its probes on PyTorch's allocator see every tensor. Or dump a memory \
+                     snapshot."
                         .into(),
                 ));
                 generic(a, "no what-if replay ran", &mut out);
@@ -196,6 +198,11 @@ pub fn advise(a: &Analysis, events: &Events) -> Vec<Advice> {
             Kind::Risk,
             format!("No OOM in this trace, but the OOM risk is {}: {}.", x.level.name(), x.reason),
         ));
+    }
+    // Without an OOM, a leak comes first: it runs out in the end, where a
+    // setting's saving is only a saving.
+    if a.ooms.is_empty() {
+        out.sort_by_key(|x| x.kind != Kind::Leak);
     }
     out
 }

@@ -163,6 +163,9 @@ pub struct LeakReport {
     /// of its floors.
     pub live_at_end_requested_bytes: Option<u64>,
     pub live_at_end_blocks: u64,
+    /// The process exited holding memory: (bytes, blocks) its exit
+    /// released. Alive at the end is then nothing: the driver freed them.
+    pub held_at_exit: Option<(u64, u64)>,
     /// Largest groups first (by bytes), at most ten.
     pub by_size: Vec<SizeGroup>,
     /// The call sites of the growth (traces with stacks): what each site
@@ -322,6 +325,9 @@ pub struct Input<'a> {
     pub stacks: Option<&'a Stacks>,
     /// When its requests failed (OOMs).
     pub oom_times: &'a [u64],
+    /// Its exit, where it ended holding memory: (time, bytes, blocks)
+    /// its exit released (the driver frees them).
+    pub exited: Option<(u64, u64, u64)>,
 }
 
 /// The leak verdict of one series.
@@ -353,6 +359,7 @@ pub fn detect(input: &Input<'_>) -> LeakReport {
         live_at_end_bytes: input.live.iter().map(|b| b.1).sum(),
         live_at_end_requested_bytes: None,
         live_at_end_blocks: input.live.len() as u64,
+        held_at_exit: input.exited.map(|(_, bytes, blocks)| (bytes, blocks)).filter(|x| x.0 > 0),
         by_size,
         top_sites: Vec::new(),
         allocated_once: Vec::new(),
@@ -609,9 +616,15 @@ fn by_windows(r: &mut LeakReport, input: &Input<'_>) -> (Verdict, String) {
     let back = match top {
         Some((_, t)) if late.bytes.saturating_sub(at_end) > noise => {
             r.released_after = Some((late.end_t_ns, t - at_end));
+            let how = match input.exited {
+                Some((_, held, _)) if held >= t - at_end => "released by its exit".to_string(),
+                Some((_, held, _)) if held > 0 => {
+                    format!("freed by the end of the trace ({} of it by its exit)", b(held))
+                }
+                _ => "freed by the end of the trace".to_string(),
+            };
             format!(
-                "; after the run's last rise, {} was freed by the end of the trace ({} → {}), which says nothing either \
-                 way",
+                "; after the run's last rise, {} was {how} ({} → {}), which says nothing either way",
                 b(t - at_end),
                 b(t),
                 b(at_end)

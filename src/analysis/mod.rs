@@ -274,9 +274,11 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     if opts.whatif && snapshot.is_none() && analysis.ooms.iter().any(|o| pytorch.contains_key(&o.pid)) {
         analysis.whatif_not_run = Some(
             "the failing process ran PyTorch's caching allocator (it mapped `libc10_cuda.so`), so this recording's \
-             cudaMallocs are PyTorch's segments, not the program's requests: replaying them through a model of that \
-             allocator says nothing about `PYTORCH_CUDA_ALLOC_CONF`. Record again with `fragscope record` (its probes \
-             on PyTorch's allocator see every tensor; not with `--no-torch`), or dump a memory snapshot, to replay \
+             cudaMallocs are PyTorch's segments (and any allocation made outside it), not the program's tensor \
+             requests: replaying them through a model of that allocator says nothing about \
+             `PYTORCH_CUDA_ALLOC_CONF`. This recording holds no block events of PyTorch's allocator (an older \
+             `record`, `--no-torch`, or a library without its symbols): record again with this version, without \
+             `--no-torch` (its probes on PyTorch's allocator see every tensor), or dump a memory snapshot, to replay \
              the settings"
                 .into(),
         );
@@ -450,6 +452,12 @@ fn walk(events: &Events, bounds: &[(usize, u64)], replay: &mut Replay, context: 
         recovered: 0,
     };
     let mut pids: Vec<u32> = Vec::new();
+    // Processes whose `exit` was applied, and those with a row: a process
+    // gets no row after its exit once it has one, so that its last state,
+    // its score "now" and its forecast are of the process while it ran,
+    // not of the nothing its exit left.
+    let mut exited: ahash::AHashSet<u32> = Default::default();
+    let mut rowed: ahash::AHashSet<u32> = Default::default();
     let row = |step: usize, t_ns: u64, pid: u32, at_oom: bool, replay: &mut Replay| Row {
         step: step as u32,
         t_ns,
@@ -468,6 +476,12 @@ fn walk(events: &Events, bounds: &[(usize, u64)], replay: &mut Replay, context: 
         while i < end {
             let kind = events.kind[i];
             w.counts.add(kind);
+            if kind == Some(crate::trace::event::EventKind::Exit) {
+                exited.insert(events.pid[i]);
+            } else if !exited.is_empty() {
+                // A pid seen again after its exit is a new process.
+                exited.remove(&events.pid[i]);
+            }
             // Only kinds the replay reads, or that can be a failed request
             // or an OOM, are made into an event (a trace is often a third
             // launches).
@@ -513,6 +527,10 @@ fn walk(events: &Events, bounds: &[(usize, u64)], replay: &mut Replay, context: 
             pids = replay.pids().collect();
         }
         for &pid in &pids {
+            if exited.contains(&pid) && rowed.contains(&pid) {
+                continue;
+            }
+            rowed.insert(pid);
             let r = row(step, t_ns, pid, false, replay);
             w.rows.push(r);
         }
@@ -641,6 +659,7 @@ fn find_leaks(
     stacks: Option<&crate::trace::Stacks>,
     ooms: &[OomDiagnosis],
 ) -> Vec<LeakReport> {
+    let exits = replay.exits().to_vec();
     peaks
         .iter()
         .map(|p| {
@@ -659,6 +678,7 @@ fn find_leaks(
                     .and_then(|it| floors.get(&p.pid).map(|f| (it, f))),
                 stacks,
                 oom_times: &oom_times,
+                exited: exits.iter().rev().find(|x| x.pid == p.pid).map(|x| (x.t_ns, x.bytes, x.blocks)),
             });
             report.live_at_end_requested_bytes = requested;
             report
@@ -739,7 +759,13 @@ fn predict_series(
             [e, k, s, c, l, u, m.score]
         })
         .collect();
-    let (prediction, backtest) = crate::analysis::predict::predict_with_backtest(&series, cfg, period);
+    let (mut prediction, backtest) = crate::analysis::predict::predict_with_backtest(&series, cfg, period);
+    // Nothing live at the last timestep: the program has released all it
+    // held (a job's teardown, after an OOM or at its end), and where the
+    // score of that empty cache heads warns of nothing.
+    if idx.last().is_some_and(|&i| rows[i].metrics.live_bytes == 0) {
+        prediction.warnings.clear();
+    }
     (idx, prediction, backtest)
 }
 

@@ -285,6 +285,7 @@ pub(crate) fn leak_json(l: &crate::analysis::leak::LeakReport) -> serde_json::Va
         "live_at_end_bytes": l.live_at_end_bytes,
         "live_at_end_requested_bytes": l.live_at_end_requested_bytes,
         "live_at_end_blocks": l.live_at_end_blocks,
+        "held_at_exit": l.held_at_exit.map(|(bytes, blocks)| json!({"bytes": bytes, "blocks": blocks})),
         "by_size": l.by_size,
         "top_sites": l.top_sites,
         "allocated_once": l.allocated_once,

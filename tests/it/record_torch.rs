@@ -748,7 +748,7 @@ fn a_program_faster_than_the_reader_is_stopped_at_ctrl_c_at_once() {
         }
     }
     let _reap = Reap(format!("{} 400000", workload.display()));
-    let mut rec = record_cmd(&trace, &[&l[0], &l[1], &c10])
+    let rec = record_cmd(&trace, &[&l[0], &l[1], &c10])
         .arg("--")
         .arg(&workload)
         .arg("400000")

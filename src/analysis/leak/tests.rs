@@ -56,6 +56,7 @@ fn judge(ev: &Events, it: Option<&Iterations>) -> LeakReport {
         iterations: it,
         stacks: None,
         oom_times: &[],
+        exited: None,
     };
     detect(&input)
 }
@@ -207,6 +208,7 @@ fn growth_stopped_by_failing_requests_is_still_a_leak() {
         iterations: Some((&it, &floors)),
         stacks: None,
         oom_times: &ooms,
+        exited: None,
     };
     let r = detect(&input);
     assert_eq!(r.verdict, Verdict::Leaking, "{}", r.reason);
@@ -299,6 +301,7 @@ fn sizes_alive_at_the_end_are_grouped() {
         iterations: None,
         stacks: None,
         oom_times: &[],
+        exited: None,
     };
     let r = detect(&input);
     assert_eq!(r.by_size[0], SizeGroup { size: 3 * MIB, count: 1, bytes: 3 * MIB });
@@ -416,6 +419,7 @@ fn a_snapshot_without_optimizer_steps_is_not_called_leak_free() {
         iterations: None,
         stacks: Some(&stacks),
         oom_times: &[],
+        exited: None,
     };
     let r = detect(&input);
     assert_eq!(r.verdict, Verdict::CannotTell, "{}", r.reason);

@@ -134,7 +134,7 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
     }
     let _ = writeln!(
         md,
-        "\nE external fragmentation, K unusable-free-space index, S small-allocation ratio, C size CV, L large-gap ratio, U utilization — at the last step.\n"
+        "\nE external fragmentation, K unusable-free-space index, S small-allocation ratio, C size CV, L large-gap ratio, U utilization — at the last timestep (a process's last before its exit).\n"
     );
     if let Some(crate::trace::details::Details::Record(d)) = a.trace.meta.as_ref().map(|m| &m.details)
         && d.devices.values().any(|d| d.len() > 1)

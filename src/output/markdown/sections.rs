@@ -104,21 +104,15 @@ pub(crate) fn allocator_md(a: &Analysis) -> String {
     md
 }
 
-/// What the score "now" describes: the state at the trace's last step,
-/// which for a finished job is often a cache its tensors have left.
+/// What the score "now" describes: the state at the process's last
+/// timestep (before its exit, for a process that exited), which for a
+/// finished job is often a cache its tensors have left.
 fn last_state(a: &Analysis, pid: u32) -> String {
     let Some(m) = last_row(a, pid).map(|r| &r.metrics).filter(|m| m.span_bytes > 0) else {
         return String::new();
     };
     let held = if a.allocator_view { "reserved" } else { "of arenas" };
-    if m.live_bytes == 0 {
-        format!(
-            " (the trace's last state: nothing live in {} {held}, so the score describes an empty cache)",
-            bytes(m.span_bytes)
-        )
-    } else {
-        format!(" (the trace's last state: {} live in {} {held})", bytes(m.live_bytes), bytes(m.span_bytes))
-    }
+    format!(" (the last timestep's state: {} live in {} {held})", bytes(m.live_bytes), bytes(m.span_bytes))
 }
 
 /// The verdict: OOM risk, the fragmentation level and its forecast, OOM
@@ -131,24 +125,46 @@ pub(crate) fn verdict_md(a: &Analysis, s: &Summary) -> String {
             let pr = &p.prediction;
             let f = pr.forecast.as_deref().unwrap_or_default();
             let forecast: Vec<String> = f.iter().map(|v| format!("{v:.1}")).collect();
-            let _ = writeln!(
-                md,
-                "Fragmentation level: **{}** — fragmentation score {:.1} now{}, forecast {} over the next {} by {} ({}; {}, trend {:+.2} per step). The score counts free blocks that a cache keeps on purpose as gaps: on its own it does not say that memory will run out.\n",
-                pr.risk.map_or("unknown", Risk::name),
-                pr.current,
-                last_state(a, p.pid),
-                forecast.join(" → "),
-                plural(pr.horizon as u64, "step", "steps"),
-                forecaster_phrase(pr.forecaster),
-                skill_phrase(pr),
-                confidence_phrase(pr),
-                pr.trend,
-            );
-            if a.pytorch_processes.contains(&p.pid) {
+            let level = pr.risk.map_or("unknown", Risk::name);
+            let last = last_row(a, p.pid).map(|r| &r.metrics).filter(|m| m.live_bytes == 0 && m.span_bytes > 0);
+            if let Some(m) = last {
+                // The score of an emptied cache, and where it heads, are no
+                // level of the program's.
+                let held = if a.allocator_view { "reserved" } else { "of arenas" };
                 let _ = writeln!(
                     md,
-                    "This level is of PyTorch's segments only: the process ran PyTorch's caching allocator, and the \
-                     gaps inside its cache are not in a recording of cudaMalloc calls.\n"
+                    "Fragmentation level: none to judge at the end — nothing is live at the last timestep (the program \
+                     had released all it held): its score, {:.1} ({level} by its scale), describes an empty cache in {} \
+                     {held}, and no forecast of it says anything of the program. The score's mean, p95 and max below \
+                     span the run.\n",
+                    pr.current,
+                    bytes(m.span_bytes)
+                );
+            } else {
+                // A process that ran PyTorch's caching allocator, recorded
+                // at its cudaMalloc calls: the level of its segments says
+                // nothing of the gaps inside its cache, and is not given as
+                // its level.
+                let level = if a.pytorch_processes.contains(&p.pid) {
+                    format!(
+                        "not measured inside PyTorch's cache — the process ran PyTorch's caching allocator, and this \
+                         recording of its cudaMalloc calls holds its segments, not the blocks inside them. Of the \
+                         segments alone: {level}"
+                    )
+                } else {
+                    format!("**{level}**")
+                };
+                let _ = writeln!(
+                    md,
+                    "Fragmentation level: {level} — fragmentation score {:.1} now{}, forecast {} over the next {} by {} ({}; {}, trend {:+.2} per timestep). The score counts free blocks that a cache keeps on purpose as gaps: on its own it does not say that memory will run out.\n",
+                    pr.current,
+                    last_state(a, p.pid),
+                    forecast.join(" → "),
+                    plural(pr.horizon as u64, "timestep", "timesteps"),
+                    forecaster_phrase(pr.forecaster),
+                    skill_phrase(pr),
+                    confidence_phrase(pr),
+                    pr.trend,
                 );
             }
         }
@@ -170,7 +186,8 @@ pub(crate) fn verdict_md(a: &Analysis, s: &Summary) -> String {
         {
             "the process ran PyTorch's caching allocator, so its requests failed inside PyTorch's cache, whose free \
              blocks this recording of cudaMalloc calls does not see: capacity or fragmentation cannot be told from it, \
-             whatever `--capacity` says (record with the allocator probes, or take a memory snapshot)"
+             whatever `--capacity` says (record again with this version's probes on PyTorch's allocator, without \
+             `--no-torch`, or take a memory snapshot)"
         } else if *class == crate::analysis::oom::OomClass::Unknown && a.allocator_view {
             "the free memory CUDA reported during the failed request is not in the trace (a snapshot's `oom` entry \
              holds it as `device_free`; a recording of PyTorch's allocator, when `record` read the `cudaMemGetInfo` \
@@ -281,7 +298,7 @@ pub(crate) fn prediction_md(a: &Analysis) -> String {
         return md;
     }
     let _ = writeln!(md, "| | |\n|---|---|");
-    let _ = writeln!(md, "| window / horizon | {} / {} steps |", pr.window, pr.horizon);
+    let _ = writeln!(md, "| window / horizon | {} / {} timesteps |", pr.window, pr.horizon);
     if let Some(cv) = &pr.cv_mae {
         let or_why = |v: Option<f64>, why: &Option<String>| match v {
             Some(v) => format!("{v:.2}"),
@@ -310,7 +327,7 @@ pub(crate) fn prediction_md(a: &Analysis) -> String {
             pr.confidence_model.unwrap_or(0.0)
         );
     }
-    let _ = writeln!(md, "| trend | {:+.3} points per step |", pr.trend);
+    let _ = writeln!(md, "| trend | {:+.3} points per timestep |", pr.trend);
     match p.lead_time {
         Some((steps, secs)) => {
             let _ = writeln!(
@@ -358,6 +375,12 @@ pub(crate) fn prediction_md(a: &Analysis) -> String {
             cv.model,
             cv.best().1,
             pr.forecaster.name()
+        );
+    }
+    if pr.warnings.is_empty() && last_row(a, p.pid).is_some_and(|r| r.metrics.live_bytes == 0) {
+        md.push_str(
+            "\nNo warnings: nothing is live at the last timestep (the program had released all it held), so where the \
+             score heads says nothing of the program.\n",
         );
     }
     if !pr.warnings.is_empty() {
@@ -538,11 +561,16 @@ pub(crate) fn leaks_md(a: &Analysis) -> String {
         };
         let _ = writeln!(
             md,
-            "| {} | {verdict} | {from} | {floors} | {per} | {rate} | {} in {} |",
+            "| {} | {verdict} | {from} | {floors} | {per} | {rate} | {} in {}{} |",
             a.who(l.pid),
             // In the floors' unit: requested bytes under an allocator.
             bytes(l.live_at_end_requested_bytes.unwrap_or(l.live_at_end_bytes)),
-            plural(l.live_at_end_blocks, "block", "blocks")
+            plural(l.live_at_end_blocks, "block", "blocks"),
+            l.held_at_exit.map_or(String::new(), |(b, n)| format!(
+                " (it exited holding {} in {}, which its exit released)",
+                bytes(b),
+                plural(n, "block", "blocks")
+            ))
         );
     }
     md.push('\n');
