@@ -24,6 +24,12 @@ pub(crate) fn peak_live_text(a: &Analysis) -> String {
             a.peaks.len(),
             bytes(a.peak_live_total)
         ),
+        // A recording of PyTorch's processes at their cudaMalloc calls:
+        // "live" is what they held from CUDA, their caches whole.
+        _ if !a.allocator_view && !a.pytorch_processes.is_empty() => format!(
+            "peak live {} (held from CUDA: PyTorch's segments whole, the free blocks of its cache included)",
+            bytes(a.peak_live_total)
+        ),
         _ => format!("peak live {}", bytes(a.peak_live_total)),
     }
 }
