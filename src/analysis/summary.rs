@@ -50,8 +50,12 @@ pub struct Summary {
     pub history: bool,
     pub anomalies: u64,
     /// The highest fragmentation level (SPEC §6.8) forecast over processes
-    /// (None: insufficient data).
+    /// with something live at their last timestep (None: insufficient
+    /// data, or `emptied`).
     pub risk: Option<Risk>,
+    /// Every process forecast had released all it held by its last
+    /// timestep: the level of an empty cache is no level of the program's.
+    pub emptied: bool,
     /// The highest OOM risk over devices ([`crate::analysis::risk`]).
     pub oom_risk: crate::analysis::risk::OomRisk,
     /// OOM counts per class, most frequent first.
@@ -75,6 +79,15 @@ pub struct Summary {
 }
 
 impl Summary {
+    /// The fragmentation level's name where every process ended empty.
+    pub const EMPTIED: &'static str = "none";
+
+    /// The fragmentation level as the batch summary writes it: its name,
+    /// [`Summary::EMPTIED`], or None (insufficient data).
+    pub fn level_name(&self) -> Option<&'static str> {
+        self.risk.map(Risk::name).or(self.emptied.then_some(Self::EMPTIED))
+    }
+
     pub fn of(a: &Analysis) -> Summary {
         // Combined: the worst process at each step, so one bad rank shows.
         let scores = combined_scores(&a.rows);
@@ -97,7 +110,8 @@ impl Summary {
             ooms: a.ooms.len() as u64,
             history: a.has_history(),
             anomalies: a.anomalies.total(),
-            risk: a.predictions.iter().filter_map(|p| p.prediction.risk).max(),
+            risk: a.predictions.iter().filter(|p| !ended_empty(a, p.pid)).filter_map(|p| p.prediction.risk).max(),
+            emptied: !a.predictions.is_empty() && a.predictions.iter().all(|p| ended_empty(a, p.pid)),
             oom_risk: a.oom_risk.iter().map(|x| x.level).max().unwrap_or(crate::analysis::risk::OomRisk::Unknown),
             oom_classes: oom_classes(a),
             leaking: a.leaks.iter().any(|l| l.leaking),
@@ -185,9 +199,18 @@ pub(crate) fn oom_classes(a: &Analysis) -> Vec<(OomClass, u64)> {
     v
 }
 
-/// The prediction of the process with the highest risk (the first on ties).
+/// The prediction of the process with the highest risk (the first on
+/// ties), among those with something live at their last timestep when
+/// any has.
 pub(crate) fn headline(a: &Analysis) -> Option<&ProcessPrediction> {
-    a.predictions.iter().reduce(|best, p| if p.prediction.risk > best.prediction.risk { p } else { best })
+    let key = |p: &ProcessPrediction| (!ended_empty(a, p.pid), p.prediction.risk);
+    a.predictions.iter().reduce(|best, p| if key(p) > key(best) { p } else { best })
+}
+
+/// Whether `pid` had released all it held by its last timestep (a job's
+/// teardown): its score is then of an empty cache.
+pub(crate) fn ended_empty(a: &Analysis, pid: u32) -> bool {
+    last_row(a, pid).is_some_and(|r| r.metrics.live_bytes == 0 && r.metrics.span_bytes > 0)
 }
 
 /// Per step, the highest score over processes.

@@ -70,7 +70,7 @@ pub(crate) fn summary_cells(
                 s.history.then(|| s.ooms.to_string()),
                 s.oom_classes.first().map(|c| c.0.name().to_string()),
                 Some(s.oom_risk.name().to_string()),
-                s.risk.map(|r| r.name().to_string()),
+                s.level_name().map(str::to_string),
                 Some(s.leaking.to_string()),
                 Some(s.leaked_bytes.max(0).to_string()),
                 Some(s.anomalies.to_string()),
@@ -120,7 +120,7 @@ pub(crate) fn summary_frame(
         )
         .push("oom_class", text(|s| s.oom_classes.first().map(|c| c.0.name().to_string())))
         .push("oom_risk", text(|s| Some(s.oom_risk.name().to_string())))
-        .push("fragmentation_level", text(|s| s.risk.map(|r| r.name().to_string())))
+        .push("fragmentation_level", text(|s| s.level_name().map(str::to_string)))
         .push("leaking", BooleanArray::from_iter(rows.iter().map(|r| r.1.as_ref().ok().map(|s| s.leaking))))
         .push("leaked_bytes", oku(|s| s.leaked_bytes.max(0) as u64))
         .push("anomalies", oku(|s| s.anomalies));
@@ -327,6 +327,7 @@ fn rows_of(df: &Table, source: &str, date: &str) -> Result<Vec<SummaryRow>> {
                 history: ooms[i].is_some(),
                 anomalies: anomalies[i],
                 risk: risk[i].as_deref().and_then(|r| <Risk as clap::ValueEnum>::from_str(r, true).ok()),
+                emptied: risk[i].as_deref() == Some(Summary::EMPTIED),
                 oom_risk: oom_risk[i]
                     .as_deref()
                     .and_then(crate::analysis::risk::OomRisk::from_name)
@@ -409,7 +410,7 @@ pub(crate) fn summary_md(
                     md,
                     "| {name} | ok | {} | {} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {group} |",
                     s.oom_risk.name(),
-                    s.risk.map_or("n/a", Risk::name),
+                    s.level_name().unwrap_or("n/a"),
                     s.score.final_,
                     s.score.p95,
                     s.score.max,

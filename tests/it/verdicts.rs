@@ -700,3 +700,30 @@ fn without_an_oom_a_leak_comes_before_a_settings_saving() {
     assert_eq!(kinds.first(), Some(&"leak"), "{kinds:?}");
     assert!(kinds.contains(&"saving"), "{kinds:?}");
 }
+
+/// A run that had released everything by its end has no fragmentation
+/// level to gate on: varshape's emptied cache scored "medium" and tripped
+/// `--fail-on-fragmentation low`. A run with memory live at its end still
+/// trips the gate.
+#[test]
+fn an_emptied_cache_has_no_fragmentation_level_to_gate_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(empty) = h100("varshape-default.pickle") else { return };
+    let out = fragscope()
+        .arg("analyze")
+        .arg(&empty)
+        .args(["--no-plots", "--fail-on-fragmentation", "low", "-o"])
+        .arg(tmp.path().join("v"))
+        .assert()
+        .code(0);
+    let stdout = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    assert!(stdout.contains("fragmentation level none (nothing live at the end)"), "{stdout}");
+    let Some(live) = h100("training-default.pickle") else { return };
+    fragscope()
+        .arg("analyze")
+        .arg(&live)
+        .args(["--no-plots", "--fail-on-fragmentation", "critical", "-o"])
+        .arg(tmp.path().join("t"))
+        .assert()
+        .code(3);
+}

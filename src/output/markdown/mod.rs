@@ -13,7 +13,6 @@ use self::sections::join_md;
 use self::sections::{advice_md, allocator_md, iterations_md, leaks_md, ooms_md, prediction_md, verdict_md};
 use self::words::{peak_live_text, plural};
 use crate::analysis::Analysis;
-use crate::analysis::predict::Risk;
 use crate::analysis::summary::*;
 use crate::units::bytes;
 
@@ -339,7 +338,11 @@ pub fn stdout_summary(a: &Analysis, out: &Path) -> String {
         },
         plural(a.step_count as u64, "step", "steps"),
         s.oom_risk.name(),
-        s.risk.map_or("insufficient data", Risk::name),
+        match s.risk {
+            Some(r) => r.name(),
+            None if s.emptied => "none (nothing live at the end)",
+            None => "insufficient data",
+        },
         if s.leaking {
             format!("; leaking: its floor rose by {}", bytes(s.leaked_bytes.max(0) as u64))
         } else {
