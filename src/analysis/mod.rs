@@ -229,7 +229,21 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         }
         _ => Vec::new(),
     };
+    // One pass from the end: each process's last regular row.
+    let ended_empty: Vec<u32> = {
+        let mut seen: ahash::AHashSet<u32> = Default::default();
+        let mut empty: Vec<u32> = rows
+            .iter()
+            .rev()
+            .filter(|r| !r.at_oom && seen.insert(r.pid))
+            .filter(|r| r.metrics.live_bytes == 0 && r.metrics.span_bytes > 0)
+            .map(|r| r.pid)
+            .collect();
+        empty.sort_unstable();
+        empty
+    };
     let mut analysis = Analysis {
+        ended_empty,
         trace,
         events: events.len() as u64,
         counts_by_kind: counts,

@@ -119,6 +119,10 @@ pub struct Analysis {
     /// allocator (they mapped `libc10_cuda.so`): their cudaMallocs are its
     /// segments, so the gaps inside its cache are not in the recording.
     pub pytorch_processes: Vec<u32>,
+    /// Processes with nothing live at their last timestep and something
+    /// reserved (a job's teardown), sorted: their score is of an empty
+    /// cache ([`crate::analysis::summary::ended_empty`]).
+    pub ended_empty: Vec<u32>,
     /// A device-level recording's processes with OOMs and no copy of their
     /// maps (they exited before the recorder read them): whether they ran
     /// PyTorch's caching allocator is unknown, so their OOMs are counted

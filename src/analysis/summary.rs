@@ -210,7 +210,7 @@ pub(crate) fn headline(a: &Analysis) -> Option<&ProcessPrediction> {
 /// Whether `pid` had released all it held by its last timestep (a job's
 /// teardown): its score is then of an empty cache.
 pub(crate) fn ended_empty(a: &Analysis, pid: u32) -> bool {
-    last_row(a, pid).is_some_and(|r| r.metrics.live_bytes == 0 && r.metrics.span_bytes > 0)
+    a.ended_empty.binary_search(&pid).is_ok()
 }
 
 /// Per step, the highest score over processes.
