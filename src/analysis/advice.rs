@@ -21,7 +21,8 @@
 //!   allocated in its turn, from the smallest to the largest) calls for a
 //!   buffer allocated once at its final size.
 //! - **Leaks** and an **OOM risk** of high or more without an OOM. Without
-//!   an OOM a leak is the first advice, before any setting's saving.
+//!   an OOM a leak is the first advice, then the risk, then the program's
+//!   patterns, and a setting's saving last.
 
 use std::collections::BTreeMap;
 
@@ -199,10 +200,17 @@ pub fn advise(a: &Analysis, events: &Events) -> Vec<Advice> {
             format!("No OOM in this trace, but the OOM risk is {}: {}.", x.level.name(), x.reason),
         ));
     }
-    // Without an OOM, a leak comes first: it runs out in the end, where a
-    // setting's saving is only a saving.
+    // Without an OOM, what will run out comes first (a leak, then a high
+    // OOM risk), then what the program could change, and a setting's
+    // saving, only a saving, last.
     if a.ooms.is_empty() {
-        out.sort_by_key(|x| x.kind != Kind::Leak);
+        out.sort_by_key(|x| match x.kind {
+            Kind::Leak => 0,
+            Kind::Risk => 1,
+            Kind::Pattern | Kind::Program => 2,
+            Kind::Saving => 4,
+            _ => 3,
+        });
     }
     out
 }

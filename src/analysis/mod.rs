@@ -156,7 +156,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     // they are found on a second core while the replay walks them (on a
     // 10 M-event trace the period search replays live bytes on its own,
     // 0.35 s, and the lives take 0.23 s; the walk 1.2 s).
-    let (Walk { mut rows, ooms, counts, failed_allocs, recovered }, (detected, floors, lives)) =
+    let (Walk { mut rows, ooms, counts, failed_allocs, recovered, null_frees }, (detected, floors, lives)) =
         std::thread::scope(|scope| {
             let beside = scope.spawn(|| {
                 let started = std::time::Instant::now();
@@ -248,6 +248,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         events: events.len() as u64,
         counts_by_kind: counts,
         failed_allocs,
+        null_frees,
         recovered_allocs: recovered,
         first_ts: events.ts_ns.first().copied().unwrap_or(0),
         last_ts: events.ts_ns.last().copied().unwrap_or(0),
@@ -440,6 +441,8 @@ struct Walk {
     /// Failed cudaMallocs that PyTorch's allocator then served after
     /// releasing its cache: no OOM ([`oom::Retries`]).
     recovered: u64,
+    /// `cudaFree`s of a null pointer, which free nothing.
+    null_frees: u64,
 }
 
 /// What the walk needs to diagnose an OOM.
@@ -464,6 +467,7 @@ fn walk(events: &Events, bounds: &[(usize, u64)], replay: &mut Replay, context: 
         counts: Default::default(),
         failed_allocs: 0,
         recovered: 0,
+        null_frees: 0,
     };
     let mut pids: Vec<u32> = Vec::new();
     // Processes whose `exit` was applied, and those with a row: a process
@@ -490,7 +494,9 @@ fn walk(events: &Events, bounds: &[(usize, u64)], replay: &mut Replay, context: 
         while i < end {
             let kind = events.kind[i];
             w.counts.add(kind);
-            if kind == Some(crate::trace::event::EventKind::Exit) {
+            if kind == Some(crate::trace::event::EventKind::Free) && events.addr[i] == 0 {
+                w.null_frees += 1;
+            } else if kind == Some(crate::trace::event::EventKind::Exit) {
                 exited.insert(events.pid[i]);
             } else if !exited.is_empty() {
                 // A pid seen again after its exit is a new process.

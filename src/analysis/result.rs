@@ -70,6 +70,8 @@ pub struct Analysis {
     pub events: u64,
     pub counts_by_kind: crate::trace::event::KindCounts,
     pub failed_allocs: u64,
+    /// Device frees of a null pointer (`cudaFree(0)`), which free nothing.
+    pub null_frees: u64,
     /// Of those, failed cudaMallocs whose request PyTorch's allocator then
     /// served when it asked again, after releasing cached memory: not OOMs.
     pub recovered_allocs: u64,

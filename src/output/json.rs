@@ -98,6 +98,7 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
             "by_kind": a.counts_by_kind.present().map(|(k, n)| (k.name().to_string(), json!(n))).collect::<serde_json::Map<String, serde_json::Value>>(),
             "failed_allocs": a.failed_allocs,
             "recovered_allocs": a.recovered_allocs,
+            "null_frees": a.null_frees,
             "ooms": history.then_some(a.ooms.len()),
             "first_ts_ns": a.first_ts,
             "last_ts_ns": a.last_ts,
@@ -123,6 +124,7 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
             "score": score_json(&s.score),
             "oom_risk": s.oom_risk.name(),
             "fragmentation_level": s.risk.map(Risk::name),
+            "fragmentation_level_not_judged": s.emptied.then_some("nothing is live at the last timestep of any process"),
             "leaking": s.leaking,
         },
         "oom_risk": a.oom_risk.iter().map(|x| {
@@ -337,7 +339,9 @@ pub(crate) fn prediction_json(p: &ProcessPrediction) -> serde_json::Value {
         "forecaster": pr.forecast.as_ref().map(|_| pr.forecaster.name()),
         "skill": pr.skill.map(r6),
         "model_forecast": pr.model_forecast.as_ref().map(|f| f.iter().map(|v| r6(*v)).collect::<Vec<_>>()),
-        "confidence": pr.confidence.map(r6),
+        // A score that never moved at any cross-validation origin: an
+        // error of 0 is no evidence, and no confidence is given.
+        "confidence": pr.confidence.filter(|_| !pr.cv_mae.as_ref().is_some_and(|c| c.persistence < 1e-9)).map(r6),
         "confidence_model": pr.confidence_model.map(r6),
         "trend": r6(pr.trend),
         "fragmentation_level": pr.risk.map(Risk::name),

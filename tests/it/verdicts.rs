@@ -573,17 +573,17 @@ fn a_real_ooms_figures_say_what_they_measure() {
     let (r, md) = analyze(&file, tmp.path(), &[]);
     let o = &r["ooms"][0];
     assert_eq!((o["largest_gap"].as_u64(), o["cuda_free"].as_u64()), (Some(40 << 20), o["largest_free"].as_u64()));
-    assert!(
-        md.contains("| largest gap in the cache | largest free range (that gap, or CUDA's free) | class |"),
-        "{md}"
-    );
+    assert!(md.contains("| largest gap in the cache | largest request that could fit (the larger of that gap and CUDA's free) | class |"), "{md}");
     assert!(md.contains("| 1.00 GiB | 1.37 GiB | 40.00 MiB | 598.19 MiB | fragmentation |"), "{md}");
     let level = md.lines().find(|l| l.starts_with("Fragmentation level:")).unwrap();
-    assert!(level.starts_with("Fragmentation level: none to judge at the end"), "{level}");
-    assert!(level.contains("describes an empty cache in 1.95 GiB reserved"), "{level}");
+    assert!(level.starts_with("Fragmentation level: not judged — nothing is live at the last timestep"), "{level}");
+    assert!(level.contains("1.95 GiB still reserved"), "{level}");
     assert!(!level.contains("**medium**") && !level.contains("confidence 1.00"), "{level}");
-    assert!(md.contains("No warnings: nothing is live at the last timestep"), "{md}");
-    assert!(md.contains("| confidence | none: the score did not move"), "{md}");
+    assert!(md.contains("No fragmentation warnings (deterioration, trend): nothing is live"), "{md}");
+    assert!(md.contains("| confidence | not rated: the score did not move"), "{md}");
+    assert!(r["prediction"]["confidence"].is_null(), "{}", r["prediction"]);
+    assert_eq!(r["summary"]["fragmentation_level"], serde_json::Value::Null, "{}", r["summary"]);
+    assert!(r["summary"]["fragmentation_level_not_judged"].is_string(), "{}", r["summary"]);
     assert!(md.contains("not a fragmentation score: it rises as free memory gathers"), "{md}");
     let Some(file) = h100("varshape-expandable_segments-True.pickle") else { return };
     let (r, _) = analyze(&file, tmp.path(), &[]);
@@ -680,6 +680,8 @@ fn a_recorded_process_is_judged_while_it_ran_not_after_its_exit() {
     // PyTorch's cache: its segments' level is not given as the process's.
     let (r, md) = analyze(&dir.join("training-default"), &tmp.path().join("default"), &[]);
     assert!(md.contains("Fragmentation level: not measured inside PyTorch's cache"), "{md}");
+    // Its 4 frees are all of a null pointer: the 96 blocks are held at exit.
+    assert!(md.contains("| free | 4 (4 of a null pointer, which frees nothing"), "{md}");
     assert!(!md.contains("Fragmentation level: **"), "{md}");
     assert!(r["prediction"]["current"].as_f64().unwrap() > 0.0, "{}", r["prediction"]);
     // The drop at the end of varshape is its exit, said so; and the advice
@@ -717,7 +719,7 @@ fn an_emptied_cache_has_no_fragmentation_level_to_gate_on() {
         .assert()
         .code(0);
     let stdout = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
-    assert!(stdout.contains("fragmentation level none (nothing live at the end)"), "{stdout}");
+    assert!(stdout.contains("fragmentation level not judged (nothing live at the end)"), "{stdout}");
     let Some(live) = h100("training-default.pickle") else { return };
     fragscope()
         .arg("analyze")

@@ -279,7 +279,8 @@ fn recommend(
     }
     let s = &scenarios[b];
     if s.ooms < rec.ooms {
-        return (b, format!("{} OOM(s) instead of {}, peak reserved {}", s.ooms, rec.ooms, s.reserved()));
+        let ooms = if s.ooms == 1 { "1 OOM".to_string() } else { format!("{} OOMs", s.ooms) };
+        return (b, format!("{ooms} instead of {}, peak reserved {}", rec.ooms, s.reserved()));
     }
     let margin = noise(rec.peak_reserved_bytes);
     let lower = s.ooms == rec.ooms && s.peak_reserved_bytes + margin < rec.peak_reserved_bytes;

@@ -171,7 +171,15 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
 
     let _ = writeln!(md, "## Events by kind\n\n| kind | count |\n|---|---|");
     for (k, n) in a.counts_by_kind.present() {
-        let _ = writeln!(md, "| {} | {n} |", k.name());
+        let null = if k == crate::trace::event::EventKind::Free && a.null_frees > 0 {
+            format!(
+                " ({} of a null pointer, which frees nothing: a common way to create the CUDA context)",
+                a.null_frees
+            )
+        } else {
+            String::new()
+        };
+        let _ = writeln!(md, "| {} | {n}{null} |", k.name());
     }
     if a.recovered_allocs > 0 {
         let _ = writeln!(
@@ -339,9 +347,12 @@ pub fn stdout_summary(a: &Analysis, out: &Path) -> String {
         plural(a.step_count as u64, "step", "steps"),
         s.oom_risk.name(),
         match s.risk {
-            Some(r) => r.name(),
-            None if s.emptied => "none (nothing live at the end)",
-            None => "insufficient data",
+            Some(r) if headline(a).is_some_and(|p| a.pytorch_processes.contains(&p.pid)) => {
+                format!("not measured inside PyTorch's cache (its segments: {})", r.name())
+            }
+            Some(r) => r.name().to_string(),
+            None if s.emptied => "not judged (nothing live at the end)".to_string(),
+            None => "insufficient data".to_string(),
         },
         if s.leaking {
             format!("; leaking: its floor rose by {}", bytes(s.leaked_bytes.max(0) as u64))

@@ -18,7 +18,7 @@ pub(crate) fn allocator_md(a: &Analysis) -> String {
     md.push_str(
         "At the end of the trace, per device: segments, reserved, allocated, free and internal are the totals `_memory_viz.py segsum` prints for the snapshot; the internal share is of the free bytes. The last column is Σ(free gap)² / (Σ segment size)², which segsum does not print (metrics.parquet's `pytorch_fragmentation`). Despite that name it is not a fragmentation score: it rises as free memory gathers into fewer, larger ranges — 1 when all reserved memory is one free range, near 0 when the free memory lies in many small gaps or little is free.\n\n",
     );
-    md.push_str("| device | segments | reserved | allocated (requested) | free | of which internal | free in large ranges Σgap²/(Σseg)² |\n|---|---|---|---|---|---|---|\n");
+    md.push_str("| device | segments | reserved | allocated (requested) | free | of which internal | free-range concentration Σgap²/(Σseg)² (1 = all reserved is one free range) |\n|---|---|---|---|---|---|---|\n");
     let details = a.snapshot_details();
     for p in &a.peaks {
         let f = last_row(a, p.pid).and_then(|r| r.alloc).unwrap_or_default();
@@ -27,7 +27,7 @@ pub(crate) fn allocator_md(a: &Analysis) -> String {
         let internal = totals.map_or(f.allocated_bytes.saturating_sub(f.requested_bytes), |t| t.free_internal);
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} ({:.1} % of free) | {:.3e} |",
+            "| {} | {} | {} | {} | {} | {} ({:.1} % of free) | {:.3} |",
             a.who(p.pid),
             totals.map_or(f.segments, |t| t.segments),
             bytes(totals.map_or(f.reserved_bytes, |t| t.reserved)),
@@ -133,10 +133,10 @@ pub(crate) fn verdict_md(a: &Analysis, s: &Summary) -> String {
                 let held = if a.allocator_view { "reserved" } else { "of arenas" };
                 let _ = writeln!(
                     md,
-                    "Fragmentation level: none to judge at the end — nothing is live at the last timestep (the program \
-                     had released all it held): its score, {:.1} ({level} by its scale), describes an empty cache in {} \
-                     {held}, and no forecast of it says anything of the program. The score's mean, p95 and max below \
-                     span the run.\n",
+                    "Fragmentation level: not judged — nothing is live at the last timestep (every block was freed; {1} \
+                     still {held}), and the score of that empty state, {0:.1} ({level} by its scale), or a forecast of \
+                     it, says nothing of the program. The score's mean, p95 and max below span the run, and any OOM \
+                     is judged in its own section.\n",
                     pr.current,
                     bytes(m.span_bytes)
                 );
@@ -317,7 +317,7 @@ pub(crate) fn prediction_md(a: &Analysis) -> String {
     let _ = writeln!(md, "| forecaster | {} (the lowest cross-validated MAE) |", pr.forecaster.name());
     let _ = writeln!(md, "| skill against \"no change\" | {} |", skill_phrase(pr));
     if flat_score(pr) {
-        let _ = writeln!(md, "| confidence | none: the score did not move at any cross-validation origin |");
+        let _ = writeln!(md, "| confidence | not rated: the score did not move at any cross-validation origin |");
     } else {
         let _ = writeln!(
             md,
@@ -358,11 +358,12 @@ pub(crate) fn prediction_md(a: &Analysis) -> String {
     }
     if pr.cv_mae.is_some() {
         md.push_str(
-            "\nHow to read it: from each past origin, each forecaster predicted the score the next steps would have, \
-             from the steps before the origin only; its MAE is its mean error there, in score points. The model is a \
-             linear model trained on the last window's metrics; persistence forecasts no change; seasonal, the \
-             score one iteration earlier; ridge, a regularised least-squares fit of the same window. Skill = 1 − \
-             MAE ÷ persistence's MAE (above 0: better than no change); confidence = 1 − MAE ÷ 50, at least 0.1.\n",
+            "\nHow to read it: at each origin (a past timestep), each forecaster saw only the timesteps before it and \
+             predicted the next ones (the horizon); MAE is its mean absolute error there, in score points. The model: \
+             a linear model of the window's metrics, trained by gradient descent; ridge: the same inputs, solved \
+             directly with a penalty; persistence: no change; seasonal: the score one iteration earlier. Skill = 1 − \
+             MAE ÷ persistence's MAE (above 0: better than no change); confidence = 1 − MAE ÷ 50, at least 0.1, not \
+             rated where the score never moved.\n",
         );
     }
     if let Some(cv) = &pr.cv_mae
@@ -379,8 +380,8 @@ pub(crate) fn prediction_md(a: &Analysis) -> String {
     }
     if pr.warnings.is_empty() && last_row(a, p.pid).is_some_and(|r| r.metrics.live_bytes == 0) {
         md.push_str(
-            "\nNo warnings: nothing is live at the last timestep (the program had released all it held), so where the \
-             score heads says nothing of the program.\n",
+            "\nNo fragmentation warnings (deterioration, trend): nothing is live at the last timestep, and where the \
+             score of that empty state heads says nothing of the program.\n",
         );
     }
     if !pr.warnings.is_empty() {
@@ -436,7 +437,7 @@ pub(crate) fn ooms_md(a: &Analysis) -> String {
     let (free, ranges, rule) = if cached {
         (
             "free (CUDA + PyTorch's cache)",
-            "largest gap in the cache | largest free range (that gap, or CUDA's free)",
+            "largest gap in the cache | largest request that could fit (the larger of that gap and CUDA's free)",
             "|---|---|---|---|---|---|---|",
         )
     } else {
@@ -651,9 +652,9 @@ pub(crate) fn leaks_md(a: &Analysis) -> String {
         // Without iterations to compare, a leak of one step is allocated
         // once too: the table cannot clear these blocks.
         let what = if l.verdict == Verdict::CannotTell {
-            "usually state such as weights, optimizer moments or caches; with no iteration after the warm-up to compare, a leak of one step would look the same"
+            "usually state such as weights, gradients, optimizer moments or caches; with no iteration after the warm-up to compare, a leak of one step would look the same"
         } else {
-            "state such as weights, optimizer moments or caches, not leaks"
+            "state such as weights, gradients, optimizer moments or caches, not leaks"
         };
         let _ = writeln!(
             md,

@@ -63,7 +63,7 @@ pub(crate) fn forecaster_phrase(f: ForecasterKind) -> &'static str {
 /// error of 0 is no evidence, and the phrase says so.
 pub(crate) fn confidence_phrase(pr: &crate::analysis::predict::Prediction) -> String {
     if flat_score(pr) {
-        "no confidence figure: the score did not move at any cross-validation origin, so the forecast rests on nothing"
+        "confidence not rated: the score did not move at any cross-validation origin, so the forecast rests on nothing"
             .to_string()
     } else {
         format!("confidence {:.2}", pr.confidence.unwrap_or(0.0))
