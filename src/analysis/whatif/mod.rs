@@ -528,9 +528,9 @@ impl Whatif {
     /// `max_split_size_mb:64`, 8 flushes of 18 segments and 0 retries).
     pub fn retries_note(&self) -> &'static str {
         if self.recorded_conf.iter().any(|e| e.starts_with("max_split_size_mb:")) {
-            " `torch.cuda.memory_stats()` counts in `num_alloc_retries` only the flushes of the whole cache (and the last ask before each OOM), not the releases of the blocks above `max_split_size_mb`: it may show fewer, or none."
+            " `num_alloc_retries` in `torch.cuda.memory_stats()` counts only flushes of the whole cache (one comes before every OOM), not these releases of the blocks above `max_split_size_mb`: it may read fewer, or 0."
         } else {
-            " Each flush is one of `num_alloc_retries` in `torch.cuda.memory_stats()`, which also counts the last ask before each OOM."
+            " Each flush is one of `num_alloc_retries` in `torch.cuda.memory_stats()`, which also counts the flush before each OOM."
         }
     }
 
