@@ -651,10 +651,11 @@ fn by_windows(r: &mut LeakReport, input: &Input<'_>) -> (Verdict, String) {
         return (
             Verdict::CannotTell,
             format!(
-                "no iterations found, and live memory rose by half its range only {swings} time{} in the run's \
-                 events (falling back between): {}, so a leak across steps cannot show (its floor was {} in the \
-                 second quarter of those events and {} in the last){back}",
-                if swings == 1 { "" } else { "s" },
+                "no iterations found, and live memory rose by half its range (its lowest to its highest) only {} in \
+                 the run's events{}: {}, so a leak across steps cannot show (its floor was {} in the second quarter \
+                 of those events and {} in the last){back}",
+                rises(swings),
+                if swings >= 2 { " (falling back between)" } else { "" },
                 if swings <= 1 { "as in one pass, not repeated steps" } else { "too few repetitions" },
                 b(early.bytes),
                 b(late.bytes)
@@ -703,10 +704,11 @@ fn by_windows(r: &mut LeakReport, input: &Input<'_>) -> (Verdict, String) {
         return (
             Verdict::CannotTell,
             format!(
-                "no iterations found, and live memory rose by half its range only {swings} time{} in the run's \
-                 events (falling back between; at least {MIN_SWINGS} are needed): too few repetitions for the floors \
-                 of its quarters ({} → {}) to say anything{back}",
-                if swings == 1 { "" } else { "s" },
+                "no iterations found, and live memory rose by half its range (its lowest to its highest) only {} in \
+                 the run's events ({}at least {MIN_SWINGS} are needed): too few repetitions for the floors of its \
+                 quarters ({} → {}) to say anything{back}",
+                rises(swings),
+                if swings >= 2 { "falling back between; " } else { "" },
                 b(early.bytes),
                 b(late.bytes)
             ),
@@ -765,6 +767,15 @@ fn by_windows(r: &mut LeakReport, input: &Input<'_>) -> (Verdict, String) {
             },
         ),
     )
+}
+
+/// "once", "twice", "N times" (0: "0 times").
+fn rises(n: usize) -> String {
+    match n {
+        1 => "once".into(),
+        2 => "twice".into(),
+        n => format!("{n} times"),
+    }
 }
 
 /// Whether the stacks of events `rows` hold the program's Python frames
