@@ -223,8 +223,7 @@ impl LiveBytes {
         // The program's own bytes: a snapshot's blocks by the size asked
         // for, which no allocator setting changes (rounding and unsplit
         // remainders do).
-        let requested = events.requested.get(i).copied().filter(|&r| r != u64::MAX && r > 0);
-        let size = if self.allocator_view { requested.unwrap_or(events.size[i]) } else { events.size[i] };
+        let size = if self.allocator_view { events.requested_at(i).unwrap_or(events.size[i]) } else { events.size[i] };
         if kind.creates_block() {
             if events.size[i] == 0 {
                 return;
@@ -325,9 +324,9 @@ pub struct Input<'a> {
     pub stacks: Option<&'a Stacks>,
     /// When its requests failed (OOMs).
     pub oom_times: &'a [u64],
-    /// Its exit, where it ended holding memory: (time, bytes, blocks)
-    /// its exit released (the driver frees them).
-    pub exited: Option<(u64, u64, u64)>,
+    /// Its exit, where it ended holding memory: (bytes, blocks) its exit
+    /// released (the driver frees them).
+    pub exited: Option<(u64, u64)>,
 }
 
 /// The leak verdict of one series.
@@ -359,7 +358,7 @@ pub fn detect(input: &Input<'_>) -> LeakReport {
         live_at_end_bytes: input.live.iter().map(|b| b.1).sum(),
         live_at_end_requested_bytes: None,
         live_at_end_blocks: input.live.len() as u64,
-        held_at_exit: input.exited.map(|(_, bytes, blocks)| (bytes, blocks)).filter(|x| x.0 > 0),
+        held_at_exit: input.exited.filter(|x| x.0 > 0),
         by_size,
         top_sites: Vec::new(),
         allocated_once: Vec::new(),
@@ -527,8 +526,7 @@ fn growth_sites(input: &Input<'_>, st: &Stacks, first_rows: usize, last_rows: us
     // The bytes the program asked for, as the floors count them (a
     // snapshot's block sizes carry the allocator's rounding).
     let bytes = |b: &crate::trace::event::LiveBlock| {
-        let requested = ev.requested.get(b.row).copied().filter(|&r| r != u64::MAX && r > 0);
-        if input.allocator_view { requested.unwrap_or(b.size) } else { b.size }
+        if input.allocator_view { ev.requested_at(b.row).unwrap_or(b.size) } else { b.size }
     };
     let blocks = |live: &crate::trace::event::LiveSet| -> Vec<(u64, u64, u64, u32)> {
         live.blocks.iter().map(|(&(_, a), b)| (a, bytes(b), bytes(b), b.stack)).collect()
@@ -617,8 +615,8 @@ fn by_windows(r: &mut LeakReport, input: &Input<'_>) -> (Verdict, String) {
         Some((_, t)) if late.bytes.saturating_sub(at_end) > noise => {
             r.released_after = Some((late.end_t_ns, t - at_end));
             let how = match input.exited {
-                Some((_, held, _)) if held >= t - at_end => "released by its exit".to_string(),
-                Some((_, held, _)) if held > 0 => {
+                Some((held, _)) if held >= t - at_end => "released by its exit".to_string(),
+                Some((held, _)) if held > 0 => {
                     format!("freed by the end of the trace ({} of it by its exit)", b(held))
                 }
                 _ => "freed by the end of the trace".to_string(),

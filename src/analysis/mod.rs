@@ -698,7 +698,7 @@ fn find_leaks(
                     .and_then(|it| floors.get(&p.pid).map(|f| (it, f))),
                 stacks,
                 oom_times: &oom_times,
-                exited: exits.iter().rev().find(|x| x.pid == p.pid).map(|x| (x.t_ns, x.bytes, x.blocks)),
+                exited: exits.iter().rev().find(|x| x.pid == p.pid).map(|x| (x.bytes, x.blocks)),
             });
             report.live_at_end_requested_bytes = requested;
             report

@@ -150,7 +150,7 @@ fn largest_requests(events: &crate::trace::event::Events, series: &Series, alloc
         if !series.has(events.pid[i]) {
             continue;
         }
-        let size = events.requested.get(i).copied().filter(|&r| r != u64::MAX && r > 0).unwrap_or(events.size[i]);
+        let size = events.requested_at(i).unwrap_or(events.size[i]);
         if size > max {
             max = size;
             out.push((events.ts_ns[i], max));

@@ -238,8 +238,7 @@ pub fn grown_sites(
         .into_iter()
         .filter(|((p, _), b)| *p == pid && events.ts_ns[b.row] > since_ns && events.ts_ns[b.row] < until_ns)
         .map(|((_, a), b)| {
-            let asked = events.requested.get(b.row).copied().filter(|&r| requested && r != u64::MAX && r > 0);
-            let bytes = asked.unwrap_or(b.size);
+            let bytes = if requested { events.requested_at(b.row).unwrap_or(b.size) } else { b.size };
             (a, bytes, bytes, b.stack)
         })
         .collect();

@@ -339,9 +339,7 @@ pub(crate) fn prediction_json(p: &ProcessPrediction) -> serde_json::Value {
         "forecaster": pr.forecast.as_ref().map(|_| pr.forecaster.name()),
         "skill": pr.skill.map(r6),
         "model_forecast": pr.model_forecast.as_ref().map(|f| f.iter().map(|v| r6(*v)).collect::<Vec<_>>()),
-        // A score that never moved at any cross-validation origin: an
-        // error of 0 is no evidence, and no confidence is given.
-        "confidence": pr.confidence.filter(|_| !pr.cv_mae.as_ref().is_some_and(|c| c.persistence < 1e-9)).map(r6),
+        "confidence": pr.confidence.filter(|_| !pr.flat_score()).map(r6),
         "confidence_model": pr.confidence_model.map(r6),
         "trend": r6(pr.trend),
         "fragmentation_level": pr.risk.map(Risk::name),

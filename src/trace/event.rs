@@ -297,6 +297,12 @@ impl Events {
         !self.requested.is_empty()
     }
 
+    /// The size the program asked for at row `i`, where the trace has one
+    /// (a snapshot's block sizes carry the allocator's rounding).
+    pub fn requested_at(&self, i: usize) -> Option<u64> {
+        self.requested.get(i).copied().filter(|&r| r != u64::MAX && r > 0)
+    }
+
     /// Row `i` as an [`Event`] (fields the analyser does not load are zero).
     pub fn get(&self, i: usize) -> Option<Event> {
         Some(Event {

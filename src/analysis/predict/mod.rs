@@ -128,6 +128,15 @@ pub struct Prediction {
     pub cv_mae: Option<CvMae>,
 }
 
+impl Prediction {
+    /// "No change" forecast every cross-validation origin exactly: the
+    /// score never moved, and a confidence computed from those errors
+    /// means nothing (the report and report.json do not rate it).
+    pub fn flat_score(&self) -> bool {
+        self.cv_mae.as_ref().is_some_and(|cv| cv.persistence < 1e-9)
+    }
+}
+
 /// Everything SPEC §6 asks of one series; `period` is the iteration
 /// period in steps, when known (the seasonal baseline).
 pub fn predict(series: &[Step], cfg: &PredictConfig, period: Option<usize>) -> Prediction {

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use super::words::{confidence_phrase, flat_score, forecaster_phrase, oom_sentence, plural, skill_phrase};
+use super::words::{confidence_phrase, forecaster_phrase, oom_sentence, plural, skill_phrase};
 use crate::analysis::Analysis;
 use crate::analysis::predict::{ForecasterKind, Risk};
 use crate::analysis::summary::*;
@@ -111,8 +111,12 @@ fn last_state(a: &Analysis, pid: u32) -> String {
     let Some(m) = last_row(a, pid).map(|r| &r.metrics).filter(|m| m.span_bytes > 0) else {
         return String::new();
     };
-    let held = if a.allocator_view { "reserved" } else { "of arenas" };
-    format!(" (the last timestep's state: {} live in {} {held})", bytes(m.live_bytes), bytes(m.span_bytes))
+    format!(" (the last timestep's state: {} live in {} {})", bytes(m.live_bytes), bytes(m.span_bytes), held(a))
+}
+
+/// What a process's span is, in the report's words.
+fn held(a: &Analysis) -> &'static str {
+    if a.allocator_view { "reserved" } else { "of arenas" }
 }
 
 /// The verdict: OOM risk, the fragmentation level and its forecast, OOM
@@ -126,11 +130,10 @@ pub(crate) fn verdict_md(a: &Analysis, s: &Summary) -> String {
             let f = pr.forecast.as_deref().unwrap_or_default();
             let forecast: Vec<String> = f.iter().map(|v| format!("{v:.1}")).collect();
             let level = pr.risk.map_or("unknown", Risk::name);
-            let last = last_row(a, p.pid).map(|r| &r.metrics).filter(|m| m.live_bytes == 0 && m.span_bytes > 0);
-            if let Some(m) = last {
+            if let Some(m) = last_row(a, p.pid).map(|r| &r.metrics).filter(|_| ended_empty(a, p.pid)) {
                 // The score of an emptied cache, and where it heads, are no
                 // level of the program's.
-                let held = if a.allocator_view { "reserved" } else { "of arenas" };
+                let held = held(a);
                 let _ = writeln!(
                     md,
                     "Fragmentation level: not judged — nothing is live at the last timestep (every block was freed; {1} \
@@ -316,7 +319,7 @@ pub(crate) fn prediction_md(a: &Analysis) -> String {
     }
     let _ = writeln!(md, "| forecaster | {} (the lowest cross-validated MAE) |", pr.forecaster.name());
     let _ = writeln!(md, "| skill against \"no change\" | {} |", skill_phrase(pr));
-    if flat_score(pr) {
+    if pr.flat_score() {
         let _ = writeln!(md, "| confidence | not rated: the score did not move at any cross-validation origin |");
     } else {
         let _ = writeln!(

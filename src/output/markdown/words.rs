@@ -62,18 +62,12 @@ pub(crate) fn forecaster_phrase(f: ForecasterKind) -> &'static str {
 /// cross-validation origin (a trace that idles for most of its span), an
 /// error of 0 is no evidence, and the phrase says so.
 pub(crate) fn confidence_phrase(pr: &crate::analysis::predict::Prediction) -> String {
-    if flat_score(pr) {
+    if pr.flat_score() {
         "confidence not rated: the score did not move at any cross-validation origin, so the forecast rests on nothing"
             .to_string()
     } else {
         format!("confidence {:.2}", pr.confidence.unwrap_or(0.0))
     }
-}
-
-/// "No change" forecast every cross-validation origin exactly: the score
-/// never moved, and a confidence computed from those errors means nothing.
-pub(crate) fn flat_score(pr: &crate::analysis::predict::Prediction) -> bool {
-    pr.cv_mae.as_ref().is_some_and(|cv| cv.persistence < 1e-9)
 }
 
 /// Whether the forecaster beats "no change", with its skill.
