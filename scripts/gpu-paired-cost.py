@@ -27,17 +27,72 @@ exits with an error stops the run.
 
     sudo python3 scripts/gpu-paired-cost.py --rounds 10 --steps 400 \
         --record record=./fragscope --record no-launch=./fragscope,--no-launch
+
+--from LOG... runs nothing (and needs no GPU): it pools the rows that
+earlier runs printed (their logs) and prints the same summary over all
+their rounds, each round paired within its own run.
 """
 import argparse, importlib.util, json, math, os, random, shutil, signal, statistics, subprocess, sys, tempfile, threading
-
-import torch
 
 p = argparse.ArgumentParser()
 p.add_argument("--rounds", type=int, default=10)
 p.add_argument("--steps", type=int, default=400)
 p.add_argument("--record", action="append", default=[], metavar="LABEL=BINARY[,FLAG...]")
 p.add_argument("--pin", type=int, metavar="CPU", help="run the loop on this CPU only, the recorders on the others")
+p.add_argument("--from", dest="logs", nargs="+", metavar="LOG", help="summarise earlier runs' logs instead of running")
 a = p.parse_args()
+
+
+def gmean(xs):
+    return math.exp(statistics.fmean(math.log(x) for x in xs))
+
+
+def ci(xs, n=4000):
+    """95 % bootstrap interval of the geometric mean over rounds."""
+    rng = random.Random(0)
+    means = sorted(gmean(rng.choices(xs, k=len(xs))) for _ in range(n))
+    return f"{means[n // 40]:.3f}-{means[n - 1 - n // 40]:.3f}"
+
+
+def summary(rows, steps):
+    """Each configuration's median block and p10, and its ratios to plain
+    and history: of the medians, and of the blocks of one round (a round
+    is a (run, round) pair)."""
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    rounds = sorted({(r["run"], r["round"]) for r in rows})
+    by = {c: [r["us_per_step"] for r in rows if r["config"] == c] for c in configs}
+    pair = {(r["run"], r["round"], r["config"]): r["us_per_step"] for r in rows}
+    print()
+    print(f"{len(rounds)} rounds of {steps} steps; medians of the blocks (p10), and of the same round's ratios (min-max)")
+    for c in configs:
+        p10 = statistics.quantiles(by[c], n=10)[0] if len(by[c]) > 1 else by[c][0]
+        line = f"{c:12} {statistics.median(by[c]):8.1f} us/step (p10 {p10:.1f})"
+        for base in ("plain", "history"):
+            if c == base or base not in by:
+                continue
+            ratios = [pair[(run, r, c)] / pair[(run, r, base)] for run, r in rounds]
+            line += (f"   /{base} {statistics.median(by[c]) / statistics.median(by[base]):.3f}"
+                     f" paired {statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})"
+                     f" geomean {gmean(ratios):.3f} [{ci(ratios)}]"
+                     f" lower in {sum(x < 1 for x in ratios)} of {len(ratios)}")
+        print(line)
+
+
+if a.logs:
+    pooled = []
+    for run, log in enumerate(a.logs):
+        try:
+            with open(log) as f:
+                pooled += [dict(json.loads(l), run=run) for l in f if l.startswith('{"round"')]
+        except (OSError, ValueError) as e:
+            sys.exit(f"{log}: {e}")
+    if not pooled:
+        sys.exit(f"no rows in {' '.join(a.logs)}")
+    summary(pooled, a.steps)
+    sys.exit(0)
+
+import torch
+
 others = None
 if a.pin is not None:
     others = os.sched_getaffinity(0) - {a.pin}
@@ -116,28 +171,4 @@ for rnd in range(a.rounds):
         rows.append(row)
         print(json.dumps(row), flush=True)
 
-def gmean(xs):
-    return math.exp(statistics.fmean(math.log(x) for x in xs))
-
-
-def ci(xs, n=4000):
-    """95 % bootstrap interval of the geometric mean over rounds."""
-    rng = random.Random(0)
-    means = sorted(gmean(rng.choices(xs, k=len(xs))) for _ in range(n))
-    return f"{means[n // 40]:.3f}-{means[n - 1 - n // 40]:.3f}"
-
-
-by = {c: [r["us_per_step"] for r in rows if r["config"] == c] for c in configs}
-pair = {(r["round"], r["config"]): r["us_per_step"] for r in rows}
-print()
-print(f"{a.rounds} rounds of {a.steps} steps; medians of the blocks, and of the same round's ratios (min-max)")
-for c in configs:
-    line = f"{c:12} {statistics.median(by[c]):8.1f} us/step"
-    for base in ("plain", "history"):
-        if c == base:
-            continue
-        ratios = [pair[(r, c)] / pair[(r, base)] for r in range(a.rounds)]
-        line += (f"   /{base} {statistics.median(by[c]) / statistics.median(by[base]):.3f}"
-                 f" paired {statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})"
-                 f" geomean {gmean(ratios):.3f} [{ci(ratios)}]")
-    print(line)
+summary([dict(r, run=0) for r in rows], a.steps)
