@@ -3,6 +3,7 @@
 
 use serde::Serialize;
 
+use crate::analysis::leak::Verdict;
 use crate::analysis::oom::OomClass;
 use crate::analysis::predict::Risk;
 use crate::analysis::result::{Analysis, ProcessPrediction, Row};
@@ -60,7 +61,12 @@ pub struct Summary {
     pub oom_risk: crate::analysis::risk::OomRisk,
     /// OOM counts per class, most frequent first.
     pub oom_classes: Vec<(OomClass, u64)>,
+    /// Some process's verdict is "leaking".
     pub leaking: bool,
+    /// The trace's leak verdict: "leaking" if any process's is, else
+    /// "cannot tell" if any process's is, else "not leaking" (None: no
+    /// process was judged).
+    pub leak_verdict: Option<Verdict>,
     pub leaked_bytes: i64,
     /// Successful allocations (device or allocator blocks) and their rate.
     pub allocs: u64,
@@ -86,6 +92,17 @@ impl Summary {
     /// [`Summary::EMPTIED`], or None (insufficient data).
     pub fn level_name(&self) -> Option<&'static str> {
         self.risk.map(Risk::name).or(self.emptied.then_some(Self::EMPTIED))
+    }
+
+    /// "Leaking?" as report.json's summary and the batch summary answer
+    /// it: true, false only where every process judged is "not leaking",
+    /// None where one cannot tell (or none was judged).
+    pub fn leaking_known(&self) -> Option<bool> {
+        match self.leak_verdict? {
+            Verdict::Leaking => Some(true),
+            Verdict::NotLeaking => Some(false),
+            Verdict::CannotTell => None,
+        }
     }
 
     pub fn of(a: &Analysis) -> Summary {
@@ -115,6 +132,9 @@ impl Summary {
             oom_risk: a.oom_risk.iter().map(|x| x.level).max().unwrap_or(crate::analysis::risk::OomRisk::Unknown),
             oom_classes: oom_classes(a),
             leaking: a.leaks.iter().any(|l| l.leaking),
+            leak_verdict: [Verdict::Leaking, Verdict::CannotTell, Verdict::NotLeaking]
+                .into_iter()
+                .find(|v| a.leaks.iter().any(|l| l.verdict == *v)),
             leaked_bytes: a.leaks.iter().filter(|l| l.leaking).map(|l| l.growth_bytes).sum(),
             allocs,
             alloc_rate: if duration > 0.0 { allocs as f64 / duration } else { 0.0 },

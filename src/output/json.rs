@@ -125,7 +125,8 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
             "oom_risk": s.oom_risk.name(),
             "fragmentation_level": s.risk.map(Risk::name),
             "fragmentation_level_not_judged": s.emptied.then_some("nothing is live at the last timestep of any process"),
-            "leaking": s.leaking,
+            "leaking": s.leaking_known(),
+            "leak_verdict": s.leak_verdict.map(|v| v.name()),
         },
         "oom_risk": a.oom_risk.iter().map(|x| {
           let mut j = json!({

@@ -71,7 +71,7 @@ pub(crate) fn summary_cells(
                 s.oom_classes.first().map(|c| c.0.name().to_string()),
                 Some(s.oom_risk.name().to_string()),
                 s.level_name().map(str::to_string),
-                Some(s.leaking.to_string()),
+                s.leaking_known().map(|l| l.to_string()),
                 Some(s.leaked_bytes.max(0).to_string()),
                 Some(s.anomalies.to_string()),
             ]);
@@ -121,7 +121,10 @@ pub(crate) fn summary_frame(
         .push("oom_class", text(|s| s.oom_classes.first().map(|c| c.0.name().to_string())))
         .push("oom_risk", text(|s| Some(s.oom_risk.name().to_string())))
         .push("fragmentation_level", text(|s| s.level_name().map(str::to_string)))
-        .push("leaking", BooleanArray::from_iter(rows.iter().map(|r| r.1.as_ref().ok().map(|s| s.leaking))))
+        .push(
+            "leaking",
+            BooleanArray::from_iter(rows.iter().map(|r| r.1.as_ref().ok().and_then(Summary::leaking_known))),
+        )
         .push("leaked_bytes", oku(|s| s.leaked_bytes.max(0) as u64))
         .push("anomalies", oku(|s| s.anomalies));
     // The grouping features, so that `summarize` can group traces that
@@ -302,7 +305,8 @@ fn rows_of(df: &Table, source: &str, date: &str) -> Result<Vec<SummaryRow>> {
     let oom_class = text("oom_class")?;
     let oom_risk = text("oom_risk")?;
     let risk = text("fragmentation_level")?;
-    let leaking: Vec<bool> = df.bools("leaking")?.into_iter().map(|v| v.unwrap_or(false)).collect();
+    // Null: cannot tell (or no process judged); read back as cannot tell.
+    let leaking = df.bools("leaking")?;
     let features: Vec<Vec<f64>> =
         crate::analysis::cluster::FEATURES.iter().map(|f| float(&format!("feature_{f}"))).collect::<Result<_>>()?;
     let mut out = Vec::with_capacity(df.height());
@@ -334,7 +338,12 @@ fn rows_of(df: &Table, source: &str, date: &str) -> Result<Vec<SummaryRow>> {
                     .unwrap_or(crate::analysis::risk::OomRisk::Unknown),
                 // The part keeps the most frequent class only.
                 oom_classes: class.map(|c| vec![(c, ooms[i].unwrap_or(0))]).unwrap_or_default(),
-                leaking: leaking[i],
+                leaking: leaking[i] == Some(true),
+                leak_verdict: Some(match leaking[i] {
+                    Some(true) => crate::analysis::leak::Verdict::Leaking,
+                    Some(false) => crate::analysis::leak::Verdict::NotLeaking,
+                    None => crate::analysis::leak::Verdict::CannotTell,
+                }),
                 leaked_bytes: leaked[i] as i64,
                 allocs: allocs[i],
                 alloc_rate: if duration[i] > 0.0 { allocs[i] as f64 / duration[i] } else { 0.0 },

@@ -72,6 +72,20 @@ fn known_patterns_are_grouped_and_the_dataset_reads_back() {
     assert!(label_of("steady").starts_with("healthy"), "{}", label_of("steady"));
     assert!(label_of("fragmenting").starts_with("fragmentation-bound"), "{}", label_of("fragmenting"));
     assert_eq!(label_of("leak"), "leaking");
+    // `leaking` is the trace's report.json answer: true, false only for
+    // "not leaking", null for "cannot tell".
+    for (name, leaking) in names.iter().zip(df.bools("leaking")) {
+        let r: serde_json::Value =
+            serde_json::from_str(&fs::read_to_string(out.join(name).join("report.json")).unwrap()).unwrap();
+        let verdict = r["summary"]["leak_verdict"].as_str().unwrap();
+        let want = match verdict {
+            "leaking" => Some(true),
+            "not leaking" => Some(false),
+            _ => None,
+        };
+        assert_eq!(leaking, want, "{name}: {verdict}");
+        assert_eq!(leaking == Some(true), name.starts_with("leak"), "{name}: {verdict}");
+    }
     let md = fs::read_to_string(out.join("summary.md")).unwrap();
     assert!(
         md.contains("## Groups") && md.contains(&format!("k = {} chosen by the gap statistic", distinct.len())),
