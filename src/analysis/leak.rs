@@ -751,17 +751,17 @@ fn by_windows(r: &mut LeakReport, input: &Input<'_>) -> (Verdict, String) {
     (
         Verdict::CannotTell,
         format!(
-            "no iterations found; the floor of live memory rose by {}{}{back}: without iterations a leak across \
-             steps, a set-up (a model moved to the GPU), one pass that holds memory (a forward pass keeping \
-             activations) and a working set that grows by design (a KV cache) look the same",
+            "no iterations found; the floor of live memory (the least live over a span of events) rose by {} from \
+             the second quarter of the run to the last, {}{back}. Without iterations a leak across steps, a set-up \
+             (a model moved to the GPU), one pass that holds memory (a forward pass keeping activations) and a \
+             working set that grows by design (a KV cache) look the same",
             b(growth as u64),
-            if steady {
+            {
                 let word = ["two", "three", "four", "five", "six"].get(six.wrapping_sub(2)).copied().unwrap_or("the");
                 format!(
-                    " from the second quarter of its events to the last, up to its last rise (at each of {word} windows)"
+                    "{} {word} equal spans after its first quarter (the run: its events up to its last rise)",
+                    if steady { "higher in each of" } else { "but not steadily: not higher in each of" }
                 )
-            } else {
-                ", but not steadily".into()
             },
         ),
     )

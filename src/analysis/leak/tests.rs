@@ -248,7 +248,7 @@ fn without_iterations_neither_a_flat_floor_nor_a_rising_one_can_be_told() {
     leak.sort_by_key(|x| x.0);
     let r = judge(&events(&leak), None);
     assert_eq!((r.verdict, r.leaking), (Verdict::CannotTell, false), "{}", r.reason);
-    assert!(r.reason.contains("at each of six windows"), "{}", r.reason);
+    assert!(r.reason.contains("higher in each of six equal spans"), "{}", r.reason);
     assert!(r.growth_bytes > 0 && r.rate_bytes_per_s > 0.0);
     assert_eq!(judge(&events(&saw[..5]), None).verdict, Verdict::CannotTell);
     // The same growth all given back at the end: the release is said, and
