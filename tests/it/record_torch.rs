@@ -367,6 +367,19 @@ fn a_recording_with_blocks_is_analysed_as_a_snapshot_and_its_oom_classified() {
     assert!(md.contains("## PyTorch's allocator, recorded"), "{md}");
     assert_eq!(json["join"]["probed"], true);
     assert_eq!(json["join"]["segments_matched"], json["join"]["segments_total"]);
+    // The table counts the view; the note beside it says what `record`
+    // recorded, as trace.json counts it.
+    let counts = meta(&trace)["event_counts"].as_object().unwrap().clone();
+    let recorded: Vec<String> = counts.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    assert!(
+        md.contains(&format!(
+            "These count PyTorch's allocator view of the recording, which recorded {} (trace.json `event_counts`). \
+             In the view, each of PyTorch's {} segments",
+            recorded.join(", "),
+            json["join"]["segments_matched"]
+        )),
+        "{md}"
+    );
     assert!(md.contains("Every device allocation of the process was PyTorch's."), "{md}");
     // No block outside its segment, no free of an unknown block. (An OOM is
     // written when the thread's next allocator call starts, so the files

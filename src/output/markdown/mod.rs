@@ -206,6 +206,23 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
                 }
             );
         }
+        // A recording with PyTorch's blocks: the table counts its view,
+        // which is not what `record` printed.
+        if let Some(j) = d.join.as_ref().filter(|j| j.probed)
+            && let Some(m) = a.trace.meta.as_ref().filter(|m| !m.event_counts.is_empty())
+        {
+            let recorded: Vec<String> = m.event_counts.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            let _ = writeln!(
+                md,
+                "\nThese count PyTorch's allocator view of the recording, which recorded {} (trace.json \
+                 `event_counts`). In the view, each of PyTorch's {} segments and each of the {} device allocations \
+                 outside its allocator is a segment_alloc (an outside one is also its own block_alloc); copies, the \
+                 process's exit and frees of nothing it holds (a null pointer) have no part in it.",
+                recorded.join(", "),
+                j.segments_matched,
+                j.outside.allocations
+            );
+        }
     }
 
     if a.allocator_view {
