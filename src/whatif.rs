@@ -29,20 +29,35 @@ fn load(path: &std::path::Path, device: Option<u32>) -> Result<Loaded> {
         let units = loaded.trace.units.clone();
         return Ok((streams, recorded, details.allocator_settings.clone(), Source::Snapshot, None, units));
     }
+    // Requests that are not the program's cannot be replayed as its
+    // requests: the replay would "recommend" the settings the program
+    // already ran with (a PyTorch program's cudaMallocs are its
+    // allocator's segments).
+    if meta.is_some_and(|m| m.source == crate::trace::Source::PytorchProfiler) {
+        anyhow::bail!(
+            "{}: a PyTorch profiler trace's memory events are the blocks of PyTorch's caching allocator, not device \
+             allocations, and it holds neither the allocator's segments nor what it had cached before the trace began: \
+             replaying them says nothing about PYTORCH_CUDA_ALLOC_CONF. Take a memory snapshot \
+             (torch.cuda.memory._record_memory_history, then _dump_snapshot) or record the program with `fragscope \
+             record`, and run whatif on that",
+            path.display()
+        );
+    }
     let pytorch = crate::analysis::pytorch_units(&loaded.trace);
-    let streams = device_level_streams(&loaded.events, &pytorch);
     if !pytorch.is_empty() {
-        // Asked for, so run; but what it replays is PyTorch's segments.
         let mut pids: Vec<u32> = pytorch.into_keys().collect();
         pids.sort_unstable();
-        eprintln!(
-            "warning: {}: process {} ran PyTorch's caching allocator (it mapped libc10_cuda.so): its cudaMallocs are \
-             PyTorch's segments, not the program's requests, so this replay says nothing about PYTORCH_CUDA_ALLOC_CONF; \
-             record with the allocator probes (not --no-torch) or take a memory snapshot",
+        anyhow::bail!(
+            "{}: process {} ran PyTorch's caching allocator (it mapped libc10_cuda.so), and this recording holds no \
+             block events of it (an older `record`, `--no-torch`, or a library without its symbols): its cudaMallocs \
+             are PyTorch's segments, not the program's requests, so replaying them says nothing about \
+             PYTORCH_CUDA_ALLOC_CONF. Record again without --no-torch (the probes on PyTorch's allocator see every \
+             tensor) or take a memory snapshot, and run whatif on that",
             path.display(),
             pids.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
         );
     }
+    let streams = device_level_streams(&loaded.events, &pytorch);
     anyhow::ensure!(!streams.is_empty(), "{}: no device allocations to replay", path.display());
     let capacity = meta.and_then(|m| m.capacity_bytes);
     let units = loaded.trace.units.clone();

@@ -79,6 +79,14 @@ fn real_profiler_traces_import_and_analyze_with_their_steps() {
         assert_eq!((its[0]["count"].as_u64(), its[0]["source"].as_str()), (Some(steps), Some("annotations")), "{file}");
         let md = std::fs::read_to_string(a.join("report.md")).unwrap();
         assert!(md.contains("| source | pytorch-profiler |") && md.contains("`ProfilerStep` spans"), "{file}");
+        // `whatif` does not replay the allocator's blocks as requests (it
+        // "recommended" the settings the run already had), and writes nothing.
+        let w = tmp.path().join(format!("{file}-w"));
+        let out = fragscope().arg("whatif").arg(&input).arg("-o").arg(&w).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{file}: {err}");
+        assert!(err.contains(&format!("{}: a PyTorch profiler trace's memory events", input.display())), "{err}");
+        assert!(!w.exists(), "{file}");
         if let Some(py) = python_view(&input) {
             assert_eq!(py["cuda"], cuda);
             assert_eq!(py["steps"], steps);
