@@ -17,12 +17,18 @@
 //! (their second method: the features are correlated), s_k = sd_k·√(1 + 1/B);
 //! the smallest k with Gap(k) ≥ Gap(k+1) − s_{k+1}.
 //!
-//! A cluster is named from its centroid (in z-scores): "healthy" when no
-//! problem feature is above +0.5; otherwise by the largest one:
+//! A cluster is named from its centroid (in z-scores), by the largest
+//! problem feature above +0.5:
 //! fragmentation features or fragmentation OOMs → "fragmentation-bound",
 //! capacity OOMs → "capacity-bound", leak rate → "leaking", small
 //! allocations or size spread → "small-allocation storm", allocator-policy
-//! OOMs → "allocator-policy OOMs". Everything is deterministic for a seed.
+//! OOMs → "allocator-policy OOMs". Where none stands out, the name says
+//! what the members themselves had, since a centroid like the batch's
+//! says nothing of the batch: "healthy" only where no member ran out of
+//! memory or leaked, else "OOMs in M of N" (with their class where all
+//! share one) or "leaking in M of N". One group (k = 1) is always named
+//! that way: its centroid is the batch's mean. Everything is
+//! deterministic for a seed.
 
 use anyhow::Result;
 use linfa::prelude::*;
@@ -159,8 +165,34 @@ fn nearest(x: &Array2<f64>, centroids: &Array2<f64>) -> Array1<usize> {
         .collect()
 }
 
-/// Clusters `features` (one row per trace, [`FEATURES`] order).
-pub fn cluster(features: &[[f64; FEATURES.len()]], seed: u64) -> Result<Option<Clustering>> {
+/// What one trace itself had, beside its features: the label of a group
+/// in which no feature stands out.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Trouble {
+    /// Its OOMs' most frequent class (the class's name; "unknown" for an
+    /// unclassified one), if it had any.
+    pub oom_class: Option<&'static str>,
+    pub leaking: bool,
+}
+
+/// The name of a group in which no feature stands out, from its members'
+/// own troubles.
+fn plain_label(members: &[Trouble]) -> String {
+    let n = members.len();
+    let ooms: Vec<&str> = members.iter().filter_map(|t| t.oom_class).collect();
+    if !ooms.is_empty() {
+        let class = ooms.iter().all(|c| *c == ooms[0] && *c != "unknown").then(|| format!(" ({})", ooms[0]));
+        return format!("OOMs in {} of {n}{}", ooms.len(), class.unwrap_or_default());
+    }
+    match members.iter().filter(|t| t.leaking).count() {
+        0 => "healthy".to_string(),
+        m => format!("leaking in {m} of {n}"),
+    }
+}
+
+/// Clusters `features` (one row per trace, [`FEATURES`] order); `troubles`
+/// (the same order) name a group in which no feature stands out.
+pub fn cluster(features: &[[f64; FEATURES.len()]], troubles: &[Trouble], seed: u64) -> Result<Option<Clustering>> {
     let n = features.len();
     if n < MIN_TRACES {
         return Ok(None);
@@ -244,11 +276,18 @@ pub fn cluster(features: &[[f64; FEATURES.len()]], seed: u64) -> Result<Option<C
         .collect();
     let mut labels: Vec<String> = centroids
         .iter()
-        .map(|c| {
+        .enumerate()
+        .map(|(k, c)| {
             let worst = (0..d).filter(|&j| problem(j).is_some()).max_by(|&a, &b| c[a].total_cmp(&c[b]));
-            match worst {
-                Some(j) if c[j] > 0.5 => problem(j).unwrap_or("healthy").to_string(),
-                _ => "healthy".to_string(),
+            match (worst.and_then(problem), worst) {
+                (Some(name), Some(j)) if c[j] > 0.5 => name.to_string(),
+                _ => {
+                    let members: Vec<Trouble> = (0..n)
+                        .filter(|&i| assign[i] == k)
+                        .map(|i| troubles.get(i).copied().unwrap_or_default())
+                        .collect();
+                    plain_label(&members)
+                }
             }
         })
         .collect();
@@ -323,7 +362,7 @@ mod tests {
             f.push(v);
             truth.push(g);
         }
-        let c = cluster(&f, 7).unwrap().unwrap();
+        let c = cluster(&f, &[], 7).unwrap().unwrap();
         assert_eq!(c.k, 3, "{n} traces: gaps {:?}", c.gaps);
         assert!(adjusted_rand_index(&c.assignments, &truth) > 0.99);
         let name = |g: usize| c.labels[c.assignments[truth.iter().position(|&t| t == g).unwrap()]].clone();
@@ -332,12 +371,44 @@ mod tests {
             ("healthy", "fragmentation-bound", "leaking")
         );
         // Deterministic for a seed.
-        assert_eq!(cluster(&f, 7).unwrap().unwrap(), c);
+        assert_eq!(cluster(&f, &[], 7).unwrap().unwrap(), c);
+    }
+
+    #[test]
+    fn a_group_like_the_batch_is_named_for_what_its_members_had() {
+        // Eight runs of one program: nothing stands out from the batch's
+        // mean, which says nothing of the batch itself.
+        let mut state = 99u64;
+        let f: Vec<[f64; FEATURES.len()]> = (0..8)
+            .map(|_| {
+                let mut v = [0.0; FEATURES.len()];
+                for x in v.iter_mut() {
+                    state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    *x = 0.5 + ((state >> 11) as f64 / (1u64 << 53) as f64 - 0.5) * 0.01;
+                }
+                v
+            })
+            .collect();
+        let oom = |class| Trouble { oom_class: Some(class), leaking: false };
+        let label = |t: &[Trouble]| {
+            let c = cluster(&f, t, 3).unwrap().unwrap();
+            assert_eq!(c.k, 1, "{:?}", c.gaps);
+            c.labels[0].clone()
+        };
+        assert_eq!(label(&[oom("fragmentation"); 8]), "OOMs in 8 of 8 (fragmentation)");
+        let mut mixed = vec![Trouble::default(); 8];
+        mixed[2] = oom("capacity");
+        mixed[5] = oom("fragmentation");
+        assert_eq!(label(&mixed), "OOMs in 2 of 8");
+        mixed[2] = Trouble { oom_class: None, leaking: true };
+        mixed[5] = mixed[2];
+        assert_eq!(label(&mixed), "leaking in 2 of 8");
+        assert_eq!(label(&[Trouble::default(); 8]), "healthy");
     }
 
     #[test]
     fn too_few_traces_are_not_clustered_and_ari_is_exact() {
-        assert!(cluster(&[[0.0; FEATURES.len()]; 5], 1).unwrap().is_none());
+        assert!(cluster(&[[0.0; FEATURES.len()]; 5], &[], 1).unwrap().is_none());
         assert_eq!(adjusted_rand_index(&[0, 0, 1, 1], &[1, 1, 0, 0]), 1.0);
         assert!(adjusted_rand_index(&[0, 1, 0, 1], &[0, 0, 1, 1]) < 0.0);
     }

@@ -244,7 +244,15 @@ pub fn summarize(loc: &Location, seed: u64) -> Result<Batch> {
     let mut by_name: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].1.is_ok()).collect();
     by_name.sort_by(|&a, &b| rows[a].0.cmp(&rows[b].0));
     let features: Vec<_> = by_name.iter().filter_map(|&i| rows[i].1.as_ref().ok().map(|s| s.features)).collect();
-    let grouping = crate::analysis::cluster::cluster(&features, seed)?;
+    let troubles: Vec<_> = by_name
+        .iter()
+        .filter_map(|&i| rows[i].1.as_ref().ok())
+        .map(|s| crate::analysis::cluster::Trouble {
+            oom_class: (s.ooms > 0).then(|| s.oom_classes.first().map_or("unknown", |c| c.0.name())),
+            leaking: s.leaking,
+        })
+        .collect();
+    let grouping = crate::analysis::cluster::cluster(&features, &troubles, seed)?;
     let mut clusters: Vec<Option<(usize, String)>> = vec![None; rows.len()];
     if let Some(g) = &grouping {
         for (k, &i) in by_name.iter().enumerate() {
