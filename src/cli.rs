@@ -183,7 +183,8 @@ pub struct WhatifArgs {
     /// Device memory capacity: a scenario whose reserved memory would exceed it runs out of memory.
     /// Without it the capacity is inferred from an OOM entry or cache flushes (a device-level
     /// trace: its own); where none is known nothing runs out, and only peaks are compared.
-    #[arg(long, value_parser = parse_bytes)]
+    /// Binary units: 80GiB, and 80GB or 80G read as 80GiB; a bare number is bytes.
+    #[arg(long, value_parser = parse_capacity)]
     pub capacity: Option<u64>,
     /// Only this CUDA device (default: every device of the snapshot).
     #[arg(long)]
@@ -233,6 +234,17 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
         .map_err(|e| format!("`{s}`: {e} (examples: 4096, 4KiB, 80GiB)"))
 }
 
+/// A device's memory: a size (GB and G read as GiB, as `parse_bytes`),
+/// where a bare number under 1 MiB is refused: `--capacity 80` meant
+/// 80 GiB, and 80 bytes would make every request an OOM.
+fn parse_capacity(s: &str) -> Result<u64, String> {
+    let v = parse_bytes(s)?;
+    if v < 1 << 20 && s.trim().chars().all(|c| c.is_ascii_digit()) {
+        return Err(format!("`{s}` bytes is no GPU's memory: give a unit (80GiB, 81920MiB)"));
+    }
+    Ok(v)
+}
+
 fn parse_count(s: &str) -> Result<u64, String> {
     parse_size::Config::new()
         .with_decimal()
@@ -252,7 +264,7 @@ pub struct SynthArgs {
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Device memory of each simulated GPU.
-    #[arg(long, value_parser = parse_bytes, default_value = "80GiB")]
+    #[arg(long, value_parser = parse_capacity, default_value = "80GiB")]
     pub capacity: u64,
     /// Rows per Parquet part file.
     #[arg(long, value_parser = parse_count, default_value = "1M")]
@@ -306,8 +318,9 @@ pub struct AnalyzeArgs {
     pub brute_force: bool,
     /// Device memory capacity for the OOM diagnosis and the OOM risk (e.g. 80GiB); default: the
     /// trace's own (`record` writes NVML's, `synth` its own; else inferred from an `oom` entry or
-    /// from PyTorch's cache flushes), else unknown.
-    #[arg(long, value_parser = parse_bytes)]
+    /// from PyTorch's cache flushes), else unknown. Binary units: 80GiB, and 80GB or 80G read
+    /// as 80GiB; a bare number is bytes.
+    #[arg(long, value_parser = parse_capacity)]
     pub capacity: Option<u64>,
     /// Do not replay the requests through the allocator model (PyTorch snapshots, and
     /// device-level traces with OOMs: the "What the allocator settings would change" section).

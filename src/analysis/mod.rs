@@ -402,6 +402,20 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         },
         &mut analysis.rows,
     );
+    // A capacity below what the trace itself held is a smaller device, or
+    // a typo (`--capacity 2500` for 2500MiB): said, not refused.
+    if let Some(c) = opts.capacity
+        && let Some(x) = analysis.oom_risk.iter().filter(|x| x.peak_bytes > c).max_by_key(|x| x.peak_bytes)
+    {
+        tracing::warn!(
+            "{}: --capacity {} is below the {} ({}){} held: judged as a smaller device",
+            analysis.trace.name,
+            crate::units::bytes(c),
+            crate::units::bytes(x.peak_bytes),
+            x.peak_what,
+            x.device.map_or(String::new(), |d| format!(" device {d}"))
+        );
+    }
     for p in &mut analysis.predictions {
         p.lead_time = lead_time(p.pid, &analysis.rows, &analysis.ooms);
     }

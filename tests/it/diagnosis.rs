@@ -428,3 +428,36 @@ fn a_third_ask_follows_the_cache_s_release() {
     let out = fragscope().arg("whatif").arg(&dir).arg("-o").arg(tmp.path().join("w")).output().unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// `--capacity 80` meant 80 GiB: a bare number under 1 MiB is refused
+/// (80 bytes made every request an OOM and the advice "change the
+/// program"), and a capacity below what the trace held is said.
+#[test]
+fn a_capacity_without_its_unit_is_refused_and_one_below_the_trace_is_said() {
+    let tmp = tempfile::tempdir().unwrap();
+    let trace = tmp.path().join("steady");
+    synth(&trace, "steady", 20_000, 1);
+    for cmd in ["analyze", "whatif"] {
+        fragscope()
+            .arg(cmd)
+            .arg(&trace)
+            .args(["--capacity", "80", "-o"])
+            .arg(tmp.path().join(cmd))
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains("`80` bytes is no GPU's memory: give a unit"));
+        assert!(!tmp.path().join(cmd).exists());
+    }
+    let r = analyze(&trace, &tmp.path().join("big"), &["--capacity", "85899345920"]);
+    assert_eq!(r["oom_risk"][0]["capacity_bytes"], 80u64 << 30);
+    let out = fragscope()
+        .arg("analyze")
+        .arg(&trace)
+        .args(["--no-plots", "--capacity", "1MiB", "-o"])
+        .arg(tmp.path().join("small"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--capacity 1.00 MiB is below the") && err.contains("judged as a smaller device"), "{err}");
+}
