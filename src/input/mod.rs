@@ -44,6 +44,11 @@ pub enum Input {
 
 /// What `path` is, or None when it is neither input.
 pub fn classify(path: &Path) -> Option<Input> {
+    // A pipe's first bytes, read to tell its kind, would be gone for the
+    // import (and opening a FIFO waits for a writer): regular files only.
+    if !path.is_dir() && !path.is_file() {
+        return None;
+    }
     if path.is_dir() {
         if Trace::is_trace_dir(path) {
             Some(Input::Trace)
@@ -123,6 +128,14 @@ pub fn load(dir: &Path, kind: Option<Input>, device: Option<u32>) -> Result<Load
 
 /// The error for a file that is none of the inputs, or cannot be read.
 fn no_input(path: &Path) -> anyhow::Error {
+    // Opening a FIFO would wait for a writer.
+    if std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
+        return anyhow::anyhow!(
+            "{} is not a regular file (a pipe, socket or device): fragscope reads a file or a directory, and \
+             reads some files twice; save the stream to a file first",
+            path.display()
+        );
+    }
     if let Err(e) = std::fs::File::open(path) {
         return anyhow::anyhow!("cannot read {}: {e}", path.display());
     }
@@ -277,7 +290,14 @@ pub fn discover(paths: &[PathBuf]) -> Result<(Vec<Found>, bool)> {
 pub fn import(path: &Path, output: &Path, device: Option<u32>) -> Result<()> {
     let started = std::time::Instant::now();
     let kind = classify(path);
-    if kind.is_none() && path.is_file() {
+    if kind.is_none() && path.is_dir() {
+        bail!(
+            "{} is a directory: import takes one file (a PyTorch memory snapshot, a profiler trace or an Nsight \
+             Systems export); a trace directory is read as it is, and analyze takes a folder of inputs",
+            path.display()
+        );
+    }
+    if kind.is_none() && path.exists() {
         return Err(no_input(path));
     }
     let readable = compressed::readable(path, kind)?;

@@ -109,9 +109,33 @@ impl Trace {
             .filter(|e| is_part_name(&e.file_name().to_string_lossy()))
             .map(|e| e.path())
             .collect();
-        parts.sort();
+        let number = |p: &PathBuf| {
+            p.file_name()
+                .and_then(|n| n.to_str()?.strip_prefix("events-")?.strip_suffix(".parquet")?.parse::<u64>().ok())
+        };
+        parts.sort_by_key(|p| number(p));
         if parts.is_empty() {
             bail!("{}: no events-NNNNN.parquet parts: not a trace, or an empty one", dir.display());
+        }
+        // The parts are numbered from 0 without a gap, as many as
+        // trace.json says: a missing one is lost data, not a shorter trace.
+        if let Some(at) = (0..parts.len()).find(|&i| number(&parts[i]) != Some(i as u64)) {
+            bail!(
+                "{}: {} is missing (the parts are numbered from 0 without a gap; {} is next): part of the \
+                 trace is lost",
+                dir.display(),
+                writer::part_name(at as u32),
+                parts[at].file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned())
+            );
+        }
+        if let Some(m) = meta.as_ref().filter(|m| m.parts as usize > parts.len()) {
+            bail!(
+                "{}: trace.json says {} parts, the folder holds {} (events-00000 to {}): part of the trace is lost",
+                dir.display(),
+                m.parts,
+                parts.len(),
+                writer::part_name(parts.len() as u32 - 1)
+            );
         }
         let mut skipped = Vec::new();
         let last = parts.len() - 1;

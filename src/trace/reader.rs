@@ -65,7 +65,14 @@ pub(super) struct Optional {
 
 /// Checks a part; returns the optional columns it has.
 pub(super) fn check_part(path: &Path) -> std::result::Result<Optional, PartError> {
-    let file = File::open(path).map_err(|e| PartError::Footer(format!("cannot open: {e}")))?;
+    // Only a regular file is a part (a FIFO would block the open), and a
+    // part that cannot be opened is no interrupted write.
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => {}
+        Ok(_) => return Err(PartError::Damaged("not a regular file".into())),
+        Err(e) => return Err(PartError::Damaged(format!("cannot read: {e}"))),
+    }
+    let file = File::open(path).map_err(|e| PartError::Damaged(format!("cannot open: {e}")))?;
     let md = ArrowReaderMetadata::load(&file, Default::default()).map_err(|e| PartError::Footer(e.to_string()))?;
     checksum::verify(path, md.metadata()).map_err(PartError::Damaged)?;
     let schema = md.schema();

@@ -191,6 +191,7 @@ fn analyze_fails(trace: &Path, out: &Path, message: &str) {
         .arg(trace)
         .arg("-o")
         .arg(out)
+        .timeout(std::time::Duration::from_secs(60))
         .assert()
         .code(1)
         .stderr(predicate::str::contains(message))
@@ -265,6 +266,57 @@ fn bad_inputs_get_clear_errors() {
     synth(&meta, "steady", 1000, 1, 1000);
     fs::write(meta.join("trace.json"), b"{ not json").unwrap();
     analyze_fails(&meta, &out, "trace.json: not a valid trace.json");
+
+    // A part lost from the middle, or from the end of a finished trace:
+    // lost data, not a shorter trace.
+    let gap = tmp.path().join("gap");
+    synth(&gap, "steady", 5000, 1, 1000);
+    fs::remove_file(gap.join("events-00002.parquet")).unwrap();
+    analyze_fails(&gap, &out, "gap: events-00002.parquet is missing");
+    let short = tmp.path().join("short");
+    synth(&short, "steady", 5000, 1, 1000);
+    fs::remove_file(short.join("events-00004.parquet")).unwrap();
+    analyze_fails(&short, &out, "short: trace.json says 5 parts, the folder holds 4");
+    // A last part that is a directory or a FIFO is no unfinished write,
+    // and a FIFO is never opened (that would wait for a writer).
+    let dir_part = tmp.path().join("dirpart");
+    synth(&dir_part, "steady", 3000, 1, 1000);
+    fs::remove_file(dir_part.join("events-00002.parquet")).unwrap();
+    fs::create_dir(dir_part.join("events-00002.parquet")).unwrap();
+    analyze_fails(&dir_part, &out, "events-00002.parquet: not a regular file");
+    let fifo_part = tmp.path().join("fifopart");
+    synth(&fifo_part, "steady", 3000, 1, 1000);
+    fs::remove_file(fifo_part.join("events-00001.parquet")).unwrap();
+    mkfifo(&fifo_part.join("events-00001.parquet"));
+    analyze_fails(&fifo_part, &out, "events-00001.parquet: not a regular file");
+    // A FIFO given as the input, to analyze and to import.
+    let fifo = tmp.path().join("p.pickle");
+    mkfifo(&fifo);
+    analyze_fails(&fifo, &out, "p.pickle is not a regular file (a pipe, socket or device)");
+    fragscope()
+        .arg("import")
+        .arg(&fifo)
+        .arg("-o")
+        .arg(&out)
+        .timeout(std::time::Duration::from_secs(30))
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("p.pickle is not a regular file"));
+    // A directory given to import, which takes one file.
+    fragscope()
+        .arg("import")
+        .arg(&empty)
+        .arg("-o")
+        .arg(&out)
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("empty is a directory: import takes one file"));
+    assert!(!out.exists());
+}
+
+fn mkfifo(path: &Path) {
+    let st = std::process::Command::new("mkfifo").arg(path).status().unwrap();
+    assert!(st.success(), "mkfifo {}", path.display());
 }
 
 /// Writes a one-part trace with a custom schema.
