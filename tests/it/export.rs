@@ -3,6 +3,7 @@
 //! slice which replays correctly, Trace Event JSON, speedscope, and the
 //! errors of bad requests.
 
+use std::fs;
 use std::path::Path;
 
 use crate::common::fragscope;
@@ -220,6 +221,19 @@ fn bad_requests_say_what_is_wrong() {
         .assert()
         .code(1);
     assert!(String::from_utf8_lossy(&a.get_output().stderr).contains("/proc/"));
+    // The input itself, or a file inside an input trace, as the output: a
+    // usage error, and the input untouched.
+    let snap = tmp.path().join("s.pickle");
+    fragscope().arg("export").arg(&trace).args(["--format", "memory-viz", "-o"]).arg(&snap).assert().success();
+    let before = fs::read(&snap).unwrap();
+    for (input, output) in [(&snap, snap.clone()), (&trace, trace.join("events-00000.parquet"))] {
+        let kept = fs::read(&output).unwrap();
+        let a = fragscope().arg("export").arg(input).args(["--format", "chrome", "-o"]).arg(&output).assert().code(2);
+        let err = String::from_utf8_lossy(&a.get_output().stderr).into_owned();
+        assert!(err.contains("is the input") && err.contains("would replace what it reads"), "{err}");
+        assert_eq!(fs::read(&output).unwrap(), kept);
+    }
+    assert_eq!(fs::read(&snap).unwrap(), before);
 }
 
 /// Reads a Perfetto export back with Perfetto's own generated classes

@@ -101,6 +101,17 @@ pub fn run(args: &Options) -> Result<u8> {
             return Ok(crate::exit::USAGE);
         }
     }
+    // The output replaces whatever file is there: never the input itself
+    // (or a file inside an input trace directory).
+    let same = |a: &std::path::Path, b: &std::path::Path| matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if y == x || y.starts_with(&x) && x.is_dir());
+    if same(&args.input, &args.output) {
+        eprintln!(
+            "error: -o {} is the input ({}): the export would replace what it reads; write it elsewhere",
+            args.output.display(),
+            args.input.display()
+        );
+        return Ok(crate::exit::USAGE);
+    }
     // A recording of PyTorch's allocator exports as the snapshot it reads
     // as: memory_viz shows each tensor.
     let loaded = crate::input::allocator_view(crate::input::open(&args.input, args.device)?)?;
