@@ -162,7 +162,10 @@ fn write_scenario(
         let _ = std::fs::remove_dir_all(&staging);
         return Err(e.context(format!("cannot write scenario {}", s.name)));
     }
-    writer.finish()?;
+    if let Err(e) = writer.finish() {
+        let _ = std::fs::remove_dir_all(&staging);
+        return Err(e.context(format!("cannot write scenario {}", s.name)));
+    }
     let _ = std::fs::remove_dir_all(&out);
     std::fs::rename(&staging, &out).with_context(|| format!("cannot write {}", out.display()))?;
     Ok(())
@@ -207,9 +210,19 @@ pub fn run(args: &Options) -> Result<u8> {
     let t = std::time::Instant::now();
     write_scenarios(&args.output.join("scenarios"), &args.input, &devices, &recorded, &report.whatif)?;
     tracing::debug!("scenario traces written in {:.3} s", t.elapsed().as_secs_f64());
-    crate::trace::write_atomic(&args.output.join("whatif.json"), &serde_json::to_vec_pretty(&report.json())?)?;
-    crate::trace::write_atomic(&args.output.join("whatif.md"), report.markdown().as_bytes())?;
-    crate::output::whatif::render_png(&report.whatif, 1600, 700)?.write_png(&args.output.join("whatif.png"))?;
+    let names = ["whatif.json", "whatif.md", "whatif.png"];
+    let written = crate::trace::write_atomic(&args.output.join(names[0]), &serde_json::to_vec_pretty(&report.json())?)
+        .and_then(|()| crate::trace::write_atomic(&args.output.join(names[1]), report.markdown().as_bytes()))
+        .and_then(|()| crate::output::whatif::render_png(&report.whatif, 1600, 700))
+        .and_then(|png| png.write_png(&args.output.join(names[2])));
+    if let Err(e) = written {
+        // No report half written (a full disk, say); each scenario trace
+        // written is complete.
+        for name in names {
+            let _ = std::fs::remove_file(args.output.join(name));
+        }
+        return Err(e);
+    }
     println!("{}", report.headline());
     println!(
         "  {} scenario(s) in {:.2} s; wrote {}",

@@ -554,10 +554,22 @@ pub fn run(a: &Path, b: &Path, out: &Path, opts: &Options, size: (u32, u32), gat
     }
     let c = compare(a, b, opts, size)?;
     let checked: Vec<(Gate, Option<String>)> = gates.iter().map(|g| (g.clone(), g.tripped(&c.rows))).collect();
+    let existed = out.is_dir();
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
-    crate::trace::write_atomic(&out.join("compare.json"), &serde_json::to_vec_pretty(&to_json(&c, &checked))?)?;
-    crate::trace::write_atomic(&out.join("compare.md"), to_md(&c, &checked).as_bytes())?;
-    c.image.write_png(&out.join("compare.png"))?;
+    let names = ["compare.json", "compare.md", "compare.png"];
+    let written = crate::trace::write_atomic(&out.join(names[0]), &serde_json::to_vec_pretty(&to_json(&c, &checked))?)
+        .and_then(|()| crate::trace::write_atomic(&out.join(names[1]), to_md(&c, &checked).as_bytes()))
+        .and_then(|()| c.image.write_png(&out.join(names[2])));
+    if let Err(e) = written {
+        // No comparison half written (a full disk, say).
+        for name in names {
+            let _ = std::fs::remove_file(out.join(name));
+        }
+        if !existed {
+            let _ = std::fs::remove_dir(out);
+        }
+        return Err(e);
+    }
     println!("{} → {}: {}", c.a.name, c.b.name, c.verdict);
     let mut tripped = false;
     for (g, why) in &checked {

@@ -39,6 +39,42 @@ pub use summary::{summarize, write_parts, write_summary_files};
 /// `timeline.png`, and `floors.png` where a leak verdict rests on
 /// iterations.
 pub fn write_trace_outputs(a: &Analysis, out: &Path, plot: Option<&PlotConfig>) -> Result<()> {
+    let existed = out.is_dir();
+    let written = write_outputs(a, out, plot);
+    if written.is_err() {
+        // A failed run (a full disk, say) leaves no report: what it wrote
+        // would read as a complete analysis beside what it did not.
+        remove_outputs(out, !existed);
+    }
+    written
+}
+
+/// What [`write_trace_outputs`] writes into a trace's folder.
+const OUTPUT_FILES: [&str; 9] = [
+    "metrics.parquet",
+    "report.json",
+    "report.md",
+    "mdtp.png",
+    "timeline.png",
+    "floors.png",
+    "flamegraph.folded",
+    "flamegraph.svg",
+    "report.html",
+];
+
+/// Removes a trace folder's outputs, and the folder itself when this run
+/// created it and it is left empty.
+fn remove_outputs(out: &Path, created: bool) {
+    for name in OUTPUT_FILES {
+        let _ = std::fs::remove_file(out.join(name));
+    }
+    let _ = std::fs::remove_dir_all(out.join("view"));
+    if created {
+        let _ = std::fs::remove_dir(out);
+    }
+}
+
+fn write_outputs(a: &Analysis, out: &Path, plot: Option<&PlotConfig>) -> Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let pictures = plot.map(|cfg| plot::render(a, cfg)).transpose()?.flatten();
     let not_drawn = pictures.as_ref().map_or(0, |p| p.panels_not_drawn);
@@ -54,7 +90,7 @@ pub fn write_trace_outputs(a: &Analysis, out: &Path, plot: Option<&PlotConfig>) 
     // The optional files an earlier run into the same folder left would
     // show another analysis, in the folder and inside report.html: gone
     // before this run writes its own.
-    for name in ["mdtp.png", "timeline.png", "floors.png", "flamegraph.folded", "flamegraph.svg"] {
+    for name in &OUTPUT_FILES[3..8] {
         let old = out.join(name);
         if old.is_file() {
             std::fs::remove_file(&old).with_context(|| format!("cannot remove the old {}", old.display()))?;

@@ -275,10 +275,7 @@ impl Columns {
     /// failure never leaves a partial file under the final name.
     pub fn write(&self, path: &Path) -> Result<()> {
         let bytes = self.to_parquet().with_context(|| format!("cannot write {}", path.display()))?;
-        let tmp = path.with_extension("parquet.tmp");
-        std::fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
-        std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
-        Ok(())
+        crate::trace::write_atomic(path, &bytes)
     }
 }
 

@@ -389,9 +389,15 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         ".{}.tmp",
         path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
     ));
-    fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
-    fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
+    // A failed write (a full disk) leaves neither the file nor its
+    // temporary.
+    let written = fs::write(&tmp, bytes)
+        .with_context(|| format!("cannot write {}", path.display()))
+        .and_then(|()| fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display())));
+    if written.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// Fills the folder `path` through a sibling staging folder and a rename,

@@ -551,3 +551,26 @@ fn record_refuses_a_buffer_size_out_of_range() {
         assert!(!tmp.path().join("t").exists());
     }
 }
+
+/// A run that fails while writing (here: a folder where `timeline.png`
+/// goes; on a full disk the same) leaves no report beside what it could
+/// not write, and no temporary file.
+#[test]
+fn a_failed_write_leaves_no_report() {
+    let tmp = tempfile::tempdir().unwrap();
+    let trace = tmp.path().join("t");
+    synth(&trace, "steady", 3000, 1, 1000);
+    let out = tmp.path().join("out");
+    fs::create_dir_all(out.join("timeline.png")).unwrap();
+    fragscope()
+        .arg("analyze")
+        .arg(&trace)
+        .arg("-o")
+        .arg(&out)
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("cannot write").and(predicate::str::contains("timeline.png")));
+    let left: Vec<String> =
+        fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    assert_eq!(left, vec!["timeline.png".to_string()], "only what was there before");
+}

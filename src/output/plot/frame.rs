@@ -193,10 +193,7 @@ pub fn write_png(buf: &[u8], w: u32, h: u32, path: &Path) -> Result<()> {
         );
     }
     let bytes = encode_png(buf, w, h).with_context(|| format!("cannot encode {}", path.display()))?;
-    let tmp = path.with_extension("png.tmp");
-    std::fs::write(&tmp, &bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
+    crate::trace::write_atomic(path, &bytes)
 }
 
 /// An RGB buffer of `w` × `h` as PNG bytes.
