@@ -34,6 +34,13 @@ use ahash::AHashMap;
 /// Deepest MARK nesting accepted (snapshots nest a handful of levels).
 pub const MAX_DEPTH: usize = 10_000;
 
+/// Most values on the unpickler's stack at once. A pickler puts at most
+/// a batch of 1 000 items per open container there (APPENDS, SETITEMS),
+/// so a snapshot holds a few thousand; a file that pushes millions of
+/// values without building anything of them (100 MiB of NONE opcodes took
+/// 3.2 GB) is refused before it takes the machine's memory.
+pub const MAX_STACK: usize = 10_000_000;
+
 /// Why a pickle could not be read.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum PickleError {
@@ -48,6 +55,11 @@ pub enum PickleError {
     Malformed { offset: usize, why: String },
     #[error("pickle nests deeper than {MAX_DEPTH} levels at byte {offset}")]
     TooDeep { offset: usize },
+    #[error(
+        "pickle holds more than {MAX_STACK} values on its stack at byte {offset} (a snapshot holds a few thousand): \
+         not a snapshot"
+    )]
+    TooManyValues { offset: usize },
     #[error("cannot read the pickle at byte {offset}: {why}")]
     Io { offset: usize, why: String },
 }
@@ -379,6 +391,9 @@ pub fn parse_stream<R: std::io::Read>(
     let malformed = |offset: usize, why: &str| PickleError::Malformed { offset, why: why.to_string() };
     loop {
         let at = r.pos;
+        if stack.len() > MAX_STACK {
+            return Err(PickleError::TooManyValues { offset: at });
+        }
         let code = match r.u8("an opcode") {
             Ok(b) => b,
             Err(PickleError::Truncated { .. }) => {

@@ -115,8 +115,19 @@ pub fn readable(path: &Path, kind: Option<Input>) -> Result<Readable> {
     }
 }
 
+/// The most a compressed input may grow by: real snapshots and Nsight
+/// exports compress 10 to 30 times (gzip -9, zstd -19, on the shared
+/// fixtures), so 200 leaves a wide margin, and a decompression bomb (a
+/// 2 MB file of 2 GiB) is refused before it fills the disk and then the
+/// memory of the import. A file that decompresses to under
+/// [`INFLATE_FLOOR`] is never refused.
+const MAX_INFLATE_RATIO: u64 = 200;
+const INFLATE_FLOOR: u64 = 256 << 20;
+
 /// Decompresses `path` into a temporary folder.
 fn inflate(path: &Path, codec: Codec) -> Result<Readable> {
+    let packed = std::fs::metadata(path).map_or(0, |m| m.len());
+    let limit = packed.saturating_mul(MAX_INFLATE_RATIO).max(INFLATE_FLOOR);
     let started = std::time::Instant::now();
     let dir = tempfile::Builder::new()
         .prefix("fragscope-inflated-")
@@ -158,6 +169,17 @@ fn inflate(path: &Path, codec: Codec) -> Result<Readable> {
             )));
         }
         n += k as u64;
+        if n > limit {
+            anyhow::bail!(
+                "{}: decompresses to more than {} ({}× its {} bytes), where real snapshots and exports grow 10 to 30 \
+                 times: a decompression bomb, or not an input; nothing of it was analysed (decompress it by hand if \
+                 it is genuine)",
+                path.display(),
+                crate::units::bytes(limit),
+                MAX_INFLATE_RATIO,
+                packed
+            );
+        }
     }
     tracing::info!(
         "{}: {} decompressed to {} bytes in {:.3} s",
@@ -166,11 +188,7 @@ fn inflate(path: &Path, codec: Codec) -> Result<Readable> {
         n,
         started.elapsed().as_secs_f64()
     );
-    let origin = CompressedOrigin {
-        path: path.display().to_string(),
-        file_bytes: std::fs::metadata(path).map_or(0, |m| m.len()),
-        compression: codec.name(),
-    };
+    let origin = CompressedOrigin { path: path.display().to_string(), file_bytes: packed, compression: codec.name() };
     Ok(Readable { path: out_path, origin: Some(origin), _dir: Some(dir) })
 }
 

@@ -232,3 +232,34 @@ fn without_a_temporary_folder_the_error_names_the_file() {
         .stderr(predicate::str::contains("cannot create a temporary folder to decompress it into"));
     assert!(!out.exists());
 }
+
+/// A decompression bomb (a few MB that inflate to hundreds: here 320 MiB
+/// of NONE opcodes, 1 000 times its size) is refused as it inflates, with
+/// nothing written, instead of filling the disk and then the memory.
+#[test]
+fn a_decompression_bomb_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bomb = tmp.path().join("bomb.pickle.gz");
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    enc.write_all(&[0x80, 4]).unwrap();
+    let chunk = vec![b'N'; 1 << 20];
+    for _ in 0..320 {
+        enc.write_all(&chunk).unwrap();
+    }
+    enc.write_all(b".").unwrap();
+    fs::write(&bomb, enc.finish().unwrap()).unwrap();
+    let out = tmp.path().join("out");
+    fragscope()
+        .arg("analyze")
+        .arg(&bomb)
+        .arg("-o")
+        .arg(&out)
+        .env("TMPDIR", tmp.path())
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("bomb.pickle.gz: decompresses to more than 256.00 MiB"));
+    assert!(!out.exists());
+    // Its temporary copy is gone too.
+    let left: Vec<_> = fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left, vec![std::ffi::OsString::from("bomb.pickle.gz")]);
+}

@@ -222,6 +222,24 @@ fn claimed_lengths_are_checked_before_allocating() {
 }
 
 #[test]
+fn millions_of_values_left_on_the_stack_are_refused() {
+    let mut p = vec![0x80, 4];
+    p.extend(std::iter::repeat_n(b'N', MAX_STACK + 1));
+    p.push(b'.');
+    assert_eq!(parse(&p).unwrap_err(), PickleError::TooManyValues { offset: 2 + MAX_STACK + 1 });
+    // As many inside a list (APPENDS in batches, as picklers write it)
+    // are data, not a stack.
+    let mut p = vec![0x80, 4, b']'];
+    for _ in 0..(MAX_STACK / 1000 + 2) {
+        p.push(b'(');
+        p.extend(std::iter::repeat_n(b'N', 1000));
+        p.push(b'e');
+    }
+    p.push(b'.');
+    assert!(parse(&p).is_ok());
+}
+
+#[test]
 fn deep_nesting_is_refused() {
     let mut p = vec![0x80, 4];
     p.extend(std::iter::repeat_n(b'(', MAX_DEPTH + 1));
