@@ -191,6 +191,13 @@ pub fn write_parts(loc: &Location, rows: &[SummaryRow], shard: Option<Shard>) ->
     Ok(())
 }
 
+/// (I, N) of a part named `part-I-of-N.parquet`.
+fn shard_of(key: &str) -> Option<(u64, u64)> {
+    let name = key.rsplit('/').next()?.strip_prefix("part-")?.strip_suffix(".parquet")?;
+    let (i, n) = name.split_once("-of-")?;
+    Some((i.parse().ok()?, n.parse().ok()?))
+}
+
 /// A batch as `summarize` rebuilds it: the rows of every part, their groups
 /// (aligned with the rows) and the grouping.
 pub struct Batch {
@@ -217,6 +224,25 @@ pub fn summarize(loc: &Location, seed: u64) -> Result<Batch> {
             loc.show("")
         );
     }
+    // Every part of one sharded run has the same count; a shard of which
+    // no part exists anywhere either had no trace or did not run (or its
+    // parts were lost): said, since the summary would lack its traces.
+    let shards: std::collections::BTreeMap<u64, std::collections::BTreeSet<u64>> =
+        keys.iter().filter_map(|k| shard_of(k)).fold(Default::default(), |mut m, (i, n)| {
+            m.entry(n).or_default().insert(i);
+            m
+        });
+    if let Some((n, present)) = shards.iter().next() {
+        let missing: Vec<String> = (0..*n).filter(|i| !present.contains(i)).map(|i| format!("{i}/{n}")).collect();
+        if !missing.is_empty() {
+            tracing::warn!(
+                "{}: no part of shard {} in any partition: that shard had no trace, did not run, or its parts were \
+                 lost; the summary holds the other shards' traces only",
+                loc.show(DATASET),
+                missing.join(", ")
+            );
+        }
+    }
     let mut rows: Vec<SummaryRow> = Vec::new();
     let mut spans: Vec<(String, std::ops::Range<usize>)> = Vec::new();
     for key in keys {
@@ -240,6 +266,16 @@ pub fn summarize(loc: &Location, seed: u64) -> Result<Batch> {
                 );
             }
         }
+    }
+    // Parts of two shard counts that share no trace (the check above).
+    if shards.len() > 1 {
+        anyhow::bail!(
+            "{}: parts of {} sharded runs ({}): a part is left over from an earlier run with another --shard count; \
+             delete the stale ones and run summarize again",
+            loc.show(DATASET),
+            shards.len(),
+            shards.keys().map(|n| format!("part-*-of-{n}")).collect::<Vec<_>>().join(", ")
+        );
     }
     let mut by_name: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].1.is_ok()).collect();
     by_name.sort_by(|&a, &b| rows[a].0.cmp(&rows[b].0));

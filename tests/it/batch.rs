@@ -258,6 +258,23 @@ fn shards_cover_the_batch_and_summarize_equals_the_unsharded_run() {
     let out = fragscope().arg("summarize").arg(&sharded).assert().code(1);
     let stderr = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
     assert!(stderr.contains("part-4-of-5.parquet") && stderr.contains("two summary parts"), "{stderr}");
+    fs::remove_file(&copy).unwrap();
+    // A shard's part lost (or never written): summarize says so.
+    let (one, bytes) = before.iter().find(|(k, _)| k.ends_with("part-1-of-3.parquet")).unwrap();
+    let one = sharded.join("summary.parquet").join(one);
+    fs::remove_file(&one).unwrap();
+    let out = fragscope().arg("summarize").arg(&sharded).assert().success();
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    assert!(stderr.contains("no part of shard 1/3 in any partition"), "{stderr}");
+    // The same part under another shard count, with no trace in two parts:
+    // the two counts are named.
+    let other = one.with_file_name("part-1-of-4.parquet");
+    fs::write(&other, bytes).unwrap();
+    let out = fragscope().arg("summarize").arg(&sharded).assert().code(1);
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
+    assert!(stderr.contains("parts of 2 sharded runs (part-*-of-3, part-*-of-4)"), "{stderr}");
+    fs::remove_file(&other).unwrap();
+    fs::write(&copy, bytes).unwrap();
     // The unsharded run owns the whole dataset: the stale part goes.
     fragscope().arg("analyze").arg(&runs).args(["--no-plots", "-o"]).arg(&sharded).assert().success();
     assert!(!copy.exists());
