@@ -204,7 +204,8 @@ pub struct ExportArgs {
     /// The file to write.
     #[arg(short, long)]
     pub output: PathBuf,
-    /// Only events from A to B seconds after the first event (A.., ..B and A..B); not for
+    /// Only events from A to B after the first event (A.., ..B and A..B; each a duration such as
+    /// 250ms or 1.5s, or seconds); not for
     /// speedscope, which exports the stacks live at the end and at the peak of the whole trace.
     #[arg(long, value_name = "A..B")]
     pub time_window: Option<String>,
@@ -349,7 +350,8 @@ pub struct PlotArgs {
     /// Image size in pixels, WIDTHxHEIGHT.
     #[arg(long, default_value = "1600x900", value_parser = parse_size_px)]
     pub size: (u32, u32),
-    /// Time window of the MDTP, relative to the trace start (e.g. 1s..2.5s).
+    /// Time window of the MDTP after the trace's first event: A..B, A.. or ..B, each a duration
+    /// (250ms, 1.5s) or seconds (0.25), as export's.
     #[arg(long, value_parser = parse_time_window)]
     pub time_window: Option<(u64, u64)>,
     /// Address window of the MDTP, in collapsed offset (e.g. 0..4GiB).
@@ -397,15 +399,11 @@ fn parse_window<F: Fn(&str) -> Result<u64, String>>(s: &str, one: F) -> Result<(
     Ok((a, b))
 }
 
+/// `A..B` after the first event (an open end: the trace's start or end,
+/// `u64::MAX`).
 fn parse_time_window(s: &str) -> Result<(u64, u64), String> {
-    parse_window(s, |v| {
-        if v == "0" {
-            return Ok(0);
-        }
-        humantime::parse_duration(v)
-            .map(|d| d.as_nanos().min(u64::MAX as u128) as u64)
-            .map_err(|e| format!("`{v}`: {e} (examples: 0s, 250ms, 1.5s)"))
-    })
+    let (a, b) = crate::units::time_window(s)?;
+    Ok((a.unwrap_or(0), b.unwrap_or(u64::MAX)))
 }
 
 fn parse_addr_window(s: &str) -> Result<(u64, u64), String> {

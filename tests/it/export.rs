@@ -188,7 +188,25 @@ fn bad_requests_say_what_is_wrong() {
         .arg(&out)
         .assert()
         .code(2);
-    assert!(String::from_utf8_lossy(&a.get_output().stderr).contains("--time-window \"5-7\""));
+    assert!(String::from_utf8_lossy(&a.get_output().stderr).contains("--time-window `5-7`: expected A..B"));
+    // The window takes the syntax analyze's takes, and analyze export's:
+    // durations or seconds, either end open.
+    for w in ["1ms..", "..0.5", "0s..250ms"] {
+        fragscope()
+            .arg("export")
+            .arg(&trace)
+            .args(["--format", "chrome", "--time-window", w, "-o"])
+            .arg(tmp.path().join("w.json"))
+            .assert()
+            .success();
+        fragscope()
+            .arg("analyze")
+            .arg(&trace)
+            .args(["--no-view", "--time-window", w, "-o"])
+            .arg(tmp.path().join("w"))
+            .assert()
+            .success();
+    }
     // A window for speedscope, which exports the whole trace's end and peak
     // stacks: a usage error, not a file that ignores it.
     let a = fragscope()

@@ -5,7 +5,7 @@
 use std::io::Write;
 use std::path::Path;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 
 use crate::analysis::Analysis;
 use crate::input::Loaded;
@@ -72,27 +72,14 @@ pub struct Window {
 }
 
 impl Window {
-    /// `A..B` in seconds from `first_ns`; either end may be omitted.
+    /// `A..B` after `first_ns` ([`crate::units::time_window`]: durations
+    /// or seconds); either end may be omitted.
     pub(crate) fn parse(spec: &str, first_ns: u64) -> Result<Window> {
-        let (a, b) =
-            spec.split_once("..").with_context(|| format!("--time-window {spec:?}: expected A..B (seconds)"))?;
-        let secs = |s: &str, default: u64| -> Result<u64> {
-            let s = s.trim();
-            if s.is_empty() {
-                return Ok(default);
-            }
-            let v: f64 =
-                s.parse().with_context(|| format!("--time-window {spec:?}: {s:?} is not a number of seconds"))?;
-            if !(v.is_finite() && v >= 0.0) {
-                bail!("--time-window {spec:?}: {s:?} must be zero or more seconds");
-            }
-            Ok(first_ns.saturating_add((v * 1e9).round() as u64))
-        };
-        let w = Window { start_ns: secs(a, first_ns)?, end_ns: secs(b, u64::MAX)? };
-        if w.start_ns > w.end_ns {
-            bail!("--time-window {spec:?}: the start is after the end");
-        }
-        Ok(w)
+        let (a, b) = crate::units::time_window(spec).map_err(|e| anyhow::anyhow!("--time-window {e}"))?;
+        Ok(Window {
+            start_ns: first_ns.saturating_add(a.unwrap_or(0)),
+            end_ns: b.map_or(u64::MAX, |b| first_ns.saturating_add(b)),
+        })
     }
 
     pub(crate) fn contains(&self, t: u64) -> bool {

@@ -113,13 +113,15 @@ pub(super) const TITLE_HEIGHT: u32 = 30;
 /// The time axis over `[0, span]` ns with at most `max` ticks: time, the
 /// entry number where the trace has no timestamps (1 ns stands for one
 /// entry), or a fraction of the span (`compare`).
-pub(super) fn time_axis(span: f64, max: usize, entries: bool, normalised: bool) -> Axis {
+/// A time axis over [from, from + span] (a window starts after the
+/// trace's first event: its labels stay the trace's own times).
+pub(super) fn time_axis(from: f64, span: f64, max: usize, entries: bool, normalised: bool) -> Axis {
     if normalised {
         Axis::scaled(0.0, 1.0, max, Unit::Fraction, span)
     } else if entries {
-        Axis::new(0.0, span, max, Unit::Count)
+        Axis::new(from, from + span, max, Unit::Count)
     } else {
-        Axis::new(0.0, span, max, Unit::Time)
+        Axis::new(from, from + span, max, Unit::Time)
     }
 }
 

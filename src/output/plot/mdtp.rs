@@ -116,9 +116,22 @@ pub fn render_mdtp(a: &Analysis, layout: &Layout, cfg: &PlotConfig) -> Result<(V
     let hidden = if cfg.pid.is_some() { 0 } else { a.peaks.len() - pids.len() };
     let (t_first, t_last) = (a.first_ts, a.last_ts.max(a.first_ts + 1));
     let (t0, t1) = match cfg.time_window {
-        Some((s, e)) => (t_first + s, t_first + e.max(s + 1)),
+        Some((s, e)) => {
+            let t0 = t_first.saturating_add(s);
+            let end = if e == u64::MAX { t_last } else { t_first.saturating_add(e) };
+            (t0, end.max(t0 + 1))
+        }
         None => (t_first, t_last),
     };
+    if cfg.time_window.is_some() && t0 >= t_last {
+        tracing::warn!(
+            "{}: --time-window starts at {:.6} s, after the trace's last event ({:.6} s from its first): the MDTP is \
+             empty",
+            a.trace.name,
+            (t0 - t_first) as f64 / 1e9,
+            (t_last - t_first) as f64 / 1e9
+        );
+    }
     let (min_size, max_size) = lives.iter().fold((u64::MAX, 0), |(lo, hi), l| (lo.min(l.size), hi.max(l.size)));
     let (lmin, lmax) = ((min_size.max(1) as f64).log2(), (max_size.max(1) as f64).log2());
     let mut buf = vec![255u8; (w * h * 3) as usize];
@@ -158,8 +171,16 @@ pub fn render_mdtp(a: &Analysis, layout: &Layout, cfg: &PlotConfig) -> Result<(V
             let caption = format!("{} {}", if a.unit() == "device" { "device" } else { "process" }, a.who(pid));
             let (area_w, area_h) = area.dim_in_pixel();
             let entries = a.entry_order();
-            let x_axis =
-                time_axis((t1 - t0) as f64, x_ticks_for(area_w.saturating_sub(220)), entries, cfg.normalised_time);
+            // Labelled in the trace's own time: a window's axis starts at
+            // the window's start, not at 0.
+            let from = if cfg.normalised_time { 0.0 } else { (t0 - t_first) as f64 };
+            let x_axis = time_axis(
+                from,
+                (t1 - t0) as f64,
+                x_ticks_for(area_w.saturating_sub(220)),
+                entries,
+                cfg.normalised_time,
+            );
             let x_label_area = if compact { 22 } else { 36 };
             let y_axis =
                 Axis::new(o0 as f64, o1 as f64, y_ticks_for(area_h.saturating_sub(x_label_area + 30)), Unit::Bytes);
@@ -188,7 +209,7 @@ pub fn render_mdtp(a: &Analysis, layout: &Layout, cfg: &PlotConfig) -> Result<(V
                 .unwrap_or("");
             let mut chart = builder
                 .build_cartesian_2d(
-                    Ticked::new(0f64..(t1 - t0) as f64, &x_axis),
+                    Ticked::new(from..from + (t1 - t0) as f64, &x_axis),
                     Ticked::new(o0 as f64..o1 as f64, &y_axis),
                 )
                 .map_err(|e| anyhow!("{e}"))?;

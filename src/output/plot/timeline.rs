@@ -34,7 +34,7 @@ pub(super) fn timeline_panel<'a, 'b>(
     entries: bool,
 ) -> Result<Panel<'a, 'b>> {
     let (w, h) = area.dim_in_pixel();
-    let x_axis = time_axis(span, x_ticks_for(w.saturating_sub(110)), entries, false);
+    let x_axis = time_axis(0.0, span, x_ticks_for(w.saturating_sub(110)), entries, false);
     // A panel too short for labels (a tiny image) is drawn bare.
     let tiny = h < 75;
     let y_axis = if tiny {
