@@ -189,6 +189,16 @@ fn bad_requests_say_what_is_wrong() {
         .assert()
         .code(2);
     assert!(String::from_utf8_lossy(&a.get_output().stderr).contains("--time-window `5-7`: expected A..B"));
+    // A window that holds no event: an error, not an empty file.
+    let a = fragscope()
+        .arg("export")
+        .arg(&trace)
+        .args(["--format", "chrome", "--time-window", "50..60", "-o"])
+        .arg(&out)
+        .assert()
+        .code(1);
+    assert!(String::from_utf8_lossy(&a.get_output().stderr).contains("no event in --time-window 50..60"));
+    assert!(!out.exists());
     // The window takes the syntax analyze's takes, and analyze export's:
     // durations or seconds, either end open.
     for w in ["1ms..", "..0.5", "0s..250ms"] {

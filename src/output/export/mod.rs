@@ -135,6 +135,15 @@ pub fn run(args: &Options) -> Result<u8> {
     if loaded.events.is_empty() {
         bail!("{}: the trace has no events to export", args.input.display());
     }
+    if args.time_window.is_some() && !loaded.events.ts_ns.iter().any(|&t| window.contains(t)) {
+        let last = loaded.events.ts_ns.iter().max().copied().unwrap_or(first);
+        bail!(
+            "{}: no event in --time-window {} (the trace's events span 0 to {:.6} s after its first)",
+            args.input.display(),
+            args.time_window.as_deref().unwrap_or_default(),
+            last.saturating_sub(first) as f64 / 1e9
+        );
+    }
     let exporter = args.format.exporter();
     let paths = Paths { input: &args.input, output: &args.output };
     let written = if exporter.needs_analysis() {
