@@ -184,8 +184,12 @@ impl Gate {
 }
 
 fn show(unit: Unit, v: f64) -> String {
-    if !v.is_finite() {
-        return "n/a".into();
+    // A level compare could not take: as analyze names it.
+    match unit {
+        Unit::OomRisk if !v.is_finite() => return "unknown".into(),
+        Unit::Risk if !v.is_finite() => return "not judged".into(),
+        _ if !v.is_finite() => return "n/a".into(),
+        _ => {}
     }
     match unit {
         Unit::Bytes => bytes(v.max(0.0) as u64),
@@ -201,8 +205,9 @@ fn show(unit: Unit, v: f64) -> String {
 }
 
 fn show_delta(unit: Unit, d: f64) -> String {
+    // Not computed where a side has no value (as Δ % then).
     if !d.is_finite() {
-        return "n/a".into();
+        return "—".into();
     }
     let sign = if d < 0.0 { "−" } else { "+" };
     match unit {

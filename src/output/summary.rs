@@ -463,7 +463,13 @@ pub(crate) fn summary_md(
                     md,
                     "| {name} | ok | {} | {} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {group} |",
                     s.oom_risk.name(),
-                    s.level_name().unwrap_or("n/a"),
+                    // As analyze's one-line summary says them (the
+                    // dataset's `none` and null are for machines).
+                    match (s.risk, s.emptied) {
+                        (Some(r), _) => r.name(),
+                        (None, true) => "not judged (nothing live at the end)",
+                        (None, false) => "insufficient data",
+                    },
                     s.score.final_,
                     s.score.p95,
                     s.score.max,

@@ -733,4 +733,17 @@ fn an_emptied_cache_has_no_fragmentation_level_to_gate_on() {
         .arg(tmp.path().join("t"))
         .assert()
         .code(3);
+    // The batch summary and compare name it as analyze does (they read
+    // "none" and "n/a").
+    let batch = tmp.path().join("b");
+    fs::create_dir_all(&batch).unwrap();
+    fs::copy(&empty, batch.join("varshape.pickle")).unwrap();
+    fs::copy(&live, batch.join("training.pickle")).unwrap();
+    fragscope().arg("analyze").arg(&batch).args(["--no-plots", "-o"]).arg(tmp.path().join("bo")).assert().success();
+    let md = fs::read_to_string(tmp.path().join("bo/summary.md")).unwrap();
+    assert!(md.contains("| not judged (nothing live at the end) |"), "{md}");
+    fragscope().arg("compare").arg(&empty).arg(&live).arg("-o").arg(tmp.path().join("c")).assert().success();
+    let md = fs::read_to_string(tmp.path().join("c/compare.md")).unwrap();
+    assert!(md.contains("| fragmentation level | not judged | critical | — | — |"), "{md}");
+    assert!(md.contains("| OOM risk | oom | unknown | — | — |"), "{md}");
 }
