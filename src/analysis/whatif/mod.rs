@@ -42,6 +42,9 @@ pub use stream::{DeviceStream, Flushes, Req, device_level_streams, inferred_capa
 /// up to a power of two MiB above 20), `roundup_power2_divisions:4`, and
 /// with a capacity `garbage_collection_threshold:0.8` under a per-process
 /// memory fraction of 0.99 (PyTorch collects garbage only under one below 1).
+/// `capacity`: the device's, where every device's is known (given or
+/// inferred; the largest): a split threshold at or above it splits nothing
+/// a device could hold, and is left out.
 pub fn default_sweep(d: &[DeviceStream], recorded: &Settings, capacity: Option<u64>) -> Vec<Vec<String>> {
     let mut large: Vec<u64> = d
         .iter()
@@ -57,6 +60,7 @@ pub fn default_sweep(d: &[DeviceStream], recorded: &Settings, capacity: Option<u
         .iter()
         .filter_map(|q| large.get(((large.len() as f64 - 1.0) * q).round() as usize).copied())
         .map(|b| b.div_ceil(1 << 20).next_power_of_two().max(32))
+        .filter(|&mb| capacity.is_none_or(|c| mb.saturating_mul(1 << 20) < c))
         .collect();
     splits.sort_unstable();
     splits.dedup();
@@ -597,12 +601,6 @@ pub fn run(
     source: Source,
     unexplained: Option<String>,
 ) -> Result<Whatif, String> {
-    let mut confs = if confs.is_empty() { default_sweep(devices, recorded, capacity) } else { confs };
-    if source == Source::DeviceLevel {
-        confs.insert(0, Vec::new());
-    }
-    let runs = settings_of(recorded, &confs)?;
-    let started = std::time::Instant::now();
     // Each device's capacity: the one given, else inferred from its OOM,
     // else the least its cache flushes allow (the cautious end: a setting
     // said to avoid OOMs must do so on the smallest device the recording
@@ -611,6 +609,14 @@ pub fn run(
         .iter()
         .map(|d| capacity.or_else(|| inferred_capacity(d)).or_else(|| d.flushes.capacity.map(|c| c.0)))
         .collect();
+    // The sweep's garbage collection needs a capacity, given or inferred.
+    let known = capacities.iter().copied().collect::<Option<Vec<u64>>>().and_then(|c| c.into_iter().max());
+    let mut confs = if confs.is_empty() { default_sweep(devices, recorded, known) } else { confs };
+    if source == Source::DeviceLevel {
+        confs.insert(0, Vec::new());
+    }
+    let runs = settings_of(recorded, &confs)?;
+    let started = std::time::Instant::now();
     let from_flushes =
         capacity.is_none() && devices.iter().any(|d| inferred_capacity(d).is_none() && d.flushes.capacity.is_some());
     let run_all = |name: &str, conf: &[String], s: &Settings| -> Scenario {

@@ -473,3 +473,26 @@ fn a_saving_bought_with_cache_flushes_is_not_recommended() {
     let scenarios = vec![one(&[], 21 << 30, 2, 1), one(&["max_split_size_mb:4096"], 20 << 30, 0, 59)];
     assert_eq!(recommend(&scenarios, &[], &cap, None, None).0, 1);
 }
+
+/// The sweep's split thresholds stop below the device (a 76 GiB request
+/// gave `max_split_size_mb:131072` on an 80 GiB GPU), and garbage
+/// collection is tried wherever a capacity is known, inferred too.
+#[test]
+fn the_sweep_fits_the_capacity_it_knows() {
+    let events = [100 * MIB, 400 * MIB, 76 << 30]
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| req(EventKind::BlockAlloc, (i as u64 + 1) << 40, s, s))
+        .collect();
+    let d = [DeviceStream { device: 0, events, ..Default::default() }];
+    let gc = vec!["garbage_collection_threshold:0.8".to_string(), "per_process_memory_fraction:0.99".to_string()];
+    let splits = |sweep: &[Vec<String>]| -> Vec<String> {
+        sweep.iter().flatten().filter(|c| c.starts_with("max_split_size_mb:")).cloned().collect()
+    };
+    let free = default_sweep(&d, &Settings::default(), None);
+    assert!(splits(&free).contains(&"max_split_size_mb:131072".to_string()), "{free:?}");
+    assert!(!free.contains(&gc));
+    let known = default_sweep(&d, &Settings::default(), Some(80 << 30));
+    assert_eq!(splits(&known), ["max_split_size_mb:128", "max_split_size_mb:512"], "{known:?}");
+    assert!(known.contains(&gc));
+}
