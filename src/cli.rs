@@ -49,7 +49,7 @@ pub enum Command {
     Compare(CompareArgs),
     /// Replay a PyTorch snapshot's requests through a model of its caching allocator: how faithful the model is, and what other PYTORCH_CUDA_ALLOC_CONF settings would have done.
     #[command(
-        after_help = "Examples:\n  fragscope whatif snapshot.pickle -o whatif\n  fragscope whatif snapshot.pickle -o whatif --capacity 80GiB --conf max_split_size_mb:128 --conf roundup_power2_divisions:4"
+        after_help = "Examples:\n  fragscope whatif snapshot.pickle -o whatif\n  fragscope whatif snapshot.pickle -o whatif --capacity 80GiB \\\n    --conf max_split_size_mb:128 --conf roundup_power2_divisions:4"
     )]
     Whatif(WhatifArgs),
     /// Write a trace in another tool's format: PyTorch's memory_viz, a Perfetto protobuf trace, Chrome trace JSON, speedscope.
@@ -64,7 +64,7 @@ pub enum Command {
     Summarize(SummarizeArgs),
     /// Record CUDA allocations, frees, copies and kernel launches of a program with eBPF (needs root).
     #[command(
-        after_help = "Examples:\n  sudo fragscope record -o trace -- python train.py\n  sudo fragscope record -o trace --pid 4242\n  sudo fragscope record -o trace --lib ./app -- ./app   (runtime linked into the executable)\n\nExit status: the command's, when it ran to its end; 0 when stopped by Ctrl-C, SIGTERM, --duration or the end of --pid; 1 on errors."
+        after_help = "Examples (sudo resets PATH, so name the binaries whole):\n  sudo \"$(command -v fragscope)\" record -o trace -- \"$(command -v python)\" train.py\n  sudo \"$(command -v fragscope)\" record -o trace --pid 4242\n  sudo \"$(command -v fragscope)\" record -o trace --lib ./app -- ./app   (runtime linked into the executable)\n\nExit status: the command's, when it ran to its end; 0 when stopped by Ctrl-C, SIGTERM, --duration or the end of --pid; 1 on errors."
     )]
     Record(RecordArgs),
 }

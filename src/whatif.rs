@@ -21,6 +21,13 @@ type Loaded = (Vec<DeviceStream>, Settings, serde_json::Value, Source, Option<u6
 type Units = std::collections::BTreeMap<u32, (u32, i32)>;
 
 fn load(path: &std::path::Path, device: Option<u32>) -> Result<Loaded> {
+    if path.is_dir() && crate::input::classify(path).is_none() {
+        anyhow::bail!(
+            "{}: a folder, not a trace: whatif replays one snapshot or trace; run it on each (analyze takes a folder \
+             of inputs, and replays each snapshot in it)",
+            path.display()
+        );
+    }
     let loaded = crate::input::allocator_view(crate::input::open(path, device)?)?;
     let meta = loaded.trace.meta.as_ref();
     if let Some(details) = meta.and_then(|m| m.details.snapshot()) {
@@ -225,8 +232,9 @@ pub fn run(args: &Options) -> Result<u8> {
     }
     println!("{}", report.headline());
     println!(
-        "  {} scenario(s) in {:.2} s; wrote {}",
+        "  {} scenario{} in {:.2} s; wrote {}",
         report.whatif.scenarios.len(),
+        if report.whatif.scenarios.len() == 1 { "" } else { "s" },
         started.elapsed().as_secs_f64(),
         args.output.display()
     );

@@ -172,12 +172,11 @@ impl Gate {
         let allowed = if self.percent { r.a.abs() * self.delta / 100.0 } else { self.delta };
         (r.delta > allowed).then(|| {
             format!(
-                "{} rose from {} to {} (allowed: +{}{})",
+                "{} rose from {} to {} (allowed: +{})",
                 r.label,
                 show(r.unit, r.a),
                 show(r.unit, r.b),
-                self.delta,
-                if self.percent { "%" } else { "" }
+                if self.percent { format!("{} %", self.delta) } else { show(r.unit, self.delta) }
             )
         })
     }
@@ -499,7 +498,7 @@ pub fn to_md(c: &Comparison, gates: &[(Gate, Option<String>)]) -> String {
             show(r.unit, r.a),
             show(r.unit, r.b),
             show_delta(r.unit, r.delta),
-            r.relative.map_or("—".into(), |x| format!("{:+.1} %", 100.0 * x)),
+            r.relative.map_or("—".into(), |x| format!("{:+.1} %", 100.0 * x).replacen('-', "−", 1)),
             match r.judgement {
                 Judgement::Better => "better",
                 Judgement::Worse => "**worse**",

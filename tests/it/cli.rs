@@ -302,6 +302,15 @@ fn bad_inputs_get_clear_errors() {
         .assert()
         .code(1)
         .stderr(predicate::str::contains("p.pickle is not a regular file"));
+    // A folder given to whatif, which replays one input.
+    fragscope()
+        .arg("whatif")
+        .arg(&empty)
+        .arg("-o")
+        .arg(&out)
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("empty: a folder, not a trace: whatif replays one snapshot or trace"));
     // A directory given to import, which takes one file.
     fragscope()
         .arg("import")

@@ -29,18 +29,27 @@ fn a_more_fragmented_candidate_is_worse_and_trips_the_gate() {
         .arg(&b)
         .arg("-o")
         .arg(&out)
-        .args(["--fail-if-worse", "p95_score:5", "--fail-if-worse", "peak_live:10%"])
+        .args([
+            "--fail-if-worse",
+            "p95_score:5",
+            "--fail-if-worse",
+            "peak_live:10%",
+            "--fail-if-worse",
+            "peak_live:10MiB",
+        ])
         .assert()
         .code(3)
         .stdout(predicate::str::contains("worse"))
-        .stderr(predicate::str::contains("gate: --fail-if-worse p95_score"));
+        .stderr(predicate::str::contains("gate: --fail-if-worse p95_score"))
+        // A byte allowance in bytes' units, a share as a share.
+        .stderr(predicate::str::contains("(allowed: +10.00 MiB)").and(predicate::str::contains("(allowed: +10 %)")));
     let c = json(&out.join("compare.json"));
     assert!(c["verdict"].as_str().unwrap().starts_with("worse"), "{}", c["verdict"]);
     let row = |k: &str| c["metrics"].as_array().unwrap().iter().find(|m| m["key"] == k).unwrap().clone();
     assert_eq!(row("p95_score")["judgement"], "worse");
     assert_eq!(row("ext_frag_at_peak")["judgement"], "worse");
     assert!(row("p95_score")["delta"].as_f64().unwrap() > 20.0);
-    assert_eq!(c["gates"].as_array().unwrap().iter().filter(|g| g["tripped"] == true).count(), 2);
+    assert_eq!(c["gates"].as_array().unwrap().iter().filter(|g| g["tripped"] == true).count(), 3);
     let md = fs::read_to_string(out.join("compare.md")).unwrap();
     assert!(md.contains("**Verdict: WORSE**") && md.contains("| p95 score |"));
     let img = crate::common::read_png(&out.join("compare.png"));

@@ -746,4 +746,6 @@ fn an_emptied_cache_has_no_fragmentation_level_to_gate_on() {
     let md = fs::read_to_string(tmp.path().join("c/compare.md")).unwrap();
     assert!(md.contains("| fragmentation level | not judged | critical | — | — |"), "{md}");
     assert!(md.contains("| OOM risk | oom | unknown | — | — |"), "{md}");
+    // A falling Δ % has the minus sign its Δ has.
+    assert!(md.contains("| −11.8 | −23.2 % |"), "{md}");
 }
