@@ -40,12 +40,22 @@ pub use stream::{DeviceStream, Flushes, Req, device_level_streams, inferred_capa
 /// The default sweep: `expandable_segments:True`, `max_split_size_mb` at up to four values taken from
 /// the large requests (their 10th percentile, median, 90th percentile and largest, rounded
 /// up to a power of two MiB above 20), `roundup_power2_divisions:4`, and
-/// with a capacity `garbage_collection_threshold:0.8` under a per-process
-/// memory fraction of 0.99 (PyTorch collects garbage only under one below 1).
-/// `capacity`: the device's, where every device's is known (given or
-/// inferred; the largest): a split threshold at or above it splits nothing
-/// a device could hold, and is left out.
-pub fn default_sweep(d: &[DeviceStream], recorded: &Settings, capacity: Option<u64>) -> Vec<Vec<String>> {
+/// with a capacity given (`--capacity`) `garbage_collection_threshold:0.8`
+/// under a per-process memory fraction of 0.99 (PyTorch collects garbage
+/// only under one below 1). Not with an inferred one: the fraction is of
+/// the device's whole memory, and a capacity inferred from an OOM or from
+/// cache flushes is what the process could have (CUDA's free memory and
+/// its own), which other processes or a budget may make far smaller: the
+/// replay would collect at 0.8 of the wrong figure.
+/// `known`: the largest capacity, where every device's is known (given or
+/// inferred): a split threshold at or above it splits nothing a device
+/// could hold, and is left out.
+pub fn default_sweep(
+    d: &[DeviceStream],
+    recorded: &Settings,
+    given: Option<u64>,
+    known: Option<u64>,
+) -> Vec<Vec<String>> {
     let mut large: Vec<u64> = d
         .iter()
         .flat_map(|s| s.events.iter())
@@ -60,7 +70,7 @@ pub fn default_sweep(d: &[DeviceStream], recorded: &Settings, capacity: Option<u
         .iter()
         .filter_map(|q| large.get(((large.len() as f64 - 1.0) * q).round() as usize).copied())
         .map(|b| b.div_ceil(1 << 20).next_power_of_two().max(32))
-        .filter(|&mb| capacity.is_none_or(|c| mb.saturating_mul(1 << 20) < c))
+        .filter(|&mb| known.is_none_or(|c| mb.saturating_mul(1 << 20) < c))
         .collect();
     splits.sort_unstable();
     splits.dedup();
@@ -89,7 +99,7 @@ pub fn default_sweep(d: &[DeviceStream], recorded: &Settings, capacity: Option<u
     // Garbage collection acts only under a per-process memory fraction
     // below 1: tried with one of 0.99 (nearly the whole device), never
     // alone.
-    if capacity.is_some() {
+    if given.is_some() {
         sweep.push(vec!["garbage_collection_threshold:0.8".into(), "per_process_memory_fraction:0.99".into()]);
     }
     sweep
@@ -609,9 +619,8 @@ pub fn run(
         .iter()
         .map(|d| capacity.or_else(|| inferred_capacity(d)).or_else(|| d.flushes.capacity.map(|c| c.0)))
         .collect();
-    // The sweep's garbage collection needs a capacity, given or inferred.
     let known = capacities.iter().copied().collect::<Option<Vec<u64>>>().and_then(|c| c.into_iter().max());
-    let mut confs = if confs.is_empty() { default_sweep(devices, recorded, known) } else { confs };
+    let mut confs = if confs.is_empty() { default_sweep(devices, recorded, capacity, known) } else { confs };
     if source == Source::DeviceLevel {
         confs.insert(0, Vec::new());
     }

@@ -130,7 +130,7 @@ fn a_recorded_entry_can_be_left_out() {
     // threshold it ran with, alone and under expandable segments.
     let mut rec = Settings::default();
     rec.apply("max_split_size_mb:128").unwrap();
-    let sweep = default_sweep(&[], &rec, None);
+    let sweep = default_sweep(&[], &rec, None, None);
     assert!(sweep.contains(&without.to_vec()) && sweep.contains(&both.to_vec()), "{sweep:?}");
 }
 
@@ -476,7 +476,8 @@ fn a_saving_bought_with_cache_flushes_is_not_recommended() {
 
 /// The sweep's split thresholds stop below the device (a 76 GiB request
 /// gave `max_split_size_mb:131072` on an 80 GiB GPU), and garbage
-/// collection is tried wherever a capacity is known, inferred too.
+/// collection is tried under a capacity given only: its memory fraction
+/// is of the whole device, which an inferred capacity is not.
 #[test]
 fn the_sweep_fits_the_capacity_it_knows() {
     let events = [100 * MIB, 400 * MIB, 76 << 30]
@@ -489,10 +490,13 @@ fn the_sweep_fits_the_capacity_it_knows() {
     let splits = |sweep: &[Vec<String>]| -> Vec<String> {
         sweep.iter().flatten().filter(|c| c.starts_with("max_split_size_mb:")).cloned().collect()
     };
-    let free = default_sweep(&d, &Settings::default(), None);
+    let free = default_sweep(&d, &Settings::default(), None, None);
     assert!(splits(&free).contains(&"max_split_size_mb:131072".to_string()), "{free:?}");
     assert!(!free.contains(&gc));
-    let known = default_sweep(&d, &Settings::default(), Some(80 << 30));
-    assert_eq!(splits(&known), ["max_split_size_mb:128", "max_split_size_mb:512"], "{known:?}");
-    assert!(known.contains(&gc));
+    let inferred = default_sweep(&d, &Settings::default(), None, Some(80 << 30));
+    assert_eq!(splits(&inferred), ["max_split_size_mb:128", "max_split_size_mb:512"], "{inferred:?}");
+    assert!(!inferred.contains(&gc));
+    let given = default_sweep(&d, &Settings::default(), Some(80 << 30), Some(80 << 30));
+    assert_eq!(splits(&given), splits(&inferred));
+    assert!(given.contains(&gc));
 }
