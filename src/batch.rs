@@ -411,7 +411,11 @@ fn analyze_one(
     let a = crate::input::load(&path, kind, opts.device)
         .and_then(crate::input::allocator_view)
         .and_then(|loaded| crate::analysis::analyze_loaded(loaded, opts))
-        .with_context(|| input.show())?;
+        .map_err(|e| {
+            // Named once: most errors already start with the local path.
+            let named = matches!(input, TraceIn::Local(..)) && format!("{e:#}").starts_with(&*path.to_string_lossy());
+            if named { e } else { e.context(input.show()) }
+        })?;
     let Some(dir) = out.local_dir() else {
         let folder = scratch()?.join("out");
         crate::output::write_trace_outputs(&a, &folder, plot)?;

@@ -186,9 +186,15 @@ fn batch_with_a_corrupt_trace_completes_the_others() {
 }
 
 fn analyze_fails(trace: &Path, out: &Path, message: &str) {
+    fails("analyze", trace, out, message);
+    assert!(!out.join("report.json").exists());
+}
+
+/// `fragscope CMD INPUT -o OUT` exits 1 within a minute, saying `message`.
+fn fails(cmd: &str, input: &Path, out: &Path, message: &str) {
     fragscope()
-        .arg("analyze")
-        .arg(trace)
+        .arg(cmd)
+        .arg(input)
         .arg("-o")
         .arg(out)
         .timeout(std::time::Duration::from_secs(60))
@@ -196,7 +202,6 @@ fn analyze_fails(trace: &Path, out: &Path, message: &str) {
         .code(1)
         .stderr(predicate::str::contains(message))
         .stderr(predicate::str::contains("panicked").not());
-    assert!(!out.join("report.json").exists());
 }
 
 #[test]
@@ -293,33 +298,11 @@ fn bad_inputs_get_clear_errors() {
     let fifo = tmp.path().join("p.pickle");
     mkfifo(&fifo);
     analyze_fails(&fifo, &out, "p.pickle is not a regular file (a pipe, socket or device)");
-    fragscope()
-        .arg("import")
-        .arg(&fifo)
-        .arg("-o")
-        .arg(&out)
-        .timeout(std::time::Duration::from_secs(30))
-        .assert()
-        .code(1)
-        .stderr(predicate::str::contains("p.pickle is not a regular file"));
-    // A folder given to whatif, which replays one input.
-    fragscope()
-        .arg("whatif")
-        .arg(&empty)
-        .arg("-o")
-        .arg(&out)
-        .assert()
-        .code(1)
-        .stderr(predicate::str::contains("empty: a folder, not a trace: whatif replays one snapshot or trace"));
-    // A directory given to import, which takes one file.
-    fragscope()
-        .arg("import")
-        .arg(&empty)
-        .arg("-o")
-        .arg(&out)
-        .assert()
-        .code(1)
-        .stderr(predicate::str::contains("empty is a directory: import takes one file"));
+    fails("import", &fifo, &out, "p.pickle is not a regular file");
+    // A folder given to whatif, which replays one input, and to import,
+    // which takes one file.
+    fails("whatif", &empty, &out, "empty: a folder, not a trace: whatif replays one snapshot or trace");
+    fails("import", &empty, &out, "empty is a directory: import takes one file");
     assert!(!out.exists());
 }
 

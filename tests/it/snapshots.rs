@@ -622,7 +622,8 @@ fn whatif_reports_fidelity_scenarios_and_a_recommendation() {
         .success();
     let w2 = json(&out2.join("whatif.json"));
     assert_eq!(w2["fidelity"][0]["same_address"], f["same_address"]);
-    // A directory that is no trace: the loader's clear refusal.
+    // A directory that is no trace (whatif's own output): what whatif
+    // takes instead.
     fragscope()
         .arg("whatif")
         .arg(tmp.path().join("w"))
@@ -630,7 +631,7 @@ fn whatif_reports_fidelity_scenarios_and_a_recommendation() {
         .arg(tmp.path().join("dir"))
         .assert()
         .code(1)
-        .stderr(predicates::str::contains("no events-NNNNN.parquet parts"));
+        .stderr(predicates::str::contains("w: a folder, not a trace: whatif replays one snapshot or trace"));
 }
 
 /// The allocator model against snapshots whose addresses a separate Python

@@ -46,9 +46,10 @@ fn write_file<T>(path: &Path, f: impl FnOnce(&mut std::fs::File) -> Result<T>) -
         path.file_name().map_or("export".into(), |n| n.to_string_lossy().into_owned())
     ));
     let result = (|| {
-        let mut file = std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+        // Errors name the file asked for, not its temporary.
+        let mut file = std::fs::File::create(&tmp).with_context(|| format!("cannot create {}", path.display()))?;
         let value = f(&mut file)?;
-        file.sync_all().with_context(|| format!("cannot write {}", tmp.display()))?;
+        file.sync_all().with_context(|| format!("cannot write {}", path.display()))?;
         std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
         Ok(value)
     })();
