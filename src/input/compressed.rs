@@ -171,13 +171,14 @@ fn inflate(path: &Path, codec: Codec) -> Result<Readable> {
         n += k as u64;
         if n > limit {
             anyhow::bail!(
-                "{}: decompresses to more than {} ({}× its {} bytes), where real snapshots and exports grow 10 to 30 \
-                 times: a decompression bomb, or not an input; nothing of it was analysed (decompress it by hand if \
-                 it is genuine)",
+                "{}: decompresses to more than {} from {} bytes (over {}×, and past {}), where real snapshots and \
+                 exports grow 10 to 30 times: a decompression bomb, or not an input; nothing of it was analysed \
+                 (decompress it by hand if it is genuine)",
                 path.display(),
-                crate::units::bytes(limit),
+                crate::units::bytes(n),
+                packed,
                 MAX_INFLATE_RATIO,
-                packed
+                crate::units::bytes(INFLATE_FLOOR)
             );
         }
     }

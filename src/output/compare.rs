@@ -176,7 +176,11 @@ impl Gate {
                 r.label,
                 show(r.unit, r.a),
                 show(r.unit, r.b),
-                if self.percent { format!("{} %", self.delta) } else { show(r.unit, self.delta) }
+                match (self.percent, r.unit) {
+                    (true, _) => format!("{} %", self.delta),
+                    (false, Unit::Risk | Unit::OomRisk) => format!("{} level(s)", self.delta),
+                    (false, unit) => show(unit, self.delta),
+                }
             )
         })
     }
@@ -606,6 +610,13 @@ mod tests {
         let short = segments_md("B", &list[..3]);
         assert!(!short.contains("compare.json") && short.lines().filter(|l| l.starts_with("| 0 |")).count() == 3);
         assert!(segments_md("B", &[]).contains("only in B: 0, 0 B"));
+    }
+
+    #[test]
+    fn a_level_gates_allowance_reads_in_levels() {
+        let g: Gate = "oom_risk:1".parse().unwrap();
+        let why = g.tripped(&[row("oom_risk", Unit::OomRisk, 1.0, 3.0)]).unwrap();
+        assert!(why.ends_with("(allowed: +1 level(s))"), "{why}");
     }
 
     #[test]

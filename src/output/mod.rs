@@ -40,10 +40,15 @@ pub use summary::{summarize, write_parts, write_summary_files};
 /// iterations.
 pub fn write_trace_outputs(a: &Analysis, out: &Path, plot: Option<&PlotConfig>) -> Result<()> {
     let existed = out.is_dir();
-    let written = write_outputs(a, out, plot);
+    // The pictures first: a run that fails there (`--pid` of no process,
+    // say) has written nothing, and leaves an earlier run's report as it
+    // was.
+    let pictures = plot.map(|cfg| plot::render(a, cfg)).transpose()?.flatten();
+    let written = write_outputs(a, out, plot, pictures);
     if written.is_err() {
-        // A failed run (a full disk, say) leaves no report: what it wrote
-        // would read as a complete analysis beside what it did not.
+        // A run that fails while writing (a full disk, say) leaves no
+        // report: what it wrote would read as a complete analysis beside
+        // what it did not, and the earlier run's is partly replaced.
         remove_outputs(out, !existed);
     }
     written
@@ -74,9 +79,8 @@ fn remove_outputs(out: &Path, created: bool) {
     }
 }
 
-fn write_outputs(a: &Analysis, out: &Path, plot: Option<&PlotConfig>) -> Result<()> {
+fn write_outputs(a: &Analysis, out: &Path, plot: Option<&PlotConfig>, pictures: Option<plot::Pictures>) -> Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
-    let pictures = plot.map(|cfg| plot::render(a, cfg)).transpose()?.flatten();
     let not_drawn = pictures.as_ref().map_or(0, |p| p.panels_not_drawn);
     let started = std::time::Instant::now();
     let lap = |what: &str| tracing::debug!("{what} written at {:.3} s", started.elapsed().as_secs_f64());

@@ -232,14 +232,20 @@ pub fn summarize(loc: &Location, seed: u64) -> Result<Batch> {
             m.entry(n).or_default().insert(i);
             m
         });
-    if let Some((n, present)) = shards.iter().next() {
-        let missing: Vec<String> = (0..*n).filter(|i| !present.contains(i)).map(|i| format!("{i}/{n}")).collect();
-        if !missing.is_empty() {
+    // (Parts of several counts are refused below.)
+    if let Some((n, present)) = shards.iter().next().filter(|_| shards.len() == 1) {
+        let missing = n.saturating_sub(present.len() as u64);
+        if missing > 0 {
+            let first: Vec<String> =
+                (0..*n).filter(|i| !present.contains(i)).take(5).map(|i| format!("{i}/{n}")).collect();
             tracing::warn!(
-                "{}: no part of shard {} in any partition: that shard had no trace, did not run, or its parts were \
-                 lost; the summary holds the other shards' traces only",
+                "{}: no part of {missing} shard{} ({}{}) in any partition: a shard that drew no trace writes none, \
+                 but one that did not run or whose parts were lost would read the same; the summary holds the other \
+                 shards' traces",
                 loc.show(DATASET),
-                missing.join(", ")
+                if missing == 1 { "" } else { "s" },
+                first.join(", "),
+                if missing > 5 { ", …" } else { "" }
             );
         }
     }

@@ -117,6 +117,13 @@ impl Trace {
         if parts.is_empty() {
             bail!("{}: no events-NNNNN.parquet parts: not a trace, or an empty one", dir.display());
         }
+        let name = |p: &PathBuf| p.file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned());
+        if let Some(odd) = parts.iter().find(|p| number(p).is_none()) {
+            bail!("{}: {}: a part number too large to be one", dir.display(), name(odd));
+        }
+        if let Some(w) = parts.windows(2).find(|w| number(&w[0]) == number(&w[1])) {
+            bail!("{}: {} and {} are the same part number twice", dir.display(), name(&w[0]), name(&w[1]));
+        }
         // The parts are numbered from 0 without a gap, as many as
         // trace.json says: a missing one is lost data, not a shorter trace.
         if let Some(at) = (0..parts.len()).find(|&i| number(&parts[i]) != Some(i as u64)) {
@@ -125,7 +132,7 @@ impl Trace {
                  trace is lost",
                 dir.display(),
                 writer::part_name(at as u32),
-                parts[at].file_name().map_or(String::new(), |n| n.to_string_lossy().into_owned())
+                name(&parts[at])
             );
         }
         if let Some(m) = meta.as_ref().filter(|m| m.parts as usize > parts.len()) {

@@ -265,7 +265,7 @@ fn shards_cover_the_batch_and_summarize_equals_the_unsharded_run() {
     fs::remove_file(&one).unwrap();
     let out = fragscope().arg("summarize").arg(&sharded).assert().success();
     let stderr = String::from_utf8_lossy(&out.get_output().stderr).into_owned();
-    assert!(stderr.contains("no part of shard 1/3 in any partition"), "{stderr}");
+    assert!(stderr.contains("no part of 1 shard (1/3) in any partition"), "{stderr}");
     // The same part under another shard count, with no trace in two parts:
     // the two counts are named.
     let other = one.with_file_name("part-1-of-4.parquet");

@@ -282,6 +282,10 @@ fn bad_inputs_get_clear_errors() {
     synth(&short, "steady", 5000, 1, 1000);
     fs::remove_file(short.join("events-00004.parquet")).unwrap();
     analyze_fails(&short, &out, "short: trace.json says 5 parts, the folder holds 4");
+    let twice = tmp.path().join("twice");
+    synth(&twice, "steady", 3000, 1, 1000);
+    fs::copy(twice.join("events-00001.parquet"), twice.join("events-1.parquet")).unwrap();
+    analyze_fails(&twice, &out, "are the same part number twice");
     // A last part that is a directory or a FIFO is no unfinished write,
     // and a FIFO is never opened (that would wait for a writer).
     let dir_part = tmp.path().join("dirpart");
@@ -565,4 +569,12 @@ fn a_failed_write_leaves_no_report() {
     let left: Vec<String> =
         fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     assert_eq!(left, vec!["timeline.png".to_string()], "only what was there before");
+    // A run that fails before it writes (a --pid of no process) leaves an
+    // earlier run's report as it was.
+    let good = tmp.path().join("good");
+    fragscope().arg("analyze").arg(&trace).arg("-o").arg(&good).assert().success();
+    let report = fs::read(good.join("report.json")).unwrap();
+    fragscope().arg("analyze").arg(&trace).args(["--pid", "999999", "-o"]).arg(&good).assert().code(1);
+    assert_eq!(fs::read(good.join("report.json")).unwrap(), report);
+    assert!(good.join("mdtp.png").is_file() && good.join("report.html").is_file());
 }

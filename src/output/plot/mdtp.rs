@@ -119,7 +119,7 @@ pub fn render_mdtp(a: &Analysis, layout: &Layout, cfg: &PlotConfig) -> Result<(V
         Some((s, e)) => {
             let t0 = t_first.saturating_add(s);
             let end = if e == u64::MAX { t_last } else { t_first.saturating_add(e) };
-            (t0, end.max(t0 + 1))
+            (t0, end.max(t0.saturating_add(1)))
         }
         None => (t_first, t_last),
     };
