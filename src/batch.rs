@@ -146,11 +146,10 @@ pub fn summarize(output: &Path, cluster_seed: u64) -> Result<u8> {
         "{} traces, {} failed, {}; summary in {}",
         batch.rows.len(),
         failed,
-        batch.grouping.as_ref().map_or("not grouped".to_string(), |g| if g.k == 1 {
-            "1 group".to_string()
-        } else {
-            format!("{} groups", g.k)
-        }),
+        batch
+            .grouping
+            .as_ref()
+            .map_or("not grouped".to_string(), |g| crate::units::plural(g.k as u64, "group", "groups")),
         loc.show("summary.md")
     );
     Ok(exit::OK)

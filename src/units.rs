@@ -18,6 +18,11 @@ pub fn bytes(n: u64) -> String {
     if u == 0 { format!("{n} B") } else { format!("{v:.2} {}", UNITS[u]) }
 }
 
+/// "1 OOM", "2 OOMs": a count and its noun.
+pub fn plural(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 /// A time window `A..B` after a trace's first event, as every command's
 /// `--time-window` takes it: each end a duration (`250ms`, `1.5s`) or a
 /// number of seconds (`0.25`), either end left open (`A..`, `..B`). In

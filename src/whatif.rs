@@ -224,17 +224,14 @@ pub fn run(args: &Options) -> Result<u8> {
         .and_then(|png| png.write_png(&args.output.join(names[2])));
     if let Err(e) = written {
         // No report half written (a full disk, say); each scenario trace
-        // written is complete.
-        for name in names {
-            let _ = std::fs::remove_file(args.output.join(name));
-        }
+        // written is complete, and the folder holds them.
+        crate::trace::discard(&args.output, &names, false);
         return Err(e);
     }
     println!("{}", report.headline());
     println!(
-        "  {} scenario{} in {:.2} s; wrote {}",
-        report.whatif.scenarios.len(),
-        if report.whatif.scenarios.len() == 1 { "" } else { "s" },
+        "  {} in {:.2} s; wrote {}",
+        crate::units::plural(report.whatif.scenarios.len() as u64, "scenario", "scenarios"),
         started.elapsed().as_secs_f64(),
         args.output.display()
     );

@@ -32,6 +32,8 @@
 
 use anyhow::Result;
 use linfa::prelude::*;
+
+use crate::analysis::oom::OomClass;
 use linfa_clustering::KMeans;
 use ndarray::{Array1, Array2, Axis};
 use rand::{RngExt, SeedableRng};
@@ -169,9 +171,8 @@ fn nearest(x: &Array2<f64>, centroids: &Array2<f64>) -> Array1<usize> {
 /// in which no feature stands out.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Trouble {
-    /// Its OOMs' most frequent class (the class's name; "unknown" for an
-    /// unclassified one), if it had any.
-    pub oom_class: Option<&'static str>,
+    /// Its OOMs' most frequent class, if it had any.
+    pub oom_class: Option<crate::analysis::oom::OomClass>,
     pub leaking: bool,
 }
 
@@ -179,9 +180,10 @@ pub struct Trouble {
 /// own troubles.
 fn plain_label(members: &[Trouble]) -> String {
     let n = members.len();
-    let ooms: Vec<&str> = members.iter().filter_map(|t| t.oom_class).collect();
+    let ooms: Vec<OomClass> = members.iter().filter_map(|t| t.oom_class).collect();
     if !ooms.is_empty() {
-        let class = ooms.iter().all(|c| *c == ooms[0] && *c != "unknown").then(|| format!(" ({})", ooms[0]));
+        let class =
+            ooms.iter().all(|c| *c == ooms[0] && *c != OomClass::Unknown).then(|| format!(" ({})", ooms[0].name()));
         return format!("OOMs in {} of {n}{}", ooms.len(), class.unwrap_or_default());
     }
     match members.iter().filter(|t| t.leaking).count() {
@@ -390,15 +392,16 @@ mod tests {
             })
             .collect();
         let oom = |class| Trouble { oom_class: Some(class), leaking: false };
+        use OomClass::{Capacity, Fragmentation};
         let label = |t: &[Trouble]| {
             let c = cluster(&f, t, 3).unwrap().unwrap();
             assert_eq!(c.k, 1, "{:?}", c.gaps);
             c.labels[0].clone()
         };
-        assert_eq!(label(&[oom("fragmentation"); 8]), "OOMs in 8 of 8 (fragmentation)");
+        assert_eq!(label(&[oom(Fragmentation); 8]), "OOMs in 8 of 8 (fragmentation)");
         let mut mixed = vec![Trouble::default(); 8];
-        mixed[2] = oom("capacity");
-        mixed[5] = oom("fragmentation");
+        mixed[2] = oom(Capacity);
+        mixed[5] = oom(Fragmentation);
         assert_eq!(label(&mixed), "OOMs in 2 of 8");
         mixed[2] = Trouble { oom_class: None, leaking: true };
         mixed[5] = mixed[2];

@@ -570,12 +570,7 @@ pub fn run(a: &Path, b: &Path, out: &Path, opts: &Options, size: (u32, u32), gat
         .and_then(|()| c.image.write_png(&out.join(names[2])));
     if let Err(e) = written {
         // No comparison half written (a full disk, say).
-        for name in names {
-            let _ = std::fs::remove_file(out.join(name));
-        }
-        if !existed {
-            let _ = std::fs::remove_dir(out);
-        }
+        crate::trace::discard(out, &names, !existed);
         return Err(e);
     }
     println!("{} → {}: {}", c.a.name, c.b.name, c.verdict);

@@ -67,16 +67,11 @@ const OUTPUT_FILES: [&str; 9] = [
     "report.html",
 ];
 
-/// Removes a trace folder's outputs, and the folder itself when this run
-/// created it and it is left empty.
+/// Removes a trace folder's outputs, its view among them, and the folder
+/// itself when this run created it and it is left empty.
 fn remove_outputs(out: &Path, created: bool) {
-    for name in OUTPUT_FILES {
-        let _ = std::fs::remove_file(out.join(name));
-    }
     let _ = std::fs::remove_dir_all(out.join("view"));
-    if created {
-        let _ = std::fs::remove_dir(out);
-    }
+    crate::trace::discard(out, &OUTPUT_FILES, created);
 }
 
 fn write_outputs(a: &Analysis, out: &Path, plot: Option<&PlotConfig>, pictures: Option<plot::Pictures>) -> Result<()> {

@@ -239,11 +239,10 @@ pub fn summarize(loc: &Location, seed: u64) -> Result<Batch> {
             let first: Vec<String> =
                 (0..*n).filter(|i| !present.contains(i)).take(5).map(|i| format!("{i}/{n}")).collect();
             tracing::warn!(
-                "{}: no part of {missing} shard{} ({}{}) in any partition: a shard that drew no trace writes none, \
-                 but one that did not run or whose parts were lost would read the same; the summary holds the other \
-                 shards' traces",
+                "{}: no part of {} ({}{}) in any partition: a shard that drew no trace writes none, but one that did \
+                 not run or whose parts were lost would read the same; the summary holds the other shards' traces",
                 loc.show(DATASET),
-                if missing == 1 { "" } else { "s" },
+                crate::units::plural(missing, "shard", "shards"),
                 first.join(", "),
                 if missing > 5 { ", …" } else { "" }
             );
@@ -290,7 +289,8 @@ pub fn summarize(loc: &Location, seed: u64) -> Result<Batch> {
         .iter()
         .filter_map(|&i| rows[i].1.as_ref().ok())
         .map(|s| crate::analysis::cluster::Trouble {
-            oom_class: (s.ooms > 0).then(|| s.oom_classes.first().map_or("unknown", |c| c.0.name())),
+            oom_class: (s.ooms > 0)
+                .then(|| s.oom_classes.first().map_or(crate::analysis::oom::OomClass::Unknown, |c| c.0)),
             leaking: s.leaking,
         })
         .collect();

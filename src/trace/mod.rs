@@ -34,7 +34,7 @@ use crate::trace::event::Events;
 pub use meta::{FORMAT_VERSION, META_FILE, Source, TraceMeta};
 pub use stacks::{Frame, STACKS_FILE, Stacks, USTACKS_FILE, UstackFrame, read_stacks, read_ustacks, write_ustacks};
 pub(crate) use writer::is_part_name;
-pub use writer::{TraceWriter, events_schema, write_atomic, write_dir_atomic};
+pub use writer::{TraceWriter, discard, events_schema, write_atomic, write_dir_atomic};
 
 /// A validated trace directory, ready to load.
 #[derive(Clone, Debug)]

@@ -400,6 +400,18 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     written
 }
 
+/// Undoes a run that failed while writing into `dir`: removes the files
+/// `names` it writes (a name that is a folder is left), and `dir` itself
+/// when the run `created` it and it is empty.
+pub fn discard(dir: &Path, names: &[&str], created: bool) {
+    for name in names {
+        let _ = fs::remove_file(dir.join(name));
+    }
+    if created {
+        let _ = fs::remove_dir(dir);
+    }
+}
+
 /// Fills the folder `path` through a sibling staging folder and a rename,
 /// so the folder is either the old one or the new one, complete: `fill`
 /// writes into the staging folder (which it must create), which is removed

@@ -293,7 +293,7 @@ fn recommend(
     }
     let s = &scenarios[b];
     if s.ooms < rec.ooms {
-        let ooms = if s.ooms == 1 { "1 OOM".to_string() } else { format!("{} OOMs", s.ooms) };
+        let ooms = crate::units::plural(s.ooms, "OOM", "OOMs");
         return (b, format!("{ooms} instead of {}, peak reserved {}", rec.ooms, s.reserved()));
     }
     let margin = noise(rec.peak_reserved_bytes);

@@ -34,9 +34,7 @@ pub(crate) fn peak_live_text(a: &Analysis) -> String {
     }
 }
 
-pub(crate) fn plural(n: u64, one: &str, many: &str) -> String {
-    format!("{n} {}", if n == 1 { one } else { many })
-}
+pub(crate) use crate::units::plural;
 
 /// What the dominant OOM class means, in one sentence.
 pub(crate) fn oom_sentence(class: OomClass) -> &'static str {
