@@ -30,6 +30,7 @@ pub(crate) mod risk_series;
 pub mod sites;
 pub(crate) mod summary;
 pub mod whatif;
+pub mod decision;
 
 pub use options::{Options, StepSpec};
 pub use result::{Analysis, ProcessPrediction, Row};
@@ -279,6 +280,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         },
         ooms_without_maps,
         advice: Vec::new(),
+        decision: None,
     };
     // The allocator settings' what-if: for a snapshot, and for a
     // device-level trace with OOMs.
@@ -420,6 +422,14 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         p.lead_time = lead_time(p.pid, &analysis.rows, &analysis.ooms);
     }
     analysis.advice = advice::advise(&analysis, events);
+    let site_stacks = stacks.as_deref();
+    analysis.decision = Some(decision::decide(&analysis, opts.capacity, &|| {
+        site_stacks.map_or_else(Vec::new, |st| {
+            let mut s = sites::sites_at_peak(events, st);
+            s.truncate(5);
+            s
+        })
+    }));
     if !analysis.peaks.is_empty() {
         analysis.layout = lives.map(|l| l.with(footprint));
     }

@@ -66,6 +66,8 @@ pub struct ProcessPrediction {
 /// Everything `analyze` computed for one trace.
 #[derive(Clone, Debug)]
 pub struct Analysis {
+    /// The first screen's verdict, memory and fix ([`crate::analysis::decision`]).
+    pub decision: Option<crate::analysis::decision::Decision>,
     pub trace: Trace,
     pub events: u64,
     pub counts_by_kind: crate::trace::event::KindCounts,

@@ -235,7 +235,16 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
     if !a.kernels.is_empty() {
         report["kernels"] = json!(a.kernels);
     }
+    if let Some(d) = &a.decision {
+        report["decision"] = json!(d);
+    }
     if let Some(w) = &a.whatif {
+        report["memory_needed"] = crate::output::whatif::memory_needed_json(w);
+        report["flushes"] = json!(w.fidelity.iter().map(|f| {
+            let fl = w.flushes.iter().find(|(d, _)| *d == f.device).map(|x| x.1).unwrap_or_default();
+            json!({"unit": f.device, "count": fl.count, "at_least": fl.at_least, "gc_releases": fl.gc_releases,
+                   "oversize_releases": fl.oversize_releases})
+        }).collect::<Vec<_>>());
         report["whatif"] = crate::output::whatif::json(w);
     } else if let Some(why) = &a.whatif_not_run {
         report["whatif_not_run"] = json!(why);

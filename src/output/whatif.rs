@@ -72,6 +72,134 @@ pub fn headline(w: &Whatif) -> String {
     format!("{fidelity}; recommendation: {} ({})", w.recommendation(), w.recommended.1)
 }
 
+/// What each device's requests need, per scenario (`memory_needed` in
+/// `report.json` and `whatif.json`): one entry per unit, each scenario as
+/// `whatif` writes it (`recorded` for the run's own settings).
+pub fn memory_needed_json(w: &Whatif) -> serde_json::Value {
+    let units = w.fidelity.iter().enumerate().map(|(j, f)| {
+        let settings: Vec<serde_json::Value> = w
+            .scenarios
+            .iter()
+            .filter_map(|s| Some((s, s.needed.get(j)?)))
+            .map(|(s, n)| {
+                json!({
+                    "conf": s.name,
+                    "fits_from_bytes": n.fits_from_bytes,
+                    "flushes_at_fits_from": n.flushes_at_fits_from,
+                    "no_flush_from_bytes": n.no_flush_from_bytes,
+                    "precision_bytes": n.precision_bytes,
+                    "peak_allocated_bytes": n.peak_allocated_bytes,
+                })
+            })
+            .collect();
+        json!({
+            "unit": f.device,
+            "span": span_of(w, j),
+            "excludes": EXCLUDES,
+            "settings": settings,
+        })
+    });
+    serde_json::Value::Array(units.collect())
+}
+
+/// What one device's cache releases were, as PyTorch counts them.
+pub fn flushes_sentence(w: &Whatif, d: u32, f: &crate::analysis::whatif::Flushes) -> String {
+    let mut t = format!("Cache releases on device {d}: ");
+    if f.count > 0 {
+        let _ = write!(
+            t,
+            "PyTorch {} {}{} to retry a request its budget refused ({} segments or pages, {}; one retry comes before \
+             each OOM, releasing nothing if the cache was empty) — each release calls `cudaFree`, which synchronizes \
+             the device. This is `num_alloc_retries` in `torch.cuda.memory_stats()`.",
+            w.release_phrase(),
+            if f.at_least { "at least " } else { "" },
+            crate::units::plural(f.count, "time", "times"),
+            f.segments_freed,
+            bytes(f.bytes_freed),
+        );
+    } else {
+        t.push_str("no retry (`num_alloc_retries` 0).");
+    }
+    if f.gc_releases > 0 {
+        let _ = write!(
+            t,
+            " Garbage collection (`garbage_collection_threshold`) released blocks {} before the budget was reached: \
+             no retry.",
+            crate::units::plural(f.gc_releases, "time", "times")
+        );
+    }
+    if f.oversize_releases > 0 {
+        let _ = write!(
+            t,
+            " It released only its cached blocks above `max_split_size_mb` {} (not counted as retries).",
+            crate::units::plural(f.oversize_releases, "time", "times")
+        );
+    }
+    if let Some((lo, hi)) = f.capacity {
+        let _ = write!(t, " So its budget lies between {} and {} (inferred from the retries).", bytes(lo), bytes(hi));
+    }
+    t
+}
+
+/// The memory needed per scenario and device, as a table.
+fn needed_md(w: &Whatif, name: &dyn Fn(u32) -> String) -> String {
+    let mut md = String::new();
+    for (j, f) in w.fidelity.iter().enumerate() {
+        let rows: Vec<(&Scenario, &crate::analysis::whatif::Needed)> =
+            w.scenarios.iter().filter_map(|s| Some((s, s.needed.get(j)?))).collect();
+        if rows.is_empty() {
+            continue;
+        }
+        let _ = writeln!(
+            md,
+            "Memory needed on {} ({}; it leaves out {EXCLUDES}). The budget is what PyTorch's allocator may \
+             reserve: CUDA's free memory at start plus its own reserve, or `per_process_memory_fraction` × the \
+             device's total.\n",
+            name(f.device),
+            span_of(w, j)
+        );
+        md.push_str(
+            "| scenario | fits from (no OOM) | cache releases there | never releases from |\n|---|---|---|---|\n",
+        );
+        for (s, n) in rows {
+            let label = if s.conf.is_empty() {
+                "recorded settings".to_string()
+            } else {
+                crate::analysis::whatif::scenario_label(&w.recorded_conf, &s.conf)
+            };
+            let _ = writeln!(
+                md,
+                "| {label} | {} | {} | {} |",
+                n.fits_from_bytes.map_or("not found (not monotone in the budget)".into(), |b| format!(
+                    "{} (to {})",
+                    bytes(b),
+                    bytes(n.precision_bytes)
+                )),
+                n.flushes_at_fits_from,
+                bytes(n.no_flush_from_bytes)
+            );
+        }
+        md.push('\n');
+    }
+    md
+}
+
+/// What the memory needed leaves out.
+pub const EXCLUDES: &str = "the CUDA context, allocations made outside PyTorch's allocator (cuBLAS workspaces and \
+                            other libraries'), and other processes on the device";
+
+/// Over what span a device's memory needed holds.
+pub fn span_of(w: &Whatif, j: usize) -> String {
+    match w.fidelity.get(j).map(|f| f.initial_reserved) {
+        Some(0) | None => "from the recorded requests, every one from the first".into(),
+        Some(before) => format!(
+            "from the recorded requests of the trace's window (a ring buffer): the {} reserved before its first entry \
+             is carried in as it was",
+            bytes(before)
+        ),
+    }
+}
+
 /// The figures of `whatif.json` (also `whatif` in `report.json`).
 pub fn json(w: &Whatif) -> serde_json::Value {
     let scenario = |s: &Scenario| {
@@ -110,9 +238,13 @@ pub fn json(w: &Whatif) -> serde_json::Value {
             (Some(_), true, false) => Some("inferred from an oom entry (free memory CUDA reported + reserved then)"),
             (Some(_), false, _) => Some("--capacity"),
         },
+        "memory_needed": memory_needed_json(w),
         "cache_flushes": w.flushes.iter().map(|(d, f)| json!({
             "device": d,
             "count": f.count,
+            "at_least": f.at_least,
+            "gc_releases": f.gc_releases,
+            "oversize_releases": f.oversize_releases,
             "segments_freed": f.segments_freed,
             "bytes_freed": f.bytes_freed,
             "capacity_lo_bytes": f.capacity.map(|c| c.0),
@@ -315,22 +447,9 @@ fn scenarios_md(w: &Whatif, level: &str, name: &dyn Fn(u32) -> String) -> String
     };
     let _ = writeln!(md, "{text}\n");
     for (d, f) in &w.flushes {
-        let _ = writeln!(
-            md,
-            "Cache flushes on device {d}: PyTorch {} {} time{} ({} segments, {}) because the device was full — each flush calls `cudaFree`, which synchronizes the device, once per segment.{}{}\n",
-            w.release_phrase(),
-            f.count,
-            if f.count == 1 { "" } else { "s" },
-            f.segments_freed,
-            bytes(f.bytes_freed),
-            f.capacity.map_or(String::new(), |(lo, hi)| format!(
-                " So its capacity lies between {} and {} (inferred from cache flushes).",
-                bytes(lo),
-                bytes(hi)
-            )),
-            w.retries_note(),
-        );
+        let _ = writeln!(md, "{}\n", flushes_sentence(w, *d, f));
     }
+    md.push_str(&needed_md(w, &name));
     if several {
         // Peaks summed over devices would be set against one device's
         // capacity: a table per device instead.

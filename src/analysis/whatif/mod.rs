@@ -26,6 +26,7 @@
 //! scenario); this module runs the sweep and recommends.
 
 mod fidelity;
+mod needed;
 mod simulate;
 mod stream;
 
@@ -34,8 +35,9 @@ use self::simulate::as_recorded;
 use crate::allocator::Settings;
 use crate::trace::event::EventKind;
 pub use fidelity::{Fidelity, Mismatch, fidelity};
+pub use needed::{GRAIN, Needed, needed};
 pub use simulate::{Outcome, SERIES_POINTS, simulate, simulate_into};
-pub use stream::{DeviceStream, Flushes, Req, device_level_streams, inferred_capacity, streams};
+pub use stream::{DeviceStream, Flushes, Release, Req, device_level_streams, inferred_capacity, streams};
 
 /// The default sweep: `expandable_segments:True`, `max_split_size_mb` at up to four values taken from
 /// the large requests (their 10th percentile, median, 90th percentile and largest, rounded
@@ -119,6 +121,9 @@ pub struct Scenario {
     /// Requests that found the device full and released the cache.
     pub flushes: u64,
     pub devices: Vec<Outcome>,
+    /// What each device's requests need under these settings (empty for a
+    /// device-level recording as it happened: no model replayed it).
+    pub needed: Vec<Needed>,
     /// What the reader must know about how it replays (a setting that has
     /// no effect as given).
     pub note: Option<String>,
@@ -150,6 +155,7 @@ impl Scenario {
             ooms: sum(|o| o.ooms),
             flushes: sum(|o| o.flushes),
             devices,
+            needed: Vec::new(),
             note: None,
             unchecked_pair: false,
         }
@@ -631,6 +637,7 @@ pub fn run(
     let run_all = |name: &str, conf: &[String], s: &Settings| -> Scenario {
         let outcomes = devices.iter().zip(&capacities).map(|(d, &c)| simulate(d, s, c, name, conf)).collect();
         let mut scenario = Scenario::of(name, conf, outcomes);
+        scenario.needed = devices.iter().map(|d| needed(d, s)).collect();
         scenario.note = settings_note(s, capacities.iter().all(Option::is_some));
         scenario.unchecked_pair = unchecked_pair(s);
         scenario
@@ -794,7 +801,7 @@ pub fn run(
     }
     let capacity_inferred = capacity.is_none() && capacities.iter().any(Option::is_some);
     let capacity = capacity.or_else(|| capacities.iter().flatten().copied().max());
-    let flushes = devices.iter().map(|d| (d.device, d.flushes)).filter(|x| x.1.count > 0).collect();
+    let flushes = devices.iter().map(|d| (d.device, d.flushes)).filter(|x| x.1.count + x.1.gc_releases + x.1.oversize_releases > 0).collect();
     Ok(Whatif {
         fidelity,
         scenarios,

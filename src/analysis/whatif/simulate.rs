@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::fidelity::initial_state;
-use super::stream::DeviceStream;
+use super::stream::{DeviceStream, Release};
 use crate::allocator::{Allocator, Refused, Settings};
 use crate::analysis::oom::OomClass;
 use crate::trace::event::{Event, EventKind};
@@ -76,7 +76,7 @@ impl Sampler {
 }
 
 /// Whether an event gives memory back to the device.
-pub(super) fn is_release(kind: EventKind) -> bool {
+pub(crate) fn is_release(kind: EventKind) -> bool {
     matches!(kind, EventKind::SegmentFree | EventKind::SegmentUnmap)
 }
 
@@ -95,11 +95,26 @@ pub fn simulate_into(
     capacity: Option<u64>,
     name: &str,
     conf: &[String],
-    mut sink: Option<&mut dyn FnMut(Event)>,
+    sink: Option<&mut dyn FnMut(Event)>,
 ) -> Outcome {
     // Under a per-process memory fraction the allocator sees that much of
     // the device.
-    let capacity = settings.limit(capacity);
+    replay(d, settings, settings.limit(capacity), false, name, conf, sink)
+}
+
+/// Runs the requests of `d` through the model under `settings` with
+/// `budget` bytes for the allocator to reserve (None: no limit); with
+/// `stop_at_oom`, only until the first request that fails.
+pub(super) fn replay(
+    d: &DeviceStream,
+    settings: &Settings,
+    budget: Option<u64>,
+    stop_at_oom: bool,
+    name: &str,
+    conf: &[String],
+    mut sink: Option<&mut dyn FnMut(Event)>,
+) -> Outcome {
+    let capacity = budget;
     let mut a = Allocator::new(settings.clone());
     initial_state(&mut a, d, capacity);
     let ev = |ts_ns: u64, kind: EventKind, addr: u64, size: u64, requested: Option<u64>, stream: u64| Event {
@@ -199,14 +214,26 @@ pub fn simulate_into(
             EventKind::SegmentFree | EventKind::SegmentUnmap
                 if trace.get(i + 1).is_none_or(|n| !is_release(n.kind)) =>
             {
-                let run: u64 = trace[..=i].iter().rev().take_while(|n| is_release(n.kind)).map(|n| n.size).sum();
-                let before = rec_reserved + run;
-                let allocators = match trace[i + 1..].iter().find(|n| !is_release(n.kind)) {
-                    Some(n) if n.kind == EventKind::Oom => true,
-                    Some(n) if matches!(n.kind, EventKind::SegmentAlloc | EventKind::SegmentMap) => {
-                        capacity.is_some_and(|c| before + n.size > c)
+                // The allocator's own releases are never replayed: the
+                // model releases when its own budget is reached. Where
+                // the trace cannot tell who released, the release was the
+                // allocator's if the budget could not have held the next
+                // segment beside what was reserved before it.
+                let allocators = match d.releases.get(&(d.initial + i)) {
+                    Some(Release::Program) => false,
+                    Some(r) if r.by_allocator() => true,
+                    _ => {
+                        let run: u64 =
+                            trace[..=i].iter().rev().take_while(|n| is_release(n.kind)).map(|n| n.size).sum();
+                        let before = rec_reserved + run;
+                        match trace[i + 1..].iter().find(|n| !is_release(n.kind)) {
+                            Some(n) if n.kind == EventKind::Oom => true,
+                            Some(n) if matches!(n.kind, EventKind::SegmentAlloc | EventKind::SegmentMap) => {
+                                capacity.is_some_and(|c| before + n.size > c)
+                            }
+                            _ => false,
+                        }
                     }
-                    _ => false,
                 };
                 if !allocators {
                     a.release_cache();
@@ -236,6 +263,10 @@ pub fn simulate_into(
                 }
                 Err(Refused::OutOfMemory { reserved, .. }) => {
                     out.ooms += 1;
+                    if stop_at_oom {
+                        out.flushes = a.flushes;
+                        return out;
+                    }
                     out.oom_times.push(r.ts_ns);
                     if logging {
                         pending.push(ev(r.ts_ns, EventKind::Oom, 0, r.requested, Some(r.requested), r.stream));

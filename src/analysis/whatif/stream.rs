@@ -40,20 +40,133 @@ pub struct DeviceStream {
     pub device: u32,
     pub initial: usize,
     pub events: Vec<Req>,
-    /// The times PyTorch released cached segments because the device was
-    /// full (its whole cache, or with `max_split_size_mb` first only the
-    /// blocks above that size), and the capacity they imply.
+    /// Who made each run of releases (`segment_free`, or `segment_unmap`
+    /// with expandable segments), by the index in `events` of the run's
+    /// last entry.
+    pub releases: std::collections::BTreeMap<usize, Release>,
+    /// The times PyTorch released its cache because the budget was
+    /// reached, counted as `num_alloc_retries` counts them, and the
+    /// capacity they imply.
     pub flushes: Flushes,
 }
 
-/// Cache flushes: runs of `segment_free` that PyTorch's allocator made
-/// itself (their stack is the allocation's, not `empty_cache`'s) right
-/// before the segment it made room for. Each says the device was full:
-/// the capacity is below what was reserved then plus that segment, and at
-/// least the most that was ever reserved with a new segment that fit.
+/// Who released cached memory in a run of `segment_free` entries (or
+/// `segment_unmap` ones, with expandable segments).
+///
+/// A release the program asked for (`torch.cuda.empty_cache()`) has that
+/// frame in its stack. The allocator's own releases come inside a request,
+/// right before the segment they make room for or its `oom`; a release on
+/// autograd's backward thread carries no Python stack, so a run without
+/// one, in a trace that has stacks elsewhere, is the allocator's when a
+/// new segment or an `oom` follows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Release {
+    /// `torch.cuda.empty_cache()`: every scenario replays it.
+    Program,
+    /// The whole cache released to retry a request the budget refused
+    /// (`release_cached_blocks`, then `alloc_block` again): one of
+    /// PyTorch's `num_alloc_retries`.
+    Retry,
+    /// With `max_split_size_mb`: only cached segments at or above it
+    /// (`release_available_cached_blocks`), which PyTorch does not count
+    /// as a retry.
+    Oversize,
+    /// Garbage collection (`garbage_collection_threshold` under a memory
+    /// fraction): blocks released before the budget was reached.
+    Collection,
+    /// The trace has no stacks to tell: a replay judges it by its budget.
+    Unknown,
+}
+
+impl Release {
+    /// Whether the allocator made it (it is not the program's and is not
+    /// replayed as such).
+    pub fn by_allocator(self) -> bool {
+        matches!(self, Release::Retry | Release::Oversize | Release::Collection)
+    }
+}
+
+/// What a recorded entry's stack says of who made it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Caller {
+    /// No frames.
+    Unknown,
+    /// Frames, none of them `empty_cache`.
+    Elsewhere,
+    /// An `empty_cache` frame.
+    EmptyCache,
+}
+
+/// Who made each run of releases of `d`: `callers[i]` says what the stack
+/// of `d.events[i]` shows; `stacked`: whether the trace has stacks at all.
+pub(super) fn classify_releases(
+    d: &DeviceStream,
+    callers: &[Caller],
+    stacked: bool,
+    settings: &crate::allocator::Settings,
+) -> std::collections::BTreeMap<usize, Release> {
+    use crate::analysis::whatif::simulate::is_release;
+    let mut out = std::collections::BTreeMap::new();
+    let mut start = None;
+    for (i, r) in d.events.iter().enumerate() {
+        if !is_release(r.kind) {
+            start = None;
+            continue;
+        }
+        let s = *start.get_or_insert(i);
+        if d.events.get(i + 1).is_some_and(|n| is_release(n.kind)) {
+            continue;
+        }
+        let run = &d.events[s..=i];
+        let caller = |k: usize| callers.get(k).copied().unwrap_or(Caller::Unknown);
+        let next = d.events.get(i + 1).map(|n| n.kind);
+        let grows = matches!(next, Some(EventKind::SegmentAlloc | EventKind::SegmentMap));
+        let release = if (s..=i).any(|k| caller(k) == Caller::EmptyCache) {
+            Release::Program
+        } else if next == Some(EventKind::Oom) {
+            // The release before a request fails: always the whole cache.
+            Release::Retry
+        } else if !grows {
+            // The allocator releases only to make room for a segment.
+            if stacked { Release::Program } else { Release::Unknown }
+        } else if (s..=i).any(|k| caller(k) == Caller::Elsewhere) || stacked {
+            if settings.max_split_size.is_some_and(|m| run.iter().all(|r| r.size >= m)) {
+                Release::Oversize
+            } else if settings.garbage_collection_threshold.is_some() {
+                Release::Collection
+            } else {
+                Release::Retry
+            }
+        } else {
+            Release::Unknown
+        };
+        out.insert(i, release);
+    }
+    out
+}
+
+/// Cache releases as PyTorch counts them (`num_alloc_retries`): each
+/// release of the whole cache to retry a request, and the retry before
+/// each OOM (which may release nothing, and then shows in no entry).
+/// Releases by garbage collection and, with `max_split_size_mb`, of the
+/// oversize blocks alone are no retries: counted apart. Each retry
+/// followed by a new segment says the budget was reached: the capacity is
+/// below what was reserved then plus that segment, and at least the most
+/// that was ever reserved with a new segment that fit.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Flushes {
+    /// Retries, as `num_alloc_retries` counts them.
     pub count: u64,
+    /// The count may be short: the trace began after the allocator was in
+    /// use (a ring buffer), or it has releases whose maker its stacks
+    /// cannot tell.
+    pub at_least: bool,
+    /// Releases by garbage collection (not retries).
+    pub gc_releases: u64,
+    /// With `max_split_size_mb`: releases of the oversize blocks alone.
+    pub oversize_releases: u64,
+    /// Segments (or pages) and bytes the retries released.
     pub segments_freed: u64,
     pub bytes_freed: u64,
     /// The capacity interval [lo, hi] they imply, when consistent.
@@ -139,7 +252,7 @@ pub fn streams(
                 device: r.device,
                 initial: (r.initial_segments + r.initial_blocks) as usize,
                 events: Vec::new(),
-                flushes: Flushes::default(),
+                ..DeviceStream::default()
             },
         );
     }
@@ -152,6 +265,19 @@ pub fn streams(
     // did not make, at their own call site: they are not the allocator's
     // requests, and its model does not replay them.
     let outside: std::collections::HashSet<u32> = stacks.map_or_else(Default::default, crate::input::outside_stacks);
+    // What each release's stack says of who made it.
+    let caller = |i: usize| {
+        let id = events.stack.get(i).copied().unwrap_or(crate::trace::event::NO_STACK);
+        match stacks.filter(|_| id != crate::trace::event::NO_STACK) {
+            Some(st) if st.frames_of(id).any(|f| f.name == "empty_cache") => Caller::EmptyCache,
+            Some(st) if st.frames_of(id).next().is_some() => Caller::Elsewhere,
+            _ => Caller::Unknown,
+        }
+    };
+    let mut callers: std::collections::BTreeMap<u32, Vec<Caller>> = Default::default();
+    // Whether the trace's entries carry stacks at all (the history may
+    // have been recorded without them).
+    let mut stacked = false;
     for i in 0..events.len() {
         // The allocator's own events only: a recording's view also holds
         // its kernel launches, which would split a run of segment frees.
@@ -161,6 +287,12 @@ pub fn streams(
             continue;
         }
         let requested = events.requested.get(i).copied().filter(|&r| r != u64::MAX).unwrap_or(events.size[i]);
+        stacked = stacked || caller(i) != Caller::Unknown;
+        if crate::analysis::whatif::simulate::is_release(kind) {
+            let list = callers.entry(d.device).or_default();
+            list.resize(d.events.len(), Caller::Unknown);
+            list.push(caller(i));
+        }
         d.events.push(Req {
             ts_ns: events.ts_ns[i],
             kind,
@@ -171,68 +303,73 @@ pub fn streams(
             device_free: events.device_free.get(i).copied().filter(|&v| v != u64::MAX),
         });
     }
-    // Segment frees made by the allocator, not by empty_cache(): with a
-    // stack that has no `empty_cache` frame.
-    let by_allocator = |i: usize| {
-        let id = events.stack.get(i).copied().unwrap_or(crate::trace::event::NO_STACK);
-        id != crate::trace::event::NO_STACK
-            && stacks.is_some_and(|st| {
-                st.frames_of(id).next().is_some() && !st.frames_of(id).any(|f| f.name == "empty_cache")
-            })
-    };
-    let mut flagged: std::collections::BTreeMap<u32, Vec<bool>> = Default::default();
-    for i in 0..events.len() {
-        if events.kind[i] == Some(EventKind::SegmentFree) && by.contains_key(&events.pid[i]) {
-            flagged.entry(events.pid[i]).or_default().push(by_allocator(i));
-        }
-    }
+    let settings = crate::allocator::Settings::from_snapshot(&details.allocator_settings);
     let mut out: Vec<DeviceStream> = by.into_values().collect();
     for d in &mut out {
-        d.flushes = find_flushes(d, flagged.get(&d.device).map_or(&[][..], |v| v.as_slice()));
+        let callers = callers.remove(&d.device).unwrap_or_default();
+        d.releases = classify_releases(d, &callers, stacked, &settings);
+        d.flushes = find_flushes(d);
     }
     out
 }
 
-/// The cache flushes of a device's stream; `by_allocator[k]`: whether its
-/// k-th `segment_free` was made by the allocator (see [`Flushes`]).
-pub(super) fn find_flushes(d: &DeviceStream, by_allocator: &[bool]) -> Flushes {
+/// The flushes of a device's stream, from its classified releases
+/// ([`Flushes`]).
+pub(super) fn find_flushes(d: &DeviceStream) -> Flushes {
+    // A cache largely built before the trace's first entry (a tenth of its
+    // peak or more, as elsewhere): retries may have come before it.
+    let before: u64 = d.events[..d.initial]
+        .iter()
+        .filter(|r| matches!(r.kind, EventKind::SegmentAlloc | EventKind::SegmentMap))
+        .map(|r| r.size)
+        .sum();
     let mut f = Flushes::default();
     let mut reserved: u64 = 0;
     let (mut lo, mut hi) = (0u64, u64::MAX);
-    let mut nth_free = 0usize;
-    let mut run: Option<(u64, u64, u64, bool)> = None; // (reserved before, segments, bytes, by allocator)
+    // The run of releases just ended, and what was reserved before it.
+    let mut run: Option<(u64, u64, u64)> = None; // (reserved before, segments, bytes)
+    let mut last: Option<Release> = None;
     for (i, r) in d.events.iter().enumerate() {
         match r.kind {
-            EventKind::SegmentFree => {
-                let mine = by_allocator.get(nth_free).copied().unwrap_or(false);
-                nth_free += 1;
-                let e = run.get_or_insert((reserved, 0, 0, true));
-                *e = (e.0, e.1 + 1, e.2 + r.size, e.3 && mine);
+            EventKind::SegmentFree | EventKind::SegmentUnmap => {
+                let e = run.get_or_insert((reserved, 0, 0));
+                *e = (e.0, e.1 + 1, e.2 + r.size);
                 reserved = reserved.saturating_sub(r.size);
+                if let Some(&kind) = d.releases.get(&i) {
+                    last = Some(kind);
+                    match kind {
+                        Release::Retry => {
+                            f.count += 1;
+                            f.segments_freed += e.1;
+                            f.bytes_freed += e.2;
+                        }
+                        Release::Collection => f.gc_releases += 1,
+                        Release::Oversize => f.oversize_releases += 1,
+                        Release::Unknown => f.at_least = true,
+                        Release::Program => {}
+                    }
+                }
+                continue;
             }
-            EventKind::SegmentAlloc => {
+            EventKind::SegmentAlloc | EventKind::SegmentMap => {
                 if i >= d.initial
-                    && let Some((before, segments, bytes, true)) = run
+                    && let (Some((before, _, _)), Some(Release::Retry | Release::Oversize)) = (run, last)
                 {
-                    f.count += 1;
-                    f.segments_freed += segments;
-                    f.bytes_freed += bytes;
                     hi = hi.min((before + r.size).saturating_sub(1));
                 }
-                run = None;
                 reserved += r.size;
                 lo = lo.max(reserved);
             }
-            EventKind::SegmentMap => {
-                run = None;
-                reserved += r.size;
-                lo = lo.max(reserved);
-            }
-            EventKind::SegmentUnmap => reserved = reserved.saturating_sub(r.size),
-            _ => run = None,
+            // An OOM comes after a retry; one that released nothing shows
+            // in no entry.
+            EventKind::Oom if i >= d.initial && !(run.is_some() && last == Some(Release::Retry)) => f.count += 1,
+            _ => {}
         }
+        run = None;
+        last = None;
     }
-    f.capacity = (f.count > 0 && lo <= hi).then_some((lo, hi));
+    f.capacity = (hi != u64::MAX && lo <= hi).then_some((lo, hi));
+    f.at_least |= before > 0 && before >= lo / 10;
     f
 }
 

@@ -84,12 +84,62 @@ fn cache_flushes_bound_the_capacity() {
     }
     events.push(req(EventKind::SegmentAlloc, 40 << 32, 90 * MIB, 0));
     events.push(req(EventKind::BlockAlloc, 40 << 32, 90 * MIB, 90 * MIB));
-    let d = DeviceStream { device: 0, initial: 0, events, ..Default::default() };
-    let f = find_flushes(&d, &[true; 20]);
-    assert_eq!((f.count, f.segments_freed, f.bytes_freed), (1, 20, 520 * MIB));
+    let mut d = DeviceStream { device: 0, initial: 0, events, ..Default::default() };
+    let settings = Settings::default();
+    // A stack without `empty_cache`: the allocator's.
+    let mut callers = vec![Caller::Elsewhere; d.events.len()];
+    d.releases = classify_releases(&d, &callers, true, &settings);
+    assert_eq!(d.releases.values().collect::<Vec<_>>(), [&Release::Retry]);
+    let f = find_flushes(&d);
+    assert_eq!((f.count, f.segments_freed, f.bytes_freed, f.at_least), (1, 20, 520 * MIB, false));
     assert_eq!(f.capacity, Some((520 * MIB, 610 * MIB - 1)));
-    let program = find_flushes(&d, &[false; 20]);
+    // No Python stack (autograd's backward thread) in a trace that has
+    // stacks elsewhere: the allocator's too.
+    d.releases = classify_releases(&d, &vec![Caller::Unknown; d.events.len()], true, &settings);
+    assert_eq!(find_flushes(&d).count, 1);
+    // The program's `empty_cache()`: no retry, no capacity.
+    callers[25] = Caller::EmptyCache;
+    d.releases = classify_releases(&d, &callers, true, &settings);
+    let program = find_flushes(&d);
     assert_eq!((program.count, program.capacity), (0, None));
+    // With garbage collection on, a release before a new segment is the
+    // collection's; with `max_split_size_mb` at or below every segment freed,
+    // a release of the oversize blocks alone.
+    let mut gc = Settings::default();
+    gc.apply("garbage_collection_threshold:0.6").unwrap();
+    d.releases = classify_releases(&d, &vec![Caller::Elsewhere; d.events.len()], true, &gc);
+    let f = find_flushes(&d);
+    assert_eq!((f.count, f.gc_releases, f.capacity), (0, 1, None));
+    let mut split = Settings::default();
+    split.apply("max_split_size_mb:24").unwrap();
+    d.releases = classify_releases(&d, &vec![Caller::Elsewhere; d.events.len()], true, &split);
+    let f = find_flushes(&d);
+    assert_eq!((f.count, f.oversize_releases), (0, 1));
+    // No stacks anywhere: who released cannot be told.
+    d.releases = classify_releases(&d, &vec![Caller::Unknown; d.events.len()], false, &settings);
+    let f = find_flushes(&d);
+    assert_eq!((f.count, f.at_least), (0, true));
+}
+
+/// An OOM comes after a retry that released the whole cache; where the
+/// cache held nothing to release, the retry shows in no entry and is
+/// counted from the OOM.
+#[test]
+fn every_oom_counts_one_retry() {
+    let mut events = vec![
+        req(EventKind::SegmentAlloc, 1 << 32, 20 * MIB, 0),
+        req(EventKind::BlockAlloc, 1 << 32, 20 * MIB, 20 * MIB),
+        req(EventKind::Oom, 0, 0, 90 * MIB),
+    ];
+    let mut d = DeviceStream { device: 0, initial: 0, events: events.clone(), ..Default::default() };
+    d.releases = classify_releases(&d, &[Caller::Elsewhere; 3], true, &Settings::default());
+    assert_eq!(find_flushes(&d).count, 1);
+    // A release right before the OOM is the same retry, not a second one.
+    events.insert(2, req(EventKind::SegmentAlloc, 2 << 32, 20 * MIB, 0));
+    events.insert(3, req(EventKind::SegmentFree, 2 << 32, 20 * MIB, 0));
+    let mut d = DeviceStream { device: 0, initial: 0, events, ..Default::default() };
+    d.releases = classify_releases(&d, &[Caller::Elsewhere; 5], true, &Settings::default());
+    assert_eq!(find_flushes(&d).count, 1);
 }
 
 /// A recorded `garbage_collection_threshold` does nothing without a memory
@@ -175,6 +225,7 @@ fn a_faithful_recording_matches_everywhere() {
             req(EventKind::BlockAlloc, base, 2 * MIB, 2 * MIB),
         ],
         flushes: Flushes::default(),
+        releases: Default::default(),
     };
     let f = fidelity(&d, &Settings::default());
     assert_eq!((f.allocations, f.same_address, f.same_size), (3, 3, 3), "{f:?}");
@@ -210,6 +261,7 @@ fn an_expandable_recording_is_checked_page_by_page() {
             req(EventKind::BlockAlloc, base + 12 * MIB, 2 * MIB, 2 * MIB),
         ],
         flushes: Flushes::default(),
+        releases: Default::default(),
     };
     let f = fidelity(&d, &s);
     assert!(f.not_measured.is_none(), "{f:?}");
@@ -260,6 +312,7 @@ fn new_ranges_do_not_collide_with_recorded_ones() {
             on_stream_1,
         ],
         flushes: Flushes::default(),
+        releases: Default::default(),
     };
     let mut kinds = Vec::new();
     let mut sink = |e: Event| kinds.push(e.kind);
@@ -291,6 +344,7 @@ fn the_capacity_is_read_off_the_first_oom() {
             later,
         ],
         flushes: Flushes::default(),
+        releases: Default::default(),
     };
     // 20 + 40 − 20 MiB reserved, 12 MiB free.
     assert_eq!(inferred_capacity(&d), Some(52 * MIB));

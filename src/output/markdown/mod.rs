@@ -4,6 +4,7 @@
 //! The files: [`sections`] (each section), [`words`] (the phrases they
 //! share); this module puts the report together.
 
+mod first_screen;
 mod sections;
 mod words;
 use std::fmt::Write as _;
@@ -22,6 +23,9 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
     let s = Summary::of(a);
     let mut md = String::new();
     let _ = writeln!(md, "# fragscope report: {}\n", s.name);
+    if let Some(d) = &a.decision {
+        md.push_str(&first_screen::first_screen_md(d));
+    }
     md.push_str(&verdict_md(a, &s));
     let _ = writeln!(
         md,
@@ -345,7 +349,7 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
 pub fn stdout_summary(a: &Analysis, out: &Path) -> String {
     let s = Summary::of(a);
     format!(
-        "{}: {} events, {} {}, {}, {}; OOM risk {}, fragmentation level {}{}\n  score final {:.1}, mean {:.1}, p95 {:.1}, max {:.1}; {}; {}; {} anomal{}\n  wrote {}\n",
+        "{}: {} events, {} {}, {}, {}; OOM risk {}, fragmentation level {}{}\n{}  score final {:.1}, mean {:.1}, p95 {:.1}, max {:.1}; {}; {}; {} anomal{}\n  wrote {}\n",
         s.name,
         s.events,
         s.processes,
@@ -376,6 +380,7 @@ pub fn stdout_summary(a: &Analysis, out: &Path) -> String {
         } else {
             String::new()
         },
+        a.decision.as_ref().map_or_else(String::new, first_screen::first_screen_stdout),
         s.score.final_,
         s.score.mean,
         s.score.p95,

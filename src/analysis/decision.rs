@@ -1,0 +1,207 @@
+//! The first screen's decision: will this job fit, how much memory does it
+//! need, and what to change. It reads what the other passes found (the
+//! OOMs, the leak verdicts, the what-if's replays and memory needed, the
+//! cache releases) and decides in this order:
+//!
+//! 1. **failed**: the recording has OOMs;
+//! 2. **leaking**: a leak verdict says so;
+//! 3. **fits, releasing its cache**: no OOM, but PyTorch released its
+//!    cache to retry a request (`num_alloc_retries` > 0);
+//! 4. **healthy**: no OOM, no retry, and the memory needed is known;
+//! 5. **unknown**, with the reason.
+//!
+//! The fix is the what-if's own recommendation (so the first screen and
+//! the table below it never disagree), with its memory needed; where no
+//! setting is recommended for a run that failed or flushed, the call
+//! sites holding the most bytes at the peak.
+
+use crate::analysis::Analysis;
+use crate::analysis::whatif::{Needed, Whatif};
+
+/// The verdict of the first screen.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Verdict {
+    Failed { ooms: u64, classes: Vec<(String, u64)> },
+    Leaking { per_step_bytes: Option<u64>, passes_budget_at_step: Option<u64> },
+    /// No OOM, but the allocator released cached memory when its budget
+    /// was reached (`releases`: retries as `num_alloc_retries` counts
+    /// them; `oversize`: releases of the blocks above `max_split_size_mb`
+    /// alone) or by garbage collection (`gc`).
+    FitsFlushing { releases: u64, at_least: bool, oversize: u64, gc: u64 },
+    Healthy { needs_bytes: u64 },
+    Unknown { why: String },
+}
+
+/// What PyTorch's allocator may reserve on a unit, and how it is known.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Budget {
+    pub lo_bytes: u64,
+    pub hi_bytes: u64,
+    pub source: &'static str,
+}
+
+/// One unit's memory: what it needs under its settings, without releases,
+/// and under the best setting.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Memory {
+    pub unit: u32,
+    pub recorded: Option<Needed>,
+    pub best: Option<(String, Needed)>,
+    pub budget: Option<Budget>,
+    pub peak_allocated_bytes: u64,
+    /// What the reader must know about the recorded settings' figures.
+    pub note: Option<String>,
+}
+
+/// The fix the first screen gives.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Fix {
+    /// A replayed setting: its `PYTORCH_CUDA_ALLOC_CONF` line and why.
+    Setting { conf: String, why: String, needed: Vec<Needed> },
+    /// No setting: the call sites holding the most bytes at the peak.
+    Sites { why: String, sites: Vec<crate::analysis::sites::SiteBytes> },
+    /// Nothing to change, or nothing to say (with why).
+    None { why: String },
+}
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Decision {
+    pub verdict: Verdict,
+    pub memory: Vec<Memory>,
+    pub fix: Fix,
+}
+
+/// Each unit's budget as the what-if knew it: given, inferred from an
+/// `oom` entry, or bounded by the retries' releases.
+fn budget(w: &Whatif, j: usize, given: Option<u64>) -> Option<Budget> {
+    let device = w.fidelity.get(j)?.device;
+    if let Some(c) = given {
+        return Some(Budget { lo_bytes: c, hi_bytes: c, source: "--capacity" });
+    }
+    if let Some(c) = w.fidelity.get(j).and_then(|f| f.inferred_capacity) {
+        return Some(Budget { lo_bytes: c, hi_bytes: c, source: "an OOM entry (CUDA's free memory + reserved then)" });
+    }
+    let (lo, hi) = w.flushes.iter().find(|(d, _)| *d == device)?.1.capacity?;
+    Some(Budget { lo_bytes: lo, hi_bytes: hi, source: "its cache releases" })
+}
+
+/// The scenario with the lowest memory needed to fit on unit `j`, then the
+/// fewest releases there, other than the recorded settings.
+fn best(w: &Whatif, j: usize) -> Option<(String, Needed)> {
+    // The recommended setting, so that the memory line and the fix agree.
+    if let Some(s) = w.scenarios.get(w.recommended.0).filter(|_| w.recommended.0 != 0)
+        && let Some(n) = s.needed.get(j).filter(|n| n.fits_from_bytes.is_some())
+    {
+        return Some((crate::analysis::whatif::scenario_label(&w.recorded_conf, &s.conf), n.clone()));
+    }
+    w.scenarios
+        .iter()
+        .skip(1)
+        .filter_map(|s| Some((s, s.needed.get(j)?.clone())))
+        .filter(|(_, n)| n.fits_from_bytes.is_some())
+        .min_by_key(|(_, n)| (n.fits_from_bytes, n.flushes_at_fits_from, n.no_flush_from_bytes))
+        .map(|(s, n)| (crate::analysis::whatif::scenario_label(&w.recorded_conf, &s.conf), n))
+}
+
+/// Decides from what the passes found; `sites`: the call sites at the
+/// peak, asked for only when no setting is the fix.
+pub fn decide(
+    a: &Analysis,
+    given: Option<u64>,
+    sites: &dyn Fn() -> Vec<crate::analysis::sites::SiteBytes>,
+) -> Decision {
+    let w = a.whatif.as_ref();
+    let memory: Vec<Memory> = match w {
+        Some(w) => w
+            .fidelity
+            .iter()
+            .enumerate()
+            .map(|(j, f)| Memory {
+                unit: f.device,
+                recorded: w.scenarios.first().and_then(|s| s.needed.get(j)).cloned(),
+                best: best(w, j),
+                budget: budget(w, j, given),
+                peak_allocated_bytes: w
+                    .scenarios
+                    .first()
+                    .and_then(|s| s.devices.get(j))
+                    .map_or(0, |o| o.peak_allocated_bytes),
+                // Garbage collection acts only under a memory fraction,
+                // which a snapshot does not record: the replay of the
+                // recorded settings runs without it.
+                note: w
+                    .flushes
+                    .iter()
+                    .any(|(d, fl)| *d == f.device && fl.gc_releases > 0)
+                    .then(|| {
+                        "the recorded settings replay without garbage collection: the memory fraction that turned it \
+                         on is not in the snapshot"
+                            .to_string()
+                    }),
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    let releases: u64 = w.map_or(0, |w| w.flushes.iter().map(|(_, f)| f.count).sum());
+    let oversize: u64 = w.map_or(0, |w| w.flushes.iter().map(|(_, f)| f.oversize_releases).sum());
+    let gc: u64 = w.map_or(0, |w| w.flushes.iter().map(|(_, f)| f.gc_releases).sum());
+    let at_least = w.is_some_and(|w| w.flushes.iter().any(|(_, f)| f.at_least));
+    let leak = a.leaks.iter().find(|l| l.leaking);
+    let verdict = if a.has_history() && !a.ooms.is_empty() {
+        let mut classes: std::collections::BTreeMap<String, u64> = Default::default();
+        for o in &a.ooms {
+            *classes.entry(o.class.name().replace('_', " ")).or_default() += 1;
+        }
+        let mut classes: Vec<(String, u64)> = classes.into_iter().collect();
+        classes.sort_by(|x, y| y.1.cmp(&x.1).then(x.0.cmp(&y.0)));
+        Verdict::Failed { ooms: a.ooms.len() as u64, classes }
+    } else if let Some(l) = leak {
+        let per_step = l.growth_per_iteration_bytes.and_then(|g| u64::try_from(g).ok()).filter(|&g| g > 0);
+        // The step at which the memory needed passes the budget's low end,
+        // growing by the floor's rise per step from where it ended.
+        let passes = per_step.and_then(|g| {
+            let m = memory.iter().find(|m| m.unit == l.pid)?;
+            let needs = m.recorded.as_ref()?.no_flush_from_bytes;
+            let b = m.budget.as_ref()?.lo_bytes;
+            let steps = a.iterations.iter().find(|it| it.pid == l.pid)?.count as u64;
+            Some(steps + b.saturating_sub(needs).div_ceil(g))
+        });
+        Verdict::Leaking { per_step_bytes: per_step, passes_budget_at_step: passes }
+    } else if releases + oversize + gc > 0 {
+        Verdict::FitsFlushing { releases, at_least, oversize, gc }
+    } else if let Some(n) = memory.iter().map(|m| m.recorded.as_ref().map(|n| n.no_flush_from_bytes)).sum::<Option<u64>>()
+        && !memory.is_empty()
+        && a.has_history()
+    {
+        Verdict::Healthy { needs_bytes: n }
+    } else {
+        Verdict::Unknown {
+            why: if !a.has_history() {
+                "the snapshot holds no trace history, only the state at one instant".into()
+            } else if let Some(why) = &a.whatif_not_run {
+                why.clone()
+            } else if let Some(why) = w.and_then(|w| w.untestable.clone()) {
+                format!("the memory needed cannot be replayed: {why}")
+            } else {
+                "no replay of PyTorch's allocator ran on this trace (a device-level recording without OOMs, or \
+                 `--no-whatif`), so the memory it needs is not known"
+                    .into()
+            },
+        }
+    };
+    let fix = match w {
+        Some(w) if w.recommended.0 != 0 => Fix::Setting {
+            conf: w.recommendation(),
+            why: w.recommended.1.clone(),
+            needed: w.scenarios[w.recommended.0].needed.clone(),
+        },
+        Some(w) if matches!(verdict, Verdict::Failed { .. } | Verdict::FitsFlushing { .. }) => {
+            Fix::Sites { why: format!("{}: {}", w.recommendation(), w.recommended.1), sites: sites() }
+        }
+        Some(w) => Fix::None { why: format!("{}: {}", w.recommendation(), w.recommended.1) },
+        None => Fix::None { why: "no allocator setting was replayed".into() },
+    };
+    Decision { verdict, memory, fix }
+}

@@ -1,0 +1,146 @@
+//! The first lines of `report.md` and of `analyze`'s stdout: the verdict,
+//! the memory the job needs against its budget, and the fix
+//! ([`crate::analysis::decision`]).
+
+use crate::analysis::decision::{Budget, Decision, Fix, Memory, Verdict};
+use crate::units::{bytes, plural};
+
+/// The verdict in a few words: "failed: 15 OOMs (fragmentation)".
+pub fn verdict_line(d: &Decision) -> String {
+    match &d.verdict {
+        Verdict::Failed { ooms, classes } => {
+            let classes: Vec<String> = match classes.as_slice() {
+                [(c, _)] => vec![c.clone()],
+                many => many.iter().map(|(c, n)| format!("{n} {c}")).collect(),
+            };
+            format!("failed: {} ({})", plural(*ooms, "OOM", "OOMs"), classes.join(", "))
+        }
+        Verdict::Leaking { per_step_bytes, passes_budget_at_step } => {
+            let mut t = match per_step_bytes {
+                Some(g) => format!("leaking {} per step", bytes(*g)),
+                None => "leaking".to_string(),
+            };
+            if let Some(s) = passes_budget_at_step {
+                t.push_str(&format!(": passes the budget at step ~{s}"));
+            }
+            t
+        }
+        Verdict::FitsFlushing { releases, at_least, oversize, gc } => {
+            let mut how: Vec<String> = Vec::new();
+            if *releases > 0 {
+                how.push(format!(
+                    "releasing its cache {}{}",
+                    if *at_least { "at least " } else { "" },
+                    plural(*releases, "time", "times")
+                ));
+            }
+            if *oversize > 0 {
+                how.push(format!(
+                    "releasing its cached blocks above `max_split_size_mb` {}",
+                    plural(*oversize, "time", "times")
+                ));
+            }
+            if *gc > 0 {
+                how.push(format!("with garbage collection releasing cached blocks {}", plural(*gc, "time", "times")));
+            }
+            format!("fits, {}", how.join(", "))
+        }
+        Verdict::Healthy { needs_bytes } => match d.memory.as_slice() {
+            [Memory { budget: Some(b), .. }] => format!("healthy: needs {} of {}", bytes(*needs_bytes), budget_text(b)),
+            _ => format!("healthy: needs {} (the budget is not known)", bytes(*needs_bytes)),
+        },
+        Verdict::Unknown { why } => format!("unknown: {why}"),
+    }
+}
+
+fn budget_text(b: &Budget) -> String {
+    if b.lo_bytes == b.hi_bytes { bytes(b.lo_bytes) } else { format!("{}–{}", bytes(b.lo_bytes), bytes(b.hi_bytes)) }
+}
+
+/// One unit's memory line.
+fn memory_line(m: &Memory, several: bool) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    if let Some(n) = &m.recorded {
+        match n.fits_from_bytes {
+            Some(f) if f < n.no_flush_from_bytes => parts.push(format!(
+                "needs {} to fit under its settings ({} there), {} to never release its cache",
+                bytes(f),
+                plural(n.flushes_at_fits_from, "cache release", "cache releases"),
+                bytes(n.no_flush_from_bytes)
+            )),
+            Some(_) => parts.push(format!("needs {} under its settings", bytes(n.no_flush_from_bytes))),
+            None => parts.push(format!("needs {} to never release its cache", bytes(n.no_flush_from_bytes))),
+        }
+    }
+    if let Some((label, n)) = &m.best
+        && let Some(f) = n.fits_from_bytes
+    {
+        parts.push(format!("{} under {label} ({} without releases)", bytes(f), bytes(n.no_flush_from_bytes)));
+    }
+    parts.push(match &m.budget {
+        Some(b) => format!("budget {} (from {})", budget_text(b), b.source),
+        None => "budget not known (give `--capacity`)".to_string(),
+    });
+    parts.push(format!("peak allocated {}", bytes(m.peak_allocated_bytes)));
+    if let Some(note) = &m.note {
+        parts.push(format!("note: {note}"));
+    }
+    let who = if several { format!("device {}: ", m.unit) } else { String::new() };
+    format!("{who}{}", parts.join("; "))
+}
+
+/// The first screen of `report.md`.
+pub fn first_screen_md(d: &Decision) -> String {
+    let mut md = format!("**Verdict: {}**\n\n", verdict_line(d));
+    let several = d.memory.len() > 1;
+    for m in &d.memory {
+        md.push_str(&format!("**Memory:** {}.\n", memory_line(m, several)));
+    }
+    if !d.memory.is_empty() {
+        md.push_str(&format!(
+            "(From the recorded requests, by replaying them through PyTorch's allocator at each budget; it leaves out \
+             {}. The budget is what PyTorch's allocator may reserve.)\n",
+            crate::output::whatif::EXCLUDES
+        ));
+    }
+    md.push('\n');
+    md.push_str(&format!("**The fix:** {}\n\n", fix_text(d)));
+    md
+}
+
+fn fix_text(d: &Decision) -> String {
+    match &d.fix {
+        Fix::Setting { conf, why, needed } => {
+            let needs: Vec<String> = needed
+                .iter()
+                .filter_map(|n| n.fits_from_bytes.map(|f| (f, n)))
+                .map(|(f, n)| format!("fits from {}, never releases from {}", bytes(f), bytes(n.no_flush_from_bytes)))
+                .collect();
+            if needs.is_empty() {
+                format!("`{conf}` — {why}.")
+            } else {
+                format!("`{conf}` — {why}; it {}.", needs.join("; "))
+            }
+        }
+        Fix::Sites { why, sites } if !sites.is_empty() => {
+            let list: Vec<String> = sites.iter().map(|s| format!("`{}` {}", s.site, bytes(s.bytes))).collect();
+            format!(
+                "{why}. The call sites holding the most at the peak of allocated memory, where the program can \
+                 change: {}.",
+                list.join(", ")
+            )
+        }
+        Fix::Sites { why, .. } | Fix::None { why } => format!("{why}."),
+    }
+}
+
+/// The first lines of stdout.
+pub fn first_screen_stdout(d: &Decision) -> String {
+    let mut t = format!("  verdict: {}\n", verdict_line(d));
+    let several = d.memory.len() > 1;
+    for m in &d.memory {
+        t.push_str(&format!("  memory: {}\n", memory_line(m, several)));
+    }
+    t.push_str(&format!("  fix: {}\n", fix_text(d)));
+    t
+}
