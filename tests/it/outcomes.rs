@@ -95,3 +95,85 @@ fn garbage_collection_without_a_memory_fraction_replays_as_the_defaults() {
         );
     }
 }
+
+/// `analyze` of one real snapshot, its report.json.
+fn analyzed(dir: &Path, name: &str, out: &Path) -> serde_json::Value {
+    fragscope()
+        .arg("analyze")
+        .arg(dir.join(format!("snapshots/{name}.pickle")))
+        .arg("-o")
+        .arg(out.join(name))
+        .assert()
+        .success();
+    serde_json::from_slice(&fs::read(out.join(name).join("report.json")).unwrap()).unwrap()
+}
+
+/// A setting's figures in report.json's `memory_needed` (one device).
+fn needed<'a>(report: &'a serde_json::Value, conf: &str) -> &'a serde_json::Value {
+    let units = report["memory_needed"].as_array().unwrap();
+    assert_eq!(units.len(), 1, "{units:?}");
+    let settings = units[0]["settings"].as_array().unwrap();
+    settings.iter().find(|s| s["conf"] == conf).unwrap_or_else(|| panic!("no {conf} in {settings:?}"))
+}
+
+/// The training loop under a 9000 MiB memory fraction: the memory needed
+/// under expandable segments, replayed from the default run, is what the
+/// real expandable run reserved (it never reached its cap); under the
+/// recorded settings it fits within the cap, but never releasing its
+/// cache needs more than the cap, since the real run had to release it.
+#[test]
+fn memory_needed_matches_the_real_runs_under_a_memory_fraction() {
+    let Some(dir) = shared() else { return };
+    let outcomes: serde_json::Value = serde_json::from_slice(&fs::read(dir.join("outcomes.json")).unwrap()).unwrap();
+    let cap = outcomes["varlen-fraction-default"]["per_process_memory_fraction_bytes"].as_u64().unwrap();
+    assert_eq!(cap, 9000 << 20);
+    let expandable = outcomes["varlen-fraction-expandable_segments-True"]["reserved_bytes.all.peak"].as_u64().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let r = analyzed(&dir, "varlen-fraction-default", tmp.path());
+    let e = needed(&r, "expandable_segments:True");
+    assert_eq!(e["no_flush_from_bytes"].as_u64(), Some(expandable));
+    let rec = needed(&r, "recorded");
+    let fits = rec["fits_from_bytes"].as_u64().unwrap();
+    assert!(fits <= cap, "fits from {fits} > the cap {cap}");
+    assert!(rec["no_flush_from_bytes"].as_u64().unwrap() > cap, "{rec}");
+    // The bisection's answer fits and the budget a grain below it does not.
+    assert_eq!(rec["precision_bytes"].as_u64(), Some(2 << 20));
+    assert_eq!(fits % (2 << 20), 0);
+    // The first screen decides: it fit, releasing its cache as often as
+    // PyTorch counted, and the fix is the setting that never releases.
+    let md = fs::read_to_string(tmp.path().join("varlen-fraction-default/report.md")).unwrap();
+    let first = md.lines().nth(2).unwrap();
+    assert_eq!(first, "**Verdict: fits, releasing its cache 4 times**", "{md}");
+    assert!(md.contains("**The fix:** `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`"), "{md}");
+    // The budget the releases imply holds the real one.
+    let d = &r["decision"]["memory"][0]["budget"];
+    assert!(d["lo_bytes"].as_u64().unwrap() <= cap && cap <= d["hi_bytes"].as_u64().unwrap(), "{d}");
+}
+
+/// Cache releases as PyTorch counts them (`num_alloc_retries`): the
+/// retries of the varlen runs (two of them on autograd's thread, with no
+/// Python stack), none where garbage collection released first, one before
+/// each OOM, and none for releases of the blocks above
+/// `max_split_size_mb` alone.
+#[test]
+fn cache_releases_are_counted_as_pytorch_counts_its_retries() {
+    let Some(dir) = shared() else { return };
+    let outcomes: serde_json::Value = serde_json::from_slice(&fs::read(dir.join("outcomes.json")).unwrap()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut checked = 0;
+    for (name, real) in outcomes.as_object().unwrap() {
+        // Runs recorded with eBPF, and those kept only as outcomes.
+        if name.contains('(') || !dir.join(format!("snapshots/{name}.pickle")).exists() {
+            continue;
+        }
+        let r = analyzed(&dir, name, tmp.path());
+        let f = &r["flushes"][0];
+        assert_eq!(f["count"].as_u64(), real["num_alloc_retries"].as_u64(), "{name}: {f}");
+        assert_eq!(f["at_least"].as_bool(), Some(false), "{name}: {f}");
+        if name == "varlen-fraction-garbage_collection_threshold-0-6" {
+            assert!(f["gc_releases"].as_u64().unwrap() > 0, "{name}: {f}");
+        }
+        checked += 1;
+    }
+    assert!(checked >= 20, "{checked}");
+}
