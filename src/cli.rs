@@ -180,7 +180,9 @@ pub struct WhatifArgs {
     /// (max_split_size_mb:128,roundup_power2_divisions:4). Repeatable; without it a default sweep runs.
     #[arg(long = "conf", value_name = "KEY:VALUE[,KEY:VALUE]")]
     pub conf: Vec<String>,
-    /// Device memory capacity: a scenario whose reserved memory would exceed it runs out of memory.
+    /// Device memory capacity: the budget PyTorch's allocator may reserve (CUDA's free memory at
+    /// start plus its own reserve, or per_process_memory_fraction × the device's total); a
+    /// scenario whose reserved memory would exceed it runs out of memory.
     /// Without it the capacity is inferred from an OOM entry or cache flushes (a device-level
     /// trace: its own); where none is known nothing runs out, and only peaks are compared.
     /// Binary units: 80GiB, and 80GB or 80G read as 80GiB; a bare number is bytes.
@@ -317,7 +319,9 @@ pub struct AnalyzeArgs {
     /// reference implementation's method; slow, for verification).
     #[arg(long)]
     pub brute_force: bool,
-    /// Device memory capacity for the OOM diagnosis and the OOM risk (e.g. 80GiB); default: the
+    /// Device memory capacity for the OOM diagnosis and the OOM risk (e.g. 80GiB): the budget
+    /// PyTorch's allocator may reserve (CUDA's free memory at start plus its own reserve, or
+    /// per_process_memory_fraction × the device's total); default: the
     /// trace's own (`record` writes NVML's, `synth` its own; else inferred from an `oom` entry or
     /// from PyTorch's cache flushes), else unknown. Binary units: 80GiB, and 80GB or 80G read
     /// as 80GiB; a bare number is bytes.

@@ -192,6 +192,12 @@ pub fn decide(
         }
     };
     let fix = match w {
+        // A leak is the program's: no allocator setting is its fix.
+        _ if matches!(verdict, Verdict::Leaking { .. }) => Fix::None {
+            why: "the program keeps memory from step to step: the call sites whose memory grew are under Leaks \
+                  below"
+                .into(),
+        },
         Some(w) if w.recommended.0 != 0 => Fix::Setting {
             conf: w.recommendation(),
             why: w.recommended.1.clone(),

@@ -383,6 +383,16 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         .flat_map(|w| w.flushes.iter())
         .filter_map(|(d, f)| f.capacity.map(|(lo, hi)| (*d, lo, hi)))
         .collect();
+    let needed: Vec<(u32, u64)> = analysis
+        .whatif
+        .iter()
+        .filter(|w| w.source == whatif::Source::Snapshot && w.untestable.is_none() && w.unreproduced.is_none())
+        .flat_map(|w| {
+            w.fidelity.iter().enumerate().filter_map(|(j, f)| {
+                Some((f.device, w.scenarios.first()?.needed.get(j)?.fits_from_bytes?))
+            })
+        })
+        .collect();
     analysis.oom_risk = risk_series::evaluate(
         &risk_series::Inputs {
             events,
@@ -401,6 +411,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
                 .filter(|l| l.leaking)
                 .map(|l| (l.pid, l.growth_per_iteration_bytes.and_then(|g| u64::try_from(g).ok())))
                 .collect(),
+            needed: &needed,
         },
         &mut analysis.rows,
     );

@@ -24,6 +24,11 @@ pub(crate) struct Inputs<'a> {
     /// The processes whose leak verdict is "leaking", with their floor's
     /// rise per iteration (median) when iterations were found.
     pub leaks: Vec<(u32, Option<u64>)>,
+    /// Per device of a snapshot, the memory its requests need under the
+    /// recorded settings (the smallest budget they fit in, replayed): a
+    /// run without OOMs is judged by it, not by its peak reserved (a
+    /// cache that filled its budget is not a job at risk).
+    pub needed: &'a [(u32, u64)],
 }
 
 /// A device-level recording's GPUs: the GPU (NVML's index) of each replay
@@ -231,7 +236,32 @@ pub(crate) fn evaluate(inp: &Inputs<'_>, rows: &mut [crate::analysis::result::Ro
         };
         last.largest_request = requests.last().map_or(0, |x| x.1);
         last.fragmentation = inp.fragmentation.iter().filter(|(pid, _)| series.has(*pid)).filter_map(|x| x.1).max();
-        let mut a = assessment(device, capacity, &last, oom_times.len() as u64, inp.allocator_view);
+        let needs = device
+            .filter(|_| inp.allocator_view && oom_times.is_empty() && series.members.is_none())
+            .and_then(|d| inp.needed.iter().find(|x| x.0 == d))
+            .map(|x| x.1);
+        let mut a = match (needs, capacity) {
+            (Some(n), Some(c)) => {
+                // Judged at the budget's low end: the level holds for
+                // every budget the recording allows.
+                let at = Capacity { upper: None, ..c };
+                // The replay that found it kept the cache's gaps, so the
+                // fragmentation level raises nothing more.
+                let mut a = assessment(device, Some(at), &State { peak: n, fragmentation: None, ..last }, 0, true);
+                a.reason = format!(
+                    "memory needed {} (the smallest budget the requests fit in, replayed) of {}{}: {}",
+                    crate::units::bytes(n),
+                    crate::units::bytes(c.bytes),
+                    if c.upper.is_some_and(|hi| hi > c.bytes) { " (the budget's low end)" } else { "" },
+                    a.reason.split_once(": ").map_or(a.reason.as_str(), |x| x.1).replace(
+                        "of the capacity in use at the peak",
+                        "of the budget needed to fit"
+                    )
+                );
+                a
+            }
+            _ => assessment(device, capacity, &last, oom_times.len() as u64, inp.allocator_view),
+        };
         // A capacity that cache flushes bound is reached by what is
         // reserved: what was allocated says how much of it the program
         // itself needed.

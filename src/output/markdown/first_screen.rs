@@ -58,7 +58,7 @@ fn budget_text(b: &Budget) -> String {
 }
 
 /// One unit's memory line.
-fn memory_line(m: &Memory, several: bool) -> String {
+fn memory_line(m: &Memory, several: bool, who: &dyn Fn(u32) -> String) -> String {
     let mut parts: Vec<String> = Vec::new();
     if let Some(n) = &m.recorded {
         match n.fits_from_bytes {
@@ -85,16 +85,17 @@ fn memory_line(m: &Memory, several: bool) -> String {
     if let Some(note) = &m.note {
         parts.push(format!("note: {note}"));
     }
-    let who = if several { format!("device {}: ", m.unit) } else { String::new() };
+    let who = if several { format!("{}: ", who(m.unit)) } else { String::new() };
     format!("{who}{}", parts.join("; "))
 }
 
 /// The first screen of `report.md`.
-pub fn first_screen_md(d: &Decision) -> String {
+/// `who` names a unit (a device, or a recording's process on a GPU).
+pub fn first_screen_md(d: &Decision, who: &dyn Fn(u32) -> String) -> String {
     let mut md = format!("**Verdict: {}**\n\n", verdict_line(d));
     let several = d.memory.len() > 1;
     for m in &d.memory {
-        md.push_str(&format!("**Memory:** {}.\n", memory_line(m, several)));
+        md.push_str(&format!("**Memory:** {}.\n", memory_line(m, several, who)));
     }
     if !d.memory.is_empty() {
         md.push_str(&format!(
@@ -102,8 +103,8 @@ pub fn first_screen_md(d: &Decision) -> String {
              {}. The budget is what PyTorch's allocator may reserve.)\n",
             crate::output::whatif::EXCLUDES
         ));
+        md.push('\n');
     }
-    md.push('\n');
     md.push_str(&format!("**The fix:** {}\n\n", fix_text(d)));
     md
 }
@@ -135,11 +136,11 @@ fn fix_text(d: &Decision) -> String {
 }
 
 /// The first lines of stdout.
-pub fn first_screen_stdout(d: &Decision) -> String {
+pub fn first_screen_stdout(d: &Decision, who: &dyn Fn(u32) -> String) -> String {
     let mut t = format!("  verdict: {}\n", verdict_line(d));
     let several = d.memory.len() > 1;
     for m in &d.memory {
-        t.push_str(&format!("  memory: {}\n", memory_line(m, several)));
+        t.push_str(&format!("  memory: {}\n", memory_line(m, several, who)));
     }
     t.push_str(&format!("  fix: {}\n", fix_text(d)));
     t

@@ -24,7 +24,7 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
     let mut md = String::new();
     let _ = writeln!(md, "# fragscope report: {}\n", s.name);
     if let Some(d) = &a.decision {
-        md.push_str(&first_screen::first_screen_md(d));
+        md.push_str(&first_screen::first_screen_md(d, &|u| a.who(u)));
     }
     md.push_str(&verdict_md(a, &s));
     let _ = writeln!(
@@ -380,7 +380,7 @@ pub fn stdout_summary(a: &Analysis, out: &Path) -> String {
         } else {
             String::new()
         },
-        a.decision.as_ref().map_or_else(String::new, first_screen::first_screen_stdout),
+        a.decision.as_ref().map_or_else(String::new, |d| first_screen::first_screen_stdout(d, &|u| a.who(u))),
         s.score.final_,
         s.score.mean,
         s.score.p95,
