@@ -22,15 +22,30 @@ use crate::analysis::whatif::{Needed, Whatif};
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Verdict {
-    Failed { ooms: u64, classes: Vec<(String, u64)> },
-    Leaking { per_step_bytes: Option<u64>, passes_budget_at_step: Option<u64> },
+    Failed {
+        ooms: u64,
+        classes: Vec<(String, u64)>,
+    },
+    Leaking {
+        per_step_bytes: Option<u64>,
+        passes_budget_at_step: Option<u64>,
+    },
     /// No OOM, but the allocator released cached memory when its budget
     /// was reached (`releases`: retries as `num_alloc_retries` counts
     /// them; `oversize`: releases of the blocks above `max_split_size_mb`
     /// alone) or by garbage collection (`gc`).
-    FitsFlushing { releases: u64, at_least: bool, oversize: u64, gc: u64 },
-    Healthy { needs_bytes: u64 },
-    Unknown { why: String },
+    FitsFlushing {
+        releases: u64,
+        at_least: bool,
+        oversize: u64,
+        gc: u64,
+    },
+    Healthy {
+        needs_bytes: u64,
+    },
+    Unknown {
+        why: String,
+    },
 }
 
 /// What PyTorch's allocator may reserve on a unit, and how it is known.
@@ -131,15 +146,11 @@ pub fn decide(
                 // Garbage collection acts only under a memory fraction,
                 // which a snapshot does not record: the replay of the
                 // recorded settings runs without it.
-                note: w
-                    .flushes
-                    .iter()
-                    .any(|(d, fl)| *d == f.device && fl.gc_releases > 0)
-                    .then(|| {
-                        "the recorded settings replay without garbage collection: the memory fraction that turned it \
+                note: w.flushes.iter().any(|(d, fl)| *d == f.device && fl.gc_releases > 0).then(|| {
+                    "the recorded settings replay without garbage collection: the memory fraction that turned it \
                          on is not in the snapshot"
-                            .to_string()
-                    }),
+                        .to_string()
+                }),
             })
             .collect(),
         None => Vec::new(),
@@ -171,7 +182,8 @@ pub fn decide(
         Verdict::Leaking { per_step_bytes: per_step, passes_budget_at_step: passes }
     } else if releases + oversize + gc > 0 {
         Verdict::FitsFlushing { releases, at_least, oversize, gc }
-    } else if let Some(n) = memory.iter().map(|m| m.recorded.as_ref().map(|n| n.no_flush_from_bytes)).sum::<Option<u64>>()
+    } else if let Some(n) =
+        memory.iter().map(|m| m.recorded.as_ref().map(|n| n.no_flush_from_bytes)).sum::<Option<u64>>()
         && !memory.is_empty()
         && a.has_history()
     {

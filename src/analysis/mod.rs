@@ -13,6 +13,7 @@
 
 pub mod advice;
 pub mod cluster;
+pub mod decision;
 pub(crate) mod flame;
 pub mod iterations;
 pub mod kernels;
@@ -30,7 +31,6 @@ pub(crate) mod risk_series;
 pub mod sites;
 pub(crate) mod summary;
 pub mod whatif;
-pub mod decision;
 
 pub use options::{Options, StepSpec};
 pub use result::{Analysis, ProcessPrediction, Row};
@@ -388,9 +388,10 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         .iter()
         .filter(|w| w.source == whatif::Source::Snapshot && w.untestable.is_none() && w.unreproduced.is_none())
         .flat_map(|w| {
-            w.fidelity.iter().enumerate().filter_map(|(j, f)| {
-                Some((f.device, w.scenarios.first()?.needed.get(j)?.fits_from_bytes?))
-            })
+            w.fidelity
+                .iter()
+                .enumerate()
+                .filter_map(|(j, f)| Some((f.device, w.scenarios.first()?.needed.get(j)?.fits_from_bytes?)))
         })
         .collect();
     analysis.oom_risk = risk_series::evaluate(

@@ -248,15 +248,22 @@ pub(crate) fn evaluate(inp: &Inputs<'_>, rows: &mut [crate::analysis::result::Ro
                 // The replay that found it kept the cache's gaps, so the
                 // fragmentation level raises nothing more.
                 let mut a = assessment(device, Some(at), &State { peak: n, fragmentation: None, ..last }, 0, true);
+                let interval = c.upper.filter(|&hi| hi > c.bytes);
+                // The interval stays what is known: no headroom is claimed
+                // inside it.
+                a.capacity = Some(c);
+                if interval.is_some() {
+                    a.headroom_bytes = None;
+                }
                 a.reason = format!(
-                    "memory needed {} (the smallest budget the requests fit in, replayed) of {}{}: {}",
+                    "memory needed {} of {}{} (the smallest budget the requests fit in, replayed): {}",
                     crate::units::bytes(n),
                     crate::units::bytes(c.bytes),
-                    if c.upper.is_some_and(|hi| hi > c.bytes) { " (the budget's low end)" } else { "" },
-                    a.reason.split_once(": ").map_or(a.reason.as_str(), |x| x.1).replace(
-                        "of the capacity in use at the peak",
-                        "of the budget needed to fit"
-                    )
+                    interval.map_or(String::new(), |hi| format!("–{}, judged at its low end", crate::units::bytes(hi))),
+                    a.reason
+                        .split_once(": ")
+                        .map_or(a.reason.as_str(), |x| x.1)
+                        .replace("of the capacity in use at the peak", "of the budget needed to fit")
                 );
                 a
             }

@@ -240,7 +240,8 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
     }
     if let Some(w) = &a.whatif {
         report["memory_needed"] = crate::output::whatif::memory_needed_json(w);
-        report["flushes"] = json!(w.fidelity.iter().map(|f| {
+        report["flushes"] =
+            json!(w.fidelity.iter().map(|f| {
             let fl = w.flushes.iter().find(|(d, _)| *d == f.device).map(|x| x.1).unwrap_or_default();
             json!({"unit": f.device, "count": fl.count, "at_least": fl.at_least, "gc_releases": fl.gc_releases,
                    "oversize_releases": fl.oversize_releases})

@@ -801,7 +801,11 @@ pub fn run(
     }
     let capacity_inferred = capacity.is_none() && capacities.iter().any(Option::is_some);
     let capacity = capacity.or_else(|| capacities.iter().flatten().copied().max());
-    let flushes = devices.iter().map(|d| (d.device, d.flushes)).filter(|x| x.1.count + x.1.gc_releases + x.1.oversize_releases > 0).collect();
+    let flushes = devices
+        .iter()
+        .map(|d| (d.device, d.flushes))
+        .filter(|x| x.1.count + x.1.gc_releases + x.1.oversize_releases > 0)
+        .collect();
     Ok(Whatif {
         fidelity,
         scenarios,
