@@ -635,9 +635,26 @@ pub fn run(
     let from_flushes =
         capacity.is_none() && devices.iter().any(|d| inferred_capacity(d).is_none() && d.flushes.capacity.is_some());
     let run_all = |name: &str, conf: &[String], s: &Settings| -> Scenario {
-        let outcomes = devices.iter().zip(&capacities).map(|(d, &c)| simulate(d, s, c, name, conf)).collect();
+        let started = std::time::Instant::now();
+        let outcomes: Vec<Outcome> =
+            devices.iter().zip(&capacities).map(|(d, &c)| simulate(d, s, c, name, conf)).collect();
+        tracing::debug!("whatif: {name}: replayed in {:.3} s", started.elapsed().as_secs_f64());
+        let started = std::time::Instant::now();
+        // A device replayed without a budget is the memory needed's
+        // replay with none: not run twice.
+        let scenario_needed = devices
+            .iter()
+            .zip(&capacities)
+            .zip(&outcomes)
+            .map(|((d, c), o)| needed(d, s, (s.limit(*c).is_none()).then_some(o)))
+            .collect::<Vec<_>>();
+        tracing::debug!(
+            "whatif: {name}: memory needed in {} replays, {:.3} s",
+            scenario_needed.iter().map(|n: &Needed| n.replays).sum::<u32>(),
+            started.elapsed().as_secs_f64()
+        );
         let mut scenario = Scenario::of(name, conf, outcomes);
-        scenario.needed = devices.iter().map(|d| needed(d, s)).collect();
+        scenario.needed = scenario_needed;
         scenario.note = settings_note(s, capacities.iter().all(Option::is_some));
         scenario.unchecked_pair = unchecked_pair(s);
         scenario

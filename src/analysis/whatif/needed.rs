@@ -15,11 +15,14 @@
 //!
 //! Every segment and page the allocator reserves is a multiple of 2 MiB,
 //! so a budget behaves as the multiple of 2 MiB below it: the bisection
-//! runs over those multiples, and `fits_from_bytes` is exact to
-//! [`GRAIN`] (a budget `GRAIN` below it is replayed and fails).
+//! runs over those multiples until the interval is 0.4 % of the
+//! no-release budget (never below 2 MiB). `precision_bytes` is that
+//! interval: a replay at `fits_from_bytes` fits, and one at
+//! `fits_from_bytes - precision_bytes` fails (or could not hold the state
+//! carried in from before the trace).
 
-use super::simulate::replay;
-use super::stream::DeviceStream;
+use super::simulate::{Outcome, replay};
+use super::stream::{DeviceStream, Release};
 use crate::allocator::Settings;
 use crate::trace::event::EventKind;
 
@@ -39,7 +42,8 @@ pub struct Needed {
     /// peak reserved with no budget at all.
     pub no_flush_from_bytes: u64,
     /// `fits_from_bytes` is at most this far above the true smallest
-    /// budget (the replay at `fits_from_bytes - precision_bytes` failed).
+    /// budget (the replay at `fits_from_bytes - precision_bytes` failed,
+    /// or held less than the state carried in).
     pub precision_bytes: u64,
     /// Peak allocated with no budget.
     pub peak_allocated_bytes: u64,
@@ -47,9 +51,15 @@ pub struct Needed {
     pub replays: u32,
 }
 
+/// The bisection stops when the interval is this share of the no-release
+/// budget or less (and never below [`GRAIN`]): 0.4 %, finer than any
+/// figure a budget is chosen by, at several replays fewer than 2 MiB.
+const PRECISION_SHARE: u64 = 256;
+
 /// The memory `d`'s requests need under `settings`. Garbage collection,
 /// when the settings collect, acts at its threshold of each budget tried.
-pub fn needed(d: &DeviceStream, settings: &Settings) -> Needed {
+/// `unbounded`: the replay with no budget, when the caller ran it already.
+pub fn needed(d: &DeviceStream, settings: &Settings, unbounded: Option<&Outcome>) -> Needed {
     // What the state before the trace's first entry reserved is held in
     // every replay: no budget below it.
     let carried: u64 = d.events[..d.initial]
@@ -58,17 +68,37 @@ pub fn needed(d: &DeviceStream, settings: &Settings) -> Needed {
         .map(|r| r.size)
         .sum();
     let floor = carried.div_ceil(GRAIN) * GRAIN;
-    let mut replays = 1;
-    let free = replay(d, settings, None, false, "needed", &[], None);
-    let no_flush = free.peak_reserved_bytes;
+    let mut replays = 0;
+    let (no_flush, peak_allocated) = match unbounded {
+        Some(o) => (o.peak_reserved_bytes, o.peak_allocated_bytes),
+        None => {
+            replays += 1;
+            let o = replay(d, settings, None, false, "needed", &[], None);
+            (o.peak_reserved_bytes, o.peak_allocated_bytes)
+        }
+    };
+    let step = (no_flush / PRECISION_SHARE / GRAIN * GRAIN).max(GRAIN);
     // Whether a budget serves every request, and with how many releases.
     let mut runs = |budget: u64| {
         replays += 1;
+        let started = std::time::Instant::now();
         let o = replay(d, settings, Some(budget), true, "needed", &[], None);
+        tracing::trace!(
+            "needed: budget {budget}: {} in {:.3} s",
+            if o.ooms == 0 { "fits" } else { "fails" },
+            started.elapsed().as_secs_f64()
+        );
         (o.ooms == 0, o.flushes)
     };
     let mut hi = no_flush.div_ceil(GRAIN) * GRAIN;
-    let mut at_hi = runs(hi);
+    // A budget no request reaches replays as no budget at all, unless the
+    // budget itself changes a decision: garbage collection acts at a share
+    // of it, an expandable range spans a share of it, and a release whose
+    // maker the trace cannot tell is judged by it.
+    let same_as_unbounded = !settings.expandable_segments
+        && settings.collects_garbage().is_none()
+        && !d.releases.values().any(|r| *r == Release::Unknown);
+    let mut at_hi = if same_as_unbounded { (true, 0) } else { runs(hi) };
     // Garbage collection can make a replay fail at a budget that a replay
     // without a budget never reached: look a little higher.
     let mut tries = 0;
@@ -82,35 +112,49 @@ pub fn needed(d: &DeviceStream, settings: &Settings) -> Needed {
             fits_from_bytes: None,
             flushes_at_fits_from: 0,
             no_flush_from_bytes: no_flush,
-            precision_bytes: GRAIN,
-            peak_allocated_bytes: free.peak_allocated_bytes,
+            precision_bytes: step,
+            peak_allocated_bytes: peak_allocated,
             replays,
         };
     }
     // Allocated memory never exceeds what is reserved, so a budget below
-    // the peak allocated fails: start just under it.
-    let mut lo = ((free.peak_allocated_bytes / GRAIN).saturating_sub(1) * GRAIN).max(floor);
-    if lo >= hi || runs(lo).0 {
-        // Below the carried-in state nothing can be held: fails unrun.
-        lo = floor.saturating_sub(GRAIN);
-    }
-    // Invariant: `lo` fails (or is 0), `hi` fits with `at_hi.1` releases.
-    while hi - lo > GRAIN {
-        let mid = lo + (hi - lo) / GRAIN / 2 * GRAIN;
-        let got = runs(mid);
-        if got.0 {
-            hi = mid;
-            at_hi = got;
-        } else {
-            lo = mid;
+    // the peak allocated fails: start a step under it. That is not checked
+    // unless the answer comes down to it (block sizes, and so the peak
+    // allocated, can differ a little under a budget); below the carried-in
+    // state nothing can be held.
+    let mut lo = (peak_allocated.saturating_sub(step) / GRAIN * GRAIN).max(floor.saturating_sub(GRAIN)).min(hi);
+    let mut lo_checked = lo < floor;
+    loop {
+        // Invariant: `hi` fits with `at_hi.1` releases; `lo` fails once
+        // checked.
+        while hi - lo > step {
+            let mid = lo + (hi - lo) / GRAIN / 2 * GRAIN;
+            let got = runs(mid);
+            if got.0 {
+                hi = mid;
+                at_hi = got;
+            } else {
+                (lo, lo_checked) = (mid, true);
+            }
         }
+        if lo_checked {
+            break;
+        }
+        let got = runs(lo);
+        if !got.0 {
+            break;
+        }
+        // It fits lower still: search below, down to the carried-in state.
+        (hi, at_hi) = (lo, got);
+        lo = floor.saturating_sub(GRAIN).min(hi);
+        lo_checked = true;
     }
     Needed {
         fits_from_bytes: Some(hi),
         flushes_at_fits_from: at_hi.1,
         no_flush_from_bytes: no_flush,
-        precision_bytes: GRAIN,
-        peak_allocated_bytes: free.peak_allocated_bytes,
+        precision_bytes: hi - lo,
+        peak_allocated_bytes: peak_allocated,
         replays,
     }
 }

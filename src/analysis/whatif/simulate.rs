@@ -182,7 +182,7 @@ pub(super) fn replay(
     out.peak_allocated_bytes = a.allocated;
     // Recorded block address → simulated one (initial blocks are where
     // they were).
-    let mut placed: HashMap<u64, u64> =
+    let mut placed: ahash::AHashMap<u64, u64> =
         d.events[..d.initial].iter().filter(|r| r.kind == EventKind::BlockAlloc).map(|r| (r.addr, r.addr)).collect();
     let mut classes: std::collections::BTreeMap<OomClass, u64> = Default::default();
     let trace = &d.events[d.initial..];

@@ -554,3 +554,36 @@ fn the_sweep_fits_the_capacity_it_knows() {
     assert_eq!(splits(&given), splits(&inferred));
     assert!(given.contains(&gc));
 }
+
+/// Ten 30 MiB tensors, five of them freed into the cache, then five of
+/// 50 MiB: with no budget the cache keeps the freed segments (550 MiB
+/// reserved); the smallest budget that fits is what is live at the end,
+/// 400 MiB, reached by releasing the cache once; 2 MiB less fails.
+#[test]
+fn memory_needed_is_the_smallest_budget_that_fits() {
+    let mut events = Vec::new();
+    for i in 0..10 {
+        events.push(req(EventKind::BlockAlloc, (i + 1) << 32, 30 * MIB, 30 * MIB));
+    }
+    for i in 0..5 {
+        events.push(req(EventKind::BlockFree, (i + 1) << 32, 30 * MIB, 30 * MIB));
+    }
+    for i in 0..5 {
+        events.push(req(EventKind::BlockAlloc, (i + 20) << 32, 50 * MIB, 50 * MIB));
+    }
+    let d = DeviceStream { device: 0, initial: 0, events, ..Default::default() };
+    let n = needed(&d, &Settings::default(), None);
+    assert_eq!(n.no_flush_from_bytes, 550 * MIB);
+    assert_eq!(n.fits_from_bytes, Some(400 * MIB));
+    assert_eq!((n.flushes_at_fits_from, n.precision_bytes), (1, 2 * MIB));
+    assert_eq!(n.peak_allocated_bytes, 400 * MIB);
+    // The same, given the replay with no budget.
+    let free = simulate(&d, &Settings::default(), None, "free", &[]);
+    assert_eq!(needed(&d, &Settings::default(), Some(&free)).fits_from_bytes, Some(400 * MIB));
+    // Under expandable segments the freed pages are reused: no release.
+    let mut e = Settings::default();
+    e.expandable_segments = true;
+    let n = needed(&d, &e, None);
+    assert_eq!((n.fits_from_bytes, n.flushes_at_fits_from), (Some(400 * MIB), 0));
+    assert_eq!(n.no_flush_from_bytes, 400 * MIB);
+}
