@@ -331,6 +331,13 @@ pub struct AnalyzeArgs {
     /// device-level traces with OOMs: the "What the allocator settings would change" section).
     #[arg(long)]
     pub no_whatif: bool,
+    /// A what-if scenario, as `fragscope whatif --conf` takes it: PYTORCH_CUDA_ALLOC_CONF entries on
+    /// top of the recorded settings, comma-separated (expandable_segments:True,
+    /// max_split_size_mb:128; KEY:default leaves a recorded entry out;
+    /// per_process_memory_fraction:F stands for torch.cuda.set_per_process_memory_fraction(F), F in
+    /// (0, 1], a budget of F × --capacity). Repeatable; without it the default sweep runs.
+    #[arg(long = "conf", value_name = "KEY:VALUE[,KEY:VALUE]")]
+    pub conf: Vec<String>,
     /// A PyTorch memory snapshot of the same run as the (one) recording: one view of both,
     /// PyTorch's blocks in its segments and every device allocation PyTorch did not make.
     #[arg(long, value_name = "SNAPSHOT")]
@@ -490,7 +497,15 @@ pub fn run(cli: Cli) -> Result<u8> {
             crate::synth::run(&cfg, &args.output)?;
             Ok(exit::OK)
         }
-        Command::Analyze(args) => crate::batch::run(&args.batch_options()),
+        Command::Analyze(args) => {
+            // A bad scenario is a usage error before the (long) read.
+            let opts = args.options();
+            if let Err(e) = crate::analysis::whatif::settings_of(&crate::allocator::Settings::default(), &opts.confs) {
+                eprintln!("error: --conf {e}");
+                return Ok(exit::USAGE);
+            }
+            crate::batch::run(&args.batch_options())
+        }
         Command::Summarize(args) => crate::batch::summarize(&args.output, args.cluster_seed),
         Command::Import(args) => {
             crate::input::import(&args.snapshot, &args.output, args.device)?;
@@ -593,6 +608,11 @@ impl AnalyzeArgs {
             layout: !self.plots.no_plots,
             whatif: !self.no_whatif,
             device: self.device,
+            confs: self
+                .conf
+                .iter()
+                .map(|c| crate::import::settings::split_conf(c).map(str::to_string).collect())
+                .collect(),
         }
     }
 

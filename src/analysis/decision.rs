@@ -86,6 +86,55 @@ pub struct Decision {
     pub verdict: Verdict,
     pub memory: Vec<Memory>,
     pub fix: Fix,
+    /// The budget over every unit, as an interval, and where a capacity
+    /// given contradicts the recording.
+    pub capacity: CapacityView,
+}
+
+/// `report.json` `capacity`: the budget's interval over the units (the
+/// least low end, the greatest high end), where it comes from, the
+/// capacity given, and each contradiction between that and the
+/// recording's own evidence (an `oom` entry's CUDA-free + reserved, or
+/// the interval its cache releases bound).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct CapacityView {
+    pub lo_bytes: Option<u64>,
+    pub hi_bytes: Option<u64>,
+    pub source: Option<&'static str>,
+    pub given_bytes: Option<u64>,
+    pub contradictions: Vec<String>,
+}
+
+/// Where a capacity given disagrees with what unit `j`'s recording shows:
+/// an `oom` entry says what PyTorch could reserve then (more than 2 MiB
+/// apart, the grain of every segment), cache releases bound it.
+fn contradictions(w: &Whatif, j: usize, given: u64) -> Vec<String> {
+    let b = crate::units::bytes;
+    let mut out = Vec::new();
+    let Some(f) = w.fidelity.get(j) else { return out };
+    if let Some(e) = f.inferred_capacity
+        && e.abs_diff(given) > crate::analysis::whatif::GRAIN
+    {
+        out.push(format!(
+            "--capacity {} (given), but the `oom` entry of device {} shows {} that PyTorch could reserve (CUDA's free \
+             memory then plus what it had reserved)",
+            b(given),
+            f.device,
+            b(e)
+        ));
+    }
+    if let Some((lo, hi)) = w.flushes.iter().find(|(d, _)| *d == f.device).and_then(|x| x.1.capacity)
+        && (given < lo || given > hi)
+    {
+        out.push(format!(
+            "--capacity {} (given), but the cache releases of device {} put its budget between {} and {}",
+            b(given),
+            f.device,
+            b(lo),
+            b(hi)
+        ));
+    }
+    out
 }
 
 /// Each unit's budget as the what-if knew it: given, inferred from an
@@ -221,5 +270,16 @@ pub fn decide(
         Some(w) => Fix::None { why: format!("{}: {}", w.recommendation(), w.recommended.1) },
         None => Fix::None { why: "no allocator setting was replayed".into() },
     };
-    Decision { verdict, memory, fix }
+    let mut capacity = CapacityView { given_bytes: given, ..CapacityView::default() };
+    for m in &memory {
+        if let Some(b) = &m.budget {
+            capacity.lo_bytes = Some(capacity.lo_bytes.map_or(b.lo_bytes, |x| x.min(b.lo_bytes)));
+            capacity.hi_bytes = Some(capacity.hi_bytes.map_or(b.hi_bytes, |x| x.max(b.hi_bytes)));
+            capacity.source = Some(b.source);
+        }
+    }
+    if let (Some(w), Some(c)) = (w, given) {
+        capacity.contradictions = (0..w.fidelity.len()).flat_map(|j| contradictions(w, j, c)).collect();
+    }
+    Decision { verdict, memory, fix, capacity }
 }

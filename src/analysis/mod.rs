@@ -265,7 +265,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         iterations,
         peaks,
         peak_live_total: peak_total,
-        options: *opts,
+        options: opts.clone(),
         layout: None,
         allocator_view,
         flamegraph: stacks.as_ref().map(|st| crate::analysis::flame::folded(events, st)),
@@ -341,7 +341,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
             whatif::Source::Snapshot => opts.capacity,
             whatif::Source::DeviceLevel => capacity,
         };
-        analysis.whatif = whatif::run(&streams, &settings, capacity, Vec::new(), source, unexplained)
+        analysis.whatif = whatif::run(&streams, &settings, capacity, opts.confs.clone(), source, unexplained)
             .map_err(|e| tracing::warn!("whatif: {e}"))
             .ok();
         tracing::debug!("whatif in {:.3} s", started.elapsed().as_secs_f64());
@@ -435,13 +435,17 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     }
     analysis.advice = advice::advise(&analysis, events);
     let site_stacks = stacks.as_deref();
-    analysis.decision = Some(decision::decide(&analysis, opts.capacity, &|| {
+    let decided = decision::decide(&analysis, opts.capacity, &|| {
         site_stacks.map_or_else(Vec::new, |st| {
             let mut s = sites::sites_at_peak(events, st);
             s.truncate(5);
             s
         })
-    }));
+    });
+    for c in &decided.capacity.contradictions {
+        tracing::warn!("{}: {c}", analysis.trace.name);
+    }
+    analysis.decision = Some(decided);
     if !analysis.peaks.is_empty() {
         analysis.layout = lives.map(|l| l.with(footprint));
     }

@@ -50,7 +50,7 @@ impl std::fmt::Display for StepSpec {
 }
 
 /// Analysis options shared by every trace of a run.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Options {
     pub metrics: MetricsConfig,
     pub step: StepSpec,
@@ -68,4 +68,7 @@ pub struct Options {
     /// PyTorch snapshots: replay the requests through the allocator model
     /// under the default sweep of settings ([`whatif`]).
     pub whatif: bool,
+    /// The what-if's scenarios (`--conf`, each a list of
+    /// `PYTORCH_CUDA_ALLOC_CONF` entries); empty: the default sweep.
+    pub confs: Vec<Vec<String>>,
 }

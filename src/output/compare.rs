@@ -308,7 +308,7 @@ pub fn compare(a: &Path, b: &Path, opts: &Options, size: (u32, u32)) -> Result<C
         view: false,
         ..crate::output::plot::PlotConfig::default()
     };
-    let opts = Options { layout: true, ..*opts };
+    let opts = Options { layout: true, ..opts.clone() };
     let aa = crate::analysis::analyze_events(ta, &ea, oa, &opts)?;
     let ab = crate::analysis::analyze_events(tb, &eb, ob, &opts)?;
     let (sa, sb) = (Summary::of(&aa), Summary::of(&ab));

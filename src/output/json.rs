@@ -237,6 +237,7 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
     }
     if let Some(d) = &a.decision {
         report["decision"] = json!(d);
+        report["capacity"] = json!(d.capacity);
     }
     if let Some(w) = &a.whatif {
         report["memory_needed"] = crate::output::whatif::memory_needed_json(w);

@@ -179,3 +179,53 @@ fn cache_releases_are_counted_as_pytorch_counts_its_retries() {
     }
     assert!(checked >= 20, "{checked}");
 }
+
+/// A capacity given that the recording contradicts is said, with both
+/// numbers, in `report.json` and on stderr: the varshape OOM entry shows
+/// the 2600 MiB budget, not the 80 GiB device. One the recording agrees
+/// with is no contradiction. `analyze --conf` runs the scenarios asked
+/// for instead of the sweep, and a bad one is a usage error.
+#[test]
+fn a_capacity_the_recording_contradicts_is_said() {
+    let Some(dir) = shared() else { return };
+    let snap = dir.join("snapshots/varshape-default.pickle");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = fragscope()
+        .arg("analyze")
+        .arg(&snap)
+        .args(["--capacity", "80GiB", "-o"])
+        .arg(tmp.path().join("a"))
+        .assert()
+        .success();
+    let stderr = String::from_utf8_lossy(&out.get_output().stderr).to_string();
+    assert!(
+        stderr.contains("--capacity 80.00 GiB (given), but the `oom` entry of device 0 shows 2.54 GiB"),
+        "{stderr}"
+    );
+    let r: serde_json::Value = serde_json::from_slice(&fs::read(tmp.path().join("a/report.json")).unwrap()).unwrap();
+    let c = &r["capacity"];
+    assert_eq!(c["given_bytes"].as_u64(), Some(80 << 30), "{c}");
+    assert_eq!(c["contradictions"].as_array().map(Vec::len), Some(1), "{c}");
+    let md = fs::read_to_string(tmp.path().join("a/report.md")).unwrap();
+    assert!(md.contains("**The capacity given contradicts the recording:**"), "{md}");
+    // The budget the OOM entry shows: no contradiction.
+    let budget = 2600u64 << 20;
+    fragscope()
+        .arg("analyze")
+        .arg(&snap)
+        .args(["--capacity", &budget.to_string(), "--conf", "expandable_segments:True", "-o"])
+        .arg(tmp.path().join("b"))
+        .assert()
+        .success();
+    let r: serde_json::Value = serde_json::from_slice(&fs::read(tmp.path().join("b/report.json")).unwrap()).unwrap();
+    assert_eq!(r["capacity"]["contradictions"].as_array().map(Vec::len), Some(0), "{}", r["capacity"]);
+    let names: Vec<&str> =
+        r["whatif"]["scenarios"].as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["recorded", "expandable_segments:True"]);
+    // Out of (0, 1], or no such key: exit 2, nothing written.
+    for bad in ["per_process_memory_fraction:1.5", "per_process_memory_fraction:0", "no_such_key:1"] {
+        let out = tmp.path().join("c");
+        fragscope().arg("analyze").arg(&snap).args(["--conf", bad, "-o"]).arg(&out).assert().code(2);
+        assert!(!out.join("report.json").exists(), "{bad}");
+    }
+}

@@ -97,6 +97,9 @@ pub fn first_screen_md(d: &Decision, who: &dyn Fn(u32) -> String) -> String {
     for m in &d.memory {
         md.push_str(&format!("**Memory:** {}.\n", memory_line(m, several, who)));
     }
+    for c in &d.capacity.contradictions {
+        md.push_str(&format!("**The capacity given contradicts the recording:** {c}.\n"));
+    }
     if !d.memory.is_empty() {
         md.push_str(&format!(
             "(From the recorded requests, by replaying them through PyTorch's allocator at each budget; it leaves out \
