@@ -281,7 +281,18 @@ fn recommend(
     let best = (1..scenarios.len())
         .filter(eligible)
         .min_by_key(|&i| (scenarios[i].ooms, scenarios[i].peak_reserved_bytes, milder(i)));
-    let Some(mut b) = best else { return (0, "no other scenario ran".into()) };
+    let Some(mut b) = best else {
+        return (
+            0,
+            if scenarios.len() > 1 {
+                "every other scenario releases its cache more often without removing an OOM (a `cudaFree` each \
+                 time, which synchronizes the device)"
+                    .into()
+            } else {
+                "no other scenario ran".into()
+            },
+        );
+    };
     // Between scenarios as good (the same OOMs, peak reserved within the
     // model's noise), one whose settings real runs checked wins over a
     // pair that none did.

@@ -526,6 +526,12 @@ fn a_saving_bought_with_cache_flushes_is_not_recommended() {
     assert!(why.contains("without releasing its cache more often"), "{why}");
     let scenarios = vec![one(&[], 21 << 30, 2, 1), one(&["max_split_size_mb:4096"], 20 << 30, 0, 59)];
     assert_eq!(recommend(&scenarios, &[], &cap, None, None).0, 1);
+    // Every other scenario flushes more: said so, not "no other scenario
+    // ran" above a table of them.
+    let scenarios = vec![one(&[], 21 << 30, 0, 1), one(&["max_split_size_mb:4096"], 22 << 30, 0, 59)];
+    let (i, why) = recommend(&scenarios, &[], &cap, None, None);
+    assert_eq!(i, 0);
+    assert!(why.starts_with("every other scenario releases its cache more often"), "{why}");
 }
 
 /// The sweep's split thresholds stop below the device (a 76 GiB request
