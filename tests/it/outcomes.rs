@@ -229,3 +229,38 @@ fn a_capacity_the_recording_contradicts_is_said() {
         assert!(!out.join("report.json").exists(), "{bad}");
     }
 }
+
+/// "X instead of the recorded Y" predicts the real run under X: each run
+/// recorded under `roundup_power2_divisions:4`, replayed without it and
+/// with expandable segments instead, gives the real default and
+/// expandable runs (OOM or not, peak reserved to the byte).
+#[test]
+fn a_run_recorded_under_roundup_predicts_the_runs_without_it() {
+    let Some(dir) = shared() else { return };
+    let outcomes: serde_json::Value = serde_json::from_slice(&fs::read(dir.join("outcomes.json")).unwrap()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    for workload in ["varshape", "checker", "kvcat"] {
+        let out = tmp.path().join(workload);
+        fragscope()
+            .arg("whatif")
+            .arg(dir.join(format!("snapshots/{workload}-roundup_power2_divisions-4.pickle")))
+            .args(["--conf", "expandable_segments:True,roundup_power2_divisions:default"])
+            .args(["--conf", "roundup_power2_divisions:default", "-o"])
+            .arg(&out)
+            .assert()
+            .success();
+        let w: serde_json::Value = serde_json::from_slice(&fs::read(out.join("whatif.json")).unwrap()).unwrap();
+        let scenarios = w["scenarios"].as_array().unwrap();
+        for (i, real) in [(1, "expandable_segments-True"), (2, "default")] {
+            let real = &outcomes[format!("{workload}-{real}")];
+            let s = &scenarios[i];
+            assert_eq!(s["ooms"].as_u64(), real["oom"].as_u64(), "{workload}: {}", s["name"]);
+            assert_eq!(
+                s["peak_reserved_bytes"].as_u64(),
+                real["reserved_bytes.all.peak"].as_u64(),
+                "{workload}: {}",
+                s["name"]
+            );
+        }
+    }
+}
