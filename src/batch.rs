@@ -53,6 +53,9 @@ pub struct Gates {
     pub fail_on_leak: bool,
     /// A trace's final score above this.
     pub max_score: Option<f64>,
+    /// A trace whose memory needed ([`crate::analysis::summary::Summary::needs_bytes`])
+    /// is above this many bytes.
+    pub fail_if_needs_more_than: Option<u64>,
 }
 
 /// `fragscope analyze`: one trace, or a batch of them into per-trace folders
@@ -258,6 +261,16 @@ fn gate(rows: &[SummaryRow], gates: &Gates) -> u8 {
             eprintln!(
                 "gate: {name}: leaking (--fail-on-leak): its floor of live memory rose by {}",
                 crate::units::bytes(s.leaked_bytes.max(0) as u64)
+            );
+            tripped = true;
+        }
+        if let (Some(max), Some(needs)) = (gates.fail_if_needs_more_than, s.needs_bytes)
+            && needs > max
+        {
+            eprintln!(
+                "gate: {name}: needs {} to fit, more than --fail-if-needs-more-than {}",
+                crate::units::bytes(needs),
+                crate::units::bytes(max)
             );
             tripped = true;
         }

@@ -480,6 +480,12 @@ pub struct GateArgs {
     /// Fail when any trace's final score exceeds this.
     #[arg(long)]
     pub max_score: Option<f64>,
+    /// Fail when any trace needs more than this to fit (e.g. 40GiB): the smallest budget for
+    /// PyTorch's allocator under which its recorded requests raise no OOM, replayed under its
+    /// settings (the first screen's "needs"; the most any one device needs). A trace with no
+    /// replay (no allocator requests) does not trip it.
+    #[arg(long, value_parser = parse_capacity, value_name = "BYTES")]
+    pub fail_if_needs_more_than: Option<u64>,
 }
 
 /// Runs a parsed command line; returns the exit code.
@@ -527,7 +533,9 @@ pub fn run(cli: Cli) -> Result<u8> {
         }),
         Command::Record(args) => run_record(&args),
         Command::Compare(args) => {
-            let opts = crate::analysis::Options { step: args.step, device: args.device, ..Default::default() };
+            // The what-if runs for the memory needed, which the verdict weighs.
+            let opts =
+                crate::analysis::Options { step: args.step, device: args.device, whatif: true, ..Default::default() };
             let tripped =
                 crate::output::compare::run(&args.a, &args.b, &args.output, &opts, args.size, &args.fail_if_worse)?;
             Ok(if tripped { exit::GATE } else { exit::OK })
@@ -575,6 +583,7 @@ impl AnalyzeArgs {
                 fail_on_fragmentation: self.gates.fail_on_fragmentation,
                 fail_on_leak: self.gates.fail_on_leak,
                 max_score: self.gates.max_score,
+                fail_if_needs_more_than: self.gates.fail_if_needs_more_than,
             },
             snapshot: self.snapshot.clone(),
         }

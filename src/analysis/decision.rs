@@ -278,6 +278,14 @@ pub fn decide(
             capacity.source = Some(b.source);
         }
     }
+    // No replay to bound it: the capacity the analysis used (given, or
+    // the trace's own).
+    if capacity.lo_bytes.is_none()
+        && let Some(c) = a.capacity
+    {
+        (capacity.lo_bytes, capacity.hi_bytes) = (Some(c), Some(c));
+        capacity.source = Some(if given.is_some() { "--capacity" } else { "the trace (trace.json)" });
+    }
     if let (Some(w), Some(c)) = (w, given) {
         capacity.contradictions = (0..w.fidelity.len()).flat_map(|j| contradictions(w, j, c)).collect();
     }

@@ -77,6 +77,10 @@ pub struct Summary {
     /// External fragmentation (Σ gaps / Σ span) at the step with the most
     /// live bytes.
     pub ext_frag_at_peak: f64,
+    /// The memory the job needs: the most any one device's requests need
+    /// to fit under the recorded settings (`fits_from_bytes`, replayed;
+    /// None where no replay ran).
+    pub needs_bytes: Option<u64>,
     /// The grouping features ([`crate::analysis::cluster::FEATURES`]).
     pub features: [f64; crate::analysis::cluster::FEATURES.len()],
     /// UTC day of the recording (`start_wall_ns` of trace.json), else of the
@@ -143,10 +147,17 @@ impl Summary {
                 .iter()
                 .max_by_key(|s| s.0)
                 .map_or(0.0, |s| if s.1 == 0 { 0.0 } else { s.2 / s.1 as f64 }),
+            needs_bytes: needs_bytes(a),
             features: features(a),
             date: trace_date(a),
         }
     }
+}
+
+/// The most any one device's requests need to fit under the recorded
+/// settings (the first screen's figure).
+pub(crate) fn needs_bytes(a: &Analysis) -> Option<u64> {
+    a.decision.as_ref()?.memory.iter().filter_map(|m| m.recorded.as_ref()?.fits_from_bytes).max()
 }
 
 /// The grouping features of a trace: mean score components over its rows,

@@ -6,8 +6,17 @@
 //! better gets a verdict, with a tolerance below which it is "same" (scores
 //! 1 point, external fragmentation 0.01, bytes 2 % of A but at least 1 MiB,
 //! OOM counts and risk levels exactly); allocation count and rate are shown
-//! but judged by nobody. The verdict line says better, worse, mixed or same,
-//! and on what.
+//! but judged by nobody. The verdict weighs, in order, the OOMs, the leak
+//! verdicts and the memory needed to fit (`needs`, replayed under each
+//! run's settings): the first of them that changed decides better or
+//! worse, and the others are listed after it. Only where none changed do
+//! the other metrics decide (better, worse, mixed or same), so the
+//! fragmentation scores break ties only. compare.md opens with the
+//! verdict, the memory needed, the leak verdicts and the call sites whose
+//! bytes at the peak changed most; the segments only in one snapshot come
+//! last, with a caveat where the two share no segment (addresses of two
+//! processes never match: the lists then say something only of two
+//! snapshots of one process).
 //!
 //! `compare.png` draws both MDTPs side by side on the same address scale
 //! (the larger of the two collapsed footprints) with each trace's time
@@ -47,11 +56,15 @@ pub enum Unit {
     Risk,
     /// The OOM risk ([`crate::analysis::risk`]); `unknown` compares as n/a.
     OomRisk,
+    /// The leak verdict: 1 leaking, 0 not leaking; cannot tell as n/a.
+    Leak,
 }
 
 /// The metrics compared, in table order: key (for `--fail-if-worse`),
 /// label, unit, judged (lower is better) or informational.
 pub const METRICS: &[(&str, &str, Unit, bool)] = &[
+    ("needs", "memory needed to fit", Unit::Bytes, true),
+    ("leaking", "leak verdict", Unit::Leak, true),
     ("peak_live", "peak live bytes", Unit::Bytes, true),
     ("peak_reserved", "peak reserved (span) bytes", Unit::Bytes, true),
     ("allocs", "allocations", Unit::Count, false),
@@ -82,6 +95,8 @@ fn value(s: &Summary, key: &str) -> f64 {
         "ooms" if !s.history => f64::NAN,
         "ooms" => s.ooms as f64,
         "leaked" => s.leaked_bytes.max(0) as f64,
+        "needs" => s.needs_bytes.map_or(f64::NAN, |b| b as f64),
+        "leaking" => s.leaking_known().map_or(f64::NAN, |l| if l { 1.0 } else { 0.0 }),
         "risk" => s.risk.map_or(f64::NAN, |r| Risk::ALL.iter().position(|x| *x == r).unwrap_or(0) as f64),
         "oom_risk" => match s.oom_risk {
             crate::analysis::risk::OomRisk::Unknown => f64::NAN,
@@ -91,13 +106,16 @@ fn value(s: &Summary, key: &str) -> f64 {
     }
 }
 
+/// The metrics that decide the verdict, in order, before any other.
+const DECISIVE: [&str; 3] = ["ooms", "leaking", "needs"];
+
 /// The change below which a judged metric is "same".
 fn tolerance(unit: Unit, a: f64) -> f64 {
     match unit {
         Unit::Score => 1.0,
         Unit::Ratio => 0.01,
         Unit::Bytes => (0.02 * a.abs()).max(1048576.0),
-        Unit::Count | Unit::Rate | Unit::Risk | Unit::OomRisk => 0.0,
+        Unit::Count | Unit::Rate | Unit::Risk | Unit::OomRisk | Unit::Leak => 0.0,
     }
 }
 
@@ -191,6 +209,7 @@ fn show(unit: Unit, v: f64) -> String {
     match unit {
         Unit::OomRisk if !v.is_finite() => return "unknown".into(),
         Unit::Risk if !v.is_finite() => return "not judged".into(),
+        Unit::Leak if !v.is_finite() => return "cannot tell".into(),
         _ if !v.is_finite() => return "n/a".into(),
         _ => {}
     }
@@ -204,6 +223,7 @@ fn show(unit: Unit, v: f64) -> String {
         Unit::OomRisk => {
             crate::analysis::risk::OomRisk::ALL.get(v as usize).map_or("n/a".into(), |r| r.name().to_string())
         }
+        Unit::Leak => if v > 0.5 { "leaking" } else { "not leaking" }.into(),
     }
 }
 
@@ -216,6 +236,8 @@ fn show_delta(unit: Unit, d: f64) -> String {
     match unit {
         Unit::Bytes => format!("{sign}{}", bytes(d.abs() as u64)),
         Unit::Risk | Unit::OomRisk => format!("{sign}{:.0} level(s)", d.abs()),
+        Unit::Leak if d > 0.0 => "now leaking".into(),
+        Unit::Leak => "no longer leaking".into(),
         _ => format!("{sign}{}", show(unit, d.abs())),
     }
 }
@@ -226,6 +248,8 @@ pub struct SnapshotDiff {
     /// (device, address, total_size).
     pub only_a: Vec<(u64, u64, u64)>,
     pub only_b: Vec<(u64, u64, u64)>,
+    /// Segments in both (the same device, address and size).
+    pub shared: usize,
     /// (call site, bytes at A's peak, bytes at B's peak), largest change first.
     pub sites: Vec<(String, u64, u64)>,
 }
@@ -274,6 +298,30 @@ pub fn compare_summaries(a: &Summary, b: &Summary) -> (Vec<MetricRow>, String) {
             .collect()
     };
     let (worse, better) = (list(Judgement::Worse), list(Judgement::Better));
+    // What users weigh, in order: OOMs, then the leak verdicts, then the
+    // memory needed. The first that changed decides; the scores only
+    // break a tie.
+    let decides = DECISIVE
+        .iter()
+        .filter_map(|k| rows.iter().find(|r| r.key == *k))
+        .find(|r| matches!(r.judgement, Judgement::Worse | Judgement::Better));
+    if let Some(r) = decides {
+        let (word, other_word, other) =
+            if r.judgement == Judgement::Worse { ("worse", "better", &better) } else { ("better", "worse", &worse) };
+        let mut why = format!("{} {}", r.label, show_delta(r.unit, r.delta));
+        let same = list(r.judgement);
+        let rest: Vec<&str> = same.iter().filter(|t| !t.starts_with(r.label)).map(String::as_str).collect();
+        if !rest.is_empty() {
+            why = format!("{why}; also {word} on {}", rest.join(", "));
+        }
+        if !other.is_empty() {
+            why = format!(
+                "{why}; {other_word} on {} (weighed after OOMs, leaks and the memory needed)",
+                other.join(", ")
+            );
+        }
+        return (rows, format!("{word}: {why}"));
+    }
     let verdict = match (worse.is_empty(), better.is_empty()) {
         (true, true) => "same: no judged metric changed beyond its tolerance".to_string(),
         (false, true) => format!("worse: {}", worse.join(", ")),
@@ -357,7 +405,8 @@ fn snapshot_diff(
         sites.into_iter().filter(|(_, (x, y))| x != y).map(|(k, (x, y))| (k, x, y)).collect();
     sites.sort_by(|x, y| (y.2 as i128 - y.1 as i128).abs().cmp(&(x.2 as i128 - x.1 as i128).abs()).then(x.0.cmp(&y.0)));
     sites.truncate(20);
-    SnapshotDiff { only_a, only_b, sites }
+    let shared = sa.iter().filter(|s| sb.binary_search(s).is_ok()).count();
+    SnapshotDiff { only_a, only_b, shared, sites }
 }
 
 /// The two MDTPs side by side, both score curves below.
@@ -493,7 +542,33 @@ pub fn to_md(c: &Comparison, gates: &[(Gate, Option<String>)]) -> String {
     let word = c.verdict.split(':').next().unwrap_or("").to_uppercase();
     let rest = c.verdict.split_once(": ").map_or("", |x| x.1);
     let _ = writeln!(md, "**Verdict: {word}** — {rest}.\n");
-    md.push_str("| metric | A | B | Δ | Δ % | |\n|---|---|---|---|---|---|\n");
+    // The first screen: what decides, then where the bytes moved.
+    let row = |key: &str| c.rows.iter().find(|r| r.key == key);
+    if let Some(r) = row("needs").filter(|r| r.a.is_finite() || r.b.is_finite()) {
+        let _ = writeln!(
+            md,
+            "- **Memory needed to fit** (replayed under each run's settings): A {}, B {} ({}).",
+            show(r.unit, r.a),
+            show(r.unit, r.b),
+            show_delta(r.unit, r.delta)
+        );
+    }
+    if let Some(r) = row("leaking") {
+        let _ = writeln!(md, "- **Leak verdicts:** A {}, B {}.", show(r.unit, r.a), show(r.unit, r.b));
+    }
+    if let Some(s) = c.snapshot.as_ref().filter(|s| !s.sites.is_empty()) {
+        md.push_str("\n## Call sites whose live bytes changed most between the peaks\n\n| call site | A at peak | B at peak | Δ |\n|---|---|---|---|\n");
+        for (site, x, y) in &s.sites {
+            let _ = writeln!(
+                md,
+                "| `{site}` | {} | {} | {} |",
+                bytes(*x),
+                bytes(*y),
+                show_delta(Unit::Bytes, *y as f64 - *x as f64)
+            );
+        }
+    }
+    md.push_str("\n## Metrics\n\n| metric | A | B | Δ | Δ % | |\n|---|---|---|---|---|---|\n");
     for r in &c.rows {
         let _ = writeln!(
             md,
@@ -537,19 +612,18 @@ pub fn to_md(c: &Comparison, gates: &[(Gate, Option<String>)]) -> String {
         }
     }
     if let Some(s) = &c.snapshot {
-        md.push_str(&segments_md("A", &s.only_a));
-        md.push_str(&segments_md("B", &s.only_b));
-        md.push('\n');
-        md.push_str("## Call sites whose live bytes changed most between the peaks\n\n| call site | A at peak | B at peak | Δ |\n|---|---|---|---|\n");
-        for (site, x, y) in &s.sites {
-            let _ = writeln!(
-                md,
-                "| `{site}` | {} | {} | {} |",
-                bytes(*x),
-                bytes(*y),
-                show_delta(Unit::Bytes, *y as f64 - *x as f64)
+        // Addresses of two processes never match: segment lists say
+        // something only where the two share a segment (two snapshots of
+        // one process).
+        if s.shared == 0 && !(s.only_a.is_empty() && s.only_b.is_empty()) {
+            md.push_str(
+                "\nThe two snapshots share no segment. If they are of different processes, whose addresses never \
+                 match, the lists below say nothing; they tell what changed only between two snapshots of one \
+                 process.\n",
             );
         }
+        md.push_str(&segments_md("A", &s.only_a));
+        md.push_str(&segments_md("B", &s.only_b));
     }
     md
 }

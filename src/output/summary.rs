@@ -38,6 +38,7 @@ pub(crate) const SUMMARY_COLUMNS: &[&str] = &[
     "leaking",
     "leaked_bytes",
     "anomalies",
+    "needs_bytes",
     "cluster",
     "cluster_label",
 ];
@@ -74,6 +75,7 @@ pub(crate) fn summary_cells(
                 s.leaking_known().map(|l| l.to_string()),
                 Some(s.leaked_bytes.max(0).to_string()),
                 Some(s.anomalies.to_string()),
+                s.needs_bytes.map(|b| b.to_string()),
             ]);
         }
         Err(e) => {
@@ -126,7 +128,11 @@ pub(crate) fn summary_frame(
             BooleanArray::from_iter(rows.iter().map(|r| r.1.as_ref().ok().and_then(Summary::leaking_known))),
         )
         .push("leaked_bytes", oku(|s| s.leaked_bytes.max(0) as u64))
-        .push("anomalies", oku(|s| s.anomalies));
+        .push("anomalies", oku(|s| s.anomalies))
+        .push(
+            "needs_bytes",
+            UInt64Array::from_iter(rows.iter().map(|r| r.1.as_ref().ok().and_then(|s| s.needs_bytes))),
+        );
     // The grouping features, so that `summarize` can group traces that
     // other processes analysed.
     for (j, f) in crate::analysis::cluster::FEATURES.iter().enumerate() {
@@ -357,6 +363,8 @@ fn rows_of(df: &Table, source: &str, date: &str) -> Result<Vec<SummaryRow>> {
     let risk = text("fragmentation_level")?;
     // Null: cannot tell (or no process judged); read back as cannot tell.
     let leaking = df.bools("leaking")?;
+    // Written since the memory needed (issue 57): older parts lack it.
+    let needs = if df.has("needs_bytes") { df.ints::<u64>("needs_bytes")? } else { vec![None; df.height()] };
     let features: Vec<Vec<f64>> =
         crate::analysis::cluster::FEATURES.iter().map(|f| float(&format!("feature_{f}"))).collect::<Result<_>>()?;
     let mut out = Vec::with_capacity(df.height());
@@ -399,6 +407,7 @@ fn rows_of(df: &Table, source: &str, date: &str) -> Result<Vec<SummaryRow>> {
                 alloc_rate: if duration[i] > 0.0 { allocs[i] as f64 / duration[i] } else { 0.0 },
                 peak_reserved_bytes: peak_reserved[i],
                 ext_frag_at_peak: ext[i],
+                needs_bytes: needs[i],
                 features: std::array::from_fn(|j| features[j][i]),
                 date: date.to_string(),
             }),
@@ -458,8 +467,8 @@ pub(crate) fn summary_md(
     let mut md = String::from(
         "# fragscope batch summary\n\nWorst first (by OOM risk, then p95 fragmentation score); failed traces on top.\n\n",
     );
-    md.push_str("| trace | status | OOM risk | fragmentation level | score final | p95 | max | OOMs | OOM class | peak live | group |\n");
-    md.push_str("|---|---|---|---|---|---|---|---|---|---|---|\n");
+    md.push_str("| trace | status | OOM risk | fragmentation level | score final | p95 | max | OOMs | OOM class | peak live | needs | group |\n");
+    md.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for &i in order {
         let (name, r) = (&rows[i].0, &rows[i].1);
         let group = clusters.get(i).and_then(|c| c.as_ref()).map_or(String::new(), |c| c.1.clone());
@@ -467,7 +476,7 @@ pub(crate) fn summary_md(
             Ok(s) => {
                 let _ = writeln!(
                     md,
-                    "| {name} | ok | {} | {} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {group} |",
+                    "| {name} | ok | {} | {} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {} | {group} |",
                     s.oom_risk.name(),
                     // As analyze's one-line summary says them (the
                     // dataset's `none` and null are for machines).
@@ -482,12 +491,13 @@ pub(crate) fn summary_md(
                     if s.history { s.ooms.to_string() } else { "—".into() },
                     s.oom_classes.first().map_or("—", |c| c.0.name()),
                     bytes(s.peak_live_bytes),
+                    s.needs_bytes.map_or("—".to_string(), bytes),
                 );
             }
             Err(e) => {
                 let _ = writeln!(
                     md,
-                    "| {name} | **error**: {} | | | | | | | | | |",
+                    "| {name} | **error**: {} | | | | | | | | | | |",
                     e.replace('|', "\\|").replace('\n', " ")
                 );
             }

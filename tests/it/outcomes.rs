@@ -264,3 +264,43 @@ fn a_run_recorded_under_roundup_predicts_the_runs_without_it() {
         }
     }
 }
+
+/// `compare` decides as a user would: the real leaking run is worse than
+/// the healthy one, because it leaks and needs more memory, however its
+/// mean score moved; compare.md opens with the memory needed, the leak
+/// verdicts and the call site that grew (`wl.py:59:forward`), and the gate
+/// on the memory needed trips on the batch.
+#[test]
+fn compare_weighs_leaks_and_memory_needed_before_scores() {
+    let Some(dir) = shared() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("cmp");
+    fragscope()
+        .arg("compare")
+        .arg(dir.join("snapshots/training-default.pickle"))
+        .arg(dir.join("snapshots/training-leak.pickle"))
+        .arg("-o")
+        .arg(&out)
+        .assert()
+        .success();
+    let md = fs::read_to_string(out.join("compare.md")).unwrap();
+    assert!(md.contains("**Verdict: WORSE** — leak verdict now leaking; also worse on memory needed to fit +"), "{md}");
+    let first = md.split("## Metrics").next().unwrap();
+    assert!(first.contains("- **Leak verdicts:** A not leaking, B leaking."), "{md}");
+    assert!(first.contains("- **Memory needed to fit**"), "{md}");
+    assert!(first.contains("| `wl.py:59:forward` |"), "{md}");
+    let c: serde_json::Value = serde_json::from_slice(&fs::read(out.join("compare.json")).unwrap()).unwrap();
+    let needs = c["metrics"].as_array().unwrap().iter().find(|m| m["key"] == "needs").unwrap().clone();
+    assert_eq!(needs["judgement"], "worse", "{needs}");
+    // The batch gate on the memory needed.
+    let batch = tmp.path().join("batch");
+    let run = fragscope()
+        .arg("analyze")
+        .arg(dir.join("snapshots/training-leak.pickle"))
+        .args(["--no-plots", "--no-view", "--fail-if-needs-more-than", "5GiB", "-o"])
+        .arg(&batch)
+        .assert()
+        .code(3);
+    let stderr = String::from_utf8_lossy(&run.get_output().stderr).to_string();
+    assert!(stderr.contains("more than --fail-if-needs-more-than 5.00 GiB"), "{stderr}");
+}
