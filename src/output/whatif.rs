@@ -658,6 +658,7 @@ mod tests {
             capacity_inferred: false,
             capacity_from_flushes: false,
             flushes: Vec::new(),
+            retry_times: Vec::new(),
             source: Source::Snapshot,
             recorded_conf: Vec::new(),
             unreproduced: None,

@@ -511,6 +511,9 @@ pub struct Whatif {
     pub capacity_from_flushes: bool,
     /// Each device's cache flushes, where it had any.
     pub flushes: Vec<(u32, Flushes)>,
+    /// When each device's retries released its cache (ns, the trace's
+    /// clock), for the timeline.
+    pub retry_times: Vec<(u32, Vec<u64>)>,
     /// Why the replay cannot be trusted about the recorded OOMs, when it
     /// cannot: a snapshot's model does not fail where the recording failed,
     /// or a device-level trace's failed requests would have fit by its own
@@ -834,7 +837,20 @@ pub fn run(
         .map(|d| (d.device, d.flushes))
         .filter(|x| x.1.count + x.1.gc_releases + x.1.oversize_releases > 0)
         .collect();
+    let retry_times = devices
+        .iter()
+        .map(|d| {
+            let times = d
+                .releases
+                .iter()
+                .filter(|(_, r)| **r == Release::Retry)
+                .filter_map(|(&i, _)| d.events.get(i).map(|e| e.ts_ns))
+                .collect();
+            (d.device, times)
+        })
+        .collect();
     Ok(Whatif {
+        retry_times,
         fidelity,
         scenarios,
         recommended,

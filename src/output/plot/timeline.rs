@@ -1,6 +1,8 @@
-//! `timeline.png`: live and reserved bytes, the score and its weighted
-//! components, and the online forecast with its risk strip, panel under
-//! panel on one time axis.
+//! `timeline.png`: live (allocated) and reserved bytes with the budget or
+//! its interval, the retries that released PyTorch's cache and the
+//! recommended setting's replayed reserved bytes; the score and its
+//! weighted components; and the online forecast with its risk strip,
+//! panel under panel on one time axis.
 
 use anyhow::Result;
 use plotters::prelude::*;
@@ -145,11 +147,52 @@ pub fn render_timeline(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u8>> {
         let entries = a.entry_order();
         let score: Vec<(f64, f64)> = rows.iter().map(|r| (x(r), r.metrics.score)).collect();
 
-        // 1. Live bytes.
-        let top = rows.iter().map(|r| r.metrics.live_bytes).max().unwrap_or(1).max(1) as f64 * 1.05;
-        let mut c = timeline_panel(&panels[0], span, 0.0..top, "live", Unit::Bytes, false, entries)?;
+        // 1. Live bytes; for PyTorch's allocator, reserved beside them,
+        // the budget (or its interval), the retries that released the
+        // cache, and what the recommended setting's replay reserves.
+        let m = Memory::of(a, pid, t0);
+        let reserved: Vec<(f64, f64)> = if a.allocator_view {
+            rows.iter().map(|r| (x(r), r.alloc.map_or(r.metrics.span_bytes, |al| al.reserved_bytes) as f64)).collect()
+        } else {
+            Vec::new()
+        };
+        let top = rows
+            .iter()
+            .map(|r| r.metrics.live_bytes as f64)
+            .chain(reserved.iter().map(|p| p.1))
+            .chain(m.budget.map(|b| b.1 as f64))
+            .chain(m.best.iter().flat_map(|(_, pts)| pts.iter().map(|p| p.1)))
+            .fold(1.0, f64::max)
+            * 1.05;
+        let mut c = timeline_panel(&panels[0], span, 0.0..top, "bytes", Unit::Bytes, false, entries)?;
+        if let Some((lo, hi)) = m.budget {
+            if hi > lo {
+                let band = [(0.0, lo as f64), (span, hi as f64)];
+                c.draw_series(std::iter::once(Rectangle::new(band, RGBColor(255, 205, 210).mix(0.5).filled())))
+                    .map_err(draw_err)?;
+            }
+            let label = if hi > lo { "budget (the interval the recording allows)" } else { "budget" };
+            line(&mut c, vec![(0.0, lo as f64), (span, lo as f64)], RED, 1, label)?;
+        }
+        let orange = RGBColor(255, 140, 0);
+        for (k, &f) in m.retries.iter().enumerate() {
+            let drawn =
+                c.draw_series(std::iter::once(PathElement::new(vec![(f, 0.0), (f, top)], orange))).map_err(draw_err)?;
+            if k == 0 {
+                drawn
+                    .label("cache released to retry a request")
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], orange));
+            }
+        }
+        if !reserved.is_empty() {
+            line(&mut c, reserved, RGBColor(120, 120, 120), 2, "reserved")?;
+        }
+        if let Some((label, pts)) = m.best {
+            line(&mut c, pts, RGBColor(44, 160, 44), 1, &format!("reserved under {label} (replayed)"))?;
+        }
         let live = rows.iter().map(|r| (x(r), r.metrics.live_bytes as f64)).collect();
-        line(&mut c, live, BLUE, 2, &format!("live bytes (process {})", a.who(pid.unwrap_or(0))))?;
+        let what = if a.allocator_view { "allocated (device" } else { "live bytes (process" };
+        line(&mut c, live, BLUE, 2, &format!("{what} {})", a.who(pid.unwrap_or(0))))?;
         finish_panel(&mut c, &iterations, &ooms, top)?;
 
         // 2. Score and its weighted components, risk bands behind.
@@ -188,4 +231,40 @@ pub fn render_timeline(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u8>> {
         root.present().map_err(draw_err)?;
     }
     Ok(buf)
+}
+
+/// What the top panel draws of the memory a unit needs: the budget
+/// (low and high end), the retries' times, and the recommended setting's
+/// replayed reserved bytes, all on the panel's time axis.
+struct Memory {
+    budget: Option<(u64, u64)>,
+    retries: Vec<f64>,
+    best: Option<(String, Vec<(f64, f64)>)>,
+}
+
+impl Memory {
+    fn of(a: &Analysis, pid: Option<u32>, t0: u64) -> Memory {
+        let mut m = Memory { budget: None, retries: Vec::new(), best: None };
+        let (Some(pid), Some(w)) = (pid, a.whatif.as_ref()) else { return m };
+        m.budget = a
+            .decision
+            .as_ref()
+            .and_then(|d| d.memory.iter().find(|u| u.unit == pid))
+            .and_then(|u| u.budget.as_ref())
+            .map(|b| (b.lo_bytes, b.hi_bytes));
+        m.retries = w
+            .retry_times
+            .iter()
+            .filter(|(d, _)| *d == pid)
+            .flat_map(|(_, t)| t.iter().map(|&t| t.saturating_sub(t0) as f64))
+            .collect();
+        let j = w.fidelity.iter().position(|f| f.device == pid);
+        if let (Some(j), Some(s)) = (j, w.scenarios.get(w.recommended.0).filter(|_| w.recommended.0 != 0))
+            && let Some(o) = s.devices.get(j)
+        {
+            let pts = o.series.iter().map(|&(t, r, _)| (t.saturating_sub(t0) as f64, r as f64)).collect();
+            m.best = Some((crate::analysis::whatif::scenario_label(&w.recorded_conf, &s.conf).replace('`', ""), pts));
+        }
+        m
+    }
 }
