@@ -147,8 +147,14 @@ fn budget(w: &Whatif, j: usize, given: Option<u64>) -> Option<Budget> {
     if let Some(c) = w.fidelity.get(j).and_then(|f| f.inferred_capacity) {
         return Some(Budget { lo_bytes: c, hi_bytes: c, source: "an OOM entry (CUDA's free memory + reserved then)" });
     }
-    let (lo, hi) = w.flushes.iter().find(|(d, _)| *d == device)?.1.capacity?;
-    Some(Budget { lo_bytes: lo, hi_bytes: hi, source: "its cache releases" })
+    if let Some((lo, hi)) = w.flushes.iter().find(|(d, _)| *d == device).and_then(|x| x.1.capacity) {
+        return Some(Budget { lo_bytes: lo, hi_bytes: hi, source: "its cache releases" });
+    }
+    // A device-level trace's own capacity (trace.json), which its replay
+    // used.
+    let c =
+        w.capacities.get(j).copied().flatten().filter(|_| w.source == crate::analysis::whatif::Source::DeviceLevel)?;
+    Some(Budget { lo_bytes: c, hi_bytes: c, source: "the trace (trace.json)" })
 }
 
 /// The scenario with the lowest memory needed to fit on unit `j`, then the

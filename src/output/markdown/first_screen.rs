@@ -75,7 +75,8 @@ fn memory_line(m: &Memory, several: bool, who: &dyn Fn(u32) -> String) -> String
     if let Some((label, n)) = &m.best
         && let Some(f) = n.fits_from_bytes
     {
-        parts.push(format!("{} under {label} ({} without releases)", bytes(f), bytes(n.no_flush_from_bytes)));
+        let needs = if m.recorded.is_none() { "needs " } else { "" };
+        parts.push(format!("{needs}{} under {label} ({} without releases)", bytes(f), bytes(n.no_flush_from_bytes)));
     }
     parts.push(match &m.budget {
         Some(b) => format!("budget {} (from {})", budget_text(b), b.source),
