@@ -40,8 +40,12 @@ pub enum Verdict {
         oversize: u64,
         gc: u64,
     },
+    /// `at_most`: the cache was largely built before the trace began,
+    /// and the requests that built it are not in the trace: it may need
+    /// less.
     Healthy {
         needs_bytes: u64,
+        at_most: bool,
     },
     Unknown {
         why: String,
@@ -67,6 +71,10 @@ pub struct Memory {
     pub peak_allocated_bytes: u64,
     /// What the reader must know about the recorded settings' figures.
     pub note: Option<String>,
+    /// A tenth or more of the peak was reserved before the trace began
+    /// (or every request fit in that cache): the figures are at most what
+    /// it needs, since how that cache was built is not in the trace.
+    pub carried_in: bool,
 }
 
 /// The fix the first screen gives.
@@ -184,30 +192,35 @@ pub fn decide(
 ) -> Decision {
     let w = a.whatif.as_ref();
     let memory: Vec<Memory> = match w {
-        Some(w) => w
-            .fidelity
-            .iter()
-            .enumerate()
-            .map(|(j, f)| Memory {
-                unit: f.device,
-                recorded: w.scenarios.first().and_then(|s| s.needed.get(j)).cloned(),
-                best: best(w, j),
-                budget: budget(w, j, given),
-                peak_allocated_bytes: w
-                    .scenarios
-                    .first()
-                    .and_then(|s| s.devices.get(j))
-                    .map_or(0, |o| o.peak_allocated_bytes),
-                // Garbage collection acts only under a memory fraction,
-                // which a snapshot does not record: the replay of the
-                // recorded settings runs without it.
-                note: w.flushes.iter().any(|(d, fl)| *d == f.device && fl.gc_releases > 0).then(|| {
-                    "the recorded settings replay without garbage collection: the memory fraction that turned it \
+        Some(w) => {
+            w.fidelity
+                .iter()
+                .enumerate()
+                .map(|(j, f)| Memory {
+                    unit: f.device,
+                    recorded: w.scenarios.first().and_then(|s| s.needed.get(j)).cloned(),
+                    best: best(w, j),
+                    budget: budget(w, j, given),
+                    peak_allocated_bytes: w
+                        .scenarios
+                        .first()
+                        .and_then(|s| s.devices.get(j))
+                        .map_or(0, |o| o.peak_allocated_bytes),
+                    carried_in: w.untestable.is_some()
+                        || w.scenarios.first().and_then(|s| s.needed.get(j)).is_some_and(|n| {
+                            f.initial_reserved > 0 && f.initial_reserved >= n.no_flush_from_bytes / 10
+                        }),
+                    // Garbage collection acts only under a memory fraction,
+                    // which a snapshot does not record: the replay of the
+                    // recorded settings runs without it.
+                    note: w.flushes.iter().any(|(d, fl)| *d == f.device && fl.gc_releases > 0).then(|| {
+                        "the recorded settings replay without garbage collection: the memory fraction that turned it \
                          on is not in the snapshot"
-                        .to_string()
-                }),
-            })
-            .collect(),
+                            .to_string()
+                    }),
+                })
+                .collect()
+        }
         None => Vec::new(),
     };
     let releases: u64 = w.map_or(0, |w| w.flushes.iter().map(|(_, f)| f.count).sum());
@@ -242,7 +255,7 @@ pub fn decide(
         && !memory.is_empty()
         && a.has_history()
     {
-        Verdict::Healthy { needs_bytes: n }
+        Verdict::Healthy { needs_bytes: n, at_most: memory.iter().any(|m| m.carried_in) }
     } else {
         Verdict::Unknown {
             why: if !a.has_history() {

@@ -45,10 +45,13 @@ pub fn verdict_line(d: &Decision) -> String {
             }
             format!("fits, {}", how.join(", "))
         }
-        Verdict::Healthy { needs_bytes } => match d.memory.as_slice() {
-            [Memory { budget: Some(b), .. }] => format!("healthy: needs {} of {}", bytes(*needs_bytes), budget_text(b)),
-            _ => format!("healthy: needs {} (the budget is not known)", bytes(*needs_bytes)),
-        },
+        Verdict::Healthy { needs_bytes, at_most } => {
+            let needs = format!("healthy: needs {}{}", if *at_most { "at most " } else { "" }, bytes(*needs_bytes));
+            match d.memory.as_slice() {
+                [Memory { budget: Some(b), .. }] => format!("{needs} of {}", budget_text(b)),
+                _ => format!("{needs} (the budget is not known)"),
+            }
+        }
         Verdict::Unknown { why } => format!("unknown: {why}"),
     }
 }
@@ -60,6 +63,12 @@ fn budget_text(b: &Budget) -> String {
 /// One unit's memory line.
 fn memory_line(m: &Memory, several: bool, who: &dyn Fn(u32) -> String) -> String {
     let mut parts: Vec<String> = Vec::new();
+    if m.carried_in {
+        parts.push(
+            "at most what follows (the cache was largely built before the trace began, by requests it does not hold)"
+                .to_string(),
+        );
+    }
     if let Some(n) = &m.recorded {
         match n.fits_from_bytes {
             Some(f) if f < n.no_flush_from_bytes => parts.push(format!(
