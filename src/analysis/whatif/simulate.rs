@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::fidelity::initial_state;
-use super::stream::{DeviceStream, Release};
+use super::stream::{DeviceStream, Release, is_release};
 use crate::allocator::{Allocator, Refused, Settings};
 use crate::analysis::oom::OomClass;
 use crate::trace::event::{Event, EventKind};
@@ -73,11 +73,6 @@ impl Sampler {
             out.push(b);
         }
     }
-}
-
-/// Whether an event gives memory back to the device.
-pub(crate) fn is_release(kind: EventKind) -> bool {
-    matches!(kind, EventKind::SegmentFree | EventKind::SegmentUnmap)
 }
 
 /// Runs the requests of `d` through the model under `settings`.

@@ -106,7 +106,6 @@ pub(super) fn classify_releases(
     stacked: bool,
     settings: &crate::allocator::Settings,
 ) -> std::collections::BTreeMap<usize, Release> {
-    use crate::analysis::whatif::simulate::is_release;
     let mut out = std::collections::BTreeMap::new();
     let mut start = None;
     for (i, r) in d.events.iter().enumerate() {
@@ -171,6 +170,11 @@ pub struct Flushes {
     pub bytes_freed: u64,
     /// The capacity interval [lo, hi] they imply, when consistent.
     pub capacity: Option<(u64, u64)>,
+}
+
+/// Whether an event gives memory back to the device.
+pub(super) fn is_release(kind: EventKind) -> bool {
+    matches!(kind, EventKind::SegmentFree | EventKind::SegmentUnmap)
 }
 
 pub(super) fn is_small_segment(size: u64) -> bool {
@@ -288,7 +292,7 @@ pub fn streams(
         }
         let requested = events.requested.get(i).copied().filter(|&r| r != u64::MAX).unwrap_or(events.size[i]);
         stacked = stacked || caller(i) != Caller::Unknown;
-        if crate::analysis::whatif::simulate::is_release(kind) {
+        if is_release(kind) {
             let list = callers.entry(d.device).or_default();
             list.resize(d.events.len(), Caller::Unknown);
             list.push(caller(i));
