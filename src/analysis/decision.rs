@@ -196,9 +196,10 @@ pub fn decide(
             w.fidelity
                 .iter()
                 .enumerate()
-                .map(|(j, f)| Memory {
+                .map(|(j, f)| (j, f, w.scenarios.first().and_then(|s| s.needed.get(j))))
+                .map(|(j, f, recorded)| Memory {
                     unit: f.device,
-                    recorded: w.scenarios.first().and_then(|s| s.needed.get(j)).cloned(),
+                    recorded: recorded.cloned(),
                     best: best(w, j),
                     budget: budget(w, j, given),
                     peak_allocated_bytes: w
@@ -207,7 +208,7 @@ pub fn decide(
                         .and_then(|s| s.devices.get(j))
                         .map_or(0, |o| o.peak_allocated_bytes),
                     carried_in: w.untestable.is_some()
-                        || w.scenarios.first().and_then(|s| s.needed.get(j)).is_some_and(|n| {
+                        || recorded.is_some_and(|n| {
                             f.initial_reserved > 0 && f.initial_reserved >= n.no_flush_from_bytes / 10
                         }),
                     // Garbage collection acts only under a memory fraction,
@@ -229,12 +230,10 @@ pub fn decide(
     let at_least = w.is_some_and(|w| w.flushes.iter().any(|(_, f)| f.at_least));
     let leak = a.leaks.iter().find(|l| l.leaking);
     let verdict = if a.has_history() && !a.ooms.is_empty() {
-        let mut classes: std::collections::BTreeMap<String, u64> = Default::default();
-        for o in &a.ooms {
-            *classes.entry(o.class.name().replace('_', " ")).or_default() += 1;
-        }
-        let mut classes: Vec<(String, u64)> = classes.into_iter().collect();
-        classes.sort_by(|x, y| y.1.cmp(&x.1).then(x.0.cmp(&y.0)));
+        let classes = crate::analysis::summary::oom_classes(a)
+            .into_iter()
+            .map(|(c, n)| (c.name().replace('_', " "), n))
+            .collect();
         Verdict::Failed { ooms: a.ooms.len() as u64, classes }
     } else if let Some(l) = leak {
         let per_step = l.growth_per_iteration_bytes.and_then(|g| u64::try_from(g).ok()).filter(|&g| g > 0);

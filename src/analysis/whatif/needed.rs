@@ -24,7 +24,6 @@
 use super::simulate::{Outcome, replay};
 use super::stream::{DeviceStream, Release};
 use crate::allocator::Settings;
-use crate::trace::event::EventKind;
 
 /// The bisection's step: every segment size is a multiple of it.
 pub const GRAIN: u64 = 2 << 20;
@@ -62,12 +61,7 @@ const PRECISION_SHARE: u64 = 256;
 pub fn needed(d: &DeviceStream, settings: &Settings, unbounded: Option<&Outcome>) -> Needed {
     // What the state before the trace's first entry reserved is held in
     // every replay: no budget below it.
-    let carried: u64 = d.events[..d.initial]
-        .iter()
-        .filter(|r| matches!(r.kind, EventKind::SegmentAlloc | EventKind::SegmentMap))
-        .map(|r| r.size)
-        .sum();
-    let floor = carried.div_ceil(GRAIN) * GRAIN;
+    let floor = d.initial_reserved().div_ceil(GRAIN) * GRAIN;
     let mut replays = 0;
     let (no_flush, peak_allocated) = match unbounded {
         Some(o) => (o.peak_reserved_bytes, o.peak_allocated_bytes),

@@ -183,11 +183,7 @@ pub(super) fn replay(
     let trace = &d.events[d.initial..];
     let mut sampler = Sampler::new(trace.len());
     // What the recording had reserved, to tell its releases apart.
-    let mut rec_reserved: u64 = d.events[..d.initial]
-        .iter()
-        .filter(|r| matches!(r.kind, EventKind::SegmentAlloc | EventKind::SegmentMap))
-        .map(|r| r.size)
-        .sum();
+    let mut rec_reserved = d.initial_reserved();
     // This request's own event, sent after the segment changes it caused.
     let mut pending: Vec<Event> = Vec::new();
     let logging = sink.is_some();

@@ -50,6 +50,18 @@ pub struct DeviceStream {
     pub flushes: Flushes,
 }
 
+impl DeviceStream {
+    /// What the state before the first trace entry reserved: its segments
+    /// and mapped pages.
+    pub fn initial_reserved(&self) -> u64 {
+        self.events[..self.initial]
+            .iter()
+            .filter(|r| matches!(r.kind, EventKind::SegmentAlloc | EventKind::SegmentMap))
+            .map(|r| r.size)
+            .sum()
+    }
+}
+
 /// Who released cached memory in a run of `segment_free` entries (or
 /// `segment_unmap` ones, with expandable segments).
 ///
@@ -322,11 +334,7 @@ pub fn streams(
 pub(super) fn find_flushes(d: &DeviceStream) -> Flushes {
     // A cache largely built before the trace's first entry (a tenth of its
     // peak or more, as elsewhere): retries may have come before it.
-    let before: u64 = d.events[..d.initial]
-        .iter()
-        .filter(|r| matches!(r.kind, EventKind::SegmentAlloc | EventKind::SegmentMap))
-        .map(|r| r.size)
-        .sum();
+    let before = d.initial_reserved();
     let mut f = Flushes::default();
     let mut reserved: u64 = 0;
     let (mut lo, mut hi) = (0u64, u64::MAX);
