@@ -130,11 +130,32 @@ fn fix_text(d: &Decision) -> String {
                 .filter_map(|n| n.fits_from_bytes.map(|f| (f, n)))
                 .map(|(f, n)| format!("fits from {}, never releases from {}", bytes(f), bytes(n.no_flush_from_bytes)))
                 .collect();
-            if needs.is_empty() {
-                format!("`{conf}` — {why}.")
+            let mut t = if needs.is_empty() {
+                format!("`{conf}` — {why}")
             } else {
-                format!("`{conf}` — {why}; it {}.", needs.join("; "))
+                format!("`{conf}` — {why}; it {}", needs.join("; "))
+            };
+            // A budget known only as an interval: the what-if replayed at
+            // its low end; say whether the figures hold across it.
+            if let (Some(lo), Some(hi)) = (d.capacity.lo_bytes, d.capacity.hi_bytes)
+                && hi > lo
+            {
+                if !needed.is_empty() && needed.iter().all(|n| n.no_flush_from_bytes <= lo) {
+                    t.push_str(&format!(
+                        " (it never reaches the budget's low end, so this holds anywhere in {}–{})",
+                        bytes(lo),
+                        bytes(hi)
+                    ));
+                } else {
+                    t.push_str(&format!(
+                        " (replayed at the budget's low end, {}; the budget may be up to {})",
+                        bytes(lo),
+                        bytes(hi)
+                    ));
+                }
             }
+            t.push('.');
+            t
         }
         Fix::Sites { why, sites } if !sites.is_empty() => {
             let list: Vec<String> = sites.iter().map(|s| format!("`{}` {}", s.site, bytes(s.bytes))).collect();
