@@ -29,6 +29,7 @@ pub(crate) mod result;
 pub mod risk;
 pub(crate) mod risk_series;
 pub mod sites;
+pub mod stages;
 pub(crate) mod summary;
 pub mod whatif;
 
@@ -157,7 +158,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     // they are found on a second core while the replay walks them (on a
     // 10 M-event trace the period search replays live bytes on its own,
     // 0.35 s, and the lives take 0.23 s; the walk 1.2 s).
-    let (Walk { mut rows, ooms, counts, failed_allocs, recovered, null_frees }, (detected, floors, lives)) =
+    let (Walk { mut rows, ooms, counts, failed_allocs, recovered, null_frees }, (detected, floors, lives, stages)) =
         std::thread::scope(|scope| {
             let beside = scope.spawn(|| {
                 let started = std::time::Instant::now();
@@ -174,7 +175,15 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
                 let started = std::time::Instant::now();
                 let lives = opts.layout.then(|| layout::Lives::of(events));
                 tracing::debug!("layout in {:.3} s (beside the replay)", started.elapsed().as_secs_f64());
-                (found, floors, lives)
+                // Memory per stage: a snapshot's annotated ranges.
+                let started = std::time::Instant::now();
+                let stages = if allocator_view {
+                    stages::find(events, annotations, &opts.metrics)
+                } else {
+                    stages::Stages::default()
+                };
+                tracing::debug!("stages in {:.3} s (beside the replay)", started.elapsed().as_secs_f64());
+                (found, floors, lives, stages)
             });
             let context =
                 OomContext { allocator_view, capacity, stacks: stacks.as_deref(), gpus: &gpus, pytorch: &pytorch };
@@ -281,6 +290,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         ooms_without_maps,
         advice: Vec::new(),
         decision: None,
+        stages,
     };
     // The allocator settings' what-if: for a snapshot, and for a
     // device-level trace with OOMs.

@@ -134,6 +134,9 @@ pub struct Analysis {
     pub ooms_without_maps: Vec<u32>,
     /// What to do ([`advice`]).
     pub advice: Vec<Advice>,
+    /// Memory per annotated stage (snapshots with `record_function`
+    /// ranges).
+    pub stages: crate::analysis::stages::Stages,
 }
 
 impl Analysis {

@@ -235,6 +235,9 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
     if !a.kernels.is_empty() {
         report["kernels"] = json!(a.kernels);
     }
+    if a.allocator_view {
+        report["stages"] = json!(a.stages.stages);
+    }
     if let Some(d) = &a.decision {
         report["decision"] = json!(d);
         report["capacity"] = json!(d.capacity);

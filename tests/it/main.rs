@@ -21,5 +21,6 @@ mod profiler;
 mod properties;
 mod record;
 mod snapshots;
+mod stages;
 mod verdicts;
 mod view;

@@ -6,6 +6,7 @@
 
 mod first_screen;
 mod sections;
+mod stages;
 mod words;
 use std::fmt::Write as _;
 use std::path::Path;
@@ -318,6 +319,7 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
         }
     }
     md.push_str(&iterations_md(a));
+    md.push_str(&stages::stages_md(a));
     md.push_str(&prediction_md(a));
     md.push_str(&ooms_md(a));
     md.push_str(&leaks_md(a));

@@ -1,0 +1,236 @@
+//! Memory per stage on every shared snapshot that has annotations: each
+//! figure of `report.json`'s `stages` against a computation by hand —
+//! a naive walk that keeps, for every entry, the bytes allocated and
+//! reserved after it, and rebuilds the layout from scratch at the peak.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use fragscope::trace::event::EventKind;
+
+use crate::common::fragscope;
+
+fn snapshots() -> Option<Vec<PathBuf>> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures");
+    if !root.join("gpu-h100/outcomes.json").exists() {
+        eprintln!("skipped: {} is not here (only beside the development checkout and CI)", root.display());
+        return None;
+    }
+    let mut out = Vec::new();
+    for dir in ["pytorch", "gpu-h100/snapshots"] {
+        for e in fs::read_dir(root.join(dir)).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "pickle") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    Some(out)
+}
+
+/// What the hand computation finds for one stage name.
+#[derive(Debug, Default)]
+struct ByHand {
+    runs: u64,
+    peak: u64,
+    peak_at: Option<usize>,
+    added: u64,
+    reserved: u64,
+    held: Option<u64>,
+    largest: u64,
+}
+
+const PAGE: u64 = 2 << 20;
+
+#[test]
+fn stages_of_every_shared_snapshot_match_a_computation_by_hand() {
+    let Some(files) = snapshots() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let mut checked = 0;
+    for file in files {
+        let loaded = fragscope::input::allocator_view(fragscope::input::open(&file, None).unwrap()).unwrap();
+        let ev = &loaded.events;
+        let details = &loaded.trace.meta.as_ref().unwrap().details;
+        let annotations: Vec<_> = details.annotations().iter().filter(|a| details.placeable(a)).cloned().collect();
+        let out = tmp.path().join(file.file_stem().unwrap());
+        fragscope().arg("analyze").arg(&file).arg("-o").arg(&out).arg("--no-whatif").assert().success();
+        let report: serde_json::Value = serde_json::from_slice(&fs::read(out.join("report.json")).unwrap()).unwrap();
+        let stages = report["stages"].as_array().unwrap();
+        if annotations.is_empty() {
+            assert!(stages.is_empty(), "{}", file.display());
+            let md = fs::read_to_string(out.join("report.md")).unwrap();
+            assert!(md.contains("record_function(\"forward\")"), "{}: says how to get stages", file.display());
+            continue;
+        }
+        assert!(!stages.is_empty(), "{}: annotations, and no stages", file.display());
+
+        // Every entry: allocated and reserved after it, the entry that frees
+        // each allocation, requested sizes.
+        let n = ev.len();
+        let (mut alloc_after, mut reserved_after) = (vec![0u64; n], vec![0u64; n]);
+        let mut freed_at: HashMap<usize, usize> = HashMap::new();
+        let mut born: HashMap<u64, usize> = HashMap::new();
+        let (mut a, mut r) = (0u64, 0u64);
+        for i in 0..n {
+            if ev.ret[i] == 0 {
+                match ev.kind[i] {
+                    Some(EventKind::BlockAlloc) if ev.size[i] > 0 => {
+                        a += ev.size[i];
+                        if let Some(old) = born.insert(ev.addr[i], i) {
+                            a -= ev.size[old];
+                        }
+                    }
+                    Some(EventKind::BlockFree) => {
+                        if let Some(b) = born.remove(&ev.addr[i]) {
+                            a -= ev.size[b];
+                            freed_at.insert(b, i);
+                        }
+                    }
+                    Some(EventKind::SegmentAlloc | EventKind::SegmentMap) => r += ev.size[i],
+                    Some(EventKind::SegmentFree | EventKind::SegmentUnmap) => r -= ev.size[i],
+                    _ => {}
+                }
+            }
+            (alloc_after[i], reserved_after[i]) = (a, r);
+        }
+        let before = |i: usize, v: &[u64]| if i == 0 { 0 } else { v[i - 1] };
+        // Runs: a START and the next END of its name.
+        let t0 = ev.ts_ns[0];
+        let mut open: HashMap<String, Vec<u64>> = HashMap::new();
+        let mut runs: Vec<(String, u64, Option<u64>)> = Vec::new();
+        let mut sorted = annotations.clone();
+        sorted.sort_by_key(|a| a.t_ns);
+        for an in &sorted {
+            if an.stage == "START" {
+                open.entry(an.name.clone()).or_default().push(an.t_ns);
+            } else if let Some(s) = open.get_mut(&an.name).and_then(|v| v.pop()) {
+                runs.push((an.name.clone(), s, Some(an.t_ns)));
+            }
+        }
+        runs.extend(open.into_iter().flat_map(|(name, v)| v.into_iter().map(move |s| (name.clone(), s, None))));
+        let mut by_hand: BTreeMap<String, ByHand> = BTreeMap::new();
+        for (name, s, e) in runs.into_iter().filter(|r| r.1 >= t0) {
+            let si = ev.ts_ns.partition_point(|&t| t < s);
+            let ei = e.map_or(n, |e| ev.ts_ns.partition_point(|&t| t <= e));
+            let h = by_hand.entry(name).or_default();
+            h.runs += 1;
+            let start_alloc = before(si, &alloc_after);
+            let (mut peak, mut peak_at) = (start_alloc, si.checked_sub(1));
+            let mut reserved = before(si, &reserved_after);
+            let mut largest = 0;
+            for i in si..ei {
+                if alloc_after[i] > peak {
+                    (peak, peak_at) = (alloc_after[i], Some(i));
+                }
+                reserved = reserved.max(reserved_after[i]);
+                if ev.kind[i] == Some(EventKind::BlockAlloc) {
+                    largest = largest.max(ev.requested_at(i).unwrap());
+                }
+            }
+            if h.runs == 1 || peak > h.peak {
+                (h.peak, h.peak_at) = (peak, peak_at);
+            }
+            h.added = h.added.max(peak - start_alloc);
+            h.reserved = h.reserved.max(reserved);
+            h.largest = h.largest.max(largest);
+            if e.is_some() {
+                // Allocated inside the run, not freed before its end.
+                let held: u64 = (si..ei)
+                    .filter(|&i| ev.kind[i] == Some(EventKind::BlockAlloc) && ev.ret[i] == 0)
+                    .filter(|i| freed_at.get(i).is_none_or(|&f| f >= ei))
+                    .map(|i| ev.size[i])
+                    .sum();
+                h.held = Some(h.held.map_or(held, |x: u64| x.max(held)));
+            }
+        }
+        for (name, h) in &by_hand {
+            let got = stages
+                .iter()
+                .find(|s| s["path"].as_array().unwrap().last().unwrap() == name.as_str())
+                .unwrap_or_else(|| panic!("{}: no stage {name}", file.display()));
+            let what = format!("{} {name}", file.display());
+            assert_eq!(got["runs"], h.runs, "{what}");
+            assert_eq!(got["peak_allocated_bytes"], h.peak, "{what}");
+            assert_eq!(got["added_bytes"], h.added, "{what}");
+            assert_eq!(got["peak_reserved_bytes"], h.reserved, "{what}");
+            assert_eq!(got["held_at_end_bytes"].as_u64(), h.held, "{what}");
+            assert_eq!(got["largest_request_bytes"], h.largest, "{what}");
+            let frag = h.peak_at.and_then(|p| fragmentation_from_scratch(ev, p));
+            let reported = got["fragmentation_at_peak"].as_f64();
+            assert!(
+                match (frag, reported) {
+                    (Some(x), Some(y)) => (x - y).abs() < 1e-9,
+                    (x, y) => x == y,
+                },
+                "{what}: fragmentation {reported:?}, by hand {frag:?}"
+            );
+            checked += 1;
+        }
+    }
+    // training ×3, varlen ×3, and the public snapshots with optimizer ranges.
+    assert!(checked >= 14, "{checked} stages checked");
+}
+
+/// The layout just after entry `p`, rebuilt from every entry up to it:
+/// segments (expandable ones as 2 MiB pages, joined where they touch) and
+/// the blocks alive in them; free ranges above 1 KiB over reserved bytes.
+fn fragmentation_from_scratch(ev: &fragscope::trace::event::Events, p: usize) -> Option<f64> {
+    let mut segments: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut pages: BTreeSet<u64> = BTreeSet::new();
+    let mut blocks: BTreeMap<u64, u64> = BTreeMap::new();
+    for i in 0..=p {
+        if ev.ret[i] != 0 {
+            continue;
+        }
+        let (addr, size) = (ev.addr[i], ev.size[i]);
+        match ev.kind[i] {
+            Some(EventKind::BlockAlloc) if size > 0 => {
+                blocks.insert(addr, size);
+            }
+            Some(EventKind::BlockFree) => {
+                blocks.remove(&addr);
+            }
+            Some(EventKind::SegmentAlloc) => {
+                segments.insert(addr, addr + size);
+            }
+            Some(EventKind::SegmentFree) => {
+                segments.remove(&addr);
+            }
+            Some(EventKind::SegmentMap) => pages.extend((addr..addr + size).step_by(PAGE as usize)),
+            Some(EventKind::SegmentUnmap) => (addr..addr + size).step_by(PAGE as usize).for_each(|q| {
+                pages.remove(&q);
+            }),
+            _ => {}
+        }
+    }
+    let mut ranges: Vec<(u64, u64)> = segments.into_iter().collect();
+    let mut run: Option<(u64, u64)> = None;
+    for q in pages {
+        run = match run {
+            Some((s, e)) if e == q => Some((s, q + PAGE)),
+            Some(done) => {
+                ranges.push(done);
+                Some((q, q + PAGE))
+            }
+            None => Some((q, q + PAGE)),
+        };
+    }
+    ranges.extend(run);
+    let span: u64 = ranges.iter().map(|(s, e)| e - s).sum();
+    let mut gaps = 0;
+    for (s, e) in ranges {
+        let mut at = s;
+        for (&a, &size) in blocks.range(s..e) {
+            if a > at && a - at > 1024 {
+                gaps += a - at;
+            }
+            at = at.max(a + size);
+        }
+        if e > at && e - at > 1024 {
+            gaps += e - at;
+        }
+    }
+    (span > 0).then(|| gaps as f64 / span as f64)
+}
