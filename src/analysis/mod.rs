@@ -28,6 +28,7 @@ pub mod replay;
 pub(crate) mod result;
 pub mod risk;
 pub(crate) mod risk_series;
+pub mod settings_check;
 pub mod sites;
 pub mod stages;
 pub(crate) mod summary;
@@ -291,7 +292,15 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         advice: Vec::new(),
         decision: None,
         stages,
+        settings_check: None,
     };
+    analysis.settings_check = analysis
+        .trace
+        .meta
+        .as_ref()
+        .and_then(|m| m.details.snapshot())
+        .filter(|_| allocator_view)
+        .map(|d| settings_check::check(d, analysis.trace.source() == Some(crate::trace::Source::Ebpf)));
     // The allocator settings' what-if: for a snapshot, and for a
     // device-level trace with OOMs.
     let snapshot = analysis.trace.meta.as_ref().and_then(|m| m.details.snapshot()).filter(|_| allocator_view);

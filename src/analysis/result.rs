@@ -137,6 +137,9 @@ pub struct Analysis {
     /// Memory per annotated stage (snapshots with `record_function`
     /// ranges).
     pub stages: crate::analysis::stages::Stages,
+    /// What the process asked of PyTorch's allocator against what it used
+    /// (snapshots and recordings' allocator views).
+    pub settings_check: Option<crate::analysis::settings_check::SettingsCheck>,
 }
 
 impl Analysis {

@@ -83,6 +83,24 @@ fn settings_of(recording: &Loaded, pid: u32) -> crate::allocator::Settings {
     })
 }
 
+/// Whether the allocator of `unit` ran with expandable segments, as its
+/// segments show: mapped pages (`segment_map`) or whole `cudaMalloc`
+/// segments. None: it made no segment in the recording.
+pub(crate) fn expandable_in_use(events: &Events, unit: u32) -> Option<bool> {
+    let mut plain = false;
+    for i in 0..events.len() {
+        if events.pid[i] != unit || events.ret[i] != 0 {
+            continue;
+        }
+        match events.kind[i] {
+            Some(EventKind::SegmentMap) => return Some(true),
+            Some(EventKind::SegmentAlloc) => plain = true,
+            _ => {}
+        }
+    }
+    plain.then_some(false)
+}
+
 /// The size of each block of a unit (its `rows`, in time order; by its
 /// `block_alloc` row), as
 /// PyTorch's allocator would have carved it from the recorded layout: the
@@ -367,10 +385,30 @@ pub fn view(recording: Loaded) -> Result<Loaded> {
             .collect(),
         join: Some(join),
         // What `whatif` replays as the recorded settings: the first
-        // process's (a snapshot records one process's too).
-        allocator_settings: units
+        // process's (a snapshot records one process's too), with
+        // expandable segments as its segments show them, not as asked.
+        allocator_settings: units.first().map_or(serde_json::Value::Null, |u| {
+            let pid = whose(u.key).0;
+            let mut s = settings_of(&recording, pid);
+            if let Some(used) = expandable_in_use(&out, u.id) {
+                // Asked in `PYTORCH_ALLOC_CONF` alone and not in force: the
+                // allocator did not read that variable (PyTorch 2.9), so
+                // none of its keys were in force either.
+                let env = details.and_then(|d| d.allocator_env.get(&pid.to_string()));
+                let only_new = env.is_some_and(|e| e.len() == 1 && e.contains_key("PYTORCH_ALLOC_CONF"));
+                if s.expandable_segments && !used && only_new {
+                    s = crate::allocator::Settings::default();
+                }
+                s.expandable_segments = used;
+            }
+            s.to_snapshot()
+        }),
+        inferred_settings: units
             .first()
-            .map_or(serde_json::Value::Null, |u| settings_of(&recording, whose(u.key).0).to_snapshot()),
+            .filter(|u| expandable_in_use(&out, u.id).is_some())
+            .map(|_| vec!["expandable_segments".to_string()])
+            .unwrap_or_default(),
+        asked: units.iter().filter_map(|u| details?.asked(whose(u.key).0, u.id)).collect(),
         ..SnapshotDetails::default()
     };
     let new_units = if several { units.iter().map(|u| (u.id, whose(u.key))).collect() } else { BTreeMap::new() };

@@ -201,6 +201,16 @@ fn join_probed(recording: Loaded, snapshot: Loaded) -> Result<Loaded> {
         }
         if let Some(d) = m.details.snapshot_mut() {
             d.join = Some(join);
+            // What the process's environment asked, against what the
+            // snapshot's allocator used.
+            d.asked = recording
+                .trace
+                .meta
+                .as_ref()
+                .and_then(|r| r.details.record())
+                .and_then(|r| r.asked(pid, device))
+                .into_iter()
+                .collect();
         }
     }
     trace.stacks = Some(Arc::new(stacks));

@@ -35,6 +35,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::analysis::predict::Risk;
+use crate::analysis::stages::Stage;
 use crate::analysis::summary::Summary;
 use crate::analysis::{Analysis, Options};
 use crate::input::Loaded;
@@ -260,7 +261,42 @@ pub struct Comparison {
     pub rows: Vec<MetricRow>,
     pub verdict: String,
     pub snapshot: Option<SnapshotDiff>,
+    /// Each stage of either side ([`crate::analysis::stages`]), matched by
+    /// device and path: A's in its tree order, then those only in B.
+    pub stages: Vec<StageDelta>,
     pub image: Image,
+}
+
+/// One stage in A and B.
+#[derive(Clone, Debug, Serialize)]
+pub struct StageDelta {
+    pub device: u32,
+    pub path: Vec<String>,
+    pub a: Option<Stage>,
+    pub b: Option<Stage>,
+}
+
+impl StageDelta {
+    /// B − A of a figure, where both sides have the stage.
+    pub fn delta(&self, f: impl Fn(&Stage) -> u64) -> Option<i128> {
+        Some(f(self.b.as_ref()?) as i128 - f(self.a.as_ref()?) as i128)
+    }
+}
+
+/// The stages of A and B matched by device and path.
+pub fn stage_deltas(a: &[Stage], b: &[Stage]) -> Vec<StageDelta> {
+    let find = |list: &[Stage], s: &Stage| list.iter().find(|x| x.device == s.device && x.path == s.path).cloned();
+    let mut out: Vec<StageDelta> = a
+        .iter()
+        .map(|s| StageDelta { device: s.device, path: s.path.clone(), a: Some(s.clone()), b: find(b, s) })
+        .collect();
+    out.extend(b.iter().filter(|s| find(a, s).is_none()).map(|s| StageDelta {
+        device: s.device,
+        path: s.path.clone(),
+        a: None,
+        b: Some(s.clone()),
+    }));
+    out
 }
 
 /// Compares two analyses' summaries.
@@ -367,7 +403,8 @@ pub fn compare(a: &Path, b: &Path, opts: &Options, size: (u32, u32)) -> Result<C
         pictures.map(|p| p.mdtp).ok_or_else(|| anyhow!("{}: no MDTP was drawn", an.trace.name))
     };
     let image = compose(&aa, &mdtp(&aa)?, &ab, &mdtp(&ab)?, w, h)?;
-    Ok(Comparison { a: sa, b: sb, rows, verdict, snapshot, image })
+    let stages = stage_deltas(&aa.stages.stages, &ab.stages.stages);
+    Ok(Comparison { a: sa, b: sb, rows, verdict, snapshot, stages, image })
 }
 
 fn segment_table(a: &Analysis) -> Vec<(u64, u64, u64)> {
@@ -503,6 +540,15 @@ pub fn to_json(c: &Comparison, gates: &[(Gate, Option<String>)]) -> serde_json::
             "metric": g.key, "allowed": g.delta, "percent": g.percent, "tripped": why.is_some(), "why": why,
         })).collect::<Vec<_>>(),
         "snapshot": c.snapshot,
+        "stages": c.stages.iter().map(|d| json!({
+            "device": d.device,
+            "path": d.path,
+            "a": d.a,
+            "b": d.b,
+            "delta_peak_allocated_bytes": d.delta(|s| s.peak_allocated_bytes),
+            "delta_added_bytes": d.delta(|s| s.added_bytes),
+            "delta_held_at_end_bytes": d.delta(|s| s.held_at_end_bytes.unwrap_or(0)),
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -532,6 +578,46 @@ fn segments_md(side: &str, list: &[(u64, u64, u64)]) -> String {
         let _ = writeln!(t, "| {d} | {a:#x} | {} |", bytes(*z));
     }
     t
+}
+
+/// compare.md's stages: each one's peak allocated, added and held at end
+/// in A and B, and the change.
+fn stages_md(stages: &[StageDelta]) -> String {
+    if stages.is_empty() {
+        return String::new();
+    }
+    let mut md = String::from(
+        "\n## Memory per stage\n\nEach `record_function` range of A and B (report.md of each explains the figures).\n\n| stage | peak allocated A → B | Δ | added A → B | Δ | held at end A → B | Δ |\n|---|---|---|---|---|---|---|\n",
+    );
+    let side = |s: &Option<Stage>, f: &dyn Fn(&Stage) -> Option<u64>| {
+        s.as_ref().map_or("—".to_string(), |s| f(s).map_or("—".to_string(), bytes))
+    };
+    let delta = |d: Option<i128>| d.map_or("—".to_string(), |d| show_delta(Unit::Bytes, d as f64));
+    for d in stages {
+        let indent = "\u{a0}\u{a0}".repeat(d.path.len().saturating_sub(1));
+        let mark = if d.path.len() > 1 { "└ " } else { "" };
+        let only = match (&d.a, &d.b) {
+            (Some(_), None) => " (only in A)",
+            (None, Some(_)) => " (only in B)",
+            _ => "",
+        };
+        let held = |s: &Stage| s.held_at_end_bytes;
+        let _ = writeln!(
+            md,
+            "| {indent}{mark}`{}`{only} | {} → {} | {} | {} → {} | {} | {} → {} | {} |",
+            d.path.last().map_or("", String::as_str),
+            side(&d.a, &|s| Some(s.peak_allocated_bytes)),
+            side(&d.b, &|s| Some(s.peak_allocated_bytes)),
+            delta(d.delta(|s| s.peak_allocated_bytes)),
+            side(&d.a, &|s| Some(s.added_bytes)),
+            side(&d.b, &|s| Some(s.added_bytes)),
+            delta(d.delta(|s| s.added_bytes)),
+            side(&d.a, &held),
+            side(&d.b, &held),
+            delta(d.a.as_ref().and_then(held).zip(d.b.as_ref().and_then(held)).map(|(x, y)| y as i128 - x as i128)),
+        );
+    }
+    md
 }
 
 /// Segments listed in compare.md per only-in list (the largest).
@@ -568,6 +654,7 @@ pub fn to_md(c: &Comparison, gates: &[(Gate, Option<String>)]) -> String {
             );
         }
     }
+    md.push_str(&stages_md(&c.stages));
     md.push_str("\n## Metrics\n\n| metric | A | B | Δ | Δ % | |\n|---|---|---|---|---|---|\n");
     for r in &c.rows {
         let _ = writeln!(

@@ -238,6 +238,9 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
     if a.allocator_view {
         report["stages"] = json!(a.stages.stages);
     }
+    if let Some(c) = &a.settings_check {
+        report["settings_check"] = json!(c);
+    }
     if let Some(d) = &a.decision {
         report["decision"] = json!(d);
         report["capacity"] = json!(d.capacity);

@@ -483,6 +483,8 @@ fn record(
         maps: maps.saved(),
         visible_devices: maps.visible.iter().map(|(pid, v)| (pid.to_string(), v.clone())).collect(),
         allocator_conf: maps.alloc_conf.iter().map(|(pid, v)| (pid.to_string(), v.clone())).collect(),
+        allocator_env: maps.alloc_env.iter().map(|(pid, v)| (pid.to_string(), v.clone())).collect(),
+        torch_versions: maps.torch_versions.iter().map(|(pid, v)| (pid.to_string(), v.clone())).collect(),
         gpus: gpus_at_start,
         nvml: driver.unavailable.clone(),
         devices: devices_used.into_iter().map(|(pid, d)| (pid.to_string(), d.into_iter().collect())).collect(),

@@ -73,8 +73,31 @@ pub(super) struct MapsKeeper {
     pub(super) saved: BTreeMap<u32, String>,
     /// `CUDA_VISIBLE_DEVICES` of each process that had it set.
     pub(super) visible: BTreeMap<u32, String>,
-    /// `PYTORCH_CUDA_ALLOC_CONF` of each process that had it set.
+    /// `PYTORCH_CUDA_ALLOC_CONF` of each process that had it set (else its
+    /// `PYTORCH_ALLOC_CONF`): what PyTorch 2.10 and later read.
     pub(super) alloc_conf: BTreeMap<u32, String>,
+    /// Every allocator variable of each process that had one set
+    /// ([`ALLOC_CONF_VARS`]), by name: what the settings check reads.
+    pub(super) alloc_env: BTreeMap<u32, BTreeMap<String, String>>,
+    /// The PyTorch version of each process that mapped its CUDA allocator
+    /// (`torch/version.py` beside the mapped `libc10_cuda.so`).
+    pub(super) torch_versions: BTreeMap<u32, String>,
+}
+
+/// The variables PyTorch's allocator reads its settings from, in the
+/// order PyTorch 2.10 and later look for them (the first set wins).
+pub const ALLOC_CONF_VARS: [&str; 3] = ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF"];
+
+/// The version `torch/version.py` names (`__version__ = '2.11.0+cu130'`),
+/// for the `torch` package whose `lib/libc10_cuda.so` a process mapped.
+pub fn torch_version(maps: &str) -> Option<String> {
+    let lib = maps.lines().filter_map(|l| l.split_whitespace().nth(5)).find(|p| p.ends_with("/lib/libc10_cuda.so"))?;
+    let torch = std::path::Path::new(lib).parent()?.parent()?;
+    let text = std::fs::read_to_string(torch.join("version.py")).ok()?;
+    text.lines().find_map(|l| {
+        let v = l.strip_prefix("__version__")?.trim_start().strip_prefix('=')?.trim();
+        Some(v.trim_matches(|c| c == '\'' || c == '"').to_string()).filter(|v| !v.is_empty())
+    })
 }
 
 impl MapsKeeper {
@@ -85,6 +108,8 @@ impl MapsKeeper {
             saved: BTreeMap::new(),
             visible: BTreeMap::new(),
             alloc_conf: BTreeMap::new(),
+            alloc_env: BTreeMap::new(),
+            torch_versions: BTreeMap::new(),
         }
     }
 
@@ -110,6 +135,11 @@ impl MapsKeeper {
         if let Some(v) = var("PYTORCH_CUDA_ALLOC_CONF").or_else(|| var("PYTORCH_ALLOC_CONF")) {
             self.alloc_conf.insert(pid, v);
         }
+        let set: BTreeMap<String, String> =
+            ALLOC_CONF_VARS.iter().filter_map(|&name| Some((name.to_string(), var(name)?))).collect();
+        if !set.is_empty() {
+            self.alloc_env.insert(pid, set);
+        }
     }
 
     pub(super) fn refresh(&mut self) {
@@ -124,6 +154,11 @@ impl MapsKeeper {
         // the copy made while it ran stays.
         if maps.is_empty() || self.saved.get(&pid) == Some(&maps) {
             return;
+        }
+        if !self.torch_versions.contains_key(&pid)
+            && let Some(v) = torch_version(&maps)
+        {
+            self.torch_versions.insert(pid, v);
         }
         if std::fs::create_dir_all(&self.dir).is_ok()
             && crate::trace::write_atomic(&self.dir.join(pid.to_string()), maps.as_bytes()).is_ok()

@@ -271,6 +271,39 @@ pub struct SnapshotDetails {
     /// Joined with a recording of the same run (`analyze --snapshot`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub join: Option<Join>,
+    /// What the recorded processes' environments asked of PyTorch's
+    /// allocator (a recording's allocator view, or a snapshot joined with
+    /// its recording), for the settings check.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub asked: Vec<AskedSettings>,
+}
+
+/// The allocator variables one recorded process had set.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AskedSettings {
+    pub pid: u32,
+    /// The unit (device) its allocator's events are in.
+    pub unit: u32,
+    /// By variable name. A recording made before fragscope kept each
+    /// variable apart has one entry, `PYTORCH_CUDA_ALLOC_CONF or
+    /// PYTORCH_ALLOC_CONF`.
+    pub vars: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub torch_version: Option<String>,
+}
+
+impl RecordDetails {
+    /// What process `pid` asked of PyTorch's allocator, as `record` kept it.
+    pub fn asked(&self, pid: u32, unit: u32) -> Option<AskedSettings> {
+        let key = pid.to_string();
+        let vars = match (self.allocator_env.get(&key), self.allocator_conf.get(&key)) {
+            (Some(env), _) => env.clone(),
+            (None, Some(conf)) => [("PYTORCH_CUDA_ALLOC_CONF or PYTORCH_ALLOC_CONF".to_string(), conf.clone())].into(),
+            (None, None) => BTreeMap::new(),
+        };
+        let torch_version = self.torch_versions.get(&key).cloned();
+        (!vars.is_empty() || torch_version.is_some()).then_some(AskedSettings { pid, unit, vars, torch_version })
+    }
 }
 
 /// What joining a recording with the snapshot matched
@@ -514,6 +547,16 @@ pub struct RecordDetails {
     /// the settings PyTorch's allocator ran under.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub allocator_conf: BTreeMap<String, String>,
+    /// Every variable PyTorch's allocator reads its settings from
+    /// (`PYTORCH_CUDA_ALLOC_CONF`, `PYTORCH_HIP_ALLOC_CONF`,
+    /// `PYTORCH_ALLOC_CONF`) that a process had set, by pid: what it asked
+    /// for, which the settings check holds against what its allocator did.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub allocator_env: BTreeMap<String, BTreeMap<String, String>>,
+    /// The PyTorch version of each process that mapped its CUDA allocator,
+    /// by pid.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub torch_versions: BTreeMap<String, String>,
     /// Launches were written at their entry, without their return code (so
     /// without whether one failed). Absent in recordings made before, whose
     /// launches have it.

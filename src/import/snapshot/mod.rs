@@ -176,6 +176,7 @@ pub fn convert(
         reconstruction: reconstructions.clone(),
         segments: table,
         join: None,
+        asked: Vec::new(),
     }));
     Ok(Converted { meta, stacks: std::mem::take(&mut snap.stacks), reconstructions })
 }

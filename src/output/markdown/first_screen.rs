@@ -179,3 +179,27 @@ pub fn first_screen_stdout(d: &Decision, who: &dyn Fn(u32) -> String) -> String 
     t.push_str(&format!("  fix: {}\n", fix_text(d)));
     t
 }
+
+/// The settings check's lines for stdout.
+pub fn settings_stdout(c: &crate::analysis::settings_check::SettingsCheck) -> String {
+    settings_sentences(c).iter().map(|s| format!("  settings not in force: {s}\n")).collect()
+}
+
+/// One sentence per setting asked for and not used
+/// ([`crate::analysis::settings_check`]): the first screen's "Settings" line.
+pub fn settings_sentences(c: &crate::analysis::settings_check::SettingsCheck) -> Vec<String> {
+    c.differences
+        .iter()
+        .map(|d| {
+            let asked = if d.asked_in.starts_with('`') {
+                format!("{} asked for `{}:{}`", d.asked_in, d.key, d.asked)
+            } else {
+                format!("{} asks for `{}:{}`", d.asked_in, d.key, d.asked)
+            };
+            format!(
+                "{asked}, but the allocator ran with `{}:{}` ({}): {}. {}.",
+                d.key, d.used, d.evidence, d.reason, d.advice
+            )
+        })
+        .collect()
+}

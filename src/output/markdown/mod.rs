@@ -27,6 +27,11 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
     if let Some(d) = &a.decision {
         md.push_str(&first_screen::first_screen_md(d, &|u| a.who(u)));
     }
+    if let Some(c) = &a.settings_check {
+        for line in first_screen::settings_sentences(c) {
+            let _ = writeln!(md, "**A setting not in force:** {line}\n");
+        }
+    }
     md.push_str(&verdict_md(a, &s));
     let _ = writeln!(
         md,
@@ -382,7 +387,8 @@ pub fn stdout_summary(a: &Analysis, out: &Path) -> String {
         } else {
             String::new()
         },
-        a.decision.as_ref().map_or_else(String::new, |d| first_screen::first_screen_stdout(d, &|u| a.who(u))),
+        a.decision.as_ref().map_or_else(String::new, |d| first_screen::first_screen_stdout(d, &|u| a.who(u)))
+            + &a.settings_check.as_ref().map_or_else(String::new, first_screen::settings_stdout),
         s.score.final_,
         s.score.mean,
         s.score.p95,
