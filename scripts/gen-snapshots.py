@@ -694,6 +694,179 @@ def cases(out):
     write_case(out, "flush", snapshot_of([d]), [d], extra={"capacity": d.capacity, "flushes": flushes})
 
     compare_pair(out)
+    stages(out)
+    settings(out)
+
+
+# PyTorch 2.11's `allocator_settings`, every key at its default (2.13 adds
+# the pinned ones).
+SETTINGS_2_11 = {
+    "PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1, "garbage_collection_threshold": 0.0,
+    "expandable_segments": False, "pinned_num_register_threads": 1, "release_lock_on_cudamalloc": False,
+    "pinned_use_cuda_host_register": False, "graph_capture_record_stream_reuse": False,
+    "roundup_power2_divisions": {str(1 << i): 0 for i in range(16)},
+}
+
+
+class Staged(Device):
+    """A Device that also writes `record_function` ranges and, for each
+    range, the figures fragscope's "Memory per stage" must give, computed
+    here from the model's own state as each entry is made."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.annotations = []
+        self.open = []  # runs: dicts
+        self.runs = []
+        self.allocated = 0  # Σ block sizes of active blocks
+        self.born = {}  # address -> (block size, run count at birth)
+
+    def mark(self, stage, name):
+        self.clock += 3
+        self.annotations.append({"stage": stage, "name": name, "device": self.index, "time_us": self.clock})
+        if stage == "START":
+            parent = self.open[-1]["path"] if self.open else ()
+            path = parent + (name.split("#")[0] + "#N" if name.split("#")[-1].isdigit() else name,)
+            run = {"name": name, "path": path, "start": self.allocated, "peak": self.allocated, "frag": self.fragmentation(),
+                   "reserved": self.reserved(), "largest": 0, "ended": False, "mine": set()}
+            self.open.append(run)
+            self.runs.append(run)
+        else:
+            run = next(r for r in reversed(self.open) if r["name"] == name)
+            self.open.remove(run)
+            run["ended"] = True
+            run["held"] = sum(self.born[a][0] for a in run["mine"] if a in self.born)
+
+    def fragmentation(self):
+        reserved = self.reserved()
+        gaps = sum(b["size"] for s in self.segments for b in s["blocks"]
+                   if b["state"] == "inactive" and b["size"] > 1024)
+        return gaps / reserved if reserved else None
+
+    def after(self, req=None):
+        for run in self.open:
+            run["reserved"] = max(run["reserved"], self.reserved())
+            if self.allocated > run["peak"]:
+                run["peak"], run["frag"] = self.allocated, self.fragmentation()
+            if req is not None:
+                run["largest"] = max(run["largest"], req)
+
+    def new_segment(self, size, stream, pool):
+        seg = super().new_segment(size, stream, pool)
+        self.after()
+        return seg
+
+    def malloc(self, req, stream=0):
+        a = super().malloc(req, stream)
+        if a is not None:
+            size = next(b["size"] for s in self.segments for b in s["blocks"] if b["address"] == a)
+            self.allocated += size
+            self.born[a] = (size, len(self.runs))
+            for run in self.open:
+                run["mine"].add(a)
+            self.after(req)
+        return a
+
+    def free(self, addr):
+        size = self.born.pop(addr)[0]
+        for run in self.runs:
+            run["mine"].discard(addr)
+        super().free(addr)
+        self.allocated -= size
+        self.after()
+        return True
+
+    def expected(self):
+        """Per path: the figures over its runs, as fragscope groups them."""
+        out = {}
+        for r in self.runs:
+            key = " > ".join(r["path"])
+            e = out.setdefault(key, {"runs": 0, "unfinished": 0, "peak_allocated_bytes": -1, "added_bytes": 0,
+                                     "peak_reserved_bytes": 0, "held_at_end_bytes": None,
+                                     "fragmentation_at_peak": None, "largest_request_bytes": 0})
+            e["runs"] += 1
+            e["unfinished"] += 0 if r["ended"] else 1
+            if r["peak"] > e["peak_allocated_bytes"]:
+                e["peak_allocated_bytes"], e["fragmentation_at_peak"] = r["peak"], r["frag"]
+            e["added_bytes"] = max(e["added_bytes"], r["peak"] - r["start"])
+            e["peak_reserved_bytes"] = max(e["peak_reserved_bytes"], r["reserved"])
+            if r["ended"]:
+                e["held_at_end_bytes"] = max(e["held_at_end_bytes"] or 0, r["held"])
+            e["largest_request_bytes"] = max(e["largest_request_bytes"], r["largest"])
+        return out
+
+
+def stages(out):
+    """`stages`: a training loop with nested `record_function` ranges
+    (ProfilerStep#k > forward > layer.i, backward, Optimizer.step#SGD.step),
+    its last step cut by the snapshot; written in PyTorch 2.14's layout:
+    `user_metadata` and `compile_context` on entries, `annotate` entries
+    (`_annotate_tensor`), 2.11's `allocator_settings`, and the (empty)
+    `host_segments` / `host_traces` that 2.14 always writes."""
+    rng = random.Random(21)
+    d = Staged(0, 4 << 30, make_sites(), rng=rng)
+    weights = [d.malloc(8 * MiB + 512 * i) for i in range(4)]
+    grads, momentum = [], []
+    for step in range(1, 5):
+        d.mark("START", f"ProfilerStep#{step}")
+        d.mark("START", "forward")
+        acts = []
+        for layer in range(2):
+            d.mark("START", f"layer.{layer}")
+            tmp = d.malloc(rng.choice([3 * MiB, 5 * MiB + 7, 700_000]))
+            acts.append(d.malloc(4 * MiB + rng.randint(0, 9999)))
+            d.free(tmp)
+            d.mark("END", f"layer.{layer}")
+        if step == 4:
+            break  # the snapshot is taken inside the forward pass
+        d.mark("END", "forward")
+        d.mark("START", "backward")
+        for a in acts:
+            g = d.malloc(6 * MiB + rng.randint(0, 999))
+            d.free(a)
+            if step == 1:
+                grads.append(g)
+            else:
+                d.free(g)
+        d.mark("END", "backward")
+        d.mark("START", "Optimizer.step#SGD.step")
+        if step == 1:
+            momentum = [d.malloc(8 * MiB + 512 * i) for i in range(4)]
+        t = d.malloc(2 * MiB + 5)
+        d.free(t)
+        d.mark("END", "Optimizer.step#SGD.step")
+        d.mark("END", f"ProfilerStep#{step}")
+    snap = snapshot_of([d])
+    snap["allocator_settings"] = dict(SETTINGS_2_11)
+    snap["external_annotations"] = d.annotations
+    for i, e in enumerate(snap["device_traces"][0]):
+        e["compile_context"] = "N/A"
+        e["user_metadata"] = "" if i % 3 else "epoch=0"
+    # `_annotate_tensor(w, "weight")`: a label on a live storage.
+    snap["device_traces"][0].append({"action": "annotate", "addr": weights[0], "size": 0, "stream": 0,
+                                     "time_us": d.clock + 1, "frames": [], "user_metadata": "weight",
+                                     "compile_context": "N/A"})
+    snap["host_segments"] = []
+    snap["host_traces"] = []
+    write_case(out, "stages", snap, [d], extra={"stages": d.expected()})
+
+
+def settings(out):
+    """`settings_*`: 2.11's `allocator_settings` whose parsed string and
+    values disagree (expandable segments asked, the platform without
+    them) or agree."""
+    for name, conf, changes in [
+        ("settings_not_in_force", "expandable_segments:True,garbage_collection_threshold:0.8",
+         {"garbage_collection_threshold": 0.8}),
+        ("settings_agree", "garbage_collection_threshold:0.8,max_split_size_mb:64",
+         {"garbage_collection_threshold": 0.8, "max_split_size": 64 * MiB}),
+    ]:
+        d = Device(0, 1 << 30, make_sites(), rng=random.Random(22),
+                   max_split=changes.get("max_split_size"))
+        workload(d, 300)
+        snap = snapshot_of([d])
+        snap["allocator_settings"] = dict(SETTINGS_2_11, PYTORCH_CUDA_ALLOC_CONF=conf, **changes)
+        write_case(out, name, snap, [d])
 
 
 def compare_pair(out):

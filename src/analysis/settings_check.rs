@@ -40,7 +40,7 @@ pub struct Difference {
     /// string the snapshot's allocator parsed.
     pub asked_in: String,
     pub used: String,
-    /// What shows the value used.
+    /// What shows the value used ("the recorded segments show (…)").
     pub evidence: String,
     pub reason: String,
     /// What to do, naming the variable that works.
@@ -194,7 +194,7 @@ fn reason_and_advice(var: &str, key: &str, value: &str, others: &[&str], version
             ),
         },
         _ => (format!("the allocator parsed it and turned it off: {}", platform(key)), format!(
-            "Look for PyTorch's warning about `{key}` in the job's log; with expandable segments off, `max_split_size_mb` is the setting that limits splitting of large blocks"
+            "Look for PyTorch's warning about `{key}` in the job's log; the what-if below replays only settings this allocator took"
         )),
     }
 }
@@ -224,10 +224,12 @@ pub fn check(details: &SnapshotDetails, recording: bool) -> SettingsCheck {
     let checkable = |key: &str| {
         !recording || (key == "expandable_segments" && details.inferred_settings.iter().any(|k| k == key))
     };
-    let evidence = if recording {
-        "the recorded segments (mapped pages for expandable segments, whole cudaMalloc segments without)".to_string()
+    let evidence = if !recording {
+        "its parsed values in the snapshot's `allocator_settings` show".to_string()
+    } else if used.get("expandable_segments").and_then(|v| v.as_bool()) == Some(true) {
+        "the recorded segments show (mapped pages)".to_string()
     } else {
-        "the snapshot's `allocator_settings` (the values PyTorch's allocator parsed)".to_string()
+        "the recorded segments show (whole cudaMalloc segments, no mapped pages)".to_string()
     };
     // The string the snapshot's allocator parsed.
     if !recording && let Some(parsed) = used.get("PYTORCH_CUDA_ALLOC_CONF").and_then(|v| v.as_str()) {

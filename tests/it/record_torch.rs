@@ -691,6 +691,35 @@ fn the_programs_allocator_settings_are_kept_and_used() {
     assert!(md.contains(&format!("`PYTORCH_CUDA_ALLOC_CONF` (`{conf}`)")), "{md}");
     // whatif's "recorded settings" are the program's.
     assert_eq!(json["allocator"]["snapshot"]["allocator_settings"]["roundup_power2_divisions"][0], 4);
+    // Nothing a recording could show differs: the check is silent.
+    assert_eq!(json["settings_check"]["differences"].as_array().map(Vec::len), Some(0), "{}", json["settings_check"]);
+    assert!(!md.contains("A setting not in force"), "{md}");
+}
+
+/// `PYTORCH_ALLOC_CONF=expandable_segments:True`, and the allocator made
+/// whole cudaMalloc segments: the setting was not in force (PyTorch 2.9's
+/// CUDA allocator reads only `PYTORCH_CUDA_ALLOC_CONF`). Each variable is
+/// kept apart, and the what-if replays what was in force.
+#[test]
+fn a_setting_asked_in_a_variable_the_allocator_did_not_read_is_said() {
+    let Some(_shared) = bpf_ready("a_setting_asked_in_a_variable_the_allocator_did_not_read_is_said") else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let conf = "expandable_segments:True,roundup_power2_divisions:4";
+    let (trace, _) = record_torch_env(tmp.path(), &[], &[("PYTORCH_ALLOC_CONF", conf)]);
+    let m = meta(&trace);
+    let env = m["details"]["allocator_env"].as_object().unwrap();
+    assert_eq!(env.len(), 1, "{env:?}");
+    assert_eq!(env.values().next().unwrap()["PYTORCH_ALLOC_CONF"], conf);
+    let (json, md) = analyze_json(&trace, &tmp.path().join("out"));
+    let d = &json["settings_check"]["differences"];
+    assert_eq!(d.as_array().map(Vec::len), Some(1), "{}", json["settings_check"]);
+    assert_eq!(d[0]["key"], "expandable_segments");
+    assert!(d[0]["asked_in"].as_str().unwrap().starts_with("`PYTORCH_ALLOC_CONF` of pid "), "{}", d[0]);
+    assert!(md.contains("**A setting not in force:** `PYTORCH_ALLOC_CONF` of pid"), "{md}");
+    assert!(md.contains("Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`"), "{md}");
+    // The variable was not read: none of its keys was in force.
+    let used = &json["allocator"]["snapshot"]["allocator_settings"];
+    assert_eq!((used["expandable_segments"].as_bool(), used["roundup_power2_divisions"][0].as_u64()), (Some(false), Some(0)));
 }
 
 /// A training loop seen through the probes: no Python frame and no

@@ -58,6 +58,8 @@ fn stages_of_every_shared_snapshot_match_a_computation_by_hand() {
         fragscope().arg("analyze").arg(&file).arg("-o").arg(&out).arg("--no-whatif").assert().success();
         let report: serde_json::Value = serde_json::from_slice(&fs::read(out.join("report.json")).unwrap()).unwrap();
         let stages = report["stages"].as_array().unwrap();
+        // Every real run's allocator used what it was asked for.
+        assert_eq!(report["settings_check"]["differences"].as_array().map(Vec::len), Some(0), "{}", file.display());
         if annotations.is_empty() {
             assert!(stages.is_empty(), "{}", file.display());
             let md = fs::read_to_string(out.join("report.md")).unwrap();
@@ -233,4 +235,76 @@ fn fragmentation_from_scratch(ev: &fragscope::trace::event::Events, p: usize) ->
         }
     }
     (span > 0).then(|| gaps as f64 / span as f64)
+}
+
+/// The generated `stages` snapshot (PyTorch 2.14's layout: `annotate`
+/// entries, `user_metadata`, empty host segments) with nested ranges and
+/// a step cut by the snapshot: every figure as the generator's own model
+/// of the allocator computed it while it made the entries.
+#[test]
+fn generated_nested_stages_match_the_generator() {
+    let Some(dir) = crate::snapshots::generated() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("r");
+    fragscope().arg("analyze").arg(dir.join("stages.pickle")).arg("-o").arg(&out).assert().success();
+    let report: serde_json::Value = serde_json::from_slice(&fs::read(out.join("report.json")).unwrap()).unwrap();
+    let expected: serde_json::Value =
+        serde_json::from_slice(&fs::read(dir.join("stages.expected.json")).unwrap()).unwrap();
+    let expected = expected["stages"].as_object().unwrap();
+    let stages = report["stages"].as_array().unwrap();
+    assert_eq!(stages.len(), expected.len(), "{stages:?}");
+    for s in stages {
+        let path: Vec<&str> = s["path"].as_array().unwrap().iter().map(|p| p.as_str().unwrap()).collect();
+        let e = &expected[&path.join(" > ")];
+        for k in ["runs", "unfinished", "peak_allocated_bytes", "added_bytes", "peak_reserved_bytes"] {
+            assert_eq!(s[k], e[k], "{path:?} {k}");
+        }
+        assert_eq!(s["held_at_end_bytes"], e["held_at_end_bytes"], "{path:?}");
+        assert_eq!(s["largest_request_bytes"], e["largest_request_bytes"], "{path:?}");
+        let (x, y) = (s["fragmentation_at_peak"].as_f64().unwrap(), e["fragmentation_at_peak"].as_f64().unwrap());
+        assert!((x - y).abs() < 1e-12, "{path:?}: {x} against {y}");
+    }
+    // Tree order: each stage below the one that encloses it.
+    let first: Vec<String> = stages.iter().map(|s| s["path"].as_array().unwrap().len().to_string()).collect();
+    assert_eq!(first, ["1", "2", "3", "3", "2", "2"]);
+    // The annotate entry is no unknown action, and nothing is an anomaly.
+    let loaded = fragscope::input::open(&dir.join("stages.pickle"), None).unwrap();
+    let details = loaded.trace.meta.as_ref().unwrap().details.snapshot().unwrap().clone();
+    assert_eq!(details.unknown_actions, 0);
+    assert_eq!(report["anomalies"].as_object().unwrap().values().filter(|v| **v != 0).count(), 0, "{}", report["anomalies"]);
+    let md = fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("| `ProfilerStep#N` | 4 (1 unfinished) |"), "{md}");
+    assert!(md.contains("\u{a0}\u{a0}\u{a0}\u{a0}└ `layer.0` | 4 |"), "{md}");
+}
+
+/// The settings check fires where the string PyTorch parsed asks for
+/// what its values did not take, and is silent where they agree (and on
+/// every shared snapshot: `stages_of_every_shared_snapshot…` reads their
+/// reports, and `settings_check` there has no difference).
+#[test]
+fn the_settings_check_fires_where_asked_and_used_differ() {
+    let Some(dir) = crate::snapshots::generated() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    for (name, differences) in [("settings_not_in_force", 1), ("settings_agree", 0)] {
+        let out = tmp.path().join(name);
+        let o = fragscope().arg("analyze").arg(dir.join(format!("{name}.pickle"))).arg("-o").arg(&out).output().unwrap();
+        assert!(o.status.success());
+        let report: serde_json::Value = serde_json::from_slice(&fs::read(out.join("report.json")).unwrap()).unwrap();
+        let c = &report["settings_check"];
+        assert_eq!(c["differences"].as_array().unwrap().len(), differences, "{name}: {c}");
+        let md = fs::read_to_string(out.join("report.md")).unwrap();
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        if differences == 0 {
+            assert!(!md.contains("A setting not in force"), "{md}");
+            continue;
+        }
+        assert_eq!(c["differences"][0]["key"], "expandable_segments");
+        assert_eq!((c["differences"][0]["asked"].as_str(), c["differences"][0]["used"].as_str()), (Some("True"), Some("False")));
+        let line = "**A setting not in force:** the configuration string the snapshot's allocator parsed asks for \
+                    `expandable_segments:True`, but the allocator ran with `expandable_segments:False`";
+        assert!(md.contains(line), "{md}");
+        // On the first screen: before the tables.
+        assert!(md.find(line) < md.find("## "), "{md}");
+        assert!(stdout.contains("settings not in force:"), "{stdout}");
+    }
 }

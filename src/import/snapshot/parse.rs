@@ -79,6 +79,7 @@ pub enum Action {
     SegmentUnmap,
     Snapshot,
     Oom,
+    Annotate,
 }
 
 impl Action {
@@ -94,6 +95,9 @@ impl Action {
             "segment_unmap" => Action::SegmentUnmap,
             "snapshot" => Action::Snapshot,
             "oom" => Action::Oom,
+            // PyTorch 2.14's `_annotate_tensor`: a label on a storage, no
+            // memory moved.
+            "annotate" => Action::Annotate,
             _ => return None,
         })
     }

@@ -134,7 +134,7 @@ pub fn reconstruct(snap: &Snapshot, device: u32, t0_ns: u64, out: Sink<'_>) -> R
                 add_range(&mut ranges, e.addr, e.addr.saturating_add(e.size), false, e.stream, false)
             }
             Action::SegmentUnmap => add_range(&mut ranges, e.addr, e.addr.saturating_add(e.size), true, e.stream, true),
-            Action::FreeRequested | Action::Snapshot | Action::Oom => {}
+            Action::FreeRequested | Action::Snapshot | Action::Oom | Action::Annotate => {}
         }
     }
 
@@ -240,7 +240,7 @@ pub fn reconstruct(snap: &Snapshot, device: u32, t0_ns: u64, out: Sink<'_>) -> R
                 let extra = Extra { requested: Some(e.size), stack: e.stack(), device_free: e.device_free() };
                 out(ev(ts, EventKind::Oom, 0, e.size, e.stream, extra))?;
             }
-            Action::Snapshot => {}
+            Action::Snapshot | Action::Annotate => {}
         }
     }
 

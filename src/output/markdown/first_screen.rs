@@ -197,7 +197,7 @@ pub fn settings_sentences(c: &crate::analysis::settings_check::SettingsCheck) ->
                 format!("{} asks for `{}:{}`", d.asked_in, d.key, d.asked)
             };
             format!(
-                "{asked}, but the allocator ran with `{}:{}` ({}): {}. {}.",
+                "{asked}, but the allocator ran with `{}:{}`, as {}: {}. {}.",
                 d.key, d.used, d.evidence, d.reason, d.advice
             )
         })
