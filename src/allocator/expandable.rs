@@ -4,19 +4,20 @@
 //! room at the end of the mapped part, and the cache release unmaps whole
 //! free pages. The rest of the allocator is in [`super`].
 
-use super::{Allocator, Block, LARGE_BUFFER, Placement, Range, Refused, SMALL_BUFFER, SMALL_SIZE};
+use super::{Allocator, Block, Placement, Range, Refused, SMALL_BUFFER, SMALL_SIZE};
 
 impl Allocator {
-    /// The page size of an expandable range: 2 MiB (small pool), 20 MiB.
-    pub(super) fn page(small: bool) -> u64 {
-        if small { SMALL_BUFFER } else { LARGE_BUFFER }
+    /// The page size of an expandable range: 2 MiB (small pool), the
+    /// large segment size (20 MiB unless `large_segment_size_mb`).
+    pub(super) fn page(&self, small: bool) -> u64 {
+        if small { SMALL_BUFFER } else { self.settings.large_segment() }
     }
 
     /// The virtual size of a new expandable range: 9/8 of the device's
     /// memory in whole pages, as PyTorch reserves; 1 TiB when the capacity
     /// is unknown.
-    pub fn range_span(small: bool, capacity: Option<u64>) -> u64 {
-        let page = Self::page(small);
+    pub fn range_span(&self, small: bool, capacity: Option<u64>) -> u64 {
+        let page = self.page(small);
         capacity.map_or(1 << 40, |c| c + c / 8).div_ceil(page) * page
     }
 
@@ -29,7 +30,7 @@ impl Allocator {
             return true;
         }
         // The range keeps whole pages.
-        let page = Self::page(r.small);
+        let page = self.page(r.small);
         let end = base + (addr - base) / page * page;
         let Some((&t, &tb)) = self.blocks.range(..=addr).next_back() else { return false };
         if tb.mapped || tb.allocated || tb.segment != base || t + tb.size != base + r.size || t > end {
@@ -53,7 +54,7 @@ impl Allocator {
         if !self.cut_range_at(base) || !self.is_vacant(base, 1) {
             return false;
         }
-        let page = Self::page(small);
+        let page = self.page(small);
         let span = span.min((u64::MAX - base) / page * page);
         let size = self.blocks.range(base..).next().map_or(span, |(&a, _)| span.min((a - base) / page * page));
         if size == 0 {
@@ -104,7 +105,7 @@ impl Allocator {
                 return Some(start);
             }
         }
-        let span = Self::range_span(small, capacity);
+        let span = self.range_span(small, capacity);
         let base = new_range_at(span);
         self.add_range(base, span, stream, small).then_some(base)
     }
@@ -115,7 +116,7 @@ impl Allocator {
     pub(super) fn map_block(&mut self, addr: u64, size: u64, capacity: Option<u64>) -> bool {
         let Some(b) = self.blocks.get(&addr).copied().filter(|b| !b.mapped && !b.allocated) else { return false };
         let Some(r) = self.ranges.get(&b.segment).copied() else { return false };
-        let page = Self::page(r.small);
+        let page = self.page(r.small);
         let end = (b.segment + (addr + size - b.segment).div_ceil(page) * page).min(addr + b.size);
         let bytes = end - addr;
         if capacity.is_some_and(|c| self.reserved + bytes > c) {
@@ -187,7 +188,7 @@ impl Allocator {
     pub(super) fn unmap_block(&mut self, addr: u64) -> u64 {
         let Some(b) = self.blocks.get(&addr).copied().filter(|b| b.mapped && !b.allocated) else { return 0 };
         let Some(r) = self.ranges.get(&b.segment).copied() else { return 0 };
-        let page = Self::page(r.small);
+        let page = self.page(r.small);
         let first = b.segment + (addr - b.segment).div_ceil(page) * page;
         let last = b.segment + (addr + b.size - b.segment) / page * page;
         if first >= last {
@@ -241,7 +242,7 @@ impl Allocator {
         let (start, b) = match covering {
             Some(c) => c,
             None => {
-                if !self.add_range(addr, Self::range_span(small, capacity), stream, small) {
+                if !self.add_range(addr, self.range_span(small, capacity), stream, small) {
                     return false;
                 }
                 (addr, self.blocks[&addr])

@@ -83,19 +83,12 @@ mod expandable;
 
 pub use crate::import::settings::{LARGE_BUFFER, MIN_BLOCK, SMALL_BUFFER, SMALL_SIZE, Settings};
 
-/// PyTorch's constants for new segments.
-pub const MIN_LARGE_ALLOC: u64 = 10 << 20;
-pub const ROUND_LARGE: u64 = 2 << 20;
+pub use crate::import::settings::{MIN_LARGE_ALLOC, ROUND_LARGE};
 
-/// The size of a new segment for a rounded request.
+/// The size of a new segment for a rounded request under PyTorch's
+/// default settings ([`Settings::segment_size`]).
 pub fn segment_size(rounded: u64) -> u64 {
-    if rounded <= SMALL_SIZE {
-        SMALL_BUFFER
-    } else if rounded < MIN_LARGE_ALLOC {
-        LARGE_BUFFER
-    } else {
-        rounded.div_ceil(ROUND_LARGE) * ROUND_LARGE
-    }
+    Settings::default().segment_size(rounded)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -305,7 +298,7 @@ impl Allocator {
             if rounded < max && size >= max {
                 return None;
             }
-            if rounded >= max && size >= rounded + LARGE_BUFFER {
+            if rounded >= max && size >= rounded + self.settings.non_split_rounding() {
                 return None;
             }
         }
@@ -496,7 +489,7 @@ impl Allocator {
             let size = self.take(addr, rounded).unwrap_or(rounded);
             return Ok(Placement { addr, size, new_segment: None });
         }
-        let seg = segment_size(rounded);
+        let seg = self.settings.segment_size(rounded);
         if let (Some(g), Some(cap)) = (self.settings.collects_garbage(), capacity)
             && self.reserved as f64 > g * cap as f64
         {

@@ -120,7 +120,7 @@ fn expandable_requests_reuse_plain_segments_without_mapping_them_again() {
 fn check_ranges(a: &Allocator) {
     let mut mapped = 0;
     for (&base, r) in &a.ranges {
-        let page = Allocator::page(r.small);
+        let page = a.page(r.small);
         let (mut at, mut last): (u64, Option<Block>) = (base, None);
         for (&addr, b) in a.blocks.range(base..base + r.size) {
             assert_eq!(addr, at, "the blocks of a range tile it");
@@ -273,4 +273,88 @@ fn out_of_memory_releases_the_cache_first() {
     let y = a.malloc(30 * MIB, 0, cap, &mut dev).unwrap();
     assert_eq!((a.reserved, y.new_segment), (30 * MIB, Some(30 * MIB)));
     assert!(matches!(a.malloc(12 * MIB, 0, cap, &mut dev), Err(Refused::OutOfMemory { .. })));
+}
+
+/// PyTorch 2.6's `max_non_split_rounding_mb`: an oversize request takes a
+/// cached block up to that much larger (20 MiB without it).
+#[test]
+fn max_non_split_rounding_lets_an_oversize_request_take_a_larger_block() {
+    let mut s = Settings::default();
+    s.apply("max_split_size_mb:64").unwrap();
+    s.apply("max_non_split_rounding_mb:40").unwrap();
+    let mut a = Allocator::new(s);
+    assert!(a.add_segment(0, 100 * MIB, 0, false));
+    assert_eq!(a.find_free(70 * MIB, 0), Some(0), "30 MiB wasted < 40 MiB");
+    assert_eq!(a.find_free(60 * MIB - 1024, 0), None, "below max_split_size: never an oversize block");
+    let mut dev = bump(1 << 30);
+    let p = a.malloc(70 * MIB, 0, None, &mut dev).unwrap();
+    assert_eq!((p.addr, p.size, p.new_segment), (0, 100 * MIB, None), "kept whole, not split");
+    // Below the large segment size PyTorch refuses it.
+    let e = Settings::default().apply("max_non_split_rounding_mb:10").unwrap_err();
+    assert!(e.contains("at least 20 (MiB)"), "{e}");
+    assert!(Settings::default().apply("max_split_size_mb:20").is_ok(), "PyTorch takes 20 (≥ kLargeBuffer)");
+}
+
+/// PyTorch 2.11's `large_segment_size_mb`: the segment of a large request
+/// under 10 MiB and the large pool's expandable page.
+#[test]
+fn large_segment_size_sets_medium_segments_and_large_pages() {
+    let mut s = Settings::default();
+    s.apply("large_segment_size_mb:64").unwrap();
+    assert_eq!((s.segment_size(2 * MIB), s.segment_size(512), s.segment_size(11 * MIB)), (64 * MIB, 2 * MIB, 12 * MIB));
+    assert_eq!(s.non_split_rounding(), 64 * MIB, "its default follows");
+    let mut a = Allocator::new(s.clone());
+    let mut dev = bump(0);
+    let p = a.malloc(3 * MIB, 0, None, &mut dev).unwrap();
+    assert_eq!(p.new_segment, Some(64 * MIB));
+    s.apply("expandable_segments:True").unwrap();
+    let a = Allocator::new(s);
+    assert_eq!(a.page(false), 64 * MIB);
+    assert!(Settings::default().apply("large_segment_size_mb:10").is_err());
+    // max_split_size_mb may not be below it.
+    let mut t = Settings::default();
+    t.apply("large_segment_size_mb:64").unwrap();
+    assert!(t.apply("max_split_size_mb:32").unwrap_err().contains("at least 64"));
+}
+
+/// Keys of 2.12–2.15 that move no block are accepted and named; a key
+/// PyTorch does not know is refused, naming it; another backend is not
+/// this model.
+#[test]
+fn keys_without_effect_are_named_and_unknown_ones_refused() {
+    let mut s = Settings::default();
+    for e in ["pinned_use_cuda_host_register:True", "throw_on_cudamalloc_oom:True", "backend:native"] {
+        s.apply(e).unwrap();
+    }
+    assert_eq!(s.inert.len(), 3);
+    assert_eq!(s.conf_entries(), ["pinned_use_cuda_host_register:True", "throw_on_cudamalloc_oom:True", "backend:native"]);
+    let mut a = Allocator::new(s);
+    let mut dev = bump(0);
+    assert_eq!(a.malloc(3 * MIB, 0, None, &mut dev).unwrap().new_segment, Some(20 * MIB), "as the defaults");
+    let e = Settings::default().apply("expandable_segment:True").unwrap_err();
+    assert!(e.contains("unknown key `expandable_segment`"), "{e}");
+    let e = Settings::default().apply("backend:cudaMallocAsync").unwrap_err();
+    assert!(e.contains("another allocator"), "{e}");
+}
+
+/// `roundup_power2_divisions:[…]` as PyTorch parses the list, and the
+/// conf split at commas outside brackets.
+#[test]
+fn a_divisions_list_parses_as_pytorch_parses_it() {
+    let mut s = Settings::default();
+    let conf = "roundup_power2_divisions:[64:8,256:4,>:1], max_split_size_mb:128";
+    let entries: Vec<&str> = crate::import::settings::split_conf(conf).collect();
+    assert_eq!(entries, ["roundup_power2_divisions:[64:8,256:4,>:1]", "max_split_size_mb:128"]);
+    for e in entries {
+        s.apply(e).unwrap();
+    }
+    // Index i: the interval from 2^i MiB. 64 = index 6 (and all below),
+    // 256 = index 8 (7 keeps 0); `>` then fills from the last interval
+    // named on, that one included (`std::fill(begin + last_index, end)`
+    // in AllocatorConfig.cpp), so 256's 4 becomes 1.
+    let mut want = vec![8u64; 7];
+    want.push(0);
+    want.extend([1; 8]);
+    assert_eq!(s.roundup_power2_divisions, want);
+    assert!(Settings::default().apply("roundup_power2_divisions:[48:8]").is_err());
 }

@@ -23,11 +23,43 @@ pub struct Settings {
     /// under a per-process memory fraction ([`Settings::collects_garbage`]).
     pub garbage_collection_threshold: Option<f64>,
     pub expandable_segments: bool,
-    /// `torch.cuda.set_per_process_memory_fraction(F)`: not a
-    /// `PYTORCH_CUDA_ALLOC_CONF` key but a Python call; the allocator may
-    /// then hold at most F × the device's memory. None: not called.
+    /// `torch.cuda.set_per_process_memory_fraction(F)` (a key too from
+    /// PyTorch 2.10); the allocator may then hold at most F × the device's
+    /// memory. None: not set.
     pub per_process_memory_fraction: Option<f64>,
+    /// `large_segment_size_mb` (PyTorch 2.11): the segment of a large
+    /// request under 10 MiB, the large pool's page of expandable segments,
+    /// and the default of `max_non_split_rounding`. None: 20 MiB.
+    pub large_segment_size: Option<u64>,
+    /// `max_non_split_rounding_mb` (PyTorch 2.6): a request at or above
+    /// `max_split_size` takes a larger cached block only when it wastes
+    /// less than this. None: the large segment size.
+    pub max_non_split_rounding: Option<u64>,
+    /// Entries of keys that change neither where blocks go nor the bytes
+    /// reserved ([`INERT_KEYS`]): kept to be named, replayed as absent.
+    pub inert: Vec<String>,
 }
+
+/// Keys PyTorch 2.12–2.15 accept that change neither placement nor
+/// reserved bytes, with what they change instead.
+pub const INERT_KEYS: [(&str, &str); 16] = [
+    ("release_lock_on_cudamalloc", "whether the allocator's lock is held during cudaMalloc"),
+    ("release_lock_on_hipmalloc", "whether the allocator's lock is held during hipMalloc"),
+    ("pinned_use_cuda_host_register", "how pinned host memory is allocated"),
+    ("pinned_use_hip_host_register", "how pinned host memory is allocated"),
+    ("pinned_num_register_threads", "threads registering pinned host memory"),
+    ("pinned_use_background_threads", "threads freeing pinned host memory"),
+    ("pinned_reserve_segment_size_mb", "pinned host memory reserved up front"),
+    ("pinned_max_round_threshold_mb", "pinned host memory rounding"),
+    ("pinned_max_cached_size_mb", "pinned host memory cached"),
+    ("pinned_free_catch_all", "how pinned host memory is freed"),
+    ("graph_capture_record_stream_reuse", "block reuse inside CUDA graph captures, which the model does not replay"),
+    ("throw_on_cudamalloc_oom", "whether a failed cudaMalloc raises at once, not the bytes"),
+    ("expandable_segments_reserve", "the virtual range an expandable segment reserves (the model keeps 9/8 of the device: its sizing rule was not read from PyTorch's source)"),
+    ("expandable_segments_reserve_by_class", "the virtual range an expandable segment reserves (as `expandable_segments_reserve`)"),
+    ("backend", "nothing when `native` (the caching allocator)"),
+    ("device_specific_option_mb", "nothing the model follows"),
+];
 
 impl Default for Settings {
     fn default() -> Self {
@@ -37,6 +69,9 @@ impl Default for Settings {
             garbage_collection_threshold: None,
             expandable_segments: false,
             per_process_memory_fraction: None,
+            large_segment_size: None,
+            max_non_split_rounding: None,
+            inert: Vec::new(),
         }
     }
 }
@@ -106,24 +141,46 @@ impl Settings {
                 "garbage_collection_threshold" => self.garbage_collection_threshold = d.garbage_collection_threshold,
                 "expandable_segments" => self.expandable_segments = d.expandable_segments,
                 "per_process_memory_fraction" => self.per_process_memory_fraction = d.per_process_memory_fraction,
+                "large_segment_size_mb" => self.large_segment_size = d.large_segment_size,
+                "max_non_split_rounding_mb" => self.max_non_split_rounding = d.max_non_split_rounding,
+                k if inert(k).is_some() => self.inert.retain(|e| e.split(':').next() != Some(k)),
                 other => return Err(format!("`{entry}`: unknown key `{other}`")),
             }
             return Ok(());
         }
         match key.trim() {
-            "max_split_size_mb" => {
+            "max_split_size_mb" | "max_non_split_rounding_mb" => {
                 let mb: u64 = value.trim().parse().map_err(|_| bad("a whole number of MiB"))?;
-                if mb * (1 << 20) <= LARGE_BUFFER {
-                    return Err(bad("more than 20 (MiB), as PyTorch requires"));
+                // PyTorch: at least the large segment size (20 MiB).
+                let least = self.large_segment() >> 20;
+                if mb < least {
+                    return Err(bad(&format!("at least {least} (MiB), as PyTorch requires")));
                 }
-                self.max_split_size = Some(mb << 20);
+                let v = Some(mb.min(u64::MAX >> 20) << 20);
+                if key.trim() == "max_split_size_mb" {
+                    self.max_split_size = v;
+                } else {
+                    self.max_non_split_rounding = v;
+                }
+            }
+            "large_segment_size_mb" => {
+                let mb: u64 = value.trim().parse().map_err(|_| bad("a whole number of MiB"))?;
+                if mb <= 10 {
+                    return Err(bad("more than 10 (MiB), as PyTorch requires"));
+                }
+                self.large_segment_size = Some(mb << 20);
             }
             "roundup_power2_divisions" => {
-                let d: u64 = value.trim().parse().map_err(|_| bad("a power of two (one value for every size)"))?;
-                if d != 0 && !d.is_power_of_two() {
-                    return Err(bad("a power of two"));
+                let v = value.trim();
+                if let Some(list) = v.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+                    self.roundup_power2_divisions = divisions_list(list).map_err(|e| bad(&e))?;
+                } else {
+                    let d: u64 = v.parse().map_err(|_| bad("a power of two, or a list `[64:8,>:1]`"))?;
+                    if d != 0 && !d.is_power_of_two() {
+                        return Err(bad("a power of two"));
+                    }
+                    self.roundup_power2_divisions.fill(d);
                 }
-                self.roundup_power2_divisions.fill(d);
             }
             "garbage_collection_threshold" => {
                 let g: f64 = value.trim().parse().map_err(|_| bad("a fraction between 0 and 1"))?;
@@ -147,11 +204,23 @@ impl Settings {
                 }
                 self.per_process_memory_fraction = Some(f);
             }
+            "backend" if value.trim() != "native" => {
+                return Err(format!(
+                    "`{entry}`: the model is of PyTorch's native caching allocator; `{}` is another allocator \
+                     (CUDA's own pools), which it does not replay",
+                    value.trim()
+                ));
+            }
+            k if inert(k).is_some() => {
+                self.inert.retain(|e| e.split(':').next() != Some(k));
+                self.inert.push(format!("{k}:{}", value.trim()));
+            }
             other => {
                 return Err(format!(
-                    "`{entry}`: unknown key `{other}` (known: max_split_size_mb, roundup_power2_divisions, \
-                     garbage_collection_threshold, expandable_segments, and per_process_memory_fraction for \
-                     torch.cuda.set_per_process_memory_fraction)"
+                    "`{entry}`: unknown key `{other}` (modelled: max_split_size_mb, max_non_split_rounding_mb, \
+                     large_segment_size_mb, roundup_power2_divisions, garbage_collection_threshold, \
+                     expandable_segments, per_process_memory_fraction; accepted without effect on placement: {})",
+                    INERT_KEYS.iter().map(|k| k.0).collect::<Vec<_>>().join(", ")
                 ));
             }
         }
@@ -184,7 +253,39 @@ impl Settings {
         if let Some(f) = self.per_process_memory_fraction {
             out.push(format!("per_process_memory_fraction:{f}"));
         }
+        if let Some(l) = self.large_segment_size {
+            out.push(format!("large_segment_size_mb:{}", l >> 20));
+        }
+        if let Some(m) = self.max_non_split_rounding {
+            out.push(format!("max_non_split_rounding_mb:{}", m >> 20));
+        }
+        out.extend(self.inert.iter().cloned());
         out
+    }
+
+    /// The segment of a large request under 10 MiB, and the large pool's
+    /// page of expandable segments: `large_segment_size_mb`, else 20 MiB.
+    pub fn large_segment(&self) -> u64 {
+        self.large_segment_size.unwrap_or(LARGE_BUFFER)
+    }
+
+    /// How much larger than an oversize request a cached block it takes
+    /// may be: `max_non_split_rounding_mb`, else the large segment size.
+    pub fn non_split_rounding(&self) -> u64 {
+        self.max_non_split_rounding.unwrap_or_else(|| self.large_segment())
+    }
+
+    /// The size of a new segment for a rounded request
+    /// (`get_allocation_size`): 2 MiB for small requests, the large
+    /// segment size below 10 MiB, else the request rounded up to 2 MiB.
+    pub fn segment_size(&self, rounded: u64) -> u64 {
+        if rounded <= SMALL_SIZE {
+            SMALL_BUFFER
+        } else if rounded < MIN_LARGE_ALLOC {
+            self.large_segment()
+        } else {
+            rounded.div_ceil(ROUND_LARGE) * ROUND_LARGE
+        }
     }
 
     /// The garbage collection threshold in force: PyTorch 2.11 runs
@@ -225,10 +326,62 @@ impl Settings {
     }
 }
 
-/// The entries of a `PYTORCH_CUDA_ALLOC_CONF` value (`a:1,b:2`), trimmed,
-/// empty ones left out.
+/// PyTorch's constants for new segments.
+pub const MIN_LARGE_ALLOC: u64 = 10 << 20;
+pub const ROUND_LARGE: u64 = 2 << 20;
+
+/// What a key that changes neither placement nor reserved bytes changes.
+pub fn inert(key: &str) -> Option<&'static str> {
+    INERT_KEYS.iter().find(|k| k.0 == key).map(|k| k.1)
+}
+
+/// The entries of a `PYTORCH_CUDA_ALLOC_CONF` value (`a:1,b:[64:8,>:1]`),
+/// as PyTorch's lexer splits them: at commas outside brackets, spaces
+/// left out, empty entries dropped.
 pub fn split_conf(conf: &str) -> impl Iterator<Item = &str> {
-    conf.split(',').map(str::trim).filter(|e| !e.is_empty())
+    let mut depth = 0i32;
+    conf.split(move |c| {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            _ => {}
+        }
+        c == ',' && depth <= 0
+    })
+    .map(str::trim)
+    .filter(|e| !e.is_empty())
+}
+
+/// `roundup_power2_divisions:[64:8,128:2,>:1]` as PyTorch parses it: each
+/// `interval:divisions` sets the interval that starts at `interval` MiB
+/// (the first also every interval below it), `>` the last one named and
+/// every interval after it (PyTorch fills from that interval on, itself
+/// included).
+fn divisions_list(list: &str) -> Result<Vec<u64>, String> {
+    let mut out = vec![0u64; 16];
+    let mut last = 0usize;
+    for (n, item) in list.split(',').map(str::trim).filter(|i| !i.is_empty()).enumerate() {
+        let (interval, d) = item.split_once(':').ok_or_else(|| format!("`{item}` is not INTERVAL:DIVISIONS"))?;
+        let d: u64 = d.trim().parse().map_err(|_| format!("`{item}`: divisions must be a whole number"))?;
+        if d != 0 && !d.is_power_of_two() {
+            return Err(format!("`{item}`: divisions must be a power of two or 0"));
+        }
+        if interval.trim() == ">" {
+            out[last..].fill(d);
+            continue;
+        }
+        let mb: u64 = interval.trim().parse().map_err(|_| format!("`{item}`: the interval must be a number of MiB"))?;
+        if !mb.is_power_of_two() {
+            return Err(format!("`{item}`: the interval must be a power of two"));
+        }
+        let index = (63 - mb.leading_zeros() as usize).min(15);
+        if n == 0 {
+            out[..index].fill(d);
+        }
+        out[index] = d;
+        last = index;
+    }
+    Ok(out)
 }
 
 /// `roundup_power2_next_division`: up to the next of `divisions` equal

@@ -916,3 +916,46 @@ fn whatif_into_an_earlier_runs_folder_leaves_none_of_its_scenarios() {
     assert!(!out.join("scenarios/max_split_size_mb=64").exists(), "the first run's scenario is left");
     assert!(out.join("scenarios/pytorch_defaults/trace.json").is_file());
 }
+
+/// `--conf` with keys of PyTorch 2.12–2.15: one that moves no block is
+/// replayed and named as such; `max_non_split_rounding_mb` and
+/// `large_segment_size_mb` are modelled; a key PyTorch does not know is
+/// refused with exit 2, naming it, and nothing is written.
+#[test]
+fn newer_keys_in_conf_are_modelled_named_or_refused() {
+    let Some(dir) = generated() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("w");
+    fragscope()
+        .arg("whatif")
+        .arg(dir.join("basic.pickle"))
+        .args(["--conf", "pinned_use_cuda_host_register:True", "--conf", "large_segment_size_mb:64", "-o"])
+        .arg(&out)
+        .assert()
+        .success();
+    let w = json(&out.join("whatif.json"));
+    let scenarios = w["scenarios"].as_array().unwrap();
+    let inert = scenarios.iter().find(|s| s["name"] == "pinned_use_cuda_host_register:True").unwrap();
+    assert!(
+        inert["note"].as_str().unwrap().contains("changes how pinned host memory is allocated, neither where blocks go"),
+        "{inert}"
+    );
+    // It replays as the recorded settings do.
+    assert_eq!(inert["peak_reserved_bytes"], scenarios[0]["peak_reserved_bytes"]);
+    // 64 MiB segments for the 3–9 MiB requests of the workload: fewer
+    // segments, and another peak.
+    let large = scenarios.iter().find(|s| s["name"] == "large_segment_size_mb:64").unwrap();
+    assert!(large["segment_allocs"].as_u64() < scenarios[0]["segment_allocs"].as_u64(), "{large}");
+    assert_ne!(large["peak_reserved_bytes"], scenarios[0]["peak_reserved_bytes"]);
+    let bad = tmp.path().join("bad");
+    let o = fragscope()
+        .arg("whatif")
+        .arg(dir.join("basic.pickle"))
+        .args(["--conf", "expandable_segment:True", "-o"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("unknown key `expandable_segment`"), "{o:?}");
+    assert!(!bad.exists());
+}

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::stream::{DeviceStream, Req, inferred_capacity, is_small_segment};
-use crate::allocator::{Allocator, LARGE_BUFFER, MIN_BLOCK, SMALL_SIZE, Settings, segment_size};
+use crate::allocator::{Allocator, LARGE_BUFFER, MIN_BLOCK, SMALL_SIZE, Settings};
 use crate::trace::event::EventKind;
 
 /// A decision the model got wrong.
@@ -204,7 +204,7 @@ pub fn fidelity(d: &DeviceStream, settings: &Settings) -> Fidelity {
                 // released the cache before its `oom` entry).
                 let rounded = a.settings.round(r.requested);
                 let agrees = a.find_free(rounded, r.stream).is_none()
-                    && f.inferred_capacity.is_some_and(|c| a.reserved + segment_size(rounded) > c);
+                    && f.inferred_capacity.is_some_and(|c| a.reserved + a.settings.segment_size(rounded) > c);
                 f.ooms_same += u64::from(agrees);
                 if !agrees {
                     keep(&mut f, r, 0, 0, a.find_free(rounded, r.stream), OOM_NOT_IN_MODEL);
@@ -222,7 +222,7 @@ pub fn fidelity(d: &DeviceStream, settings: &Settings) -> Fidelity {
                     }
                     None => match pending.first() {
                         Some(seg) => {
-                            let want = segment_size(rounded);
+                            let want = a.settings.segment_size(rounded);
                             f.segments_requested += 1;
                             f.segments_same_size += u64::from(want == seg.size);
                             let size = if want == seg.size {

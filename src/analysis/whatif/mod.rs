@@ -165,18 +165,33 @@ impl Scenario {
 /// Why settings replay otherwise than they read, or how far the model
 /// was checked on them, if the reader must know (several notes joined).
 fn settings_note(s: &Settings, capacity_known: bool) -> Option<String> {
-    let mut notes: Vec<&str> = Vec::new();
+    let mut notes: Vec<String> = Vec::new();
+    for e in &s.inert {
+        let key = e.split(':').next().unwrap_or(e);
+        if let Some(what) = crate::import::settings::inert(key) {
+            notes.push(format!("`{e}` changes {what}, neither where blocks go nor the bytes reserved: replayed as absent"));
+        }
+    }
+    if s.max_non_split_rounding.is_some() && s.max_split_size.is_none() {
+        notes.push(
+            "`max_non_split_rounding_mb` acts only on requests at or above `max_split_size_mb`, which is not set: \
+             replayed as absent"
+                .into(),
+        );
+    }
     if s.garbage_collection_threshold.is_some() && s.collects_garbage().is_none() {
         notes.push(
             "`garbage_collection_threshold` acts only under a per-process memory fraction below 1 \
              (`torch.cuda.set_per_process_memory_fraction`, which a trace does not show: none is assumed): PyTorch \
-             collects garbage only then, so it replays as if unset",
+             collects garbage only then, so it replays as if unset"
+                .into(),
         );
     }
     if s.per_process_memory_fraction.is_some() && !capacity_known {
         notes.push(
             "a per-process memory fraction needs the device's capacity (`--capacity`): without one it limits nothing \
-             here",
+             here"
+                .into(),
         );
     }
     // The model was checked on real PyTorch 2.11 runs one setting at a
@@ -184,7 +199,8 @@ fn settings_note(s: &Settings, capacity_known: bool) -> Option<String> {
     if unchecked_pair(s) {
         notes.push(
             "two or more of expandable segments, `max_split_size_mb` and `roundup_power2_divisions`: no real run has \
-             checked the model on such a combination (it was checked on PyTorch 2.11 one setting at a time)",
+             checked the model on such a combination (it was checked on PyTorch 2.11 one setting at a time)"
+                .into(),
         );
     }
     (!notes.is_empty()).then(|| notes.join("; "))
