@@ -696,6 +696,7 @@ def cases(out):
     compare_pair(out)
     stages(out)
     settings(out)
+    host(out)
 
 
 # PyTorch 2.11's `allocator_settings`, every key at its default (2.13 adds
@@ -867,6 +868,42 @@ def settings(out):
         snap = snapshot_of([d])
         snap["allocator_settings"] = dict(SETTINGS_2_11, PYTORCH_CUDA_ALLOC_CONF=conf, **changes)
         write_case(out, name, snap, [d])
+
+
+def host(out):
+    """`host_pinned`: a device's snapshot with PyTorch 2.14's pinned host
+    memory (`host_segments` with `device` -1, `host_traces` a flat list of
+    entries), and `host_pinned_without`: the same snapshot without them.
+    The expected host figures come from walking the host model's entries."""
+    d = Device(0, 2 << 30, make_sites(), rng=random.Random(31))
+    workload(d, 800)
+    h = Device(0, 1 << 30, make_sites(), rng=random.Random(32))
+    workload(h, 300, churn=0.4)
+    snap = snapshot_of([d])
+    host_segments = h.snapshot_segments()
+    for seg in host_segments:
+        seg["device"] = -1
+    allocated = reserved = peak_a = peak_r = 0
+    for e in h.trace:
+        if e["action"] == "alloc":
+            allocated += e["size"]
+        elif e["action"] == "free_completed":
+            allocated -= e["size"]
+        elif e["action"] == "segment_alloc":
+            reserved += e["size"]
+        elif e["action"] == "segment_free":
+            reserved -= e["size"]
+        peak_a, peak_r = max(peak_a, allocated), max(peak_r, reserved)
+    expected = {"host": {
+        "segments": len(host_segments), "reserved_bytes": sum(s["total_size"] for s in host_segments),
+        "allocated_bytes": sum(b["requested_size"] for s in host_segments for b in s["blocks"]
+                               if b["state"] == "active_allocated"),
+        "entries": len(h.trace), "allocations": sum(1 for e in h.trace if e["action"] == "alloc"),
+        "peak_allocated_bytes": peak_a, "peak_reserved_bytes": peak_r}}
+    without = dict(snap)
+    write_case(out, "host_pinned_without", without, [d])
+    snap = dict(snap, host_segments=host_segments, host_traces=h.trace)
+    write_case(out, "host_pinned", snap, [d], extra=expected)
 
 
 def compare_pair(out):

@@ -238,6 +238,13 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
     if a.allocator_view {
         report["stages"] = json!(a.stages.stages);
     }
+    if let Some(h) = a.trace.meta.as_ref().and_then(|m| m.details.snapshot()).and_then(|d| d.host.as_ref()) {
+        let mut h = serde_json::to_value(h).unwrap_or_default();
+        if let Some(m) = h.as_object_mut() {
+            m.remove("series");
+        }
+        report["host_memory"] = h;
+    }
     if let Some(c) = &a.settings_check {
         report["settings_check"] = json!(c);
     }

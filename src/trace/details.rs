@@ -276,6 +276,39 @@ pub struct SnapshotDetails {
     /// its recording), for the settings check.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub asked: Vec<AskedSettings>,
+    /// Pinned host memory (PyTorch 2.14's `host_segments`/`host_traces`):
+    /// its own pool, never part of a device's figures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostMemory>,
+}
+
+/// Pinned host memory as a snapshot records it (PyTorch 2.14,
+/// `_record_memory_history(record_pinned_host_memory=True)`): the
+/// CachingHostAllocator's pool, in the bytes its entries name (requested
+/// sizes), apart from every device.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostMemory {
+    /// At the snapshot: segments, the bytes they hold, and the bytes of
+    /// their active blocks (requested).
+    pub segments: u64,
+    pub reserved_bytes: u64,
+    pub allocated_bytes: u64,
+    /// Entries of `host_traces`, and allocations among them.
+    pub entries: u64,
+    pub allocations: u64,
+    /// Most allocated and reserved at once over the entries (the state
+    /// before the first entry rebuilt from the end state).
+    pub peak_allocated_bytes: u64,
+    pub peak_reserved_bytes: u64,
+    /// (ns, allocated, reserved) after each entry, thinned to at most
+    /// [`HostMemory::POINTS`] points (each kept point is an entry's state;
+    /// the peaks are always kept).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub series: Vec<(u64, u64, u64)>,
+}
+
+impl HostMemory {
+    pub const POINTS: usize = 2000;
 }
 
 /// The allocator variables one recorded process had set.

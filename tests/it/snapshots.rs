@@ -959,3 +959,38 @@ fn newer_keys_in_conf_are_modelled_named_or_refused() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("unknown key `expandable_segment`"), "{o:?}");
     assert!(!bad.exists());
 }
+
+/// Pinned host memory (PyTorch 2.14's `host_segments`, `host_traces`) is
+/// its own pool: its figures are those the generator's walk gives, and a
+/// device's figures are the same with it and without it.
+#[test]
+fn pinned_host_memory_is_reported_apart_and_changes_no_device_figure() {
+    let Some(dir) = generated() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |name: &str| {
+        let out = tmp.path().join(name);
+        fragscope().arg("analyze").arg(dir.join(format!("{name}.pickle"))).arg("-o").arg(&out).assert().success();
+        (json(&out.join("report.json")), fs::read_to_string(out.join("report.md")).unwrap())
+    };
+    let (with, md) = run("host_pinned");
+    let (without, md_without) = run("host_pinned_without");
+    let expected = json(&dir.join("host_pinned.expected.json"));
+    assert_eq!(with["host_memory"], expected["host"], "{}", with["host_memory"]);
+    assert!(md.contains("## Pinned host memory") && !md_without.contains("## Pinned host memory"));
+    assert!(without.get("host_memory").is_none());
+    // Every device figure: the same. (The trace's name and the snapshot's
+    // details differ by the host keys only.)
+    for key in [
+        "summary", "oom_risk", "ooms", "leaks", "decision", "memory_needed", "whatif", "events", "stages", "processes",
+        "prediction", "capacity", "flushes", "anomalies", "iterations", "steps", "advice",
+    ] {
+        assert_eq!(with[key], without[key], "{key}");
+    }
+    // The timeline has a fourth panel for it: taller content, same size.
+    let png = crate::common::read_png(&tmp.path().join("host_pinned/timeline.png"));
+    let plain = crate::common::read_png(&tmp.path().join("host_pinned_without/timeline.png"));
+    assert_eq!((png.width, png.height), (plain.width, plain.height));
+    // Teal (0, 128, 128): the host's allocated bytes, drawn only with it.
+    let teal = |img: &crate::common::Rgb| img.pixels.iter().filter(|p| **p == [0, 128, 128]).count();
+    assert!(teal(&png) > 100 && teal(&plain) == 0, "{} / {}", teal(&png), teal(&plain));
+}

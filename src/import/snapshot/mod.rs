@@ -177,8 +177,66 @@ pub fn convert(
         segments: table,
         join: None,
         asked: Vec::new(),
+        host: host_memory(&snap.host_segments, &snap.host_trace),
     }));
     Ok(Converted { meta, stacks: std::mem::take(&mut snap.stacks), reconstructions })
+}
+
+/// Pinned host memory, when the snapshot recorded any: the end state, and
+/// a walk over its entries from the state before them (the end state less
+/// what the entries did). None without host segments or entries.
+fn host_memory(segments: &[Segment], trace: &[parse::Entry]) -> Option<crate::trace::details::HostMemory> {
+    use parse::Action::*;
+    if segments.is_empty() && trace.is_empty() {
+        return None;
+    }
+    let reserved: u64 = segments.iter().map(|s| s.total_size).sum();
+    let allocated: u64 =
+        segments.iter().flat_map(|s| &s.blocks).filter(|b| b.state == BlockState::ActiveAllocated).map(|b| b.requested).sum();
+    // What the entries changed, to rebuild the state before them.
+    let (mut da, mut dr) = (0i128, 0i128);
+    for e in trace {
+        match e.action {
+            Alloc => da += e.size as i128,
+            FreeCompleted => da -= e.size as i128,
+            SegmentAlloc | SegmentMap => dr += e.size as i128,
+            SegmentFree | SegmentUnmap => dr -= e.size as i128,
+            _ => {}
+        }
+    }
+    let (mut a, mut r) = ((allocated as i128 - da).max(0), (reserved as i128 - dr).max(0));
+    let (mut peak_a, mut peak_r) = (a as u64, r as u64);
+    let mut all = Vec::with_capacity(trace.len());
+    for e in trace {
+        match e.action {
+            Alloc => a += e.size as i128,
+            FreeCompleted => a -= e.size as i128,
+            SegmentAlloc | SegmentMap => r += e.size as i128,
+            SegmentFree | SegmentUnmap => r -= e.size as i128,
+            _ => continue,
+        }
+        let (x, y) = (a.max(0) as u64, r.max(0) as u64);
+        (peak_a, peak_r) = (peak_a.max(x), peak_r.max(y));
+        all.push((e.time_us().map_or(0, |t| (t as u64).saturating_mul(1000)), x, y));
+    }
+    // Thinned for the picture: every k-th state, and each peak.
+    let k = all.len().div_ceil(crate::trace::details::HostMemory::POINTS).max(1);
+    let series = all
+        .iter()
+        .enumerate()
+        .filter(|(i, p)| i % k == 0 || i + 1 == all.len() || p.1 == peak_a || p.2 == peak_r)
+        .map(|(_, p)| *p)
+        .collect();
+    Some(crate::trace::details::HostMemory {
+        segments: segments.len() as u64,
+        reserved_bytes: reserved,
+        allocated_bytes: allocated,
+        entries: trace.len() as u64,
+        allocations: trace.iter().filter(|e| e.action == Alloc).count() as u64,
+        peak_allocated_bytes: peak_a,
+        peak_reserved_bytes: peak_r,
+        series,
+    })
 }
 
 /// `fragscope import`: writes the converted snapshot as a trace directory.

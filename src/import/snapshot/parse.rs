@@ -155,6 +155,11 @@ pub struct Snapshot {
     /// Keys of `allocator_settings` the snapshot did not record, inferred
     /// from what it holds (`expandable_segments`).
     pub inferred_settings: Vec<String>,
+    /// PyTorch 2.14's pinned host memory (`record_pinned_host_memory`):
+    /// `host_segments` and the entries of `host_traces`, kept apart from
+    /// every device.
+    pub host_segments: Vec<Segment>,
+    pub host_trace: Vec<Entry>,
 }
 
 /// Turns the memo's shared frame dicts and lists into table ids.
@@ -325,6 +330,36 @@ impl Snapshot {
                 Ok(())
             })?;
         }
+        if let Some(segs) = v.get("host_segments") {
+            each(&segs, "`host_segments`", |i, s| {
+                let seg = snap.segment_of(s, &mut interner, true).with_context(|| format!("host segment {i}"))?;
+                snap.host_segments.push(seg);
+                Ok(())
+            })?;
+        }
+        if let Some(list) = v.get("host_traces") {
+            // A flat list of entries (2.14); a list of lists is read too.
+            let mut read = |list: &Value, snap: &mut Snapshot| -> Result<()> {
+                let mut entries = identity(list).and_then(|p| lists.remove(&p)).unwrap_or_default();
+                each(list, "`host_traces`", |i, e| {
+                    if matches!(e, Value::List(_) | Value::Tuple(_)) {
+                        return Ok(());
+                    }
+                    match entry(e, &mut interner).with_context(|| format!("host trace entry {i}"))? {
+                        Some(entry) => entries.push(entry),
+                        None => snap.unknown_actions += 1,
+                    }
+                    Ok(())
+                })?;
+                snap.host_trace.extend(entries);
+                Ok(())
+            };
+            read(&list, &mut snap)?;
+            each(&list, "`host_traces`", |_, inner| {
+                if matches!(inner, Value::List(_) | Value::Tuple(_)) { read(inner, &mut snap) } else { Ok(()) }
+            })?;
+            snap.host_trace.sort_by_key(|e| e.time_us);
+        }
         if let Some(s) = v.get("allocator_settings") {
             snap.allocator_settings = to_json(&s, 0);
         }
@@ -375,9 +410,14 @@ impl Snapshot {
     }
 
     pub(super) fn segment(&mut self, s: &Value, interner: &mut Interner) -> Result<Segment> {
+        self.segment_of(s, interner, false)
+    }
+
+    /// A segment; `host`: of pinned host memory, whose `device` is -1.
+    pub(super) fn segment_of(&mut self, s: &Value, interner: &mut Interner, host: bool) -> Result<Segment> {
         let address = need(s, "address")?;
         let total_size = need(s, "total_size")?;
-        let device = uint(s, "device")?.unwrap_or(0);
+        let device = if host { 0 } else { uint(s, "device")?.unwrap_or(0) };
         anyhow::ensure!(device < 1 << 16, "`device` = {device} is not a device index");
         let mut blocks = Vec::new();
         let mut offset = address;

@@ -5,6 +5,7 @@
 //! share); this module puts the report together.
 
 mod first_screen;
+mod host;
 mod sections;
 mod stages;
 mod words;
@@ -325,6 +326,7 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
     }
     md.push_str(&iterations_md(a));
     md.push_str(&stages::stages_md(a));
+    md.push_str(&host::host_md(a));
     md.push_str(&prediction_md(a));
     md.push_str(&ooms_md(a));
     md.push_str(&leaks_md(a));

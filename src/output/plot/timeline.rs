@@ -128,7 +128,10 @@ pub fn render_timeline(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u8>> {
                 (FONT, title_font(w)),
             )
             .map_err(draw_err)?;
-        let panels = root.split_evenly((3, 1));
+        // Pinned host memory, when the snapshot recorded it: a panel of
+        // its own, below the device's.
+        let host = a.trace.meta.as_ref().and_then(|m| m.details.snapshot()).and_then(|d| d.host.as_ref());
+        let panels = root.split_evenly((if host.is_some() { 4 } else { 3 }, 1));
         let t0 = a.first_ts;
         let span = (a.last_ts.max(t0 + 1) - t0) as f64;
         let pid = cfg.pid.or_else(|| {
@@ -214,7 +217,7 @@ pub fn render_timeline(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u8>> {
 
         // 3. Online forecast against the score; the online risk is a strip
         // along the bottom, so both lines stay visible above it.
-        let mut c = timeline_panel(&panels[2], span, 0.0..100.0, "forecast", Unit::Count, true, entries)?;
+        let mut c = timeline_panel(&panels[2], span, 0.0..100.0, "forecast", Unit::Count, host.is_none(), entries)?;
         for pair in rows.windows(2) {
             let colour = match pair[0].risk_online {
                 Some(Risk::Critical) => RGBColor(255, 205, 210),
@@ -228,6 +231,18 @@ pub fn render_timeline(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u8>> {
         let forecast = rows.iter().filter_map(|r| Some((x(r), *r.forecast.as_ref()?.first()?))).collect();
         line(&mut c, forecast, MAGENTA, 1, "online forecast, next step (strip: fragmentation level high, critical)")?;
         finish_panel(&mut c, &iterations, &ooms, 100.0)?;
+
+        // 4. Pinned host memory: its pool's reserved and allocated bytes.
+        if let Some(h) = host {
+            let inside = |t: u64| t >= t0 && t <= a.last_ts.max(t0 + 1);
+            let pts: Vec<&(u64, u64, u64)> = h.series.iter().filter(|p| inside(p.0)).collect();
+            let top = pts.iter().map(|p| p.2.max(p.1) as f64).fold(1.0, f64::max) * 1.05;
+            let mut c = timeline_panel(&panels[3], span, 0.0..top, "pinned host", Unit::Bytes, true, entries)?;
+            let x = |t: u64| (t - t0) as f64;
+            line(&mut c, pts.iter().map(|p| (x(p.0), p.2 as f64)).collect(), RGBColor(120, 120, 120), 2, "host reserved")?;
+            line(&mut c, pts.iter().map(|p| (x(p.0), p.1 as f64)).collect(), RGBColor(0, 128, 128), 2, "host allocated")?;
+            finish_panel(&mut c, &iterations, &[], top)?;
+        }
         root.present().map_err(draw_err)?;
     }
     Ok(buf)
