@@ -697,6 +697,7 @@ def cases(out):
     stages(out)
     settings(out)
     host(out)
+    private_pool(out)
 
 
 # PyTorch 2.11's `allocator_settings`, every key at its default (2.13 adds
@@ -904,6 +905,41 @@ def host(out):
     write_case(out, "host_pinned_without", without, [d])
     snap = dict(snap, host_segments=host_segments, host_traces=h.trace)
     write_case(out, "host_pinned", snap, [d], extra=expected)
+
+
+def private_pool(out):
+    """`private_pool`: one device whose requests go to the default pool
+    and to a private one (`torch.cuda.MemPool`: `segment_pool_id` (0, 1)),
+    whose blocks PyTorch never gives to the other pool's requests. Freed
+    private blocks sit beside default-pool requests of their size."""
+    rng = random.Random(41)
+    d = Device(0, 4 << 30, make_sites(), rng=rng)
+    p = Device(0, 4 << 30, make_sites(), rng=rng)
+    p.trace = d.trace
+    p.next_addr = d.next_addr + (1 << 36)
+
+    def on(dev, op, *a):
+        dev.clock = max(d.clock, p.clock)
+        r = op(*a)
+        d.clock = p.clock = dev.clock
+        return r
+
+    kept = []
+    for step in range(6):
+        mine = [on(p, p.malloc, 6 * MiB + 512 * step) for _ in range(3)]
+        for a in mine[:2]:
+            on(p, p.free, a)
+        kept.append(mine[2])
+        theirs = [on(d, d.malloc, 6 * MiB + 512 * step) for _ in range(3)]
+        for a in theirs[1:]:
+            on(d, d.free, a)
+    segs = d.snapshot_segments()
+    private = p.snapshot_segments()
+    for seg in private:
+        seg["segment_pool_id"] = (0, 1)
+    snap = snapshot_of([d])
+    snap["segments"] = sorted(segs + private, key=lambda s: s["address"])
+    write_case(out, "private_pool", snap, [d], extra={"private_segments": len(private)})
 
 
 def compare_pair(out):

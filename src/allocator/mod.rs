@@ -85,6 +85,32 @@ pub use crate::import::settings::{LARGE_BUFFER, MIN_BLOCK, SMALL_BUFFER, SMALL_S
 
 pub use crate::import::settings::{MIN_LARGE_ALLOC, ROUND_LARGE};
 
+/// The bit of a stream key that marks a private pool (a `MemPool`, or a
+/// CUDA graph's): the import gives such blocks the key
+/// `PRIVATE_POOL | pool index << 40 | stream` ([`private_stream`]), so the
+/// model keeps them apart as PyTorch keeps a private pool's blocks, and
+/// never releases their segments when it releases its cache (PyTorch
+/// frees a private pool only once nothing uses it, which a trace does not
+/// show).
+pub const PRIVATE_POOL: u64 = 1 << 63;
+
+/// The stream key of `stream` in private pool `index` (1, 2, …).
+pub fn private_stream(stream: u64, index: u64) -> u64 {
+    PRIVATE_POOL | (index << 40) | (stream & ((1 << 40) - 1))
+}
+
+/// A stream key's CUDA stream and private pool index (None: the default
+/// pool).
+pub fn split_stream(key: u64) -> (u64, Option<u64>) {
+    let stream = key & ((1 << 40) - 1);
+    if is_private(key) { (stream, Some((key & !PRIVATE_POOL) >> 40)) } else { (stream, None) }
+}
+
+/// Whether a stream key is of a private pool.
+pub fn is_private(stream: u64) -> bool {
+    stream & PRIVATE_POOL != 0
+}
+
 /// The size of a new segment for a rounded request under PyTorch's
 /// default settings ([`Settings::segment_size`]).
 pub fn segment_size(rounded: u64) -> u64 {
@@ -397,7 +423,12 @@ impl Allocator {
         if !self.ranges.is_empty() {
             for small in [false, true] {
                 let pool = if small { &self.free_small } else { &self.free_large };
-                let free: Vec<u64> = pool.iter().map(|k| k.2).filter(|a| self.in_range(&self.blocks[a])).collect();
+                let free: Vec<u64> = pool
+                    .iter()
+                    .filter(|k| !is_private(k.0))
+                    .map(|k| k.2)
+                    .filter(|a| self.in_range(&self.blocks[a]))
+                    .collect();
                 for addr in free {
                     unmapped += self.unmap_block(addr);
                 }
@@ -406,7 +437,7 @@ impl Allocator {
         let whole: Vec<u64> = self
             .segments
             .iter()
-            .filter(|(a, s)| self.blocks.get(a).is_some_and(|b| !b.allocated && b.size == s.size))
+            .filter(|(a, s)| !is_private(s.stream) && self.blocks.get(a).is_some_and(|b| !b.allocated && b.size == s.size))
             .map(|(a, _)| *a)
             .collect();
         let before = self.reserved;
@@ -458,7 +489,7 @@ impl Allocator {
         let mut whole: Vec<(u64, u64)> = self
             .segments
             .iter()
-            .filter(|(a, s)| self.blocks.get(a).is_some_and(|b| !b.allocated && b.size == s.size))
+            .filter(|(a, s)| !is_private(s.stream) && self.blocks.get(a).is_some_and(|b| !b.allocated && b.size == s.size))
             .map(|(a, s)| (s.freed_at, *a))
             .collect();
         whole.sort_unstable();

@@ -358,3 +358,20 @@ fn a_divisions_list_parses_as_pytorch_parses_it() {
     assert_eq!(s.roundup_power2_divisions, want);
     assert!(Settings::default().apply("roundup_power2_divisions:[48:8]").is_err());
 }
+
+/// A private pool's free segment stays when the cache is released
+/// (PyTorch frees a private pool only once nothing uses it), and its
+/// blocks serve only its own requests.
+#[test]
+fn private_pools_keep_their_segments_and_their_blocks() {
+    let mut a = Allocator::new(Settings::default());
+    let private = private_stream(0, 1);
+    assert!(a.add_segment(0, 20 * MIB, private, false));
+    assert!(a.add_segment(1 << 30, 20 * MIB, 0, false));
+    assert_eq!(a.find_free(6 * MIB, 0), Some(1 << 30), "the default pool's own segment");
+    assert_eq!(a.find_free(6 * MIB, private), Some(0));
+    assert_eq!(a.release_cache(), 20 * MIB, "only the default pool's segment");
+    assert_eq!(a.find_free(6 * MIB, private), Some(0));
+    assert_eq!(split_stream(private_stream(7, 3)), (7, Some(3)));
+    assert_eq!(split_stream(7), (7, None));
+}

@@ -994,3 +994,41 @@ fn pinned_host_memory_is_reported_apart_and_changes_no_device_figure() {
     let teal = |img: &crate::common::Rgb| img.pixels.iter().filter(|p| **p == [0, 128, 128]).count();
     assert!(teal(&png) > 100 && teal(&plain) == 0, "{} / {}", teal(&png), teal(&plain));
 }
+
+/// A private pool's blocks (`segment_pool_id` (0, 1), a `MemPool`) are
+/// replayed in their own pool: the model puts every allocation where the
+/// generator's allocator, which never lends a private block to another
+/// pool's request, put it (with the pools merged, 20 of the 36 go
+/// elsewhere: into freed private blocks of their size). The export keeps
+/// the pool.
+#[test]
+fn a_private_pools_blocks_replay_in_their_own_pool() {
+    let Some(dir) = generated() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("w");
+    fragscope().arg("whatif").arg(dir.join("private_pool.pickle")).arg("-o").arg(&out).assert().success();
+    let w = json(&out.join("whatif.json"));
+    let f = &w["fidelity"][0];
+    assert_eq!(f["allocations"], 36);
+    assert_eq!(f["same_address"], 36, "{f}");
+    assert_eq!(f["simulated_peak_reserved_bytes"], f["recorded_peak_reserved_bytes"]);
+    let export = tmp.path().join("e.pickle");
+    fragscope()
+        .arg("export")
+        .arg(dir.join("private_pool.pickle"))
+        .args(["--format", "memory-viz", "-o"])
+        .arg(&export)
+        .assert()
+        .success();
+    let check = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import pickle,sys; s=pickle.load(open(sys.argv[1],'rb')); \
+             print(sorted({tuple(x['segment_pool_id']) for x in s['segments']}), \
+             max(e['stream'] for t in s['device_traces'] for e in t))",
+        )
+        .arg(&export)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&check.stdout).trim(), "[(0, 0), (0, 1)] 0");
+}

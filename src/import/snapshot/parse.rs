@@ -64,6 +64,9 @@ pub struct Segment {
     pub segment_type: String,
     pub is_expandable: bool,
     pub blocks: Vec<Block>,
+    /// `segment_pool_id`: (0, 0) for the default pool; a private pool
+    /// (a `MemPool`, a CUDA graph's) otherwise.
+    pub pool: (u64, u64),
 }
 
 /// A trace entry's action.
@@ -437,6 +440,13 @@ impl Snapshot {
             segment_type: s.get("segment_type").and_then(|t| t.as_str().map(str::to_string)).unwrap_or_default(),
             is_expandable: matches!(s.get("is_expandable"), Some(Value::Bool(true))),
             blocks,
+            pool: match &s.get("segment_pool_id") {
+                Some(Value::Tuple(t)) if t.len() == 2 => (
+                    as_u64("segment_pool_id", &t[0])?.unwrap_or(0),
+                    as_u64("segment_pool_id", &t[1])?.unwrap_or(0),
+                ),
+                _ => (0, 0),
+            },
         })
     }
 

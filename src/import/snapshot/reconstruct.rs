@@ -145,6 +145,24 @@ pub fn reconstruct(snap: &Snapshot, device: u32, t0_ns: u64, out: Sink<'_>) -> R
     };
     let t_start = if entries.is_empty() { t0_ns } else { ts_of(0) };
     let pid = device;
+    // Private pools: their blocks' and segments' stream key carries the
+    // pool (`crate::allocator::private_stream`), from the final segment
+    // holding the address (a private segment freed before the end is not
+    // known, and counts as the default pool's).
+    let mut pools: Vec<(u64, u64)> = segs.iter().map(|s| s.pool).filter(|&p| p != (0, 0)).collect();
+    pools.sort_unstable();
+    pools.dedup();
+    let private: std::collections::BTreeMap<u64, (u64, u64)> = segs
+        .iter()
+        .filter_map(|s| {
+            let index = pools.binary_search(&s.pool).ok()? as u64 + 1;
+            Some((s.address, (s.address.saturating_add(s.total_size), index)))
+        })
+        .collect();
+    let key = |addr: u64, stream: u64| match private.range(..=addr).next_back() {
+        Some((_, &(end, index))) if addr < end => crate::allocator::private_stream(stream, index),
+        _ => stream,
+    };
     let ev = |ts: u64, kind: EventKind, addr: u64, size: u64, stream: u64, extra: Extra| Event {
         ts_ns: ts,
         duration_ns: 0,
@@ -155,7 +173,7 @@ pub fn reconstruct(snap: &Snapshot, device: u32, t0_ns: u64, out: Sink<'_>) -> R
         size,
         ret: 0,
         device: Some(device as i32),
-        stream: Some(stream),
+        stream: Some(key(addr, stream)),
         extra,
         cuda: Default::default(),
     };

@@ -259,7 +259,7 @@ pub fn memory_viz(l: &Loaded, window: Window) -> Result<(Value, MemoryVizSummary
                 e.push(("addr", uint(a)));
                 e.push(("size", uint(s)));
             }
-            e.push(("stream", uint(stream)));
+            e.push(("stream", uint(crate::allocator::split_stream(stream).0)));
             if timed {
                 e.push(("time_us", uint(t / 1000)));
             }
@@ -308,9 +308,16 @@ pub fn memory_viz(l: &Loaded, window: Window) -> Result<(Value, MemoryVizSummary
                 ("allocated_size", uint(active)),
                 ("active_size", uint(active)),
                 ("requested_size", uint(req)),
-                ("stream", uint(s.stream)),
+                ("stream", uint(crate::allocator::split_stream(s.stream).0)),
                 ("segment_type", pool.s(if small { "small" } else { "large" })),
-                ("segment_pool_id", Value::Tuple(Rc::new(vec![Value::Int(0), Value::Int(0)]))),
+                // A private pool as the import numbered it (1, 2, …).
+                (
+                    "segment_pool_id",
+                    Value::Tuple(Rc::new(vec![
+                        Value::Int(0),
+                        Value::Int(crate::allocator::split_stream(s.stream).1.unwrap_or(0) as i64),
+                    ])),
+                ),
                 ("is_expandable", Value::Bool(s.expandable)),
                 ("frames", pool.empty.clone()),
                 ("blocks", list(blocks)),
