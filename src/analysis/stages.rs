@@ -59,6 +59,10 @@ pub struct Stage {
     pub largest_request_bytes: u64,
     /// Start of the first run.
     pub first_t_ns: u64,
+    /// Each run's start and end (an unfinished run's end: the trace's last
+    /// entry), for the view's stage bands; not in report.json.
+    #[serde(skip)]
+    pub spans: Vec<(u64, u64)>,
 }
 
 impl Stage {
@@ -95,6 +99,7 @@ struct Run {
     device: u32,
     path: usize,
     start_t: u64,
+    end_t: Option<u64>,
     /// First event inside, and one past the last (None: no `END`).
     start_i: usize,
     end_i: Option<usize>,
@@ -154,6 +159,7 @@ fn runs(events: &Events, annotations: &[Annotation]) -> (Vec<Run>, Vec<(u32, Vec
                     device,
                     path: id,
                     start_t: a.t_ns,
+                    end_t: None,
                     start_i,
                     end_i: None,
                     alloc_start: 0,
@@ -171,6 +177,7 @@ fn runs(events: &Events, annotations: &[Annotation]) -> (Vec<Run>, Vec<(u32, Vec
                 && let Some(at) = open.iter().rposition(|(n, _)| *n == name)
             {
                 if let (_, Some(r)) = open.remove(at) {
+                    out[r].end_t = Some(a.t_ns);
                     out[r].end_i = Some(events.ts_ns.partition_point(|&t| t <= a.t_ns).max(out[r].start_i));
                 }
             }
@@ -215,7 +222,10 @@ pub fn find(events: &Events, annotations: &[Annotation], cfg: &MetricsConfig) ->
             peak_t_ns: r.peak_t,
             largest_request_bytes: 0,
             first_t_ns: r.start_t,
+            spans: Vec::new(),
         });
+        let last = events.ts_ns.last().copied().unwrap_or(r.start_t);
+        s.spans.push((r.start_t, r.end_t.unwrap_or(last).max(r.start_t)));
         s.runs += 1;
         s.unfinished += u32::from(r.end_i.is_none());
         if s.runs == 1 || r.peak_alloc > s.peak_allocated_bytes {

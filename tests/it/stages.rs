@@ -308,3 +308,39 @@ fn the_settings_check_fires_where_asked_and_used_differ() {
         assert!(stdout.contains("settings not in force:"), "{stdout}");
     }
 }
+
+/// The explorable view draws the outer two levels of stages as bands
+/// along its time axis: the manifest carries each run's span.
+#[test]
+fn the_view_carries_stage_bands() {
+    let Some(dir) = crate::snapshots::generated() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("r");
+    fragscope().arg("analyze").arg(dir.join("stages.pickle")).arg("-o").arg(&out).assert().success();
+    let js = fs::read_to_string(out.join("view/manifest.js")).unwrap();
+    let m: serde_json::Value = serde_json::from_str(&js[js.find('(').unwrap() + 1..js.rfind(')').unwrap()]).unwrap();
+    let bands: Vec<(String, u64, usize)> = m["panels"][0]["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["name"].as_str().unwrap().to_string(), s["depth"].as_u64().unwrap(), s["spans"].as_array().unwrap().len()))
+        .collect();
+    let want: Vec<(String, u64, usize)> = [
+        ("ProfilerStep#N", 0, 4),
+        ("forward", 1, 4),
+        ("backward", 1, 3),
+        ("Optimizer.step#SGD.step", 1, 3),
+    ]
+    .iter()
+    .map(|(n, d, k)| (n.to_string(), *d, *k))
+    .collect();
+    assert_eq!(bands, want);
+    // Each span lies inside the trace and starts before it ends.
+    let span = m["span"].as_f64().unwrap();
+    for s in m["panels"][0]["stages"].as_array().unwrap() {
+        for sp in s["spans"].as_array().unwrap() {
+            let (a, b) = (sp[0].as_f64().unwrap(), sp[1].as_f64().unwrap());
+            assert!(a <= b && b <= span + 1.0, "{sp} in {span}");
+        }
+    }
+}

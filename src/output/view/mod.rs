@@ -657,6 +657,20 @@ fn panel_manifest(a: &Analysis, pid: u32, collapse: &Collapse, p: &Pyramid, inde
         .filter(|it| it.pid == pid)
         .flat_map(|it| it.boundaries_t_ns.iter().map(|&b| rel(b)))
         .collect();
+    // Stage bands: the runs of the outer two levels of stages.
+    let stages: Vec<Value> = a
+        .stages
+        .stages
+        .iter()
+        .filter(|s| s.device == pid && s.depth() <= 1)
+        .map(|s| {
+            json!({
+                "name": s.name(),
+                "depth": s.depth(),
+                "spans": s.spans.iter().map(|&(x, y)| json!([rel(x), rel(y)])).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
     json!({
         "id": pid,
         "label": format!("{} {}", if a.unit() == "device" { "device" } else { "process" }, a.who(pid)),
@@ -677,5 +691,6 @@ fn panel_manifest(a: &Analysis, pid: u32, collapse: &Collapse, p: &Pyramid, inde
         "timeline": timeline,
         "ooms": ooms,
         "iterations": iterations,
+        "stages": stages,
     })
 }

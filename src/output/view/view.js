@@ -410,6 +410,9 @@
 
   // OOMs (a red line, the request as a red bar at the top), iteration
   // starts (grey, when 4 px apart or more), search hits, pinned blocks.
+  var STAGE_COLOURS = ['rgba(31,119,180,0.45)', 'rgba(255,127,14,0.45)', 'rgba(44,160,44,0.45)',
+    'rgba(148,103,189,0.45)', 'rgba(140,86,75,0.45)', 'rgba(227,119,194,0.45)'];
+
   function marks(g, d) {
     if (V.marksOff) return; // tests: the tiles alone
     var its = S.p.iterations.filter(function (t) { return t >= S.ta && t <= S.tb; });
@@ -418,6 +421,23 @@
       g.lineWidth = 1;
       its.forEach(function (t) { var x = Math.round(xOf(t, d)) + 0.5; g.beginPath(); g.moveTo(x, PAD.top); g.lineTo(x, PAD.top + d.ph); g.stroke(); });
     }
+    // Stage bands (record_function ranges, the outer two levels): a strip
+    // per level along the top, named where a run is wide enough.
+    (S.p.stages || []).forEach(function (st, k) {
+      var y = PAD.top + 1 + st.depth * 12;
+      var colour = STAGE_COLOURS[k % STAGE_COLOURS.length];
+      st.spans.forEach(function (sp) {
+        if (sp[1] < S.ta || sp[0] > S.tb) return;
+        var x0 = xOf(Math.max(sp[0], S.ta), d), x1 = Math.max(xOf(Math.min(sp[1], S.tb), d), x0 + 1);
+        g.fillStyle = colour;
+        g.fillRect(x0, y, x1 - x0, 10);
+        if (x1 - x0 > 8 * st.name.length) {
+          g.fillStyle = '#222'; g.font = '9px system-ui, sans-serif';
+          g.textAlign = 'left'; g.textBaseline = 'top';
+          g.fillText(st.name, x0 + 2, y);
+        }
+      });
+    });
     S.p.ooms.forEach(function (o) {
       if (o.t < S.ta || o.t > S.tb) return;
       var x = Math.round(xOf(o.t, d)) + 0.5;
