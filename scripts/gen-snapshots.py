@@ -3,7 +3,8 @@
 benchmarks, with the expected answers beside them.
 
     python3 scripts/gen-snapshots.py OUT_DIR            # the test cases
-    python3 scripts/gen-snapshots.py OUT_DIR --big MB [ring]   # one large snapshot (ring: late start, random addresses)
+    python3 scripts/gen-snapshots.py OUT_DIR --big MB [ring|staged]   # one large snapshot (ring: late start,
+                                                                      # random addresses; staged: record_function ranges)
 
 A small model of PyTorch's caching allocator produces them, so the final
 segments and blocks are consistent with the trace: requests are rounded to
@@ -1035,9 +1036,29 @@ def big(out, megabytes, shape="train"):
                          "frames": [], "blocks": blocks})
     if shape == "ring":
         trace = trace[int(len(trace) * 0.4):]
+    snap = {"segments": out_segs, "device_traces": [trace]}
+    if shape == "staged":
+        # record_function ranges over the loop: a step every 6000 entries,
+        # forward (with 4 layers), backward and the optimizer inside it.
+        ann = []
+        mark = lambda stage, name, t: ann.append({"stage": stage, "name": name, "device": 0, "time_us": t})
+        t = [e["time_us"] for e in trace]
+        for step, at in enumerate(range(0, len(t) - 6000, 6000)):
+            mark("START", f"ProfilerStep#{step}", t[at])
+            mark("START", "forward", t[at])
+            for k in range(4):
+                mark("START", f"layer.{k}", t[at + 500 * k])
+                mark("END", f"layer.{k}", t[at + 500 * k + 499])
+            mark("END", "forward", t[at + 2999])
+            mark("START", "backward", t[at + 3000])
+            mark("END", "backward", t[at + 4999])
+            mark("START", "Optimizer.step#SGD.step", t[at + 5000])
+            mark("END", "Optimizer.step#SGD.step", t[at + 5999])
+            mark("END", f"ProfilerStep#{step}", t[at + 5999])
+        snap["external_annotations"] = ann
     path = os.path.join(out, f"big-{megabytes}MB.pickle" if shape == "train" else f"big-{shape}-{megabytes}MB.pickle")
     with open(path, "wb") as f:
-        pickle.dump({"segments": out_segs, "device_traces": [trace]}, f, protocol=4)
+        pickle.dump(snap, f, protocol=4)
     print(f"{path}: {os.path.getsize(path)} bytes, {len(trace)} trace entries, {len(out_segs)} segments")
 
 
