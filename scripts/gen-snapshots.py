@@ -739,6 +739,7 @@ class Staged(Device):
             self.open.remove(run)
             run["ended"] = True
             run["held"] = sum(self.born[a][0] for a in run["mine"] if a in self.born)
+            run["net"] = self.allocated - run["start"]
 
     def fragmentation(self):
         reserved = self.reserved()
@@ -785,7 +786,7 @@ class Staged(Device):
         for r in self.runs:
             key = " > ".join(r["path"])
             e = out.setdefault(key, {"runs": 0, "unfinished": 0, "peak_allocated_bytes": -1, "added_bytes": 0,
-                                     "peak_reserved_bytes": 0, "held_at_end_bytes": None,
+                                     "peak_reserved_bytes": 0, "held_at_end_bytes": None, "net_at_end_bytes": None,
                                      "fragmentation_at_peak": None, "largest_request_bytes": 0})
             e["runs"] += 1
             e["unfinished"] += 0 if r["ended"] else 1
@@ -795,11 +796,19 @@ class Staged(Device):
             e["peak_reserved_bytes"] = max(e["peak_reserved_bytes"], r["reserved"])
             if r["ended"]:
                 e["held_at_end_bytes"] = max(e["held_at_end_bytes"] or 0, r["held"])
+                e["net_at_end_bytes"] = r["net"] if e["net_at_end_bytes"] is None else max(e["net_at_end_bytes"], r["net"])
             e["largest_request_bytes"] = max(e["largest_request_bytes"], r["largest"])
         return out
 
 
 def stages(out):
+    """`stages`, and `stages_more`: the same loop whose backward pass makes
+    gradients 2 MiB larger (what `compare` tells per stage)."""
+    stages_case(out, "stages", 0)
+    stages_case(out, "stages_more", 2 * MiB)
+
+
+def stages_case(out, name, grow):
     """`stages`: a training loop with nested `record_function` ranges
     (ProfilerStep#k > forward > layer.i, backward, Optimizer.step#SGD.step),
     its last step cut by the snapshot; written in PyTorch 2.14's layout:
@@ -825,7 +834,7 @@ def stages(out):
         d.mark("END", "forward")
         d.mark("START", "backward")
         for a in acts:
-            g = d.malloc(6 * MiB + rng.randint(0, 999))
+            g = d.malloc(6 * MiB + grow + rng.randint(0, 999))
             d.free(a)
             if step == 1:
                 grads.append(g)
@@ -851,7 +860,7 @@ def stages(out):
                                      "compile_context": "N/A"})
     snap["host_segments"] = []
     snap["host_traces"] = []
-    write_case(out, "stages", snap, [d], extra={"stages": d.expected()})
+    write_case(out, name, snap, [d], extra={"stages": d.expected()})
 
 
 def settings(out):

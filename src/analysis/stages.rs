@@ -16,6 +16,11 @@
 //! - held at end: bytes of blocks allocated inside a run and still active
 //!   when it ended (activations kept for the backward pass, a cache) —
 //!   the most of any finished run;
+//! - net at end: allocated when a run ended less allocated when it began
+//!   (negative where it freed more than it kept: a backward pass freeing
+//!   activations; near 0 where it replaced what it found, as an
+//!   optimizer's `foreach` step does, however much it held at end) — the
+//!   largest of any finished run;
 //! - fragmentation at the peak: the metrics' external fragmentation (free
 //!   ranges above `min_gap` inside the segments, over the reserved bytes)
 //!   at the moment of the largest peak allocated;
@@ -51,6 +56,9 @@ pub struct Stage {
     pub peak_reserved_bytes: u64,
     /// None when no run finished inside the trace.
     pub held_at_end_bytes: Option<u64>,
+    /// Allocated at a run's end less at its start, the largest of any
+    /// finished run (None when none finished).
+    pub net_at_end_bytes: Option<i64>,
     /// None when the device had no reserved bytes at the peak.
     pub fragmentation_at_peak: Option<f64>,
     /// Reserved bytes at the moment of the peak allocated.
@@ -113,6 +121,7 @@ struct Run {
     /// Bytes freed inside the run of blocks allocated before it.
     freed_old: u64,
     held: Option<u64>,
+    net: Option<i64>,
     largest: u64,
 }
 
@@ -170,6 +179,7 @@ fn runs(events: &Events, annotations: &[Annotation]) -> (Vec<Run>, Vec<(u32, Vec
                     peak_reserved: 0,
                     freed_old: 0,
                     held: None,
+                    net: None,
                     largest: 0,
                 });
                 open.push((name, Some(out.len() - 1)));
@@ -217,6 +227,7 @@ pub fn find(events: &Events, annotations: &[Annotation], cfg: &MetricsConfig) ->
             added_bytes: 0,
             peak_reserved_bytes: 0,
             held_at_end_bytes: None,
+            net_at_end_bytes: None,
             fragmentation_at_peak: None,
             reserved_at_peak_bytes: 0,
             peak_t_ns: r.peak_t,
@@ -238,6 +249,9 @@ pub fn find(events: &Events, annotations: &[Annotation], cfg: &MetricsConfig) ->
         s.peak_reserved_bytes = s.peak_reserved_bytes.max(r.peak_reserved);
         if let Some(h) = r.held {
             s.held_at_end_bytes = Some(s.held_at_end_bytes.map_or(h, |x| x.max(h)));
+        }
+        if let Some(n) = r.net {
+            s.net_at_end_bytes = Some(s.net_at_end_bytes.map_or(n, |x| x.max(n)));
         }
         s.largest_request_bytes = s.largest_request_bytes.max(r.largest);
         s.first_t_ns = s.first_t_ns.min(r.start_t);
@@ -285,6 +299,7 @@ fn walk(events: &Events, runs: &mut [Run]) {
         if r.end_i.is_some() {
             let now = allocated.get(&r.device).copied().unwrap_or(0);
             r.held = Some(now.saturating_sub(r.alloc_start.saturating_sub(r.freed_old)));
+            r.net = Some(now as i64 - r.alloc_start as i64);
         }
     };
     for i in 0..=events.len() {
@@ -515,6 +530,7 @@ mod tests {
         assert_eq!(layer.added_bytes, 8 * MB);
         assert_eq!(layer.peak_reserved_bytes, 20 * MB);
         assert_eq!(layer.held_at_end_bytes, Some(2 * MB));
+        assert_eq!(layer.net_at_end_bytes, Some(2 * MB as i64));
         assert_eq!(layer.largest_request_bytes, 6 * MB);
         assert_eq!(layer.peak_t_ns, 22);
         // At t 22: segment [0, 20) holds [0, 4), [4, 10), [10, 12): free [12, 20).
@@ -524,6 +540,8 @@ mod tests {
         assert_eq!(fwd.peak_allocated_bytes, 12 * MB);
         assert_eq!(fwd.peak_reserved_bytes, 40 * MB);
         assert_eq!(fwd.held_at_end_bytes, Some(2 * MB));
+        // Net: 2 MB kept less the 4 MB old block it freed.
+        assert_eq!(fwd.net_at_end_bytes, Some(-2 * MB as i64));
         assert_eq!(fwd.largest_request_bytes, 8 * MB);
         assert_eq!(fwd.runs, 1);
         assert_eq!(fwd.unfinished, 0);

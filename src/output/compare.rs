@@ -548,6 +548,7 @@ pub fn to_json(c: &Comparison, gates: &[(Gate, Option<String>)]) -> serde_json::
             "delta_peak_allocated_bytes": d.delta(|s| s.peak_allocated_bytes),
             "delta_added_bytes": d.delta(|s| s.added_bytes),
             "delta_held_at_end_bytes": d.delta(|s| s.held_at_end_bytes.unwrap_or(0)),
+            "delta_net_at_end_bytes": d.a.as_ref().zip(d.b.as_ref()).and_then(|(a, b)| Some(b.net_at_end_bytes? - a.net_at_end_bytes?)),
         })).collect::<Vec<_>>(),
     })
 }

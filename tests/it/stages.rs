@@ -39,6 +39,7 @@ struct ByHand {
     added: u64,
     reserved: u64,
     held: Option<u64>,
+    net: Option<i64>,
     largest: u64,
 }
 
@@ -145,6 +146,8 @@ fn stages_of_every_shared_snapshot_match_a_computation_by_hand() {
                     .map(|i| ev.size[i])
                     .sum();
                 h.held = Some(h.held.map_or(held, |x: u64| x.max(held)));
+                let net = before(ei, &alloc_after) as i64 - start_alloc as i64;
+                h.net = Some(h.net.map_or(net, |x: i64| x.max(net)));
             }
         }
         for (name, h) in &by_hand {
@@ -158,6 +161,7 @@ fn stages_of_every_shared_snapshot_match_a_computation_by_hand() {
             assert_eq!(got["added_bytes"], h.added, "{what}");
             assert_eq!(got["peak_reserved_bytes"], h.reserved, "{what}");
             assert_eq!(got["held_at_end_bytes"].as_u64(), h.held, "{what}");
+            assert_eq!(got["net_at_end_bytes"].as_i64(), h.net, "{what}");
             assert_eq!(got["largest_request_bytes"], h.largest, "{what}");
             let frag = h.peak_at.and_then(|p| fragmentation_from_scratch(ev, p));
             let reported = got["fragmentation_at_peak"].as_f64();
@@ -260,6 +264,7 @@ fn generated_nested_stages_match_the_generator() {
             assert_eq!(s[k], e[k], "{path:?} {k}");
         }
         assert_eq!(s["held_at_end_bytes"], e["held_at_end_bytes"], "{path:?}");
+        assert_eq!(s["net_at_end_bytes"], e["net_at_end_bytes"], "{path:?}");
         assert_eq!(s["largest_request_bytes"], e["largest_request_bytes"], "{path:?}");
         let (x, y) = (s["fragmentation_at_peak"].as_f64().unwrap(), e["fragmentation_at_peak"].as_f64().unwrap());
         assert!((x - y).abs() < 1e-12, "{path:?}: {x} against {y}");
@@ -343,4 +348,40 @@ fn the_view_carries_stage_bands() {
             assert!(a <= b && b <= span + 1.0, "{sp} in {span}");
         }
     }
+}
+
+/// `compare` gives the change per stage: B's backward pass makes larger
+/// gradients, and the Δ of each stage's figures is the generator's.
+#[test]
+fn compare_gives_the_change_per_stage() {
+    let Some(dir) = crate::snapshots::generated() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("c");
+    fragscope()
+        .arg("compare")
+        .arg(dir.join("stages.pickle"))
+        .arg(dir.join("stages_more.pickle"))
+        .arg("-o")
+        .arg(&out)
+        .assert()
+        .success();
+    let c: serde_json::Value = serde_json::from_slice(&fs::read(out.join("compare.json")).unwrap()).unwrap();
+    let read = |name: &str| -> serde_json::Value {
+        serde_json::from_slice(&fs::read(dir.join(format!("{name}.expected.json"))).unwrap()).unwrap()
+    };
+    let (a, b) = (read("stages"), read("stages_more"));
+    let stages = c["stages"].as_array().unwrap();
+    assert_eq!(stages.len(), 6);
+    for s in stages {
+        let path: Vec<&str> = s["path"].as_array().unwrap().iter().map(|p| p.as_str().unwrap()).collect();
+        let key = path.join(" > ");
+        let d = |k: &str| b["stages"][&key][k].as_i64().unwrap() - a["stages"][&key][k].as_i64().unwrap();
+        assert_eq!(s["delta_peak_allocated_bytes"].as_i64(), Some(d("peak_allocated_bytes")), "{key}");
+        assert_eq!(s["delta_added_bytes"].as_i64(), Some(d("added_bytes")), "{key}");
+        assert_eq!(s["delta_net_at_end_bytes"].as_i64(), Some(d("net_at_end_bytes")), "{key}");
+    }
+    let backward = stages.iter().find(|s| s["path"][1] == "backward").unwrap();
+    assert!(backward["delta_added_bytes"].as_i64().unwrap() > 0, "{backward}");
+    let md = fs::read_to_string(out.join("compare.md")).unwrap();
+    assert!(md.contains("## Memory per stage") && md.contains("\u{a0}\u{a0}└ `backward` |"), "{md}");
 }

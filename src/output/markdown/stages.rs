@@ -47,13 +47,14 @@ pub(crate) fn stages_md(a: &Analysis) -> String {
         "Per `record_function` range, over all its runs (nested ranges below the one that encloses them). *Peak \
          allocated*: the most the active blocks held during a run, what it began with included; *added*: that peak \
          less what was allocated when the run began; *held at end*: bytes allocated inside a run and still active \
-         when it ended; *fragmentation*: free ranges inside the segments over the reserved bytes, at the peak; \
+         when it ended; *net at end*: allocated at its end less at its start (negative where it freed more than it \
+         kept; near 0 where it replaced what it found, as an optimizer step does); *fragmentation*: free ranges inside the segments over the reserved bytes, at the peak; \
          *largest request*: the biggest single allocation.\n"
     );
     let several = st.stages.first().is_some_and(|f| st.stages.iter().any(|s| s.device != f.device));
     let _ = writeln!(
         md,
-        "| stage | runs | peak allocated | added | peak reserved | held at end | fragmentation at peak | largest request |\n|---|---|---|---|---|---|---|---|"
+        "| stage | runs | peak allocated | added | peak reserved | held at end | net at end | fragmentation at peak | largest request |\n|---|---|---|---|---|---|---|---|---|"
     );
     for s in st.stages.iter().take(SHOWN) {
         let _ = writeln!(md, "{}", row(s, several.then(|| a.who(s.device))));
@@ -78,9 +79,12 @@ fn row(s: &Stage, who: Option<String>) -> String {
     let device = who.map(|w| format!(" ({w})")).unwrap_or_default();
     let runs = if s.unfinished > 0 { format!("{} ({} unfinished)", s.runs, s.unfinished) } else { s.runs.to_string() };
     let held = s.held_at_end_bytes.map_or("—".to_string(), bytes);
+    let net = s.net_at_end_bytes.map_or("—".to_string(), |n| {
+        if n < 0 { format!("−{}", bytes(n.unsigned_abs())) } else { format!("+{}", bytes(n as u64)) }
+    });
     let frag = s.fragmentation_at_peak.map_or("—".to_string(), |f| format!("{:.1} %", 100.0 * f));
     format!(
-        "| {indent}{mark}`{}`{device} | {runs} | {} | {} | {} | {held} | {frag} | {} |",
+        "| {indent}{mark}`{}`{device} | {runs} | {} | {} | {} | {held} | {net} | {frag} | {} |",
         s.name(),
         bytes(s.peak_allocated_bytes),
         bytes(s.added_bytes),
