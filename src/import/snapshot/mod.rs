@@ -193,28 +193,25 @@ fn host_memory(segments: &[Segment], trace: &[parse::Entry]) -> Option<crate::tr
     let reserved: u64 = segments.iter().map(|s| s.total_size).sum();
     let allocated: u64 =
         segments.iter().flat_map(|s| &s.blocks).filter(|b| b.state == BlockState::ActiveAllocated).map(|b| b.requested).sum();
-    // What the entries changed, to rebuild the state before them.
-    let (mut da, mut dr) = (0i128, 0i128);
-    for e in trace {
-        match e.action {
-            Alloc => da += e.size as i128,
-            FreeCompleted => da -= e.size as i128,
-            SegmentAlloc | SegmentMap => dr += e.size as i128,
-            SegmentFree | SegmentUnmap => dr -= e.size as i128,
-            _ => {}
-        }
-    }
+    // What an entry changes: (allocated, reserved).
+    let change = |e: &parse::Entry| -> Option<(i128, i128)> {
+        let n = e.size as i128;
+        Some(match e.action {
+            Alloc => (n, 0),
+            FreeCompleted => (-n, 0),
+            SegmentAlloc | SegmentMap => (0, n),
+            SegmentFree | SegmentUnmap => (0, -n),
+            _ => return None,
+        })
+    };
+    // The state before the entries: the end state less what they changed.
+    let (da, dr) = trace.iter().filter_map(change).fold((0, 0), |(x, y), (a, r)| (x + a, y + r));
     let (mut a, mut r) = ((allocated as i128 - da).max(0), (reserved as i128 - dr).max(0));
     let (mut peak_a, mut peak_r) = (a as u64, r as u64);
     let mut all = Vec::with_capacity(trace.len());
     for e in trace {
-        match e.action {
-            Alloc => a += e.size as i128,
-            FreeCompleted => a -= e.size as i128,
-            SegmentAlloc | SegmentMap => r += e.size as i128,
-            SegmentFree | SegmentUnmap => r -= e.size as i128,
-            _ => continue,
-        }
+        let Some((x, y)) = change(e) else { continue };
+        (a, r) = (a + x, r + y);
         let (x, y) = (a.max(0) as u64, r.max(0) as u64);
         (peak_a, peak_r) = (peak_a.max(x), peak_r.max(y));
         all.push((e.time_us().map_or(0, |t| (t as u64).saturating_mul(1000)), x, y));
