@@ -19,6 +19,7 @@ mod outcomes;
 mod plots;
 mod profiler;
 mod properties;
+mod python;
 mod record;
 mod snapshots;
 mod stages;
