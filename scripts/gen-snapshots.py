@@ -950,6 +950,10 @@ def private_pool(out):
     snap = snapshot_of([d])
     snap["segments"] = sorted(segs + private, key=lambda s: s["address"])
     write_case(out, "private_pool", snap, [d], extra={"private_segments": len(private)})
+    # The same with every segment in the default pool: only the what-if
+    # may differ.
+    merged = dict(snap, segments=[dict(seg, segment_pool_id=(0, 0)) for seg in snap["segments"]])
+    write_case(out, "private_pool_merged", merged, [d])
 
 
 def compare_pair(out):

@@ -1012,6 +1012,20 @@ fn a_private_pools_blocks_replay_in_their_own_pool() {
     assert_eq!(f["allocations"], 36);
     assert_eq!(f["same_address"], 36, "{f}");
     assert_eq!(f["simulated_peak_reserved_bytes"], f["recorded_peak_reserved_bytes"]);
+    // Merged into the default pool, the model puts 20 elsewhere; and the
+    // pools change none of the analysis's own figures.
+    let merged = tmp.path().join("m");
+    fragscope().arg("whatif").arg(dir.join("private_pool_merged.pickle")).arg("-o").arg(&merged).assert().success();
+    assert_eq!(json(&merged.join("whatif.json"))["fidelity"][0]["same_address"], 16);
+    let analyse = |name: &str| {
+        let out = tmp.path().join(format!("a-{name}"));
+        fragscope().arg("analyze").arg(dir.join(format!("{name}.pickle"))).args(["--no-whatif", "-o"]).arg(&out).assert().success();
+        json(&out.join("report.json"))
+    };
+    let (a, b) = (analyse("private_pool"), analyse("private_pool_merged"));
+    for key in ["summary", "oom_risk", "ooms", "leaks", "events", "stages", "processes", "iterations", "anomalies"] {
+        assert_eq!(a[key], b[key], "{key}");
+    }
     let export = tmp.path().join("e.pickle");
     fragscope()
         .arg("export")
