@@ -437,7 +437,9 @@ impl Allocator {
         let whole: Vec<u64> = self
             .segments
             .iter()
-            .filter(|(a, s)| !is_private(s.stream) && self.blocks.get(a).is_some_and(|b| !b.allocated && b.size == s.size))
+            .filter(|(a, s)| {
+                !is_private(s.stream) && self.blocks.get(a).is_some_and(|b| !b.allocated && b.size == s.size)
+            })
             .map(|(a, _)| *a)
             .collect();
         let before = self.reserved;
@@ -489,7 +491,9 @@ impl Allocator {
         let mut whole: Vec<(u64, u64)> = self
             .segments
             .iter()
-            .filter(|(a, s)| !is_private(s.stream) && self.blocks.get(a).is_some_and(|b| !b.allocated && b.size == s.size))
+            .filter(|(a, s)| {
+                !is_private(s.stream) && self.blocks.get(a).is_some_and(|b| !b.allocated && b.size == s.size)
+            })
             .map(|(a, s)| (s.freed_at, *a))
             .collect();
         whole.sort_unstable();

@@ -327,7 +327,10 @@ fn keys_without_effect_are_named_and_unknown_ones_refused() {
         s.apply(e).unwrap();
     }
     assert_eq!(s.inert.len(), 3);
-    assert_eq!(s.conf_entries(), ["pinned_use_cuda_host_register:True", "throw_on_cudamalloc_oom:True", "backend:native"]);
+    assert_eq!(
+        s.conf_entries(),
+        ["pinned_use_cuda_host_register:True", "throw_on_cudamalloc_oom:True", "backend:native"]
+    );
     let mut a = Allocator::new(s);
     let mut dev = bump(0);
     assert_eq!(a.malloc(3 * MIB, 0, None, &mut dev).unwrap().new_segment, Some(20 * MIB), "as the defaults");

@@ -164,10 +164,9 @@ fn reason_and_advice(var: &str, key: &str, value: &str, others: &[&str], version
             format!("Put `{entry}` in `{}`, or set one variable only", others[0]),
         ),
         "PYTORCH_ALLOC_CONF" => match v {
-            Some((2, minor)) if minor < 9 => (
-                format!("PyTorch {} knows only `PYTORCH_CUDA_ALLOC_CONF`", version.unwrap_or_default()),
-                works,
-            ),
+            Some((2, minor)) if minor < 9 => {
+                (format!("PyTorch {} knows only `PYTORCH_CUDA_ALLOC_CONF`", version.unwrap_or_default()), works)
+            }
             Some((2, 9)) => (
                 format!(
                     "PyTorch {}'s CUDA allocator reads its settings only from `PYTORCH_CUDA_ALLOC_CONF`, although \
@@ -193,9 +192,12 @@ fn reason_and_advice(var: &str, key: &str, value: &str, others: &[&str], version
                 format!("{works}, or set both variables to the same value"),
             ),
         },
-        _ => (format!("the allocator parsed it and turned it off: {}", platform(key)), format!(
-            "Look for PyTorch's warning about `{key}` in the job's log; the what-if below replays only settings this allocator took"
-        )),
+        _ => (
+            format!("the allocator parsed it and turned it off: {}", platform(key)),
+            format!(
+                "Look for PyTorch's warning about `{key}` in the job's log; the what-if below replays only settings this allocator took"
+            ),
+        ),
     }
 }
 
@@ -221,9 +223,8 @@ pub fn check(details: &SnapshotDetails, recording: bool) -> SettingsCheck {
     let unit = details.devices.first().copied().unwrap_or(0);
     // A recording shows only whether its segments were expandable, and
     // only where it made segments (`inferred_settings` says so).
-    let checkable = |key: &str| {
-        !recording || (key == "expandable_segments" && details.inferred_settings.iter().any(|k| k == key))
-    };
+    let checkable =
+        |key: &str| !recording || (key == "expandable_segments" && details.inferred_settings.iter().any(|k| k == key));
     let evidence = if !recording {
         "its parsed values in the snapshot's `allocator_settings` show".to_string()
     } else if used.get("expandable_segments").and_then(|v| v.as_bool()) == Some(true) {
@@ -268,9 +269,9 @@ pub fn check(details: &SnapshotDetails, recording: bool) -> SettingsCheck {
                 if out.differences.iter().any(|d| d.key == key && d.unit == a.unit && d.asked == asked) {
                     continue;
                 }
-                let others: Vec<&str> = vars.iter().copied().filter(|v| v != var && *v != "PYTORCH_ALLOC_CONF").collect();
-                let (reason, advice) =
-                    reason_and_advice(var, &key, &value, &others, a.torch_version.as_deref());
+                let others: Vec<&str> =
+                    vars.iter().copied().filter(|v| v != var && *v != "PYTORCH_ALLOC_CONF").collect();
+                let (reason, advice) = reason_and_advice(var, &key, &value, &others, a.torch_version.as_deref());
                 out.differences.push(Difference {
                     unit: a.unit,
                     key,
@@ -326,7 +327,10 @@ mod tests {
             "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "expandable_segments": false,
         }));
         let [diff] = check(&d, false).differences.try_into().unwrap();
-        assert_eq!((diff.key.as_str(), diff.asked.as_str(), diff.used.as_str()), ("expandable_segments", "True", "False"));
+        assert_eq!(
+            (diff.key.as_str(), diff.asked.as_str(), diff.used.as_str()),
+            ("expandable_segments", "True", "False")
+        );
         assert!(diff.reason.contains("platform does not support"), "{}", diff.reason);
     }
 

@@ -257,11 +257,8 @@ pub fn find(events: &Events, annotations: &[Annotation], cfg: &MetricsConfig) ->
         s.first_t_ns = s.first_t_ns.min(r.start_t);
     }
     let mut stages: Vec<Stage> = stages.into_iter().flatten().collect();
-    let probes: Vec<(usize, u32)> = paths
-        .iter()
-        .enumerate()
-        .filter_map(|(p, (device, _))| peak_of[p].map(|i| (i, *device)))
-        .collect();
+    let probes: Vec<(usize, u32)> =
+        paths.iter().enumerate().filter_map(|(p, (device, _))| peak_of[p].map(|i| (i, *device))).collect();
     let frag = fragmentation_at(events, &probes, cfg);
     for s in &mut stages {
         let p = paths.iter().position(|(d, path)| *d == s.device && *path == s.path);

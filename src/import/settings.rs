@@ -55,8 +55,14 @@ pub const INERT_KEYS: [(&str, &str); 16] = [
     ("pinned_free_catch_all", "how pinned host memory is freed"),
     ("graph_capture_record_stream_reuse", "block reuse inside CUDA graph captures, which the model does not replay"),
     ("throw_on_cudamalloc_oom", "whether a failed cudaMalloc raises at once, not the bytes"),
-    ("expandable_segments_reserve", "the virtual range an expandable segment reserves (the model keeps 9/8 of the device: its sizing rule was not read from PyTorch's source)"),
-    ("expandable_segments_reserve_by_class", "the virtual range an expandable segment reserves (as `expandable_segments_reserve`)"),
+    (
+        "expandable_segments_reserve",
+        "the virtual range an expandable segment reserves (the model keeps 9/8 of the device: its sizing rule was not read from PyTorch's source)",
+    ),
+    (
+        "expandable_segments_reserve_by_class",
+        "the virtual range an expandable segment reserves (as `expandable_segments_reserve`)",
+    ),
     ("backend", "nothing when `native` (the caching allocator)"),
     ("device_specific_option_mb", "nothing the model follows"),
 ];

@@ -719,7 +719,10 @@ fn a_setting_asked_in_a_variable_the_allocator_did_not_read_is_said() {
     assert!(md.contains("Set `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`"), "{md}");
     // The variable was not read: none of its keys was in force.
     let used = &json["allocator"]["snapshot"]["allocator_settings"];
-    assert_eq!((used["expandable_segments"].as_bool(), used["roundup_power2_divisions"][0].as_u64()), (Some(false), Some(0)));
+    assert_eq!(
+        (used["expandable_segments"].as_bool(), used["roundup_power2_divisions"][0].as_u64()),
+        (Some(false), Some(0))
+    );
 }
 
 /// A training loop seen through the probes: no Python frame and no

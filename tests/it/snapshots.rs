@@ -937,7 +937,10 @@ fn newer_keys_in_conf_are_modelled_named_or_refused() {
     let scenarios = w["scenarios"].as_array().unwrap();
     let inert = scenarios.iter().find(|s| s["name"] == "pinned_use_cuda_host_register:True").unwrap();
     assert!(
-        inert["note"].as_str().unwrap().contains("changes how pinned host memory is allocated, neither where blocks go"),
+        inert["note"]
+            .as_str()
+            .unwrap()
+            .contains("changes how pinned host memory is allocated, neither where blocks go"),
         "{inert}"
     );
     // It replays as the recorded settings do.
@@ -981,8 +984,23 @@ fn pinned_host_memory_is_reported_apart_and_changes_no_device_figure() {
     // Every device figure: the same. (The trace's name and the snapshot's
     // details differ by the host keys only.)
     for key in [
-        "summary", "oom_risk", "ooms", "leaks", "decision", "memory_needed", "whatif", "events", "stages", "processes",
-        "prediction", "capacity", "flushes", "anomalies", "iterations", "steps", "advice",
+        "summary",
+        "oom_risk",
+        "ooms",
+        "leaks",
+        "decision",
+        "memory_needed",
+        "whatif",
+        "events",
+        "stages",
+        "processes",
+        "prediction",
+        "capacity",
+        "flushes",
+        "anomalies",
+        "iterations",
+        "steps",
+        "advice",
     ] {
         assert_eq!(with[key], without[key], "{key}");
     }
@@ -1019,7 +1037,13 @@ fn a_private_pools_blocks_replay_in_their_own_pool() {
     assert_eq!(json(&merged.join("whatif.json"))["fidelity"][0]["same_address"], 16);
     let analyse = |name: &str| {
         let out = tmp.path().join(format!("a-{name}"));
-        fragscope().arg("analyze").arg(dir.join(format!("{name}.pickle"))).args(["--no-whatif", "-o"]).arg(&out).assert().success();
+        fragscope()
+            .arg("analyze")
+            .arg(dir.join(format!("{name}.pickle")))
+            .args(["--no-whatif", "-o"])
+            .arg(&out)
+            .assert()
+            .success();
         json(&out.join("report.json"))
     };
     let (a, b) = (analyse("private_pool"), analyse("private_pool_merged"));

@@ -276,7 +276,12 @@ fn generated_nested_stages_match_the_generator() {
     let loaded = fragscope::input::open(&dir.join("stages.pickle"), None).unwrap();
     let details = loaded.trace.meta.as_ref().unwrap().details.snapshot().unwrap().clone();
     assert_eq!(details.unknown_actions, 0);
-    assert_eq!(report["anomalies"].as_object().unwrap().values().filter(|v| **v != 0).count(), 0, "{}", report["anomalies"]);
+    assert_eq!(
+        report["anomalies"].as_object().unwrap().values().filter(|v| **v != 0).count(),
+        0,
+        "{}",
+        report["anomalies"]
+    );
     let md = fs::read_to_string(out.join("report.md")).unwrap();
     assert!(md.contains("| `ProfilerStep#N` | 4 (1 unfinished) |"), "{md}");
     assert!(md.contains("\u{a0}\u{a0}\u{a0}\u{a0}└ `layer.0` | 4 |"), "{md}");
@@ -292,7 +297,8 @@ fn the_settings_check_fires_where_asked_and_used_differ() {
     let tmp = tempfile::tempdir().unwrap();
     for (name, differences) in [("settings_not_in_force", 1), ("settings_agree", 0)] {
         let out = tmp.path().join(name);
-        let o = fragscope().arg("analyze").arg(dir.join(format!("{name}.pickle"))).arg("-o").arg(&out).output().unwrap();
+        let o =
+            fragscope().arg("analyze").arg(dir.join(format!("{name}.pickle"))).arg("-o").arg(&out).output().unwrap();
         assert!(o.status.success());
         let report: serde_json::Value = serde_json::from_slice(&fs::read(out.join("report.json")).unwrap()).unwrap();
         let c = &report["settings_check"];
@@ -304,7 +310,10 @@ fn the_settings_check_fires_where_asked_and_used_differ() {
             continue;
         }
         assert_eq!(c["differences"][0]["key"], "expandable_segments");
-        assert_eq!((c["differences"][0]["asked"].as_str(), c["differences"][0]["used"].as_str()), (Some("True"), Some("False")));
+        assert_eq!(
+            (c["differences"][0]["asked"].as_str(), c["differences"][0]["used"].as_str()),
+            (Some("True"), Some("False"))
+        );
         let line = "**A setting not in force:** the configuration string the snapshot's allocator parsed asks for \
                     `expandable_segments:True`, but the allocator ran with `expandable_segments:False`";
         assert!(md.contains(line), "{md}");
@@ -328,17 +337,19 @@ fn the_view_carries_stage_bands() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|s| (s["name"].as_str().unwrap().to_string(), s["depth"].as_u64().unwrap(), s["spans"].as_array().unwrap().len()))
+        .map(|s| {
+            (
+                s["name"].as_str().unwrap().to_string(),
+                s["depth"].as_u64().unwrap(),
+                s["spans"].as_array().unwrap().len(),
+            )
+        })
         .collect();
-    let want: Vec<(String, u64, usize)> = [
-        ("ProfilerStep#N", 0, 4),
-        ("forward", 1, 4),
-        ("backward", 1, 3),
-        ("Optimizer.step#SGD.step", 1, 3),
-    ]
-    .iter()
-    .map(|(n, d, k)| (n.to_string(), *d, *k))
-    .collect();
+    let want: Vec<(String, u64, usize)> =
+        [("ProfilerStep#N", 0, 4), ("forward", 1, 4), ("backward", 1, 3), ("Optimizer.step#SGD.step", 1, 3)]
+            .iter()
+            .map(|(n, d, k)| (n.to_string(), *d, *k))
+            .collect();
     assert_eq!(bands, want);
     // Each span lies inside the trace and starts before it ends.
     let span = m["span"].as_f64().unwrap();

@@ -169,7 +169,9 @@ fn settings_note(s: &Settings, capacity_known: bool) -> Option<String> {
     for e in &s.inert {
         let key = e.split(':').next().unwrap_or(e);
         if let Some(what) = crate::import::settings::inert(key) {
-            notes.push(format!("`{e}` changes {what}, neither where blocks go nor the bytes reserved: replayed as absent"));
+            notes.push(format!(
+                "`{e}` changes {what}, neither where blocks go nor the bytes reserved: replayed as absent"
+            ));
         }
     }
     if s.max_non_split_rounding.is_some() && s.max_split_size.is_none() {

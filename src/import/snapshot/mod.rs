@@ -191,8 +191,12 @@ fn host_memory(segments: &[Segment], trace: &[parse::Entry]) -> Option<crate::tr
         return None;
     }
     let reserved: u64 = segments.iter().map(|s| s.total_size).sum();
-    let allocated: u64 =
-        segments.iter().flat_map(|s| &s.blocks).filter(|b| b.state == BlockState::ActiveAllocated).map(|b| b.requested).sum();
+    let allocated: u64 = segments
+        .iter()
+        .flat_map(|s| &s.blocks)
+        .filter(|b| b.state == BlockState::ActiveAllocated)
+        .map(|b| b.requested)
+        .sum();
     // What an entry changes: (allocated, reserved).
     let change = |e: &parse::Entry| -> Option<(i128, i128)> {
         let n = e.size as i128;

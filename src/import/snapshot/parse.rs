@@ -441,10 +441,9 @@ impl Snapshot {
             is_expandable: matches!(s.get("is_expandable"), Some(Value::Bool(true))),
             blocks,
             pool: match &s.get("segment_pool_id") {
-                Some(Value::Tuple(t)) if t.len() == 2 => (
-                    as_u64("segment_pool_id", &t[0])?.unwrap_or(0),
-                    as_u64("segment_pool_id", &t[1])?.unwrap_or(0),
-                ),
+                Some(Value::Tuple(t)) if t.len() == 2 => {
+                    (as_u64("segment_pool_id", &t[0])?.unwrap_or(0), as_u64("segment_pool_id", &t[1])?.unwrap_or(0))
+                }
                 _ => (0, 0),
             },
         })

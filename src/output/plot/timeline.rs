@@ -239,8 +239,20 @@ pub fn render_timeline(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u8>> {
             let top = pts.iter().map(|p| p.2.max(p.1) as f64).fold(1.0, f64::max) * 1.05;
             let mut c = timeline_panel(&panels[3], span, 0.0..top, "pinned host", Unit::Bytes, true, entries)?;
             let x = |t: u64| (t - t0) as f64;
-            line(&mut c, pts.iter().map(|p| (x(p.0), p.2 as f64)).collect(), RGBColor(120, 120, 120), 2, "host reserved")?;
-            line(&mut c, pts.iter().map(|p| (x(p.0), p.1 as f64)).collect(), RGBColor(0, 128, 128), 2, "host allocated")?;
+            line(
+                &mut c,
+                pts.iter().map(|p| (x(p.0), p.2 as f64)).collect(),
+                RGBColor(120, 120, 120),
+                2,
+                "host reserved",
+            )?;
+            line(
+                &mut c,
+                pts.iter().map(|p| (x(p.0), p.1 as f64)).collect(),
+                RGBColor(0, 128, 128),
+                2,
+                "host allocated",
+            )?;
             finish_panel(&mut c, &iterations, &[], top)?;
         }
         root.present().map_err(draw_err)?;
