@@ -125,9 +125,13 @@ struct Run {
     largest: u64,
 }
 
+/// A stage's place: its device and the names from the outermost range.
+type Path = (u32, Vec<String>);
+
 /// The runs of `annotations` (placed ones: on the events' clock) over
-/// `events` (time-sorted, the allocator view), with the paths they name.
-fn runs(events: &Events, annotations: &[Annotation]) -> (Vec<Run>, Vec<(u32, Vec<String>)>, u32) {
+/// `events` (time-sorted, the allocator view), with the paths they name,
+/// and how many runs began before their device's first entry.
+fn runs(events: &Events, annotations: &[Annotation]) -> (Vec<Run>, Vec<Path>, u32) {
     let mut by_device: BTreeMap<u32, Vec<&Annotation>> = BTreeMap::new();
     for a in annotations {
         by_device.entry(a.device).or_default().push(a);
@@ -137,8 +141,8 @@ fn runs(events: &Events, annotations: &[Annotation]) -> (Vec<Run>, Vec<(u32, Vec
     for i in 0..events.len() {
         first.entry(events.pid[i]).or_insert(events.ts_ns[i]);
     }
-    let mut paths: Vec<(u32, Vec<String>)> = Vec::new();
-    let mut path_ids: ahash::AHashMap<(u32, Vec<String>), usize> = Default::default();
+    let mut paths: Vec<Path> = Vec::new();
+    let mut path_ids: ahash::AHashMap<Path, usize> = Default::default();
     let mut out: Vec<Run> = Vec::new();
     let mut before = 0u32;
     for (device, mut list) in by_device {
@@ -185,11 +189,10 @@ fn runs(events: &Events, annotations: &[Annotation]) -> (Vec<Run>, Vec<(u32, Vec
                 open.push((name, Some(out.len() - 1)));
             } else if a.stage == "END"
                 && let Some(at) = open.iter().rposition(|(n, _)| *n == name)
+                && let (_, Some(r)) = open.remove(at)
             {
-                if let (_, Some(r)) = open.remove(at) {
-                    out[r].end_t = Some(a.t_ns);
-                    out[r].end_i = Some(events.ts_ns.partition_point(|&t| t <= a.t_ns).max(out[r].start_i));
-                }
+                out[r].end_t = Some(a.t_ns);
+                out[r].end_i = Some(events.ts_ns.partition_point(|&t| t <= a.t_ns).max(out[r].start_i));
             }
         }
     }
@@ -510,7 +513,7 @@ mod tests {
         ev(&mut e, 41, EventKind::SegmentAlloc, 64 * MB, 20 * MB);
         ev(&mut e, 42, EventKind::BlockAlloc, 64 * MB, 8 * MB);
         ev(&mut e, 45, EventKind::BlockFree, 64 * MB, 8 * MB);
-        ev(&mut e, 60, EventKind::BlockAlloc, 0, 1 * MB);
+        ev(&mut e, 60, EventKind::BlockAlloc, 0, MB);
         let a = [
             ann("START", "forward", 10),
             ann("START", "layer", 20),
