@@ -150,6 +150,9 @@ pub struct State {
     /// Steps so far.
     pub steps: usize,
     pub fragmentation: Option<Risk>,
+    /// R is the memory needed to fit (a replay's smallest budget), not a
+    /// recorded peak: the reasons say so.
+    pub needed: bool,
 }
 
 /// The OOM risk of one device, and the figures behind it.
@@ -212,16 +215,14 @@ pub fn assess(c: u64, s: &State) -> (OomRisk, Vec<String>) {
     let headroom = c.saturating_sub(s.peak);
     let room = s.largest_free_now.max(c.saturating_sub(s.reserved_now));
     let mut why = Vec::new();
+    let in_use = if s.needed { "of the budget needed to fit" } else { "of the capacity in use at the peak" };
     let mut level = if s.peak > c {
         // More than the capacity: a capacity given for another (smaller)
         // device, or one inferred too low. As recorded, it does not fit.
-        why.push(format!(
-            "{:.0} % of the capacity in use at the peak: the run reserved more than the capacity holds",
-            share * 100.0
-        ));
+        why.push(format!("{:.0} % {in_use}: the run reserved more than the capacity holds", share * 100.0));
         OomRisk::Critical
     } else if share >= CRITICAL_SHARE {
-        why.push(format!("{:.0} % of the capacity in use at the peak", share * 100.0));
+        why.push(format!("{:.0} % {in_use}", share * 100.0));
         OomRisk::Critical
     } else if room < s.largest_request {
         why.push(format!(
@@ -231,7 +232,7 @@ pub fn assess(c: u64, s: &State) -> (OomRisk, Vec<String>) {
         ));
         OomRisk::Critical
     } else if share >= HIGH_SHARE {
-        why.push(format!("{:.0} % of the capacity in use at the peak", share * 100.0));
+        why.push(format!("{:.0} % {in_use}", share * 100.0));
         OomRisk::High
     } else if headroom < s.largest_request.saturating_mul(2) {
         why.push(format!(
@@ -241,11 +242,11 @@ pub fn assess(c: u64, s: &State) -> (OomRisk, Vec<String>) {
         ));
         OomRisk::High
     } else if share >= MEDIUM_SHARE {
-        why.push(format!("{:.0} % of the capacity in use at the peak", share * 100.0));
+        why.push(format!("{:.0} % {in_use}", share * 100.0));
         OomRisk::Medium
     } else {
         why.push(format!(
-            "{:.0} % of the capacity in use at the peak, the largest request seen ({}) fits {} times in the headroom",
+            "{:.0} % {in_use}, the largest request seen ({}) fits {} times in the headroom",
             share * 100.0,
             b(s.largest_request),
             if s.largest_request == 0 { 0 } else { headroom / s.largest_request }

@@ -215,6 +215,7 @@ pub(crate) fn evaluate(inp: &Inputs<'_>, rows: &mut [crate::analysis::result::Ro
                 trend_per_step: crate::analysis::predict::trend(&history, TREND_WINDOW),
                 steps: k + 1,
                 fragmentation: idx.iter().filter_map(|&i| rows[i].risk_online).max(),
+                needed: false,
             };
             let level = match (first_oom, capacity) {
                 (Some(o), _) if o <= t => OomRisk::Oom,
@@ -247,7 +248,8 @@ pub(crate) fn evaluate(inp: &Inputs<'_>, rows: &mut [crate::analysis::result::Ro
                 let at = Capacity { upper: None, ..c };
                 // The replay that found it kept the cache's gaps, so the
                 // fragmentation level raises nothing more.
-                let mut a = assessment(device, Some(at), &State { peak: n, fragmentation: None, ..last }, 0, true);
+                let needed = State { peak: n, fragmentation: None, needed: true, ..last };
+                let mut a = assessment(device, Some(at), &needed, 0, true);
                 let interval = c.upper.filter(|&hi| hi > c.bytes);
                 // The interval stays what is known: no headroom is claimed
                 // inside it.
@@ -260,10 +262,7 @@ pub(crate) fn evaluate(inp: &Inputs<'_>, rows: &mut [crate::analysis::result::Ro
                     crate::units::bytes(n),
                     crate::units::bytes(c.bytes),
                     interval.map_or(String::new(), |hi| format!("–{}, judged at its low end", crate::units::bytes(hi))),
-                    a.reason
-                        .split_once(": ")
-                        .map_or(a.reason.as_str(), |x| x.1)
-                        .replace("of the capacity in use at the peak", "of the budget needed to fit")
+                    a.reason.split_once(": ").map_or(a.reason.as_str(), |x| x.1)
                 );
                 a
             }
@@ -345,6 +344,9 @@ fn assessment(
     allocator_view: bool,
 ) -> Assessment {
     let b = crate::units::bytes;
+    // How `assess` words a share ("87 % of the capacity in use at the
+    // peak", "… of the budget needed to fit").
+    const SHARE: &str = " % of the ";
     let peak_what = if allocator_view { "peak reserved" } else { "peak live" };
     let (level, reason) = match capacity {
         _ if ooms > 0 => (OomRisk::Oom, format!("{ooms} request{} failed", if ooms == 1 { "" } else { "s" })),
@@ -362,8 +364,8 @@ fn assessment(
             let most = if c.bytes == 0 { 100.0 } else { (s.peak as f64 / c.bytes as f64 * 100.0).min(100.0) };
             let why: Vec<String> = why
                 .into_iter()
-                .map(|w| match w.split_once(" % of the capacity in use") {
-                    Some((_, rest)) => format!("{least:.0}–{most:.0} % of the capacity in use{rest}"),
+                .map(|w| match w.split_once(SHARE) {
+                    Some((_, rest)) => format!("{least:.0}–{most:.0}{SHARE}{rest}"),
                     None => w,
                 })
                 .collect();
@@ -376,7 +378,7 @@ fn assessment(
             let (level, why) = assess(c.bytes, &State { trend_per_step: 0.0, ..*s });
             let why: Vec<String> = why
                 .into_iter()
-                .map(|w| if w.contains("% of the capacity in use") { format!("at most {w}") } else { w })
+                .map(|w| if w.contains(SHARE) { format!("at most {w}") } else { w })
                 .collect();
             (level, format!("{} {} of at least {}: {}", peak_what, b(s.peak), b(c.bytes), why.join("; ")))
         }
