@@ -290,6 +290,7 @@ mod tests {
             trend_per_step: 0.0,
             steps: 100,
             fragmentation: Some(Risk::Critical),
+            needed: false,
         }
     }
 
