@@ -59,33 +59,20 @@ pub struct SettingsCheck {
     pub torch_version: Option<String>,
 }
 
-/// The entries of an allocator configuration string as (key, value), as
-/// PyTorch's lexer reads them: `,` separates entries except inside `[…]`
-/// (`roundup_power2_divisions:[256:1,>:4]`), spaces are ignored.
+/// The entries of an allocator configuration string as (key, value),
+/// split as PyTorch's lexer splits them
+/// ([`crate::import::settings::split_conf`]: at commas outside `[…]`),
+/// spaces left out.
 pub fn entries(conf: &str) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    let (mut depth, mut start) = (0i32, 0usize);
-    let clean: String = conf.chars().filter(|c| !c.is_whitespace()).collect();
-    let mut push = |part: &str| {
-        if let Some((k, v)) = part.split_once(':') {
-            out.push((k.to_string(), v.to_string()));
-        } else if !part.is_empty() {
-            out.push((part.to_string(), String::new()));
-        }
-    };
-    for (i, c) in clean.char_indices() {
-        match c {
-            '[' => depth += 1,
-            ']' => depth -= 1,
-            ',' if depth <= 0 => {
-                push(&clean[start..i]);
-                start = i + 1;
+    crate::import::settings::split_conf(conf)
+        .map(|e| {
+            let e: String = e.chars().filter(|c| !c.is_whitespace()).collect();
+            match e.split_once(':') {
+                Some((k, v)) => (k.to_string(), v.to_string()),
+                None => (e, String::new()),
             }
-            _ => {}
-        }
-    }
-    push(&clean[start..]);
-    out
+        })
+        .collect()
 }
 
 /// What one key's value says in the units `allocator_settings` records

@@ -259,16 +259,18 @@ pub fn find(events: &Events, annotations: &[Annotation], cfg: &MetricsConfig) ->
         s.largest_request_bytes = s.largest_request_bytes.max(r.largest);
         s.first_t_ns = s.first_t_ns.min(r.start_t);
     }
-    let mut stages: Vec<Stage> = stages.into_iter().flatten().collect();
     let probes: Vec<(usize, u32)> =
         paths.iter().enumerate().filter_map(|(p, (device, _))| peak_of[p].map(|i| (i, *device))).collect();
     let frag = fragmentation_at(events, &probes, cfg);
-    for s in &mut stages {
-        let p = paths.iter().position(|(d, path)| *d == s.device && *path == s.path);
-        if let Some(i) = p.and_then(|p| peak_of[p]) {
-            s.fragmentation_at_peak = frag.get(&(i, s.device)).copied().flatten();
-        }
-    }
+    let mut stages: Vec<Stage> = stages
+        .into_iter()
+        .zip(&peak_of)
+        .filter_map(|(s, peak)| {
+            let mut s = s?;
+            s.fragmentation_at_peak = peak.and_then(|i| frag.get(&(i, s.device)).copied().flatten());
+            Some(s)
+        })
+        .collect();
     // Tree order: by the first-run times of each level of the path.
     let first: ahash::AHashMap<(u32, Vec<String>), u64> =
         stages.iter().map(|s| ((s.device, s.path.clone()), s.first_t_ns)).collect();

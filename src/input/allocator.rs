@@ -362,6 +362,8 @@ pub fn view(recording: Loaded) -> Result<Loaded> {
             spans,
         },
     };
+    // Whether the first unit's segments show expandable segments (one scan).
+    let expandable_used = units.first().and_then(|u| expandable_in_use(&out, u.id));
     let snapshot = SnapshotDetails {
         snapshot: format!("{} (PyTorch's allocator, as recorded)", recording.trace.dir.display()),
         layout: "recorded by `fragscope record` (probes on PyTorch's caching allocator)".into(),
@@ -390,7 +392,7 @@ pub fn view(recording: Loaded) -> Result<Loaded> {
         allocator_settings: units.first().map_or(serde_json::Value::Null, |u| {
             let pid = whose(u.key).0;
             let mut s = settings_of(&recording, pid);
-            if let Some(used) = expandable_in_use(&out, u.id) {
+            if let Some(used) = expandable_used {
                 // Asked in `PYTORCH_ALLOC_CONF` alone and not in force: the
                 // allocator did not read that variable (PyTorch 2.9), so
                 // none of its keys were in force either.
@@ -403,11 +405,7 @@ pub fn view(recording: Loaded) -> Result<Loaded> {
             }
             s.to_snapshot()
         }),
-        inferred_settings: units
-            .first()
-            .filter(|u| expandable_in_use(&out, u.id).is_some())
-            .map(|_| vec!["expandable_segments".to_string()])
-            .unwrap_or_default(),
+        inferred_settings: expandable_used.map(|_| vec!["expandable_segments".to_string()]).unwrap_or_default(),
         asked: units.iter().filter_map(|u| details?.asked(whose(u.key).0, u.id)).collect(),
         ..SnapshotDetails::default()
     };
