@@ -467,8 +467,10 @@ pub struct GateArgs {
     /// unknown has OOM risk `unknown` and trips only at `oom`.
     #[arg(long, value_parser = parse_oom_risk)]
     pub fail_on: Option<crate::analysis::risk::OomRisk>,
-    /// Fail when any trace's fragmentation level (the predictor's forecast
-    /// level: minimal, low, medium, high, critical) is at or above this.
+    /// Fail when any trace's fragmentation level (minimal, low, medium,
+    /// high, critical: the score's level at the timestep where reserved
+    /// memory peaked, not the forecast from the run's end) is at or above
+    /// this.
     #[arg(long, value_enum)]
     pub fail_on_fragmentation: Option<Risk>,
     /// Fail when any trace's leak verdict is "leaking" (the floors of

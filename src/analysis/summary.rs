@@ -50,13 +50,10 @@ pub struct Summary {
     /// (written as null).
     pub history: bool,
     pub anomalies: u64,
-    /// The highest fragmentation level (SPEC §6.8) forecast over processes
-    /// with something live at their last timestep (None: insufficient
-    /// data, or `emptied`).
+    /// The highest fragmentation level over units, each judged at the
+    /// timestep where it held the most ([`AtPeak`]; None: no unit ever
+    /// held memory).
     pub risk: Option<Risk>,
-    /// Every process forecast had released all it held by its last
-    /// timestep: the level of an empty cache is no level of the program's.
-    pub emptied: bool,
     /// The highest OOM risk over devices ([`crate::analysis::risk`]).
     pub oom_risk: crate::analysis::risk::OomRisk,
     /// OOM counts per class, most frequent first.
@@ -89,13 +86,10 @@ pub struct Summary {
 }
 
 impl Summary {
-    /// The fragmentation level's name where every process ended empty.
-    pub const EMPTIED: &'static str = "none";
-
-    /// The fragmentation level as the batch summary writes it: its name,
-    /// [`Summary::EMPTIED`], or None (insufficient data).
+    /// The fragmentation level as the batch summary writes it (None: no
+    /// unit ever held memory).
     pub fn level_name(&self) -> Option<&'static str> {
-        self.risk.map(Risk::name).or(self.emptied.then_some(Self::EMPTIED))
+        self.risk.map(Risk::name)
     }
 
     /// "Leaking?" as report.json's summary and the batch summary answer
@@ -131,8 +125,7 @@ impl Summary {
             ooms: a.ooms.len() as u64,
             history: a.has_history(),
             anomalies: a.anomalies.total(),
-            risk: a.predictions.iter().filter(|p| !ended_empty(a, p.pid)).filter_map(|p| p.prediction.risk).max(),
-            emptied: !a.predictions.is_empty() && a.predictions.iter().all(|p| ended_empty(a, p.pid)),
+            risk: at_peaks(a).iter().map(|p| p.level).max(),
             oom_risk: a.oom_risk.iter().map(|x| x.level).max().unwrap_or(crate::analysis::risk::OomRisk::Unknown),
             oom_classes: oom_classes(a),
             leaking: a.leaks.iter().any(|l| l.leaking),
@@ -236,6 +229,53 @@ pub(crate) fn oom_classes(a: &Analysis) -> Vec<(OomClass, u64)> {
 pub(crate) fn headline(a: &Analysis) -> Option<&ProcessPrediction> {
     let key = |p: &ProcessPrediction| (!ended_empty(a, p.pid), p.prediction.risk);
     a.predictions.iter().reduce(|best, p| if key(p) > key(best) { p } else { best })
+}
+
+/// A unit's fragmentation at the timestep where it held the most (its
+/// reserved memory in an allocator view, its arena span otherwise): the
+/// moment memory was scarcest (SPEC §6.10). The headline fragmentation
+/// level is judged here, not at the run's end, where a job's last free
+/// leaves an empty cache that scores near 100.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AtPeak {
+    pub pid: u32,
+    pub step: u32,
+    pub t_ns: u64,
+    pub score: f64,
+    pub live_bytes: u64,
+    /// Reserved (allocator view) or the arena span (device view).
+    pub span_bytes: u64,
+    pub level: Risk,
+}
+
+/// [`AtPeak`] for each unit that ever held memory, in the order of their
+/// first timestep. Of the timesteps at the most held (a cache stays at its
+/// peak for long), the one with the most live: where free memory was
+/// least; then the earliest.
+pub(crate) fn at_peaks(a: &Analysis) -> Vec<AtPeak> {
+    let mut out: Vec<AtPeak> = Vec::new();
+    for r in a.rows.iter().filter(|r| !r.at_oom && r.metrics.span_bytes > 0) {
+        let here = AtPeak {
+            pid: r.pid,
+            step: r.step,
+            t_ns: r.t_ns,
+            score: r.metrics.score,
+            live_bytes: r.metrics.live_bytes,
+            span_bytes: r.metrics.span_bytes,
+            level: Risk::of(r.metrics.score),
+        };
+        match out.iter_mut().find(|p| p.pid == r.pid) {
+            Some(p) if (r.metrics.span_bytes, r.metrics.live_bytes) > (p.span_bytes, p.live_bytes) => *p = here,
+            Some(_) => {}
+            None => out.push(here),
+        }
+    }
+    out
+}
+
+/// The unit whose level at its peak is the highest (the first on ties).
+pub(crate) fn headline_at_peak(a: &Analysis) -> Option<AtPeak> {
+    at_peaks(a).into_iter().reduce(|best, p| if p.level > best.level { p } else { best })
 }
 
 /// Whether `pid` had released all it held by its last timestep (a job's

@@ -43,12 +43,14 @@ fn config_json(a: &Analysis) -> serde_json::Value {
 /// `panels_not_drawn`: processes the MDTP had no room for.
 pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
     let s = Summary::of(a);
+    let at_peaks = at_peaks(a);
     let meta = a.trace.meta.as_ref();
     let history = a.has_history();
     let processes: Vec<_> = a
         .peaks
         .iter()
         .map(|p| {
+            let at_peak = at_peaks.iter().find(|x| x.pid == p.pid);
             let mut j = json!({
                 "pid": p.pid,
                 "peak_live_bytes": p.bytes,
@@ -56,7 +58,14 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
                 "score": score_json(&ScoreStats::of(&process_scores(&a.rows, p.pid))),
                 // A snapshot without history recorded no OOMs: none known.
                 "ooms": history.then(|| a.ooms.iter().filter(|o| o.pid == p.pid).count()),
-                "fragmentation_level": a.predictions.iter().find(|q| q.pid == p.pid).and_then(|q| q.prediction.risk).map(Risk::name),
+                "fragmentation_level": at_peak.map(|x| x.level.name()),
+                "fragmentation_at_peak": at_peak.map(|x| json!({
+                    "score": r6(x.score),
+                    "step": x.step,
+                    "t_ns": x.t_ns,
+                    "live_bytes": x.live_bytes,
+                    "held_bytes": x.span_bytes,
+                })),
                 "oom_risk": a.oom_risk.iter().find(|x| x.covers(p.pid)).map(|x| x.level.name()),
                 "final": last_row(a, p.pid).map(|r| metrics_json(&r.metrics)),
             });
@@ -124,7 +133,6 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
             "score": score_json(&s.score),
             "oom_risk": s.oom_risk.name(),
             "fragmentation_level": s.risk.map(Risk::name),
-            "fragmentation_level_not_judged": s.emptied.then_some("nothing is live at the last timestep of any process"),
             "leaking": s.leaking_known(),
             "leak_verdict": s.leak_verdict.map(|v| v.name()),
         },
@@ -367,7 +375,7 @@ pub(crate) fn prediction_json(p: &ProcessPrediction) -> serde_json::Value {
         "confidence": pr.confidence.filter(|_| !pr.flat_score()).map(r6),
         "confidence_model": pr.confidence_model.map(r6),
         "trend": r6(pr.trend),
-        "fragmentation_level": pr.risk.map(Risk::name),
+        "forecast_level": pr.risk.map(Risk::name),
         "warnings": pr.warnings,
         "cv_mae": pr.cv_mae.as_ref().map(|c| json!({
             "model": r6(c.model),

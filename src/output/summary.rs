@@ -389,7 +389,6 @@ fn rows_of(df: &Table, source: &str, date: &str) -> Result<Vec<SummaryRow>> {
                 history: ooms[i].is_some(),
                 anomalies: anomalies[i],
                 risk: risk[i].as_deref().and_then(|r| <Risk as clap::ValueEnum>::from_str(r, true).ok()),
-                emptied: risk[i].as_deref() == Some(Summary::EMPTIED),
                 oom_risk: oom_risk[i]
                     .as_deref()
                     .and_then(crate::analysis::risk::OomRisk::from_name)
@@ -480,11 +479,7 @@ pub(crate) fn summary_md(
                     s.oom_risk.name(),
                     // As analyze's one-line summary says them (the
                     // dataset's `none` and null are for machines).
-                    match (s.risk, s.emptied) {
-                        (Some(r), _) => r.name(),
-                        (None, true) => "not judged (nothing live at the end)",
-                        (None, false) => "insufficient data",
-                    },
+                    s.risk.map_or("none held", Risk::name),
                     s.score.final_,
                     s.score.p95,
                     s.score.max,

@@ -198,7 +198,7 @@ fn prediction_is_reported_and_backtest_is_in_the_metrics() {
     let skill = p["skill"].as_f64().unwrap();
     assert!((skill - (1.0 - best.0 / cv["persistence"].as_f64().unwrap())).abs() < 1e-3, "{p}");
     assert!(p["confidence"].as_f64().unwrap() >= 0.1);
-    assert!(["minimal", "low", "medium", "high", "critical"].contains(&p["fragmentation_level"].as_str().unwrap()));
+    assert!(["minimal", "low", "medium", "high", "critical"].contains(&p["forecast_level"].as_str().unwrap()));
     // The online risk reached high before the first OOM here.
     assert!(p["lead_time_steps"].as_u64().unwrap() > 0);
     assert!(p["lead_time_s"].as_f64().unwrap() > 0.0);
@@ -222,7 +222,11 @@ fn too_few_steps_say_insufficient_data() {
     let r = analyze(&t, &out, &["--step", "500ev"]);
     assert_eq!(r["prediction"]["status"], "insufficient data");
     assert!(r["prediction"]["forecast"].is_null());
-    assert!(fs::read_to_string(out.join("report.md")).unwrap().contains("Fragmentation level: insufficient data"));
+    let md = fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(md.contains("\n## Prediction\n\nInsufficient data: "), "{md}");
+    // The headline level needs no model: it is the score at the peak.
+    assert!(md.contains("Fragmentation level: **") && md.contains("at the timestep where the arena span peaked"), "{md}");
+    assert!(r["summary"]["fragmentation_level"].is_string(), "{}", r["summary"]);
 }
 
 #[test]

@@ -564,8 +564,9 @@ fn public(name: &str) -> Option<PathBuf> {
 
 /// Each figure of a real OOM says what it measures: the largest gap in
 /// PyTorch's cache (40 MiB) apart from CUDA's free memory (598.19 MiB,
-/// what `cudaMalloc` could still give), a score "now" that describes the
-/// emptied cache it was taken in, no confidence figure where the score
+/// what `cudaMalloc` could still give), a fragmentation level taken at the
+/// peak of reserved, not in the emptied cache the run ended with, no
+/// forecast level of that empty cache, no confidence figure where the score
 /// never moved, and PyTorch's Σgap²/(Σseg)² for what it is: it rises as
 /// free memory gathers (1 for the expandable run's one free range).
 #[test]
@@ -578,14 +579,17 @@ fn a_real_ooms_figures_say_what_they_measure() {
     assert!(md.contains("| largest gap in the cache | largest request that could fit (the larger of that gap and CUDA's free) | class |"), "{md}");
     assert!(md.contains("| 1.00 GiB | 1.37 GiB | 40.00 MiB | 598.19 MiB | fragmentation |"), "{md}");
     let level = md.lines().find(|l| l.starts_with("Fragmentation level:")).unwrap();
-    assert!(level.starts_with("Fragmentation level: not judged — nothing is live at the last timestep"), "{level}");
-    assert!(level.contains("1.95 GiB still reserved"), "{level}");
-    assert!(!level.contains("**medium**") && !level.contains("confidence 1.00"), "{level}");
+    assert!(level.starts_with("Fragmentation level: **medium** — fragmentation score 55.0 at the timestep"), "{level}");
+    assert!(level.contains("(step 12, 2.37 ms: 1.17 GiB live in 1.95 GiB reserved)"), "{level}");
+    let forecast = md.lines().find(|l| l.starts_with("Forecast level:")).unwrap();
+    assert!(forecast.starts_with("Forecast level: not judged — nothing is live at the last timestep"), "{forecast}");
+    assert!(forecast.contains("1.95 GiB still reserved") && !forecast.contains("confidence 1.00"), "{forecast}");
     assert!(md.contains("No fragmentation warnings (deterioration, trend): nothing is live"), "{md}");
     assert!(md.contains("| confidence | not rated: the score did not move"), "{md}");
     assert!(r["prediction"]["confidence"].is_null(), "{}", r["prediction"]);
-    assert_eq!(r["summary"]["fragmentation_level"], serde_json::Value::Null, "{}", r["summary"]);
-    assert!(r["summary"]["fragmentation_level_not_judged"].is_string(), "{}", r["summary"]);
+    assert_eq!(r["summary"]["fragmentation_level"], "medium", "{}", r["summary"]);
+    let at_peak = &r["processes"][0]["fragmentation_at_peak"];
+    assert_eq!((at_peak["step"].as_u64(), at_peak["held_bytes"].as_u64()), (Some(12), Some(2_097_152_000)), "{at_peak}");
     assert!(md.contains("not a fragmentation score: it rises as free memory gathers"), "{md}");
     let Some(file) = h100("varshape-expandable_segments-True.pickle") else { return };
     let (r, _) = analyze(&file, tmp.path(), &[]);
@@ -675,7 +679,8 @@ fn a_recorded_process_is_judged_while_it_ran_not_after_its_exit() {
     let p = &r["prediction"];
     assert!(p["current"].as_f64().unwrap() > 20.0, "{p}");
     assert!(p["warnings"].as_array().unwrap().is_empty(), "{p}");
-    assert!(md.contains("Fragmentation level: **minimal**"), "{md}");
+    // Judged where its arenas held the most, not after its exit.
+    assert!(md.contains("Fragmentation level: **medium** — fragmentation score 67.8 at the timestep where the arena span peaked"), "{md}");
     let l = &r["leaks"][0];
     assert_eq!(l["live_at_end_bytes"], 0, "{l}");
     assert!(l["held_at_exit"]["bytes"].as_u64().unwrap() > 0, "{l}");
@@ -706,23 +711,30 @@ fn without_an_oom_a_leak_comes_before_a_settings_saving() {
     assert!(kinds.contains(&"saving"), "{kinds:?}");
 }
 
-/// A run that had released everything by its end has no fragmentation
-/// level to gate on: varshape's emptied cache scored "medium" and tripped
-/// `--fail-on-fragmentation low`. A run with memory live at its end still
-/// trips the gate.
+/// The fragmentation level gates on the peak of reserved, not on the
+/// emptied cache a run ends with: varshape's cache was empty at its end
+/// (a score of 50 there) and scored "medium" (55.0) where it held the most.
+/// The batch summary and compare say the same level.
 #[test]
-fn an_emptied_cache_has_no_fragmentation_level_to_gate_on() {
+fn the_fragmentation_level_gated_on_is_the_one_at_the_peak() {
     let tmp = tempfile::tempdir().unwrap();
     let Some(empty) = h100("varshape-default.pickle") else { return };
     let out = fragscope()
         .arg("analyze")
         .arg(&empty)
-        .args(["--no-plots", "--fail-on-fragmentation", "low", "-o"])
+        .args(["--no-plots", "--fail-on-fragmentation", "high", "-o"])
         .arg(tmp.path().join("v"))
         .assert()
         .code(0);
     let stdout = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
-    assert!(stdout.contains("fragmentation level not judged (nothing live at the end)"), "{stdout}");
+    assert!(stdout.contains("fragmentation level medium"), "{stdout}");
+    fragscope()
+        .arg("analyze")
+        .arg(&empty)
+        .args(["--no-plots", "--fail-on-fragmentation", "medium", "-o"])
+        .arg(tmp.path().join("v2"))
+        .assert()
+        .code(3);
     let Some(live) = h100("training-default.pickle") else { return };
     fragscope()
         .arg("analyze")
@@ -731,18 +743,17 @@ fn an_emptied_cache_has_no_fragmentation_level_to_gate_on() {
         .arg(tmp.path().join("t"))
         .assert()
         .code(3);
-    // The batch summary and compare name it as analyze does (they read
-    // "none" and "n/a").
+    // The batch summary and compare name it as analyze does.
     let batch = tmp.path().join("b");
     fs::create_dir_all(&batch).unwrap();
     fs::copy(&empty, batch.join("varshape.pickle")).unwrap();
     fs::copy(&live, batch.join("training.pickle")).unwrap();
     fragscope().arg("analyze").arg(&batch).args(["--no-plots", "-o"]).arg(tmp.path().join("bo")).assert().success();
     let md = fs::read_to_string(tmp.path().join("bo/summary.md")).unwrap();
-    assert!(md.contains("| not judged (nothing live at the end) |"), "{md}");
+    assert!(md.contains("| oom | medium |"), "{md}");
     fragscope().arg("compare").arg(&empty).arg(&live).arg("-o").arg(tmp.path().join("c")).assert().success();
     let md = fs::read_to_string(tmp.path().join("c/compare.md")).unwrap();
-    assert!(md.contains("| fragmentation level | not judged | critical | — | — |"), "{md}");
+    assert!(md.contains("| fragmentation level | medium | critical |"), "{md}");
     assert!(md.contains("| OOM risk | oom | unknown | — | — |"), "{md}");
     // A falling Δ % has the minus sign its Δ has.
     assert!(md.contains("| −11.8 | −23.2 % |"), "{md}");

@@ -377,12 +377,11 @@ pub fn stdout_summary(a: &Analysis, out: &Path) -> String {
         plural(a.step_count as u64, "step", "steps"),
         s.oom_risk.name(),
         match s.risk {
-            Some(r) if headline(a).is_some_and(|p| a.pytorch_processes.contains(&p.pid)) => {
+            Some(r) if headline_at_peak(a).is_some_and(|p| a.pytorch_processes.contains(&p.pid)) => {
                 format!("not measured inside PyTorch's cache (its segments: {})", r.name())
             }
             Some(r) => r.name().to_string(),
-            None if s.emptied => "not judged (nothing live at the end)".to_string(),
-            None => "insufficient data".to_string(),
+            None => "not judged (no memory held)".to_string(),
         },
         if s.leaking {
             format!("; leaking: its floor rose by {}", bytes(s.leaked_bytes.max(0) as u64))

@@ -124,60 +124,7 @@ fn held(a: &Analysis) -> &'static str {
 pub(crate) fn verdict_md(a: &Analysis, s: &Summary) -> String {
     let mut md = String::new();
     md.push_str(&oom_risk_md(a));
-    match headline(a) {
-        Some(p) if p.prediction.forecast.is_some() => {
-            let pr = &p.prediction;
-            let f = pr.forecast.as_deref().unwrap_or_default();
-            let forecast: Vec<String> = f.iter().map(|v| format!("{v:.1}")).collect();
-            let level = pr.risk.map_or("unknown", Risk::name);
-            if let Some(m) = last_row(a, p.pid).map(|r| &r.metrics).filter(|_| ended_empty(a, p.pid)) {
-                // The score of an emptied cache, and where it heads, are no
-                // level of the program's.
-                let held = held(a);
-                let _ = writeln!(
-                    md,
-                    "Fragmentation level: not judged — nothing is live at the last timestep (every block was freed; {1} \
-                     still {held}), and the score of that empty state, {0:.1} ({level} by its scale), or a forecast of \
-                     it, says nothing of the program. The score's mean, p95 and max below span the run, and any OOM \
-                     is judged in its own section.\n",
-                    pr.current,
-                    bytes(m.span_bytes)
-                );
-            } else {
-                // A process that ran PyTorch's caching allocator, recorded
-                // at its cudaMalloc calls: the level of its segments says
-                // nothing of the gaps inside its cache, and is not given as
-                // its level.
-                let level = if a.pytorch_processes.contains(&p.pid) {
-                    format!(
-                        "not measured inside PyTorch's cache — the process ran PyTorch's caching allocator, and this \
-                         recording of its cudaMalloc calls holds its segments, not the blocks inside them. Of the \
-                         segments alone: {level}"
-                    )
-                } else {
-                    format!("**{level}**")
-                };
-                let _ = writeln!(
-                    md,
-                    "Fragmentation level: {level} — fragmentation score {:.1} now{}, forecast {} over the next {} by {} ({}; {}, trend {:+.2} per timestep). The score counts free blocks that a cache keeps on purpose as gaps: on its own it does not say that memory will run out.\n",
-                    pr.current,
-                    last_state(a, p.pid),
-                    forecast.join(" → "),
-                    plural(pr.horizon as u64, "timestep", "timesteps"),
-                    forecaster_phrase(pr.forecaster),
-                    skill_phrase(pr),
-                    confidence_phrase(pr),
-                    pr.trend,
-                );
-            }
-        }
-        _ => {
-            let _ = writeln!(
-                md,
-                "Fragmentation level: insufficient data — too few steps for the predictor (it needs window + horizon + 1).\n"
-            );
-        }
-    }
+    md.push_str(&level_at_peak_md(a));
     if let Some((class, _)) = s.oom_classes.first() {
         let parts: Vec<String> =
             s.oom_classes.iter().map(|(c, n)| format!("{n} {}", c.name().replace('_', " "))).collect();
@@ -213,6 +160,76 @@ pub(crate) fn verdict_md(a: &Analysis, s: &Summary) -> String {
         );
     }
     md
+}
+
+/// The headline fragmentation level: judged at the timestep where the
+/// unit held the most (SPEC §6.10), with where that was.
+fn level_at_peak_md(a: &Analysis) -> String {
+    let Some(p) = headline_at_peak(a) else {
+        return "Fragmentation level: not judged — no memory was held at any timestep.\n\n".to_string();
+    };
+    let (peaked, held) =
+        if a.allocator_view { ("reserved memory", "reserved") } else { ("the arena span", "of arenas") };
+    // A process that ran PyTorch's caching allocator, recorded at its
+    // cudaMalloc calls: the level of its segments says nothing of the gaps
+    // inside its cache, and is not given as its level.
+    let level = if a.pytorch_processes.contains(&p.pid) {
+        format!(
+            "not measured inside PyTorch's cache — the process ran PyTorch's caching allocator, and this recording \
+             of its cudaMalloc calls holds its segments, not the blocks inside them. Of the segments alone: {}",
+            p.level.name()
+        )
+    } else {
+        format!("**{}**", p.level.name())
+    };
+    let who = if a.peaks.len() > 1 { format!(" of {}", a.who(p.pid)) } else { String::new() };
+    let when = if a.entry_order() {
+        format!("step {}", p.step)
+    } else {
+        format!("step {}, {}", p.step, a.time_text((p.t_ns.saturating_sub(a.first_ts)) as f64 / 1e9))
+    };
+    format!(
+        "Fragmentation level: {level} — fragmentation score {:.1} at the timestep where {peaked}{who} peaked \
+         ({when}: {} live in {} {held}), when memory was scarcest. The score counts free blocks that a cache \
+         keeps on purpose as gaps: on its own it does not say that memory will run out. Where the score heads from \
+         the run's end is the forecast level, under Prediction.\n\n",
+        p.score,
+        bytes(p.live_bytes),
+        bytes(p.span_bytes),
+    )
+}
+
+/// The seed's forecast level (SPEC §6.8), from the run's end: the
+/// Prediction section's first line.
+fn forecast_level_md(a: &Analysis, p: &crate::analysis::ProcessPrediction) -> String {
+    let pr = &p.prediction;
+    let f = pr.forecast.as_deref().unwrap_or_default();
+    let forecast: Vec<String> = f.iter().map(|v| format!("{v:.1}")).collect();
+    let level = pr.risk.map_or("unknown", Risk::name);
+    if let Some(m) = last_row(a, p.pid).map(|r| &r.metrics).filter(|_| ended_empty(a, p.pid)) {
+        // The score of an emptied cache, and where it heads, are no
+        // level of the program's.
+        return format!(
+            "Forecast level: not judged — nothing is live at the last timestep (every block was freed; {1} still \
+             {held}), and the score of that empty state, {0:.1} ({level} by its scale), or a forecast of it, says \
+             nothing of the program.\n\n",
+            pr.current,
+            bytes(m.span_bytes),
+            held = held(a),
+        );
+    }
+    format!(
+        "Forecast level: {level} — fragmentation score {:.1} now{}, forecast {} over the next {} by {} ({}; {}, trend \
+         {:+.2} per timestep).\n\n",
+        pr.current,
+        last_state(a, p.pid),
+        forecast.join(" → "),
+        plural(pr.horizon as u64, "timestep", "timesteps"),
+        forecaster_phrase(pr.forecaster),
+        skill_phrase(pr),
+        confidence_phrase(pr),
+        pr.trend,
+    )
 }
 
 /// A snapshot that holds no trace history: only the state at one instant,
@@ -300,6 +317,7 @@ pub(crate) fn prediction_md(a: &Analysis) -> String {
         );
         return md;
     }
+    md.push_str(&forecast_level_md(a, p));
     let _ = writeln!(md, "| | |\n|---|---|");
     let _ = writeln!(md, "| window / horizon | {} / {} timesteps |", pr.window, pr.horizon);
     if let Some(cv) = &pr.cv_mae {
