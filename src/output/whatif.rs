@@ -224,6 +224,17 @@ pub fn json(w: &Whatif) -> serde_json::Value {
             "segment_allocs": s.segment_allocs,
             "ooms": s.ooms,
             "oom_classes": classes,
+            // The same figures at the budget interval's high end, where
+            // the budget is known only as one (the figures above are at
+            // its low end).
+            "at_budget_high": s.at_high.as_deref().map(|h| json!({
+                "peak_reserved_bytes": h.peak_reserved_bytes,
+                "peak_allocated_bytes": h.peak_allocated_bytes,
+                "reserved_minus_allocated_at_peak": h.reserved_minus_allocated_at_peak,
+                "segment_allocs": h.segment_allocs,
+                "ooms": h.ooms,
+                "flushes": h.flushes,
+            })),
             "devices": s.devices,
             "note": s.note,
             "unchecked_pair": s.unchecked_pair,
@@ -446,6 +457,21 @@ fn scenarios_md(w: &Whatif, level: &str, name: &dyn Fn(u32) -> String) -> String
         None => "No capacity given (`--capacity`): nothing runs out of memory, so the scenarios differ only in the memory they reserve, and their OOMs are not judged.".into(),
     };
     let _ = writeln!(md, "{text}\n");
+    let intervals: Vec<String> = w
+        .flushes
+        .iter()
+        .filter_map(|(d, f)| f.capacity.filter(|c| c.1 > c.0).map(|(lo, hi)| (d, lo, hi)))
+        .map(|(d, lo, hi)| if several { format!("{}: {}–{}", name(*d), bytes(lo), bytes(hi)) } else { format!("{}–{}", bytes(lo), bytes(hi)) })
+        .collect();
+    if w.scenarios.iter().any(|s| s.at_high.is_some()) && !intervals.is_empty() {
+        let _ = writeln!(
+            md,
+            "The cache releases bound the budget only to an interval ({}): every scenario was replayed at both ends. \
+             A figure that reads a–b depends on where in that interval the budget lies; a single figure holds \
+             anywhere in it.\n",
+            intervals.join("; ")
+        );
+    }
     for (d, f) in &w.flushes {
         let _ = writeln!(md, "{}\n", flushes_sentence(w, *d, f));
     }
@@ -526,18 +552,25 @@ fn scenario_table(
     md.push_str("| scenario | peak reserved | peak allocated | reserved − allocated at peak | segments allocated | OOMs |\n|---|---|---|---|---|---|\n");
     for (i, s) in w.scenarios.iter().enumerate() {
         let f = figures(s);
+        // At both ends of the budget interval, where it is one: "a–b"
+        // where they differ.
+        let h = s.at_high.as_deref().map(figures);
+        let size = |lo: u64, hi: Option<u64>| range(lo, hi, bytes);
+        let count = |lo: u64, hi: Option<u64>| range(lo, hi, |n| n.to_string());
+        let model_reserved = size(f.reserved, h.as_ref().map(|h| h.reserved));
+        let model_ooms = count(f.ooms, h.as_ref().map(|h| h.ooms));
         let (reserved, ooms) = match recording.filter(|_| i == 0) {
             Some((r, o)) => (
-                if r == f.reserved { bytes(r) } else { format!("{} (model: {})", bytes(r), bytes(f.reserved)) },
-                if o == f.ooms { o.to_string() } else { format!("{o} (model: {})", f.ooms) },
+                if model_reserved == bytes(r) { model_reserved } else { format!("{} (model: {model_reserved})", bytes(r)) },
+                if model_ooms == o.to_string() { model_ooms } else { format!("{o} (model: {model_ooms})") },
             ),
             None if !capacity_known
                 && !(i == 0 && s.conf.is_empty())
                 && !crate::analysis::whatif::is_recorded(&w.recorded_conf, &s.conf) =>
             {
-                (bytes(f.reserved), "not judged".to_string())
+                (model_reserved, "not judged".to_string())
             }
-            None => (bytes(f.reserved), f.ooms.to_string()),
+            None => (model_reserved, model_ooms),
         };
         let _ = writeln!(
             md,
@@ -549,10 +582,19 @@ fn scenario_table(
                 (true, _) => "PyTorch's caching allocator, default settings".to_string(),
                 (false, _) => crate::analysis::whatif::scenario_label(&w.recorded_conf, &s.conf),
             },
-            bytes(f.allocated),
-            bytes(f.spare),
-            f.segments,
+            size(f.allocated, h.as_ref().map(|h| h.allocated)),
+            size(f.spare, h.as_ref().map(|h| h.spare)),
+            count(f.segments, h.as_ref().map(|h| h.segments)),
         );
+    }
+}
+
+/// A figure at the low end of the budget interval and, where it differs,
+/// at the high end: "a–b", the smaller first.
+fn range(lo: u64, hi: Option<u64>, show: impl Fn(u64) -> String) -> String {
+    match hi.filter(|&h| h != lo) {
+        Some(h) => format!("{}–{}", show(lo.min(h)), show(lo.max(h))),
+        None => show(lo),
     }
 }
 

@@ -150,6 +150,18 @@ fn memory_needed_matches_the_real_runs_under_a_memory_fraction() {
     // The budget the releases imply holds the real one.
     let d = &r["decision"]["memory"][0]["budget"];
     assert!(d["lo_bytes"].as_u64().unwrap() <= cap && cap <= d["hi_bytes"].as_u64().unwrap(), "{d}");
+    // The what-if rows hold at both ends of that interval or say a range:
+    // `max_split_size_mb:64` reserves more where the budget allows more,
+    // expandable segments never reach its low end.
+    let scenarios = r["whatif"]["scenarios"].as_array().unwrap();
+    let at = |conf: &str| scenarios.iter().find(|s| s["label"] == conf).unwrap_or_else(|| panic!("{conf}"));
+    let split = at("max_split_size_mb:64");
+    assert!(split["at_budget_high"]["peak_reserved_bytes"].as_u64() > split["peak_reserved_bytes"].as_u64(), "{split}");
+    let e = at("expandable_segments:True");
+    assert_eq!(e["at_budget_high"]["peak_reserved_bytes"], e["peak_reserved_bytes"], "{e}");
+    assert!(md.contains("every scenario was replayed at both ends. A figure that reads a–b depends on"), "{md}");
+    assert!(md.contains("| `max_split_size_mb:64` | 8.67 GiB–9.63 GiB | 6.33 GiB |"), "{md}");
+    assert!(md.contains("| `expandable_segments:True` | 6.88 GiB | 6.31 GiB |"), "{md}");
 }
 
 /// Cache releases as PyTorch counts them (`num_alloc_retries`): the

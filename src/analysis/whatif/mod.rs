@@ -131,6 +131,10 @@ pub struct Scenario {
     /// `max_split_size_mb` and `roundup_power2_divisions`, which no real
     /// run has checked.
     pub unchecked_pair: bool,
+    /// The same scenario replayed at the high end of the budget interval,
+    /// where the budget is known only as one (cache flushes bound it): the
+    /// figures above are at its low end. Its outcomes keep no series.
+    pub at_high: Option<Box<Scenario>>,
 }
 
 impl Scenario {
@@ -158,7 +162,19 @@ impl Scenario {
             needed: Vec::new(),
             note: None,
             unchecked_pair: false,
+            at_high: None,
         }
+    }
+
+    /// Whether a figure of the table (peak reserved or allocated, what
+    /// reserved held beyond allocated, segments, OOMs, flushes) differs
+    /// between the two ends of the budget interval.
+    pub fn depends_on_budget(&self) -> bool {
+        self.at_high.as_deref().is_some_and(|h| {
+            (h.peak_reserved_bytes, h.peak_allocated_bytes, h.reserved_minus_allocated_at_peak)
+                != (self.peak_reserved_bytes, self.peak_allocated_bytes, self.reserved_minus_allocated_at_peak)
+                || (h.segment_allocs, h.ooms, h.flushes) != (self.segment_allocs, self.ooms, self.flushes)
+        })
     }
 }
 
@@ -658,6 +674,19 @@ pub fn run(
         .map(|d| capacity.or_else(|| inferred_capacity(d)).or_else(|| d.flushes.capacity.map(|c| c.0)))
         .collect();
     let known = capacities.iter().copied().collect::<Option<Vec<u64>>>().and_then(|c| c.into_iter().max());
+    // Where cache flushes bound the budget only as an interval, every
+    // scenario is replayed at its high end too, so that no figure is given
+    // at one end unlabelled (each device at its own low end when it has no
+    // interval).
+    let highs: Vec<Option<u64>> = devices
+        .iter()
+        .zip(&capacities)
+        .map(|(d, &c)| match d.flushes.capacity {
+            Some((lo, hi)) if capacity.is_none() && inferred_capacity(d).is_none() && hi > lo => Some(hi),
+            _ => c,
+        })
+        .collect();
+    let interval = highs != capacities;
     let mut confs = if confs.is_empty() { default_sweep(devices, recorded, capacity, known) } else { confs };
     if source == Source::DeviceLevel {
         confs.insert(0, Vec::new());
@@ -686,6 +715,14 @@ pub fn run(
             started.elapsed().as_secs_f64()
         );
         let mut scenario = Scenario::of(name, conf, outcomes);
+        if interval {
+            let outcomes = devices
+                .iter()
+                .zip(&highs)
+                .map(|(d, &c)| Outcome { series: Vec::new(), ..simulate(d, s, c, name, conf) })
+                .collect();
+            scenario.at_high = Some(Box::new(Scenario::of(name, conf, outcomes)));
+        }
         scenario.needed = scenario_needed;
         scenario.note = settings_note(s, capacities.iter().all(Option::is_some));
         scenario.unchecked_pair = unchecked_pair(s);
@@ -790,6 +827,29 @@ pub fn run(
         && let Some(tight) = tight_margin(Some(*cap), &scenarios[recommended.0])
     {
         recommended.1 = format!("{}, {tight}", recommended.1);
+    }
+    // Figures given at the budget interval's low end that differ at its
+    // high end: said as a range, never at one end unlabelled.
+    if let Some(high) = scenarios[recommended.0].at_high.as_deref().filter(|_| scenarios[recommended.0].depends_on_budget())
+    {
+        let low = &scenarios[recommended.0];
+        let b = crate::units::bytes;
+        let (lo, hi) = (capacities.iter().flatten().min(), highs.iter().flatten().max());
+        let mut parts = vec![format!(
+            "peak reserved {}–{}",
+            b(low.peak_reserved_bytes.min(high.peak_reserved_bytes)),
+            b(low.peak_reserved_bytes.max(high.peak_reserved_bytes))
+        )];
+        if low.ooms != high.ooms {
+            parts.push(format!("{}–{} OOMs", low.ooms.min(high.ooms), low.ooms.max(high.ooms)));
+        }
+        recommended.1 = format!(
+            "{} (at the budget's low end; {} depending on the budget within {}–{})",
+            recommended.1,
+            parts.join(", "),
+            lo.map_or("?".into(), |c| b(*c)),
+            hi.map_or("?".into(), |c| b(*c))
+        );
     }
     if recommended.0 != 0 && scenarios[recommended.0].unchecked_pair {
         recommended.1 = format!("{} ({UNCHECKED})", recommended.1);
