@@ -146,7 +146,8 @@ pub fn advise(a: &Analysis, events: &Events) -> Vec<Advice> {
             removes_ooms: None,
         });
     }
-    for (w, (d, f)) in a.whatif.iter().flat_map(|w| w.flushes.iter().map(move |f| (w, f))) {
+    // Releases by garbage collection alone are no flush.
+    for (w, (d, f)) in a.whatif.iter().flat_map(|w| w.flushes.iter().filter(|f| f.1.count > 0).map(move |f| (w, f))) {
         out.push(Advice::new(
             Kind::Flush,
             format!(

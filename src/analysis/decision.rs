@@ -158,6 +158,9 @@ fn budget(w: &Whatif, j: usize, given: Option<u64>) -> Option<Budget> {
     if let Some((lo, hi)) = w.flushes.iter().find(|(d, _)| *d == device).and_then(|x| x.1.capacity) {
         return Some(Budget { lo_bytes: lo, hi_bytes: hi, source: "its cache releases" });
     }
+    if let Some((lo, hi)) = w.flushes.iter().find(|(d, _)| *d == device).and_then(|x| x.1.gc_capacity) {
+        return Some(Budget { lo_bytes: lo, hi_bytes: hi, source: "its garbage collection's releases" });
+    }
     // A device-level trace's own capacity (trace.json), which its replay
     // used.
     let c =
@@ -212,9 +215,15 @@ pub fn decide(
                             f.initial_reserved > 0 && f.initial_reserved >= n.no_flush_from_bytes / 10
                         }),
                     // Garbage collection acts only under a memory fraction,
-                    // which a snapshot does not record: the replay of the
-                    // recorded settings runs without it.
-                    note: w.flushes.iter().any(|(d, fl)| *d == f.device && fl.gc_releases > 0).then(|| {
+                    // which a snapshot does not record: where its releases
+                    // bound the budget, the replay collects under it; where
+                    // they do not, the replay of the recorded settings runs
+                    // without it.
+                    note: w
+                        .flushes
+                        .iter()
+                        .any(|(d, fl)| *d == f.device && fl.gc_releases > 0 && fl.gc_capacity.is_none())
+                        .then(|| {
                         "the recorded settings replay without garbage collection: the memory fraction that turned it \
                          on is not in the snapshot"
                             .to_string()

@@ -396,11 +396,13 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
     }
     // The OOM risk, after the what-if (a capacity its cache flushes imply
     // counts too) and the leaks (a leak raises it).
-    let flushes: Vec<(u32, u64, u64)> = analysis
+    let flushes: Vec<(u32, u64, u64, bool)> = analysis
         .whatif
         .iter()
         .flat_map(|w| w.flushes.iter())
-        .filter_map(|(d, f)| f.capacity.map(|(lo, hi)| (*d, lo, hi)))
+        .filter_map(|(d, f)| {
+            f.capacity.map(|(lo, hi)| (*d, lo, hi, false)).or(f.gc_capacity.map(|(lo, hi)| (*d, lo, hi, true)))
+        })
         .collect();
     let needed: Vec<(u32, u64)> = analysis
         .whatif

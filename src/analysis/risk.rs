@@ -96,6 +96,9 @@ pub enum CapacitySource {
     /// PyTorch's cache flushes (the device was full): the least capacity
     /// they allow ([`crate::analysis::whatif::Flushes`]).
     InferredFromFlushes,
+    /// Garbage collection's releases under `garbage_collection_threshold`:
+    /// the least budget they allow ([`crate::analysis::whatif::Flushes::gc_budget`]).
+    InferredFromCollection,
 }
 
 impl CapacitySource {
@@ -108,6 +111,10 @@ impl CapacitySource {
             }
             CapacitySource::InferredFromFlushes => {
                 "inferred from cache flushes (PyTorch released cached segments because the device was full), which bound it"
+            }
+            CapacitySource::InferredFromCollection => {
+                "inferred from garbage collection's releases (PyTorch collects only above its threshold's share of the \
+                 budget), which bound it"
             }
         }
     }
@@ -128,7 +135,9 @@ impl Capacity {
     /// know it exactly.
     pub fn is_lower_bound(&self) -> bool {
         match self.source {
-            CapacitySource::InferredFromFlushes => self.upper != Some(self.bytes),
+            CapacitySource::InferredFromFlushes | CapacitySource::InferredFromCollection => {
+                self.upper != Some(self.bytes)
+            }
             _ => false,
         }
     }

@@ -15,8 +15,9 @@ pub(crate) struct Inputs<'a> {
     pub ooms: &'a [crate::analysis::oom::OomDiagnosis],
     pub given: Option<u64>,
     pub recorded: Option<u64>,
-    /// Per device, the least and the most capacity its cache flushes allow.
-    pub flushes: &'a [(u32, u64, u64)],
+    /// Per device, the least and the most capacity its cache flushes allow
+    /// (true: its garbage collection's releases, not flushes).
+    pub flushes: &'a [(u32, u64, u64, bool)],
     /// The fragmentation level of each process's forecast.
     pub fragmentation: Vec<(u32, Option<Risk>)>,
     /// A device-level recording's GPUs ([`Gpus`]).
@@ -137,8 +138,10 @@ fn capacity_of(inp: &Inputs<'_>, series: &Series) -> Option<Capacity> {
             })
         })
         .or_else(|| {
-            let &(_, bytes, upper) = inp.flushes.iter().find(|f| f.0 == device)?;
-            Some(Capacity { bytes, source: CapacitySource::InferredFromFlushes, upper: Some(upper) })
+            let &(_, bytes, upper, collection) = inp.flushes.iter().find(|f| f.0 == device)?;
+            let source =
+                if collection { CapacitySource::InferredFromCollection } else { CapacitySource::InferredFromFlushes };
+            Some(Capacity { bytes, source, upper: Some(upper) })
         })
 }
 
@@ -198,7 +201,7 @@ pub(crate) fn evaluate(inp: &Inputs<'_>, rows: &mut [crate::analysis::result::Ro
         let known_from = capacity.map(|c| match c.source {
             CapacitySource::Given | CapacitySource::Recorded => 0,
             CapacitySource::InferredFromOom => first_oom.unwrap_or(u64::MAX),
-            CapacitySource::InferredFromFlushes => u64::MAX,
+            CapacitySource::InferredFromFlushes | CapacitySource::InferredFromCollection => u64::MAX,
         });
         let (mut peak, mut history) = (0u64, Vec::with_capacity(steps.len()));
         let mut last = State::default();

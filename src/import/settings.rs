@@ -38,6 +38,11 @@ pub struct Settings {
     /// Entries of keys that change neither where blocks go nor the bytes
     /// reserved ([`INERT_KEYS`]): kept to be named, replayed as absent.
     pub inert: Vec<String>,
+    /// A per-process memory fraction below 1 was in force, its value not
+    /// recorded: the recording shows garbage collection releasing blocks,
+    /// which PyTorch does only under one. The budget the replay is given
+    /// is then that fraction's bytes.
+    pub fraction_shown: bool,
 }
 
 /// Keys PyTorch 2.12–2.15 accept that change neither placement nor
@@ -78,6 +83,7 @@ impl Default for Settings {
             large_segment_size: None,
             max_non_split_rounding: None,
             inert: Vec::new(),
+            fraction_shown: false,
         }
     }
 }
@@ -299,7 +305,8 @@ impl Settings {
     /// fraction below 1 is set (`allowed_memory_maximum`; a fraction of 1
     /// sets no limit), so the threshold alone changes nothing.
     pub fn collects_garbage(&self) -> Option<f64> {
-        self.garbage_collection_threshold.filter(|_| self.per_process_memory_fraction.is_some_and(|f| f < 1.0))
+        self.garbage_collection_threshold
+            .filter(|_| self.fraction_shown || self.per_process_memory_fraction.is_some_and(|f| f < 1.0))
     }
 
     /// The memory the allocator may hold on a device of `capacity` bytes:

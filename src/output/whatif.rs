@@ -245,6 +245,9 @@ pub fn json(w: &Whatif) -> serde_json::Value {
         "capacity_bytes": w.capacity,
         "capacity_source": match (w.capacity, w.capacity_inferred, w.capacity_from_flushes) {
             (None, _, _) => None,
+            (Some(_), true, true) if w.capacity_from_collection => {
+                Some("inferred from garbage collection's releases (the least budget they allow)")
+            }
             (Some(_), true, true) => Some("inferred from cache flushes (the least capacity they allow)"),
             (Some(_), true, false) => Some("inferred from an oom entry (free memory CUDA reported + reserved then)"),
             (Some(_), false, _) => Some("--capacity"),
@@ -376,6 +379,10 @@ struct Figures {
 /// What a row says of a capacity: the inferred one's source.
 fn capacity_source(w: &Whatif) -> &'static str {
     match (w.capacity_inferred, w.capacity_from_flushes) {
+        (true, true) if w.capacity_from_collection => {
+            " (inferred from garbage collection's releases: the least budget they allow; PyTorch collects only above \
+             its threshold's share of the budget)"
+        }
         (true, true) => " (inferred from cache flushes: the least capacity they allow)",
         (true, false) => " (inferred from an `oom` entry: the free memory CUDA reported plus what was reserved then)",
         (false, _) => "",
@@ -460,15 +467,16 @@ fn scenarios_md(w: &Whatif, level: &str, name: &dyn Fn(u32) -> String) -> String
     let intervals: Vec<String> = w
         .flushes
         .iter()
-        .filter_map(|(d, f)| f.capacity.filter(|c| c.1 > c.0).map(|(lo, hi)| (d, lo, hi)))
+        .filter_map(|(d, f)| f.capacity.or(f.gc_capacity).filter(|c| c.1 > c.0).map(|(lo, hi)| (d, lo, hi)))
         .map(|(d, lo, hi)| if several { format!("{}: {}–{}", name(*d), bytes(lo), bytes(hi)) } else { format!("{}–{}", bytes(lo), bytes(hi)) })
         .collect();
     if w.scenarios.iter().any(|s| s.at_high.is_some()) && !intervals.is_empty() {
         let _ = writeln!(
             md,
-            "The cache releases bound the budget only to an interval ({}): every scenario was replayed at both ends. \
+            "{} bound the budget only to an interval ({}): every scenario was replayed at both ends. \
              A figure that reads a–b depends on where in that interval the budget lies; a single figure holds \
              anywhere in it.\n",
+            if w.capacity_from_collection { "Garbage collection's releases" } else { "The cache releases" },
             intervals.join("; ")
         );
     }
@@ -699,6 +707,7 @@ mod tests {
             capacity: None,
             capacity_inferred: false,
             capacity_from_flushes: false,
+            capacity_from_collection: false,
             flushes: Vec::new(),
             retry_times: Vec::new(),
             source: Source::Snapshot,

@@ -316,3 +316,31 @@ fn compare_weighs_leaks_and_memory_needed_before_scores() {
     let stderr = String::from_utf8_lossy(&run.get_output().stderr).to_string();
     assert!(stderr.contains("more than --fail-if-needs-more-than 5.00 GiB"), "{stderr}");
 }
+
+/// The run under `garbage_collection_threshold:0.6` and a 9000 MiB
+/// fraction the snapshot does not record: its collections bound the
+/// budget to an interval that holds the real one, and the recorded
+/// settings, replayed with collection on anywhere in it, reserve what the
+/// real run reserved, to the byte, with no OOM and no retry.
+#[test]
+fn garbage_collection_shows_the_budget_and_replays_under_it() {
+    let Some(dir) = shared() else { return };
+    let outcomes: serde_json::Value = serde_json::from_slice(&fs::read(dir.join("outcomes.json")).unwrap()).unwrap();
+    let name = "varlen-fraction-garbage_collection_threshold-0-6";
+    let real = &outcomes[name];
+    let cap = real["per_process_memory_fraction_bytes"].as_u64().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let r = analyzed(&dir, name, tmp.path());
+    let b = &r["decision"]["memory"][0]["budget"];
+    assert!(b["lo_bytes"].as_u64().unwrap() <= cap && cap <= b["hi_bytes"].as_u64().unwrap(), "{b}");
+    let recorded = &r["whatif"]["scenarios"][0];
+    let peak = real["reserved_bytes.all.peak"].as_u64();
+    assert_eq!(recorded["peak_reserved_bytes"].as_u64(), peak, "{recorded}");
+    assert_eq!(recorded["at_budget_high"]["peak_reserved_bytes"].as_u64(), peak, "{recorded}");
+    assert_eq!((recorded["ooms"].as_u64(), recorded["at_budget_high"]["ooms"].as_u64()), (Some(0), Some(0)));
+    assert!(needed(&r, "recorded")["fits_from_bytes"].as_u64().unwrap() <= cap);
+    let md = fs::read_to_string(tmp.path().join(name).join("report.md")).unwrap();
+    assert!(!md.contains("replay without garbage collection"), "{md}");
+    assert!(!md.contains("ran full 0 times"), "{md}");
+    assert!(md.contains("(from its garbage collection's releases)"), "{md}");
+}

@@ -128,7 +128,8 @@ pub struct Scenario {
     /// no effect as given).
     pub note: Option<String>,
     /// Its settings combine two or more of expandable segments,
-    /// `max_split_size_mb` and `roundup_power2_divisions`, which no real
+    /// `max_split_size_mb`, `roundup_power2_divisions` and garbage
+    /// collection in force, which no real
     /// run has checked.
     pub unchecked_pair: bool,
     /// The same scenario replayed at the high end of the budget interval,
@@ -229,7 +230,14 @@ fn settings_note(s: &Settings, capacity_known: bool) -> Option<String> {
 /// the same code, but real runs checked it one setting at a time (SPEC
 /// §10).
 fn unchecked_pair(s: &Settings) -> bool {
-    let set = [s.expandable_segments, s.max_split_size.is_some(), s.roundup_power2_divisions.iter().any(|&d| d > 1)];
+    // Garbage collection in force counts as one: the model was checked on
+    // it alone (the varlen run under a memory fraction).
+    let set = [
+        s.expandable_segments,
+        s.max_split_size.is_some(),
+        s.roundup_power2_divisions.iter().any(|&d| d > 1),
+        s.collects_garbage().is_some(),
+    ];
     set.iter().filter(|&&x| x).count() >= 2
 }
 
@@ -541,8 +549,11 @@ pub struct Whatif {
     /// The recorded settings that differ from PyTorch's defaults, as
     /// `PYTORCH_CUDA_ALLOC_CONF` entries: a recommendation keeps them.
     pub recorded_conf: Vec<String>,
-    /// The inferred capacity comes from cache flushes, not an `oom` entry.
+    /// The inferred capacity comes from cache flushes, not an `oom` entry
+    /// (or from garbage collection's releases: then
+    /// `capacity_from_collection` too).
     pub capacity_from_flushes: bool,
+    pub capacity_from_collection: bool,
     /// Each device's cache flushes, where it had any.
     pub flushes: Vec<(u32, Flushes)>,
     /// When each device's retries released its cache (ns, the trace's
@@ -665,13 +676,38 @@ pub fn run(
     source: Source,
     unexplained: Option<String>,
 ) -> Result<Whatif, String> {
+    // Garbage collection's releases show a memory fraction in force (the
+    // only way PyTorch collects), and bound its budget: the recorded
+    // settings then replay with collection on.
+    let gc_budgets: Vec<Option<(u64, u64)>> = devices
+        .iter()
+        .map(|d| {
+            recorded
+                .garbage_collection_threshold
+                .filter(|_| recorded.per_process_memory_fraction.is_none())
+                .and_then(|t| d.flushes.gc_budget(t))
+        })
+        .collect();
+    let with_fraction;
+    let recorded = if gc_budgets.iter().any(Option::is_some) {
+        with_fraction = Settings { fraction_shown: true, ..recorded.clone() };
+        &with_fraction
+    } else {
+        recorded
+    };
     // Each device's capacity: the one given, else inferred from its OOM,
-    // else the least its cache flushes allow (the cautious end: a setting
-    // said to avoid OOMs must do so on the smallest device the recording
-    // is consistent with).
+    // else the least its cache flushes allow, else the least its garbage
+    // collection allows (the cautious end: a setting said to avoid OOMs
+    // must do so on the smallest device the recording is consistent with).
     let capacities: Vec<Option<u64>> = devices
         .iter()
-        .map(|d| capacity.or_else(|| inferred_capacity(d)).or_else(|| d.flushes.capacity.map(|c| c.0)))
+        .zip(&gc_budgets)
+        .map(|(d, gc)| {
+            capacity
+                .or_else(|| inferred_capacity(d))
+                .or_else(|| d.flushes.capacity.map(|c| c.0))
+                .or_else(|| gc.map(|c| c.0))
+        })
         .collect();
     let known = capacities.iter().copied().collect::<Option<Vec<u64>>>().and_then(|c| c.into_iter().max());
     // Where cache flushes bound the budget only as an interval, every
@@ -681,7 +717,8 @@ pub fn run(
     let highs: Vec<Option<u64>> = devices
         .iter()
         .zip(&capacities)
-        .map(|(d, &c)| match d.flushes.capacity {
+        .zip(&gc_budgets)
+        .map(|((d, &c), gc)| match d.flushes.capacity.or(*gc) {
             Some((lo, hi)) if capacity.is_none() && inferred_capacity(d).is_none() && hi > lo => Some(hi),
             _ => c,
         })
@@ -693,8 +730,14 @@ pub fn run(
     }
     let runs = settings_of(recorded, &confs)?;
     let started = std::time::Instant::now();
-    let from_flushes =
-        capacity.is_none() && devices.iter().any(|d| inferred_capacity(d).is_none() && d.flushes.capacity.is_some());
+    // Inferred from the trace's releases: cache flushes, or garbage
+    // collection where no flush bounds it.
+    let from_flushes = capacity.is_none()
+        && devices
+            .iter()
+            .zip(&gc_budgets)
+            .any(|(d, gc)| inferred_capacity(d).is_none() && (d.flushes.capacity.is_some() || gc.is_some()));
+    let from_collection = from_flushes && devices.iter().all(|d| d.flushes.capacity.is_none());
     let run_all = |name: &str, conf: &[String], s: &Settings| -> Scenario {
         let started = std::time::Instant::now();
         let outcomes: Vec<Outcome> =
@@ -912,7 +955,8 @@ pub fn run(
     let capacity = capacity.or_else(|| capacities.iter().flatten().copied().max());
     let flushes = devices
         .iter()
-        .map(|d| (d.device, d.flushes))
+        .zip(&gc_budgets)
+        .map(|(d, gc)| (d.device, Flushes { gc_capacity: *gc, ..d.flushes }))
         .filter(|x| x.1.count + x.1.gc_releases + x.1.oversize_releases > 0)
         .collect();
     let retry_times = devices
@@ -935,6 +979,7 @@ pub fn run(
         capacity,
         capacity_inferred,
         capacity_from_flushes: from_flushes,
+        capacity_from_collection: from_collection,
         flushes,
         source,
         recorded_conf,

@@ -182,6 +182,37 @@ pub struct Flushes {
     pub bytes_freed: u64,
     /// The capacity interval [lo, hi] they imply, when consistent.
     pub capacity: Option<(u64, u64)>,
+    /// The least reserved just before a garbage collection released
+    /// blocks, and the most ever reserved with a new segment that fit:
+    /// with the threshold, they bound the budget ([`Flushes::gc_budget`]).
+    pub gc_reserved_before: Option<u64>,
+    pub peak_fit: u64,
+    /// The most reserved when a new segment was made with a wholly
+    /// free large segment cached and no collection before it: garbage
+    /// collection, had it been over its threshold, would have released
+    /// that segment first ([`Flushes::gc_budget`]).
+    pub gc_quiet_max: u64,
+    /// The budget interval garbage collection implied under the recorded
+    /// threshold, where the what-if used it.
+    pub gc_capacity: Option<(u64, u64)>,
+}
+
+impl Flushes {
+    /// The budget interval garbage collection's releases imply under
+    /// `threshold`: PyTorch collects only when what it reserved exceeds
+    /// threshold × budget (`garbage_collect_cached_blocks`), so each
+    /// collection bounds the budget below reserved ÷ threshold; every
+    /// segment that fit bounds it from below. None without a collection,
+    /// or when the two disagree.
+    pub fn gc_budget(&self, threshold: f64) -> Option<(u64, u64)> {
+        let before = self.gc_reserved_before?;
+        if threshold <= 0.0 {
+            return None;
+        }
+        let hi = (before as f64 / threshold).floor() as u64;
+        let lo = self.peak_fit.max((self.gc_quiet_max as f64 / threshold).ceil() as u64);
+        (lo <= hi).then_some((lo, hi))
+    }
 }
 
 /// Whether an event gives memory back to the device.
@@ -341,9 +372,42 @@ pub(super) fn find_flushes(d: &DeviceStream) -> Flushes {
     // The run of releases just ended, and what was reserved before it.
     let mut run: Option<(u64, u64, u64)> = None; // (reserved before, segments, bytes)
     let mut last: Option<Release> = None;
+    // Segments (not expandable ones' pages) by address: size and blocks
+    // live in each; and how many large ones are wholly free.
+    let mut segments: std::collections::BTreeMap<u64, (u64, u64)> = std::collections::BTreeMap::new();
+    let mut free_large: u64 = 0;
+    let large = |size: u64| !is_small_segment(size);
     for (i, r) in d.events.iter().enumerate() {
         match r.kind {
+            EventKind::BlockAlloc | EventKind::BlockFree => {
+                if let Some((_, (size, live))) = segments.range_mut(..=r.addr).next_back().filter(|(a, (s, _))| r.addr < *a + *s) {
+                    let was_free = *live == 0;
+                    if r.kind == EventKind::BlockAlloc {
+                        *live += 1;
+                    } else {
+                        *live = live.saturating_sub(1);
+                    }
+                    if large(*size) && was_free != (*live == 0) {
+                        if was_free {
+                            free_large -= 1;
+                        } else {
+                            free_large += 1;
+                        }
+                    }
+                }
+                // Blocks change nothing of a run of releases.
+                continue;
+            }
+            _ => {}
+        }
+        match r.kind {
             EventKind::SegmentFree | EventKind::SegmentUnmap => {
+                if let Some((size, live)) = segments.remove(&r.addr)
+                    && live == 0
+                    && large(size)
+                {
+                    free_large -= 1;
+                }
                 let e = run.get_or_insert((reserved, 0, 0));
                 *e = (e.0, e.1 + 1, e.2 + r.size);
                 reserved = reserved.saturating_sub(r.size);
@@ -355,7 +419,10 @@ pub(super) fn find_flushes(d: &DeviceStream) -> Flushes {
                             f.segments_freed += e.1;
                             f.bytes_freed += e.2;
                         }
-                        Release::Collection => f.gc_releases += 1,
+                        Release::Collection => {
+                            f.gc_releases += 1;
+                            f.gc_reserved_before = Some(f.gc_reserved_before.map_or(e.0, |r| r.min(e.0)));
+                        }
                         Release::Oversize => f.oversize_releases += 1,
                         Release::Unknown => f.at_least = true,
                         Release::Program => {}
@@ -369,6 +436,19 @@ pub(super) fn find_flushes(d: &DeviceStream) -> Flushes {
                 {
                     hi = hi.min((before + r.size).saturating_sub(1));
                 }
+                // A new segment (in either pool: PyTorch collects before
+                // any) with a free large one cached, and no collection
+                // released it: reserved was not over the
+                // threshold.
+                if i >= d.initial && r.kind == EventKind::SegmentAlloc && free_large > 0 && run.is_none() {
+                    f.gc_quiet_max = f.gc_quiet_max.max(reserved);
+                }
+                if r.kind == EventKind::SegmentAlloc {
+                    segments.insert(r.addr, (r.size, 0));
+                    if large(r.size) {
+                        free_large += 1;
+                    }
+                }
                 reserved += r.size;
                 lo = lo.max(reserved);
             }
@@ -381,6 +461,7 @@ pub(super) fn find_flushes(d: &DeviceStream) -> Flushes {
         last = None;
     }
     f.capacity = (hi != u64::MAX && lo <= hi).then_some((lo, hi));
+    f.peak_fit = lo;
     f.at_least |= before > 0 && before >= lo / 10;
     f
 }

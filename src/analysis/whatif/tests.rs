@@ -593,3 +593,49 @@ fn memory_needed_is_the_smallest_budget_that_fits() {
     assert_eq!((n.fits_from_bytes, n.flushes_at_fits_from), (Some(400 * MIB), 0));
     assert_eq!(n.no_flush_from_bytes, 400 * MIB);
 }
+
+/// Garbage collection's releases bound the budget of a run whose memory
+/// fraction the snapshot does not hold: PyTorch collects only when what it
+/// reserved exceeds threshold × budget. A release at 200 MiB reserved says
+/// the budget is below 200 / 0.5 = 400 MiB; a new segment made at
+/// 100 MiB reserved with a wholly free one cached, and no collection,
+/// says it is at least 200 MiB; every segment that fit, at least 250 MiB.
+/// The recorded settings then replay with collection on, at that budget.
+#[test]
+fn garbage_collection_bounds_the_budget() {
+    let events = vec![
+        req(EventKind::SegmentAlloc, 1 << 32, 100 * MIB, 0),
+        req(EventKind::BlockAlloc, 1 << 32, 100 * MIB, 100 * MIB),
+        req(EventKind::BlockFree, 1 << 32, 100 * MIB, 100 * MIB),
+        req(EventKind::SegmentAlloc, 2 << 32, 100 * MIB, 0),
+        req(EventKind::BlockAlloc, 2 << 32, 100 * MIB, 100 * MIB),
+        req(EventKind::SegmentFree, 1 << 32, 100 * MIB, 0),
+        req(EventKind::SegmentAlloc, 3 << 32, 150 * MIB, 0),
+        req(EventKind::BlockAlloc, 3 << 32, 150 * MIB, 150 * MIB),
+    ];
+    let mut d = DeviceStream { device: 0, initial: 0, events, ..Default::default() };
+    let mut gc = Settings::default();
+    gc.apply("garbage_collection_threshold:0.5").unwrap();
+    d.releases = classify_releases(&d, &vec![Caller::Elsewhere; d.events.len()], true, &gc);
+    d.flushes = find_flushes(&d);
+    let f = d.flushes;
+    assert_eq!((f.count, f.gc_releases, f.capacity), (0, 1, None));
+    assert_eq!((f.gc_reserved_before, f.gc_quiet_max, f.peak_fit), (Some(200 * MIB), 100 * MIB, 250 * MIB));
+    assert_eq!(f.gc_budget(0.5), Some((250 * MIB, 400 * MIB)));
+    // A threshold the releases contradict gives no budget.
+    assert_eq!(f.gc_budget(0.9), None);
+    let w = run(&[d.clone()], &gc, None, vec![vec!["expandable_segments:True".into()]], Source::Snapshot, None).unwrap();
+    assert_eq!(w.flushes[0].1.gc_capacity, Some((250 * MIB, 400 * MIB)));
+    assert_eq!(w.capacities, vec![Some(250 * MIB)]);
+    assert!(w.capacity_from_collection);
+    // Collection is on in the replay: no note says it replays as unset.
+    assert!(w.scenarios[0].note.is_none(), "{:?}", w.scenarios[0].note);
+    assert!(w.scenarios[0].at_high.is_some());
+    // Without a collection, nothing is inferred, and collection stays off.
+    let mut quiet = d.clone();
+    quiet.releases.clear();
+    quiet.flushes = find_flushes(&quiet);
+    let w = run(&[quiet], &gc, None, Vec::new(), Source::Snapshot, None).unwrap();
+    assert_eq!(w.capacities, vec![None]);
+    assert!(w.scenarios[0].note.as_deref().is_some_and(|n| n.contains("only under a per-process memory fraction")));
+}
