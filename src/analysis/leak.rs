@@ -107,10 +107,14 @@ pub struct Floor {
     /// is the state after rows `0..after_rows`.
     #[serde(skip)]
     pub after_rows: usize,
+    /// The most live over the span, in the floor's unit: the span's peak
+    /// (compare.png sets the iterations of two runs side by side by it).
+    pub peak_bytes: u64,
 }
 
 impl Floor {
     fn consider(&mut self, bytes: u64, t_ns: u64, after_rows: usize) {
+        self.peak_bytes = self.peak_bytes.max(bytes);
         if bytes < self.bytes {
             (self.bytes, self.at_t_ns, self.after_rows) = (bytes, t_ns, after_rows);
         }
@@ -248,7 +252,7 @@ impl LiveBytes {
 pub fn floors(events: &Events, pid: u32, allocator_view: bool, spans: &[(u64, u64)]) -> (Vec<Floor>, u64) {
     let mut out: Vec<Floor> = spans
         .iter()
-        .map(|&(s, e)| Floor { start_t_ns: s, end_t_ns: e, bytes: u64::MAX, at_t_ns: s, after_rows: 0 })
+        .map(|&(s, e)| Floor { start_t_ns: s, end_t_ns: e, bytes: u64::MAX, at_t_ns: s, after_rows: 0, peak_bytes: 0 })
         .collect();
     let mut live = LiveBytes::new(allocator_view);
     let (mut k, mut entered, mut applied) = (0usize, false, 0usize);
@@ -849,14 +853,16 @@ fn floors_at(
 ) -> Vec<Floor> {
     // Per span: the least live bytes and where, first the state entering
     // its start, then after each of its events (the first least kept).
-    let least: Vec<(u64, usize, bool)> = spans
+    let least: Vec<(u64, usize, bool, u64)> = spans
         .iter()
         .map(|&(s, e)| {
-            let mut best = (if s == 0 { 0 } else { level[s - 1] }, s, true);
+            let entering = if s == 0 { 0 } else { level[s - 1] };
+            let mut best = (entering, s, true, entering);
             for (k, &l) in level.iter().enumerate().take(e).skip(s) {
                 if l < best.0 {
-                    best = (l, k, false);
+                    (best.0, best.1, best.2) = (l, k, false);
                 }
+                best.3 = best.3.max(l);
             }
             best
         })
@@ -885,7 +891,7 @@ fn floors_at(
     spans
         .iter()
         .zip(least)
-        .map(|(&(s, e), (bytes, k, entering))| {
+        .map(|(&(s, e), (bytes, k, entering, peak))| {
             let i = row[&k];
             Floor {
                 start_t_ns: ts(s).unwrap_or(0),
@@ -893,6 +899,7 @@ fn floors_at(
                 bytes,
                 at_t_ns: events.ts_ns[i],
                 after_rows: if entering { i } else { i + 1 },
+                peak_bytes: peak,
             }
         })
         .collect()

@@ -20,8 +20,12 @@
 //!
 //! `compare.png` draws both MDTPs side by side on the same address scale
 //! (the larger of the two collapsed footprints) with each trace's time
-//! normalised to its own duration, and both combined score curves below,
-//! over normalised time. For two snapshots, the segments only in A and only
+//! normalised to its own duration. Where both runs have iterations, the
+//! MDTPs start at each run's first iteration (a training run spends most
+//! of its time before its first step) and the chart below sets their
+//! iterations side by side: the peak and the floor of live memory of each
+//! complete iteration, by its number. Otherwise it draws both combined
+//! score curves over normalised time. For two snapshots, the segments only in A and only
 //! in B, keyed by (device, address, size) as PyTorch's own `compare` keys
 //! them, and the call sites whose live bytes changed most between the two
 //! peaks.
@@ -264,6 +268,9 @@ pub struct Comparison {
     /// Each stage of either side ([`crate::analysis::stages`]), matched by
     /// device and path: A's in its tree order, then those only in B.
     pub stages: Vec<StageDelta>,
+    /// Where both runs have iterations: the (floor, peak) of live memory of
+    /// each complete iteration of A and of B, as compare.png draws them.
+    pub iterations: Option<(Vec<(u64, u64)>, Vec<(u64, u64)>)>,
     pub image: Image,
 }
 
@@ -398,13 +405,17 @@ pub fn compare(a: &Path, b: &Path, opts: &Options, size: (u32, u32)) -> Result<C
     let (sa, sb) = (Summary::of(&aa), Summary::of(&ab));
     let (rows, verdict) = compare_summaries(&sa, &sb);
     let snapshot = (aa.allocator_view && ab.allocator_view).then(|| snapshot_diff(&aa, &ea, &ab, &eb));
-    let mdtp = |an: &Analysis| -> Result<Image> {
-        let pictures = crate::output::plot::render(an, &plot)?;
+    // Both with iterations: each MDTP from its run's first iteration.
+    let iterations = iteration_peaks(&aa).zip(iteration_peaks(&ab));
+    let aligned = iterations.is_some();
+    let mdtp = |an: &Analysis, ev: &crate::trace::event::Events| -> Result<Image> {
+        let time_window = busy_from(an, ev).filter(|_| aligned).map(|t| (t.saturating_sub(an.first_ts), u64::MAX));
+        let pictures = crate::output::plot::render(an, &crate::output::plot::PlotConfig { time_window, ..plot })?;
         pictures.map(|p| p.mdtp).ok_or_else(|| anyhow!("{}: no MDTP was drawn", an.trace.name))
     };
-    let image = compose(&aa, &mdtp(&aa)?, &ab, &mdtp(&ab)?, w, h)?;
+    let image = compose(&aa, &mdtp(&aa, &ea)?, &ab, &mdtp(&ab, &eb)?, w, h)?;
     let stages = stage_deltas(&aa.stages.stages, &ab.stages.stages);
-    Ok(Comparison { a: sa, b: sb, rows, verdict, snapshot, stages, image })
+    Ok(Comparison { a: sa, b: sb, rows, verdict, snapshot, stages, iterations, image })
 }
 
 fn segment_table(a: &Analysis) -> Vec<(u64, u64, u64)> {
@@ -446,7 +457,38 @@ fn snapshot_diff(
     SnapshotDiff { only_a, only_b, shared, sites }
 }
 
-/// The two MDTPs side by side, both score curves below.
+/// Where a run's iterations begin to be drawn: after the last idle stretch
+/// (no event for five steady iterations or more) from its first iteration
+/// on, so that the steps, not the start-up, fill the MDTP. None without a
+/// steady period.
+fn busy_from(an: &Analysis, ev: &crate::trace::event::Events) -> Option<u64> {
+    let it = an.iterations.iter().filter(|it| it.period_s.is_some()).min_by_key(|it| it.boundaries_t_ns.first())?;
+    let first = *it.boundaries_t_ns.first()?;
+    let idle = (it.period_s? * 5e9) as u64;
+    let mut from = first;
+    let mut last = first;
+    for &t in ev.ts_ns.iter().filter(|&&t| t >= first) {
+        if t - last > idle {
+            from = t;
+        }
+        last = last.max(t);
+    }
+    Some(from)
+}
+
+/// The peak and the floor of live memory of each complete iteration (the
+/// warm-up first) of the unit with the highest peak among those whose leak
+/// verdict was reached on iterations: at least two.
+fn iteration_peaks(an: &Analysis) -> Option<Vec<(u64, u64)>> {
+    an.leaks
+        .iter()
+        .filter(|l| l.method == crate::analysis::leak::Method::Iterations && l.floors.len() >= 2)
+        .max_by_key(|l| l.floors.iter().map(|f| f.peak_bytes).max())
+        .map(|l| l.floors.iter().map(|f| (f.bytes, f.peak_bytes)).collect())
+}
+
+/// The two MDTPs side by side; below, their iterations side by side where
+/// both have them, else both score curves.
 fn compose(a: &Analysis, ia: &Image, b: &Analysis, ib: &Image, w: u32, h: u32) -> Result<Image> {
     crate::output::plot::fonts()?;
     let mut buf = vec![255u8; (w * h * 3) as usize];
@@ -464,6 +506,20 @@ fn compose(a: &Analysis, ia: &Image, b: &Analysis, ib: &Image, w: u32, h: u32) -
     {
         let root = BitMapBackend::with_buffer(&mut buf, (w, h)).into_drawing_area();
         let (_, bottom) = root.split_vertically(top);
+        let (bw, bh) = bottom.dim_in_pixel();
+        if let (Some(pa), Some(pb)) = (iteration_peaks(a), iteration_peaks(b)) {
+            iterations_chart(&bottom, a, &pa, b, &pb)?;
+        } else {
+            scores_chart(&bottom, a, b, bw, bh)?;
+        }
+        root.present().map_err(|e| anyhow!("{e}"))?;
+    }
+    Ok(Image { pixels: buf, width: w, height: h })
+}
+
+/// Both combined score curves over normalised time.
+fn scores_chart(bottom: &Area<'_>, a: &Analysis, b: &Analysis, bw: u32, bh: u32) -> Result<()> {
+    {
         let series = |an: &Analysis| -> Vec<(f64, f64)> {
             let span = (an.last_ts - an.first_ts).max(1) as f64;
             let mut out: Vec<(f64, f64)> = Vec::new();
@@ -476,10 +532,9 @@ fn compose(a: &Analysis, ia: &Image, b: &Analysis, ib: &Image, w: u32, h: u32) -
             }
             out
         };
-        let (bw, bh) = bottom.dim_in_pixel();
         let x_axis = Axis::new(0.0, 1.0, (bw / 110).clamp(2, 11) as usize, ticks::Unit::Fraction);
         let y_axis = Axis::new(0.0, 100.0, (bh.saturating_sub(70) / 30).clamp(2, 6) as usize, ticks::Unit::Count);
-        let mut chart = ChartBuilder::on(&bottom)
+        let mut chart = ChartBuilder::on(bottom)
             .margin(10)
             .margin_right(40)
             .caption("fragmentation score over normalised time (A blue, B orange)", ("sans-serif", 16))
@@ -515,9 +570,59 @@ fn compose(a: &Analysis, ia: &Image, b: &Analysis, ib: &Image, w: u32, h: u32) -
             .label_font(("sans-serif", 12))
             .draw()
             .map_err(|e| anyhow!("{e}"))?;
-        root.present().map_err(|e| anyhow!("{e}"))?;
     }
-    Ok(Image { pixels: buf, width: w, height: h })
+    Ok(())
+}
+
+/// A part of compare.png.
+type Area<'a> = DrawingArea<BitMapBackend<'a>, plotters::coord::Shift>;
+
+/// Live memory per iteration, aligned by iteration number: each run's
+/// peak (thick) and floor (thin) of every complete iteration.
+fn iterations_chart(bottom: &Area<'_>, a: &Analysis, pa: &[(u64, u64)], b: &Analysis, pb: &[(u64, u64)]) -> Result<()> {
+    let (bw, bh) = bottom.dim_in_pixel();
+    let n = pa.len().max(pb.len()).max(2) as f64;
+    let top = (pa.iter().chain(pb).map(|p| p.1).max().unwrap_or(1).max(1) as f64 * 1.05).max(1.0);
+    let x_axis = Axis::new(0.0, n - 1.0, (bw / 110).clamp(2, 11) as usize, ticks::Unit::Count);
+    let y_axis = Axis::new(0.0, top, (bh.saturating_sub(70) / 30).clamp(2, 6) as usize, ticks::Unit::Bytes);
+    let err = |e: DrawingAreaErrorKind<_>| anyhow!("cannot draw compare.png: {e}");
+    let mut chart = ChartBuilder::on(bottom)
+        .margin(10)
+        .margin_right(40)
+        .caption(
+            "live memory per iteration, by iteration number: peak (thick) and floor (thin), warm-up first (A blue, B orange)",
+            ("sans-serif", 16),
+        )
+        .x_label_area_size(30)
+        .y_label_area_size(80)
+        .build_cartesian_2d(Ticked::new(0f64..(n - 1.0), &x_axis), Ticked::new(0f64..top, &y_axis))
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("complete iteration")
+        .y_desc("live")
+        .label_style(("sans-serif", 12))
+        .x_label_formatter(&|v| x_axis.label(*v))
+        .y_label_formatter(&|v| y_axis.label(*v))
+        .draw()
+        .map_err(err)?;
+    for (side, an, points, colour) in [("A", a, pa, RGBColor(31, 90, 170)), ("B", b, pb, RGBColor(230, 120, 20))] {
+        let at = |f: fn(&(u64, u64)) -> u64| points.iter().enumerate().map(move |(i, p)| (i as f64, f(p) as f64));
+        chart
+            .draw_series(LineSeries::new(at(|p| p.1), colour.stroke_width(2)))
+            .map_err(err)?
+            .label(format!("{side}: {}", an.trace.name))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], colour.stroke_width(2)));
+        chart.draw_series(LineSeries::new(at(|p| p.0), colour.stroke_width(1))).map_err(err)?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 12))
+        .draw()
+        .map_err(err)?;
+    Ok(())
 }
 
 pub fn to_json(c: &Comparison, gates: &[(Gate, Option<String>)]) -> serde_json::Value {
@@ -540,6 +645,11 @@ pub fn to_json(c: &Comparison, gates: &[(Gate, Option<String>)]) -> serde_json::
             "metric": g.key, "allowed": g.delta, "percent": g.percent, "tripped": why.is_some(), "why": why,
         })).collect::<Vec<_>>(),
         "snapshot": c.snapshot,
+        // compare.png's lower chart, where both runs have iterations.
+        "iterations": c.iterations.as_ref().map(|(a, b)| {
+            let side = |v: &[(u64, u64)]| v.iter().map(|(f, p)| json!({"floor_bytes": f, "peak_bytes": p})).collect::<Vec<_>>();
+            json!({"a": side(a), "b": side(b)})
+        }),
         "stages": c.stages.iter().map(|d| json!({
             "device": d.device,
             "path": d.path,

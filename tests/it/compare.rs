@@ -121,3 +121,35 @@ fn two_snapshots_list_the_segments_only_in_each() {
     assert!(md.contains("## Segments only in A") && md.contains("## Call sites whose live bytes changed most"));
     let _ = fs::remove_dir_all(&dir);
 }
+
+/// Two runs with iterations are set side by side by iteration, not by
+/// normalised time: compare.json has each complete iteration's floor and
+/// peak, and compare.png's lower chart draws them (B's orange is there,
+/// below the MDTPs).
+#[test]
+fn runs_with_iterations_are_aligned_by_iteration() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = (tmp.path().join("training"), tmp.path().join("leak"));
+    synth(&a, "training", "30k");
+    synth(&b, "leak", "30k");
+    let out = tmp.path().join("cmp");
+    fragscope().arg("compare").arg(&a).arg(&b).arg("-o").arg(&out).assert().success();
+    let c = json(&out.join("compare.json"));
+    let side = |k: &str| -> Vec<(u64, u64)> {
+        c["iterations"][k]
+            .as_array()
+            .unwrap_or_else(|| panic!("{}", c["iterations"]))
+            .iter()
+            .map(|p| (p["floor_bytes"].as_u64().unwrap(), p["peak_bytes"].as_u64().unwrap()))
+            .collect()
+    };
+    let (ia, ib) = (side("a"), side("b"));
+    assert!(ia.len() >= 2 && ib.len() >= 2, "{ia:?} {ib:?}");
+    assert!(ia.iter().chain(&ib).all(|(f, p)| f <= p), "{ia:?} {ib:?}");
+    // The leak's floors rise iteration after iteration.
+    assert!(ib.windows(2).all(|w| w[1].0 >= w[0].0) && ib.last().unwrap().0 > ib[0].0, "{ib:?}");
+    let img = crate::common::read_png(&out.join("compare.png"));
+    let orange = |p: &[u8; 3]| p[0] > 200 && (100..140).contains(&p[1]) && p[2] < 60;
+    let lower = (img.height * 2 / 3 + 40) as usize * img.width as usize;
+    assert!(img.pixels[lower..].iter().filter(|p| orange(p)).count() > 100, "no B line below the MDTPs");
+}

@@ -304,6 +304,15 @@ fn compare_weighs_leaks_and_memory_needed_before_scores() {
     let c: serde_json::Value = serde_json::from_slice(&fs::read(out.join("compare.json")).unwrap()).unwrap();
     let needs = c["metrics"].as_array().unwrap().iter().find(|m| m["key"] == "needs").unwrap().clone();
     assert_eq!(needs["judgement"], "worse", "{needs}");
+    // compare.png sets the 6 and 10 steps side by side: the leak's floor
+    // rises by 250 MiB a step, the healthy run's stays.
+    let floors = |k: &str| -> Vec<u64> {
+        c["iterations"][k].as_array().unwrap().iter().map(|p| p["floor_bytes"].as_u64().unwrap()).collect()
+    };
+    let (fa, fb) = (floors("a"), floors("b"));
+    assert_eq!((fa.len(), fb.len()), (6, 10), "{}", c["iterations"]);
+    assert!(fa[1..].iter().all(|&f| f == fa[1]), "{fa:?}");
+    assert!(fb.windows(2).skip(1).all(|w| w[1] >= w[0] + (200 << 20)), "{fb:?}");
     // The batch gate on the memory needed.
     let batch = tmp.path().join("batch");
     let run = fragscope()
