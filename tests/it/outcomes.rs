@@ -353,3 +353,29 @@ fn garbage_collection_shows_the_budget_and_replays_under_it() {
     assert!(!md.contains("ran full 0 times"), "{md}");
     assert!(md.contains("(from its garbage collection's releases)"), "{md}");
 }
+
+/// A leaking run with a known budget says at which step the memory it
+/// needs passes it: the real leak of 250 MiB a step, after its 10 steps,
+/// needing 6.78 GiB without a release, passes 8 GiB 6 steps later.
+#[test]
+fn a_leak_says_when_it_passes_the_budget() {
+    let Some(dir) = shared() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let out = fragscope()
+        .arg("analyze")
+        .arg(dir.join("snapshots/training-leak.pickle"))
+        .args(["--no-plots", "--no-view", "--capacity", "8GiB", "-o"])
+        .arg(tmp.path())
+        .assert()
+        .success();
+    let r: serde_json::Value = serde_json::from_slice(&fs::read(tmp.path().join("report.json")).unwrap()).unwrap();
+    let v = &r["decision"]["verdict"];
+    let (g, steps) = (v["per_step_bytes"].as_u64().unwrap(), r["iterations"][0]["count"].as_u64().unwrap());
+    let needs = needed(&r, "recorded")["no_flush_from_bytes"].as_u64().unwrap();
+    assert_eq!((g, steps), (250 << 20, 10));
+    let expected = steps + ((8u64 << 30) - needs).div_ceil(g);
+    assert_eq!(expected, 16, "needs {needs}");
+    assert_eq!(v["passes_budget_at_step"].as_u64(), Some(expected), "{v}");
+    let stdout = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
+    assert!(stdout.contains(&format!("verdict: leaking 250.00 MiB per step: passes the budget at step ~{expected}")), "{stdout}");
+}
