@@ -6,6 +6,7 @@
 
 mod first_screen;
 mod host;
+mod cycles;
 mod sections;
 mod stages;
 mod words;
@@ -13,7 +14,8 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use self::sections::join_md;
-use self::sections::{advice_md, allocator_md, iterations_md, leaks_md, ooms_md, prediction_md, verdict_md};
+use self::cycles::{iterations_md, leaks_md};
+use self::sections::{advice_md, allocator_md, ooms_md, prediction_md, verdict_md};
 use self::words::{peak_live_text, plural};
 use crate::analysis::Analysis;
 use crate::analysis::summary::*;
