@@ -216,3 +216,24 @@ fn the_reader_of_commands_and_anchors_is_right() {
     // The check can fail: a flag that does not exist is refused.
     assert!(fragscope::cli::Cli::try_parse_from(["fragscope", "analyze", "x", "-o", "y", "--no-such-flag"]).is_err());
 }
+
+/// No source file grows past 800 lines (issue 62): a file that does is
+/// split where its parts separate.
+#[test]
+fn no_source_file_passes_800_lines() {
+    fn walk(dir: &Path, out: &mut Vec<(PathBuf, usize)>) {
+        for e in std::fs::read_dir(dir).unwrap().map(Result::unwrap) {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push((p.clone(), std::fs::read_to_string(&p).unwrap().lines().count()));
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"), &mut files);
+    assert!(files.len() > 50, "{files:?}");
+    let long: Vec<_> = files.iter().filter(|f| f.1 > 800).collect();
+    assert!(long.is_empty(), "over 800 lines: {long:?}");
+}
