@@ -136,10 +136,18 @@ pub fn advise(a: &Analysis, events: &Events) -> Vec<Advice> {
         out.push(Advice {
             kind: Kind::Saving,
             text: format!(
-                "No OOM here. {} would reserve less in a replay of this trace's requests: peak reserved {} instead of {} — a saving, not a fix.",
+                "No OOM here. {} would reserve less in a replay of this trace's requests: peak reserved {} instead of {}{} — a saving, not a fix.",
                 crate::analysis::whatif::conf_md(&w.recommendation()),
                 bytes(s.peak_reserved_bytes),
-                bytes(w.scenarios[0].peak_reserved_bytes)
+                bytes(w.scenarios[0].peak_reserved_bytes),
+                match s.at_high.as_deref().filter(|_| s.depends_on_budget() || w.scenarios[0].depends_on_budget()) {
+                    Some(h) => format!(
+                        " at the budget's low end ({} instead of {} at its high end)",
+                        bytes(h.peak_reserved_bytes),
+                        bytes(w.scenarios[0].at_high.as_deref().map_or(0, |r| r.peak_reserved_bytes))
+                    ),
+                    None => String::new(),
+                }
             ),
             conf: Some(w.recommendation()),
             simulated: true,

@@ -152,13 +152,18 @@ fn budget(w: &Whatif, j: usize, given: Option<u64>) -> Option<Budget> {
     if let Some(c) = given {
         return Some(Budget { lo_bytes: c, hi_bytes: c, source: "--capacity" });
     }
-    if let Some(c) = w.fidelity.get(j).and_then(|f| f.inferred_capacity) {
+    let flushes = w.flushes.iter().find(|(d, _)| *d == device).map(|x| x.1);
+    // Under a memory fraction (collections show one), an `oom` entry's
+    // CUDA free memory is the device's, not the fraction's: the releases
+    // come first then, as in the what-if.
+    let fraction = flushes.is_some_and(|f| f.gc_capacity.is_some());
+    if let Some(c) = w.fidelity.get(j).and_then(|f| f.inferred_capacity).filter(|_| !fraction) {
         return Some(Budget { lo_bytes: c, hi_bytes: c, source: "an OOM entry (CUDA's free memory + reserved then)" });
     }
-    if let Some((lo, hi)) = w.flushes.iter().find(|(d, _)| *d == device).and_then(|x| x.1.capacity) {
+    if let Some((lo, hi)) = flushes.and_then(|f| f.capacity) {
         return Some(Budget { lo_bytes: lo, hi_bytes: hi, source: "its cache releases" });
     }
-    if let Some((lo, hi)) = w.flushes.iter().find(|(d, _)| *d == device).and_then(|x| x.1.gc_capacity) {
+    if let Some((lo, hi)) = flushes.and_then(|f| f.gc_capacity) {
         return Some(Budget { lo_bytes: lo, hi_bytes: hi, source: "its garbage collection's releases" });
     }
     // A device-level trace's own capacity (trace.json), which its replay

@@ -127,8 +127,12 @@ fn capacity_of(inp: &Inputs<'_>, series: &Series) -> Option<Capacity> {
     }
     // Inferred only for a snapshot's device.
     let device = series.device.filter(|_| series.members.is_none())?;
+    // Under a memory fraction (collections show one), an `oom` entry's
+    // CUDA free memory is the device's: the releases' bound comes first.
+    let fraction = inp.flushes.iter().any(|f| f.0 == device && f.3);
     inp.ooms
         .iter()
+        .filter(|_| !fraction)
         .find(|o| o.pid == device && o.device_free.is_some())
         .and_then(|o| {
             Some(Capacity {

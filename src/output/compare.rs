@@ -20,8 +20,9 @@
 //!
 //! `compare.png` draws both MDTPs side by side on the same address scale
 //! (the larger of the two collapsed footprints) with each trace's time
-//! normalised to its own duration. Where both runs have iterations, the
-//! MDTPs start at each run's first iteration (a training run spends most
+//! normalised to its own duration. Where both runs have iterations, each
+//! MDTP starts where its steps do (after the last idle stretch of five
+//! steady iterations before its last boundary: a training run spends most
 //! of its time before its first step) and the chart below sets their
 //! iterations side by side: the peak and the floor of live memory of each
 //! complete iteration, by its number. Otherwise it draws both combined

@@ -479,7 +479,7 @@ pub(crate) fn summary_md(
                     s.oom_risk.name(),
                     // As analyze's one-line summary says them (the
                     // dataset's `none` and null are for machines).
-                    s.risk.map_or("none held", Risk::name),
+                    s.risk.map_or("not judged", Risk::name),
                     s.score.final_,
                     s.score.p95,
                     s.score.max,

@@ -234,6 +234,7 @@ pub fn json(w: &Whatif) -> serde_json::Value {
                 "segment_allocs": h.segment_allocs,
                 "ooms": h.ooms,
                 "flushes": h.flushes,
+                "devices": h.devices,
             })),
             "devices": s.devices,
             "note": s.note,
@@ -474,8 +475,8 @@ fn scenarios_md(w: &Whatif, level: &str, name: &dyn Fn(u32) -> String) -> String
         let _ = writeln!(
             md,
             "{} bound the budget only to an interval ({}): every scenario was replayed at both ends. \
-             A figure that reads a–b depends on where in that interval the budget lies; a single figure holds \
-             anywhere in it.\n",
+             A figure that reads a–b depends on where in that interval the budget lies; a single figure is the \
+             same at both ends.\n",
             if w.capacity_from_collection { "Garbage collection's releases" } else { "The cache releases" },
             intervals.join("; ")
         );

@@ -160,6 +160,7 @@ fn memory_needed_matches_the_real_runs_under_a_memory_fraction() {
     let e = at("expandable_segments:True");
     assert_eq!(e["at_budget_high"]["peak_reserved_bytes"], e["peak_reserved_bytes"], "{e}");
     assert!(md.contains("every scenario was replayed at both ends. A figure that reads a–b depends on"), "{md}");
+    assert!(md.contains("a single figure is the same at both ends."), "{md}");
     assert!(md.contains("| `max_split_size_mb:64` | 8.67 GiB–9.63 GiB | 6.33 GiB |"), "{md}");
     assert!(md.contains("| `expandable_segments:True` | 6.88 GiB | 6.31 GiB |"), "{md}");
 }

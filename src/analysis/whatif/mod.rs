@@ -353,10 +353,13 @@ pub fn run(
         .iter()
         .zip(&gc_budgets)
         .map(|(d, gc)| {
-            capacity
-                .or_else(|| inferred_capacity(d))
-                .or_else(|| d.flushes.capacity.map(|c| c.0))
-                .or_else(|| gc.map(|c| c.0))
+            // Under a fraction, an `oom` entry's CUDA free memory is the
+            // device's, not the fraction's: collections and flushes, which
+            // PyTorch makes at the fraction's budget, come first then.
+            match gc {
+                Some(gc) => capacity.or_else(|| d.flushes.capacity.map(|c| c.0)).or(Some(gc.0)),
+                None => capacity.or_else(|| inferred_capacity(d)).or_else(|| d.flushes.capacity.map(|c| c.0)),
+            }
         })
         .collect();
     let known = capacities.iter().copied().collect::<Option<Vec<u64>>>().and_then(|c| c.into_iter().max());
@@ -369,7 +372,9 @@ pub fn run(
         .zip(&capacities)
         .zip(&gc_budgets)
         .map(|((d, &c), gc)| match d.flushes.capacity.or(*gc) {
-            Some((lo, hi)) if capacity.is_none() && inferred_capacity(d).is_none() && hi > lo => Some(hi),
+            Some((lo, hi)) if capacity.is_none() && (inferred_capacity(d).is_none() || gc.is_some()) && hi > lo => {
+                Some(hi)
+            }
             _ => c,
         })
         .collect();
@@ -386,7 +391,7 @@ pub fn run(
         && devices
             .iter()
             .zip(&gc_budgets)
-            .any(|(d, gc)| inferred_capacity(d).is_none() && (d.flushes.capacity.is_some() || gc.is_some()));
+            .any(|(d, gc)| gc.is_some() || inferred_capacity(d).is_none() && d.flushes.capacity.is_some());
     let from_collection = from_flushes && devices.iter().all(|d| d.flushes.capacity.is_none());
     let run_all = |name: &str, conf: &[String], s: &Settings| -> Scenario {
         let started = std::time::Instant::now();

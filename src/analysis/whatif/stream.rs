@@ -209,7 +209,8 @@ impl Flushes {
         if threshold <= 0.0 {
             return None;
         }
-        let hi = (before as f64 / threshold).floor() as u64;
+        // Collected: R > threshold × B, so B < R ÷ threshold, strictly.
+        let hi = ((before as f64 / threshold).ceil() as u64).saturating_sub(1);
         let lo = self.peak_fit.max((self.gc_quiet_max as f64 / threshold).ceil() as u64);
         (lo <= hi).then_some((lo, hi))
     }
@@ -395,7 +396,10 @@ pub(super) fn find_flushes(d: &DeviceStream) -> Flushes {
                         }
                     }
                 }
-                // Blocks change nothing of a run of releases.
+                // A block event ends a run of releases, as in
+                // `classify_releases`.
+                run = None;
+                last = None;
                 continue;
             }
             _ => {}
@@ -444,7 +448,14 @@ pub(super) fn find_flushes(d: &DeviceStream) -> Flushes {
                     f.gc_quiet_max = f.gc_quiet_max.max(reserved);
                 }
                 if r.kind == EventKind::SegmentAlloc {
-                    segments.insert(r.addr, (r.size, 0));
+                    // (A segment made again at a live address, in a
+                    // malformed trace, replaces the one there.)
+                    if let Some((size, live)) = segments.insert(r.addr, (r.size, 0))
+                        && live == 0
+                        && large(size)
+                    {
+                        free_large -= 1;
+                    }
                     if large(r.size) {
                         free_large += 1;
                     }

@@ -621,11 +621,11 @@ fn garbage_collection_bounds_the_budget() {
     let f = d.flushes;
     assert_eq!((f.count, f.gc_releases, f.capacity), (0, 1, None));
     assert_eq!((f.gc_reserved_before, f.gc_quiet_max, f.peak_fit), (Some(200 * MIB), 100 * MIB, 250 * MIB));
-    assert_eq!(f.gc_budget(0.5), Some((250 * MIB, 400 * MIB)));
+    assert_eq!(f.gc_budget(0.5), Some((250 * MIB, 400 * MIB - 1)));
     // A threshold the releases contradict gives no budget.
     assert_eq!(f.gc_budget(0.9), None);
     let w = run(&[d.clone()], &gc, None, vec![vec!["expandable_segments:True".into()]], Source::Snapshot, None).unwrap();
-    assert_eq!(w.flushes[0].1.gc_capacity, Some((250 * MIB, 400 * MIB)));
+    assert_eq!(w.flushes[0].1.gc_capacity, Some((250 * MIB, 400 * MIB - 1)));
     assert_eq!(w.capacities, vec![Some(250 * MIB)]);
     assert!(w.capacity_from_collection);
     // Collection is on in the replay: no note says it replays as unset.

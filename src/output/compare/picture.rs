@@ -13,12 +13,18 @@ use crate::analysis::Analysis;
 /// on, so that the steps, not the start-up, fill the MDTP. None without a
 /// steady period.
 pub(super) fn busy_from(an: &Analysis, ev: &crate::trace::event::Events) -> Option<u64> {
-    let it = an.iterations.iter().filter(|it| it.period_s.is_some()).min_by_key(|it| it.boundaries_t_ns.first())?;
-    let first = *it.boundaries_t_ns.first()?;
+    let it = an
+        .iterations
+        .iter()
+        .filter(|it| it.period_s.is_some_and(|p| p > 0.0) && it.boundaries_t_ns.len() >= 2)
+        .min_by_key(|it| it.boundaries_t_ns[0])?;
+    let (first, end) = (it.boundaries_t_ns[0], *it.boundaries_t_ns.last()?);
     let idle = (it.period_s? * 5e9) as u64;
     let mut from = first;
     let mut last = first;
-    for &t in ev.ts_ns.iter().filter(|&&t| t >= first) {
+    // Only a gap before the last boundary: an idle stretch after the steps
+    // (a checkpoint, the teardown) must not leave them out.
+    for &t in ev.ts_ns.iter().filter(|&&t| t >= first && t <= end) {
         if t - last > idle {
             from = t;
         }
