@@ -205,7 +205,8 @@ pub fn decide(
                 .iter()
                 .enumerate()
                 .map(|(j, f)| (j, f, w.scenarios.first().and_then(|s| s.needed.get(j))))
-                .map(|(j, f, recorded)| Memory {
+                .map(|(j, f, recorded)| {
+                    Memory {
                     unit: f.device,
                     recorded: recorded.cloned(),
                     best: best(w, j),
@@ -233,6 +234,7 @@ pub fn decide(
                          on is not in the snapshot"
                             .to_string()
                     }),
+                }
                 })
                 .collect()
         }

@@ -61,11 +61,11 @@ mod windows;
 use ahash::AHashMap;
 use serde::Serialize;
 
+use self::windows::*;
 use crate::analysis::iterations::Iterations;
 use crate::analysis::sites::SiteBytes;
 use crate::trace::Stacks;
 use crate::trace::event::{EventKind, Events};
-use self::windows::*;
 
 /// Sizes of blocks alive at the end.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

@@ -41,6 +41,7 @@ use std::path::Path;
 
 use anyhow::{Result, bail};
 
+use self::passes::*;
 use crate::analysis::iterations::Iterations;
 use crate::analysis::leak::LeakReport;
 use crate::analysis::metrics::Metrics;
@@ -50,7 +51,6 @@ use crate::analysis::replay::{Footprint, Peak, Replay};
 use crate::input::Loaded;
 use crate::trace::Trace;
 use crate::trace::event::Events;
-use self::passes::*;
 
 /// More rows than this is a mistake on the command line, not a wish.
 const MAX_STEPS: u64 = 20_000_000;

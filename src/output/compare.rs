@@ -40,6 +40,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use serde::Serialize;
 use serde_json::json;
 
+use self::picture::{busy_from, compose, iteration_peaks};
 use crate::analysis::predict::Risk;
 use crate::analysis::stages::Stage;
 use crate::analysis::summary::Summary;
@@ -47,7 +48,6 @@ use crate::analysis::{Analysis, Options};
 use crate::input::Loaded;
 use crate::output::plot::Image;
 use crate::units::bytes;
-use self::picture::{busy_from, compose, iteration_peaks};
 
 /// How a metric is shown and judged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

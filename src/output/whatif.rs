@@ -469,7 +469,13 @@ fn scenarios_md(w: &Whatif, level: &str, name: &dyn Fn(u32) -> String) -> String
         .flushes
         .iter()
         .filter_map(|(d, f)| f.capacity.or(f.gc_capacity).filter(|c| c.1 > c.0).map(|(lo, hi)| (d, lo, hi)))
-        .map(|(d, lo, hi)| if several { format!("{}: {}–{}", name(*d), bytes(lo), bytes(hi)) } else { format!("{}–{}", bytes(lo), bytes(hi)) })
+        .map(|(d, lo, hi)| {
+            if several {
+                format!("{}: {}–{}", name(*d), bytes(lo), bytes(hi))
+            } else {
+                format!("{}–{}", bytes(lo), bytes(hi))
+            }
+        })
         .collect();
     if w.scenarios.iter().any(|s| s.at_high.is_some()) && !intervals.is_empty() {
         let _ = writeln!(
@@ -570,7 +576,11 @@ fn scenario_table(
         let model_ooms = count(f.ooms, h.as_ref().map(|h| h.ooms));
         let (reserved, ooms) = match recording.filter(|_| i == 0) {
             Some((r, o)) => (
-                if model_reserved == bytes(r) { model_reserved } else { format!("{} (model: {model_reserved})", bytes(r)) },
+                if model_reserved == bytes(r) {
+                    model_reserved
+                } else {
+                    format!("{} (model: {model_reserved})", bytes(r))
+                },
                 if model_ooms == o.to_string() { model_ooms } else { format!("{o} (model: {model_ooms})") },
             ),
             None if !capacity_known

@@ -57,7 +57,13 @@ pub(super) fn save_stacks(skel: &skel::RecordSkel, writer: &TraceWriter, used: &
     writer.chown(&path)
 }
 
-pub(super) fn finish(opts: &Options, mut writer: TraceWriter, end: End, attached: &[Attached], started: Instant) -> Result<u8> {
+pub(super) fn finish(
+    opts: &Options,
+    mut writer: TraceWriter,
+    end: End,
+    attached: &[Attached],
+    started: Instant,
+) -> Result<u8> {
     let libraries: Vec<String> = attached.iter().map(|a| a.library.path.display().to_string()).collect();
     let probes: serde_json::Value = attached
         .iter()

@@ -55,6 +55,7 @@ use libbpf_rs::{Link, MapCore, MapFlags, RingBufferBuilder};
 use self::attach::{
     AllocatorProbes, Hooks, attach_allocator, attach_each, attach_hooks, attach_multi, bpf_error, defined_functions,
 };
+use self::finish::{finish, programs_cost, save_stacks};
 use self::process::{
     MapsKeeper, Paused, STOP_SIGNAL, alive, install_signal_handlers, mono_to_wall_offset, own_cpu_seconds, sudo_owner,
 };
@@ -63,7 +64,6 @@ use crate::trace::event::Event;
 use crate::trace::{Source, TraceMeta, TraceWriter};
 use libs::Library;
 use probes::{Group, PROBES};
-use self::finish::{finish, programs_cost, save_stacks};
 
 /// What `fragscope record` was asked to do.
 #[derive(Clone, Debug)]

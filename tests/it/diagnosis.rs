@@ -225,7 +225,10 @@ fn too_few_steps_say_insufficient_data() {
     let md = fs::read_to_string(out.join("report.md")).unwrap();
     assert!(md.contains("\n## Prediction\n\nInsufficient data: "), "{md}");
     // The headline level needs no model: it is the score at the peak.
-    assert!(md.contains("Fragmentation level: **") && md.contains("at the timestep where the arena span peaked"), "{md}");
+    assert!(
+        md.contains("Fragmentation level: **") && md.contains("at the timestep where the arena span peaked"),
+        "{md}"
+    );
     assert!(r["summary"]["fragmentation_level"].is_string(), "{}", r["summary"]);
 }
 

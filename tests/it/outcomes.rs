@@ -378,5 +378,8 @@ fn a_leak_says_when_it_passes_the_budget() {
     assert_eq!(expected, 16, "needs {needs}");
     assert_eq!(v["passes_budget_at_step"].as_u64(), Some(expected), "{v}");
     let stdout = String::from_utf8_lossy(&out.get_output().stdout).into_owned();
-    assert!(stdout.contains(&format!("verdict: leaking 250.00 MiB per step: passes the budget at step ~{expected}")), "{stdout}");
+    assert!(
+        stdout.contains(&format!("verdict: leaking 250.00 MiB per step: passes the budget at step ~{expected}")),
+        "{stdout}"
+    );
 }

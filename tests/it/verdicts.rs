@@ -589,7 +589,11 @@ fn a_real_ooms_figures_say_what_they_measure() {
     assert!(r["prediction"]["confidence"].is_null(), "{}", r["prediction"]);
     assert_eq!(r["summary"]["fragmentation_level"], "medium", "{}", r["summary"]);
     let at_peak = &r["processes"][0]["fragmentation_at_peak"];
-    assert_eq!((at_peak["step"].as_u64(), at_peak["held_bytes"].as_u64()), (Some(12), Some(2_097_152_000)), "{at_peak}");
+    assert_eq!(
+        (at_peak["step"].as_u64(), at_peak["held_bytes"].as_u64()),
+        (Some(12), Some(2_097_152_000)),
+        "{at_peak}"
+    );
     assert!(md.contains("not a fragmentation score: it rises as free memory gathers"), "{md}");
     let Some(file) = h100("varshape-expandable_segments-True.pickle") else { return };
     let (r, _) = analyze(&file, tmp.path(), &[]);
@@ -680,7 +684,12 @@ fn a_recorded_process_is_judged_while_it_ran_not_after_its_exit() {
     assert!(p["current"].as_f64().unwrap() > 20.0, "{p}");
     assert!(p["warnings"].as_array().unwrap().is_empty(), "{p}");
     // Judged where its arenas held the most, not after its exit.
-    assert!(md.contains("Fragmentation level: **medium** — fragmentation score 67.8 at the timestep where the arena span peaked"), "{md}");
+    assert!(
+        md.contains(
+            "Fragmentation level: **medium** — fragmentation score 67.8 at the timestep where the arena span peaked"
+        ),
+        "{md}"
+    );
     let l = &r["leaks"][0];
     assert_eq!(l["live_at_end_bytes"], 0, "{l}");
     assert!(l["held_at_exit"]["bytes"].as_u64().unwrap() > 0, "{l}");

@@ -53,10 +53,7 @@ fn a_step_frame_is_an_optimizer_s() {
     assert!(is_step_frame(&f("/venv/lib/python3.11/site-packages/torch/optim/adamw.py", "step")));
     assert!(is_step_frame(&f(r"D:\env\Lib\site-packages\torch\optim\adam.py", "step")));
     assert!(!is_step_frame(&f("/venv/lib/python3.11/site-packages/torch/optim/lr_scheduler.py", "step")));
-    assert!(!is_step_frame(&f(
-        "/venv/lib/python3.11/site-packages/diffusers/schedulers/scheduling_lcm.py",
-        "step"
-    )));
+    assert!(!is_step_frame(&f("/venv/lib/python3.11/site-packages/diffusers/schedulers/scheduling_lcm.py", "step")));
     assert!(!is_step_frame(&f("/w/train.py", "step")));
 }
 

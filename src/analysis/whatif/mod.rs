@@ -33,7 +33,9 @@ mod stream;
 
 use self::fidelity::device_level_fidelity;
 use self::recommend::*;
-pub use self::recommend::{UNCHECKED, conf_line, conf_md, is_default, is_recorded, kept_entries, scenario_label, tight_margin};
+pub use self::recommend::{
+    UNCHECKED, conf_line, conf_md, is_default, is_recorded, kept_entries, scenario_label, tight_margin,
+};
 use self::simulate::as_recorded;
 use crate::allocator::Settings;
 use crate::trace::event::EventKind;
@@ -528,7 +530,8 @@ pub fn run(
     }
     // Figures given at the budget interval's low end that differ at its
     // high end: said as a range, never at one end unlabelled.
-    if let Some(high) = scenarios[recommended.0].at_high.as_deref().filter(|_| scenarios[recommended.0].depends_on_budget())
+    if let Some(high) =
+        scenarios[recommended.0].at_high.as_deref().filter(|_| scenarios[recommended.0].depends_on_budget())
     {
         let low = &scenarios[recommended.0];
         let b = crate::units::bytes;

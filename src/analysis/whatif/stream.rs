@@ -381,7 +381,9 @@ pub(super) fn find_flushes(d: &DeviceStream) -> Flushes {
     for (i, r) in d.events.iter().enumerate() {
         match r.kind {
             EventKind::BlockAlloc | EventKind::BlockFree => {
-                if let Some((_, (size, live))) = segments.range_mut(..=r.addr).next_back().filter(|(a, (s, _))| r.addr < *a + *s) {
+                if let Some((_, (size, live))) =
+                    segments.range_mut(..=r.addr).next_back().filter(|(a, (s, _))| r.addr < *a + *s)
+                {
                     let was_free = *live == 0;
                     if r.kind == EventKind::BlockAlloc {
                         *live += 1;

@@ -624,7 +624,8 @@ fn garbage_collection_bounds_the_budget() {
     assert_eq!(f.gc_budget(0.5), Some((250 * MIB, 400 * MIB - 1)));
     // A threshold the releases contradict gives no budget.
     assert_eq!(f.gc_budget(0.9), None);
-    let w = run(&[d.clone()], &gc, None, vec![vec!["expandable_segments:True".into()]], Source::Snapshot, None).unwrap();
+    let w =
+        run(&[d.clone()], &gc, None, vec![vec!["expandable_segments:True".into()]], Source::Snapshot, None).unwrap();
     assert_eq!(w.flushes[0].1.gc_capacity, Some((250 * MIB, 400 * MIB - 1)));
     assert_eq!(w.capacities, vec![Some(250 * MIB)]);
     assert!(w.capacity_from_collection);

@@ -4,9 +4,9 @@
 use anyhow::{Result, anyhow};
 use plotters::prelude::*;
 
+use crate::analysis::Analysis;
 use crate::output::plot::{Image, Ticked};
 use crate::output::ticks::{self, Axis};
-use crate::analysis::Analysis;
 
 /// Where a run's iterations begin to be drawn: after the last idle stretch
 /// (no event for five steady iterations or more) from its first iteration

@@ -3,9 +3,9 @@
 
 use std::fmt::Write as _;
 
+use super::sections::no_history;
 use super::words::plural;
 use crate::analysis::Analysis;
-use super::sections::no_history;
 use crate::units::bytes;
 
 pub(crate) fn leaks_md(a: &Analysis) -> String {

@@ -4,17 +4,17 @@
 //! The files: [`sections`] (each section), [`words`] (the phrases they
 //! share); this module puts the report together.
 
+mod cycles;
 mod first_screen;
 mod host;
-mod cycles;
 mod sections;
 mod stages;
 mod words;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use self::sections::join_md;
 use self::cycles::{iterations_md, leaks_md};
+use self::sections::join_md;
 use self::sections::{advice_md, allocator_md, ooms_md, prediction_md, verdict_md};
 use self::words::{peak_live_text, plural};
 use crate::analysis::Analysis;

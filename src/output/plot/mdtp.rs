@@ -217,7 +217,9 @@ pub fn render_mdtp(a: &Analysis, layout: &Layout, cfg: &PlotConfig) -> Result<(V
                 .configure_mesh()
                 .disable_mesh()
                 .x_desc(match (cfg.normalised_time, entries) {
-                    (true, _) if cfg.time_window.is_some() => "time / duration shown (from the steps, start-up left out)",
+                    (true, _) if cfg.time_window.is_some() => {
+                        "time / duration shown (from the steps, start-up left out)"
+                    }
                     (true, _) => "time / duration",
                     (false, true) => "trace entry (no timestamps)",
                     (false, false) => "time",
