@@ -414,7 +414,7 @@ pub fn compare(a: &Path, b: &Path, opts: &Options, size: (u32, u32)) -> Result<C
         let pictures = crate::output::plot::render(an, &crate::output::plot::PlotConfig { time_window, ..plot })?;
         pictures.map(|p| p.mdtp).ok_or_else(|| anyhow!("{}: no MDTP was drawn", an.trace.name))
     };
-    let image = compose(&aa, &mdtp(&aa, &ea)?, &ab, &mdtp(&ab, &eb)?, w, h)?;
+    let image = compose(&aa, &mdtp(&aa, &ea)?, &ab, &mdtp(&ab, &eb)?, iterations.as_ref(), (w, h))?;
     let stages = stage_deltas(&aa.stages.stages, &ab.stages.stages);
     Ok(Comparison { a: sa, b: sb, rows, verdict, snapshot, stages, iterations, image })
 }
