@@ -160,11 +160,9 @@ fn budget(w: &Whatif, j: usize, given: Option<u64>) -> Option<Budget> {
     if let Some(c) = w.fidelity.get(j).and_then(|f| f.inferred_capacity).filter(|_| !fraction) {
         return Some(Budget { lo_bytes: c, hi_bytes: c, source: "an OOM entry (CUDA's free memory + reserved then)" });
     }
-    if let Some((lo, hi)) = flushes.and_then(|f| f.capacity) {
-        return Some(Budget { lo_bytes: lo, hi_bytes: hi, source: "its cache releases" });
-    }
-    if let Some((lo, hi)) = flushes.and_then(|f| f.gc_capacity) {
-        return Some(Budget { lo_bytes: lo, hi_bytes: hi, source: "its garbage collection's releases" });
+    if let Some((lo, hi, gc)) = flushes.and_then(|f| f.releases_bound()) {
+        let source = if gc { "its garbage collection's releases" } else { "its cache releases" };
+        return Some(Budget { lo_bytes: lo, hi_bytes: hi, source });
     }
     // A device-level trace's own capacity (trace.json), which its replay
     // used.

@@ -402,9 +402,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         .whatif
         .iter()
         .flat_map(|w| w.flushes.iter())
-        .filter_map(|(d, f)| {
-            f.capacity.map(|(lo, hi)| (*d, lo, hi, false)).or(f.gc_capacity.map(|(lo, hi)| (*d, lo, hi, true)))
-        })
+        .filter_map(|(d, f)| f.releases_bound().map(|(lo, hi, gc)| (*d, lo, hi, gc)))
         .collect();
     let needed: Vec<(u32, u64)> = analysis
         .whatif

@@ -468,7 +468,7 @@ fn scenarios_md(w: &Whatif, level: &str, name: &dyn Fn(u32) -> String) -> String
     let intervals: Vec<String> = w
         .flushes
         .iter()
-        .filter_map(|(d, f)| f.capacity.or(f.gc_capacity).filter(|c| c.1 > c.0).map(|(lo, hi)| (d, lo, hi)))
+        .filter_map(|(d, f)| f.releases_bound().filter(|c| c.1 > c.0).map(|(lo, hi, _)| (d, lo, hi)))
         .map(|(d, lo, hi)| {
             if several {
                 format!("{}: {}–{}", name(*d), bytes(lo), bytes(hi))

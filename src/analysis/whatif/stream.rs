@@ -214,6 +214,12 @@ impl Flushes {
         let lo = self.peak_fit.max((self.gc_quiet_max as f64 / threshold).ceil() as u64);
         (lo <= hi).then_some((lo, hi))
     }
+
+    /// The budget interval the releases bound: the retries', else the
+    /// collections' (then true), where the what-if used them.
+    pub fn releases_bound(&self) -> Option<(u64, u64, bool)> {
+        self.capacity.map(|(lo, hi)| (lo, hi, false)).or(self.gc_capacity.map(|(lo, hi)| (lo, hi, true)))
+    }
 }
 
 /// Whether an event gives memory back to the device.
