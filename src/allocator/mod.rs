@@ -193,6 +193,17 @@ pub struct Placement {
     pub new_segment: Option<u64>,
 }
 
+/// Whether a free block is split for a rounded request (the rest stays
+/// free), as PyTorch's `should_split`.
+fn splits(settings: &Settings, block: &Block, rounded: u64) -> bool {
+    let rest = block.size - rounded;
+    if block.small || settings.expandable_segments {
+        rest >= MIN_BLOCK
+    } else {
+        settings.max_split_size.is_none_or(|m| rounded < m) && rest > SMALL_SIZE
+    }
+}
+
 impl Allocator {
     pub fn new(settings: Settings) -> Allocator {
         Allocator { settings, ..Allocator::default() }
@@ -332,12 +343,7 @@ impl Allocator {
     }
 
     fn should_split(&self, block: &Block, rounded: u64) -> bool {
-        let rest = block.size - rounded;
-        if block.small || self.settings.expandable_segments {
-            rest >= MIN_BLOCK
-        } else {
-            self.settings.max_split_size.is_none_or(|m| rounded < m) && rest > SMALL_SIZE
-        }
+        splits(&self.settings, block, rounded)
     }
 
     /// The size of the block a rounded request would get from the free
@@ -365,17 +371,19 @@ impl Allocator {
     /// the rest stays free when the split rules allow. Returns the block's
     /// size.
     pub fn take(&mut self, addr: u64, rounded: u64) -> Option<u64> {
-        if !self.blocks.get(&addr)?.mapped {
-            return None;
+        // The block is changed in place and the rest inserted after it: the
+        // replay's most frequent step, in four tree operations.
+        let e = self.blocks.get_mut(&addr).filter(|b| b.mapped && !b.allocated)?;
+        let b = *e;
+        let split = splits(&self.settings, &b, rounded);
+        let size = if split { rounded } else { b.size };
+        (e.size, e.allocated) = (size, true);
+        let pool = if b.small { &mut self.free_small } else { &mut self.free_large };
+        pool.remove(&(b.stream, b.size, addr));
+        if split {
+            pool.insert((b.stream, b.size - rounded, addr + rounded));
+            self.blocks.insert(addr + rounded, Block { size: b.size - rounded, ..b });
         }
-        let b = self.remove_free(addr)?;
-        let size = if self.should_split(&b, rounded) {
-            self.insert_free(addr + rounded, Block { size: b.size - rounded, ..b });
-            rounded
-        } else {
-            b.size
-        };
-        self.blocks.insert(addr, Block { size, allocated: true, ..b });
         self.allocated += size;
         self.clock += 1;
         Some(size)
@@ -400,10 +408,33 @@ impl Allocator {
     /// neighbours in its segment. Returns its size.
     pub fn free(&mut self, addr: u64) -> Option<u64> {
         let b = *self.blocks.get(&addr).filter(|b| b.allocated)?;
-        self.blocks.remove(&addr);
         self.allocated -= b.size;
         self.clock += 1;
-        let (start, size) = self.insert_mapped(addr, b.size, b);
+        // Merged with its free neighbours in the segment, as
+        // `insert_mapped` does, but in place: the replay's second most
+        // frequent step.
+        let (mut start, mut size) = (addr, b.size);
+        let pool = if b.small { &mut self.free_small } else { &mut self.free_large };
+        let end = addr + b.size;
+        if let Some(n) = self.blocks.get(&end).copied().filter(|n| n.segment == b.segment && !n.allocated && n.mapped) {
+            pool.remove(&(n.stream, n.size, end));
+            self.blocks.remove(&end);
+            size += n.size;
+        }
+        let prev = self
+            .blocks
+            .range_mut(..addr)
+            .next_back()
+            .filter(|(p, pb)| pb.segment == b.segment && **p + pb.size == addr && !pb.allocated && pb.mapped);
+        if let Some((&p, pb)) = prev {
+            pool.remove(&(pb.stream, pb.size, p));
+            pb.size += size;
+            (start, size) = (p, pb.size);
+            self.blocks.remove(&addr);
+        } else if let Some(e) = self.blocks.get_mut(&addr) {
+            (e.size, e.allocated) = (size, false);
+        }
+        pool.insert((b.stream, size, start));
         if let Some(s) = self.segments.get_mut(&b.segment)
             && start == b.segment
             && size == s.size
