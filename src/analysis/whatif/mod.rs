@@ -28,6 +28,7 @@
 mod fidelity;
 mod needed;
 mod recommend;
+mod replay;
 mod simulate;
 mod stream;
 
@@ -36,7 +37,8 @@ use self::recommend::*;
 pub use self::recommend::{
     UNCHECKED, conf_line, conf_md, is_default, is_recorded, kept_entries, scenario_label, tight_margin,
 };
-use self::simulate::as_recorded;
+use self::replay::Checkpoints;
+use self::simulate::{as_recorded, simulate_keeping};
 use crate::allocator::Settings;
 use crate::trace::event::EventKind;
 pub use fidelity::{Fidelity, Mismatch, fidelity};
@@ -397,8 +399,8 @@ pub fn run(
     let from_collection = from_flushes && devices.iter().all(|d| d.flushes.capacity.is_none());
     let run_all = |name: &str, conf: &[String], s: &Settings| -> Scenario {
         let started = std::time::Instant::now();
-        let outcomes: Vec<Outcome> =
-            devices.iter().zip(&capacities).map(|(d, &c)| simulate(d, s, c, name, conf)).collect();
+        let (outcomes, kept): (Vec<Outcome>, Vec<Option<Checkpoints>>) =
+            devices.iter().zip(&capacities).map(|(d, &c)| simulate_keeping(d, s, c, name, conf)).unzip();
         tracing::debug!("whatif: {name}: replayed in {:.3} s", started.elapsed().as_secs_f64());
         let started = std::time::Instant::now();
         // A device replayed without a budget is the memory needed's
@@ -406,8 +408,8 @@ pub fn run(
         let scenario_needed = devices
             .iter()
             .zip(&capacities)
-            .zip(&outcomes)
-            .map(|((d, c), o)| needed(d, s, (s.limit(*c).is_none()).then_some(o)))
+            .zip(outcomes.iter().zip(&kept))
+            .map(|((d, _), (o, kept))| needed(d, s, kept.as_ref().map(|k| (o, k))))
             .collect::<Vec<_>>();
         tracing::debug!(
             "whatif: {name}: memory needed in {} replays, {:.3} s",

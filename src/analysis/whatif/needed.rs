@@ -21,8 +21,11 @@
 //! `fits_from_bytes - precision_bytes` fails (or could not hold the state
 //! carried in from before the trace).
 
-use super::simulate::{Outcome, replay};
-use super::stream::{DeviceStream, Release};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use super::replay::{Checkpoints, budget_free, replay_from, replay_keeping};
+use super::simulate::Outcome;
+use super::stream::DeviceStream;
 use crate::allocator::Settings;
 
 /// The bisection's step: every segment size is a multiple of it.
@@ -57,26 +60,29 @@ const PRECISION_SHARE: u64 = 256;
 
 /// The memory `d`'s requests need under `settings`. Garbage collection,
 /// when the settings collect, acts at its threshold of each budget tried.
-/// `unbounded`: the replay with no budget, when the caller ran it already.
-pub fn needed(d: &DeviceStream, settings: &Settings, unbounded: Option<&Outcome>) -> Needed {
+/// `unbounded`: the replay with no budget and its checkpoints, when the
+/// caller ran it already.
+pub fn needed(d: &DeviceStream, settings: &Settings, unbounded: Option<(&Outcome, &Checkpoints)>) -> Needed {
     // What the state before the trace's first entry reserved is held in
     // every replay: no budget below it.
     let floor = d.initial_reserved().div_ceil(GRAIN) * GRAIN;
-    let mut replays = 0;
-    let (no_flush, peak_allocated) = match unbounded {
-        Some(o) => (o.peak_reserved_bytes, o.peak_allocated_bytes),
+    let replays = AtomicU32::new(0);
+    let ran;
+    let (o, kept) = match unbounded {
+        Some(u) => u,
         None => {
-            replays += 1;
-            let o = replay(d, settings, None, false, "needed", &[], None);
-            (o.peak_reserved_bytes, o.peak_allocated_bytes)
+            replays.fetch_add(1, Ordering::Relaxed);
+            ran = replay_keeping(d, settings, "needed", &[]);
+            (&ran.0, &ran.1)
         }
     };
+    let (no_flush, peak_allocated) = (o.peak_reserved_bytes, o.peak_allocated_bytes);
     let step = (no_flush / PRECISION_SHARE / GRAIN * GRAIN).max(GRAIN);
     // Whether a budget serves every request, and with how many releases.
-    let mut runs = |budget: u64| {
-        replays += 1;
+    let runs = |budget: u64| {
+        replays.fetch_add(1, Ordering::Relaxed);
         let started = std::time::Instant::now();
-        let o = replay(d, settings, Some(budget), true, "needed", &[], None);
+        let o = replay_from(d, settings, budget, kept);
         tracing::trace!(
             "needed: budget {budget}: {} in {:.3} s",
             if o.ooms == 0 { "fits" } else { "fails" },
@@ -84,71 +90,92 @@ pub fn needed(d: &DeviceStream, settings: &Settings, unbounded: Option<&Outcome>
         );
         (o.ooms == 0, o.flushes)
     };
-    let mut hi = no_flush.div_ceil(GRAIN) * GRAIN;
-    // A budget no request reaches replays as no budget at all, unless the
-    // budget itself changes a decision: garbage collection acts at a share
-    // of it, an expandable range spans a share of it, and a release whose
-    // maker the trace cannot tell is judged by it.
-    let same_as_unbounded = !settings.expandable_segments
-        && settings.collects_garbage().is_none()
-        && !d.releases.values().any(|r| *r == Release::Unknown);
-    let mut at_hi = if same_as_unbounded { (true, 0) } else { runs(hi) };
-    // Garbage collection can make a replay fail at a budget that a replay
-    // without a budget never reached: look a little higher.
-    let mut tries = 0;
-    while !at_hi.0 && tries < 8 {
-        hi += hi / 8 + GRAIN;
-        at_hi = runs(hi);
-        tries += 1;
-    }
-    if !at_hi.0 {
-        return Needed {
-            fits_from_bytes: None,
-            flushes_at_fits_from: 0,
-            no_flush_from_bytes: no_flush,
-            precision_bytes: step,
-            peak_allocated_bytes: peak_allocated,
-            replays,
-        };
-    }
-    // Allocated memory never exceeds what is reserved, so a budget below
-    // the peak allocated fails: start a step under it. That is not checked
-    // unless the answer comes down to it (block sizes, and so the peak
-    // allocated, can differ a little under a budget); below the carried-in
-    // state nothing can be held.
-    let mut lo = (peak_allocated.saturating_sub(step) / GRAIN * GRAIN).max(floor.saturating_sub(GRAIN)).min(hi);
-    let mut lo_checked = lo < floor;
-    loop {
-        // Invariant: `hi` fits with `at_hi.1` releases; `lo` fails once
-        // checked.
-        while hi - lo > step {
-            let mid = lo + (hi - lo) / GRAIN / 2 * GRAIN;
-            let got = runs(mid);
-            if got.0 {
-                hi = mid;
-                at_hi = got;
-            } else {
-                (lo, lo_checked) = (mid, true);
+    // The bisection below `hi`, which fits (with `at_hi`'s releases, when
+    // known): the smallest budget found to fit, its releases (None: `hi`'s,
+    // not known yet), and the largest known or assumed to fail.
+    let search = |mut hi: u64, mut at_hi: Option<(bool, u64)>| {
+        // Allocated memory never exceeds what is reserved, so a budget
+        // below the peak allocated fails: start a step under it. That is
+        // not checked unless the answer comes down to it (block sizes, and
+        // so the peak allocated, can differ a little under a budget); below
+        // the carried-in state nothing can be held.
+        let mut lo = (peak_allocated.saturating_sub(step) / GRAIN * GRAIN).max(floor.saturating_sub(GRAIN)).min(hi);
+        let mut lo_checked = lo < floor;
+        loop {
+            // Invariant: `hi` fits; `lo` fails once checked.
+            while hi - lo > step {
+                let mid = lo + (hi - lo) / GRAIN / 2 * GRAIN;
+                let got = runs(mid);
+                if got.0 {
+                    (hi, at_hi) = (mid, Some(got));
+                } else {
+                    (lo, lo_checked) = (mid, true);
+                }
             }
+            if lo_checked {
+                break;
+            }
+            let got = runs(lo);
+            if !got.0 {
+                break;
+            }
+            // It fits lower still: search below, down to the carried-in
+            // state.
+            (hi, at_hi) = (lo, Some(got));
+            lo = floor.saturating_sub(GRAIN).min(hi);
+            lo_checked = true;
         }
-        if lo_checked {
-            break;
+        (hi, at_hi, lo)
+    };
+    let hi = no_flush.div_ceil(GRAIN) * GRAIN;
+    let (hi, at_hi, lo) = if budget_free(d, settings) {
+        // A budget no request reaches replays as no budget at all...
+        search(hi, Some((true, 0)))
+    } else {
+        // ... unless the budget itself changes a decision: garbage
+        // collection acts at a share of it, an expandable range spans a
+        // share of it, and a release whose maker the trace cannot tell is
+        // judged by it. So `hi` is checked, on a thread beside the search
+        // below it, which assumes it fits (a replay that fits runs the
+        // whole trace; most of the search's fail early).
+        let (at_hi, found) = std::thread::scope(|scope| {
+            let at_hi = scope.spawn(|| runs(hi));
+            let found = search(hi, None);
+            (at_hi.join().unwrap_or_else(|e| std::panic::resume_unwind(e)), found)
+        });
+        if at_hi.0 {
+            (found.0, found.1.or(Some(at_hi)), found.2)
+        } else {
+            // Garbage collection can make a replay fail at a budget that
+            // a replay without a budget never reached: look a little
+            // higher, and search below the first that fits.
+            let (mut hi, mut at_hi) = (hi, at_hi);
+            let mut tries = 0;
+            while !at_hi.0 && tries < 8 {
+                hi += hi / 8 + GRAIN;
+                at_hi = runs(hi);
+                tries += 1;
+            }
+            if !at_hi.0 {
+                return Needed {
+                    fits_from_bytes: None,
+                    flushes_at_fits_from: 0,
+                    no_flush_from_bytes: no_flush,
+                    precision_bytes: step,
+                    peak_allocated_bytes: peak_allocated,
+                    replays: replays.into_inner(),
+                };
+            }
+            search(hi, Some(at_hi))
         }
-        let got = runs(lo);
-        if !got.0 {
-            break;
-        }
-        // It fits lower still: search below, down to the carried-in state.
-        (hi, at_hi) = (lo, got);
-        lo = floor.saturating_sub(GRAIN).min(hi);
-        lo_checked = true;
-    }
+    };
+    let at_hi = at_hi.unwrap_or((true, 0));
     Needed {
         fits_from_bytes: Some(hi),
         flushes_at_fits_from: at_hi.1,
         no_flush_from_bytes: no_flush,
         precision_bytes: hi - lo,
         peak_allocated_bytes: peak_allocated,
-        replays,
+        replays: replays.into_inner(),
     }
 }

@@ -585,7 +585,7 @@ fn memory_needed_is_the_smallest_budget_that_fits() {
     assert_eq!(n.peak_allocated_bytes, 400 * MIB);
     // The same, given the replay with no budget.
     let free = simulate(&d, &Settings::default(), None, "free", &[]);
-    assert_eq!(needed(&d, &Settings::default(), Some(&free)).fits_from_bytes, Some(400 * MIB));
+    assert_eq!(needed(&d, &Settings::default(), Some((&free, &Default::default()))).fits_from_bytes, Some(400 * MIB));
     // Under expandable segments the freed pages are reused: no release.
     let mut e = Settings::default();
     e.expandable_segments = true;
