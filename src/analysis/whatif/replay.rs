@@ -44,6 +44,12 @@ pub struct Checkpoints {
 }
 
 impl Checkpoints {
+    /// The most reserved before each checkpoint.
+    #[cfg(test)]
+    pub(super) fn most(&self) -> Vec<u64> {
+        self.taken.iter().map(|(m, _)| *m).collect()
+    }
+
     /// The latest state a replay under `budget` reaches too.
     fn for_budget(&self, budget: u64) -> Option<&State> {
         self.taken.iter().rev().find(|(most, _)| *most <= budget).map(|(_, s)| s)

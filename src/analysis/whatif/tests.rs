@@ -640,3 +640,51 @@ fn garbage_collection_bounds_the_budget() {
     assert_eq!(w.capacities, vec![None]);
     assert!(w.scenarios[0].note.as_deref().is_some_and(|n| n.contains("only under a per-process memory fraction")));
 }
+
+/// A replay under a budget resumed from a checkpoint of the unbounded
+/// replay ends as the replay from the start does, at every budget (below
+/// the carried-in state, at and around the memory needed, and above the
+/// peak), and the memory needed is the same with checkpoints and without.
+#[test]
+fn a_replay_from_a_checkpoint_ends_as_one_from_the_start() {
+    use super::replay::{Checkpoints, replay, replay_from, replay_keeping};
+    // Allocations of mixed sizes, two in five of them freed again later:
+    // a cache whose reserved memory keeps rising past what is live.
+    let mut events = Vec::new();
+    let mut live: Vec<u64> = Vec::new();
+    let mut x: u64 = 7;
+    for i in 0..3000u64 {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        if live.len() > 4 && (x >> 33) % 5 < 2 {
+            let at = live.swap_remove(((x >> 20) as usize) % live.len());
+            events.push(req(EventKind::BlockFree, at, 0, 0));
+        } else {
+            // Sizes grow through the trace, so freed blocks stay cached
+            // unused until a release.
+            let size = [MIB / 2, 3 * MIB, 9 * MIB][((x >> 40) % 3) as usize] * (1 + i / 500) + (x >> 50) % MIB;
+            events.push(req(EventKind::BlockAlloc, (i + 1) << 32, size, size));
+            live.push((i + 1) << 32);
+        }
+    }
+    let d = DeviceStream { device: 0, initial: 0, events, ..Default::default() };
+    let mut split = Settings::default();
+    split.max_split_size = Some(8 * MIB);
+    for s in [Settings::default(), split] {
+        let (free, kept) = replay_keeping(&d, &s, "free", &[]);
+        let with = needed(&d, &s, Some((&free, &kept)));
+        let without = needed(&d, &s, Some((&free, &Checkpoints::default())));
+        assert_eq!(Needed { replays: 0, ..with.clone() }, Needed { replays: 0, ..without });
+        let fits = with.fits_from_bytes.expect("fits under its peak");
+        assert!(fits < free.peak_reserved_bytes, "{with:?}");
+        // At each checkpoint's most reserved, and just below it, where
+        // the checkpoint before must be taken.
+        let at_checkpoints = kept.most().into_iter().flat_map(|m| [m, m - GRAIN]);
+        assert!(at_checkpoints.clone().count() > 20);
+        let around = [64 * MIB, fits - 6 * MIB, fits - GRAIN, fits, fits + GRAIN, free.peak_reserved_bytes + GRAIN];
+        for budget in around.into_iter().chain(at_checkpoints) {
+            let resumed = replay_from(&d, &s, budget, &kept);
+            let whole = replay(&d, &s, Some(budget), true, "needed", &[], None);
+            assert_eq!((resumed.ooms, resumed.flushes), (whole.ooms, whole.flushes), "budget {budget}");
+        }
+    }
+}
