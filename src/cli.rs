@@ -382,6 +382,13 @@ pub struct PlotArgs {
     pub no_view: bool,
 }
 
+fn parse_tolerance(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(t) if (0.0..1.0).contains(&t) => Ok(t),
+        _ => Err(format!("`{s}` is not a share of the loss: give a number from 0 up to (not including) 1")),
+    }
+}
+
 fn parse_panels(s: &str) -> Result<usize, String> {
     match s.trim().parse::<usize>() {
         Ok(n) if (1..=10_000).contains(&n) => Ok(n),
@@ -437,12 +444,16 @@ pub struct PredictArgs {
     /// Steps over which the trend (score slope) is fitted.
     #[arg(long, default_value_t = 20)]
     pub trend_window: usize,
+    /// Early stopping: a fall of the held-out loss smaller than this share of it does not
+    /// count as a fall (0: every fall does).
+    #[arg(long, default_value_t = 1e-3, value_parser = parse_tolerance)]
+    pub tolerance: f64,
     /// Cross-validation origins (one per equal stretch of the series).
     #[arg(long, default_value_t = 50)]
     pub cv_origins: usize,
     /// The online backtest retrains every this many steps (at most 200 retrainings a series:
     /// longer series retrain less often).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 20)]
     pub retrain_every: usize,
     /// Warn of deterioration when a forecast exceeds the current score by this much...
     #[arg(long, default_value_t = 5.0)]
@@ -610,6 +621,7 @@ impl AnalyzeArgs {
                 trend_window: p.trend_window,
                 cv_origins: p.cv_origins,
                 retrain_every: p.retrain_every,
+                tolerance: p.tolerance,
                 deterioration: p.deterioration,
                 min_confidence: p.min_confidence,
                 sharp_jump: p.sharp_jump,

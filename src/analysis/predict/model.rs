@@ -19,6 +19,9 @@ pub struct GradientDescent {
     pub learning_rate: f64,
     pub max_iterations: usize,
     pub patience: usize,
+    /// A fall of the watched loss smaller than this share of the loss at
+    /// the last real fall counts toward `patience` (0: any fall resets it).
+    pub tolerance: f64,
     /// Gradients with a larger Euclidean norm are scaled to this norm.
     pub max_gradient_norm: f64,
     /// Weights and bias are clamped to [−clamp, clamp] after each update.
@@ -27,7 +30,14 @@ pub struct GradientDescent {
 
 impl Default for GradientDescent {
     fn default() -> Self {
-        GradientDescent { learning_rate: 0.01, max_iterations: 1000, patience: 20, max_gradient_norm: 1.0, clamp: 10.0 }
+        GradientDescent {
+            learning_rate: 0.01,
+            max_iterations: 1000,
+            patience: 20,
+            tolerance: 0.0,
+            max_gradient_norm: 1.0,
+            clamp: 10.0,
+        }
     }
 }
 
@@ -69,6 +79,8 @@ impl GradientDescent {
             _ => (vec![0.0; d], 0.0),
         };
         let (mut best, mut since_best) = (f64::INFINITY, 0);
+        // The loss at the last fall of more than `tolerance` of it.
+        let mut anchor = f64::INFINITY;
         // The parameters with the lowest held-out loss. While they are the
         // current ones (`current_is_best`), the next update is written to
         // `spare` and the buffers rotate, instead of copying w each time
@@ -95,13 +107,17 @@ impl GradientDescent {
                 }
                 None => st.loss(b, dot(&w, &aw[..d]), sxw, aw[d + 1]),
             };
-            if loss < best {
+            let fell = loss < best;
+            if fell {
                 best = loss;
-                since_best = 0;
                 if held_out.is_some() {
                     current_is_best = true;
                     kept_b = b;
                 }
+            }
+            if fell && loss < anchor * (1.0 - self.tolerance) {
+                anchor = loss;
+                since_best = 0;
             } else {
                 since_best += 1;
                 if since_best >= self.patience {
@@ -465,6 +481,7 @@ impl Forecaster {
             learning_rate: cfg.learning_rate,
             max_iterations: cfg.max_iterations,
             patience: cfg.patience,
+            tolerance: cfg.tolerance,
             ..GradientDescent::default()
         };
         let tail = (acc.head.n < acc.all.n).then(|| acc.all.minus(&acc.head));

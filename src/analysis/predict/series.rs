@@ -17,6 +17,9 @@ pub struct PredictConfig {
     pub max_iterations: usize,
     /// Early stop after this many iterations without a lower loss.
     pub patience: usize,
+    /// A fall of the held-out loss smaller than this share of it counts
+    /// toward `patience` ([`super::GradientDescent::tolerance`]).
+    pub tolerance: f64,
     pub trend_window: usize,
     pub cv_origins: usize,
     /// The online backtest retrains every this many steps.
@@ -35,9 +38,10 @@ impl Default for PredictConfig {
             learning_rate: 0.01,
             max_iterations: 1000,
             patience: 20,
+            tolerance: 1e-3,
             trend_window: 20,
             cv_origins: 50,
-            retrain_every: 10,
+            retrain_every: 20,
             deterioration: 5.0,
             min_confidence: 0.6,
             sharp_jump: 10.0,

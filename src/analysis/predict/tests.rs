@@ -365,3 +365,26 @@ fn risk_levels() {
     assert_eq!(Risk::of(30.0), Risk::Low);
     assert_eq!(Risk::of(29.9), Risk::Minimal);
 }
+
+/// A relative tolerance stops gradient descent where the loss only creeps
+/// down: far fewer iterations, nearly the same loss. With none, every
+/// fall, however small, resets the patience.
+#[test]
+fn a_tolerance_stops_a_descent_that_only_creeps() {
+    // A noisy line: the loss falls toward the noise's, ever more slowly.
+    let x = array![[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [-1.0, 0.5], [0.5, -1.0], [2.0, 1.0], [-0.5, -0.5]];
+    let y: Array1<f64> = x
+        .rows()
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| 0.5 * r[0] - 0.25 * r[1] + 0.1 + 0.05 * (i as f64).sin())
+        .collect();
+    let ds = Dataset::new(x, y);
+    let every = GradientDescent { max_iterations: 20_000, learning_rate: 0.01, ..Default::default() };
+    let loose = GradientDescent { tolerance: 1e-3, ..every };
+    let (a, b) = (every.fit(&ds).unwrap(), loose.fit(&ds).unwrap());
+    assert!(b.stopped_early && b.iterations * 2 < a.iterations, "{b:?} against {a:?}");
+    // Stopped where an iteration took off less than 0.1 % of the loss: a
+    // little above the loss of the full run, never below it.
+    assert!(b.final_loss >= a.final_loss && b.final_loss < a.final_loss * 1.1, "{b:?} against {a:?}");
+}
