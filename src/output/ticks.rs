@@ -102,7 +102,12 @@ pub fn ticks(lo: f64, hi: f64, max: usize, unit: Unit) -> Vec<f64> {
 /// ticks reach and that writes the step with at most two decimals;
 /// fractions and counts with the decimals of the step.
 pub fn labels(ticks: &[f64], unit: Unit) -> Vec<String> {
-    let step = if ticks.len() > 1 { ticks[1] - ticks[0] } else { 1.0 };
+    labels_by_step(ticks, if ticks.len() > 1 { ticks[1] - ticks[0] } else { 1.0 }, unit)
+}
+
+/// [`labels`] of ticks that are multiples of `step` but not all one step
+/// apart (an axis with breaks).
+pub fn labels_by_step(ticks: &[f64], step: f64, unit: Unit) -> Vec<String> {
     let top = ticks.iter().fold(0.0f64, |m, v| m.max(v.abs()));
     match unit {
         Unit::Bytes => ticks.iter().map(|&v| bytes_label(v)).collect(),

@@ -13,9 +13,11 @@
 //! column. plotters draws the axes, labels, legend and the timeline.
 //!
 //! The files: [`frame`] (settings, fonts, axes, PNG), [`mdtp`],
-//! [`timeline`]; this module draws both for an analysis.
+//! [`timeline`], [`idle`] (the timeline's idle stretches shortened); this
+//! module draws both for an analysis.
 
 mod frame;
+mod idle;
 mod mdtp;
 mod timeline;
 

@@ -11,6 +11,7 @@ use super::frame::{
     FONT, PlotConfig, TITLE_PAD, Ticked, check_size, draw_err, fit_title, fonts, text_width, time_axis, title_font,
     x_ticks_for, y_ticks_for,
 };
+use super::idle::TimeMap;
 use crate::analysis::Analysis;
 use crate::analysis::predict::Risk;
 use crate::output::ticks::{Axis, Unit};
@@ -25,10 +26,11 @@ pub(super) const TIMELINE_LEGEND_FROM_WIDTH: u32 = 460;
 /// Height of the forecast panel's risk strip, in score points.
 pub(super) const RISK_STRIP: f64 = 6.0;
 
-/// One timeline panel over the whole trace: axes, labels, `y` range.
+/// One timeline panel over the whole trace: axes, labels, `y` range;
+/// the idle stretches `time` shortens are drawn as grey breaks.
 pub(super) fn timeline_panel<'a, 'b>(
     area: &'a DrawingArea<BitMapBackend<'b>, plotters::coord::Shift>,
-    span: f64,
+    time: &TimeMap,
     y: std::ops::Range<f64>,
     y_desc: &str,
     y_unit: Unit,
@@ -36,7 +38,12 @@ pub(super) fn timeline_panel<'a, 'b>(
     entries: bool,
 ) -> Result<Panel<'a, 'b>> {
     let (w, h) = area.dim_in_pixel();
-    let x_axis = time_axis(0.0, span, x_ticks_for(w.saturating_sub(110)), entries, false);
+    let span = time.span();
+    let x_axis = if time.is_identity() {
+        time_axis(0.0, span, x_ticks_for(w.saturating_sub(110)), entries, false)
+    } else {
+        time.axis(x_ticks_for(w.saturating_sub(110)))
+    };
     // A panel too short for labels (a tiny image) is drawn bare.
     let tiny = h < 75;
     let y_axis = if tiny {
@@ -52,7 +59,7 @@ pub(super) fn timeline_panel<'a, 'b>(
         .margin_right((text_width(x_axis.widest(), 12) / 2 + 4).max(8))
         .x_label_area_size(x_labels)
         .y_label_area_size((text_width(y_axis.widest(), 12) + 24).max(84))
-        .build_cartesian_2d(Ticked::new(0f64..span, &x_axis), Ticked::new(y, &y_axis))
+        .build_cartesian_2d(Ticked::new(0f64..span, &x_axis), Ticked::new(y.clone(), &y_axis))
         .map_err(draw_err)?;
     c.configure_mesh()
         .label_style((FONT, 12))
@@ -66,6 +73,14 @@ pub(super) fn timeline_panel<'a, 'b>(
         .y_label_formatter(&|v| y_axis.label(*v))
         .draw()
         .map_err(draw_err)?;
+    for (from, to, _) in time.breaks() {
+        let band = [(from, y.start), (to, y.end)];
+        c.draw_series(std::iter::once(Rectangle::new(band, RGBColor(228, 228, 228).filled()))).map_err(draw_err)?;
+        for edge in [from, to] {
+            let line = PathElement::new(vec![(edge, y.start), (edge, y.end)], RGBColor(150, 150, 150));
+            c.draw_series(std::iter::once(line)).map_err(draw_err)?;
+        }
+    }
     Ok(c)
 }
 
@@ -133,27 +148,29 @@ pub fn render_timeline(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u8>> {
         let host = a.trace.meta.as_ref().and_then(|m| m.details.snapshot()).and_then(|d| d.host.as_ref());
         let panels = root.split_evenly((if host.is_some() { 4 } else { 3 }, 1));
         let t0 = a.first_ts;
-        let span = (a.last_ts.max(t0 + 1) - t0) as f64;
         let pid = cfg.pid.or_else(|| {
             a.predictions.iter().reduce(|b, p| if p.prediction.risk > b.prediction.risk { p } else { b }).map(|p| p.pid)
         });
+        let entries = a.entry_order();
+        let time = time_map(a, pid, entries);
+        let span = time.span();
+        let at = |t: u64| time.x(t.saturating_sub(t0) as f64);
         let rows: Vec<&crate::analysis::Row> = a.rows.iter().filter(|r| !r.at_oom && Some(r.pid) == pid).collect();
-        let x = |r: &crate::analysis::Row| (r.t_ns - t0) as f64;
-        let ooms: Vec<f64> = a.ooms.iter().filter(|o| Some(o.pid) == pid).map(|o| (o.t_ns - t0) as f64).collect();
+        let x = |r: &crate::analysis::Row| at(r.t_ns);
+        let ooms: Vec<f64> = a.ooms.iter().filter(|o| Some(o.pid) == pid).map(|o| at(o.t_ns)).collect();
         // Iteration starts, when few enough to tell apart (one per 4 px).
         let iterations: Vec<f64> = a
             .iterations
             .iter()
             .filter(|it| Some(it.pid) == pid && it.boundaries_t_ns.len() as u32 <= w / 4)
-            .flat_map(|it| it.boundaries_t_ns.iter().map(|&b| b.saturating_sub(t0) as f64))
+            .flat_map(|it| it.boundaries_t_ns.iter().map(|&b| at(b)))
             .collect();
-        let entries = a.entry_order();
         let score: Vec<(f64, f64)> = rows.iter().map(|r| (x(r), r.metrics.score)).collect();
 
         // 1. Live bytes; for PyTorch's allocator, reserved beside them,
         // the budget (or its interval), the retries that released the
         // cache, and what the recommended setting's replay reserves.
-        let m = Memory::of(a, pid, t0);
+        let m = Memory::of(a, pid, &at);
         let reserved: Vec<(f64, f64)> = if a.allocator_view {
             rows.iter().map(|r| (x(r), r.alloc.map_or(r.metrics.span_bytes, |al| al.reserved_bytes) as f64)).collect()
         } else {
@@ -167,7 +184,14 @@ pub fn render_timeline(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u8>> {
             .chain(m.best.iter().flat_map(|(_, pts)| pts.iter().map(|p| p.1)))
             .fold(1.0, f64::max)
             * 1.05;
-        let mut c = timeline_panel(&panels[0], span, 0.0..top, "bytes", Unit::Bytes, false, entries)?;
+        let mut c = timeline_panel(&panels[0], &time, 0.0..top, "bytes", Unit::Bytes, false, entries)?;
+        // What each break stands for, written up its band.
+        for (from, to, idle) in time.breaks() {
+            let text =
+                if idle >= 1e9 { format!("{:.1} s idle", idle / 1e9) } else { format!("{:.0} ms idle", idle / 1e6) };
+            let font = (FONT, 12).into_font().transform(FontTransform::Rotate90).color(&RGBColor(90, 90, 90));
+            c.draw_series(std::iter::once(Text::new(text, ((from + to) / 2.0, top * 0.97), font))).map_err(draw_err)?;
+        }
         if let Some((lo, hi)) = m.budget {
             if hi > lo {
                 let band = [(0.0, lo as f64), (span, hi as f64)];
@@ -199,7 +223,7 @@ pub fn render_timeline(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u8>> {
         finish_panel(&mut c, &iterations, &ooms, top)?;
 
         // 2. Score and its weighted components, risk bands behind.
-        let mut c = timeline_panel(&panels[1], span, 0.0..100.0, "score", Unit::Count, false, entries)?;
+        let mut c = timeline_panel(&panels[1], &time, 0.0..100.0, "score", Unit::Count, false, entries)?;
         for (lo, hi, colour) in [(70.0, 80.0, RGBColor(255, 224, 178)), (80.0, 100.0, RGBColor(255, 205, 210))] {
             c.draw_series(std::iter::once(Rectangle::new([(0.0, lo), (span, hi)], colour.mix(0.6).filled())))
                 .map_err(draw_err)?;
@@ -217,7 +241,7 @@ pub fn render_timeline(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u8>> {
 
         // 3. Online forecast against the score; the online risk is a strip
         // along the bottom, so both lines stay visible above it.
-        let mut c = timeline_panel(&panels[2], span, 0.0..100.0, "forecast", Unit::Count, host.is_none(), entries)?;
+        let mut c = timeline_panel(&panels[2], &time, 0.0..100.0, "forecast", Unit::Count, host.is_none(), entries)?;
         for pair in rows.windows(2) {
             let colour = match pair[0].risk_online {
                 Some(Risk::Critical) => RGBColor(255, 205, 210),
@@ -237,8 +261,8 @@ pub fn render_timeline(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u8>> {
             let inside = |t: u64| t >= t0 && t <= a.last_ts.max(t0 + 1);
             let pts: Vec<&(u64, u64, u64)> = h.series.iter().filter(|p| inside(p.0)).collect();
             let top = pts.iter().map(|p| p.2.max(p.1) as f64).fold(1.0, f64::max) * 1.05;
-            let mut c = timeline_panel(&panels[3], span, 0.0..top, "pinned host", Unit::Bytes, true, entries)?;
-            let x = |t: u64| (t - t0) as f64;
+            let mut c = timeline_panel(&panels[3], &time, 0.0..top, "pinned host", Unit::Bytes, true, entries)?;
+            let x = at;
             line(
                 &mut c,
                 pts.iter().map(|p| (x(p.0), p.2 as f64)).collect(),
@@ -270,7 +294,7 @@ struct Memory {
 }
 
 impl Memory {
-    fn of(a: &Analysis, pid: Option<u32>, t0: u64) -> Memory {
+    fn of(a: &Analysis, pid: Option<u32>, at: &dyn Fn(u64) -> f64) -> Memory {
         let mut m = Memory { budget: None, retries: Vec::new(), best: None };
         let (Some(pid), Some(w)) = (pid, a.whatif.as_ref()) else { return m };
         m.budget = a
@@ -279,19 +303,43 @@ impl Memory {
             .and_then(|d| d.memory.iter().find(|u| u.unit == pid))
             .and_then(|u| u.budget.as_ref())
             .map(|b| (b.lo_bytes, b.hi_bytes));
-        m.retries = w
-            .retry_times
-            .iter()
-            .filter(|(d, _)| *d == pid)
-            .flat_map(|(_, t)| t.iter().map(|&t| t.saturating_sub(t0) as f64))
-            .collect();
+        m.retries =
+            w.retry_times.iter().filter(|(d, _)| *d == pid).flat_map(|(_, t)| t.iter().map(|&t| at(t))).collect();
         let j = w.fidelity.iter().position(|f| f.device == pid);
         if let (Some(j), Some(s)) = (j, w.scenarios.get(w.recommended.0).filter(|_| w.recommended.0 != 0))
             && let Some(o) = s.devices.get(j)
         {
-            let pts = o.series.iter().map(|&(t, r, _)| (t.saturating_sub(t0) as f64, r as f64)).collect();
+            let pts = o.series.iter().map(|&(t, r, _)| (at(t), r as f64)).collect();
             m.best = Some((crate::analysis::whatif::scenario_label(&w.recorded_conf, &s.conf).replace('`', ""), pts));
         }
         m
     }
+}
+
+/// The time axis of `pid`'s timeline (every process's, with none): its
+/// idle stretches shortened ([`TimeMap`]), judged by when blocks and
+/// segments were allocated and freed and by the iteration period. True
+/// time for a trace without timestamps.
+fn time_map(a: &Analysis, pid: Option<u32>, entries: bool) -> TimeMap {
+    let t0 = a.first_ts;
+    let span = (a.last_ts.max(t0 + 1) - t0) as f64;
+    let Some(layout) = a.layout.as_ref().filter(|_| !entries) else { return TimeMap::identity(span) };
+    let mine = |l: &&crate::analysis::layout::Lifetime| pid.is_none_or(|p| l.pid == p);
+    let times = layout
+        .lives
+        .iter()
+        .chain(&layout.segments)
+        .filter(mine)
+        .flat_map(|l| [l.start, l.end])
+        .map(|t| t.saturating_sub(t0));
+    // The median iteration period of the process.
+    let mut periods: Vec<u64> = a
+        .iterations
+        .iter()
+        .filter(|it| pid.is_none_or(|p| it.pid == p))
+        .flat_map(|it| it.boundaries_t_ns.windows(2).map(|w| w[1].saturating_sub(w[0])))
+        .collect();
+    periods.sort_unstable();
+    let period = periods.get(periods.len() / 2).map(|&p| p as f64);
+    TimeMap::of(times, span, period)
 }
