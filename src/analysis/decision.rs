@@ -16,6 +16,7 @@
 //! sites holding the most bytes at the peak.
 
 use crate::analysis::Analysis;
+use crate::analysis::oom::OomClass;
 use crate::analysis::whatif::{Needed, Whatif};
 
 /// The verdict of the first screen.
@@ -244,10 +245,7 @@ pub fn decide(
     let at_least = w.is_some_and(|w| w.flushes.iter().any(|(_, f)| f.at_least));
     let leak = a.leaks.iter().find(|l| l.leaking);
     let verdict = if a.has_history() && !a.ooms.is_empty() {
-        let classes = crate::analysis::summary::oom_classes(a)
-            .into_iter()
-            .map(|(c, n)| (c.name().replace('_', " "), n))
-            .collect();
+        let classes = oom_classes(a).into_iter().map(|(c, n)| (c.name().replace('_', " "), n)).collect();
         Verdict::Failed { ooms: a.ooms.len() as u64, classes }
     } else if let Some(l) = leak {
         let per_step = l.growth_per_iteration_bytes.and_then(|g| u64::try_from(g).ok()).filter(|&g| g > 0);
@@ -322,4 +320,15 @@ pub fn decide(
         capacity.contradictions = (0..w.fidelity.len()).flat_map(|j| contradictions(w, j, c)).collect();
     }
     Decision { verdict, memory, fix, capacity }
+}
+
+/// The trace's OOMs by class, the most frequent first.
+pub(crate) fn oom_classes(a: &Analysis) -> Vec<(OomClass, u64)> {
+    let mut counts: std::collections::BTreeMap<OomClass, u64> = Default::default();
+    for o in &a.ooms {
+        *counts.entry(o.class).or_default() += 1;
+    }
+    let mut v: Vec<(OomClass, u64)> = counts.into_iter().collect();
+    v.sort_by(|x, y| y.1.cmp(&x.1).then(x.0.cmp(&y.0)));
+    v
 }

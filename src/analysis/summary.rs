@@ -127,7 +127,7 @@ impl Summary {
             anomalies: a.anomalies.total(),
             risk: at_peaks(a).iter().map(|p| p.level).max(),
             oom_risk: a.oom_risk.iter().map(|x| x.level).max().unwrap_or(crate::analysis::risk::OomRisk::Unknown),
-            oom_classes: oom_classes(a),
+            oom_classes: crate::analysis::decision::oom_classes(a),
             leaking: a.leaks.iter().any(|l| l.leaking),
             leak_verdict: [Verdict::Leaking, Verdict::CannotTell, Verdict::NotLeaking]
                 .into_iter()
@@ -211,16 +211,6 @@ pub(crate) fn step_totals(rows: &[Row]) -> Vec<(u64, u64, f64)> {
         }
     }
     out
-}
-
-pub(crate) fn oom_classes(a: &Analysis) -> Vec<(OomClass, u64)> {
-    let mut counts: std::collections::BTreeMap<OomClass, u64> = Default::default();
-    for o in &a.ooms {
-        *counts.entry(o.class).or_default() += 1;
-    }
-    let mut v: Vec<(OomClass, u64)> = counts.into_iter().collect();
-    v.sort_by(|x, y| y.1.cmp(&x.1).then(x.0.cmp(&y.0)));
-    v
 }
 
 /// The prediction of the process with the highest risk (the first on

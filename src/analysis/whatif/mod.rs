@@ -43,7 +43,8 @@ use crate::allocator::Settings;
 use crate::trace::event::EventKind;
 pub use fidelity::{Fidelity, Mismatch, fidelity};
 pub use needed::{GRAIN, Needed, needed};
-pub use simulate::{Outcome, SERIES_POINTS, simulate, simulate_into};
+pub use replay::{Outcome, SERIES_POINTS};
+pub use simulate::{simulate, simulate_into};
 pub use stream::{DeviceStream, Flushes, Release, Req, device_level_streams, inferred_capacity, streams};
 
 /// The default sweep: `expandable_segments:True`, `max_split_size_mb` at up to four values taken from

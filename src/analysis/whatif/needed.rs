@@ -23,8 +23,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use super::replay::{Checkpoints, budget_free, replay_from, replay_keeping};
-use super::simulate::Outcome;
+use super::replay::{Checkpoints, Outcome, budget_free, replay_from, replay_keeping};
 use super::stream::DeviceStream;
 use crate::allocator::Settings;
 

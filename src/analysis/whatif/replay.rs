@@ -18,11 +18,84 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::fidelity::initial_state;
-use super::simulate::{Outcome, Sampler, note_peak};
 use super::stream::{DeviceStream, Release, is_release};
 use crate::allocator::{Allocator, Refused, Settings};
 use crate::analysis::oom::OomClass;
 use crate::trace::event::{Event, EventKind};
+
+/// What one setting did with the requests.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Outcome {
+    pub name: String,
+    /// The `PYTORCH_CUDA_ALLOC_CONF` entries on top of the recorded
+    /// settings (empty for `recorded`).
+    pub conf: Vec<String>,
+    pub peak_reserved_bytes: u64,
+    pub peak_allocated_bytes: u64,
+    /// Reserved minus allocated at the peak of reserved: the least of it
+    /// while reserved is at its peak (where allocated is highest).
+    pub reserved_minus_allocated_at_peak: u64,
+    pub segment_allocs: u64,
+    pub ooms: u64,
+    /// Requests that found the device full and released cached memory to
+    /// make room (each a device-wide synchronisation); a request that then
+    /// failed counts too.
+    pub flushes: u64,
+    pub oom_classes: Vec<(String, u64)>,
+    /// Requests (allocations and recorded OOMs) the scenario served.
+    pub allocations: u64,
+    /// Reserved and allocated bytes over time, at most [`SERIES_POINTS`]
+    /// points (each the highest reserved of its stretch of requests), and
+    /// the times of the OOMs: for whatif.png.
+    #[serde(skip)]
+    pub series: Vec<(u64, u64, u64)>,
+    #[serde(skip)]
+    pub oom_times: Vec<u64>,
+}
+
+/// Points of [`Outcome::series`] at most.
+pub const SERIES_POINTS: usize = 2000;
+
+/// Keeps the highest reserved of each stretch of `every` samples.
+#[derive(Clone)]
+pub(super) struct Sampler {
+    pub(super) every: usize,
+    pub(super) seen: usize,
+    pub(super) best: Option<(u64, u64, u64)>,
+}
+
+impl Sampler {
+    pub(super) fn new(samples: usize) -> Sampler {
+        Sampler { every: samples.div_ceil(SERIES_POINTS).max(1), seen: 0, best: None }
+    }
+
+    pub(super) fn add(&mut self, out: &mut Vec<(u64, u64, u64)>, point: (u64, u64, u64)) {
+        if self.best.is_none_or(|b| point.1 > b.1) {
+            self.best = Some(point);
+        }
+        self.seen += 1;
+        if self.seen % self.every == 0
+            && let Some(b) = self.best.take()
+        {
+            out.push(b);
+        }
+    }
+
+    pub(super) fn finish(&mut self, out: &mut Vec<(u64, u64, u64)>) {
+        if let Some(b) = self.best.take() {
+            out.push(b);
+        }
+    }
+}
+
+/// Keeps the peak of reserved memory and, while reserved stays at its
+/// peak, the most allocated (`peak`), and the peak of allocated memory.
+pub(super) fn note_peak(peak: &mut (u64, u64), peak_allocated: &mut u64, reserved: u64, allocated: u64) {
+    if reserved > peak.0 || (reserved == peak.0 && allocated > peak.1) {
+        *peak = (reserved, allocated);
+    }
+    *peak_allocated = (*peak_allocated).max(allocated);
+}
 
 /// Checkpoints kept per replay at most (one every this share of the
 /// trace): each costs a copy of the model's state.
