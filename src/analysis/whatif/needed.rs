@@ -89,10 +89,10 @@ pub fn needed(d: &DeviceStream, settings: &Settings, unbounded: Option<(&Outcome
         );
         (o.ooms == 0, o.flushes)
     };
-    // The bisection below `hi`, which fits (with `at_hi`'s releases, when
+    // The bisection below `hi`, which fits (with `at_hi` releases, when
     // known): the smallest budget found to fit, its releases (None: `hi`'s,
     // not known yet), and the largest known or assumed to fail.
-    let search = |mut hi: u64, mut at_hi: Option<(bool, u64)>| {
+    let search = |mut hi: u64, mut at_hi: Option<u64>| {
         // Allocated memory never exceeds what is reserved, so a budget
         // below the peak allocated fails: start a step under it. That is
         // not checked unless the answer comes down to it (block sizes, and
@@ -106,7 +106,7 @@ pub fn needed(d: &DeviceStream, settings: &Settings, unbounded: Option<(&Outcome
                 let mid = lo + (hi - lo) / GRAIN / 2 * GRAIN;
                 let got = runs(mid);
                 if got.0 {
-                    (hi, at_hi) = (mid, Some(got));
+                    (hi, at_hi) = (mid, Some(got.1));
                 } else {
                     (lo, lo_checked) = (mid, true);
                 }
@@ -120,7 +120,7 @@ pub fn needed(d: &DeviceStream, settings: &Settings, unbounded: Option<(&Outcome
             }
             // It fits lower still: search below, down to the carried-in
             // state.
-            (hi, at_hi) = (lo, Some(got));
+            (hi, at_hi) = (lo, Some(got.1));
             lo = floor.saturating_sub(GRAIN).min(hi);
             lo_checked = true;
         }
@@ -129,7 +129,7 @@ pub fn needed(d: &DeviceStream, settings: &Settings, unbounded: Option<(&Outcome
     let hi = no_flush.div_ceil(GRAIN) * GRAIN;
     let (hi, at_hi, lo) = if budget_free(d, settings) {
         // A budget no request reaches replays as no budget at all...
-        search(hi, Some((true, 0)))
+        search(hi, Some(0))
     } else {
         // ... unless the budget itself changes a decision: garbage
         // collection acts at a share of it, an expandable range spans a
@@ -143,7 +143,7 @@ pub fn needed(d: &DeviceStream, settings: &Settings, unbounded: Option<(&Outcome
             (at_hi.join().unwrap_or_else(|e| std::panic::resume_unwind(e)), found)
         });
         if at_hi.0 {
-            (found.0, found.1.or(Some(at_hi)), found.2)
+            (found.0, found.1.or(Some(at_hi.1)), found.2)
         } else {
             // Garbage collection can make a replay fail at a budget that
             // a replay without a budget never reached: look a little
@@ -165,13 +165,14 @@ pub fn needed(d: &DeviceStream, settings: &Settings, unbounded: Option<(&Outcome
                     replays: replays.into_inner(),
                 };
             }
-            search(hi, Some(at_hi))
+            search(hi, Some(at_hi.1))
         }
     };
-    let at_hi = at_hi.unwrap_or((true, 0));
+    // Always known here: `hi` was checked, or a lower budget fit.
+    let at_hi = at_hi.unwrap_or(0);
     Needed {
         fits_from_bytes: Some(hi),
-        flushes_at_fits_from: at_hi.1,
+        flushes_at_fits_from: at_hi,
         no_flush_from_bytes: no_flush,
         precision_bytes: hi - lo,
         peak_allocated_bytes: peak_allocated,
