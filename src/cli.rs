@@ -67,6 +67,48 @@ pub enum Command {
         after_help = "Examples (sudo resets PATH, so name the binaries whole):\n  sudo \"$(command -v fragscope)\" record -o trace -- \"$(command -v python)\" train.py\n  sudo \"$(command -v fragscope)\" record -o trace --pid 4242\n  sudo \"$(command -v fragscope)\" record -o trace --lib ./app -- ./app   (runtime linked into the executable)\n\nExit status: the command's, when it ran to its end; 0 when stopped by Ctrl-C, SIGTERM, --duration or the end of --pid; 1 on errors."
     )]
     Record(RecordArgs),
+    /// A fleet's problem classes: learn them once from many traces (`fit`), then give every new
+    /// trace its class (`analyze --classes`).
+    #[command(subcommand)]
+    Classes(ClassesCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ClassesCommand {
+    /// Learn the classes and the classifier from traces, batch outputs or summary datasets.
+    #[command(
+        after_help = "Examples:\n  fragscope classes fit runs/ -o fleet.classes\n  fragscope classes fit out/summary.parquet s3://bucket/ci/summary.parquet -o fleet.classes\n  fragscope classes fit --from fleet.classes runs-today/ -o fleet.classes\n  fragscope analyze new-run.pickle --classes fleet.classes -o report"
+    )]
+    Fit(ClassesFitArgs),
+    /// Print a model's classes, their directions and its classifiers' accuracy.
+    Show {
+        /// The model file.
+        model: PathBuf,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct ClassesFitArgs {
+    /// Trace directories, snapshots or anything `analyze` reads (one sample per process), a
+    /// batch's output folder or a summary dataset (`summary.parquet`, local or an object-store
+    /// URL; one sample per trace).
+    #[arg(required = true)]
+    pub inputs: Vec<PathBuf>,
+    /// The model file to write.
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Your own labels: a CSV of `trace,class` rows. They take precedence over the groups found.
+    #[arg(long, value_name = "CSV")]
+    pub labels: Option<PathBuf>,
+    /// An earlier model: its class names are kept wherever a new class matches an old one.
+    #[arg(long, value_name = "MODEL")]
+    pub from: Option<PathBuf>,
+    /// Seed of the grouping and the network's training.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Traces analysed in parallel (default: number of cores).
+    #[arg(short, long)]
+    pub jobs: Option<usize>,
 }
 
 #[derive(Debug, Args)]
@@ -342,6 +384,10 @@ pub struct AnalyzeArgs {
     /// PyTorch's blocks in its segments and every device allocation PyTorch did not make.
     #[arg(long, value_name = "SNAPSHOT")]
     pub snapshot: Option<PathBuf>,
+    /// A fleet's class model (`fragscope classes fit`): every trace and process gets a class, in
+    /// report.json, the report's first screen and the batch summary.
+    #[arg(long, value_name = "MODEL")]
+    pub classes: Option<PathBuf>,
     #[command(flatten)]
     pub predict: PredictArgs,
     #[command(flatten)]
@@ -523,7 +569,11 @@ pub fn run(cli: Cli) -> Result<u8> {
                 eprintln!("error: --conf {e}");
                 return Ok(exit::USAGE);
             }
-            crate::batch::run(&args.batch_options())
+            let mut batch = args.batch_options();
+            if let Some(path) = &args.classes {
+                batch.analysis.classes = Some(std::sync::Arc::new(crate::analysis::classes::Model::load(path)?));
+            }
+            crate::batch::run(&batch)
         }
         Command::Summarize(args) => crate::batch::summarize(&args.output, args.cluster_seed),
         Command::Import(args) => {
@@ -545,6 +595,15 @@ pub fn run(cli: Cli) -> Result<u8> {
             device: args.device,
         }),
         Command::Record(args) => run_record(&args),
+        Command::Classes(ClassesCommand::Fit(args)) => crate::classes::fit(&crate::classes::FitArgs {
+            inputs: args.inputs,
+            output: args.output,
+            labels: args.labels,
+            from: args.from,
+            seed: args.seed,
+            jobs: args.jobs,
+        }),
+        Command::Classes(ClassesCommand::Show { model }) => crate::classes::show(&model),
         Command::Compare(args) => {
             // The what-if runs for the memory needed, which the verdict weighs.
             let opts =
@@ -630,6 +689,7 @@ impl AnalyzeArgs {
             },
             layout: !self.plots.no_plots,
             whatif: !self.no_whatif,
+            classes: None,
             device: self.device,
             confs: self
                 .conf

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! cli                      the clap types → each command's options
-//! batch, whatif            the drivers of `analyze` (one trace or many) and `whatif`
+//! batch, whatif, classes   the drivers of `analyze` (one trace or many), `whatif` and `classes`
 //! output                   reports, pictures, summaries, compare, export
 //! analysis                 replay → metrics, iterations, forecasts, OOMs, leaks, what-if
 //! input                    the one way in: classify a path once, load or convert it
@@ -19,6 +19,7 @@
 pub mod allocator;
 pub mod analysis;
 pub mod batch;
+pub mod classes;
 pub mod cli;
 pub mod exit;
 pub(crate) mod import;

@@ -69,7 +69,7 @@ const SCALE_FLOOR: [f64; 10] = [0.05, 0.05, 0.05, 0.1, 0.05, 0.05, 0.05, 0.05, 0
 
 /// What each feature says when it is high: a problem label, or None for a
 /// feature that is good when high (utilization).
-fn problem(feature: usize) -> Option<&'static str> {
+pub(crate) fn problem(feature: usize) -> Option<&'static str> {
     match FEATURES[feature] {
         "external_fragmentation" | "kernel_unusable_index" | "large_gap_ratio" | "fragmentation_oom_share" => {
             Some("fragmentation-bound")
@@ -192,6 +192,16 @@ fn plain_label(members: &[Trouble]) -> String {
     }
 }
 
+/// The standardisation of [`cluster`]: each feature's mean, and its
+/// standard deviation but never less than its floor ([`SCALE_FLOOR`]).
+/// Non-finite values must have been replaced (by 0) before.
+pub fn scaling(raw: &Array2<f64>) -> (Vec<f64>, Vec<f64>) {
+    let d = raw.ncols();
+    let mean = raw.mean_axis(Axis(0)).unwrap_or_else(|| Array1::zeros(d));
+    let sd = raw.std_axis(Axis(0), 0.0);
+    (mean.to_vec(), (0..d).map(|j| sd[j].max(SCALE_FLOOR[j])).collect())
+}
+
 /// Clusters `features` (one row per trace, [`FEATURES`] order); `troubles`
 /// (the same order) name a group in which no feature stands out.
 pub fn cluster(features: &[[f64; FEATURES.len()]], troubles: &[Trouble], seed: u64) -> Result<Option<Clustering>> {
@@ -204,9 +214,8 @@ pub fn cluster(features: &[[f64; FEATURES.len()]], troubles: &[Trouble], seed: u
     // Standardise, but never divide by less than the feature's smallest
     // meaningful change: a feature that barely varies (noise around one
     // value) must not weigh as much as one that separates the traces.
-    let mean = raw.mean_axis(Axis(0)).unwrap_or_else(|| Array1::zeros(d));
-    let sd = raw.std_axis(Axis(0), 0.0);
-    let x = Array2::from_shape_fn((n, d), |(i, j)| (raw[[i, j]] - mean[j]) / sd[j].max(SCALE_FLOOR[j]));
+    let (mean, scale) = scaling(&raw);
+    let x = Array2::from_shape_fn((n, d), |(i, j)| (raw[[i, j]] - mean[j]) / scale[j]);
     // k-means and the gap statistic run on the principal components that
     // carry 90 % of the variance: the reference data must have the data's
     // own dimension, or tight groups keep "gaining" from every split. The

@@ -12,6 +12,7 @@
 //! saw: every event before it in time order, none after.
 
 pub mod advice;
+pub mod classes;
 pub mod cluster;
 pub mod decision;
 pub(crate) mod flame;
@@ -110,7 +111,10 @@ pub fn analyze_path(dir: &Path, opts: &Options) -> Result<Analysis> {
 pub fn analyze_loaded(loaded: Loaded, opts: &Options) -> Result<Analysis> {
     let Loaded { trace, events, out_of_order } = loaded;
     let start = std::time::Instant::now();
-    let analysis = analyze_events(trace, &events, out_of_order, opts)?;
+    let mut analysis = analyze_events(trace, &events, out_of_order, opts)?;
+    if let Some(model) = &opts.classes {
+        analysis.class = Some(classes::classify(model, &analysis));
+    }
     tracing::info!("{}: replayed in {:.3} s", analysis.trace.name, start.elapsed().as_secs_f64());
     Ok(analysis)
 }
@@ -295,6 +299,7 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         decision: None,
         stages,
         settings_check: None,
+        class: None,
     };
     analysis.settings_check = analysis
         .trace

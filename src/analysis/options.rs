@@ -71,4 +71,7 @@ pub struct Options {
     /// The what-if's scenarios (`--conf`, each a list of
     /// `PYTORCH_CUDA_ALLOC_CONF` entries); empty: the default sweep.
     pub confs: Vec<Vec<String>>,
+    /// A fleet's class model (`--classes`): every trace and unit gets a
+    /// class ([`crate::analysis::classes`]).
+    pub classes: Option<std::sync::Arc<crate::analysis::classes::Model>>,
 }

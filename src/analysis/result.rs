@@ -140,6 +140,8 @@ pub struct Analysis {
     /// What the process asked of PyTorch's allocator against what it used
     /// (snapshots and recordings' allocator views).
     pub settings_check: Option<crate::analysis::settings_check::SettingsCheck>,
+    /// The trace's class and its units' under `--classes`.
+    pub class: Option<crate::analysis::classes::TraceClass>,
 }
 
 impl Analysis {

@@ -78,6 +78,8 @@ pub struct Summary {
     /// to fit under the recorded settings (`fits_from_bytes`, replayed;
     /// None where no replay ran).
     pub needs_bytes: Option<u64>,
+    /// The trace's class and its confidence under `--classes`.
+    pub class: Option<(String, f64)>,
     /// The grouping features ([`crate::analysis::cluster::FEATURES`]).
     pub features: [f64; crate::analysis::cluster::FEATURES.len()],
     /// UTC day of the recording (`start_wall_ns` of trace.json), else of the
@@ -141,6 +143,7 @@ impl Summary {
                 .max_by_key(|s| s.0)
                 .map_or(0.0, |s| if s.1 == 0 { 0.0 } else { s.2 / s.1 as f64 }),
             needs_bytes: needs_bytes(a),
+            class: a.class.as_ref().map(|c| (c.trace.name.clone(), c.trace.confidence)),
             features: features(a),
             date: trace_date(a),
         }
@@ -156,7 +159,14 @@ pub(crate) fn needs_bytes(a: &Analysis) -> Option<u64> {
 /// The grouping features of a trace: mean score components over its rows,
 /// the share of its OOMs in each class (0 without OOMs), leak rate.
 pub(crate) fn features(a: &Analysis) -> [f64; crate::analysis::cluster::FEATURES.len()] {
-    let rows: Vec<&Row> = a.rows.iter().filter(|r| !r.at_oom).collect();
+    features_of(a, None)
+}
+
+/// The grouping features of one unit (`pid`), or of the whole trace (None):
+/// the unit's rows, OOMs and leak, against its own peak.
+pub(crate) fn features_of(a: &Analysis, pid: Option<u32>) -> [f64; crate::analysis::cluster::FEATURES.len()] {
+    let mine = |p: u32| pid.is_none_or(|u| u == p);
+    let rows: Vec<&Row> = a.rows.iter().filter(|r| !r.at_oom && mine(r.pid)).collect();
     let mut f = [0.0; crate::analysis::cluster::FEATURES.len()];
     if !rows.is_empty() {
         for r in &rows {
@@ -168,13 +178,18 @@ pub(crate) fn features(a: &Analysis) -> [f64; crate::analysis::cluster::FEATURES
             *x /= rows.len() as f64;
         }
     }
-    let total = a.ooms.len().max(1) as f64;
-    let share = |c: OomClass| a.ooms.iter().filter(|o| o.class == c).count() as f64 / total;
+    let ooms: Vec<OomClass> = a.ooms.iter().filter(|o| mine(o.pid)).map(|o| o.class).collect();
+    let total = ooms.len().max(1) as f64;
+    let share = |c: OomClass| ooms.iter().filter(|o| **o == c).count() as f64 / total;
     f[6] = share(OomClass::Capacity);
     f[7] = share(OomClass::Fragmentation);
     f[8] = share(OomClass::AllocatorPolicy);
-    let leaked: i64 = a.leaks.iter().filter(|l| l.leaking).map(|l| l.growth_bytes).sum();
-    f[9] = if a.peak_live_total == 0 { 0.0 } else { leaked.max(0) as f64 / a.peak_live_total as f64 };
+    let leaked: i64 = a.leaks.iter().filter(|l| l.leaking && mine(l.pid)).map(|l| l.growth_bytes).sum();
+    let peak = match pid {
+        None => a.peak_live_total,
+        Some(u) => a.peaks.iter().filter(|p| p.pid == u).map(|p| p.bytes).max().unwrap_or(0),
+    };
+    f[9] = if peak == 0 { 0.0 } else { leaked.max(0) as f64 / peak as f64 };
     f
 }
 

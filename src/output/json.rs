@@ -256,6 +256,9 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
     if let Some(c) = &a.settings_check {
         report["settings_check"] = json!(c);
     }
+    if let Some(c) = &a.class {
+        report["class"] = json!(c);
+    }
     if let Some(d) = &a.decision {
         report["decision"] = json!(d);
         report["capacity"] = json!(d.capacity);

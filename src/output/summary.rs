@@ -39,6 +39,8 @@ pub(crate) const SUMMARY_COLUMNS: &[&str] = &[
     "leaked_bytes",
     "anomalies",
     "needs_bytes",
+    "class",
+    "class_confidence",
     "cluster",
     "cluster_label",
 ];
@@ -76,6 +78,8 @@ pub(crate) fn summary_cells(
                 Some(s.leaked_bytes.max(0).to_string()),
                 Some(s.anomalies.to_string()),
                 s.needs_bytes.map(|b| b.to_string()),
+                s.class.as_ref().map(|c| c.0.clone()),
+                s.class.as_ref().map(|c| c.1.to_string()),
             ]);
         }
         Err(e) => {
@@ -129,9 +133,11 @@ pub(crate) fn summary_frame(
         )
         .push("leaked_bytes", oku(|s| s.leaked_bytes.max(0) as u64))
         .push("anomalies", oku(|s| s.anomalies))
+        .push("needs_bytes", UInt64Array::from_iter(rows.iter().map(|r| r.1.as_ref().ok().and_then(|s| s.needs_bytes))))
+        .push("class", text(|s| s.class.as_ref().map(|c| c.0.clone())))
         .push(
-            "needs_bytes",
-            UInt64Array::from_iter(rows.iter().map(|r| r.1.as_ref().ok().and_then(|s| s.needs_bytes))),
+            "class_confidence",
+            Float64Array::from_iter(rows.iter().map(|r| r.1.as_ref().ok().and_then(|s| s.class.as_ref().map(|c| c.1)))),
         );
     // The grouping features, so that `summarize` can group traces that
     // other processes analysed.
@@ -212,12 +218,11 @@ pub struct Batch {
     pub grouping: Option<crate::analysis::cluster::Clustering>,
 }
 
-/// `fragscope summarize`: reads every part under `loc/summary.parquet`,
-/// groups the traces (k-means with the gap statistic, over the traces in
-/// name order, so the groups do not depend on how the batch was sharded),
-/// writes the groups back into the parts, and writes `summary.csv`,
-/// `summary.md` and `index.html`.
-pub fn summarize(loc: &Location, seed: u64) -> Result<Batch> {
+/// The rows of every part under `loc/summary.parquet`, and each part's key
+/// with the span of its rows. A trace in two parts is refused (a part left
+/// over from an earlier run).
+#[allow(clippy::type_complexity)]
+pub(crate) fn read_parts(loc: &Location) -> Result<(Vec<SummaryRow>, Vec<(String, std::ops::Range<usize>)>)> {
     let keys: Vec<String> = loc
         .list(DATASET)?
         .into_iter()
@@ -229,30 +234,6 @@ pub fn summarize(loc: &Location, seed: u64) -> Result<Batch> {
             loc.show(DATASET),
             loc.show("")
         );
-    }
-    // Every part of one sharded run has the same count; a shard of which
-    // no part exists anywhere either had no trace or did not run (or its
-    // parts were lost): said, since the summary would lack its traces.
-    let shards: std::collections::BTreeMap<u64, std::collections::BTreeSet<u64>> =
-        keys.iter().filter_map(|k| shard_of(k)).fold(Default::default(), |mut m, (i, n)| {
-            m.entry(n).or_default().insert(i);
-            m
-        });
-    // (Parts of several counts are refused below.)
-    if let Some((n, present)) = shards.iter().next().filter(|_| shards.len() == 1) {
-        let missing = n.saturating_sub(present.len() as u64);
-        if missing > 0 {
-            let first: Vec<String> =
-                (0..*n).filter(|i| !present.contains(i)).take(5).map(|i| format!("{i}/{n}")).collect();
-            tracing::warn!(
-                "{}: no part of {} ({}{}) in any partition: a shard that drew no trace writes none, but one that did \
-                 not run or whose parts were lost would read the same; the summary holds the other shards' traces",
-                loc.show(DATASET),
-                crate::units::plural(missing, "shard", "shards"),
-                first.join(", "),
-                if missing > 5 { ", …" } else { "" }
-            );
-        }
     }
     let mut rows: Vec<SummaryRow> = Vec::new();
     let mut spans: Vec<(String, std::ops::Range<usize>)> = Vec::new();
@@ -276,6 +257,41 @@ pub fn summarize(loc: &Location, seed: u64) -> Result<Batch> {
                     loc.show(key)
                 );
             }
+        }
+    }
+    Ok((rows, spans))
+}
+
+/// `fragscope summarize`: reads every part under `loc/summary.parquet`,
+/// groups the traces (k-means with the gap statistic, over the traces in
+/// name order, so the groups do not depend on how the batch was sharded),
+/// writes the groups back into the parts, and writes `summary.csv`,
+/// `summary.md` and `index.html`.
+pub fn summarize(loc: &Location, seed: u64) -> Result<Batch> {
+    let (rows, spans) = read_parts(loc)?;
+    let keys: Vec<&String> = spans.iter().map(|s| &s.0).collect();
+    // Every part of one sharded run has the same count; a shard of which
+    // no part exists anywhere either had no trace or did not run (or its
+    // parts were lost): said, since the summary would lack its traces.
+    let shards: std::collections::BTreeMap<u64, std::collections::BTreeSet<u64>> =
+        keys.iter().filter_map(|k| shard_of(k)).fold(Default::default(), |mut m, (i, n)| {
+            m.entry(n).or_default().insert(i);
+            m
+        });
+    // (Parts of several counts are refused below.)
+    if let Some((n, present)) = shards.iter().next().filter(|_| shards.len() == 1) {
+        let missing = n.saturating_sub(present.len() as u64);
+        if missing > 0 {
+            let first: Vec<String> =
+                (0..*n).filter(|i| !present.contains(i)).take(5).map(|i| format!("{i}/{n}")).collect();
+            tracing::warn!(
+                "{}: no part of {} ({}{}) in any partition: a shard that drew no trace writes none, but one that did \
+                 not run or whose parts were lost would read the same; the summary holds the other shards' traces",
+                loc.show(DATASET),
+                crate::units::plural(missing, "shard", "shards"),
+                first.join(", "),
+                if missing > 5 { ", …" } else { "" }
+            );
         }
     }
     // Parts of two shard counts that share no trace (the check above).
@@ -365,6 +381,12 @@ fn rows_of(df: &Table, source: &str, date: &str) -> Result<Vec<SummaryRow>> {
     let leaking = df.bools("leaking")?;
     // Written since the memory needed (issue 57): older parts lack it.
     let needs = if df.has("needs_bytes") { df.ints::<u64>("needs_bytes")? } else { vec![None; df.height()] };
+    // Written since the fleet classes (issue 61).
+    let (fleet_class, confidence) = if df.has("class") {
+        (text("class")?, df.floats("class_confidence")?)
+    } else {
+        (vec![None; df.height()], vec![None; df.height()])
+    };
     let features: Vec<Vec<f64>> =
         crate::analysis::cluster::FEATURES.iter().map(|f| float(&format!("feature_{f}"))).collect::<Result<_>>()?;
     let mut out = Vec::with_capacity(df.height());
@@ -407,6 +429,7 @@ fn rows_of(df: &Table, source: &str, date: &str) -> Result<Vec<SummaryRow>> {
                 peak_reserved_bytes: peak_reserved[i],
                 ext_frag_at_peak: ext[i],
                 needs_bytes: needs[i],
+                class: fleet_class[i].clone().map(|c| (c, confidence[i].unwrap_or(0.0))),
                 features: std::array::from_fn(|j| features[j][i]),
                 date: date.to_string(),
             }),
@@ -457,25 +480,80 @@ pub(crate) fn partition_value(v: &str) -> String {
     v.chars().map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '_' }).collect()
 }
 
+/// The fleet classes of a batch's traces, in the order of their worst
+/// member: (name, traces, mean confidence).
+fn fleet_classes(rows: &[SummaryRow], order: &[usize]) -> Vec<(String, usize, f64)> {
+    let mut out: Vec<(String, usize, f64)> = Vec::new();
+    for &i in order {
+        if let Some((name, conf)) = rows[i].1.as_ref().ok().and_then(|s| s.class.as_ref()) {
+            match out.iter_mut().find(|c| &c.0 == name) {
+                Some(c) => {
+                    c.1 += 1;
+                    c.2 += conf;
+                }
+                None => out.push((name.clone(), 1, *conf)),
+            }
+        }
+    }
+    for c in out.iter_mut() {
+        c.2 /= c.1 as f64;
+    }
+    out
+}
+
+/// The "## Classes" table of a batch analysed with `--classes`.
+fn classes_table(rows: &[SummaryRow], classes: &[(String, usize, f64)]) -> String {
+    let ok = rows.iter().filter(|r| r.1.is_ok()).count();
+    let mut md = String::from("## Classes\n\n| class | traces | share | mean confidence |\n|---|---|---|---|\n");
+    for (name, n, conf) in classes {
+        let _ = writeln!(md, "| {name} | {n} | {:.0} % | {conf:.2} |", 100.0 * *n as f64 / ok.max(1) as f64);
+    }
+    md
+}
+
 pub(crate) fn summary_md(
     rows: &[SummaryRow],
     order: &[usize],
     clusters: &[Option<(usize, String)>],
     grouping: Option<&crate::analysis::cluster::Clustering>,
 ) -> String {
-    let mut md = String::from(
-        "# fragscope batch summary\n\nWorst first (by OOM risk, then p95 fragmentation score); failed traces on top.\n\n",
-    );
-    md.push_str("| trace | status | OOM risk | fragmentation level | score final | p95 | max | OOMs | OOM class | peak live | needs | group |\n");
-    md.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    for &i in order {
+    let class_of = |i: usize| rows[i].1.as_ref().ok().and_then(|s| s.class.as_ref());
+    let classes = fleet_classes(rows, order);
+    let mut md = String::from("# fragscope batch summary\n\n");
+    if classes.is_empty() {
+        md.push_str("Worst first (by OOM risk, then p95 fragmentation score); failed traces on top.\n\n");
+        md.push_str("| trace | status | OOM risk | fragmentation level | score final | p95 | max | OOMs | OOM class | peak live | needs | group |\n");
+        md.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    } else {
+        md.push_str(
+            "By fleet class (`--classes`), the class of the worst trace first; worst first within a class (by OOM risk, then p95 fragmentation score); failed traces on top.\n\n",
+        );
+        md.push_str(&classes_table(rows, &classes));
+        md.push_str("\n## Traces\n\n| trace | class | status | OOM risk | fragmentation level | score final | p95 | max | OOMs | OOM class | peak live | needs | group |\n");
+        md.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    }
+    let grouped: Vec<usize> = if classes.is_empty() {
+        order.to_vec()
+    } else {
+        // Failed traces (no class) first, then class by class.
+        let rank = |i: usize| class_of(i).map_or(0, |c| 1 + classes.iter().position(|x| x.0 == c.0).unwrap_or(0));
+        let mut g = order.to_vec();
+        g.sort_by_key(|&i| rank(i));
+        g
+    };
+    for &i in &grouped {
         let (name, r) = (&rows[i].0, &rows[i].1);
         let group = clusters.get(i).and_then(|c| c.as_ref()).map_or(String::new(), |c| c.1.clone());
+        let class = if classes.is_empty() {
+            String::new()
+        } else {
+            format!(" {} |", class_of(i).map_or("—", |c| c.0.as_str()))
+        };
         match r {
             Ok(s) => {
                 let _ = writeln!(
                     md,
-                    "| {name} | ok | {} | {} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {} | {group} |",
+                    "| {name} |{class} ok | {} | {} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {} | {group} |",
                     s.oom_risk.name(),
                     // As analyze's one-line summary says them (the
                     // dataset's `none` and null are for machines).
@@ -492,7 +570,7 @@ pub(crate) fn summary_md(
             Err(e) => {
                 let _ = writeln!(
                     md,
-                    "| {name} | **error**: {} | | | | | | | | | | |",
+                    "| {name} |{class} **error**: {} | | | | | | | | | | |",
                     e.replace('|', "\\|").replace('\n', " ")
                 );
             }

@@ -7,6 +7,7 @@ mod common;
 
 mod batch;
 mod browser;
+mod classes;
 mod cli;
 mod compare;
 mod compressed;

@@ -35,6 +35,15 @@ pub fn report_md(a: &Analysis, panels_not_drawn: usize) -> String {
             let _ = writeln!(md, "**A setting not in force:** {line}\n");
         }
     }
+    if let Some(c) = &a.class {
+        let _ = writeln!(
+            md,
+            "**Fleet class:** {} (model {}, {})\n",
+            c.line(&|u| a.who(u)),
+            c.trace.model_id,
+            c.trace.classifier
+        );
+    }
     md.push_str(&verdict_md(a, &s));
     let _ = writeln!(
         md,
@@ -391,7 +400,8 @@ pub fn stdout_summary(a: &Analysis, out: &Path) -> String {
             String::new()
         },
         a.decision.as_ref().map_or_else(String::new, |d| first_screen::first_screen_stdout(d, &|u| a.who(u)))
-            + &a.settings_check.as_ref().map_or_else(String::new, first_screen::settings_stdout),
+            + &a.settings_check.as_ref().map_or_else(String::new, first_screen::settings_stdout)
+            + &a.class.as_ref().map_or_else(String::new, |c| format!("  class: {}\n", c.line(&|u| a.who(u)))),
         s.score.final_,
         s.score.mean,
         s.score.p95,
