@@ -113,7 +113,10 @@ pub fn analyze_loaded(loaded: Loaded, opts: &Options) -> Result<Analysis> {
     let start = std::time::Instant::now();
     let mut analysis = analyze_events(trace, &events, out_of_order, opts)?;
     if let Some(model) = &opts.classes {
+        let at = std::time::Instant::now();
         analysis.class = Some(classes::classify(model, &analysis));
+        // scripts/bench-classes reads this line.
+        tracing::info!("{}: classified in {:.3} ms", analysis.trace.name, at.elapsed().as_secs_f64() * 1e3);
     }
     tracing::info!("{}: replayed in {:.3} s", analysis.trace.name, start.elapsed().as_secs_f64());
     Ok(analysis)

@@ -439,6 +439,14 @@ fn object_store_inputs_and_outputs_work_against_a_local_s3_server() {
     let mut cmd = fragscope();
     s3(&mut cmd);
     cmd.args(["summarize", "s3://fleet/out"]).assert().success();
+    // The fleet classes read the summary dataset in the bucket (one sample
+    // per trace), here beside the same traces on disk (one per process).
+    let mut cmd = fragscope();
+    s3(&mut cmd);
+    let model = tmp.path().join("fleet.classes");
+    let fit = cmd.args(["classes", "fit", "s3://fleet/out/summary.parquet"]).arg(&runs).arg("-o").arg(&model).assert();
+    let said = String::from_utf8_lossy(&fit.success().get_output().stdout).to_string();
+    assert!(said.contains("from 12 samples"), "{said}");
     let listing = boto(
         &server.endpoint,
         "for o in s3.list_objects_v2(Bucket='fleet', Prefix='out/')['Contents']: print(o['Key'])",

@@ -99,7 +99,10 @@ fn a_fleet_is_learned_once_and_new_traces_get_its_classes() {
     let df = read_dataset(&out.join("summary.parquet"));
     let classes: Vec<Option<String>> = df.strs("class");
     assert!(classes.iter().all(Option::is_some));
-    assert!(df.f64s("class_confidence").iter().all(|c| c.is_some_and(|c| c > 0.0 && c <= 1.0)));
+    for (class, confidence) in classes.iter().zip(df.f64s("class_confidence")) {
+        let c = confidence.unwrap();
+        assert!(c <= 1.0 && (c > 0.0) == (class.as_deref() != Some("unclassified")), "{class:?} {c}");
+    }
     let md = fs::read_to_string(out.join("summary.md")).unwrap();
     assert!(md.contains("## Classes") && md.contains("| trace | class |"), "{md}");
     let report = fs::read_to_string(out.join("filling-21").join("report.md")).unwrap();

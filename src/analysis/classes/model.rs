@@ -80,7 +80,7 @@ pub struct Network {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Refit {
     pub from_model: String,
-    /// (old name, new class) where a new class matched an old one.
+    /// The old names that a new class matched and kept.
     pub kept: Vec<String>,
     pub appeared: Vec<String>,
     pub vanished: Vec<String>,
@@ -91,6 +91,7 @@ pub struct Refit {
 pub struct Assignment {
     /// The class, or "unclassified".
     pub name: String,
+    /// The classifier's probability of the class (0 when unclassified).
     pub confidence: f64,
     pub classifier: String,
     pub model_id: String,
@@ -359,8 +360,9 @@ impl Model {
                 };
                 Assignment {
                     name: if why.is_some() { UNCLASSIFIED.to_string() } else { c.name.clone() },
-                    // Four digits: a probability, not a measurement.
-                    confidence: (confidence * 1e4).round() / 1e4,
+                    // Four digits: a probability, not a measurement. None
+                    // for an unclassified sample (its why names the nearest).
+                    confidence: if why.is_some() { 0.0 } else { (confidence * 1e4).round() / 1e4 },
                     classifier: self.classifier.clone(),
                     model_id: self.model_id.clone(),
                     direction: why.is_none().then(|| c.direction.clone()),

@@ -62,7 +62,8 @@ fn classes_are_learned_named_and_applied_to_new_samples() {
     };
     let right = test.iter().zip(&got).filter(|(s, a)| a.name == want(s)).count();
     assert!(right >= 28, "{right} of 30: {got:?}");
-    assert!(got.iter().all(|a| a.model_id == model.model_id && a.confidence > 0.0 && a.confidence <= 1.0));
+    assert!(got.iter().all(|a| a.model_id == model.model_id && a.confidence <= 1.0));
+    assert!(got.iter().all(|a| (a.confidence > 0.0) == (a.name != model::UNCLASSIFIED)), "{got:?}");
     // Deterministic for a seed.
     assert_eq!(fit(&train, &quick()).unwrap(), model);
     // A sample unlike every class is unclassified, with why.
@@ -72,6 +73,7 @@ fn classes_are_learned_named_and_applied_to_new_samples() {
     let a = &model.classify(&[odd])[0];
     assert_eq!(a.name, model::UNCLASSIFIED);
     assert!(a.why.as_deref().unwrap().contains("99th percentile"), "{a:?}");
+    assert_eq!((a.confidence, a.direction.as_deref()), (0.0, None));
 }
 
 #[test]
