@@ -59,10 +59,19 @@ fn mdtp_pixels_show_holes_sizes_ooms_and_coverage() {
     let dir = tmp.path().join("t");
     write_trace(&dir);
     let a = analysed(&dir);
+    // Seven events: every gap between them is an idle stretch, which the
+    // picture shortens to a grey break (the one from 50 to 70 ms here)...
     let cfg = PlotConfig { width: 800, height: 600, ..PlotConfig::default() };
+    let (buf, panels) = render_mdtp(&a, a.layout.as_ref().unwrap(), &cfg).unwrap();
+    let p = panels[0];
+    assert!(p.time.is_some_and(|m| !m.is_identity()));
+    assert_eq!(rgb(&buf, 800, p.pixel(60 * MS, 0)), [195, 195, 195]);
+    // ...and a window keeps true time: the pixels below are read there.
+    let cfg = PlotConfig { time_window: Some((0, u64::MAX)), ..cfg };
     let (buf, panels) = render_mdtp(&a, a.layout.as_ref().unwrap(), &cfg).unwrap();
     assert_eq!(buf.len(), 800 * 600 * 3);
     let p = panels[0];
+    assert_eq!(p.time, None);
     // Collapsed: D's region [0, 128 KiB), then A B C from 128 KiB.
     let off = |addr: u64| if addr >= BASE { (128 << 10) + addr - BASE } else { addr - SMALL_REGION };
 

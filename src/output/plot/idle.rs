@@ -28,11 +28,14 @@ pub const BREAK_SHARE: f64 = 0.02;
 /// Breaks at most: the longest idle runs.
 pub const MAX_BREAKS: usize = 6;
 
-/// How true time (ns from the trace's first event) maps to the axis.
-#[derive(Clone, Debug, PartialEq)]
+/// How true time (ns from the trace's first event) maps to the axis. A
+/// plain value (`Copy`): a picture's panels carry it.
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TimeMap {
-    /// Idle stretches [from, to), ns from the first event, in order.
-    idle: Vec<(f64, f64)>,
+    /// Idle stretches [from, to), ns from the first event, in order: the
+    /// first `breaks` of them.
+    stretches: [(f64, f64); MAX_BREAKS],
+    breaks: usize,
     /// The axis's length, in its own coordinates (ns where time is kept).
     span: f64,
     /// The true span.
@@ -44,7 +47,7 @@ pub struct TimeMap {
 impl TimeMap {
     /// True time over `span` ns.
     pub fn identity(span: f64) -> TimeMap {
-        TimeMap { idle: Vec::new(), span, real: span, gap: 0.0 }
+        TimeMap { stretches: [(0.0, 0.0); MAX_BREAKS], breaks: 0, span, real: span, gap: 0.0 }
     }
 
     /// The map for events at `times` (ns from the first event) over
@@ -83,12 +86,19 @@ impl TimeMap {
             return TimeMap::identity(span);
         }
         let axis = (span - idle) / (1.0 - BREAK_SHARE * runs.len() as f64);
-        TimeMap { idle: runs, span: axis, real: span, gap: BREAK_SHARE * axis }
+        let mut stretches = [(0.0, 0.0); MAX_BREAKS];
+        stretches[..runs.len()].copy_from_slice(&runs);
+        TimeMap { stretches, breaks: runs.len(), span: axis, real: span, gap: BREAK_SHARE * axis }
+    }
+
+    /// The idle stretches, in order.
+    fn idle(&self) -> &[(f64, f64)] {
+        &self.stretches[..self.breaks]
     }
 
     /// Whether the axis keeps true time.
     pub fn is_identity(&self) -> bool {
-        self.idle.is_empty()
+        self.breaks == 0
     }
 
     /// The axis's length.
@@ -100,7 +110,7 @@ impl TimeMap {
     /// stretch, its share of the break).
     pub fn x(&self, t: f64) -> f64 {
         let mut removed = 0.0;
-        for &(from, to) in &self.idle {
+        for &(from, to) in self.idle() {
             if t >= to {
                 removed += to - from - self.gap;
             } else if t > from {
@@ -115,7 +125,7 @@ impl TimeMap {
     /// The breaks: their start and end on the axis, and the idle time
     /// each stands for (ns).
     pub fn breaks(&self) -> Vec<(f64, f64, f64)> {
-        self.idle
+        self.idle()
             .iter()
             .map(|&(from, to)| {
                 let at = self.x(from);
@@ -130,9 +140,9 @@ impl TimeMap {
     /// left out.
     pub fn axis(&self, max: usize) -> Axis {
         let every = step(0.0, self.span, max, Unit::Time);
-        let mut kept = Vec::with_capacity(self.idle.len() + 1);
+        let mut kept = Vec::with_capacity(self.breaks + 1);
         let mut from = 0.0;
-        for &(a, b) in &self.idle {
+        for &(a, b) in self.idle() {
             kept.push((from, a));
             from = b;
         }

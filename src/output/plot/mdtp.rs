@@ -9,6 +9,7 @@ use super::frame::{
     COMPACT_BELOW, FONT, LEGEND_FROM_WIDTH, PANEL_MIN_HEIGHT, PlotConfig, TITLE_HEIGHT, TITLE_PAD, Ticked, check_size,
     fit_title, fonts, text_width, time_axis, title_font, x_ticks_for, y_ticks_for,
 };
+use super::idle::TimeMap;
 use crate::analysis::Analysis;
 use crate::analysis::layout::{Layout, Lifetime};
 use crate::output::ticks::{Axis, Unit};
@@ -91,12 +92,18 @@ pub struct PanelGeometry {
     /// Collapsed offsets at the bottom and top edges.
     pub o0: u64,
     pub o1: u64,
+    /// The time axis with idle stretches shortened (`mdtp.png`); None:
+    /// true time (the view's tiles, a window).
+    pub time: Option<TimeMap>,
 }
 
 impl PanelGeometry {
     /// The pixel showing time `t` and offset `o`.
     pub fn pixel(&self, t: u64, o: u64) -> (u32, u32) {
-        let fx = (t.saturating_sub(self.t0)) as f64 / (self.t1 - self.t0).max(1) as f64;
+        let fx = match &self.time {
+            None => (t.saturating_sub(self.t0)) as f64 / (self.t1 - self.t0).max(1) as f64,
+            Some(m) => m.x(t.saturating_sub(self.t0) as f64) / m.span(),
+        };
         let fy = (o.saturating_sub(self.o0)) as f64 / (self.o1 - self.o0).max(1) as f64;
         let x = self.x0 + ((self.x1 - self.x0) as f64 * fx).floor().min((self.x1 - self.x0 - 1) as f64) as i32;
         let y = self.y1 - 1 - ((self.y1 - self.y0) as f64 * fy).floor().min((self.y1 - self.y0 - 1) as f64) as i32;
@@ -132,6 +139,12 @@ pub fn render_mdtp(a: &Analysis, layout: &Layout, cfg: &PlotConfig) -> Result<(V
             (t_last - t_first) as f64 / 1e9
         );
     }
+    // The whole trace's idle stretches shortened, as on the timeline (one
+    // map for every panel: they share the time axis). A window, the
+    // normalised axis of `compare` and a trace without timestamps keep
+    // true time.
+    let time = Some(super::timeline::time_map(a, None, a.entry_order()))
+        .filter(|m| !m.is_identity() && cfg.time_window.is_none() && !cfg.normalised_time);
     let (min_size, max_size) = lives.iter().fold((u64::MAX, 0), |(lo, hi), l| (lo.min(l.size), hi.max(l.size)));
     let (lmin, lmax) = ((min_size.max(1) as f64).log2(), (max_size.max(1) as f64).log2());
     let mut buf = vec![255u8; (w * h * 3) as usize];
@@ -174,13 +187,17 @@ pub fn render_mdtp(a: &Analysis, layout: &Layout, cfg: &PlotConfig) -> Result<(V
             // Labelled in the trace's own time: a window's axis starts at
             // the window's start, not at 0.
             let from = if cfg.normalised_time { 0.0 } else { (t0 - t_first) as f64 };
-            let x_axis = time_axis(
-                from,
-                (t1 - t0) as f64,
-                x_ticks_for(area_w.saturating_sub(220)),
-                entries,
-                cfg.normalised_time,
-            );
+            let x_axis = match &time {
+                Some(m) => m.axis(x_ticks_for(area_w.saturating_sub(220))),
+                None => time_axis(
+                    from,
+                    (t1 - t0) as f64,
+                    x_ticks_for(area_w.saturating_sub(220)),
+                    entries,
+                    cfg.normalised_time,
+                ),
+            };
+            let x_span = time.as_ref().map_or((t1 - t0) as f64, |m| m.span());
             let x_label_area = if compact { 22 } else { 36 };
             let y_axis =
                 Axis::new(o0 as f64, o1 as f64, y_ticks_for(area_h.saturating_sub(x_label_area + 30)), Unit::Bytes);
@@ -209,7 +226,7 @@ pub fn render_mdtp(a: &Analysis, layout: &Layout, cfg: &PlotConfig) -> Result<(V
                 .unwrap_or("");
             let mut chart = builder
                 .build_cartesian_2d(
-                    Ticked::new(from..from + (t1 - t0) as f64, &x_axis),
+                    Ticked::new(from..from + x_span, &x_axis),
                     Ticked::new(o0 as f64..o1 as f64, &y_axis),
                 )
                 .map_err(|e| anyhow!("{e}"))?;
@@ -237,7 +254,7 @@ pub fn render_mdtp(a: &Analysis, layout: &Layout, cfg: &PlotConfig) -> Result<(V
             if x1 - x0 < 1 || y1 - y0 < 1 {
                 continue; // no room for a single pixel: not drawn, counted
             }
-            panels.push(PanelGeometry { pid, x0, x1, y0, y1, t0, t1, o0, o1 });
+            panels.push(PanelGeometry { pid, x0, x1, y0, y1, t0, t1, o0, o1, time });
             if legend {
                 // Size legend in the right margin: the ramp with its ends,
                 // shortened to the panel's height.
@@ -272,9 +289,58 @@ pub fn render_mdtp(a: &Analysis, layout: &Layout, cfg: &PlotConfig) -> Result<(V
         let collapse = Collapse::new(footprint.regions(p.pid));
         let reserved = segments.iter().any(|s| s.pid == p.pid);
         raster_panel(&mut buf, w, p, &collapse, lives, segments, reserved, (lmin, lmax));
+    }
+    if let Some(m) = &time {
+        draw_breaks(&mut buf, (w, h), &panels, m)?;
+    }
+    // Last: nothing covers an OOM's mark.
+    for p in &panels {
         oom_marks(&mut buf, w, p, a);
     }
     Ok((buf, panels))
+}
+
+/// The column (fractional) of time `t` in panel `p` of `cols` columns:
+/// true time, or `time`'s axis with its idle stretches shortened.
+fn column(t: u64, p: &PanelGeometry, ns_per_col: f64, cols: usize) -> f64 {
+    match &p.time {
+        None => (t - p.t0) as f64 / ns_per_col,
+        Some(m) => m.x((t - p.t0) as f64) / (m.span() / cols as f64),
+    }
+}
+
+/// Grey bands over the breaks of `time` in every panel, with the idle
+/// time each stands for written up the band (as on the timeline).
+fn draw_breaks(buf: &mut [u8], (w, h): (u32, u32), panels: &[PanelGeometry], time: &TimeMap) -> Result<()> {
+    for p in panels {
+        let cols = (p.x1 - p.x0).max(1) as usize;
+        for (from, to, _) in time.breaks() {
+            let per = time.span() / cols as f64;
+            let (c0, c1) = ((from / per) as i32, ((to / per).ceil() as i32).max((from / per) as i32 + 1));
+            for x in (p.x0 + c0).min(p.x1 - 1)..(p.x0 + c1).min(p.x1) {
+                let edge = x == p.x0 + c0 || x == p.x0 + c1 - 1;
+                for y in p.y0..p.y1 {
+                    let px = ((y as u32 * w + x as u32) * 3) as usize;
+                    // Darker than the unreserved background (225): a break is
+                    // never read as address space.
+                    buf[px..px + 3].fill(if edge { 110 } else { 195 });
+                }
+            }
+        }
+    }
+    let root = BitMapBackend::with_buffer(buf, (w, h)).into_drawing_area();
+    let font = (FONT, 12).into_font().transform(FontTransform::Rotate90).color(&RGBColor(90, 90, 90));
+    for p in panels.iter().filter(|p| p.y1 - p.y0 >= 80) {
+        let cols = (p.x1 - p.x0).max(1) as f64;
+        for (from, to, idle) in time.breaks() {
+            let text =
+                if idle >= 1e9 { format!("{:.1} s idle", idle / 1e9) } else { format!("{:.0} ms idle", idle / 1e6) };
+            let x = p.x0 + ((from + to) / 2.0 / time.span() * cols) as i32 + 5;
+            root.draw(&Text::new(text, (x, p.y0 + 6), font.clone())).map_err(|e| anyhow!("{e}"))?;
+        }
+    }
+    root.present().map_err(|e| anyhow!("{e}"))?;
+    Ok(())
 }
 
 /// Where a lifetime lands in a panel: its columns [c0, c1) (at least one)
@@ -297,8 +363,8 @@ pub(super) fn placement(
     if lo >= hi {
         return None;
     }
-    let c0 = ((l.start.max(p.t0) - p.t0) as f64 / ns_per_col) as usize;
-    let c1 = (((l.end.min(p.t1) - p.t0) as f64 / ns_per_col).ceil() as usize).max(c0 + 1).min(cols);
+    let c0 = column(l.start.max(p.t0), p, ns_per_col, cols) as usize;
+    let c1 = (column(l.end.min(p.t1), p, ns_per_col, cols).ceil() as usize).max(c0 + 1).min(cols);
     let (r0, r1) = ((lo - p.o0) as f64 / bytes_per_row, (hi - p.o0) as f64 / bytes_per_row);
     let cells = (r0.floor() as usize..rows)
         .take_while(move |&r| (r as f64) < r1)
@@ -311,7 +377,8 @@ pub(crate) const UNRESERVED: f32 = 225.0;
 
 /// Draws `lives` (and `segments`, the reserved space, when `reserved`)
 /// of process `p.pid` into the plot area of `p` in `buf`, an RGB image
-/// `width` pixels wide. The view's tiles are drawn by this too.
+/// `width` pixels wide. The view's tiles are drawn by this too, in true
+/// time; `p.time` shortens the idle stretches of `mdtp.png`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn raster_panel(
     buf: &mut [u8],

@@ -363,6 +363,7 @@ fn render_pyramid(
             t1: edge(c + 1).max(edge(c) + 1),
             o0: 0,
             o1: total,
+            time: None,
         };
         col_lives.clear();
         col_lives.extend(by_col[c].iter().map(|&i| Lifetime { pid: 0, ..layout.lives[i as usize] }));
