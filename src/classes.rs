@@ -32,8 +32,10 @@ pub struct FitArgs {
 fn dataset_root(input: &Path) -> Option<String> {
     let s = input.to_string_lossy().trim_end_matches('/').to_string();
     let name = crate::output::summary::DATASET;
-    if let Some(root) = s.strip_suffix(name) {
-        let root = root.trim_end_matches('/');
+    // The last path component, not a suffix: `old_summary.parquet` is not one.
+    if let Some((root, last)) = s.rsplit_once('/').or(Some(("", s.as_str())))
+        && last == name
+    {
         return Some(if root.is_empty() { ".".to_string() } else { root.to_string() });
     }
     if crate::store::is_url(&s) || input.join(name).is_dir() {

@@ -506,7 +506,12 @@ fn classes_table(rows: &[SummaryRow], classes: &[(String, usize, f64)]) -> Strin
     let ok = rows.iter().filter(|r| r.1.is_ok()).count();
     let mut md = String::from("## Classes\n\n| class | traces | share | mean confidence |\n|---|---|---|---|\n");
     for (name, n, conf) in classes {
-        let _ = writeln!(md, "| {name} | {n} | {:.0} % | {conf:.2} |", 100.0 * *n as f64 / ok.max(1) as f64);
+        let _ = writeln!(
+            md,
+            "| {} | {n} | {:.0} % | {conf:.2} |",
+            name.replace('|', "\\|"),
+            100.0 * *n as f64 / ok.max(1) as f64
+        );
     }
     md
 }
@@ -535,8 +540,13 @@ pub(crate) fn summary_md(
     let grouped: Vec<usize> = if classes.is_empty() {
         order.to_vec()
     } else {
-        // Failed traces (no class) first, then class by class.
-        let rank = |i: usize| class_of(i).map_or(0, |c| 1 + classes.iter().position(|x| x.0 == c.0).unwrap_or(0));
+        // Failed traces first, then class by class, then traces analysed
+        // without a class (parts of an older run).
+        let rank = |i: usize| match (&rows[i].1, class_of(i)) {
+            (Err(_), _) => 0,
+            (Ok(_), Some(c)) => 1 + classes.iter().position(|x| x.0 == c.0).unwrap_or(0),
+            (Ok(_), None) => 1 + classes.len(),
+        };
         let mut g = order.to_vec();
         g.sort_by_key(|&i| rank(i));
         g
@@ -547,7 +557,7 @@ pub(crate) fn summary_md(
         let class = if classes.is_empty() {
             String::new()
         } else {
-            format!(" {} |", class_of(i).map_or("—", |c| c.0.as_str()))
+            format!(" {} |", class_of(i).map_or("—".to_string(), |c| c.0.replace('|', "\\|")))
         };
         match r {
             Ok(s) => {

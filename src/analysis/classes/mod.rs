@@ -81,29 +81,31 @@ fn distance(a: ndarray::ArrayView1<f64>, b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| (x - y).powi(2)).sum::<f64>().sqrt()
 }
 
-/// The nearest of `centroids` to each row, with the distance.
-fn nearest(z: &Array2<f64>, centroids: &[Vec<f64>]) -> Vec<(usize, f64)> {
+/// The nearest of `centroids` to each row, with the distance (a class
+/// without a centroid is never the nearest).
+fn nearest(z: &Array2<f64>, centroids: &[Option<Vec<f64>>]) -> Vec<(usize, f64)> {
     z.rows()
         .into_iter()
         .map(|r| {
             centroids
                 .iter()
                 .enumerate()
-                .map(|(c, m)| (c, distance(r, m)))
+                .filter_map(|(c, m)| Some((c, distance(r, m.as_ref()?))))
                 .min_by(|a, b| a.1.total_cmp(&b.1))
                 .unwrap_or((0, f64::INFINITY))
         })
         .collect()
 }
 
-/// The mean z-scores of the rows of each class.
-fn centroids(z: &Array2<f64>, labels: &[usize], classes: usize, rows: &[usize]) -> Vec<Vec<f64>> {
+/// The mean z-scores of the rows of each class; None for a class with
+/// no row among `rows` (all its members held out in a fold).
+fn centroids(z: &Array2<f64>, labels: &[usize], classes: usize, rows: &[usize]) -> Vec<Option<Vec<f64>>> {
     (0..classes)
         .map(|c| {
             let members: Vec<usize> = rows.iter().copied().filter(|&i| labels[i] == c).collect();
-            (0..z.ncols())
-                .map(|j| members.iter().map(|&i| z[[i, j]]).sum::<f64>() / members.len().max(1) as f64)
-                .collect()
+            (!members.is_empty()).then(|| {
+                (0..z.ncols()).map(|j| members.iter().map(|&i| z[[i, j]]).sum::<f64>() / members.len() as f64).collect()
+            })
         })
         .collect()
 }
@@ -242,7 +244,7 @@ pub fn fit(samples: &[Sample], opts: &FitOptions) -> Result<Model> {
             let v = naming::Verdicts::of(
                 samples.iter().zip(&grouping.assignments).filter(|(_, a)| **a == g).map(|(s, _)| &s.trouble),
             );
-            naming::name(&group_centroids[g], &v)
+            naming::name(group_centroids[g].as_deref().unwrap_or_default(), &v)
         })
         .collect();
     let mut names: Vec<String> = Vec::new();
@@ -266,19 +268,36 @@ pub fn fit(samples: &[Sample], opts: &FitOptions) -> Result<Model> {
         }
     }
     let labels: Vec<usize> = label_names.iter().map(|n| names.iter().position(|m| m == n).unwrap_or(0)).collect();
+    // A group's name carries its group number before a NUL; a user's does not.
+    let by_user: Vec<bool> = names.iter().map(|n| !n.contains('\u{0}')).collect();
     let mut display: Vec<String> =
         names.iter().map(|n| n.split('\u{0}').next_back().unwrap_or(n).to_string()).collect();
-    number_duplicates(&mut display);
-    model::build(samples, &z, &mean, &scale, &labels, display, &grouping, user_labelled, opts)
+    number_duplicates(&mut display, &by_user);
+    model::build(samples, &z, &mean, &scale, &labels, (display, by_user), &grouping, user_labelled, opts)
 }
 
 /// Two classes of one name get numbered: "healthy (1)", "healthy (2)".
-fn number_duplicates(names: &mut [String]) {
+/// (A user's name is kept as given, and a group named like it is
+/// numbered; a number already taken is skipped.)
+fn number_duplicates(names: &mut [String], by_user: &[bool]) {
     for i in 0..names.len() {
-        let same: Vec<usize> = (0..names.len()).filter(|&j| names[j] == names[i]).collect();
-        if same.len() > 1 && same[0] == i {
-            for (n, &j) in same.iter().enumerate() {
-                names[j] = format!("{} ({})", names[j], n + 1);
+        if by_user[i] {
+            continue;
+        }
+        let same: Vec<usize> = (0..names.len()).filter(|&j| !by_user[j] && names[j] == names[i]).collect();
+        let taken_by_user = (0..names.len()).any(|j| by_user[j] && names[j] == names[i]);
+        if (same.len() > 1 || taken_by_user) && same[0] == i {
+            let base = names[i].clone();
+            let mut n = 0;
+            for &j in &same {
+                let name = loop {
+                    n += 1;
+                    let candidate = format!("{base} ({n})");
+                    if !names.contains(&candidate) {
+                        break candidate;
+                    }
+                };
+                names[j] = name;
             }
         }
     }

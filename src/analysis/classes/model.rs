@@ -49,6 +49,9 @@ pub struct Model {
 pub struct Class {
     pub name: String,
     pub direction: String,
+    /// Named by the user's labels (kept as given, never renamed).
+    #[serde(default)]
+    pub by_user: bool,
     pub members: usize,
     /// Mean z-scores of the members.
     pub centroid: Vec<f64>,
@@ -105,6 +108,13 @@ pub struct Assignment {
 
 pub const UNCLASSIFIED: &str = "unclassified";
 
+/// The smallest radius of a class (z units): a class of one member, or of
+/// identical members, would otherwise take no new sample.
+pub const RADIUS_FLOOR: f64 = 0.5;
+/// Under this many members a class's reconstruction threshold is at least
+/// the 99th percentile over every sample.
+pub const MIN_OWN_SPREAD: usize = 20;
+
 /// Builds the model from the labelled, standardised samples.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn build(
@@ -113,7 +123,7 @@ pub(super) fn build(
     mean: &[f64],
     scale: &[f64],
     labels: &[usize],
-    names: Vec<String>,
+    (names, by_user): (Vec<String>, Vec<bool>),
     grouping: &crate::analysis::cluster::Clustering,
     user_labelled: usize,
     opts: &super::FitOptions,
@@ -133,9 +143,18 @@ pub(super) fn build(
         .iter()
         .map(|h| (h.to_vec(), super::cv_network(&xs, &ls, k, h, &hy.short(), &search_folds, opts.seed)))
         .collect();
-    // The best; the smaller network on a tie (within half a percent).
+    // The best; the network with the fewest weights on a tie (within half
+    // a percent).
     let best = layer_search.iter().map(|s| s.1).fold(0.0, f64::max);
-    let hidden = layer_search.iter().find(|s| s.1 >= best - 0.005).map_or(vec![30, 30, 30], |s| s.0.clone());
+    let weights = |h: &[usize]| {
+        let mut width = FEATURES.len();
+        h.iter().map(|&u| std::mem::replace(&mut width, u) * u).sum::<usize>() + width * k
+    };
+    let hidden = layer_search
+        .iter()
+        .filter(|s| s.1 >= best - 0.005)
+        .min_by_key(|s| weights(&s.0))
+        .map_or(vec![30, 30, 30], |s| s.0.clone());
     // Both classifiers on the same folds.
     let parts = super::folds(n, FOLDS, opts.seed);
     let ssae_accuracy = super::cv_network(&x, labels, k, &hidden, &hy, &parts, opts.seed);
@@ -152,20 +171,37 @@ pub(super) fn build(
     let net = ssae::train(&x, labels, k, &hidden, &hy, opts.seed);
     let ready = net.ready(FEATURES.len(), k).context("the trained network's shapes do not chain (a bug)")?;
     let errors = ready.reconstruction_error(&x);
-    let centroids = super::centroids(z, labels, k, &all);
+    // Every class has members here: its label comes from them.
+    let centroids: Vec<Vec<f64>> =
+        super::centroids(z, labels, k, &all).into_iter().map(Option::unwrap_or_default).collect();
+    // A class of few members has no spread of its own to speak of: its
+    // radius is at least RADIUS_FLOOR, and under MIN_OWN_SPREAD members
+    // its reconstruction threshold is at least the 99th percentile over
+    // every sample.
+    let global_error = super::p99(&mut errors.clone());
     let mut classes: Vec<Class> = (0..k)
         .map(|c| {
             let members: Vec<usize> = all.iter().copied().filter(|&i| labels[i] == c).collect();
             let mut d: Vec<f64> = members.iter().map(|&i| super::distance(z.row(i), &centroids[c]).powi(2)).collect();
             let mut e: Vec<f64> = members.iter().map(|&i| errors[i]).collect();
             let verdicts = Verdicts::of(members.iter().map(|&i| &samples[i].trouble));
+            let own_error = super::p99(&mut e);
             Class {
-                direction: super::naming::direction(&names[c], &verdicts),
+                direction: if by_user[c] {
+                    super::naming::user_direction(&verdicts)
+                } else {
+                    super::naming::direction(&names[c], &verdicts)
+                },
                 name: names[c].clone(),
+                by_user: by_user[c],
                 members: members.len(),
                 centroid: centroids[c].clone(),
-                distance_p99: super::p99(&mut d).sqrt(),
-                reconstruction_p99: super::p99(&mut e),
+                distance_p99: super::p99(&mut d).sqrt().max(RADIUS_FLOOR),
+                reconstruction_p99: if members.len() < MIN_OWN_SPREAD {
+                    own_error.max(global_error)
+                } else {
+                    own_error
+                },
                 verdicts,
             }
         })
@@ -206,8 +242,14 @@ fn rename(old: &Model, classes: &mut [Class], mean: &[f64], scale: &[f64]) -> Re
     for (i, c) in classes.iter().enumerate() {
         let z = in_old(&c.centroid);
         for (j, o) in old.classes.iter().enumerate() {
+            // A name the new class's own verdicts deny is not kept, and a
+            // user's class keeps the user's name.
+            let base = o.name.split(" (").next().unwrap_or(&o.name);
+            if c.by_user || c.verdicts.confirm(base) == Some(false) {
+                continue;
+            }
             let d = super::distance(ndarray::ArrayView1::from(&z[..]), &o.centroid);
-            if d <= o.distance_p99.max(0.5) {
+            if d <= o.distance_p99.max(RADIUS_FLOOR) {
                 pairs.push((d, i, j));
             }
         }
@@ -223,6 +265,7 @@ fn rename(old: &Model, classes: &mut [Class], mean: &[f64], scale: &[f64]) -> Re
         old_taken[j] = true;
         if classes[i].name != old.classes[j].name {
             classes[i].name = old.classes[j].name.clone();
+            classes[i].direction = super::naming::direction(&classes[i].name, &classes[i].verdicts);
         }
         refit.kept.push(old.classes[j].name.clone());
     }
@@ -239,6 +282,16 @@ fn rename(old: &Model, classes: &mut [Class], mean: &[f64], scale: &[f64]) -> Re
     refit
 }
 
+/// Whether a serialised model holds a null where a number belongs (a
+/// non-finite float); `refit` is the one field that may be null.
+fn has_null_number(v: &serde_json::Value) -> bool {
+    match v {
+        serde_json::Value::Array(a) => a.iter().any(|x| x.is_null() || has_null_number(x)),
+        serde_json::Value::Object(m) => m.iter().any(|(k, x)| (x.is_null() && k != "refit") || has_null_number(x)),
+        _ => false,
+    }
+}
+
 impl Model {
     /// FNV-1a over the model's JSON with an empty id, in hex.
     fn digest(&self) -> String {
@@ -252,6 +305,14 @@ impl Model {
 
     /// Writes the model as pretty JSON, whole or not at all.
     pub fn save(&self, path: &Path) -> Result<()> {
+        // serde_json writes a non-finite number as null, which would not
+        // read back: refuse it here, naming the cause.
+        if has_null_number(&serde_json::to_value(self)?) {
+            anyhow::bail!(
+                "{}: not written: the model holds a non-finite number (a feature too large to standardise?)",
+                path.display()
+            );
+        }
         let text = serde_json::to_string_pretty(self)?;
         let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
         let mut tmp =
@@ -319,7 +380,7 @@ impl Model {
     pub fn classify(&self, rows: &[[f64; FEATURES.len()]]) -> Vec<Assignment> {
         let z = super::standardise(rows, &self.mean, &self.scale);
         let centroids: Vec<Vec<f64>> = self.classes.iter().map(|c| c.centroid.clone()).collect();
-        let near = super::nearest(&z, &centroids);
+        let near = super::nearest(&z, &centroids.iter().cloned().map(Some).collect::<Vec<_>>());
         let network = self.classifier == "ssae";
         let ready = self.network.net.ready(FEATURES.len(), self.classes.len());
         let (probs, errors) = match (&ready, network) {

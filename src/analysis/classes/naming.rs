@@ -86,7 +86,7 @@ impl Verdicts {
     }
 
     /// Whether the verdicts allow `name`; None: no verdict judges it.
-    fn confirm(&self, name: &str) -> Option<bool> {
+    pub fn confirm(&self, name: &str) -> Option<bool> {
         match name {
             "leaking" => Some(self.most(self.leaking) && self.not_leaking == 0),
             "capacity-bound" => Some(self.most(self.capacity_ooms)),
@@ -169,8 +169,14 @@ pub fn direction(name: &str, v: &Verdicts) -> String {
         _ if base.starts_with("leaking in") => {
             format!("Read the leak section of each leaking member's report: {}.", v.facts())
         }
-        _ => format!("A class you named: {}.", v.facts()),
+        _ => user_direction(v),
     }
+}
+
+/// The direction of a class the user named: what its members' verdicts
+/// said (the name is the user's, whatever it says).
+pub fn user_direction(v: &Verdicts) -> String {
+    format!("A class you named: {}.", v.facts())
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@ use super::*;
 use crate::analysis::leak::Verdict;
 use crate::analysis::oom::OomClass;
 use crate::analysis::predict::Risk;
+use ndarray::Array2;
 
 /// Three problems, `per` samples each, seeded noise: healthy (high
 /// utilisation), fragmentation OOMs, leaking.
@@ -138,4 +139,21 @@ fn a_model_file_is_checked_when_read() {
 fn too_few_samples_are_refused() {
     let e = fit(&population(2, 1), &quick()).unwrap_err().to_string();
     assert!(e.contains("6 samples") && e.contains("at least 8"), "{e}");
+}
+
+#[test]
+fn groups_of_one_name_are_numbered_around_the_users_names() {
+    let mut names: Vec<String> =
+        ["leaking", "leaking", "healthy", "leaking", "a", "a", "a (1)"].map(String::from).to_vec();
+    let by_user = [false, false, false, true, false, false, false];
+    number_duplicates(&mut names, &by_user);
+    // The user's "leaking" is kept as given; the groups of that name are
+    // numbered; "a (1)" is taken, so the two groups "a" skip it.
+    assert_eq!(names, ["leaking (1)", "leaking (2)", "healthy", "leaking", "a (2)", "a (3)", "a (1)"]);
+    // A class absent from a fold's training rows has no centroid, and is
+    // never the nearest.
+    let z = Array2::from_shape_vec((2, 1), vec![0.0, 5.0]).unwrap();
+    let c = centroids(&z, &[0, 1], 3, &[0, 1]);
+    assert_eq!(c[2], None);
+    assert_eq!(nearest(&z, &c).iter().map(|n| n.0).collect::<Vec<_>>(), [0, 1]);
 }
