@@ -72,17 +72,17 @@ pub fn run(args: &Options) -> Result<u8> {
         anyhow::bail!("--snapshot joins one recording with one snapshot of the same run: give one local trace");
     }
     if !batch && args.shard.is_none() && !remote {
-        let TraceIn::Local(path, kind) = &found[0].0 else { unreachable!("local inputs") };
+        let TraceIn::Local(desc) = &found[0].0 else { unreachable!("local inputs") };
         let loaded = match &args.snapshot {
             Some(snapshot) => {
-                let recording = crate::input::load(path, *kind, None)?;
+                let recording = crate::input::load(desc, None)?;
                 let mut joined = crate::input::join(recording, crate::input::open(snapshot, None)?)?;
                 if let Some(d) = opts.device {
                     joined.events.retain(|e, i| e.pid[i] == d);
                 }
                 joined
             }
-            None => crate::input::allocator_view(crate::input::load(path, *kind, opts.device)?)?,
+            None => crate::input::allocator_view(crate::input::load(desc, opts.device)?)?,
         };
         let a = crate::analysis::analyze_loaded(loaded, opts)?;
         crate::output::write_trace_outputs(&a, &args.output, plot.as_ref())?;
@@ -287,8 +287,8 @@ fn gate(rows: &[SummaryRow], gates: &Gates) -> u8 {
 /// A trace of a batch: a local path, or the files of one trace under an
 /// object-store prefix.
 enum TraceIn {
-    /// A local path, and what it is (classified once, by `discover`).
-    Local(PathBuf, Option<crate::input::Input>),
+    /// A local path, described once (by `discover`).
+    Local(crate::input::Described),
     /// A trace folder or a file under `loc`: its keys, each with the path
     /// it is downloaded to (relative to a scratch folder) and its last
     /// modification, the path of the trace there, and its URL for messages.
@@ -298,7 +298,7 @@ enum TraceIn {
 impl TraceIn {
     fn show(&self) -> String {
         match self {
-            TraceIn::Local(p, _) => p.display().to_string(),
+            TraceIn::Local(d) => d.path.display().to_string(),
             TraceIn::Remote { shown, .. } => shown.clone(),
         }
     }
@@ -309,7 +309,7 @@ impl TraceIn {
     fn name_base(&self) -> String {
         let name = |p: &Path| p.file_name().map(|n| n.to_string_lossy().into_owned());
         match self {
-            TraceIn::Local(p, _) => p.canonicalize().ok().and_then(|c| name(&c)).or_else(|| name(p)),
+            TraceIn::Local(d) => d.path.canonicalize().ok().and_then(|c| name(&c)).or_else(|| name(&d.path)),
             TraceIn::Remote { local, .. } => name(Path::new(local)),
         }
         .unwrap_or_else(|| "trace".into())
@@ -317,7 +317,7 @@ impl TraceIn {
 }
 
 fn local((found, batch): (Vec<Found>, bool)) -> (Vec<(TraceIn, String)>, bool) {
-    (found.into_iter().map(|f| (TraceIn::Local(f.path, f.kind), f.rel)).collect(), batch)
+    (found.into_iter().map(|f| (TraceIn::Local(f.desc), f.rel)).collect(), batch)
 }
 
 /// The traces of the inputs when some are object-store URLs: a URL names a
@@ -401,8 +401,8 @@ fn analyze_one(
         }
         Ok(scratch_dir.as_ref().expect("just made").path().to_path_buf())
     };
-    let (path, kind) = match input {
-        TraceIn::Local(p, kind) => (p.clone(), *kind),
+    let desc = match input {
+        TraceIn::Local(d) => d.clone(),
         TraceIn::Remote { loc, keys, local, .. } => {
             let scratch = scratch()?;
             for (key, to, modified) in keys {
@@ -415,12 +415,11 @@ fn analyze_one(
                 // recorded start is dated by its files (the date partition).
                 let _ = std::fs::File::options().write(true).open(&dest).and_then(|f| f.set_modified(*modified));
             }
-            let path = scratch.join("in").join(local);
-            let kind = crate::input::classify(&path);
-            (path, kind)
+            crate::input::describe(&scratch.join("in").join(local))
         }
     };
-    let a = crate::input::load(&path, kind, opts.device)
+    let path = &desc.path;
+    let a = crate::input::load(&desc, opts.device)
         .and_then(crate::input::allocator_view)
         .and_then(|loaded| crate::analysis::analyze_loaded(loaded, opts))
         .map_err(|e| {
@@ -484,7 +483,7 @@ mod tests {
         std::fs::create_dir(&target).unwrap();
         let link = tmp.path().join("latest");
         std::os::unix::fs::symlink(&target, &link).unwrap();
-        assert_eq!(TraceIn::Local(link.clone(), None).name_base(), "real-run");
+        assert_eq!(TraceIn::Local(crate::input::describe(&link)).name_base(), "real-run");
         let remote = TraceIn::Remote {
             loc: Location::open(tmp.path().to_str().unwrap(), false).unwrap(),
             keys: Vec::new(),

@@ -76,7 +76,7 @@ fn trace_samples(paths: &[PathBuf], jobs: usize) -> Result<Vec<Sample>> {
                     loop {
                         let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         let Some(f) = found.get(i) else { break };
-                        let got = crate::input::load(&f.path, f.kind, None)
+                        let got = crate::input::load(&f.desc, None)
                             .and_then(crate::input::allocator_view)
                             .and_then(|l| crate::analysis::analyze_loaded(l, &opts))
                             .map(|a| classes::samples_of(&a));

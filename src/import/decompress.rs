@@ -40,9 +40,14 @@ pub fn codec(path: &Path) -> Option<Codec> {
     if !path.is_file() || std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut head)).is_err() {
         return None;
     }
+    codec_of(&head)
+}
+
+/// How a file whose first bytes are `head` is compressed.
+pub fn codec_of(head: &[u8]) -> Option<Codec> {
     match head {
-        [0x1f, 0x8b, _, _] => Some(Codec::Gzip),
-        [0x28, 0xb5, 0x2f, 0xfd] => Some(Codec::Zstd),
+        [0x1f, 0x8b, ..] => Some(Codec::Gzip),
+        [0x28, 0xb5, 0x2f, 0xfd, ..] => Some(Codec::Zstd),
         _ => None,
     }
 }
@@ -50,6 +55,12 @@ pub fn codec(path: &Path) -> Option<Codec> {
 /// `path`'s content, decompressed as `codec` says.
 pub fn reader(path: &Path, codec: Codec) -> Result<Box<dyn Read>> {
     let file = std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    reader_from(file, codec, path)
+}
+
+/// `file`'s bytes (the file at `path`, or its head and the rest of it)
+/// decompressed as `codec` says.
+pub fn reader_from<R: Read + 'static>(file: R, codec: Codec, path: &Path) -> Result<Box<dyn Read>> {
     Ok(match codec {
         // Several members, as pigz and bgzip write, are one stream.
         Codec::Gzip => Box::new(flate2::read::MultiGzDecoder::new(std::io::BufReader::new(file))),

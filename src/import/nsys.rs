@@ -39,15 +39,6 @@ const TABLE: &str = "CUDA_GPU_MEMORY_USAGE_EVENTS";
 const KIND_ENUM: &str = "ENUM_CUDA_MEM_KIND";
 const OPER_ENUM: &str = "ENUM_CUDA_DEV_MEM_EVENT_OPER";
 
-/// Whether `path` is an SQLite database (by its header).
-pub fn looks_like_sqlite(path: &Path) -> bool {
-    use std::io::Read;
-    let mut head = [0u8; 16];
-    path.is_file()
-        && std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut head)).is_ok()
-        && head_is_sqlite(&head)
-}
-
 /// Whether a file's first bytes are an SQLite database's header.
 pub fn head_is_sqlite(head: &[u8]) -> bool {
     head.starts_with(b"SQLite format 3\0")

@@ -36,7 +36,6 @@
 //! blocks, the cached memory the allocator keeps.
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
@@ -47,23 +46,6 @@ use crate::trace::details::{Annotation, Details, ProfilerDetails, ReservedSample
 use crate::trace::event::{Event, EventKind};
 
 pub type Sink<'s> = &'s mut dyn FnMut(Event) -> Result<()>;
-
-/// Whether `path` names a profiler trace: `*.json` or `*.json.gz` whose
-/// (decompressed) first 64 KiB are a JSON object naming `traceEvents` or
-/// Kineto's `schemaVersion` — so other JSON files in a folder of inputs
-/// are not taken for traces.
-pub fn looks_like_profiler_trace(path: &Path) -> bool {
-    let name = path.file_name().map(|n| n.to_string_lossy().to_lowercase()).unwrap_or_default();
-    if !(name.ends_with(".json") || name.ends_with(".json.gz")) || !path.is_file() {
-        return false;
-    }
-    let Ok(reader) = super::decompress::open(path) else { return false };
-    let mut head = Vec::with_capacity(64 << 10);
-    if reader.take(64 << 10).read_to_end(&mut head).is_err() && head.is_empty() {
-        return false;
-    }
-    head_is_profiler_trace(&head)
-}
 
 /// Whether a file's (decompressed) first bytes are a JSON object naming
 /// `traceEvents` or Kineto's `schemaVersion`.

@@ -24,7 +24,6 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 use super::Input;
-pub use crate::import::decompress::codec;
 use crate::import::decompress::{Codec, reader};
 use crate::trace::details::CompressedOrigin;
 
@@ -40,42 +39,16 @@ pub fn strip_suffix(name: &str) -> &str {
         .unwrap_or(name)
 }
 
-/// The first 64 KiB of `path`'s decompressed content, and the stream's
-/// error if it broke before them.
-fn head(path: &Path, codec: Codec) -> (Vec<u8>, Option<String>) {
-    let mut head = Vec::with_capacity(64 << 10);
-    let err = match reader(path, codec) {
-        Ok(r) => r.take(64 << 10).read_to_end(&mut head).err().map(|e| e.to_string()),
-        Err(e) => Some(format!("{e:#}")),
-    };
-    (head, err)
-}
-
-/// What the decompressed content of `path` is, by its first 64 KiB: a
-/// snapshot pickle, an Nsight SQLite export or a profiler JSON trace.
-pub fn inner_kind(path: &Path, codec: Codec) -> Option<Input> {
-    // A stream broken after its head still classifies; the error is
-    // reported when the whole is decompressed.
-    let (head, _) = head(path, codec);
-    if crate::import::snapshot::head_is_pickle(&head) {
-        Some(Input::Snapshot)
-    } else if crate::import::nsys::head_is_sqlite(&head) {
-        Some(Input::Nsys)
-    } else {
-        crate::import::profiler::head_is_profiler_trace(&head).then_some(Input::Profiler)
-    }
-}
-
 /// For the error on a file that is no input: how it is compressed, and
 /// whether its stream breaks before a head could be read (None: not
 /// compressed).
-pub fn not_an_input(path: &Path) -> Option<String> {
-    let codec = codec(path)?;
-    Some(match head(path, codec) {
-        (h, Some(e)) if h.len() < 16 => format!(
+pub fn not_an_input(d: &super::Described) -> Option<String> {
+    let codec = d.codec?;
+    Some(match &d.inner {
+        Some((n, Some(e))) if *n < 16 => format!(
             "; it is compressed with {}, and its stream breaks after {} byte(s) ({e}): a truncated or corrupt file?",
             codec.name(),
-            h.len()
+            n
         ),
         _ => format!(
             "; it is compressed with {}, and what it holds once decompressed is none of these either",
@@ -84,12 +57,12 @@ pub fn not_an_input(path: &Path) -> Option<String> {
     })
 }
 
-/// Whether `kind` read from `path` goes through `inflate`: a compressed
-/// snapshot or Nsight export (a profiler trace is streamed by its
-/// importer, decompressed as it goes).
-fn needs_inflating(path: &Path, kind: Option<Input>) -> Option<Codec> {
-    match kind {
-        Some(Input::Snapshot | Input::Nsys) => codec(path),
+/// Whether an input goes through `inflate`: a compressed snapshot or
+/// Nsight export (a profiler trace is streamed by its importer,
+/// decompressed as it goes).
+fn needs_inflating(d: &super::Described) -> Option<Codec> {
+    match d.kind {
+        Some(Input::Snapshot | Input::Nsys) => d.codec,
         _ => None,
     }
 }
@@ -106,12 +79,12 @@ pub struct Readable {
     _dir: Option<tempfile::TempDir>,
 }
 
-/// `path`, classified as `kind`, ready for its importer: decompressed
-/// into a temporary folder where [`needs_inflating`] says so.
-pub fn readable(path: &Path, kind: Option<Input>) -> Result<Readable> {
-    match needs_inflating(path, kind) {
-        None => Ok(Readable { path: path.to_path_buf(), origin: None, _dir: None }),
-        Some(codec) => inflate(path, codec),
+/// A described input, ready for its importer: decompressed into a
+/// temporary folder where [`needs_inflating`] says so.
+pub fn readable(d: &super::Described) -> Result<Readable> {
+    match needs_inflating(d) {
+        None => Ok(Readable { path: d.path.clone(), origin: None, _dir: None }),
+        Some(codec) => inflate(&d.path, codec),
     }
 }
 

@@ -11,6 +11,7 @@
 
 mod allocator;
 mod compressed;
+mod describe;
 mod join;
 mod loaded;
 mod units;
@@ -21,6 +22,7 @@ use anyhow::{Context, Result, bail};
 
 pub(crate) use allocator::recorded_settings;
 pub use compressed::strip_suffix as strip_compression_suffix;
+pub use describe::{Described, describe};
 pub use join::{OUTSIDE, is_outside, outside_stacks};
 pub use loaded::Loaded;
 
@@ -42,39 +44,20 @@ pub enum Input {
     Nsys,
 }
 
-/// What `path` is, or None when it is neither input.
+/// What `path` is, or None when it is neither input ([`describe`]).
 pub fn classify(path: &Path) -> Option<Input> {
-    // A pipe's first bytes, read to tell its kind, would be gone for the
-    // import (and opening a FIFO waits for a writer): regular files only.
-    if !path.is_dir() && !path.is_file() {
-        return None;
-    }
-    if path.is_dir() {
-        if Trace::is_trace_dir(path) {
-            Some(Input::Trace)
-        } else {
-            crate::import::nsys::looks_like_parquetdir(path).then_some(Input::Nsys)
-        }
-    } else if crate::import::snapshot::looks_like_pickle(path) {
-        Some(Input::Snapshot)
-    } else if crate::import::nsys::looks_like_sqlite(path) {
-        Some(Input::Nsys)
-    } else if crate::import::profiler::looks_like_profiler_trace(path) {
-        Some(Input::Profiler)
-    } else {
-        compressed::codec(path).and_then(|c| compressed::inner_kind(path, c))
-    }
+    describe(path).kind
 }
 
 /// Loads a trace directory, or imports a snapshot pickle in memory
 /// (`device` selects one of its devices).
 pub fn open(dir: &Path, device: Option<u32>) -> Result<Loaded> {
-    let kind = classify(dir);
-    load(dir, kind, device)
+    load(&describe(dir), device)
 }
 
-/// [`open`] for a path already classified (by [`discover`]).
-pub fn load(dir: &Path, kind: Option<Input>, device: Option<u32>) -> Result<Loaded> {
+/// [`open`] for a path already described (by [`discover`]).
+pub fn load(d: &Described, device: Option<u32>) -> Result<Loaded> {
+    let (dir, kind) = (d.path.as_path(), d.kind);
     let start = std::time::Instant::now();
     if let Some(Input::Snapshot | Input::Profiler | Input::Nsys) = kind {
         // What the loaded trace says of its file, read before the
@@ -84,7 +67,7 @@ pub fn load(dir: &Path, kind: Option<Input>, device: Option<u32>) -> Result<Load
             name: dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned()),
             modified: std::fs::metadata(dir).and_then(|m| m.modified()).ok(),
         };
-        let readable = compressed::readable(dir, kind)?;
+        let readable = compressed::readable(d)?;
         let Some(origin) = &readable.origin else { return convert(dir, kind, device, shell, start) };
         let mut loaded = convert(&readable.path, kind, device, shell, start)
             .with_context(|| format!("{}, decompressed", dir.display()))?;
@@ -93,8 +76,8 @@ pub fn load(dir: &Path, kind: Option<Input>, device: Option<u32>) -> Result<Load
         }
         return Ok(loaded);
     }
-    if kind.is_none() && dir.exists() && !dir.is_dir() {
-        return Err(no_input(dir));
+    if kind.is_none() && (d.is_file || d.irregular) {
+        return Err(no_input(d));
     }
     let mut trace = Trace::open(dir)?;
     match &trace.meta {
@@ -127,9 +110,10 @@ pub fn load(dir: &Path, kind: Option<Input>, device: Option<u32>) -> Result<Load
 }
 
 /// The error for a file that is none of the inputs, or cannot be read.
-fn no_input(path: &Path) -> anyhow::Error {
+fn no_input(d: &Described) -> anyhow::Error {
+    let path = d.path.as_path();
     // Opening a FIFO would wait for a writer.
-    if std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
+    if d.irregular {
         return anyhow::anyhow!(
             "{} is not a regular file (a pipe, socket or device): fragscope reads a file or a directory, and \
              reads some files twice; save the stream to a file first",
@@ -145,7 +129,7 @@ fn no_input(path: &Path) -> anyhow::Error {
          starting with the PROTO opcode 0x80), a PyTorch-profiler JSON trace or an Nsight Systems SQLite export, \
          each also compressed with gzip or zstd{}",
         path.display(),
-        compressed::not_an_input(path).unwrap_or_default()
+        compressed::not_an_input(d).unwrap_or_default()
     )
 }
 
@@ -246,7 +230,8 @@ fn imported(
 pub struct Found {
     pub path: PathBuf,
     pub rel: String,
-    pub kind: Option<Input>,
+    /// What it is, described once.
+    pub desc: Described,
 }
 
 /// The traces named on the command line: trace directories, or
@@ -256,13 +241,14 @@ pub fn discover(paths: &[PathBuf]) -> Result<(Vec<Found>, bool)> {
     let mut found = Vec::new();
     let mut batch = paths.len() > 1;
     for p in paths {
-        let kind = classify(p);
-        if p.is_dir() && kind.is_none() {
-            let mut subs: Vec<(PathBuf, Input)> = std::fs::read_dir(p)
+        let desc = describe(p);
+        if desc.is_dir && desc.kind.is_none() {
+            let mut subs: Vec<(PathBuf, Described)> = std::fs::read_dir(p)
                 .with_context(|| format!("cannot read {}", p.display()))?
                 .filter_map(|e| e.ok())
                 .map(|e| e.path())
-                .filter_map(|s| classify(&s).map(|k| (s, k)))
+                .map(|s| (s.clone(), describe(&s)))
+                .filter(|(_, d)| d.kind.is_some())
                 .collect();
             if subs.is_empty() {
                 bail!(
@@ -271,14 +257,14 @@ pub fn discover(paths: &[PathBuf]) -> Result<(Vec<Found>, bool)> {
                 );
             }
             subs.sort_by(|a, b| a.0.cmp(&b.0));
-            found.extend(subs.into_iter().map(|(s, k)| {
+            found.extend(subs.into_iter().map(|(s, desc)| {
                 let rel = s.strip_prefix(p).unwrap_or(&s).to_string_lossy().into_owned();
-                Found { path: s, rel, kind: Some(k) }
+                Found { path: s, rel, desc }
             }));
             batch = true;
         } else {
             let rel = p.file_name().unwrap_or(p.as_os_str()).to_string_lossy().into_owned();
-            found.push(Found { path: p.clone(), rel, kind });
+            found.push(Found { path: p.clone(), rel, desc });
         }
     }
     Ok((found, batch))
@@ -289,18 +275,19 @@ pub fn discover(paths: &[PathBuf]) -> Result<(Vec<Found>, bool)> {
 /// what it found.
 pub fn import(path: &Path, output: &Path, device: Option<u32>) -> Result<()> {
     let started = std::time::Instant::now();
-    let kind = classify(path);
-    if kind.is_none() && path.is_dir() {
+    let desc = describe(path);
+    let kind = desc.kind;
+    if kind.is_none() && desc.is_dir {
         bail!(
             "{} is a directory: import takes one file (a PyTorch memory snapshot, a profiler trace or an Nsight \
              Systems export); a trace directory is read as it is, and analyze takes a folder of inputs",
             path.display()
         );
     }
-    if kind.is_none() && path.exists() {
-        return Err(no_input(path));
+    if kind.is_none() && (desc.is_file || desc.irregular) {
+        return Err(no_input(&desc));
     }
-    let readable = compressed::readable(path, kind)?;
+    let readable = compressed::readable(&desc)?;
     let (from, origin) = (readable.path.as_path(), readable.origin.as_ref());
     let decompressed = |e: anyhow::Error| match origin {
         Some(_) => e.context(format!("{}, decompressed", path.display())),

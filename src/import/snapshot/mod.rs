@@ -285,13 +285,6 @@ pub fn import(
     Ok(Converted { meta, ..converted })
 }
 
-/// Whether `path` is a file that starts like a pickle (protocol 2–5).
-pub fn looks_like_pickle(path: &Path) -> bool {
-    let mut head = [0u8; 2];
-    std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head)).is_ok()
-        && head_is_pickle(&head)
-}
-
 /// Whether a file's first bytes are a pickle's of protocol 2 to 5.
 pub fn head_is_pickle(head: &[u8]) -> bool {
     matches!(head, [0x80, v, ..] if (2..=5).contains(v))
