@@ -324,8 +324,13 @@ pub fn decide(
 
 /// The trace's OOMs by class, the most frequent first.
 pub(crate) fn oom_classes(a: &Analysis) -> Vec<(OomClass, u64)> {
+    oom_classes_of(a, None)
+}
+
+/// [`oom_classes`] of one unit (`pid`), or of the whole trace (None).
+pub(crate) fn oom_classes_of(a: &Analysis, pid: Option<u32>) -> Vec<(OomClass, u64)> {
     let mut counts: std::collections::BTreeMap<OomClass, u64> = Default::default();
-    for o in &a.ooms {
+    for o in a.ooms.iter().filter(|o| pid.is_none_or(|p| o.pid == p)) {
         *counts.entry(o.class).or_default() += 1;
     }
     let mut v: Vec<(OomClass, u64)> = counts.into_iter().collect();

@@ -25,6 +25,8 @@ pub struct Described {
     pub size: u64,
     pub is_dir: bool,
     pub is_file: bool,
+    /// When it was last modified (dates a trace without a recorded start).
+    pub modified: Option<std::time::SystemTime>,
     /// It exists but is neither a regular file nor a directory (a pipe, a
     /// socket, a device): never opened, since opening a FIFO waits for a
     /// writer and its head, once read, would be gone for the import.
@@ -47,10 +49,12 @@ pub fn describe(path: &Path) -> Described {
         size: 0,
         is_dir: false,
         is_file: false,
+        modified: None,
         irregular: false,
         inner: None,
     };
     let Ok(meta) = std::fs::metadata(path) else { return d };
+    d.modified = meta.modified().ok();
     if meta.is_dir() {
         d.is_dir = true;
         d.kind = if crate::trace::Trace::is_trace_dir(path) {

@@ -65,7 +65,7 @@ pub fn load(d: &Described, device: Option<u32>) -> Result<Loaded> {
         let shell = Shell {
             dir: dir.to_path_buf(),
             name: dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned()),
-            modified: std::fs::metadata(dir).and_then(|m| m.modified()).ok(),
+            modified: d.modified,
         };
         let readable = compressed::readable(d)?;
         let Some(origin) = &readable.origin else { return convert(dir, kind, device, shell, start) };

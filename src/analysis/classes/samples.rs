@@ -49,20 +49,9 @@ pub fn trouble_of_summary(s: &Summary) -> Trouble {
 
 /// What the verdicts said of one unit.
 fn trouble_of_unit(a: &Analysis, pid: u32) -> Trouble {
-    let mut counts: Vec<(OomClass, usize)> = Vec::new();
-    for o in a.ooms.iter().filter(|o| o.pid == pid) {
-        match counts.iter_mut().find(|c| c.0 == o.class) {
-            Some(c) => c.1 += 1,
-            None => counts.push((o.class, 1)),
-        }
-    }
-    // The most frequent; the first seen on ties.
-    let oom_class = counts.iter().fold(None, |best: Option<(OomClass, usize)>, c| match best {
-        Some(b) if b.1 >= c.1 => Some(b),
-        _ => Some(*c),
-    });
     Trouble {
-        oom_class: oom_class.map(|c| c.0),
+        // The most frequent, as a trace's summary takes it.
+        oom_class: crate::analysis::decision::oom_classes_of(a, Some(pid)).first().map(|c| c.0),
         leak: a.leaks.iter().find(|l| l.pid == pid).map(|l| l.verdict),
         level: at_peaks(a).iter().find(|p| p.pid == pid).map(|p| p.level),
     }

@@ -28,6 +28,11 @@ pub const BREAK_SHARE: f64 = 0.02;
 /// Breaks at most: the longest idle runs.
 pub const MAX_BREAKS: usize = 6;
 
+/// What a break stands for, written up its band: "5.2 s idle", "23 ms idle".
+pub fn label(idle_ns: f64) -> String {
+    if idle_ns >= 1e9 { format!("{:.1} s idle", idle_ns / 1e9) } else { format!("{:.0} ms idle", idle_ns / 1e6) }
+}
+
 /// How true time (ns from the trace's first event) maps to the axis. A
 /// plain value (`Copy`): a picture's panels carry it.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -333,8 +333,7 @@ fn draw_breaks(buf: &mut [u8], (w, h): (u32, u32), panels: &[PanelGeometry], tim
     for p in panels.iter().filter(|p| p.y1 - p.y0 >= 80) {
         let cols = (p.x1 - p.x0).max(1) as f64;
         for (from, to, idle) in time.breaks() {
-            let text =
-                if idle >= 1e9 { format!("{:.1} s idle", idle / 1e9) } else { format!("{:.0} ms idle", idle / 1e6) };
+            let text = super::idle::label(idle);
             let x = p.x0 + ((from + to) / 2.0 / time.span() * cols) as i32 + 5;
             root.draw(&Text::new(text, (x, p.y0 + 6), font.clone())).map_err(|e| anyhow!("{e}"))?;
         }

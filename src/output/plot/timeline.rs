@@ -187,8 +187,7 @@ pub fn render_timeline(a: &Analysis, cfg: &PlotConfig) -> Result<Vec<u8>> {
         let mut c = timeline_panel(&panels[0], &time, 0.0..top, "bytes", Unit::Bytes, false, entries)?;
         // What each break stands for, written up its band.
         for (from, to, idle) in time.breaks() {
-            let text =
-                if idle >= 1e9 { format!("{:.1} s idle", idle / 1e9) } else { format!("{:.0} ms idle", idle / 1e6) };
+            let text = super::idle::label(idle);
             let font = (FONT, 12).into_font().transform(FontTransform::Rotate90).color(&RGBColor(90, 90, 90));
             c.draw_series(std::iter::once(Text::new(text, ((from + to) / 2.0, top * 0.97), font))).map_err(draw_err)?;
         }
