@@ -347,8 +347,12 @@ impl Model {
                 version.map_or("?".to_string(), |v| v.to_string())
             );
         }
-        let model: Model = serde_path_to_error::deserialize(value)
-            .map_err(|e| anyhow::anyhow!("{show}: field `{}` does not read: {}", e.path(), e.inner()))?;
+        let model: Model =
+            serde_path_to_error::deserialize(value).map_err(|e| match e.path().to_string().as_str() {
+                // A field missing at the top: no path to name.
+                "." => anyhow::anyhow!("{show}: not a complete class model: {}", e.inner()),
+                field => anyhow::anyhow!("{show}: field `{field}` does not read: {}", e.inner()),
+            })?;
         let want: Vec<String> = FEATURES.iter().map(|f| f.to_string()).collect();
         if model.features != want {
             anyhow::bail!(
