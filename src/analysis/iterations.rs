@@ -152,30 +152,10 @@ impl Iterations {
     }
 }
 
-/// The rows of each series (pid) of `events`, in order: computed once for
-/// [`detect`], which looks at one series at a time.
-pub fn rows_by_pid(events: &Events) -> AHashMap<u32, Vec<usize>> {
-    // Counted first, so that each list is allocated once at its size: at
-    // 10 M events, growing them by doubling copied and zeroed twice the
-    // 80 MB they end with.
-    let mut count: AHashMap<u32, usize> = AHashMap::new();
-    for &pid in &events.pid {
-        *count.entry(pid).or_default() += 1;
-    }
-    let mut by: AHashMap<u32, Vec<usize>> = count.into_iter().map(|(pid, n)| (pid, Vec::with_capacity(n))).collect();
-    let mut last: Option<(u32, &mut Vec<usize>)> = None;
-    for (i, &pid) in events.pid.iter().enumerate() {
-        match &mut last {
-            Some((p, rows)) if *p == pid => rows.push(i),
-            _ => {
-                let rows = by.get_mut(&pid).expect("counted above");
-                rows.push(i);
-                last = Some((pid, rows));
-            }
-        }
-    }
-    by
-}
+mod rows;
+
+use rows::Position;
+pub use rows::{RowList, Rows, by_pid as rows_by_pid};
 
 /// Finds the iterations of series `pid` (a process, or a device of an
 /// imported snapshot) from its events (`rows`: the indices of its rows,
@@ -184,7 +164,7 @@ pub fn rows_by_pid(events: &Events) -> AHashMap<u32, Vec<usize>> {
 pub fn detect(
     events: &Events,
     pid: u32,
-    rows: &[usize],
+    rows: Rows<'_>,
     stacks: Option<&Stacks>,
     annotations: &[Annotation],
     rebuilt: Option<usize>,
@@ -193,7 +173,7 @@ pub fn detect(
     // trace (a snapshot whose recording started with the program): the
     // stretch before its first optimizer step's end is a whole iteration,
     // the first, with the program's set-up.
-    let begins = rows.first().map(|&i| events.ts_ns[i]).filter(|_| rebuilt == Some(0));
+    let begins = rows.first().map(|i| events.ts_ns[i]).filter(|_| rebuilt == Some(0));
     // Where something was alive before it, the trace is a window on the
     // run (PyTorch's history keeps its last entries): steps that began
     // before its first entry are not in it. Its first entry is its first
@@ -201,8 +181,8 @@ pub fn detect(
     // it may come earlier).
     let window = rows
         .iter()
-        .find(|&&i| stacks.is_none_or(|st| !outside_row(events, st, i)))
-        .map(|&i| events.ts_ns[i])
+        .find(|&i| stacks.is_none_or(|st| !outside_row(events, st, i)))
+        .map(|i| events.ts_ns[i])
         .filter(|_| rebuilt.is_some_and(|n| n > 0));
     // A snapshot's allocations repeat per layer as much as per iteration,
     // so only its optimizer steps count; and only those the trace recorded,
@@ -227,21 +207,21 @@ pub fn detect(
 /// alive before its first entry), counting as the what-if's streams do:
 /// not the allocations a joined recording adds from outside PyTorch,
 /// which may be stamped before them.
-fn after_rebuilt<'a>(events: &Events, rows: &'a [usize], stacks: &Stacks, rebuilt: usize) -> &'a [usize] {
+fn after_rebuilt<'a>(events: &Events, rows: Rows<'a>, stacks: &Stacks, rebuilt: usize) -> Rows<'a> {
     if rebuilt == 0 {
         return rows;
     }
     // Only the rows up to the rebuilt ones are asked.
     let mut seen = 0;
-    for (k, &i) in rows.iter().enumerate() {
+    for (k, i) in rows.iter().enumerate() {
         if seen == rebuilt {
-            return &rows[k..];
+            return rows.from_position(k);
         }
         if !outside_row(events, stacks, i) {
             seen += 1;
         }
     }
-    &[]
+    rows.from_position(rows.len())
 }
 
 /// Whether row `i` is an allocation a joined recording adds from outside
@@ -316,7 +296,7 @@ const BURST_GAP: usize = 64;
 fn from_optimizer_steps(
     events: &Events,
     pid: u32,
-    rows: &[usize],
+    rows: Rows<'_>,
     stacks: &Stacks,
     begins: Option<u64>,
 ) -> Option<Iterations> {
@@ -328,7 +308,7 @@ fn from_optimizer_steps(
     // event after it (where the next iteration begins).
     let mut bursts: Vec<(usize, Option<u64>)> = Vec::new();
     let mut since_step = usize::MAX;
-    for &i in rows {
+    for i in rows.iter() {
         let id = events.stack[i];
         let step = id != NO_STACK && *in_step.entry(id).or_insert_with(|| stacks.frames_of(id).any(is_step_frame));
         if step {
@@ -383,7 +363,7 @@ fn autocorrelation(v: &[u64], lag: usize) -> f64 {
     if vx <= 0.0 || vy <= 0.0 { f64::NAN } else { cov / (vx * vy).sqrt() }
 }
 
-fn from_periodicity(events: &Events, pid: u32, rows: &[usize]) -> Option<Iterations> {
+fn from_periodicity(events: &Events, pid: u32, rows: Rows<'_>) -> Option<Iterations> {
     // The series: the pid's events, and its live device bytes after each.
     let idx = rows;
     if idx.len() < 16 {
@@ -392,7 +372,7 @@ fn from_periodicity(events: &Events, pid: u32, rows: &[usize]) -> Option<Iterati
     let mut live = Vec::with_capacity(idx.len());
     let mut blocks: AHashMap<u64, u64> = AHashMap::new();
     let mut now = 0u64;
-    for &i in idx {
+    for i in idx.iter() {
         if let Some(kind) = events.kind[i]
             && events.ret[i] == 0
         {
@@ -438,7 +418,7 @@ fn from_periodicity(events: &Events, pid: u32, rows: &[usize]) -> Option<Iterati
         }
         lo = a + 1;
     }
-    let is_request = |j: usize| events.kind[idx[j]].is_some_and(EventKind::is_alloc_request);
+    let is_request = |j: usize| events.kind[idx.get(j)].is_some_and(EventKind::is_alloc_request);
     // The start between two peaks: the run at the lowest level, and in it an
     // allocation request (one that failed leaves the level unchanged), else
     // the event that leaves it.
@@ -534,21 +514,30 @@ fn from_periodicity(events: &Events, pid: u32, rows: &[usize]) -> Option<Iterati
     if ratios.get(ratios.len() / 2).is_none_or(|&r| r > 0.5) {
         return None;
     }
-    let boundaries: Vec<u64> = starts.iter().map(|&j| events.ts_ns[idx[j]]).collect();
+    let boundaries: Vec<u64> = starts.iter().map(|&j| events.ts_ns[idx.get(j)]).collect();
     (boundaries.len() >= 2).then(|| Iterations::new(pid, boundaries.len(), boundaries, IterationSource::Periodicity))
 }
 
 /// Positions (in the pid's event sequence) of the most regular anchor
 /// token: a launch address or a successful allocation size.
-fn anchor(events: &Events, idx: &[usize], live: &[u64]) -> Option<Vec<usize>> {
-    let mut positions: AHashMap<(u8, u64), Vec<usize>> = AHashMap::new();
-    for (j, &i) in idx.iter().enumerate() {
+fn anchor(events: &Events, idx: Rows<'_>, live: &[u64]) -> Option<Vec<usize>> {
+    if idx.len() <= u32::MAX as usize {
+        anchor_in::<u32>(events, idx, live)
+    } else {
+        anchor_in::<usize>(events, idx, live)
+    }
+}
+
+/// [`anchor`], with positions stored as `P`.
+fn anchor_in<P: Position>(events: &Events, idx: Rows<'_>, live: &[u64]) -> Option<Vec<usize>> {
+    let mut positions: AHashMap<(u8, u64), Vec<P>> = AHashMap::new();
+    for (j, i) in idx.iter().enumerate() {
         let key = match events.kind[i] {
             Some(EventKind::Launch) => (0, events.addr[i]),
             Some(k) if k.creates_block() && events.ret[i] == 0 => (1 + k as u8, events.size[i]),
             _ => continue,
         };
-        positions.entry(key).or_default().push(j);
+        positions.entry(key).or_default().push(P::at(j));
     }
     // Regular tokens: (count, cv, key).
     let mut regular: Vec<(usize, f64, (u8, u64))> = Vec::new();
@@ -557,7 +546,7 @@ fn anchor(events: &Events, idx: &[usize], live: &[u64]) -> Option<Vec<usize>> {
         if pos.len() < ANCHOR_MIN_COUNT {
             continue;
         }
-        let gaps: Vec<f64> = pos.windows(2).map(|w| (w[1] - w[0]) as f64).collect();
+        let gaps: Vec<f64> = pos.windows(2).map(|w| (w[1].index() - w[0].index()) as f64).collect();
         let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
         if mean < 8.0 {
             continue; // several times per iteration, or noise
@@ -575,14 +564,14 @@ fn anchor(events: &Events, idx: &[usize], live: &[u64]) -> Option<Vec<usize>> {
         .iter()
         .map(|r| {
             let pos = &positions[&r.2];
-            let mut gaps: Vec<usize> = pos.windows(2).map(|w| w[1] - w[0]).collect();
+            let mut gaps: Vec<usize> = pos.windows(2).map(|w| w[1].index() - w[0].index()).collect();
             gaps.sort_unstable();
             (autocorrelation(live, gaps[gaps.len() / 2]), r)
         })
         .filter(|(c, _)| *c >= MIN_AUTOCORRELATION)
         .max_by(|x, y| x.0.total_cmp(&y.0).then(x.1.0.cmp(&y.1.0)).then(y.1.2.cmp(&x.1.2)))
         .map(|(_, r)| (r.1, r.0, r.2));
-    best.map(|(_, _, key)| positions.remove(&key).unwrap_or_default())
+    best.map(|(_, _, key)| positions.remove(&key).unwrap_or_default().into_iter().map(P::index).collect())
 }
 
 /// The fewest times the launch sequence must repeat to count as
@@ -608,9 +597,9 @@ const LAUNCH_MIN_COUNT: usize = 64;
 /// per layer comes back at constant spacing across iterations). Of the anchors, the one whose
 /// period repeats the most launches, then the one seen most often; each of
 /// its launches opens an iteration.
-fn from_launches(events: &Events, pid: u32, rows: &[usize]) -> Option<Iterations> {
+fn from_launches(events: &Events, pid: u32, rows: Rows<'_>) -> Option<Iterations> {
     let launches: Vec<usize> =
-        rows.iter().copied().filter(|&i| events.kind[i] == Some(EventKind::Launch) && events.ret[i] == 0).collect();
+        rows.iter().filter(|&i| events.kind[i] == Some(EventKind::Launch) && events.ret[i] == 0).collect();
     if launches.len() < LAUNCH_MIN_COUNT {
         return None;
     }

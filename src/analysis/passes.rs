@@ -14,16 +14,16 @@ pub(super) fn detect_iterations(
     annotations: &[crate::trace::details::Annotation],
     rebuilt: &ahash::AHashMap<u32, usize>,
 ) -> ahash::AHashMap<u32, Iterations> {
-    let replayed = |i: &usize| events.kind[*i].is_some_and(|k| replay::tracks(k, allocator_view));
+    let replayed = |i: usize| events.kind[i].is_some_and(|k| replay::tracks(k, allocator_view));
     let by_pid = crate::analysis::iterations::rows_by_pid(events);
     by_pid
         .iter()
-        .filter(|(_, rows)| rows.iter().any(replayed))
+        .filter(|(_, rows)| rows.rows().iter().any(replayed))
         .filter_map(|(&pid, rows)| {
             crate::analysis::iterations::detect(
                 events,
                 pid,
-                rows,
+                rows.rows(),
                 snapshot_stacks,
                 annotations,
                 rebuilt.get(&pid).copied(),

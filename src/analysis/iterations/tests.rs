@@ -90,9 +90,9 @@ fn rebuilt_blocks_are_no_optimizer_steps() {
     for k in 0..100u64 {
         push(&mut events, 20 + k, 0x1000_0000 + k * 0x1000, 1);
     }
-    let rows: Vec<usize> = (0..events.len()).collect();
-    assert!(detect(&events, 1, &rows, Some(&stacks), &[], Some(rebuilt)).is_none());
-    let counted = detect(&events, 1, &rows, Some(&stacks), &[], None).expect("the rebuilt bursts, when not told");
+    let rows = Rows::Range(0, events.len());
+    assert!(detect(&events, 1, rows, Some(&stacks), &[], Some(rebuilt)).is_none());
+    let counted = detect(&events, 1, rows, Some(&stacks), &[], None).expect("the rebuilt bursts, when not told");
     assert_eq!(counted.count, 3);
 }
 
@@ -137,8 +137,8 @@ fn periodicity_finds_each_start_where_live_memory_leaves_its_floor() {
     for e in &list {
         events.push(e);
     }
-    let rows: Vec<usize> = (0..events.len()).collect();
-    let it = from_periodicity(&events, 1, &rows).unwrap();
+    let rows = Rows::Range(0, events.len());
+    let it = from_periodicity(&events, 1, rows).unwrap();
     assert_eq!(it.boundaries_t_ns, starts[1..].to_vec());
     assert_eq!((it.count, it.complete), (5, 4));
 }
@@ -188,23 +188,23 @@ fn cached_training(steps: usize, layers: usize, seed: u64) -> Events {
 fn launches_give_the_steps_of_a_cached_run_not_its_layers() {
     for steps in [4, 6, 9] {
         let events = cached_training(steps, 8, steps as u64);
-        let rows: Vec<usize> = (0..events.len()).collect();
-        assert!(from_periodicity(&events, 1, &rows).is_none(), "live memory is flat: no periodicity");
-        let it = detect(&events, 1, &rows, None, &[], None).expect("iterations from the launches");
+        let rows = Rows::Range(0, events.len());
+        assert!(from_periodicity(&events, 1, rows).is_none(), "live memory is flat: no periodicity");
+        let it = detect(&events, 1, rows, None, &[], None).expect("iterations from the launches");
         assert_eq!((it.count, it.source), (steps, IterationSource::Launches), "{steps} steps");
         assert_eq!(it.complete, steps - 1);
     }
     // Three repetitions are too few, and a sequence that does not
     // repeat has no period.
     let events = cached_training(3, 8, 3);
-    let rows: Vec<usize> = (0..events.len()).collect();
-    assert!(detect(&events, 1, &rows, None, &[], None).is_none());
+    let rows = Rows::Range(0, events.len());
+    assert!(detect(&events, 1, rows, None, &[], None).is_none());
     let mut random = Events::default();
     let mut x: u64 = 7;
     for t in 0..5000 {
         x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         random.push(&ev(t * 1000, EventKind::Launch, 0x100 + (x >> 58), 0));
     }
-    let rows: Vec<usize> = (0..random.len()).collect();
-    assert!(from_launches(&random, 1, &rows).is_none(), "random launches have no period");
+    let rows = Rows::Range(0, random.len());
+    assert!(from_launches(&random, 1, rows).is_none(), "random launches have no period");
 }
