@@ -33,16 +33,6 @@ impl Codec {
     }
 }
 
-/// How `path` is compressed (by its magic bytes), or None: not a file, not
-/// readable, or not compressed.
-pub fn codec(path: &Path) -> Option<Codec> {
-    let mut head = [0u8; 4];
-    if !path.is_file() || std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut head)).is_err() {
-        return None;
-    }
-    codec_of(&head)
-}
-
 /// How a file whose first bytes are `head` is compressed.
 pub fn codec_of(head: &[u8]) -> Option<Codec> {
     match head {
@@ -69,12 +59,4 @@ pub fn reader_from<R: Read + 'static>(file: R, codec: Codec, path: &Path) -> Res
                 .with_context(|| format!("{}: cannot start a zstd decoder", path.display()))?,
         ),
     })
-}
-
-/// `path`'s content: decompressed where it is compressed, else as it is.
-pub fn open(path: &Path) -> Result<Box<dyn Read>> {
-    match codec(path) {
-        Some(c) => reader(path, c),
-        None => Ok(Box::new(std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?)),
-    }
 }

@@ -42,6 +42,7 @@ use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
+use super::decompress::Codec;
 use crate::trace::details::{Annotation, Details, ProfilerDetails, ReservedSample};
 use crate::trace::event::{Event, EventKind};
 
@@ -275,8 +276,11 @@ impl<'de> Visitor<'de> for Events<'_> {
     }
 }
 
-fn read(path: &Path) -> Result<Read_> {
-    let reader = super::decompress::open(path)?;
+fn read(path: &Path, codec: Option<Codec>) -> Result<Read_> {
+    let reader: Box<dyn std::io::Read> = match codec {
+        Some(c) => super::decompress::reader(path, c)?,
+        None => Box::new(std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?),
+    };
     let mut r = Read_::default();
     let mut de = serde_json::Deserializer::from_reader(std::io::BufReader::with_capacity(1 << 20, reader));
     Top(&mut r).deserialize(&mut de).map_err(|e| {
@@ -300,9 +304,12 @@ pub struct Converted {
 }
 
 /// Reads a profiler trace and emits its events (time-sorted) to `sink`.
-pub fn convert_file(path: &Path, sink: Sink<'_>) -> Result<Converted> {
-    let file_bytes = std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?.len();
-    let mut r = read(path)?;
+/// The input stage has already looked at the file: `codec` is how it is
+/// compressed (a profiler trace is decompressed as it is read) and
+/// `file_bytes` its size, so the file is neither sniffed nor looked up
+/// again here.
+pub fn convert_file(path: &Path, codec: Option<Codec>, file_bytes: u64, sink: Sink<'_>) -> Result<Converted> {
+    let mut r = read(path, codec)?;
     if r.memory_events == 0 {
         bail!(
             "{}: no \"[memory]\" events among its {} trace events: record with torch.profiler.profile(profile_memory=True)",
@@ -398,7 +405,7 @@ pub fn convert_file(path: &Path, sink: Sink<'_>) -> Result<Converted> {
     meta.details = Details::Profiler(Box::new(ProfilerDetails {
         profiler_trace: path.display().to_string(),
         file_bytes,
-        compression: super::decompress::codec(path).map(|c| c.name().to_string()),
+        compression: codec.map(|c| c.name().to_string()),
         trace_events: r.events,
         memory_events: r.memory_events,
         cuda_memory_events: r.mem.len() as u64,
@@ -422,10 +429,10 @@ pub fn convert_file(path: &Path, sink: Sink<'_>) -> Result<Converted> {
 }
 
 /// `fragscope import` of a profiler trace: writes the trace directory.
-/// `origin`: the compressed file `path` was decompressed from, if any.
-pub fn import(path: &Path, out: &Path, origin: Option<&crate::trace::details::CompressedOrigin>) -> Result<Converted> {
-    let meta = super::import_file(path, out, crate::trace::Source::PytorchProfiler, origin, |p, sink| {
-        Ok(convert_file(p, sink)?.meta)
+/// `codec` and `file_bytes` as for [`convert_file`].
+pub fn import(path: &Path, codec: Option<Codec>, file_bytes: u64, out: &Path) -> Result<Converted> {
+    let meta = super::import_file(path, out, crate::trace::Source::PytorchProfiler, None, |p, sink| {
+        Ok(convert_file(p, codec, file_bytes, sink)?.meta)
     })?;
     Ok(Converted { meta })
 }

@@ -55,22 +55,28 @@ pub fn describe(path: &Path) -> Described {
     };
     let Ok(meta) = std::fs::metadata(path) else { return d };
     d.modified = meta.modified().ok();
-    if meta.is_dir() {
+    if meta.is_file() {
+        d.is_file = true;
+        describe_file(&mut d, meta.len());
+    } else if meta.is_dir() {
         d.is_dir = true;
         d.kind = if crate::trace::Trace::is_trace_dir(path) {
             Some(Input::Trace)
         } else {
             crate::import::nsys::looks_like_parquetdir(path).then_some(Input::Nsys)
         };
-        return d;
-    }
-    if !meta.is_file() {
+    } else {
         d.irregular = true;
-        return d;
     }
-    d.is_file = true;
-    d.size = meta.len();
-    let Ok(mut file) = std::fs::File::open(path) else { return d };
+    d
+}
+
+/// A file's size, codec and kind, from its head (and, compressed, the head
+/// of its content).
+fn describe_file(d: &mut Described, size: u64) {
+    let path = d.path.as_path();
+    d.size = size;
+    let Ok(mut file) = std::fs::File::open(path) else { return };
     let mut head = Vec::with_capacity(HEAD as usize);
     let _ = (&mut file).take(HEAD).read_to_end(&mut head);
     d.codec = codec_of(&head);
@@ -106,5 +112,4 @@ pub fn describe(path: &Path) -> Described {
     } else {
         None
     };
-    d
 }

@@ -68,8 +68,8 @@ pub fn load(d: &Described, device: Option<u32>) -> Result<Loaded> {
             modified: d.modified,
         };
         let readable = compressed::readable(d)?;
-        let Some(origin) = &readable.origin else { return convert(dir, kind, device, shell, start) };
-        let mut loaded = convert(&readable.path, kind, device, shell, start)
+        let Some(origin) = &readable.origin else { return convert(dir, d, device, shell, start) };
+        let mut loaded = convert(&readable.path, d, device, shell, start)
             .with_context(|| format!("{}, decompressed", dir.display()))?;
         if let Some(meta) = &mut loaded.trace.meta {
             meta.details.name_compressed_source(origin);
@@ -153,14 +153,10 @@ pub fn allocator_view(loaded: Loaded) -> Result<Loaded> {
     allocator::view(loaded)
 }
 
-/// Converts another tool's file in memory.
-fn convert(
-    dir: &Path,
-    kind: Option<Input>,
-    device: Option<u32>,
-    shell: Shell,
-    start: std::time::Instant,
-) -> Result<Loaded> {
+/// Converts another tool's file in memory: `dir`, which is `d`'s path or
+/// its decompressed copy.
+fn convert(dir: &Path, d: &Described, device: Option<u32>, shell: Shell, start: std::time::Instant) -> Result<Loaded> {
+    let kind = d.kind;
     if kind == Some(Input::Snapshot) {
         let mut events = Events::default();
         let converted = crate::import::snapshot::convert_file(dir, device, &mut |e| {
@@ -180,7 +176,7 @@ fn convert(
             Ok(())
         };
         let meta = if kind == Input::Profiler {
-            crate::import::profiler::convert_file(dir, &mut sink)?.meta
+            crate::import::profiler::convert_file(dir, d.codec, d.size, &mut sink)?.meta
         } else {
             crate::import::nsys::convert_file(dir, &mut sink)?.meta
         };
@@ -315,7 +311,7 @@ pub fn import(path: &Path, output: &Path, device: Option<u32>) -> Result<()> {
     }
     if kind == Some(Input::Profiler) {
         anyhow::ensure!(device.is_none(), "--device selects a device of a PyTorch snapshot, not of a profiler trace");
-        let c = crate::import::profiler::import(from, output, origin).map_err(decompressed)?;
+        let c = crate::import::profiler::import(from, desc.codec, desc.size, output).map_err(decompressed)?;
         let total: u64 = c.meta.event_counts.values().sum();
         println!(
             "{}: {} events from {} in {:.2} s",
