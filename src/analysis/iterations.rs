@@ -598,32 +598,53 @@ const LAUNCH_MIN_COUNT: usize = 64;
 /// period repeats the most launches, then the one seen most often; each of
 /// its launches opens an iteration.
 fn from_launches(events: &Events, pid: u32, rows: Rows<'_>) -> Option<Iterations> {
-    let launches: Vec<usize> =
-        rows.iter().filter(|&i| events.kind[i] == Some(EventKind::Launch) && events.ret[i] == 0).collect();
-    if launches.len() < LAUNCH_MIN_COUNT {
-        return None;
+    if rows.len() <= u32::MAX as usize {
+        from_launches_in::<u32>(events, pid, rows)
+    } else {
+        from_launches_in::<usize>(events, pid, rows)
     }
-    let kernels: Vec<u64> = launches.iter().map(|&i| events.addr[i]).collect();
-    let mut positions: AHashMap<u64, Vec<usize>> = AHashMap::new();
-    for (k, &f) in kernels.iter().enumerate() {
-        positions.entry(f).or_default().push(k);
+}
+
+/// [`from_launches`], with launch positions and kernel ids stored as `P`:
+/// a recording of a cached run is mostly launches, and this held three
+/// 8-byte values for each.
+fn from_launches_in<P: Position>(events: &Events, pid: u32, rows: Rows<'_>) -> Option<Iterations> {
+    let is_launch = |i: usize| events.kind[i] == Some(EventKind::Launch) && events.ret[i] == 0;
+    // The launch sequence as kernel ids (the kernel's address: `addrs`),
+    // and each kernel's positions in it.
+    let mut ids: AHashMap<u64, P> = AHashMap::new();
+    let (mut addrs, mut positions): (Vec<u64>, Vec<Vec<P>>) = (Vec::new(), Vec::new());
+    let mut kernels: Vec<P> = Vec::new();
+    for i in rows.iter().filter(|&i| is_launch(i)) {
+        let id = *ids.entry(events.addr[i]).or_insert_with(|| {
+            addrs.push(events.addr[i]);
+            positions.push(Vec::new());
+            P::at(addrs.len() - 1)
+        });
+        positions[id.index()].push(P::at(kernels.len()));
+        kernels.push(id);
+    }
+    if kernels.len() < LAUNCH_MIN_COUNT {
+        return None;
     }
     // How much of one period's launch sequence the next repeats: the
     // stretches between consecutive launches of `kernel`, each compared
     // with the next, launch by launch, aligned at their starts and at their
     // ends (a step that launches a few more kernels shifts only what comes
     // after them); the median over at most 64 pairs.
-    let repeats = |pos: &[usize]| -> f64 {
+    let same = |x: P, y: P| x.index() == y.index();
+    let repeats = |pos: &[P]| -> f64 {
         let pairs = pos.len().saturating_sub(2);
         let stride = pairs.div_ceil(64).max(1);
         let mut shares: Vec<f64> = (0..pairs)
             .step_by(stride)
             .map(|i| {
-                let (a, b) = (&kernels[pos[i]..pos[i + 1]], &kernels[pos[i + 1]..pos[i + 2]]);
+                let (p0, p1, p2) = (pos[i].index(), pos[i + 1].index(), pos[i + 2].index());
+                let (a, b) = (&kernels[p0..p1], &kernels[p1..p2]);
                 let matched = (0..a.len())
                     .filter(|&o| {
                         let tail = a.len() - 1 - o;
-                        (o < b.len() && a[o] == b[o]) || (tail < b.len() && a[o] == b[b.len() - 1 - tail])
+                        (o < b.len() && same(a[o], b[o])) || (tail < b.len() && same(a[o], b[b.len() - 1 - tail]))
                     })
                     .count();
                 matched as f64 / a.len().max(b.len()) as f64
@@ -632,15 +653,16 @@ fn from_launches(events: &Events, pid: u32, rows: Rows<'_>) -> Option<Iterations
         shares.sort_by(f64::total_cmp);
         shares.get(shares.len() / 2).copied().unwrap_or(0.0)
     };
-    let mut best: Option<(f64, usize, u64)> = None;
+    let mut best: Option<(f64, usize, u64, usize)> = None;
     // In address order, so that the result does not depend on the map's.
-    let mut candidates: Vec<(&u64, &Vec<usize>)> = positions.iter().collect();
-    candidates.sort_unstable_by_key(|c| *c.0);
-    for (&kernel, pos) in candidates {
+    let mut candidates: Vec<usize> = (0..addrs.len()).collect();
+    candidates.sort_unstable_by_key(|&id| addrs[id]);
+    for id in candidates {
+        let (kernel, pos) = (addrs[id], &positions[id]);
         if pos.len() < LAUNCH_MIN_REPEATS {
             continue;
         }
-        let gaps: Vec<f64> = pos.windows(2).map(|w| (w[1] - w[0]) as f64).collect();
+        let gaps: Vec<f64> = pos.windows(2).map(|w| (w[1].index() - w[0].index()) as f64).collect();
         let steady = if gaps.len() >= 3 { &gaps[1..] } else { &gaps[..] };
         let mean = steady.iter().sum::<f64>() / steady.len() as f64;
         if mean < 8.0 || mean * LAUNCH_MIN_REPEATS as f64 > kernels.len() as f64 + mean {
@@ -650,7 +672,7 @@ fn from_launches(events: &Events, pid: u32, rows: Rows<'_>) -> Option<Iterations
         if sd / mean > ANCHOR_MAX_CV {
             continue;
         }
-        let mut sorted: Vec<usize> = pos.windows(2).map(|w| w[1] - w[0]).collect();
+        let mut sorted: Vec<usize> = pos.windows(2).map(|w| w[1].index() - w[0].index()).collect();
         sorted.sort_unstable();
         let period = sorted[sorted.len() / 2];
         if period >= kernels.len() {
@@ -662,7 +684,7 @@ fn from_launches(events: &Events, pid: u32, rows: Rows<'_>) -> Option<Iterations
         if m < LAUNCH_MIN_MATCH {
             continue;
         }
-        let candidate = (m, pos.len(), kernel);
+        let candidate = (m, pos.len(), kernel, id);
         let better = best.is_none_or(|b| {
             candidate.0.total_cmp(&b.0).then(candidate.1.cmp(&b.1)).then(b.2.cmp(&candidate.2)).is_gt()
         });
@@ -670,8 +692,15 @@ fn from_launches(events: &Events, pid: u32, rows: Rows<'_>) -> Option<Iterations
             best = Some(candidate);
         }
     }
-    let (_, count, kernel) = best?;
-    let boundaries: Vec<u64> = positions[&kernel].iter().map(|&k| events.ts_ns[launches[k]]).collect();
+    let (_, count, _, id) = best?;
+    // The anchor's launches, found again in the series: their times.
+    let mut opens = positions[id].iter().map(|k| k.index()).peekable();
+    let mut boundaries: Vec<u64> = Vec::with_capacity(count);
+    for (k, i) in rows.iter().filter(|&i| is_launch(i)).enumerate() {
+        if opens.next_if_eq(&k).is_some() {
+            boundaries.push(events.ts_ns[i]);
+        }
+    }
     Some(Iterations::new(pid, count, boundaries, IterationSource::Launches))
 }
 
