@@ -87,9 +87,22 @@ pub fn by_pid(events: &Events) -> AHashMap<u32, RowList> {
     // Counted first, so that each list is allocated once at its size: at
     // 10 M events, growing them by doubling copied and zeroed twice the
     // memory they end with.
+    // By runs of one pid: a trace's rows come in long runs of one process.
     let mut count: AHashMap<u32, usize> = AHashMap::new();
+    let mut run: Option<(u32, usize)> = None;
     for &pid in &events.pid {
-        *count.entry(pid).or_default() += 1;
+        match &mut run {
+            Some((p, n)) if *p == pid => *n += 1,
+            _ => {
+                if let Some((p, n)) = run {
+                    *count.entry(p).or_default() += n;
+                }
+                run = Some((pid, 1));
+            }
+        }
+    }
+    if let Some((p, n)) = run {
+        *count.entry(p).or_default() += n;
     }
     if let [(&pid, &n)] = count.iter().collect::<Vec<_>>()[..] {
         return AHashMap::from_iter([(pid, RowList::All(n))]);
