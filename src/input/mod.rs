@@ -14,6 +14,7 @@ mod compressed;
 mod describe;
 mod join;
 mod loaded;
+mod memory;
 mod units;
 
 use std::path::{Path, PathBuf};
@@ -92,6 +93,10 @@ pub fn load(d: &Described, device: Option<u32>) -> Result<Loaded> {
             trace.parts.len()
         ),
         _ => {}
+    }
+    // Said before the minutes of loading, not after the kernel kills it.
+    if let Some(w) = memory::warning(trace.rows, memory::available()) {
+        tracing::warn!("{}: {w}", dir.display());
     }
     let (mut events, out_of_order) = trace.load_events()?;
     units::split(&mut trace, &mut events);
@@ -214,6 +219,7 @@ fn imported(
         units: Default::default(),
         modified: shell.modified,
         stacks,
+        rows: 0,
     };
     tracing::info!("{}: imported {} events in {:.3} s", trace.name, events.len(), start.elapsed().as_secs_f64());
     Loaded { trace, events, out_of_order }

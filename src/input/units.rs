@@ -87,6 +87,7 @@ mod tests {
             units: Default::default(),
             modified: None,
             stacks: None,
+            rows: 0,
         }
     }
 

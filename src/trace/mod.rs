@@ -69,6 +69,9 @@ pub struct Trace {
     /// The stack table, for traces that have one: a snapshot's, or the
     /// symbolised stacks of `record --stacks` once the events are loaded.
     pub stacks: Option<Arc<Stacks>>,
+    /// The rows the parts' footers say they hold, read when the parts are
+    /// checked (0 for a file imported in memory): what loading will hold.
+    pub rows: u64,
 }
 
 impl Trace {
@@ -150,9 +153,11 @@ impl Trace {
         let mut pytorch_columns = true;
         let mut requested = false;
         let mut ustack_column = true;
+        let mut rows = 0u64;
         for (i, part) in parts.into_iter().enumerate() {
             match check_part(&part) {
                 Ok(has) => {
+                    rows = rows.saturating_add(has.rows);
                     pytorch_columns &= has.pytorch;
                     requested |= has.requested;
                     ustack_column &= has.ustack;
@@ -197,6 +202,7 @@ impl Trace {
             units: Default::default(),
             modified,
             stacks,
+            rows,
         })
     }
 

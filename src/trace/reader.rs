@@ -61,6 +61,8 @@ pub(super) struct Optional {
     pub(super) requested: bool,
     /// `ustack_id` (`record --stacks`).
     pub(super) ustack: bool,
+    /// The rows its footer says it holds.
+    pub(super) rows: u64,
 }
 
 /// Checks a part; returns the optional columns it has.
@@ -110,7 +112,12 @@ pub(super) fn check_part(path: &Path) -> std::result::Result<Optional, PartError
         }),
         None => false,
     };
-    Ok(Optional { pytorch: PYTORCH_COLUMNS.iter().all(|c| integer(c)), requested, ustack: integer("ustack_id") })
+    Ok(Optional {
+        pytorch: PYTORCH_COLUMNS.iter().all(|c| integer(c)),
+        requested,
+        ustack: integer("ustack_id"),
+        rows: u64::try_from(meta.file_metadata().num_rows()).unwrap_or(0),
+    })
 }
 
 pub(super) const PYTORCH_COLUMNS: [&str; 4] = ["requested_size", "stack_id", "device_free", "stream"];

@@ -57,6 +57,15 @@ fn write_behind_writes_the_trace_a_plain_writer_writes() {
 }
 
 #[test]
+fn opening_a_trace_counts_the_rows_its_parts_announce() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("t");
+    write(&dir, &some_events(4_321), false).unwrap();
+    let t = Trace::open(&dir).unwrap();
+    assert_eq!((t.parts.len(), t.rows), (5, 4_321), "what loading will hold, before it loads");
+}
+
+#[test]
 fn a_part_written_a_slice_at_a_time_holds_the_rows_of_one_batch() {
     let tmp = tempfile::tempdir().unwrap();
     let n = 2 * PART_SLICE + 123;
@@ -299,6 +308,7 @@ fn a_series_maps_to_its_recorded_process() {
         device_column: false,
         units: Default::default(),
         stacks: None,
+        rows: 0,
     };
     assert_eq!(t.process_of(4242), 4242);
     t.units.insert(1 << 30, (4242, 3));
