@@ -13,14 +13,26 @@ use std::path::Path;
 /// `scripts/bench-growth`.
 pub const BYTES_PER_EVENT: u64 = 50;
 
-/// The warning for a trace of `rows` events where `available` bytes of
-/// memory are free for this process, or None when it fits.
-pub fn warning(rows: u64, available: Option<u64>) -> Option<String> {
+/// What `analyze` holds per event of `trace`: [`BYTES_PER_EVENT`], and
+/// the width of each optional column it loads besides (PyTorch's
+/// `requested_size`, `stack_id`, `device_free` and `stream`; recorded
+/// stack ids; the device of each call).
+pub fn bytes_per_event(trace: &crate::trace::Trace) -> u64 {
+    BYTES_PER_EVENT
+        + if trace.pytorch_columns { 8 + 4 + 8 + 8 } else { 0 }
+        + if trace.ustack_ids { 4 } else { 0 }
+        + if trace.device_column { 4 } else { 0 }
+}
+
+/// The warning for a trace of `rows` events of `per_event` bytes each
+/// where `available` bytes of memory are free for this process, or None
+/// when it fits.
+pub fn warning(rows: u64, per_event: u64, available: Option<u64>) -> Option<String> {
     let available = available?;
-    let needs = rows.saturating_mul(BYTES_PER_EVENT);
+    let needs = rows.saturating_mul(per_event);
     (needs > available).then(|| {
         format!(
-            "{rows} events: analyze holds them all in memory, about {} at {BYTES_PER_EVENT} bytes an event, and {} is \
+            "{rows} events: analyze holds them all in memory, about {} at {per_event} bytes an event, and {} is \
              available here, so it may run out of memory and be killed. A recording made with `record --no-launch \
              --no-memcpy` keeps the allocations, frees and OOMs in far fewer events (docs/recording.md, \"Long jobs\")",
             crate::units::bytes(needs),
@@ -90,11 +102,32 @@ mod tests {
 
     #[test]
     fn a_trace_warns_only_when_its_events_need_more_than_is_available() {
-        assert_eq!(warning(1_000_000_000, None), None, "nothing known, nothing said");
-        assert_eq!(warning(100, Some(1 << 30)), None);
-        let w = warning(1_000_000_000, Some(20 << 30)).expect("50 GB against 20 GiB");
+        assert_eq!(warning(1_000_000_000, 50, None), None, "nothing known, nothing said");
+        assert_eq!(warning(100, 50, Some(1 << 30)), None);
+        let w = warning(1_000_000_000, 50, Some(20 << 30)).expect("50 GB against 20 GiB");
         assert!(w.starts_with("1000000000 events: analyze holds them all in memory, about 46.57 GiB"), "{w}");
         assert!(w.contains("20.00 GiB is available here") && w.contains("--no-launch"), "{w}");
+    }
+
+    #[test]
+    fn each_optional_column_a_trace_loads_adds_its_width() {
+        let mut t = crate::trace::Trace {
+            dir: "t".into(),
+            name: "t".into(),
+            meta: None,
+            parts: Vec::new(),
+            skipped: Vec::new(),
+            pytorch_columns: false,
+            ustack_ids: false,
+            device_column: false,
+            units: Default::default(),
+            modified: None,
+            stacks: None,
+            rows: 0,
+        };
+        assert_eq!(bytes_per_event(&t), BYTES_PER_EVENT);
+        (t.pytorch_columns, t.device_column) = (true, true);
+        assert_eq!(bytes_per_event(&t), BYTES_PER_EVENT + 28 + 4);
     }
 
     #[test]

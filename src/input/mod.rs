@@ -95,7 +95,7 @@ pub fn load(d: &Described, device: Option<u32>) -> Result<Loaded> {
         _ => {}
     }
     // Said before the minutes of loading, not after the kernel kills it.
-    if let Some(w) = memory::warning(trace.rows, memory::available()) {
+    if let Some(w) = memory::warning(trace.rows, memory::bytes_per_event(&trace), memory::available()) {
         tracing::warn!("{}: {w}", dir.display());
     }
     let (mut events, out_of_order) = trace.load_events()?;
