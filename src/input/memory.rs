@@ -111,20 +111,7 @@ mod tests {
 
     #[test]
     fn each_optional_column_a_trace_loads_adds_its_width() {
-        let mut t = crate::trace::Trace {
-            dir: "t".into(),
-            name: "t".into(),
-            meta: None,
-            parts: Vec::new(),
-            skipped: Vec::new(),
-            pytorch_columns: false,
-            ustack_ids: false,
-            device_column: false,
-            units: Default::default(),
-            modified: None,
-            stacks: None,
-            rows: 0,
-        };
+        let mut t = crate::trace::Trace::default();
         assert_eq!(bytes_per_event(&t), BYTES_PER_EVENT);
         (t.pytorch_columns, t.device_column) = (true, true);
         assert_eq!(bytes_per_event(&t), BYTES_PER_EVENT + 28 + 4);

@@ -75,20 +75,7 @@ mod tests {
             devices: devices.iter().map(|(p, d)| (p.to_string(), d.to_vec())).collect(),
             ..RecordDetails::default()
         });
-        Trace {
-            dir: "t".into(),
-            name: "t".into(),
-            meta: Some(meta),
-            parts: Vec::new(),
-            skipped: Vec::new(),
-            pytorch_columns: false,
-            ustack_ids: false,
-            device_column: true,
-            units: Default::default(),
-            modified: None,
-            stacks: None,
-            rows: 0,
-        }
+        Trace { dir: "t".into(), name: "t".into(), meta: Some(meta), device_column: true, ..Trace::default() }
     }
 
     #[test]

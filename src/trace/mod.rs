@@ -36,8 +36,9 @@ pub use stacks::{Frame, STACKS_FILE, Stacks, USTACKS_FILE, UstackFrame, read_sta
 pub(crate) use writer::is_part_name;
 pub use writer::{TraceWriter, discard, events_schema, write_atomic, write_dir_atomic};
 
-/// A validated trace directory, ready to load.
-#[derive(Clone, Debug)]
+/// A validated trace directory, ready to load. (Default: an empty trace
+/// of no directory, for tests that need one with a few fields set.)
+#[derive(Clone, Debug, Default)]
 pub struct Trace {
     pub dir: PathBuf,
     pub name: String,

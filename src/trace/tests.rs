@@ -296,20 +296,8 @@ fn part_names() {
 /// whose series is named by its device; else the series id itself.
 #[test]
 fn a_series_maps_to_its_recorded_process() {
-    let mut t = Trace {
-        dir: "t".into(),
-        name: "t".into(),
-        meta: Some(TraceMeta::new(Source::Ebpf)),
-        parts: Vec::new(),
-        skipped: Vec::new(),
-        pytorch_columns: false,
-        ustack_ids: false,
-        modified: None,
-        device_column: false,
-        units: Default::default(),
-        stacks: None,
-        rows: 0,
-    };
+    let mut t =
+        Trace { dir: "t".into(), name: "t".into(), meta: Some(TraceMeta::new(Source::Ebpf)), ..Trace::default() };
     assert_eq!(t.process_of(4242), 4242);
     t.units.insert(1 << 30, (4242, 3));
     assert_eq!(t.process_of(1 << 30), 4242);

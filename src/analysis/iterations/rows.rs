@@ -104,8 +104,8 @@ pub fn by_pid(events: &Events) -> AHashMap<u32, RowList> {
     if let Some((p, n)) = run {
         *count.entry(p).or_default() += n;
     }
-    if let [(&pid, &n)] = count.iter().collect::<Vec<_>>()[..] {
-        return AHashMap::from_iter([(pid, RowList::All(n))]);
+    if count.len() == 1 {
+        return count.into_iter().map(|(pid, n)| (pid, RowList::All(n))).collect();
     }
     if events.len() <= u32::MAX as usize {
         let lists = fill(events, count, |i| i as u32);
