@@ -327,8 +327,13 @@ impl Events {
 
     /// Keeps the rows for which `keep(self, row)` holds, in order.
     pub fn retain(&mut self, keep: impl Fn(&Events, usize) -> bool) {
-        let rows: Vec<u32> = (0..self.len() as u32).filter(|&i| keep(self, i as usize)).collect();
-        self.take_rows(&rows);
+        if self.len() <= u32::MAX as usize {
+            let rows: Vec<u32> = (0..self.len() as u32).filter(|&i| keep(self, i as usize)).collect();
+            self.take_rows(&rows);
+        } else {
+            let rows: Vec<usize> = (0..self.len()).filter(|&i| keep(self, i)).collect();
+            self.take_rows(&rows);
+        }
     }
 
     /// Counts rows whose timestamp is smaller than the row before, then
@@ -339,18 +344,26 @@ impl Events {
         if out_of_order == 0 {
             return 0;
         }
-        let mut order: Vec<u32> = (0..self.len() as u32).collect();
-        order.sort_by_key(|&i| self.ts_ns[i as usize]);
-        self.take_rows(&order);
+        // Row numbers in 4 bytes while they fit (a sort's order is as long
+        // as the trace).
+        if self.len() <= u32::MAX as usize {
+            let mut order: Vec<u32> = (0..self.len() as u32).collect();
+            order.sort_by_key(|&i| self.ts_ns[i as usize]);
+            self.take_rows(&order);
+        } else {
+            let mut order: Vec<usize> = (0..self.len()).collect();
+            order.sort_by_key(|&i| self.ts_ns[i]);
+            self.take_rows(&order);
+        }
         out_of_order
     }
 
     /// Replaces every column by its `rows`, in that order (the PyTorch
     /// columns only when present); a row may be taken more than once.
-    pub fn take_rows(&mut self, rows: &[u32]) {
-        fn take<T: Copy>(v: &mut Vec<T>, rows: &[u32]) {
+    pub fn take_rows<R: Row>(&mut self, rows: &[R]) {
+        fn take<T: Copy, R: Row>(v: &mut Vec<T>, rows: &[R]) {
             if !v.is_empty() {
-                *v = rows.iter().map(|&i| v[i as usize]).collect();
+                *v = rows.iter().map(|&i| v[i.row()]).collect();
             }
         }
         take(&mut self.ts_ns, rows);
@@ -364,6 +377,24 @@ impl Events {
         take(&mut self.device_free, rows);
         take(&mut self.stream, rows);
         take(&mut self.device, rows);
+    }
+}
+
+/// A row number as a list of rows stores it: 4 bytes while a trace's rows
+/// fit, 8 beyond.
+pub trait Row: Copy {
+    fn row(self) -> usize;
+}
+
+impl Row for u32 {
+    fn row(self) -> usize {
+        self as usize
+    }
+}
+
+impl Row for usize {
+    fn row(self) -> usize {
+        self
     }
 }
 

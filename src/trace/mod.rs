@@ -237,7 +237,7 @@ impl Trace {
     /// number of rows that were out of time order.
     pub fn load_events(&mut self) -> Result<(Events, u64)> {
         // Errors name the part at fault.
-        let mut events = scan(&self.parts, self.pytorch_columns, self.ustack_ids, self.device_column)?;
+        let mut events = scan(&self.parts, self.rows, self.pytorch_columns, self.ustack_ids, self.device_column)?;
         let out_of_order = events.sort_by_time();
         if self.ustack_ids {
             let path = self.dir.join(USTACKS_FILE);

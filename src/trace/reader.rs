@@ -122,7 +122,102 @@ pub(super) fn check_part(path: &Path) -> std::result::Result<Optional, PartError
 
 pub(super) const PYTORCH_COLUMNS: [&str; 4] = ["requested_size", "stack_id", "device_free", "stream"];
 
-pub(super) fn scan(parts: &[PathBuf], pytorch_columns: bool, ustack_ids: bool, device: bool) -> Result<Events> {
+/// Decodes `parts` in parallel and hands each part's columns to `consume`
+/// on the calling thread, in part order: the one ordered stream of a
+/// trace's events. At most `ahead` parts are decoded and not yet consumed
+/// (workers wait for the consumer beyond that), so memory holds a few
+/// parts, whatever the trace's length. The first error in part order is
+/// returned, naming its part; the parts after it are not decoded.
+pub(super) fn for_each_part(
+    parts: &[PathBuf],
+    names: &[&str],
+    pytorch_columns: bool,
+    ustack_ids: bool,
+    ahead: usize,
+    mut consume: impl FnMut(usize, PartColumns) -> Result<()>,
+) -> Result<()> {
+    use std::collections::BTreeMap;
+    use std::sync::{Condvar, Mutex};
+
+    struct Queue {
+        /// The next part a worker takes.
+        next: usize,
+        /// Parts before this one have been handed on.
+        consumed: usize,
+        done: BTreeMap<usize, Result<PartColumns>>,
+        /// The consumer failed: workers stop taking parts.
+        stop: bool,
+    }
+    let ahead = ahead.max(1);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(parts.len()).max(1);
+    let queue = Mutex::new(Queue { next: 0, consumed: 0, done: BTreeMap::new(), stop: false });
+    let changed = Condvar::new();
+    let lock = || queue.lock().unwrap_or_else(|p| p.into_inner());
+    let work = || {
+        loop {
+            let i = {
+                let mut q = lock();
+                while !q.stop && q.next < parts.len() && q.next >= q.consumed + ahead {
+                    q = changed.wait(q).unwrap_or_else(|p| p.into_inner());
+                }
+                if q.stop || q.next >= parts.len() {
+                    return;
+                }
+                q.next += 1;
+                q.next - 1
+            };
+            let part = &parts[i];
+            let read = guarded(|| decode_part(part, names, pytorch_columns, ustack_ids))
+                .with_context(|| format!("{}: cannot read events", part.display()));
+            lock().done.insert(i, read);
+            changed.notify_all();
+        }
+    };
+    /// Stops the workers when the consumer is done, fails or panics (a
+    /// worker waiting for room would otherwise wait forever).
+    struct Stop<'a>(&'a Mutex<Queue>, &'a Condvar);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.lock().unwrap_or_else(|p| p.into_inner()).stop = true;
+            self.1.notify_all();
+        }
+    }
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(work);
+        }
+        let _stop = Stop(&queue, &changed);
+        for k in 0..parts.len() {
+            let read = {
+                let mut q = lock();
+                loop {
+                    if let Some(read) = q.done.remove(&k) {
+                        q.consumed = k + 1;
+                        break read;
+                    }
+                    q = changed.wait(q).unwrap_or_else(|p| p.into_inner());
+                }
+            };
+            changed.notify_all();
+            read.and_then(|columns| consume(k, columns))?;
+        }
+        Ok(())
+    })
+}
+
+/// The parts' columns read into [`Events`], in part order (see
+/// [`for_each_part`]). `rows` is what the footers announce: the columns
+/// are reserved for that many once, so a long trace is never held twice
+/// (per part and joined) nor grown by doubling. A footer that claims more
+/// than memory can reserve costs nothing: the columns then grow with the
+/// rows actually decoded.
+pub(super) fn scan(
+    parts: &[PathBuf],
+    rows: u64,
+    pytorch_columns: bool,
+    ustack_ids: bool,
+    device: bool,
+) -> Result<Events> {
     let started = std::time::Instant::now();
     let mut names = vec!["ts_ns", "pid", "kind", "addr", "size", "ret"];
     if device {
@@ -134,75 +229,41 @@ pub(super) fn scan(parts: &[PathBuf], pytorch_columns: bool, ustack_ids: bool, d
     if ustack_ids {
         names.push("ustack_id");
     }
-    // The parts spread over the cores, each decoded into columns of its
-    // own that grow with the rows actually decoded (never allocated from
-    // the row count a footer claims), then joined in part order.
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(parts.len()).max(1);
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let done = std::sync::Mutex::new(Vec::with_capacity(parts.len()));
-    let work = || {
-        while let Some(part) = parts.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
-            let read = guarded(|| decode_part(part, &names, pytorch_columns, ustack_ids))
-                .with_context(|| format!("{}: cannot read events", part.display()));
-            done.lock().unwrap_or_else(|p| p.into_inner()).push((part, read));
-        }
-    };
-    if threads == 1 {
-        work();
-    } else {
-        std::thread::scope(|s| {
-            for _ in 0..threads {
-                s.spawn(work);
-            }
-        });
-    }
-    let mut done = done.into_inner().unwrap_or_else(|p| p.into_inner());
-    // Part order; the first part at fault, whatever the order the threads met them.
-    done.sort_by_key(|d| d.0);
-    let mut columns = Vec::with_capacity(done.len());
-    for (_, read) in done {
-        columns.push(read?);
-    }
-    if columns.is_empty() {
+    if parts.is_empty() {
         bail!("a trace without parts");
     }
-    let mut events = Events {
-        ts_ns: join(&mut columns, |c| &mut c.ts_ns),
-        pid: join(&mut columns, |c| &mut c.pid),
-        kind: join(&mut columns, |c| &mut c.kind),
-        addr: join(&mut columns, |c| &mut c.addr),
-        size: join(&mut columns, |c| &mut c.size),
-        ret: join(&mut columns, |c| &mut c.ret),
-        requested: join(&mut columns, |c| &mut c.requested),
-        stack: join(&mut columns, |c| &mut c.stack),
-        device_free: join(&mut columns, |c| &mut c.device_free),
-        stream: join(&mut columns, |c| &mut c.stream),
-        device: join(&mut columns, |c| &mut c.device),
-    };
+    let mut all = PartColumns::default();
+    // One part is moved, not copied.
+    if parts.len() > 1 {
+        let rows = usize::try_from(rows).unwrap_or(usize::MAX);
+        if all.reserve(rows, pytorch_columns, ustack_ids, device).is_err() {
+            tracing::debug!("the footers' {rows} rows cannot be reserved at once: the columns grow as they are read");
+            all = PartColumns::default();
+        }
+    }
+    // Two parts ahead of the consumer for each core: the decoders never
+    // wait for the copy, and memory holds a handful of parts.
+    let ahead = 2 * std::thread::available_parallelism().map_or(1, |n| n.get());
+    for_each_part(parts, &names, pytorch_columns, ustack_ids, ahead, |_, c| {
+        if parts.len() == 1 {
+            all = c;
+        } else {
+            all.extend(&c);
+        }
+        Ok(())
+    })?;
+    let mut events = all.into_events();
     tracing::debug!("parts decoded in {:.3} s", started.elapsed().as_secs_f64());
     if pytorch_columns && events.requested.iter().all(|&r| r == u64::MAX) {
         // Columns present but empty (synth writes nulls): not a PyTorch trace.
-        events.requested.clear();
-        events.device_free.clear();
-        events.stream.clear();
+        events.requested = Vec::new();
+        events.device_free = Vec::new();
+        events.stream = Vec::new();
         if !ustack_ids {
-            events.stack.clear();
+            events.stack = Vec::new();
         }
     }
     Ok(events)
-}
-
-/// One column of every part, joined in order (moved, not copied, when
-/// there is one part); each part's copy is freed as soon as it is joined.
-pub(super) fn join<T: Copy>(parts: &mut [PartColumns], column: impl Fn(&mut PartColumns) -> &mut Vec<T>) -> Vec<T> {
-    if let [one] = parts {
-        return std::mem::take(column(one));
-    }
-    let mut out = Vec::with_capacity(parts.iter_mut().map(|p| column(p).len()).sum());
-    for p in parts {
-        out.extend_from_slice(&std::mem::take(column(p)));
-    }
-    out
 }
 
 /// The event columns of one part (the optional ones empty when not read).
@@ -219,6 +280,67 @@ pub(super) struct PartColumns {
     pub(super) device_free: Vec<u64>,
     pub(super) stream: Vec<u64>,
     pub(super) device: Vec<i32>,
+}
+
+impl PartColumns {
+    /// Appends `other`'s rows.
+    fn extend(&mut self, other: &PartColumns) {
+        self.ts_ns.extend_from_slice(&other.ts_ns);
+        self.pid.extend_from_slice(&other.pid);
+        self.kind.extend_from_slice(&other.kind);
+        self.addr.extend_from_slice(&other.addr);
+        self.size.extend_from_slice(&other.size);
+        self.ret.extend_from_slice(&other.ret);
+        self.requested.extend_from_slice(&other.requested);
+        self.stack.extend_from_slice(&other.stack);
+        self.device_free.extend_from_slice(&other.device_free);
+        self.stream.extend_from_slice(&other.stream);
+        self.device.extend_from_slice(&other.device);
+    }
+
+    fn into_events(self) -> Events {
+        Events {
+            ts_ns: self.ts_ns,
+            pid: self.pid,
+            kind: self.kind,
+            addr: self.addr,
+            size: self.size,
+            ret: self.ret,
+            requested: self.requested,
+            stack: self.stack,
+            device_free: self.device_free,
+            stream: self.stream,
+            device: self.device,
+        }
+    }
+
+    /// Room for `rows` more rows in the columns that will be read.
+    fn reserve(
+        &mut self,
+        rows: usize,
+        pytorch: bool,
+        ustack_ids: bool,
+        device: bool,
+    ) -> std::result::Result<(), std::collections::TryReserveError> {
+        self.ts_ns.try_reserve_exact(rows)?;
+        self.pid.try_reserve_exact(rows)?;
+        self.kind.try_reserve_exact(rows)?;
+        self.addr.try_reserve_exact(rows)?;
+        self.size.try_reserve_exact(rows)?;
+        self.ret.try_reserve_exact(rows)?;
+        if pytorch {
+            self.requested.try_reserve_exact(rows)?;
+            self.device_free.try_reserve_exact(rows)?;
+            self.stream.try_reserve_exact(rows)?;
+        }
+        if pytorch || ustack_ids {
+            self.stack.try_reserve_exact(rows)?;
+        }
+        if device {
+            self.device.try_reserve_exact(rows)?;
+        }
+        Ok(())
+    }
 }
 
 /// Appends the values of an integer column to `out` (see
@@ -243,9 +365,13 @@ pub(super) fn decode_part(part: &Path, names: &[&str], pytorch_columns: bool, us
     let file = File::open(part).context("cannot open it")?;
     let builder = ParquetRecordBatchReaderBuilder::try_new(file).context("not a valid Parquet file")?;
     let mask = ProjectionMask::columns(builder.parquet_schema(), names.iter().copied());
+    // The footer's rows, reserved where memory allows (a part's columns
+    // then never grow by doubling); they grow as decoded otherwise.
+    let rows = usize::try_from(builder.metadata().file_metadata().num_rows()).unwrap_or(0);
     let reader = builder.with_projection(mask).with_batch_size(1 << 16).build()?;
     let no_stack = crate::trace::event::NO_STACK;
     let mut c = PartColumns::default();
+    let _ = c.reserve(rows, pytorch_columns, ustack_ids, names.contains(&"device"));
     for batch in reader {
         let batch = batch?;
         let col =

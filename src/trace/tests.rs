@@ -352,3 +352,56 @@ fn details_with_a_producers_field_must_read_as_that_producers() {
         assert_eq!(read(&v).unwrap().details, details::Details::Other(other));
     }
 }
+
+/// The parts come to the consumer in their order, however many are
+/// decoded ahead; the rows read are the rows written.
+#[test]
+fn parts_are_handed_on_in_order_a_few_ahead() {
+    let tmp = tempfile::tempdir().unwrap();
+    let events = some_events(23_456);
+    write(tmp.path(), &events, false).unwrap();
+    let trace = Trace::open(tmp.path()).unwrap();
+    assert_eq!(trace.parts.len(), 24);
+    let names = ["ts_ns", "pid", "kind", "addr", "size", "ret"];
+    let mut seen = Vec::new();
+    let mut ts = Vec::new();
+    reader::for_each_part(&trace.parts, &names, false, false, 1, |k, c| {
+        seen.push(k);
+        ts.extend(c.ts_ns);
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(seen, (0..24).collect::<Vec<_>>());
+    assert_eq!(ts, events.iter().map(|e| e.ts_ns).collect::<Vec<_>>());
+    let mut trace = trace;
+    let (loaded, out_of_order) = trace.load_events().unwrap();
+    assert_eq!((loaded.len(), out_of_order), (events.len(), 0));
+    assert_eq!(loaded.addr, events.iter().map(|e| e.addr).collect::<Vec<_>>());
+}
+
+/// A damaged part in the middle is the error, named; the consumer's own
+/// error stops the stream where it failed.
+#[test]
+fn the_first_part_at_fault_stops_the_stream() {
+    let tmp = tempfile::tempdir().unwrap();
+    write(tmp.path(), &some_events(9_000), false).unwrap();
+    let trace = Trace::open(tmp.path()).unwrap();
+    let names = ["ts_ns", "pid", "kind", "addr", "size", "ret"];
+    // Part 5 replaced by garbage after the trace was opened.
+    fs::write(&trace.parts[5], b"PAR1 not a parquet file PAR1").unwrap();
+    let mut seen = Vec::new();
+    let err = reader::for_each_part(&trace.parts, &names, false, false, 2, |k, _| {
+        seen.push(k);
+        Ok(())
+    })
+    .unwrap_err();
+    assert_eq!(seen, vec![0, 1, 2, 3, 4]);
+    assert!(format!("{err:#}").contains(&part_name(5)), "{err:#}");
+    let mut seen = Vec::new();
+    let err = reader::for_each_part(&trace.parts, &names, false, false, 2, |k, _| {
+        seen.push(k);
+        if k == 2 { anyhow::bail!("consumer gave up") } else { Ok(()) }
+    })
+    .unwrap_err();
+    assert_eq!((seen, err.to_string()), (vec![0, 1, 2], "consumer gave up".to_string()));
+}
