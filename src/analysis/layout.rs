@@ -79,7 +79,12 @@ fn lifetimes_with_streams(events: &Events) -> (Vec<Lifetime>, Vec<(u32, u64)>) {
         stream: u64,
     }
     let mut open: AHashMap<(u32, u64), Open> = AHashMap::new();
+    // Room for a life per allocation, reserved once: grown by doubling,
+    // the lives of a long trace were held twice while they moved, on top
+    // of the events. Pages never written cost nothing.
     let mut out = Vec::new();
+    let allocations = events.kind.iter().filter(|k| k.is_some_and(EventKind::creates_block)).count();
+    let _ = out.try_reserve_exact(allocations);
     let mut streams = Vec::new();
     let mut close = |out: &mut Vec<Lifetime>, pid: u32, addr: u64, o: Open, end: u64| {
         if o.stream != 0 {
