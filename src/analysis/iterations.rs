@@ -154,7 +154,7 @@ impl Iterations {
 
 mod rows;
 
-use rows::Position;
+use crate::trace::event::Row;
 pub use rows::{RowList, Rows, by_pid as rows_by_pid};
 
 /// Finds the iterations of series `pid` (a process, or a device of an
@@ -529,7 +529,7 @@ fn anchor(events: &Events, idx: Rows<'_>, live: &[u64]) -> Option<Vec<usize>> {
 }
 
 /// [`anchor`], with positions stored as `P`.
-fn anchor_in<P: Position>(events: &Events, idx: Rows<'_>, live: &[u64]) -> Option<Vec<usize>> {
+fn anchor_in<P: Row>(events: &Events, idx: Rows<'_>, live: &[u64]) -> Option<Vec<usize>> {
     let mut positions: AHashMap<(u8, u64), Vec<P>> = AHashMap::new();
     for (j, i) in idx.iter().enumerate() {
         let key = match events.kind[i] {
@@ -608,7 +608,7 @@ fn from_launches(events: &Events, pid: u32, rows: Rows<'_>) -> Option<Iterations
 /// [`from_launches`], with launch positions and kernel ids stored as `P`:
 /// a recording of a cached run is mostly launches, and this held three
 /// 8-byte values for each.
-fn from_launches_in<P: Position>(events: &Events, pid: u32, rows: Rows<'_>) -> Option<Iterations> {
+fn from_launches_in<P: Row>(events: &Events, pid: u32, rows: Rows<'_>) -> Option<Iterations> {
     let is_launch = |i: usize| events.kind[i] == Some(EventKind::Launch) && events.ret[i] == 0;
     // The launch sequence as kernel ids (the kernel's address: `addrs`),
     // and each kernel's positions in it.

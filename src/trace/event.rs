@@ -363,7 +363,7 @@ impl Events {
     pub fn take_rows<R: Row>(&mut self, rows: &[R]) {
         fn take<T: Copy, R: Row>(v: &mut Vec<T>, rows: &[R]) {
             if !v.is_empty() {
-                *v = rows.iter().map(|&i| v[i.row()]).collect();
+                *v = rows.iter().map(|&i| v[i.index()]).collect();
             }
         }
         take(&mut self.ts_ns, rows);
@@ -380,20 +380,31 @@ impl Events {
     }
 }
 
-/// A row number as a list of rows stores it: 4 bytes while a trace's rows
-/// fit, 8 beyond.
+/// A row number (or a position in one series' rows) as a list of them
+/// stores it: 4 bytes while the rows fit, 8 beyond.
 pub trait Row: Copy {
-    fn row(self) -> usize;
+    fn at(j: usize) -> Self;
+    fn index(self) -> usize;
 }
 
 impl Row for u32 {
-    fn row(self) -> usize {
+    #[inline]
+    fn at(j: usize) -> u32 {
+        j as u32
+    }
+    #[inline]
+    fn index(self) -> usize {
         self as usize
     }
 }
 
 impl Row for usize {
-    fn row(self) -> usize {
+    #[inline]
+    fn at(j: usize) -> usize {
+        j
+    }
+    #[inline]
+    fn index(self) -> usize {
         self
     }
 }

@@ -134,35 +134,6 @@ fn fill<T>(events: &Events, count: AHashMap<u32, usize>, index: impl Fn(usize) -
     by
 }
 
-/// A position in one series' rows, as anchor lists store it: 4 bytes
-/// where the series has fewer than 2³² rows.
-pub trait Position: Copy {
-    fn at(j: usize) -> Self;
-    fn index(self) -> usize;
-}
-
-impl Position for u32 {
-    #[inline]
-    fn at(j: usize) -> u32 {
-        j as u32
-    }
-    #[inline]
-    fn index(self) -> usize {
-        self as usize
-    }
-}
-
-impl Position for usize {
-    #[inline]
-    fn at(j: usize) -> usize {
-        j
-    }
-    #[inline]
-    fn index(self) -> usize {
-        self
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
