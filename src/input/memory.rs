@@ -7,10 +7,11 @@
 
 use std::path::Path;
 
-/// What `analyze` holds per event at its peak, rounded up: 45 to 50
-/// bytes on synthetic training traces of 10 M and 100 M events (the event
-/// columns, 33 bytes, and the blocks' lives for the pictures), measured by
-/// `scripts/bench-growth`.
+/// What `analyze` holds per event at its peak, rounded up: 46 bytes on a
+/// synthetic training trace of 100 M events, 61 at 10 M with the fixed
+/// costs (the event columns, 33 bytes, each process's live bytes after
+/// each event and its tokens' positions while iterations are found, the
+/// blocks' lives for the pictures), measured by `scripts/bench-growth`.
 pub const BYTES_PER_EVENT: u64 = 50;
 
 /// What `analyze` holds per event of `trace`: [`BYTES_PER_EVENT`], and
