@@ -342,7 +342,7 @@ const MIN_AUTOCORRELATION: f64 = 0.3;
 
 /// Pearson correlation of `v[i]` with `v[i + lag]`, on at most about 50 000
 /// evenly spaced pairs.
-fn autocorrelation(v: &[u64], lag: usize) -> f64 {
+fn autocorrelation<V: Level>(v: &[V], lag: usize, grain: u64) -> f64 {
     if lag == 0 || lag >= v.len() {
         return f64::NAN;
     }
@@ -350,7 +350,7 @@ fn autocorrelation(v: &[u64], lag: usize) -> f64 {
     let stride = (n / 50_000).max(1);
     let (mut sx, mut sy, mut sxx, mut syy, mut sxy, mut m) = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
     for i in (0..n).step_by(stride) {
-        let (x, y) = (v[i] as f64, v[i + lag] as f64);
+        let (x, y) = (v[i].bytes(grain) as f64, v[i + lag].bytes(grain) as f64);
         sx += x;
         sy += y;
         sxx += x * x;
@@ -363,12 +363,39 @@ fn autocorrelation(v: &[u64], lag: usize) -> f64 {
     if vx <= 0.0 || vy <= 0.0 { f64::NAN } else { cov / (vx * vy).sqrt() }
 }
 
-fn from_periodicity(events: &Events, pid: u32, rows: Rows<'_>) -> Option<Iterations> {
-    // The series: the pid's events, and its live device bytes after each.
-    let idx = rows;
-    if idx.len() < 16 {
-        return None;
+/// A level of live memory as the periodicity series stores it: bytes
+/// divided by the series' grain (the greatest common divisor of its block
+/// sizes), in 4 bytes where every level fits, else 8. Dividing by a common
+/// factor keeps every comparison; sums and ratios read the bytes back.
+trait Level: Copy + Ord {
+    const ZERO: Self;
+    fn of(units: u64) -> Option<Self>;
+    fn bytes(self, grain: u64) -> u64;
+}
+
+impl Level for u32 {
+    const ZERO: u32 = 0;
+    fn of(units: u64) -> Option<u32> {
+        u32::try_from(units).ok()
     }
+    fn bytes(self, grain: u64) -> u64 {
+        u64::from(self) * grain
+    }
+}
+
+impl Level for u64 {
+    const ZERO: u64 = 0;
+    fn of(units: u64) -> Option<u64> {
+        Some(units)
+    }
+    fn bytes(self, grain: u64) -> u64 {
+        self * grain
+    }
+}
+
+/// The live device bytes of `pid` after each of its events, in units of
+/// `grain`; None when a level does not fit `V`.
+fn live_series<V: Level>(events: &Events, idx: Rows<'_>, grain: u64) -> Option<Vec<V>> {
     let mut live = Vec::with_capacity(idx.len());
     let mut blocks: AHashMap<u64, u64> = AHashMap::new();
     let mut now = 0u64;
@@ -390,9 +417,46 @@ fn from_periodicity(events: &Events, pid: u32, rows: Rows<'_>) -> Option<Iterati
                 now -= size;
             }
         }
-        live.push(now);
+        live.push(V::of(now / grain)?);
     }
-    let anchors = anchor(events, idx, &live)?;
+    Some(live)
+}
+
+fn from_periodicity(events: &Events, pid: u32, rows: Rows<'_>) -> Option<Iterations> {
+    // The series: the pid's events, and its live device bytes after each.
+    let idx = rows;
+    if idx.len() < 16 {
+        return None;
+    }
+    // Every level is a sum of block sizes: a multiple of their greatest
+    // common divisor (512 for CUDA's and PyTorch's rounding). Stored in
+    // those units, a long series takes 4 bytes an event where it took 8.
+    let mut grain = 0u64;
+    for i in idx.iter() {
+        if events.kind[i].is_some_and(EventKind::creates_block) && events.ret[i] == 0 && events.size[i] > 0 {
+            grain = gcd(grain, events.size[i]);
+            if grain == 1 {
+                break;
+            }
+        }
+    }
+    let grain = grain.max(1);
+    match live_series::<u32>(events, idx, grain) {
+        Some(live) => periodicity_in(events, pid, idx, &live, grain),
+        None => periodicity_in(events, pid, idx, &live_series::<u64>(events, idx, grain)?, grain),
+    }
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+/// [`from_periodicity`] on the series `live`, in units of `grain`.
+fn periodicity_in<V: Level>(events: &Events, pid: u32, idx: Rows<'_>, live: &[V], grain: u64) -> Option<Iterations> {
+    let anchors = anchor(events, idx, live, grain)?;
     // One peak per stretch the anchors cut (the stretch before the first
     // anchor too, unless live memory is flat there); between two peaks
     // lies one iteration start.
@@ -441,7 +505,7 @@ fn from_periodicity(events: &Events, pid: u32, rows: Rows<'_>) -> Option<Iterati
     // given back), which loading alone never does.
     let valley = |w: &[usize]| -> bool {
         let stretch = &live[w[0] + 1..=w[1]];
-        let floor = stretch.iter().copied().min().unwrap_or(0);
+        let floor = stretch.iter().copied().min().unwrap_or(V::ZERO);
         if live[w[0]] > floor {
             return true;
         }
@@ -505,8 +569,8 @@ fn from_periodicity(events: &Events, pid: u32, rows: Rows<'_>) -> Option<Iterati
     let mut ratios: Vec<f64> = starts
         .windows(2)
         .filter_map(|w| {
-            let (base, next) = (live[w[0].saturating_sub(1)], live[w[1].saturating_sub(1)]);
-            let peak = *live[w[0]..w[1]].iter().max()?;
+            let (base, next) = (live[w[0].saturating_sub(1)].bytes(grain), live[w[1].saturating_sub(1)].bytes(grain));
+            let peak = live[w[0]..w[1]].iter().max()?.bytes(grain);
             (peak > base).then(|| next.saturating_sub(base) as f64 / (peak - base) as f64)
         })
         .collect();
@@ -520,16 +584,16 @@ fn from_periodicity(events: &Events, pid: u32, rows: Rows<'_>) -> Option<Iterati
 
 /// Positions (in the pid's event sequence) of the most regular anchor
 /// token: a launch address or a successful allocation size.
-fn anchor(events: &Events, idx: Rows<'_>, live: &[u64]) -> Option<Vec<usize>> {
+fn anchor<V: Level>(events: &Events, idx: Rows<'_>, live: &[V], grain: u64) -> Option<Vec<usize>> {
     if idx.len() <= u32::MAX as usize {
-        anchor_in::<u32>(events, idx, live)
+        anchor_in::<u32, V>(events, idx, live, grain)
     } else {
-        anchor_in::<usize>(events, idx, live)
+        anchor_in::<usize, V>(events, idx, live, grain)
     }
 }
 
 /// [`anchor`], with positions stored as `P`.
-fn anchor_in<P: Row>(events: &Events, idx: Rows<'_>, live: &[u64]) -> Option<Vec<usize>> {
+fn anchor_in<P: Row, V: Level>(events: &Events, idx: Rows<'_>, live: &[V], grain: u64) -> Option<Vec<usize>> {
     let mut positions: AHashMap<(u8, u64), Vec<P>> = AHashMap::new();
     for (j, i) in idx.iter().enumerate() {
         let key = match events.kind[i] {
@@ -566,7 +630,7 @@ fn anchor_in<P: Row>(events: &Events, idx: Rows<'_>, live: &[u64]) -> Option<Vec
             let pos = &positions[&r.2];
             let mut gaps: Vec<usize> = pos.windows(2).map(|w| w[1].index() - w[0].index()).collect();
             gaps.sort_unstable();
-            (autocorrelation(live, gaps[gaps.len() / 2]), r)
+            (autocorrelation(live, gaps[gaps.len() / 2], grain), r)
         })
         .filter(|(c, _)| *c >= MIN_AUTOCORRELATION)
         .max_by(|x, y| x.0.total_cmp(&y.0).then(x.1.0.cmp(&y.1.0)).then(y.1.2.cmp(&x.1.2)))

@@ -110,10 +110,40 @@ fn the_period_leaves_out_the_warm_up() {
 
 #[test]
 fn periodicity_finds_each_start_where_live_memory_leaves_its_floor() {
-    // 6 iterations: two allocations up, a marker kernel at the peak,
-    // two frees down, then noise kernels and a temporary at the floor.
+    let (events, starts) = periodic(None);
+    let rows = Rows::Range(0, events.len());
+    let it = from_periodicity(&events, 1, rows).unwrap();
+    assert_eq!(it.boundaries_t_ns, starts[1..].to_vec());
+    assert_eq!((it.count, it.complete), (5, 4));
+}
+
+/// The series is stored in units of its block sizes' common divisor, in
+/// 4 bytes while every level fits: a level beyond that (here 8 GiB and a
+/// byte held throughout, divisor 1) is stored in 8, and the iterations
+/// are the same.
+#[test]
+fn a_series_too_high_for_4_bytes_finds_the_same_iterations() {
+    let (small, starts) = periodic(Some(4096));
+    let (large, _) = periodic(Some((8 << 30) + 1));
+    let (a, b) = (Rows::Range(0, small.len()), Rows::Range(0, large.len()));
+    assert!(live_series::<u32>(&small, a, 1).is_some());
+    assert!(live_series::<u32>(&large, b, 1).is_none(), "8 GiB in bytes does not fit 4 bytes");
+    let (x, y) = (from_periodicity(&small, 1, a).unwrap(), from_periodicity(&large, 1, b).unwrap());
+    assert_eq!(x.boundaries_t_ns, starts[1..].to_vec());
+    assert_eq!((&x.boundaries_t_ns, x.count, x.complete), (&y.boundaries_t_ns, y.count, y.complete));
+}
+
+/// 6 iterations: two allocations up, a marker kernel at the peak, two
+/// frees down, then noise kernels and a temporary at the floor; first, a
+/// block of `held` bytes that is never freed, when given. The trace and
+/// each iteration's start.
+fn periodic(held: Option<u64>) -> (Events, Vec<u64>) {
     let mut list = Vec::new();
     let mut t = 0;
+    if let Some(size) = held {
+        t += 10;
+        list.push(ev(t, EventKind::Alloc, 0x7000_0000, size));
+    }
     let mut starts = Vec::new();
     for it in 0..6u64 {
         starts.push(t + 10);
@@ -137,10 +167,7 @@ fn periodicity_finds_each_start_where_live_memory_leaves_its_floor() {
     for e in &list {
         events.push(e);
     }
-    let rows = Rows::Range(0, events.len());
-    let it = from_periodicity(&events, 1, rows).unwrap();
-    assert_eq!(it.boundaries_t_ns, starts[1..].to_vec());
-    assert_eq!((it.count, it.complete), (5, 4));
+    (events, starts)
 }
 
 /// A training loop as a cached recording sees it: memory allocated
