@@ -7,8 +7,8 @@
 
 use std::path::Path;
 
-/// What `analyze` holds per event at its peak, rounded up: 46 bytes on a
-/// synthetic training trace of 100 M events, 61 at 10 M with the fixed
+/// What `analyze` holds per event at its peak, rounded up: 42 bytes on a
+/// synthetic training trace of 100 M events, 60 at 10 M with the fixed
 /// costs (the event columns, 33 bytes, each process's live bytes after
 /// each event and its tokens' positions while iterations are found, the
 /// blocks' lives for the pictures), measured by `scripts/bench-growth`.
