@@ -290,11 +290,16 @@ fn parse_capacity(s: &str) -> Result<u64, String> {
     Ok(v)
 }
 
+/// A count: 20000, 100k, 10M, 1B (a billion: a count's B is not a
+/// byte, and `1B` once wrote a trace of one event).
 fn parse_count(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let billions = t.strip_suffix(['B', 'b']).filter(|n| n.ends_with(|c: char| c.is_ascii_digit() || c == ' '));
+    let t = billions.map_or_else(|| t.to_string(), |n| format!("{}G", n.trim_end()));
     parse_size::Config::new()
         .with_decimal()
-        .parse_size(s)
-        .map_err(|e| format!("`{s}`: {e} (examples: 20000, 100k, 10M)"))
+        .parse_size(&t)
+        .map_err(|e| format!("`{s}`: {e} (examples: 20000, 100k, 10M, 1B)"))
 }
 
 #[derive(Debug, Args)]
@@ -302,7 +307,7 @@ pub struct SynthArgs {
     /// Workload to simulate.
     #[arg(long, value_enum)]
     pub pattern: Pattern,
-    /// Number of events to write (accepts 100k, 10M).
+    /// Number of events to write (accepts 100k, 10M, 1B).
     #[arg(long, value_parser = parse_count, default_value = "100k")]
     pub events: u64,
     /// Random seed; the same seed gives the same trace.
@@ -720,5 +725,21 @@ fn parse_oom_risk(s: &str) -> Result<crate::analysis::risk::OomRisk, String> {
     match OomRisk::from_name(&s.to_ascii_lowercase()) {
         Some(OomRisk::Unknown) | None => Err(format!("`{s}`: expected one of low, medium, high, critical, oom")),
         Some(r) => Ok(r),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_count;
+
+    #[test]
+    fn counts_read_k_m_and_b_as_thousands_millions_and_billions() {
+        for (s, n) in [("20000", 20_000), ("100k", 100_000), ("10M", 10_000_000), ("1B", 1_000_000_000)] {
+            assert_eq!(parse_count(s), Ok(n), "{s}");
+        }
+        assert_eq!(parse_count("2 b"), Ok(2_000_000_000));
+        assert_eq!(parse_count("1G"), Ok(1_000_000_000));
+        assert!(parse_count("B").is_err());
+        assert!(parse_count("ten").unwrap_err().contains("1B"));
     }
 }
