@@ -294,7 +294,8 @@ fn parse_capacity(s: &str) -> Result<u64, String> {
 /// byte, and `1B` once wrote a trace of one event).
 fn parse_count(s: &str) -> Result<u64, String> {
     let t = s.trim();
-    let billions = t.strip_suffix(['B', 'b']).filter(|n| n.ends_with(|c: char| c.is_ascii_digit() || c == ' '));
+    let billions =
+        t.strip_suffix(['B', 'b']).filter(|n| n.trim_end().ends_with(|c: char| c.is_ascii_digit() || c == '.'));
     let t = billions.map_or_else(|| t.to_string(), |n| format!("{}G", n.trim_end()));
     parse_size::Config::new()
         .with_decimal()
@@ -738,6 +739,8 @@ mod tests {
             assert_eq!(parse_count(s), Ok(n), "{s}");
         }
         assert_eq!(parse_count("2 b"), Ok(2_000_000_000));
+        assert_eq!(parse_count("1.5B"), Ok(1_500_000_000));
+        assert_eq!(parse_count("10MB"), Ok(10_000_000), "a unit before the B keeps its meaning");
         assert_eq!(parse_count("1G"), Ok(1_000_000_000));
         assert!(parse_count("B").is_err());
         assert!(parse_count("ten").unwrap_err().contains("1B"));

@@ -10,10 +10,40 @@
 use std::collections::BTreeMap;
 
 use crate::trace::Trace;
-use crate::trace::event::{EventKind, Events, NO_DEVICE};
+use crate::trace::event::{EventKind, Events, NO_DEVICE, Row};
 
 /// The first unit id: above any pid.
 pub const FIRST_UNIT: u32 = 1 << 30;
+
+/// The rows after the split (an exit once per unit of its process), and
+/// the unit of each.
+fn unit_rows<R: Row>(
+    events: &Events,
+    unit: &BTreeMap<(u32, i32), u32>,
+    of_pid: &BTreeMap<u32, Vec<u32>>,
+) -> (Vec<R>, Vec<u32>) {
+    let mut rows = Vec::with_capacity(events.len());
+    let mut pids = Vec::with_capacity(events.len());
+    for i in 0..events.len() {
+        let pid = events.pid[i];
+        let Some(units) = of_pid.get(&pid) else {
+            rows.push(R::at(i));
+            pids.push(pid);
+            continue;
+        };
+        let d = events.device[i];
+        if d == NO_DEVICE && events.kind[i] == Some(EventKind::Exit) {
+            for &u in units {
+                rows.push(R::at(i));
+                pids.push(u);
+            }
+        } else {
+            rows.push(R::at(i));
+            pids.push(unit.get(&(pid, d)).copied().unwrap_or(units[0]));
+        }
+    }
+    (rows, pids)
+}
 
 /// Splits the rows of every process that used several GPUs by device.
 pub fn split(trace: &mut Trace, events: &mut Events) {
@@ -37,27 +67,16 @@ pub fn split(trace: &mut Trace, events: &mut Events) {
     if unit.is_empty() {
         return;
     }
-    let mut rows = Vec::with_capacity(events.len());
-    let mut pids = Vec::with_capacity(events.len());
-    for i in 0..events.len() {
-        let pid = events.pid[i];
-        let Some(units) = of_pid.get(&pid) else {
-            rows.push(i as u32);
-            pids.push(pid);
-            continue;
-        };
-        let d = events.device[i];
-        if d == NO_DEVICE && events.kind[i] == Some(EventKind::Exit) {
-            for &u in units {
-                rows.push(i as u32);
-                pids.push(u);
-            }
-        } else {
-            rows.push(i as u32);
-            pids.push(unit.get(&(pid, d)).copied().unwrap_or(units[0]));
-        }
-    }
-    events.take_rows(&rows);
+    // Row numbers in 4 bytes while they fit.
+    let pids = if events.len() <= u32::MAX as usize {
+        let (rows, pids) = unit_rows::<u32>(events, &unit, &of_pid);
+        events.take_rows(&rows);
+        pids
+    } else {
+        let (rows, pids) = unit_rows::<usize>(events, &unit, &of_pid);
+        events.take_rows(&rows);
+        pids
+    };
     events.pid = pids;
     trace.units = unit.into_iter().map(|((pid, d), id)| (id, (pid, d))).collect();
 }

@@ -127,7 +127,8 @@ pub(super) const PYTORCH_COLUMNS: [&str; 4] = ["requested_size", "stack_id", "de
 /// trace's events. At most `ahead` parts are decoded and not yet consumed
 /// (workers wait for the consumer beyond that), so memory holds a few
 /// parts, whatever the trace's length. The first error in part order is
-/// returned, naming its part; the parts after it are not decoded.
+/// returned, naming its part; no part after it is handed on (up to
+/// `ahead` of them may have been decoded already).
 pub(super) fn for_each_part(
     parts: &[PathBuf],
     names: &[&str],
@@ -157,7 +158,7 @@ pub(super) fn for_each_part(
         loop {
             let i = {
                 let mut q = lock();
-                while !q.stop && q.next < parts.len() && q.next >= q.consumed + ahead {
+                while !q.stop && q.next < parts.len() && q.next >= q.consumed.saturating_add(ahead) {
                     q = changed.wait(q).unwrap_or_else(|p| p.into_inner());
                 }
                 if q.stop || q.next >= parts.len() {
@@ -183,10 +184,11 @@ pub(super) fn for_each_part(
         }
     }
     std::thread::scope(|s| {
+        // Made first: a thread that cannot be started must stop the others.
+        let _stop = Stop(&queue, &changed);
         for _ in 0..threads {
             s.spawn(work);
         }
-        let _stop = Stop(&queue, &changed);
         for k in 0..parts.len() {
             let read = {
                 let mut q = lock();
