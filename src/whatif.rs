@@ -17,7 +17,7 @@ use crate::output::whatif::Report;
 /// PyTorch's default settings and the trace's capacity.
 /// …and the input's units (a recording of PyTorch's allocator), for their
 /// names.
-type Loaded = (Vec<DeviceStream>, Settings, serde_json::Value, Source, Option<u64>, Units);
+type Loaded = (Vec<DeviceStream<'static>>, Settings, serde_json::Value, Source, Option<u64>, Units);
 type Units = std::collections::BTreeMap<u32, (u32, i32)>;
 
 fn load(path: &std::path::Path, device: Option<u32>) -> Result<Loaded> {
@@ -32,7 +32,11 @@ fn load(path: &std::path::Path, device: Option<u32>) -> Result<Loaded> {
     let meta = loaded.trace.meta.as_ref();
     if let Some(details) = meta.and_then(|m| m.details.snapshot()) {
         let recorded = Settings::from_snapshot(&details.allocator_settings);
-        let streams = streams(&loaded.events, details, loaded.trace.stacks.as_deref());
+        // Copied out: the events go when this returns.
+        let streams = streams(&loaded.events, details, loaded.trace.stacks.as_deref())
+            .into_iter()
+            .map(DeviceStream::into_owned)
+            .collect();
         let units = loaded.trace.units.clone();
         return Ok((streams, recorded, details.allocator_settings.clone(), Source::Snapshot, None, units));
     }
@@ -64,7 +68,8 @@ fn load(path: &std::path::Path, device: Option<u32>) -> Result<Loaded> {
             pids.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
         );
     }
-    let streams = device_level_streams(&loaded.events, &pytorch);
+    let streams: Vec<DeviceStream<'static>> =
+        device_level_streams(&loaded.events, &pytorch).into_iter().map(DeviceStream::into_owned).collect();
     anyhow::ensure!(!streams.is_empty(), "{}: no device allocations to replay", path.display());
     let capacity = meta.and_then(|m| m.capacity_bytes);
     let units = loaded.trace.units.clone();

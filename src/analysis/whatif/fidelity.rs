@@ -79,12 +79,12 @@ pub(super) const KEPT_MISMATCHES: usize = 10;
 /// its range (what lay below it before the trace is not known).
 /// `capacity` sizes the ranges (9/8 of it, as PyTorch reserves).
 pub(super) fn initial_state(a: &mut Allocator, d: &DeviceStream, capacity: Option<u64>) -> u64 {
-    let init = &d.events[..d.initial];
+    let init: Vec<Req> = d.requests(0..d.initial).collect();
     let mut blocks: Vec<(u64, u64)> =
         init.iter().filter(|r| r.kind == EventKind::BlockAlloc).map(|r| (r.addr, r.size)).collect();
     blocks.sort_unstable();
     let mut bad = 0;
-    for r in init {
+    for r in &init {
         match r.kind {
             EventKind::SegmentAlloc => {
                 bad += u64::from(!a.add_segment(r.addr, r.size, r.stream, is_small_segment(r.size)))
@@ -144,8 +144,8 @@ pub(super) struct Pristine {
 impl Pristine {
     /// The initial segments (or mapped pages) of `d`.
     pub(super) fn of(d: &DeviceStream) -> Pristine {
-        let ranges = d.events[..d.initial]
-            .iter()
+        let ranges = d
+            .requests(0..d.initial)
             .filter(|r| matches!(r.kind, EventKind::SegmentAlloc | EventKind::SegmentMap))
             .map(|r| (r.addr, r.addr.saturating_add(r.size)))
             .collect();
@@ -179,16 +179,16 @@ pub fn fidelity(d: &DeviceStream, settings: &Settings) -> Fidelity {
     if settings.expandable_segments {
         return fidelity_expandable(d, settings, f);
     }
-    if d.events.iter().any(|r| r.kind == EventKind::SegmentMap) {
+    if d.all().any(|r| r.kind == EventKind::SegmentMap) {
         f.not_measured = Some("expandable segments in a recording whose settings say they are off".into());
         return f;
     }
     let mut a = replay_start(&mut f, d, settings, None);
     let mut pristine = Pristine::of(d);
     let mut pending: Vec<Req> = Vec::new();
-    for r in &d.events[d.initial..] {
+    for r in d.requests(d.initial..d.len()) {
         match r.kind {
-            EventKind::SegmentAlloc => pending.push(*r),
+            EventKind::SegmentAlloc => pending.push(r),
             EventKind::SegmentFree => {
                 pending.retain(|p| p.addr != r.addr);
                 f.desynchronised += u64::from(!a.release_segment(r.addr));
@@ -207,7 +207,7 @@ pub fn fidelity(d: &DeviceStream, settings: &Settings) -> Fidelity {
                     && f.inferred_capacity.is_some_and(|c| a.reserved + a.settings.segment_size(rounded) > c);
                 f.ooms_same += u64::from(agrees);
                 if !agrees {
-                    keep(&mut f, r, 0, 0, a.find_free(rounded, r.stream), OOM_NOT_IN_MODEL);
+                    keep(&mut f, &r, 0, 0, a.find_free(rounded, r.stream), OOM_NOT_IN_MODEL);
                 }
             }
             EventKind::BlockAlloc => {
@@ -244,7 +244,7 @@ pub fn fidelity(d: &DeviceStream, settings: &Settings) -> Fidelity {
                 };
                 // Follow the recording.
                 f.desynchronised += follow_maps(&mut a, &mut pending, rounded <= SMALL_SIZE, true, None);
-                follow_block(&mut f, &mut a, &mut pristine, r, model_addr, model_size, why);
+                follow_block(&mut f, &mut a, &mut pristine, &r, model_addr, model_size, why);
             }
             _ => {}
         }
@@ -267,10 +267,10 @@ pub(super) fn fidelity_expandable(d: &DeviceStream, settings: &Settings, mut f: 
     let mut a = replay_start(&mut f, d, settings, capacity);
     let mut pristine = Pristine::of(d);
     let mut pending: Vec<Req> = Vec::new();
-    for r in &d.events[d.initial..] {
+    for r in d.requests(d.initial..d.len()) {
         let small = a.settings.round(r.requested) <= SMALL_SIZE;
         match r.kind {
-            EventKind::SegmentMap | EventKind::SegmentAlloc => pending.push(*r),
+            EventKind::SegmentMap | EventKind::SegmentAlloc => pending.push(r),
             EventKind::SegmentUnmap | EventKind::SegmentFree => {
                 // A release (the program's `empty_cache()` or the
                 // allocator's before a retry) after mappings of a request
@@ -293,7 +293,7 @@ pub(super) fn fidelity_expandable(d: &DeviceStream, settings: &Settings, mut f: 
                 let agrees = capacity.is_some() && probe.malloc(r.requested, r.stream, capacity, &mut nowhere).is_err();
                 f.ooms_same += u64::from(agrees);
                 if !agrees {
-                    keep(&mut f, r, 0, 0, a.find_free(a.settings.round(r.requested), r.stream), OOM_NOT_IN_MODEL);
+                    keep(&mut f, &r, 0, 0, a.find_free(a.settings.round(r.requested), r.stream), OOM_NOT_IN_MODEL);
                 }
             }
             EventKind::BlockAlloc => {
@@ -334,7 +334,7 @@ pub(super) fn fidelity_expandable(d: &DeviceStream, settings: &Settings, mut f: 
                     }
                 };
                 f.desynchronised += follow_maps(&mut a, &mut pending, rounded <= SMALL_SIZE, true, capacity);
-                follow_block(&mut f, &mut a, &mut pristine, r, model_addr, model_size, why);
+                follow_block(&mut f, &mut a, &mut pristine, &r, model_addr, model_size, why);
             }
             _ => {}
         }
@@ -428,7 +428,7 @@ pub(super) fn device_level_fidelity(d: &DeviceStream) -> Fidelity {
         not_measured: Some(
             "a device-level trace: every cudaMalloc is a request, there are no allocator decisions to check".into(),
         ),
-        recorded_ooms: d.events.iter().filter(|r| r.kind == EventKind::Oom).count() as u64,
+        recorded_ooms: d.all().filter(|r| r.kind == EventKind::Oom).count() as u64,
         ..Fidelity::default()
     }
 }

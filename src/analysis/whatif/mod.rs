@@ -68,7 +68,7 @@ pub fn default_sweep(
 ) -> Vec<Vec<String>> {
     let mut large: Vec<u64> = d
         .iter()
-        .flat_map(|s| s.events.iter())
+        .flat_map(|s| s.all())
         .filter(|r| r.kind == EventKind::BlockAlloc && r.requested > crate::allocator::SMALL_SIZE)
         .map(|r| r.requested)
         .collect();
@@ -627,7 +627,7 @@ pub fn run(
                 .releases
                 .iter()
                 .filter(|(_, r)| **r == Release::Retry)
-                .filter_map(|(&i, _)| d.events.get(i).map(|e| e.ts_ns))
+                .filter_map(|(&i, _)| d.get(i).map(|e| e.ts_ns))
                 .collect();
             (d.device, times)
         })

@@ -212,7 +212,7 @@ fn start(
     let mut a = Allocator::new(settings.clone());
     initial_state(&mut a, d, budget);
     if let Some(sink) = sink.as_mut() {
-        for r in &d.events[..d.initial] {
+        for r in d.requests(0..d.initial) {
             let requested = (r.kind == EventKind::BlockAlloc).then_some(r.requested);
             sink(event(d, r.ts_ns, r.kind, r.addr, r.size, requested, r.stream));
         }
@@ -222,7 +222,7 @@ fn start(
     a.log = Some(Vec::new());
     // Fresh device addresses above everything the recording used, and
     // above the ranges of its expandable segments.
-    let top = d.events.iter().map(|r| r.addr.saturating_add(r.size)).max().unwrap_or(0).max(a.top());
+    let top = d.all().map(|r| r.addr.saturating_add(r.size)).max().unwrap_or(0).max(a.top());
     let next = top.div_ceil(1 << 30).saturating_add(1) << 30;
     // The driver's choice of address decides best fit's ties between equal
     // free blocks (lowest address first), and a driver hands a process's
@@ -233,13 +233,13 @@ fn start(
     let recorded_at: Arc<[(u64, u64)]> = if settings.expandable_segments {
         Arc::new([])
     } else {
-        d.events[d.initial..].iter().filter(|r| r.kind == EventKind::SegmentAlloc).map(|r| (r.addr, r.size)).collect()
+        d.requests(d.initial..d.len()).filter(|r| r.kind == EventKind::SegmentAlloc).map(|r| (r.addr, r.size)).collect()
     };
     // What the device has handed out and not had back (a `cudaFree` gives
     // its range back: the driver hands it out again, as the recording's
     // addresses after an `empty_cache()` show).
-    let handed = d.events[..d.initial]
-        .iter()
+    let handed = d
+        .requests(0..d.initial)
         .filter(|r| matches!(r.kind, EventKind::SegmentAlloc | EventKind::SegmentMap))
         .map(|r| (r.addr, r.size))
         .collect();
@@ -251,13 +251,13 @@ fn start(
         driver: Driver { recorded_at, handed, next, nth: 0 },
         out,
         // Initial blocks are where they were.
-        placed: d.events[..d.initial]
-            .iter()
+        placed: d
+            .requests(0..d.initial)
             .filter(|r| r.kind == EventKind::BlockAlloc)
             .map(|r| (r.addr, r.addr))
             .collect(),
         classes: BTreeMap::new(),
-        sampler: Sampler::new(d.events.len() - d.initial),
+        sampler: Sampler::new(d.len() - d.initial),
         rec_reserved: d.initial_reserved(),
         a,
     }
@@ -312,12 +312,12 @@ fn run(
     mut sink: Option<&mut dyn FnMut(Event)>,
     mut keep: Option<&mut Checkpoints>,
 ) -> Outcome {
-    let trace = &d.events[d.initial..];
-    let every = trace.len().div_ceil(CHECKPOINTS).max(1);
+    let len = d.len() - d.initial;
+    let every = len.div_ceil(CHECKPOINTS).max(1);
     // This request's own event, sent after the segment changes it caused.
     let mut pending: Vec<Event> = Vec::new();
     let logging = sink.is_some();
-    while let Some(r) = trace.get(state.at) {
+    while let Some(r) = d.get(d.initial + state.at) {
         let i = state.at;
         if let Some(kept) = keep.as_mut()
             && i > 0
@@ -346,7 +346,7 @@ fn run(
             // (With expandable segments the release is a run of
             // `segment_unmap`s, and the new memory a `segment_map`.)
             EventKind::SegmentFree | EventKind::SegmentUnmap
-                if trace.get(i + 1).is_none_or(|n| !is_release(n.kind)) =>
+                if d.get(d.initial + i + 1).is_none_or(|n| !is_release(n.kind)) =>
             {
                 // The allocator's own releases are never replayed: the
                 // model releases when its own budget is reached. Where
@@ -357,10 +357,14 @@ fn run(
                     Some(Release::Program) => false,
                     Some(r) if r.by_allocator() => true,
                     _ => {
-                        let run: u64 =
-                            trace[..=i].iter().rev().take_while(|n| is_release(n.kind)).map(|n| n.size).sum();
+                        let run: u64 = d
+                            .requests(d.initial..d.initial + i + 1)
+                            .rev()
+                            .take_while(|n| is_release(n.kind))
+                            .map(|n| n.size)
+                            .sum();
                         let before = *rec_reserved + run;
-                        match trace[i + 1..].iter().find(|n| !is_release(n.kind)) {
+                        match d.requests(d.initial + i + 1..d.len()).find(|n| !is_release(n.kind)) {
                             Some(n) if n.kind == EventKind::Oom => true,
                             Some(n) if matches!(n.kind, EventKind::SegmentAlloc | EventKind::SegmentMap) => {
                                 capacity.is_some_and(|c| before + n.size > c)

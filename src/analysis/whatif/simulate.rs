@@ -57,8 +57,8 @@ pub(super) fn as_recorded(d: &DeviceStream) -> Outcome {
     let mut live: HashMap<u64, u64> = HashMap::new();
     let (mut now, mut peak) = (0u64, 0u64);
     let mut out = Outcome { name: "recorded".into(), ..Outcome::default() };
-    let mut sampler = Sampler::new(d.events.len());
-    for r in &d.events {
+    let mut sampler = Sampler::new(d.len());
+    for r in d.all() {
         match r.kind {
             EventKind::BlockAlloc => {
                 now += r.size;

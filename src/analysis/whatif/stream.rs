@@ -3,7 +3,7 @@
 //! state before the first entry, the program's `empty_cache()` calls as
 //! [`Flushes`]) or from a device-level trace's `cudaMalloc`s.
 
-use crate::trace::event::{Event, EventKind};
+use crate::trace::event::{Event, EventKind, Events};
 
 /// One recorded event of one device, as the model needs it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,11 +35,17 @@ impl Req {
 
 /// The events of one device: the reconstructed initial state (its first
 /// `initial` events: segments, then live blocks), then the trace.
+///
+/// The requests read from a trace are its rows, each read as a [`Req`]
+/// when a replay comes to it ([`DeviceStream::get`]): 4 bytes a request
+/// (5 for a device-level trace, whose kinds the model reads differently),
+/// where a copy took 64. A snapshot's requests are nearly all its events,
+/// and the what-if replays them while the analysis holds the events.
 #[derive(Clone, Debug, Default)]
-pub struct DeviceStream {
+pub struct DeviceStream<'e> {
     pub device: u32,
     pub initial: usize,
-    pub events: Vec<Req>,
+    pub(super) requests: Requests<'e>,
     /// Who made each run of releases (`segment_free`, or `segment_unmap`
     /// with expandable segments), by the index in `events` of the run's
     /// last entry.
@@ -50,15 +56,192 @@ pub struct DeviceStream {
     pub flushes: Flushes,
 }
 
-impl DeviceStream {
+/// Where a [`DeviceStream`]'s requests are.
+#[derive(Clone, Debug)]
+pub(super) enum Requests<'e> {
+    /// Rows of the events, read as recorded (a snapshot's entries, a
+    /// recording's allocator view).
+    Rows { events: &'e Events, rows: Vec<u32> },
+    /// Rows of a device-level trace, with the kind the model reads each
+    /// as (a `cudaMalloc` is a block request, a failed one an `oom`).
+    DeviceLevel { events: &'e Events, rows: Vec<u32>, kinds: Vec<EventKind> },
+    /// Requests made in memory (tests, and traces of more than 2³² rows).
+    Built(Vec<Req>),
+}
+
+impl Default for Requests<'_> {
+    fn default() -> Self {
+        Requests::Built(Vec::new())
+    }
+}
+
+impl<'e> DeviceStream<'e> {
+    /// An empty stream whose requests will be rows of `events`, read as
+    /// recorded (`device_level`: read as a device-level trace's).
+    fn of_rows(device: u32, initial: usize, events: &'e Events, device_level: bool) -> DeviceStream<'e> {
+        let requests = if events.len() > u32::MAX as usize {
+            Requests::Built(Vec::new())
+        } else if device_level {
+            Requests::DeviceLevel { events, rows: Vec::new(), kinds: Vec::new() }
+        } else {
+            Requests::Rows { events, rows: Vec::new() }
+        };
+        DeviceStream { device, initial, requests, ..DeviceStream::default() }
+    }
+
+    /// Room for `n` more requests.
+    fn reserve_exact(&mut self, n: usize) {
+        match &mut self.requests {
+            Requests::Rows { rows, .. } => rows.reserve_exact(n),
+            Requests::DeviceLevel { rows, kinds, .. } => {
+                rows.reserve_exact(n);
+                kinds.reserve_exact(n);
+            }
+            Requests::Built(v) => v.reserve_exact(n),
+        }
+    }
+
+    /// Appends row `row` of `events`: read as recorded, or (`as_kind`) as
+    /// a device-level trace's row of that kind.
+    fn push_row(&mut self, events: &Events, row: usize, as_kind: Option<EventKind>) {
+        match (&mut self.requests, as_kind) {
+            (Requests::Rows { rows, .. }, _) => rows.push(row as u32),
+            (Requests::DeviceLevel { rows, kinds, .. }, Some(kind)) => {
+                rows.push(row as u32);
+                kinds.push(kind);
+            }
+            (Requests::DeviceLevel { rows, kinds, .. }, None) => {
+                rows.push(row as u32);
+                kinds.push(events.kind[row].unwrap_or(EventKind::Oom));
+            }
+            (Requests::Built(v), None) => v.push(recorded(events, row)),
+            (Requests::Built(v), Some(kind)) => v.push(device_level(events, row, kind)),
+        }
+    }
+
+    /// The requests of a stream made in memory, to change (tests).
+    #[cfg(test)]
+    pub(super) fn built(&mut self) -> &mut Vec<Req> {
+        match &mut self.requests {
+            Requests::Built(v) => v,
+            _ => panic!("a stream of rows is not changed in place"),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match &self.requests {
+            Requests::Rows { rows, .. } | Requests::DeviceLevel { rows, .. } => rows.len(),
+            Requests::Built(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Request `i`.
+    #[inline]
+    pub fn get(&self, i: usize) -> Option<Req> {
+        match &self.requests {
+            Requests::Rows { events, rows } => rows.get(i).map(|&row| recorded(events, row as usize)),
+            Requests::DeviceLevel { events, rows, kinds } => {
+                rows.get(i).map(|&row| device_level(events, row as usize, kinds[i]))
+            }
+            Requests::Built(v) => v.get(i).copied(),
+        }
+    }
+
+    /// Request `i`; like a slice's index, it must be in the stream.
+    #[inline]
+    pub fn at(&self, i: usize) -> Req {
+        match &self.requests {
+            Requests::Rows { events, rows } => recorded(events, rows[i] as usize),
+            Requests::DeviceLevel { events, rows, kinds } => device_level(events, rows[i] as usize, kinds[i]),
+            Requests::Built(v) => v[i],
+        }
+    }
+
+    /// Requests `range`, in order; like a slice's range, it must be in
+    /// the stream.
+    pub fn requests(&self, range: std::ops::Range<usize>) -> impl DoubleEndedIterator<Item = Req> + '_ {
+        range.map(move |i| self.at(i))
+    }
+
+    /// Every request, in order.
+    pub fn all(&self) -> impl Iterator<Item = Req> + '_ {
+        self.requests(0..self.len())
+    }
+
+    /// Drops request `i` (a device-level trace's `oom` that PyTorch's
+    /// retry then served).
+    fn remove(&mut self, i: usize) {
+        match &mut self.requests {
+            Requests::Rows { rows, .. } => {
+                rows.remove(i);
+            }
+            Requests::DeviceLevel { rows, kinds, .. } => {
+                rows.remove(i);
+                kinds.remove(i);
+            }
+            Requests::Built(v) => {
+                v.remove(i);
+            }
+        }
+    }
+
+    /// The same stream, its requests copied out of the events (what a
+    /// command keeps after the events are gone).
+    pub fn into_owned(self) -> DeviceStream<'static> {
+        let requests = match self.requests {
+            Requests::Built(v) => v,
+            _ => self.all().collect(),
+        };
+        DeviceStream {
+            device: self.device,
+            initial: self.initial,
+            requests: Requests::Built(requests),
+            releases: self.releases,
+            flushes: self.flushes,
+        }
+    }
+
     /// What the state before the first trace entry reserved: its segments
     /// and mapped pages.
     pub fn initial_reserved(&self) -> u64 {
-        self.events[..self.initial]
-            .iter()
+        self.requests(0..self.initial)
             .filter(|r| matches!(r.kind, EventKind::SegmentAlloc | EventKind::SegmentMap))
             .map(|r| r.size)
             .sum()
+    }
+}
+
+/// Row `row` of `events` as recorded (a snapshot's allocator event).
+#[inline]
+fn recorded(events: &Events, row: usize) -> Req {
+    let size = events.size[row];
+    Req {
+        ts_ns: events.ts_ns[row],
+        kind: events.kind[row].unwrap_or(EventKind::Oom),
+        addr: events.addr[row],
+        size,
+        requested: events.requested.get(row).copied().filter(|&r| r != u64::MAX).unwrap_or(size),
+        stream: events.stream.get(row).copied().unwrap_or(0),
+        device_free: events.device_free.get(row).copied().filter(|&v| v != u64::MAX),
+    }
+}
+
+/// Row `row` of a device-level trace, read as `kind`: its size is what
+/// was asked for, on the default stream.
+#[inline]
+fn device_level(events: &Events, row: usize, kind: EventKind) -> Req {
+    Req {
+        ts_ns: events.ts_ns[row],
+        kind,
+        addr: events.addr[row],
+        size: events.size[row],
+        requested: events.size[row],
+        stream: 0,
+        device_free: None,
     }
 }
 
@@ -111,7 +294,7 @@ pub(super) enum Caller {
 }
 
 /// Who made each run of releases of `d`: `callers[i]` says what the stack
-/// of `d.events[i]` shows; `stacked`: whether the trace has stacks at all.
+/// of `request `i` of `d`` shows; `stacked`: whether the trace has stacks at all.
 pub(super) fn classify_releases(
     d: &DeviceStream,
     callers: &[Caller],
@@ -120,18 +303,18 @@ pub(super) fn classify_releases(
 ) -> std::collections::BTreeMap<usize, Release> {
     let mut out = std::collections::BTreeMap::new();
     let mut start = None;
-    for (i, r) in d.events.iter().enumerate() {
+    for (i, r) in d.all().enumerate() {
         if !is_release(r.kind) {
             start = None;
             continue;
         }
         let s = *start.get_or_insert(i);
-        if d.events.get(i + 1).is_some_and(|n| is_release(n.kind)) {
+        if d.get(i + 1).is_some_and(|n| is_release(n.kind)) {
             continue;
         }
-        let run = &d.events[s..=i];
+        let run = || d.requests(s..i + 1);
         let caller = |k: usize| callers.get(k).copied().unwrap_or(Caller::Unknown);
-        let next = d.events.get(i + 1).map(|n| n.kind);
+        let next = d.get(i + 1).map(|n| n.kind);
         let grows = matches!(next, Some(EventKind::SegmentAlloc | EventKind::SegmentMap));
         let release = if (s..=i).any(|k| caller(k) == Caller::EmptyCache) {
             Release::Program
@@ -142,7 +325,7 @@ pub(super) fn classify_releases(
             // The allocator releases only to make room for a segment.
             if stacked { Release::Program } else { Release::Unknown }
         } else if (s..=i).any(|k| caller(k) == Caller::Elsewhere) || stacked {
-            if settings.max_split_size.is_some_and(|m| run.iter().all(|r| r.size >= m)) {
+            if settings.max_split_size.is_some_and(|m| run().all(|r| r.size >= m)) {
                 Release::Oversize
             } else if settings.garbage_collection_threshold.is_some() {
                 Release::Collection
@@ -238,10 +421,10 @@ pub(super) fn is_small_segment(size: u64) -> bool {
 /// failed request that PyTorch's allocator asked again is one request: a
 /// failed second ask is left out, and a failure that the second ask got
 /// served is no request that ran out of memory (its `oom` is taken back).
-pub fn device_level_streams(
-    events: &crate::trace::event::Events,
+pub fn device_level_streams<'e>(
+    events: &'e crate::trace::event::Events,
     pytorch: &crate::analysis::oom::PytorchUnits,
-) -> Vec<DeviceStream> {
+) -> Vec<DeviceStream<'e>> {
     use crate::analysis::oom::Ask;
     let mut by: std::collections::BTreeMap<u32, DeviceStream> = Default::default();
     let mut retries = crate::analysis::oom::Retries::of(pytorch.clone());
@@ -251,9 +434,9 @@ pub fn device_level_streams(
             Ask::Retry => continue,
             Ask::Recovered => {
                 if let Some(d) = by.get_mut(&events.pid[i])
-                    && let Some(at) = d.events.iter().rposition(|r| r.kind == EventKind::Oom)
+                    && let Some(at) = (0..d.len()).rev().find(|&k| d.get(k).is_some_and(|r| r.kind == EventKind::Oom))
                 {
-                    d.events.remove(at);
+                    d.remove(at);
                 }
             }
             Ask::New => {}
@@ -266,16 +449,8 @@ pub fn device_level_streams(
             continue;
         };
         let pid = events.pid[i];
-        let d = by.entry(pid).or_insert_with(|| DeviceStream { device: pid, ..DeviceStream::default() });
-        d.events.push(Req {
-            ts_ns: events.ts_ns[i],
-            kind: k,
-            addr: events.addr[i],
-            size: events.size[i],
-            requested: events.size[i],
-            stream: 0,
-            device_free: None,
-        });
+        let d = by.entry(pid).or_insert_with(|| DeviceStream::of_rows(pid, 0, events, true));
+        d.push_row(events, i, Some(k));
     }
     by.into_values().collect()
 }
@@ -293,27 +468,20 @@ fn replays(kind: EventKind) -> bool {
 /// sorted events), with the reconstructed state before the first trace
 /// entry: the first `initial_segments + initial_blocks` events of each
 /// device.
-pub fn streams(
-    events: &crate::trace::event::Events,
+pub fn streams<'e>(
+    events: &'e crate::trace::event::Events,
     details: &crate::trace::details::SnapshotDetails,
     stacks: Option<&crate::trace::Stacks>,
-) -> Vec<DeviceStream> {
+) -> Vec<DeviceStream<'e>> {
     let mut by: std::collections::BTreeMap<u32, DeviceStream> = Default::default();
     for r in &details.reconstruction {
-        by.insert(
-            r.device,
-            DeviceStream {
-                device: r.device,
-                initial: (r.initial_segments + r.initial_blocks) as usize,
-                events: Vec::new(),
-                ..DeviceStream::default()
-            },
-        );
+        let initial = (r.initial_segments + r.initial_blocks) as usize;
+        by.insert(r.device, DeviceStream::of_rows(r.device, initial, events, false));
     }
     if let [only] = details.reconstruction.as_slice()
         && let Some(d) = by.get_mut(&only.device)
     {
-        d.events.reserve_exact(events.len());
+        d.reserve_exact(events.len());
     }
     // A recording joined with the snapshot adds the allocations PyTorch
     // did not make, at their own call site: they are not the allocator's
@@ -340,22 +508,13 @@ pub fn streams(
         if !outside.is_empty() && events.stack.get(i).is_some_and(|s| outside.contains(s)) {
             continue;
         }
-        let requested = events.requested.get(i).copied().filter(|&r| r != u64::MAX).unwrap_or(events.size[i]);
         stacked = stacked || caller(i) != Caller::Unknown;
         if is_release(kind) {
             let list = callers.entry(d.device).or_default();
-            list.resize(d.events.len(), Caller::Unknown);
+            list.resize(d.len(), Caller::Unknown);
             list.push(caller(i));
         }
-        d.events.push(Req {
-            ts_ns: events.ts_ns[i],
-            kind,
-            addr: events.addr[i],
-            size: events.size[i],
-            requested,
-            stream: events.stream.get(i).copied().unwrap_or(0),
-            device_free: events.device_free.get(i).copied().filter(|&v| v != u64::MAX),
-        });
+        d.push_row(events, i, None);
     }
     let settings = crate::allocator::Settings::from_snapshot(&details.allocator_settings);
     let mut out: Vec<DeviceStream> = by.into_values().collect();
@@ -384,7 +543,7 @@ pub(super) fn find_flushes(d: &DeviceStream) -> Flushes {
     let mut segments: std::collections::BTreeMap<u64, (u64, u64)> = std::collections::BTreeMap::new();
     let mut free_large: u64 = 0;
     let large = |size: u64| !is_small_segment(size);
-    for (i, r) in d.events.iter().enumerate() {
+    for (i, r) in d.all().enumerate() {
         match r.kind {
             EventKind::BlockAlloc | EventKind::BlockFree => {
                 if let Some((_, (size, live))) =
@@ -489,7 +648,7 @@ pub(super) fn find_flushes(d: &DeviceStream) -> Flushes {
 /// CUDA reported plus what the recording had reserved then.
 pub fn inferred_capacity(d: &DeviceStream) -> Option<u64> {
     let mut reserved: u64 = 0;
-    for r in &d.events {
+    for r in d.all() {
         match r.kind {
             EventKind::SegmentAlloc | EventKind::SegmentMap => reserved += r.size,
             EventKind::SegmentFree | EventKind::SegmentUnmap => reserved = reserved.saturating_sub(r.size),

@@ -26,7 +26,7 @@ fn garbage_collection_acts_only_under_a_memory_fraction() {
     for i in 0..10 {
         events.push(req(EventKind::BlockAlloc, (i + 20) << 32, 50 * MIB, 50 * MIB));
     }
-    let d = DeviceStream { device: 0, initial: 0, events, ..Default::default() };
+    let d = DeviceStream { device: 0, initial: 0, requests: Requests::Built(events), ..Default::default() };
     let peak = |entries: &[&str]| {
         let mut s = Settings::default();
         for e in entries {
@@ -84,10 +84,10 @@ fn cache_flushes_bound_the_capacity() {
     }
     events.push(req(EventKind::SegmentAlloc, 40 << 32, 90 * MIB, 0));
     events.push(req(EventKind::BlockAlloc, 40 << 32, 90 * MIB, 90 * MIB));
-    let mut d = DeviceStream { device: 0, initial: 0, events, ..Default::default() };
+    let mut d = DeviceStream { device: 0, initial: 0, requests: Requests::Built(events), ..Default::default() };
     let settings = Settings::default();
     // A stack without `empty_cache`: the allocator's.
-    let mut callers = vec![Caller::Elsewhere; d.events.len()];
+    let mut callers = vec![Caller::Elsewhere; d.len()];
     d.releases = classify_releases(&d, &callers, true, &settings);
     assert_eq!(d.releases.values().collect::<Vec<_>>(), [&Release::Retry]);
     let f = find_flushes(&d);
@@ -95,7 +95,7 @@ fn cache_flushes_bound_the_capacity() {
     assert_eq!(f.capacity, Some((520 * MIB, 610 * MIB - 1)));
     // No Python stack (autograd's backward thread) in a trace that has
     // stacks elsewhere: the allocator's too.
-    d.releases = classify_releases(&d, &vec![Caller::Unknown; d.events.len()], true, &settings);
+    d.releases = classify_releases(&d, &vec![Caller::Unknown; d.len()], true, &settings);
     assert_eq!(find_flushes(&d).count, 1);
     // The program's `empty_cache()`: no retry, no capacity.
     callers[25] = Caller::EmptyCache;
@@ -107,16 +107,16 @@ fn cache_flushes_bound_the_capacity() {
     // a release of the oversize blocks alone.
     let mut gc = Settings::default();
     gc.apply("garbage_collection_threshold:0.6").unwrap();
-    d.releases = classify_releases(&d, &vec![Caller::Elsewhere; d.events.len()], true, &gc);
+    d.releases = classify_releases(&d, &vec![Caller::Elsewhere; d.len()], true, &gc);
     let f = find_flushes(&d);
     assert_eq!((f.count, f.gc_releases, f.capacity), (0, 1, None));
     let mut split = Settings::default();
     split.apply("max_split_size_mb:24").unwrap();
-    d.releases = classify_releases(&d, &vec![Caller::Elsewhere; d.events.len()], true, &split);
+    d.releases = classify_releases(&d, &vec![Caller::Elsewhere; d.len()], true, &split);
     let f = find_flushes(&d);
     assert_eq!((f.count, f.oversize_releases), (0, 1));
     // No stacks anywhere: who released cannot be told.
-    d.releases = classify_releases(&d, &vec![Caller::Unknown; d.events.len()], false, &settings);
+    d.releases = classify_releases(&d, &vec![Caller::Unknown; d.len()], false, &settings);
     let f = find_flushes(&d);
     assert_eq!((f.count, f.at_least), (0, true));
 }
@@ -131,13 +131,13 @@ fn every_oom_counts_one_retry() {
         req(EventKind::BlockAlloc, 1 << 32, 20 * MIB, 20 * MIB),
         req(EventKind::Oom, 0, 0, 90 * MIB),
     ];
-    let mut d = DeviceStream { device: 0, initial: 0, events: events.clone(), ..Default::default() };
+    let mut d = DeviceStream { device: 0, initial: 0, requests: Requests::Built(events.clone()), ..Default::default() };
     d.releases = classify_releases(&d, &[Caller::Elsewhere; 3], true, &Settings::default());
     assert_eq!(find_flushes(&d).count, 1);
     // A release right before the OOM is the same retry, not a second one.
     events.insert(2, req(EventKind::SegmentAlloc, 2 << 32, 20 * MIB, 0));
     events.insert(3, req(EventKind::SegmentFree, 2 << 32, 20 * MIB, 0));
-    let mut d = DeviceStream { device: 0, initial: 0, events, ..Default::default() };
+    let mut d = DeviceStream { device: 0, initial: 0, requests: Requests::Built(events), ..Default::default() };
     d.releases = classify_releases(&d, &[Caller::Elsewhere; 5], true, &Settings::default());
     assert_eq!(find_flushes(&d).count, 1);
 }
@@ -217,13 +217,13 @@ fn a_faithful_recording_matches_everywhere() {
     let d = DeviceStream {
         device: 0,
         initial: 0,
-        events: vec![
+        requests: Requests::Built(vec![
             req(EventKind::SegmentAlloc, base, 20 * MIB, 0),
             req(EventKind::BlockAlloc, base, 4 * MIB, 4 * MIB),
             req(EventKind::BlockAlloc, base + 4 * MIB, 3 * MIB, 3 * MIB - 100),
             req(EventKind::BlockFree, base, 4 * MIB, 4 * MIB),
             req(EventKind::BlockAlloc, base, 2 * MIB, 2 * MIB),
-        ],
+        ]),
         flushes: Flushes::default(),
         releases: Default::default(),
     };
@@ -232,7 +232,7 @@ fn a_faithful_recording_matches_everywhere() {
     assert_eq!((f.segments_requested, f.segments_same_size, f.desynchronised), (1, 1, 0));
     // A block placed elsewhere than the model would is reported.
     let mut other = d.clone();
-    other.events[4].addr = base + 7 * MIB;
+    other.built()[4].addr = base + 7 * MIB;
     let f = fidelity(&other, &Settings::default());
     assert_eq!((f.same_address, f.first_mismatches.len()), (2, 1));
     assert_eq!(f.first_mismatches[0].model_addr, Some(base));
@@ -248,7 +248,7 @@ fn an_expandable_recording_is_checked_page_by_page() {
     let d = DeviceStream {
         device: 0,
         initial: 0,
-        events: vec![
+        requests: Requests::Built(vec![
             req(EventKind::SegmentMap, base, 20 * MIB, 0),
             req(EventKind::BlockAlloc, base, 12 * MIB, 12 * MIB),
             // 12 MiB more: the free 8 MiB at the end and one more page.
@@ -259,7 +259,7 @@ fn an_expandable_recording_is_checked_page_by_page() {
             req(EventKind::BlockFree, base + 12 * MIB, 12 * MIB, 12 * MIB),
             req(EventKind::SegmentUnmap, base + 20 * MIB, 20 * MIB, 0),
             req(EventKind::BlockAlloc, base + 12 * MIB, 2 * MIB, 2 * MIB),
-        ],
+        ]),
         flushes: Flushes::default(),
         releases: Default::default(),
     };
@@ -269,23 +269,23 @@ fn an_expandable_recording_is_checked_page_by_page() {
     assert_eq!((f.segments_requested, f.segments_same_size, f.desynchronised), (2, 2, 0), "{f:?}");
     // PyTorch mapping two pages where the model maps one.
     let mut other = d.clone();
-    other.events[2].size = 40 * MIB;
+    other.built()[2].size = 40 * MIB;
     let f = fidelity(&other, &s);
     assert_eq!((f.segments_requested, f.segments_same_size, f.same_address), (2, 1, 3), "{f:?}");
     // A block placed elsewhere than the model would.
     let mut other = d.clone();
-    other.events[6].addr = base + 14 * MIB;
+    other.built()[6].addr = base + 14 * MIB;
     let f = fidelity(&other, &s);
     assert_eq!((f.same_address, f.first_mismatches.len()), (2, 1), "{f:?}");
     assert_eq!(f.first_mismatches[0].model_addr, Some(base + 12 * MIB));
     // An unmapping of pages that are not free cannot be followed.
     let mut other = d.clone();
-    other.events[5].addr = base;
+    other.built()[5].addr = base;
     assert_eq!(fidelity(&other, &s).desynchronised, 1, "a page a live block holds");
     // A corrupt recording: an empty mapping is not followed (and the
     // model's search for room does not hang on it).
     let mut other = d.clone();
-    other.events.insert(2, req(EventKind::SegmentMap, base + 20 * MIB, 0, 0));
+    other.built().insert(2, req(EventKind::SegmentMap, base + 20 * MIB, 0, 0));
     let f = fidelity(&other, &s);
     assert!(f.desynchronised >= 1 && f.allocations == 3, "{f:?}");
 }
@@ -305,12 +305,12 @@ fn new_ranges_do_not_collide_with_recorded_ones() {
     let d = DeviceStream {
         device: 0,
         initial: 1,
-        events: vec![
+        requests: Requests::Built(vec![
             req(EventKind::SegmentMap, base, 20 * MIB, 0),
             req(EventKind::BlockAlloc, base, 2 * MIB, 3 << 30),
             req(EventKind::BlockFree, base, 2 * MIB, 3 << 30),
             on_stream_1,
-        ],
+        ]),
         flushes: Flushes::default(),
         releases: Default::default(),
     };
@@ -336,13 +336,13 @@ fn the_capacity_is_read_off_the_first_oom() {
     let d = DeviceStream {
         device: 0,
         initial: 1,
-        events: vec![
+        requests: Requests::Built(vec![
             req(EventKind::SegmentAlloc, base, 20 * MIB, 0),
             req(EventKind::SegmentMap, base + 40 * MIB, 40 * MIB, 0),
             req(EventKind::SegmentUnmap, base + 60 * MIB, 20 * MIB, 0),
             oom,
             later,
-        ],
+        ]),
         flushes: Flushes::default(),
         releases: Default::default(),
     };
@@ -350,7 +350,7 @@ fn the_capacity_is_read_off_the_first_oom() {
     assert_eq!(inferred_capacity(&d), Some(52 * MIB));
     // What the fidelity replay finds there too.
     assert_eq!(fidelity(&d, &Settings::default()).inferred_capacity, None, "a plain recording with a mapping");
-    let plain = DeviceStream { events: vec![d.events[0], d.events[3]], ..d.clone() };
+    let plain = DeviceStream { requests: Requests::Built(vec![d.at(0), d.at(3)]), ..d.clone() };
     assert_eq!(fidelity(&plain, &Settings::default()).inferred_capacity, inferred_capacity(&plain));
 }
 
@@ -364,7 +364,7 @@ fn scenarios_count_segments_peaks_and_ooms() {
         events.push(req(EventKind::BlockAlloc, base + i * 100 * MIB + 50 * MIB, 2 * MIB, 2 * MIB));
         events.push(req(EventKind::BlockFree, base + i * 100 * MIB, 30 * MIB, 30 * MIB));
     }
-    let d = DeviceStream { device: 0, initial: 0, events, ..Default::default() };
+    let d = DeviceStream { device: 0, initial: 0, requests: Requests::Built(events), ..Default::default() };
     let o = simulate(&d, &Settings::default(), None, "recorded", &[]);
     assert_eq!((o.allocations, o.ooms), (8, 0));
     assert!(o.peak_reserved_bytes >= 50 * MIB && o.peak_allocated_bytes >= 32 * MIB, "{o:?}");
@@ -383,7 +383,7 @@ fn slack_at_peak_is_taken_where_allocated_is_highest() {
         req(EventKind::BlockFree, base, 8 * MIB, 8 * MIB),
         req(EventKind::BlockFree, base + 8 * MIB, 6 * MIB, 6 * MIB),
     ];
-    let d = DeviceStream { device: 0, initial: 0, events, ..Default::default() };
+    let d = DeviceStream { device: 0, initial: 0, requests: Requests::Built(events), ..Default::default() };
     let o = simulate(&d, &Settings::default(), None, "recorded", &[]);
     assert_eq!((o.peak_reserved_bytes, o.peak_allocated_bytes), (20 * MIB, 14 * MIB));
     assert_eq!(o.reserved_minus_allocated_at_peak, 6 * MIB);
@@ -401,7 +401,7 @@ fn a_request_the_recording_failed_counts_where_a_scenario_serves_it() {
         req(EventKind::Oom, 0, 300 * MIB, 300 * MIB),
         req(EventKind::BlockFree, 1 << 32, 100 * MIB, 100 * MIB),
     ];
-    let d = DeviceStream { device: 0, initial: 0, events, ..Default::default() };
+    let d = DeviceStream { device: 0, initial: 0, requests: Requests::Built(events), ..Default::default() };
     let roomy = simulate(&d, &Settings::default(), Some(1 << 30), "s", &[]);
     assert_eq!(roomy.ooms, 0);
     assert_eq!(roomy.peak_allocated_bytes, 400 * MIB);
@@ -465,7 +465,7 @@ fn a_freed_segment_s_addresses_are_handed_out_again() {
         req(EventKind::SegmentAlloc, low, 20 * MIB, 0),
         req(EventKind::BlockAlloc, low, 20 * MIB, 20 * MIB),
     ];
-    let d = DeviceStream { device: 0, initial: 0, events, ..Default::default() };
+    let d = DeviceStream { device: 0, initial: 0, requests: Requests::Built(events), ..Default::default() };
     let mut segments = Vec::new();
     let mut sink = |e: Event| {
         if e.kind == EventKind::SegmentAlloc {
@@ -488,11 +488,12 @@ fn run_judges_no_setting_the_trace_cannot_show() {
         req(EventKind::BlockAlloc, base, 4 * MIB, 4 * MIB),
         req(EventKind::BlockFree, base, 4 * MIB, 4 * MIB),
     ];
-    let d = DeviceStream { device: 0, initial: 1, events: cached.clone(), ..Default::default() };
+    let d = DeviceStream { device: 0, initial: 1, requests: Requests::Built(cached.clone()), ..Default::default() };
     let w = run(&[d], &Settings::default(), None, Vec::new(), Source::Snapshot, None).unwrap();
     assert!(w.untestable.as_deref().is_some_and(|why| why.contains("reserved before it began")), "{:?}", w.untestable);
     assert_eq!(w.recommendation(), "none: the settings cannot be judged from this trace");
-    let empty = DeviceStream { device: 0, initial: 1, events: cached[..1].to_vec(), ..Default::default() };
+    let empty =
+        DeviceStream { device: 0, initial: 1, requests: Requests::Built(cached[..1].to_vec()), ..Default::default() };
     let w = run(&[empty], &Settings::default(), None, Vec::new(), Source::Snapshot, None).unwrap();
     assert_eq!(w.untestable.as_deref(), Some("it holds no allocation to replay"));
     let mut grew = cached.clone();
@@ -500,7 +501,7 @@ fn run_judges_no_setting_the_trace_cannot_show() {
         req(EventKind::SegmentAlloc, base + (1 << 30), 40 * MIB, 0),
         req(EventKind::BlockAlloc, base + (1 << 30), 40 * MIB, 40 * MIB),
     ]);
-    let d = DeviceStream { device: 0, initial: 1, events: grew, ..Default::default() };
+    let d = DeviceStream { device: 0, initial: 1, requests: Requests::Built(grew), ..Default::default() };
     let w = run(&[d], &Settings::default(), None, Vec::new(), Source::Snapshot, None).unwrap();
     assert_eq!(w.untestable, None);
 }
@@ -545,7 +546,7 @@ fn the_sweep_fits_the_capacity_it_knows() {
         .enumerate()
         .map(|(i, &s)| req(EventKind::BlockAlloc, (i as u64 + 1) << 40, s, s))
         .collect();
-    let d = [DeviceStream { device: 0, events, ..Default::default() }];
+    let d = [DeviceStream { device: 0, requests: Requests::Built(events), ..Default::default() }];
     let gc = vec!["garbage_collection_threshold:0.8".to_string(), "per_process_memory_fraction:0.99".to_string()];
     let splits = |sweep: &[Vec<String>]| -> Vec<String> {
         sweep.iter().flatten().filter(|c| c.starts_with("max_split_size_mb:")).cloned().collect()
@@ -577,7 +578,7 @@ fn memory_needed_is_the_smallest_budget_that_fits() {
     for i in 0..5 {
         events.push(req(EventKind::BlockAlloc, (i + 20) << 32, 50 * MIB, 50 * MIB));
     }
-    let d = DeviceStream { device: 0, initial: 0, events, ..Default::default() };
+    let d = DeviceStream { device: 0, initial: 0, requests: Requests::Built(events), ..Default::default() };
     let n = needed(&d, &Settings::default(), None);
     assert_eq!(n.no_flush_from_bytes, 550 * MIB);
     assert_eq!(n.fits_from_bytes, Some(400 * MIB));
@@ -613,10 +614,10 @@ fn garbage_collection_bounds_the_budget() {
         req(EventKind::SegmentAlloc, 3 << 32, 150 * MIB, 0),
         req(EventKind::BlockAlloc, 3 << 32, 150 * MIB, 150 * MIB),
     ];
-    let mut d = DeviceStream { device: 0, initial: 0, events, ..Default::default() };
+    let mut d = DeviceStream { device: 0, initial: 0, requests: Requests::Built(events), ..Default::default() };
     let mut gc = Settings::default();
     gc.apply("garbage_collection_threshold:0.5").unwrap();
-    d.releases = classify_releases(&d, &vec![Caller::Elsewhere; d.events.len()], true, &gc);
+    d.releases = classify_releases(&d, &vec![Caller::Elsewhere; d.len()], true, &gc);
     d.flushes = find_flushes(&d);
     let f = d.flushes;
     assert_eq!((f.count, f.gc_releases, f.capacity), (0, 1, None));
@@ -666,7 +667,7 @@ fn a_replay_from_a_checkpoint_ends_as_one_from_the_start() {
             live.push((i + 1) << 32);
         }
     }
-    let d = DeviceStream { device: 0, initial: 0, events, ..Default::default() };
+    let d = DeviceStream { device: 0, initial: 0, requests: Requests::Built(events), ..Default::default() };
     let mut split = Settings::default();
     split.max_split_size = Some(8 * MIB);
     for s in [Settings::default(), split] {
@@ -687,4 +688,94 @@ fn a_replay_from_a_checkpoint_ends_as_one_from_the_start() {
             assert_eq!((resumed.ooms, resumed.flushes), (whole.ooms, whole.flushes), "budget {budget}");
         }
     }
+}
+
+/// A stream of a trace's rows reads each request from its row, as the
+/// copy it replaced did: a snapshot's requested size (the block's own
+/// where none), stream and CUDA's free memory; a device-level trace's
+/// allocations as block requests, its failed ones as `oom`s, its frees
+/// as block frees, on stream 0. Copied out, it reads the same.
+#[test]
+fn a_stream_of_rows_reads_each_request_from_its_row() {
+    use crate::trace::event::{Event, Events};
+    let mut events = Events::default();
+    let mut seg = Event::new(1, 0, EventKind::SegmentAlloc, 1 << 40, 20 * MIB);
+    seg.stream = Some(7);
+    let mut block = Event::new(2, 0, EventKind::BlockAlloc, 1 << 40, 2 * MIB);
+    block.extra.requested = Some(2 * MIB - 100);
+    block.stream = Some(7);
+    let mut oom = Event::new(3, 0, EventKind::Oom, 0, 30 * MIB);
+    oom.extra.device_free = Some(12 * MIB);
+    let launch = Event::new(4, 0, EventKind::Launch, 0xfeed, 0);
+    let free = Event::new(5, 0, EventKind::BlockFree, 1 << 40, 2 * MIB);
+    for e in [&seg, &block, &oom, &launch, &free] {
+        events.push(e);
+    }
+    let details = crate::trace::details::SnapshotDetails {
+        reconstruction: vec![crate::trace::details::Reconstruction { device: 0, ..Default::default() }],
+        ..Default::default()
+    };
+    let d = &streams(&events, &details, None)[0];
+    let want = vec![
+        Req {
+            ts_ns: 1,
+            kind: EventKind::SegmentAlloc,
+            addr: 1 << 40,
+            size: 20 * MIB,
+            requested: 20 * MIB,
+            stream: 7,
+            device_free: None,
+        },
+        Req {
+            ts_ns: 2,
+            kind: EventKind::BlockAlloc,
+            addr: 1 << 40,
+            size: 2 * MIB,
+            requested: 2 * MIB - 100,
+            stream: 7,
+            device_free: None,
+        },
+        Req {
+            ts_ns: 3,
+            kind: EventKind::Oom,
+            addr: 0,
+            size: 30 * MIB,
+            requested: 30 * MIB,
+            stream: 0,
+            device_free: Some(12 * MIB),
+        },
+        Req {
+            ts_ns: 5,
+            kind: EventKind::BlockFree,
+            addr: 1 << 40,
+            size: 2 * MIB,
+            requested: 2 * MIB,
+            stream: 0,
+            device_free: None,
+        },
+    ];
+    assert_eq!(d.all().collect::<Vec<_>>(), want, "the launch is no request");
+    assert_eq!(d.clone().into_owned().all().collect::<Vec<_>>(), want);
+
+    let mut device = Events::default();
+    let mut failed = Event::new(3, 9, EventKind::Alloc, 0, 8 * MIB);
+    failed.ret = crate::trace::event::CUDA_ERROR_OUT_OF_MEMORY;
+    for e in [
+        &Event::new(1, 9, EventKind::Alloc, 0x1000, 4 * MIB),
+        &Event::new(2, 9, EventKind::Launch, 0xfeed, 0),
+        &failed,
+        &Event::new(4, 9, EventKind::Free, 0x1000, 0),
+    ] {
+        device.push(e);
+    }
+    let d = &device_level_streams(&device, &Default::default())[0];
+    let kinds: Vec<(EventKind, u64, u64, u64)> = d.all().map(|r| (r.kind, r.size, r.requested, r.stream)).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            (EventKind::BlockAlloc, 4 * MIB, 4 * MIB, 0),
+            (EventKind::Oom, 8 * MIB, 8 * MIB, 0),
+            (EventKind::BlockFree, 0, 0, 0)
+        ]
+    );
 }
