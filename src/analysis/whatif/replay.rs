@@ -222,7 +222,7 @@ fn start(
     a.log = Some(Vec::new());
     // Fresh device addresses above everything the recording used, and
     // above the ranges of its expandable segments.
-    let top = d.all().map(|r| r.addr.saturating_add(r.size)).max().unwrap_or(0).max(a.top());
+    let top = d.extent().top.max(a.top());
     let next = top.div_ceil(1 << 30).saturating_add(1) << 30;
     // The driver's choice of address decides best fit's ties between equal
     // free blocks (lowest address first), and a driver hands a process's
@@ -230,11 +230,8 @@ fn start(
     // then from below once a region fills). So the n-th new segment takes
     // the address the recording's n-th segment got, where it overlaps none
     // handed out before; else a fresh address above everything.
-    let recorded_at: Arc<[(u64, u64)]> = if settings.expandable_segments {
-        Arc::new([])
-    } else {
-        d.requests(d.initial..d.len()).filter(|r| r.kind == EventKind::SegmentAlloc).map(|r| (r.addr, r.size)).collect()
-    };
+    let recorded_at: Arc<[(u64, u64)]> =
+        if settings.expandable_segments { Arc::new([]) } else { d.extent().segments.clone() };
     // What the device has handed out and not had back (a `cudaFree` gives
     // its range back: the driver hands it out again, as the recording's
     // addresses after an `empty_cache()` show).

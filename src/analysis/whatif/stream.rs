@@ -54,6 +54,20 @@ pub struct DeviceStream<'e> {
     /// reached, counted as `num_alloc_retries` counts them, and the
     /// capacity they imply.
     pub flushes: Flushes,
+    /// What every replay starts from, found once ([`DeviceStream::extent`]).
+    pub(super) extent: std::sync::OnceLock<Extent>,
+}
+
+/// What every replay of a stream starts from: a full pass over its
+/// requests, made once rather than once per replay (the memory needed
+/// replays a stream ten times under each setting).
+#[derive(Clone, Debug, Default)]
+pub(super) struct Extent {
+    /// The highest end of any request's range.
+    pub(super) top: u64,
+    /// The segments the trace makes after the initial state: (address,
+    /// size), in order.
+    pub(super) segments: std::sync::Arc<[(u64, u64)]>,
 }
 
 /// Where a [`DeviceStream`]'s requests are.
@@ -122,6 +136,7 @@ impl<'e> DeviceStream<'e> {
     /// The requests of a stream made in memory, to change (tests).
     #[cfg(test)]
     pub(super) fn built(&mut self) -> &mut Vec<Req> {
+        self.extent = std::sync::OnceLock::new();
         match &mut self.requests {
             Requests::Built(v) => v,
             _ => panic!("a stream of rows is not changed in place"),
@@ -202,7 +217,20 @@ impl<'e> DeviceStream<'e> {
             requests: Requests::Built(requests),
             releases: self.releases,
             flushes: self.flushes,
+            extent: self.extent,
         }
+    }
+
+    /// [`Extent`], found on first use.
+    pub(super) fn extent(&self) -> &Extent {
+        self.extent.get_or_init(|| Extent {
+            top: self.all().map(|r| r.addr.saturating_add(r.size)).max().unwrap_or(0),
+            segments: self
+                .requests(self.initial..self.len())
+                .filter(|r| r.kind == EventKind::SegmentAlloc)
+                .map(|r| (r.addr, r.size))
+                .collect(),
+        })
     }
 
     /// What the state before the first trace entry reserved: its segments

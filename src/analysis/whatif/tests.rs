@@ -226,6 +226,7 @@ fn a_faithful_recording_matches_everywhere() {
         ]),
         flushes: Flushes::default(),
         releases: Default::default(),
+        ..Default::default()
     };
     let f = fidelity(&d, &Settings::default());
     assert_eq!((f.allocations, f.same_address, f.same_size), (3, 3, 3), "{f:?}");
@@ -262,6 +263,7 @@ fn an_expandable_recording_is_checked_page_by_page() {
         ]),
         flushes: Flushes::default(),
         releases: Default::default(),
+        ..Default::default()
     };
     let f = fidelity(&d, &s);
     assert!(f.not_measured.is_none(), "{f:?}");
@@ -313,6 +315,7 @@ fn new_ranges_do_not_collide_with_recorded_ones() {
         ]),
         flushes: Flushes::default(),
         releases: Default::default(),
+        ..Default::default()
     };
     let mut kinds = Vec::new();
     let mut sink = |e: Event| kinds.push(e.kind);
@@ -345,6 +348,7 @@ fn the_capacity_is_read_off_the_first_oom() {
         ]),
         flushes: Flushes::default(),
         releases: Default::default(),
+        ..Default::default()
     };
     // 20 + 40 − 20 MiB reserved, 12 MiB free.
     assert_eq!(inferred_capacity(&d), Some(52 * MIB));
