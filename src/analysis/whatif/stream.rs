@@ -47,8 +47,8 @@ pub struct DeviceStream<'e> {
     pub initial: usize,
     pub(super) requests: Requests<'e>,
     /// Who made each run of releases (`segment_free`, or `segment_unmap`
-    /// with expandable segments), by the index in `events` of the run's
-    /// last entry.
+    /// with expandable segments), by the index in the stream of the run's
+    /// last request.
     pub releases: std::collections::BTreeMap<usize, Release>,
     /// The times PyTorch released its cache because the budget was
     /// reached, counted as `num_alloc_retries` counts them, and the
