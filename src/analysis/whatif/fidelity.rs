@@ -79,12 +79,12 @@ pub(super) const KEPT_MISMATCHES: usize = 10;
 /// its range (what lay below it before the trace is not known).
 /// `capacity` sizes the ranges (9/8 of it, as PyTorch reserves).
 pub(super) fn initial_state(a: &mut Allocator, d: &DeviceStream, capacity: Option<u64>) -> u64 {
-    let init: Vec<Req> = d.requests(0..d.initial).collect();
+    let init = || d.requests(0..d.initial);
     let mut blocks: Vec<(u64, u64)> =
-        init.iter().filter(|r| r.kind == EventKind::BlockAlloc).map(|r| (r.addr, r.size)).collect();
+        init().filter(|r| r.kind == EventKind::BlockAlloc).map(|r| (r.addr, r.size)).collect();
     blocks.sort_unstable();
     let mut bad = 0;
-    for r in &init {
+    for r in init() {
         match r.kind {
             EventKind::SegmentAlloc => {
                 bad += u64::from(!a.add_segment(r.addr, r.size, r.stream, is_small_segment(r.size)))

@@ -157,13 +157,7 @@ impl<'e> DeviceStream<'e> {
     /// Request `i`.
     #[inline]
     pub fn get(&self, i: usize) -> Option<Req> {
-        match &self.requests {
-            Requests::Rows { events, rows } => rows.get(i).map(|&row| recorded(events, row as usize)),
-            Requests::DeviceLevel { events, rows, kinds } => {
-                rows.get(i).map(|&row| device_level(events, row as usize, kinds[i]))
-            }
-            Requests::Built(v) => v.get(i).copied(),
-        }
+        (i < self.len()).then(|| self.at(i))
     }
 
     /// Request `i`; like a slice's index, it must be in the stream.
@@ -178,12 +172,15 @@ impl<'e> DeviceStream<'e> {
 
     /// Requests `range`, in order; like a slice's range, it must be in
     /// the stream.
-    pub fn requests(&self, range: std::ops::Range<usize>) -> impl DoubleEndedIterator<Item = Req> + '_ {
+    pub fn requests(
+        &self,
+        range: std::ops::Range<usize>,
+    ) -> impl ExactSizeIterator<Item = Req> + DoubleEndedIterator + '_ {
         range.map(move |i| self.at(i))
     }
 
     /// Every request, in order.
-    pub fn all(&self) -> impl Iterator<Item = Req> + '_ {
+    pub fn all(&self) -> impl ExactSizeIterator<Item = Req> + DoubleEndedIterator + '_ {
         self.requests(0..self.len())
     }
 
@@ -322,7 +319,7 @@ pub(super) enum Caller {
 }
 
 /// Who made each run of releases of `d`: `callers[i]` says what the stack
-/// of `request `i` of `d`` shows; `stacked`: whether the trace has stacks at all.
+/// of request `i` of `d` shows; `stacked`: whether the trace has stacks at all.
 pub(super) fn classify_releases(
     d: &DeviceStream,
     callers: &[Caller],
@@ -461,10 +458,11 @@ pub fn device_level_streams<'e>(
         match retries.see(kind, events.pid[i], events.size[i], events.ret[i]) {
             Ask::Retry => continue,
             Ask::Recovered => {
-                if let Some(d) = by.get_mut(&events.pid[i])
-                    && let Some(at) = (0..d.len()).rev().find(|&k| d.get(k).is_some_and(|r| r.kind == EventKind::Oom))
-                {
-                    d.remove(at);
+                if let Some(d) = by.get_mut(&events.pid[i]) {
+                    let last_oom = d.all().rposition(|r| r.kind == EventKind::Oom);
+                    if let Some(at) = last_oom {
+                        d.remove(at);
+                    }
                 }
             }
             Ask::New => {}
