@@ -13,7 +13,7 @@
 //!                          PyTorch's block sizes in a recording of its allocator)
 //! import, record, synth    producers: other tools' files, eBPF, synthetic workloads
 //! trace                    the trace on disk: events, trace.json, Parquet tables
-//! store, units, exit       object storage, number formatting, exit codes
+//! store, units, exit, heap object storage, number formatting, exit codes, freed memory
 //! ```
 
 pub mod allocator;
@@ -22,6 +22,7 @@ pub mod batch;
 pub mod classes;
 pub mod cli;
 pub mod exit;
+pub(crate) mod heap;
 pub(crate) mod import;
 pub mod input;
 pub mod output;

@@ -84,7 +84,7 @@ pub fn convert(
     let t0 = devices
         .iter()
         .filter(|&&d| timed(&snap, d))
-        .filter_map(|&d| snap.traces[d as usize][0].time_us())
+        .filter_map(|&d| snap.traces[d as usize].first()?.time_us())
         .min()
         .map_or(0, |t| (t as u64).saturating_mul(1000));
     let untimed: Vec<u32> = devices
@@ -93,19 +93,22 @@ pub fn convert(
         .filter(|&d| !timed(&snap, d) && snap.traces.get(d as usize).is_some_and(|t| !t.is_empty()))
         .collect();
     let mut reconstructions = Vec::new();
+    // Each device's entries are taken out, to be freed as they are replayed.
+    fn take(snap: &mut Snapshot, d: u32) -> parse::Entries {
+        snap.traces.get_mut(d as usize).map(std::mem::take).unwrap_or_default()
+    }
     if devices.len() == 1 {
-        reconstructions.push(reconstruct(&snap, devices[0], t0, sink)?);
+        let entries = take(&mut snap, devices[0]);
+        reconstructions.push(reconstruct(&snap, entries, devices[0], t0, sink)?);
     } else {
         let mut per_device: Vec<std::vec::IntoIter<Event>> = Vec::new();
         for &d in &devices {
             let mut events = Vec::new();
-            reconstructions.push(reconstruct(&snap, d, t0, &mut |e| {
+            let entries = take(&mut snap, d);
+            reconstructions.push(reconstruct(&snap, entries, d, t0, &mut |e| {
                 events.push(e);
                 Ok(())
             })?);
-            if let Some(t) = snap.traces.get_mut(d as usize) {
-                *t = Vec::new(); // done with this device's entries
-            }
             per_device.push(events.into_iter());
         }
         // k-way merge by time (ties: lower device first).

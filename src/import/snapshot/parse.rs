@@ -136,12 +136,64 @@ impl Entry {
     }
 }
 
+/// One device's trace entries, in chunks of [`Entries::CHUNK`]. A vector
+/// of millions of entries is copied each time it doubles while it is read,
+/// and is held whole until the replay forwards has read its last entry;
+/// chunks are appended without copies and freed one by one as that replay
+/// consumes them ([`Entries::into_chunks`]). On a 220 MB snapshot the
+/// entries are 160 MB, held beside the events built from them.
+#[derive(Debug, Default)]
+pub struct Entries {
+    chunks: Vec<Vec<Entry>>,
+    len: usize,
+}
+
+impl Entries {
+    /// 1.3 MB of entries a chunk.
+    pub const CHUNK: usize = 1 << 15;
+
+    pub fn push(&mut self, e: Entry) {
+        match self.chunks.last_mut() {
+            Some(c) if c.len() < Self::CHUNK => c.push(e),
+            _ => {
+                let mut c = Vec::with_capacity(Self::CHUNK);
+                c.push(e);
+                self.chunks.push(c);
+            }
+        }
+        self.len += 1;
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn first(&self) -> Option<&Entry> {
+        self.chunks.first().and_then(|c| c.first())
+    }
+
+    /// The entries in order; `.rev()` walks them backwards.
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = &Entry> {
+        self.chunks.iter().flatten()
+    }
+
+    /// The entries, chunk by chunk in order: each chunk is freed when its
+    /// consumer drops it.
+    pub fn into_chunks(self) -> impl Iterator<Item = Vec<Entry>> {
+        self.chunks.into_iter()
+    }
+}
+
 /// A snapshot, typed.
 #[derive(Debug, Default)]
 pub struct Snapshot {
     pub segments: Vec<Segment>,
     /// One list per device index.
-    pub traces: Vec<Vec<Entry>>,
+    pub traces: Vec<Entries>,
     pub allocator_settings: serde_json::Value,
     pub stacks: Stacks,
     /// The file was a bare list of segments (the oldest layout).
@@ -270,7 +322,7 @@ impl Snapshot {
         let started = std::time::Instant::now();
         let len = std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?.len();
         let mut interner = Interner::default();
-        let mut lists: AHashMap<usize, Vec<Entry>> = AHashMap::new();
+        let mut lists: AHashMap<usize, Entries> = AHashMap::new();
         let mut unknown_actions = 0u64;
         // Trace entries are typed as they are appended to their list, so
         // the millions of entry dicts never exist at once.
@@ -281,7 +333,7 @@ impl Snapshot {
             match entry(&v, &mut interner) {
                 Ok(Some(e)) => lists.entry(list).or_default().push(e),
                 Ok(None) => unknown_actions += 1,
-                Err(e) => return Err(format!("trace entry {}: {e:#}", lists.get(&list).map_or(0, Vec::len))),
+                Err(e) => return Err(format!("trace entry {}: {e:#}", lists.get(&list).map_or(0, Entries::len))),
             }
             Ok(None)
         };
@@ -303,7 +355,7 @@ impl Snapshot {
     pub(super) fn from_parts(
         v: &Value,
         mut interner: Interner,
-        mut lists: AHashMap<usize, Vec<Entry>>,
+        mut lists: AHashMap<usize, Entries>,
     ) -> Result<Snapshot> {
         let mut snap = Snapshot::default();
         let segments = match v {
@@ -354,7 +406,7 @@ impl Snapshot {
                     }
                     Ok(())
                 })?;
-                snap.host_trace.extend(entries);
+                snap.host_trace.extend(entries.into_chunks().flatten());
                 Ok(())
             };
             read(&list, &mut snap)?;
@@ -401,7 +453,11 @@ impl Snapshot {
             return;
         }
         let mapped = self.segments.iter().any(|s| s.is_expandable)
-            || self.traces.iter().flatten().any(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap));
+            || self
+                .traces
+                .iter()
+                .flat_map(Entries::iter)
+                .any(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap));
         if !mapped {
             return;
         }

@@ -6,7 +6,7 @@
 use ahash::AHashMap;
 use anyhow::Result;
 
-use super::parse::{Action, Entry, Segment, Snapshot};
+use super::parse::{Action, Entries, Entry, Segment, Snapshot};
 use crate::import::settings::{MIN_BLOCK, SMALL_SIZE, Settings};
 use crate::trace::details::Reconstruction;
 use crate::trace::event::{Event, EventKind, Extra};
@@ -80,11 +80,22 @@ pub(super) fn block_size_rule(settings: &Settings, requested: u64, addr: u64, fr
     if unsplit { room } else { rounded }
 }
 
+/// Entries replayed between two returns of their freed chunks to the
+/// kernel: about 10 MB.
+const GIVE_BACK_EVERY: usize = Entries::CHUNK * 8;
+
 /// The events of one device: the reconstructed initial state at the first
 /// entry's time, then every entry. `t0_ns` is the time given to the initial
 /// state when the device's trace is empty.
-pub fn reconstruct(snap: &Snapshot, device: u32, t0_ns: u64, out: Sink<'_>) -> Result<Reconstruction> {
-    let entries: &[Entry] = snap.traces.get(device as usize).map_or(&[], |t| t.as_slice());
+/// `entries` are the device's, taken out of `snap`: the replay forwards
+/// frees them chunk by chunk as it emits their events.
+pub fn reconstruct(
+    snap: &Snapshot,
+    entries: Entries,
+    device: u32,
+    t0_ns: u64,
+    out: Sink<'_>,
+) -> Result<Reconstruction> {
     let settings = Settings::from_snapshot(&snap.allocator_settings);
     let mut rec = Reconstruction { device, entries: entries.len() as u64, ..Default::default() };
     let segs: Vec<&Segment> = snap.segments.iter().filter(|s| s.device == device).collect();
@@ -109,7 +120,8 @@ pub fn reconstruct(snap: &Snapshot, device: u32, t0_ns: u64, out: Sink<'_>) -> R
     // a map, since those are few (a vector by entry was 16 bytes for each
     // of millions of entries, all but a few thousand of them None).
     let mut known: AHashMap<usize, u64> = AHashMap::new();
-    for (i, e) in entries.iter().enumerate().rev() {
+    for (back, e) in entries.iter().rev().enumerate() {
+        let i = entries.len() - 1 - back;
         match e.action {
             Action::Alloc => match live.remove(&e.addr) {
                 Some(b) => {
@@ -140,10 +152,10 @@ pub fn reconstruct(snap: &Snapshot, device: u32, t0_ns: u64, out: Sink<'_>) -> R
 
     // Forwards, emitting events.
     let with_time = !entries.is_empty() && entries.iter().all(|e| e.time_us().is_some());
-    let ts_of = |i: usize| -> u64 {
-        if with_time { (entries[i].time_us().unwrap_or(0) as u64).saturating_mul(1000) } else { t0_ns + i as u64 }
+    let ts_of = |i: usize, e: &Entry| -> u64 {
+        if with_time { (e.time_us().unwrap_or(0) as u64).saturating_mul(1000) } else { t0_ns + i as u64 }
     };
-    let t_start = if entries.is_empty() { t0_ns } else { ts_of(0) };
+    let t_start = entries.first().map_or(t0_ns, |e| ts_of(0, e));
     let pid = device;
     // Private pools: their blocks' and segments' stream key carries the
     // pool (`crate::allocator::private_stream`), from the final segment
@@ -202,8 +214,13 @@ pub fn reconstruct(snap: &Snapshot, device: u32, t0_ns: u64, out: Sink<'_>) -> R
         let extra = Extra { requested: Some(b.requested), stack: b.stack, device_free: None };
         out(ev(t_start, EventKind::BlockAlloc, addr, b.size.unwrap_or(0), b.stream, extra))?;
     }
-    for (i, e) in entries.iter().enumerate() {
-        let ts = ts_of(i);
+    for (i, e) in entries.into_chunks().flat_map(Vec::into_iter).enumerate() {
+        // The chunks consumed so far (and, at the first entry, what parsing
+        // freed) go back to the kernel as the events are built.
+        if i % GIVE_BACK_EVERY == 0 {
+            crate::heap::give_back_freed();
+        }
+        let ts = ts_of(i, &e);
         let end = e.addr.saturating_add(e.size);
         match e.action {
             Action::Alloc => {
@@ -285,3 +302,83 @@ pub fn reconstruct(snap: &Snapshot, device: u32, t0_ns: u64, out: Sink<'_>) -> R
 
 /// Where converted events go.
 pub type Sink<'s> = &'s mut dyn FnMut(Event) -> Result<()>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::import::snapshot::parse::{Block, BlockState};
+
+    fn entry(action: Action, addr: u64, size: u64, time_us: i64) -> Entry {
+        Entry { action, addr, size, stream: 0, time_us, stack: crate::trace::event::NO_STACK }
+    }
+
+    /// Entries over several chunks: the way back finds the real size of the
+    /// block the first entry made (read by entry index across chunks), and
+    /// the way forwards emits every entry once, in order, with its time.
+    #[test]
+    fn entries_over_several_chunks_replay_in_order_with_their_indices() {
+        let base = 0x7f00_0000_0000u64;
+        let mut snap = Snapshot::default();
+        // The block entry 0 made is alive at the end, 1536 B where the rule
+        // would give 1 000 B's rounding, 1 024 B.
+        snap.segments.push(Segment {
+            device: 0,
+            address: base,
+            total_size: 20 << 20,
+            stream: 0,
+            segment_type: "large".into(),
+            is_expandable: false,
+            blocks: vec![Block {
+                address: base,
+                size: 1536,
+                requested: 1000,
+                state: BlockState::ActiveAllocated,
+                stack: None,
+            }],
+            pool: (0, 0),
+        });
+        let mut entries = Entries::default();
+        entries.push(entry(Action::Alloc, base, 1000, 0));
+        let pairs = Entries::CHUNK + 7;
+        for p in 0..pairs as i64 {
+            entries.push(entry(Action::Alloc, base + (1 << 20), 512, 2 * p + 1));
+            entries.push(entry(Action::FreeCompleted, base + (1 << 20), 512, 2 * p + 2));
+        }
+        assert_eq!(entries.len(), 1 + 2 * pairs);
+        assert!(entries.len() > 2 * Entries::CHUNK, "three chunks at least");
+        let mut got = Vec::new();
+        let rec = reconstruct(&snap, entries, 0, 0, &mut |e| {
+            got.push(e);
+            Ok(())
+        })
+        .unwrap();
+        // The initial segment, then one event per entry.
+        assert_eq!(got.len(), 1 + 1 + 2 * pairs);
+        assert_eq!(got[0].kind, EventKind::SegmentAlloc);
+        assert_eq!((got[1].kind, got[1].size, got[1].ts_ns), (EventKind::BlockAlloc, 1536, 0));
+        for (i, e) in got[2..].iter().enumerate() {
+            let kind = if i % 2 == 0 { EventKind::BlockAlloc } else { EventKind::BlockFree };
+            assert_eq!((e.kind, e.size, e.ts_ns), (kind, 512, (i as u64 + 1) * 1000), "entry {}", i + 1);
+        }
+        assert_eq!((rec.sizes_checked, rec.sizes_agreed, rec.inconsistent_entries), (1, 0, 0));
+        assert!(rec.final_check.exact(), "{:?}", rec.final_check);
+        assert_eq!(rec.final_check.blocks_expected, 1);
+    }
+
+    #[test]
+    fn entries_in_chunks_read_as_one_list() {
+        let mut entries = Entries::default();
+        assert!(entries.is_empty() && entries.first().is_none());
+        let n = 2 * Entries::CHUNK + 3;
+        for i in 0..n {
+            entries.push(entry(Action::Alloc, i as u64, 512, i as i64));
+        }
+        assert_eq!(entries.len(), n);
+        assert_eq!(entries.first().map(|e| e.addr), Some(0));
+        assert!(entries.iter().map(|e| e.addr).eq(0..n as u64));
+        assert!(entries.iter().rev().map(|e| e.addr).eq((0..n as u64).rev()));
+        let chunks: Vec<Vec<Entry>> = entries.into_chunks().collect();
+        assert_eq!(chunks.iter().map(Vec::len).collect::<Vec<_>>(), [Entries::CHUNK, Entries::CHUNK, 3]);
+        assert!(chunks.into_iter().flatten().map(|e| e.addr).eq(0..n as u64));
+    }
+}
