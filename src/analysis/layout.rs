@@ -120,7 +120,7 @@ fn lifetimes_with_streams(events: &Events) -> (Vec<Lifetime>, Vec<(u32, u64)>) {
                 size: events.size[i],
                 start: ts,
                 stack: events.stack.get(i).copied().unwrap_or(NO_STACK),
-                stream: events.stream.get(i).copied().unwrap_or(0),
+                stream: events.stream.get(i).unwrap_or(0),
             };
             if let Some(o) = open.insert((pid, addr), new) {
                 close(&mut out, pid, addr, o, ts);

@@ -123,7 +123,7 @@ fn block_sizes(
     for &i in rows.iter().filter(|&&i| rec.ret[i] == 0) {
         let Some(kind) = rec.kind[i] else { continue };
         let (addr, size) = (rec.addr[i], rec.size[i]);
-        let stream = rec.stream.get(i).copied().unwrap_or(0);
+        let stream = rec.stream.get(i).unwrap_or(0);
         match kind {
             EventKind::Alloc | EventKind::AllocAsync | EventKind::AllocManaged if pytorch.contains(&i) => {
                 model.add_segment(addr, size, stream, size == SMALL_BUFFER);
@@ -380,7 +380,7 @@ pub fn view(recording: Loaded) -> Result<Loaded> {
                     .pid
                     .iter()
                     .zip(&out.kind)
-                    .filter(|&(&p, &k)| p == u.id && k != Some(EventKind::Launch))
+                    .filter(|&(p, &k)| p == u.id && k != Some(EventKind::Launch))
                     .count() as u64,
                 ..Default::default()
             })
@@ -507,7 +507,7 @@ mod tests {
             let details = loaded.trace.meta.as_ref().and_then(|m| m.details.snapshot()).unwrap();
             let settings = crate::allocator::Settings::from_snapshot(&details.allocator_settings);
             let snap = &loaded.events;
-            for device in snap.pid.iter().copied().collect::<BTreeSet<u32>>() {
+            for device in snap.pid.iter().collect::<BTreeSet<u32>>() {
                 // The snapshot as a recording: segments as cudaMalloc/cudaFree
                 // (pages as cuMemMap/cuMemUnmap), blocks with their requests.
                 let mut rec = Events::default();

@@ -105,7 +105,7 @@ pub fn load(d: &Described, device: Option<u32>) -> Result<Loaded> {
         if trace.source() != Some(crate::trace::Source::PytorchSnapshot) {
             bail!("{}: --device selects a device of a PyTorch snapshot; this trace is not one", dir.display());
         }
-        if !events.pid.contains(&d) {
+        if !events.pid.iter().any(|p| p == d) {
             bail!("{}: device {d} is not in this imported snapshot", dir.display());
         }
         events.retain(|e, i| e.pid[i] == d);

@@ -77,7 +77,7 @@ pub fn split(trace: &mut Trace, events: &mut Events) {
         events.take_rows(&rows);
         pids
     };
-    events.pid = pids;
+    events.pid = pids.into();
     trace.units = unit.into_iter().map(|((pid, d), id)| (id, (pid, d))).collect();
 }
 

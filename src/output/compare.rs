@@ -382,7 +382,7 @@ pub fn compare(a: &Path, b: &Path, opts: &Options, size: (u32, u32)) -> Result<C
         (open(a)?, open(b)?);
     let extent = |events: &crate::trace::event::Events| {
         let fp = crate::analysis::replay::Footprint::build(events);
-        let mut pids: Vec<u32> = events.pid.clone();
+        let mut pids: Vec<u32> = events.pid.iter().collect();
         pids.sort_unstable();
         pids.dedup();
         pids.iter().map(|&p| fp.regions(p).iter().map(|r| r.1 - r.0).sum::<u64>()).max().unwrap_or(1)

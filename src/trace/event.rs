@@ -5,6 +5,8 @@
 
 use std::collections::BTreeMap;
 
+use super::column::{Coded, Sparse};
+
 use std::fmt;
 
 /// CUDA's out-of-memory return code (`cudaErrorMemoryAllocation` = 2 in the
@@ -195,27 +197,48 @@ impl Event {
 }
 
 /// The columns the analyser replays, in time order. `kind` is `None` for a
-/// kind name this version does not know (counted, then ignored).
-#[derive(Clone, Debug, Default, PartialEq)]
+/// kind name this version does not know (counted, then ignored). The pid,
+/// the return code, `device_free` and the stream are stored narrower than
+/// their values ([`crate::trace::column`]): 1 byte, a bit, a bit and 1 byte
+/// a row where they were 4, 4, 8 and 8.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Events {
     pub ts_ns: Vec<u64>,
-    pub pid: Vec<u32>,
+    pub pid: Coded<u32>,
     pub kind: Vec<Option<EventKind>>,
     pub addr: Vec<u64>,
     pub size: Vec<u64>,
-    pub ret: Vec<i32>,
+    pub ret: Sparse<i32>,
     /// The PyTorch columns, loaded only for traces that have them (then as
     /// long as the others; empty otherwise). Nulls are `u64::MAX` /
     /// `u32::MAX`.
     pub requested: Vec<u64>,
     pub stack: Vec<u32>,
-    pub device_free: Vec<u64>,
+    pub device_free: Sparse<u64>,
     /// The CUDA stream, loaded with the PyTorch columns (0 for none):
     /// what the allocator model of `whatif` keys its pools by.
-    pub stream: Vec<u64>,
+    pub stream: Coded<u64>,
     /// The device of each call, loaded only for recordings where a process
     /// used several GPUs (empty otherwise); [`NO_DEVICE`] for none.
     pub device: Vec<i32>,
+}
+
+impl Default for Events {
+    fn default() -> Self {
+        Events {
+            ts_ns: Vec::new(),
+            pid: Coded::default(),
+            kind: Vec::new(),
+            addr: Vec::new(),
+            size: Vec::new(),
+            ret: Sparse::new(0),
+            requested: Vec::new(),
+            stack: Vec::new(),
+            device_free: Sparse::new(u64::MAX),
+            stream: Coded::default(),
+            device: Vec::new(),
+        }
+    }
 }
 
 /// The null of the `device` column in memory.
@@ -283,7 +306,7 @@ impl Events {
             let n = self.ts_ns.len() - 1;
             self.requested.resize(n, u64::MAX);
             self.stack.resize(n, NO_STACK);
-            self.device_free.resize(n, u64::MAX);
+            self.device_free.resize(n);
             self.stream.resize(n, 0);
             self.requested.push(e.extra.requested.unwrap_or(u64::MAX));
             self.stack.push(e.extra.stack.unwrap_or(NO_STACK));
@@ -315,12 +338,12 @@ impl Events {
             size: self.size[i],
             ret: self.ret[i],
             device: None,
-            stream: self.stream.get(i).copied(),
+            stream: self.stream.get(i),
             cuda: Cuda::default(),
             extra: Extra {
                 requested: self.requested.get(i).copied().filter(|&v| v != u64::MAX),
                 stack: self.stack.get(i).copied().filter(|&v| v != NO_STACK),
-                device_free: self.device_free.get(i).copied().filter(|&v| v != u64::MAX),
+                device_free: self.device_free.get(i).filter(|&v| v != u64::MAX),
             },
         })
     }
@@ -367,15 +390,19 @@ impl Events {
             }
         }
         take(&mut self.ts_ns, rows);
-        take(&mut self.pid, rows);
+        self.pid = self.pid.take_rows(rows);
         take(&mut self.kind, rows);
         take(&mut self.addr, rows);
         take(&mut self.size, rows);
-        take(&mut self.ret, rows);
+        self.ret = self.ret.take_rows(rows);
         take(&mut self.requested, rows);
         take(&mut self.stack, rows);
-        take(&mut self.device_free, rows);
-        take(&mut self.stream, rows);
+        if !self.device_free.is_empty() {
+            self.device_free = self.device_free.take_rows(rows);
+        }
+        if !self.stream.is_empty() {
+            self.stream = self.stream.take_rows(rows);
+        }
         take(&mut self.device, rows);
     }
 }

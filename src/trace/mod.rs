@@ -10,6 +10,7 @@
 //! [`event`] (the columns in memory); this module opens a trace.
 
 pub mod checksum;
+pub mod column;
 pub mod details;
 pub mod event;
 pub mod kernel_names;

@@ -234,33 +234,26 @@ pub(super) fn scan(
     if parts.is_empty() {
         bail!("a trace without parts");
     }
-    let mut all = PartColumns::default();
-    // One part is moved, not copied.
-    if parts.len() > 1 {
-        let rows = usize::try_from(rows).unwrap_or(usize::MAX);
-        if all.reserve(rows, pytorch_columns, ustack_ids, device).is_err() {
-            tracing::debug!("the footers' {rows} rows cannot be reserved at once: the columns grow as they are read");
-            all = PartColumns::default();
-        }
+    let mut all = Events::default();
+    let rows = usize::try_from(rows).unwrap_or(usize::MAX);
+    if reserve(&mut all, rows, pytorch_columns, ustack_ids, device).is_err() {
+        tracing::debug!("the footers' {rows} rows cannot be reserved at once: the columns grow as they are read");
+        all = Events::default();
     }
     // Two parts ahead of the consumer for each core: the decoders never
     // wait for the copy, and memory holds a handful of parts.
     let ahead = 2 * std::thread::available_parallelism().map_or(1, |n| n.get());
     for_each_part(parts, &names, pytorch_columns, ustack_ids, ahead, |_, c| {
-        if parts.len() == 1 {
-            all = c;
-        } else {
-            all.extend(&c);
-        }
+        c.append_to(&mut all);
         Ok(())
     })?;
-    let mut events = all.into_events();
+    let mut events = all;
     tracing::debug!("parts decoded in {:.3} s", started.elapsed().as_secs_f64());
     if pytorch_columns && events.requested.iter().all(|&r| r == u64::MAX) {
         // Columns present but empty (synth writes nulls): not a PyTorch trace.
         events.requested = Vec::new();
-        events.device_free = Vec::new();
-        events.stream = Vec::new();
+        events.device_free = crate::trace::column::Sparse::new(u64::MAX);
+        events.stream = Default::default();
         if !ustack_ids {
             events.stack = Vec::new();
         }
@@ -285,64 +278,73 @@ pub(super) struct PartColumns {
 }
 
 impl PartColumns {
-    /// Appends `other`'s rows.
-    fn extend(&mut self, other: &PartColumns) {
-        self.ts_ns.extend_from_slice(&other.ts_ns);
-        self.pid.extend_from_slice(&other.pid);
-        self.kind.extend_from_slice(&other.kind);
-        self.addr.extend_from_slice(&other.addr);
-        self.size.extend_from_slice(&other.size);
-        self.ret.extend_from_slice(&other.ret);
-        self.requested.extend_from_slice(&other.requested);
-        self.stack.extend_from_slice(&other.stack);
-        self.device_free.extend_from_slice(&other.device_free);
-        self.stream.extend_from_slice(&other.stream);
-        self.device.extend_from_slice(&other.device);
+    /// Appends its rows to `all`.
+    fn append_to(&self, all: &mut Events) {
+        all.ts_ns.extend_from_slice(&self.ts_ns);
+        all.pid.extend_from_slice(&self.pid);
+        all.kind.extend_from_slice(&self.kind);
+        all.addr.extend_from_slice(&self.addr);
+        all.size.extend_from_slice(&self.size);
+        all.ret.extend_from_slice(&self.ret);
+        all.requested.extend_from_slice(&self.requested);
+        all.stack.extend_from_slice(&self.stack);
+        all.device_free.extend_from_slice(&self.device_free);
+        all.stream.extend_from_slice(&self.stream);
+        all.device.extend_from_slice(&self.device);
     }
 
-    fn into_events(self) -> Events {
-        Events {
-            ts_ns: self.ts_ns,
-            pid: self.pid,
-            kind: self.kind,
-            addr: self.addr,
-            size: self.size,
-            ret: self.ret,
-            requested: self.requested,
-            stack: self.stack,
-            device_free: self.device_free,
-            stream: self.stream,
-            device: self.device,
+    /// Room for `rows` rows in the columns that will be read.
+    fn reserve(&mut self, rows: usize, pytorch: bool, ustack_ids: bool, device: bool) {
+        fn room<T>(v: &mut Vec<T>, rows: usize) {
+            let _ = v.try_reserve_exact(rows);
         }
-    }
-
-    /// Room for `rows` more rows in the columns that will be read.
-    fn reserve(
-        &mut self,
-        rows: usize,
-        pytorch: bool,
-        ustack_ids: bool,
-        device: bool,
-    ) -> std::result::Result<(), std::collections::TryReserveError> {
-        self.ts_ns.try_reserve_exact(rows)?;
-        self.pid.try_reserve_exact(rows)?;
-        self.kind.try_reserve_exact(rows)?;
-        self.addr.try_reserve_exact(rows)?;
-        self.size.try_reserve_exact(rows)?;
-        self.ret.try_reserve_exact(rows)?;
+        room(&mut self.ts_ns, rows);
+        room(&mut self.pid, rows);
+        room(&mut self.kind, rows);
+        room(&mut self.addr, rows);
+        room(&mut self.size, rows);
+        room(&mut self.ret, rows);
         if pytorch {
-            self.requested.try_reserve_exact(rows)?;
-            self.device_free.try_reserve_exact(rows)?;
-            self.stream.try_reserve_exact(rows)?;
+            room(&mut self.requested, rows);
+            room(&mut self.device_free, rows);
+            room(&mut self.stream, rows);
         }
         if pytorch || ustack_ids {
-            self.stack.try_reserve_exact(rows)?;
+            room(&mut self.stack, rows);
         }
         if device {
-            self.device.try_reserve_exact(rows)?;
+            room(&mut self.device, rows);
         }
-        Ok(())
     }
+}
+
+/// Room for `rows` rows in the columns of `all` that will be read: none of
+/// them then grows by doubling.
+fn reserve(
+    all: &mut Events,
+    rows: usize,
+    pytorch: bool,
+    ustack_ids: bool,
+    device: bool,
+) -> std::result::Result<(), std::collections::TryReserveError> {
+    all.ts_ns.try_reserve_exact(rows)?;
+    all.pid.try_reserve_exact(rows)?;
+    all.kind.try_reserve_exact(rows)?;
+    all.addr.try_reserve_exact(rows)?;
+    all.size.try_reserve_exact(rows)?;
+    all.ret.try_reserve_exact(rows)?;
+    if pytorch {
+        all.requested.try_reserve_exact(rows)?;
+        all.device_free.try_reserve_exact(rows)?;
+        all.stream.try_reserve_exact(rows)?;
+    }
+    if pytorch || ustack_ids {
+        all.stack.try_reserve_exact(rows)?;
+    }
+    if device {
+        all.device.try_reserve_exact(rows)?;
+    }
+    Ok(())
 }
 
 /// Appends the values of an integer column to `out` (see
@@ -373,7 +375,7 @@ pub(super) fn decode_part(part: &Path, names: &[&str], pytorch_columns: bool, us
     let reader = builder.with_projection(mask).with_batch_size(1 << 16).build()?;
     let no_stack = crate::trace::event::NO_STACK;
     let mut c = PartColumns::default();
-    let _ = c.reserve(rows, pytorch_columns, ustack_ids, names.contains(&"device"));
+    c.reserve(rows, pytorch_columns, ustack_ids, names.contains(&"device"));
     for batch in reader {
         let batch = batch?;
         let col =

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{Input, Symbolized, Symbolizer};
 
+use crate::trace::column::Coded;
 use crate::trace::event::NO_STACK;
 use crate::trace::stacks::{Frame, Stacks, UstackFrame};
 
@@ -144,9 +145,9 @@ pub fn label(f: &Frame) -> String {
 /// innermost (the probed CUDA function) first; the same frames in several
 /// processes make one stack. An id without recorded frames gets an empty
 /// stack.
-pub fn stack_table(trace_dir: &Path, frames: &[UstackFrame], pids: &[u32], ids: &mut [u32]) -> Stacks {
+pub fn stack_table(trace_dir: &Path, frames: &[UstackFrame], pids: &Coded<u32>, ids: &mut [u32]) -> Stacks {
     let used: std::collections::HashSet<(u32, u32)> =
-        ids.iter().zip(pids).filter(|(id, _)| **id != NO_STACK).map(|(&id, &pid)| (id, pid)).collect();
+        ids.iter().zip(pids.iter()).filter(|(id, _)| **id != NO_STACK).map(|(&id, pid)| (id, pid)).collect();
     let mut addrs: HashMap<(u32, u32), Vec<u64>> = HashMap::new();
     for f in frames.iter().filter(|f| used.contains(&(f.stack_id, f.pid))) {
         let s = addrs.entry((f.stack_id, f.pid)).or_default();
@@ -188,9 +189,9 @@ pub fn stack_table(trace_dir: &Path, frames: &[UstackFrame], pids: &[u32], ids: 
         });
         index_of.insert(key, id);
     }
-    for (id, pid) in ids.iter_mut().zip(pids) {
+    for (id, pid) in ids.iter_mut().zip(pids.iter()) {
         if *id != NO_STACK {
-            *id = index_of.get(&(*id, *pid)).copied().unwrap_or(NO_STACK);
+            *id = index_of.get(&(*id, pid)).copied().unwrap_or(NO_STACK);
         }
     }
     table

@@ -90,7 +90,7 @@ pub fn by_pid(events: &Events) -> AHashMap<u32, RowList> {
     // By runs of one pid: a trace's rows come in long runs of one process.
     let mut count: AHashMap<u32, usize> = AHashMap::new();
     let mut run: Option<(u32, usize)> = None;
-    for &pid in &events.pid {
+    for pid in events.pid.iter() {
         match &mut run {
             Some((p, n)) if *p == pid => *n += 1,
             _ => {
@@ -121,7 +121,7 @@ pub fn by_pid(events: &Events) -> AHashMap<u32, RowList> {
 fn fill<T>(events: &Events, count: AHashMap<u32, usize>, index: impl Fn(usize) -> T) -> AHashMap<u32, Vec<T>> {
     let mut by: AHashMap<u32, Vec<T>> = count.into_iter().map(|(pid, n)| (pid, Vec::with_capacity(n))).collect();
     let mut last: Option<(u32, &mut Vec<T>)> = None;
-    for (i, &pid) in events.pid.iter().enumerate() {
+    for (i, pid) in events.pid.iter().enumerate() {
         match &mut last {
             Some((p, rows)) if *p == pid => rows.push(index(i)),
             _ => {

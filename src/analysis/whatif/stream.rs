@@ -250,8 +250,8 @@ fn recorded(events: &Events, row: usize) -> Req {
         addr: events.addr[row],
         size,
         requested: events.requested.get(row).copied().filter(|&r| r != u64::MAX).unwrap_or(size),
-        stream: events.stream.get(row).copied().unwrap_or(0),
-        device_free: events.device_free.get(row).copied().filter(|&v| v != u64::MAX),
+        stream: events.stream.get(row).unwrap_or(0),
+        device_free: events.device_free.get(row).filter(|&v| v != u64::MAX),
     }
 }
 

@@ -161,7 +161,7 @@ pub fn memory_viz(l: &Loaded, window: Window) -> Result<(Value, MemoryVizSummary
         .map(|s| s.reconstruction.iter().map(|r| (r.device, r.initial_segments + r.initial_blocks)).collect())
         .unwrap_or_default();
     let pool = Pool::new(l.trace.stacks.as_deref());
-    let mut pids: Vec<u32> = ev.pid.clone();
+    let mut pids: Vec<u32> = ev.pid.iter().collect();
     pids.sort_unstable();
     pids.dedup();
     // A snapshot's devices keep their numbers; processes (a recording, or
@@ -191,7 +191,7 @@ pub fn memory_viz(l: &Loaded, window: Window) -> Result<(Value, MemoryVizSummary
         let before_trace = *n <= initial.get(&pid).copied().unwrap_or(0);
         let emit = !before_trace && window.contains(t);
         let (addr, size, ok) = (ev.addr[i], ev.size[i], ev.ret[i] == 0);
-        let stream = column(&ev.stream, i, 0);
+        let stream = ev.stream.get(i).unwrap_or(0);
         let stack = column(&ev.stack, i, u32::MAX);
         let requested = Some(column(&ev.requested, i, u64::MAX)).filter(|&r| r != u64::MAX).unwrap_or(size);
         let st = &mut states[d];
@@ -252,7 +252,7 @@ pub fn memory_viz(l: &Loaded, window: Window) -> Result<(Value, MemoryVizSummary
         for (action, a, s, stk) in out {
             let mut e = vec![("action", pool.s(action))];
             if action == "oom" {
-                let free = column(&ev.device_free, i, u64::MAX);
+                let free = ev.device_free.get(i).unwrap_or(u64::MAX);
                 e.push(("size", uint(s)));
                 e.push(("device_free", uint(if free == u64::MAX { 0 } else { free })));
             } else {
