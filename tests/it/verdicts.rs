@@ -767,3 +767,35 @@ fn the_fragmentation_level_gated_on_is_the_one_at_the_peak() {
     // A falling Δ % has the minus sign its Δ has.
     assert!(md.contains("| −11.8 | −23.2 % |"), "{md}");
 }
+
+/// The first line of stdout: a high fragmentation level beside a verdict
+/// that the run fits says that the score counts the cache's free blocks,
+/// not a shortage (the runs fit: the README); beside a leak it stands alone.
+#[test]
+fn a_high_fragmentation_level_beside_a_fitting_run_says_it_is_the_cache() {
+    let (Some(healthy), Some(fits), Some(leak)) =
+        (h100("training-default.pickle"), h100("varlen-fraction-default.pickle"), h100("training-leak.pickle"))
+    else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let first_two = |trace: &Path, out: &str| {
+        let o = fragscope()
+            .arg("analyze")
+            .arg(trace)
+            .args(["--no-plots", "-o"])
+            .arg(tmp.path().join(out))
+            .output()
+            .unwrap();
+        assert!(o.status.success());
+        String::from_utf8(o.stdout).unwrap().lines().take(2).collect::<Vec<_>>().join("\n")
+    };
+    let said = "fragmentation level critical (free blocks the cache keeps, not a shortage: see the verdict)";
+    let h = first_two(&healthy, "h");
+    assert!(h.contains(said) && h.contains("verdict: healthy"), "{h}");
+    let f = first_two(&fits, "f");
+    assert!(f.contains(said) && f.contains("verdict: fits, releasing its cache 4 times"), "{f}");
+    let l = first_two(&leak, "l");
+    assert!(l.contains("fragmentation level high; leaking") && l.contains("verdict: leaking"), "{l}");
+    assert!(!l.contains("not a shortage"), "{l}");
+}

@@ -391,6 +391,21 @@ pub fn stdout_summary(a: &Analysis, out: &Path) -> String {
             Some(r) if headline_at_peak(a).is_some_and(|p| a.pytorch_processes.contains(&p.pid)) => {
                 format!("not measured inside PyTorch's cache (its segments: {})", r.name())
             }
+            // A high level beside a verdict that the run fits would read
+            // as a contradiction on the first line: the score counts the
+            // free blocks a cache keeps on purpose (report.md says so too).
+            Some(r)
+                if r >= crate::analysis::predict::Risk::High
+                    && a.decision.as_ref().is_some_and(|d| {
+                        matches!(
+                            d.verdict,
+                            crate::analysis::decision::Verdict::Healthy { .. }
+                                | crate::analysis::decision::Verdict::FitsFlushing { .. }
+                        )
+                    }) =>
+            {
+                format!("{} (free blocks the cache keeps, not a shortage: see the verdict)", r.name())
+            }
             Some(r) => r.name().to_string(),
             None => "not judged (no memory held)".to_string(),
         },
