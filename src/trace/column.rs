@@ -94,8 +94,9 @@ impl<T: Copy + Eq + Hash> Coded<T> {
                 self.values.push(v);
                 self.index.insert(v, code);
                 self.codes = match std::mem::replace(&mut self.codes, Codes::Plain) {
-                    Codes::Narrow(c) if code == 1 << 8 => Codes::Mid(c.into_iter().map(u16::from).collect()),
-                    Codes::Mid(c) if code == 1 << 16 => Codes::Wide(c.into_iter().map(u32::from).collect()),
+                    // Wider codes keep the room reserved for the rows.
+                    Codes::Narrow(c) if code == 1 << 8 => Codes::Mid(widen(c)),
+                    Codes::Mid(c) if code == 1 << 16 => Codes::Wide(widen(c)),
                     Codes::Wide(c) if code >= 1 << 16 && self.values.len() * PLAIN_SHARE > c.len() => {
                         self.turn_plain(c);
                         return None;
@@ -109,7 +110,8 @@ impl<T: Copy + Eq + Hash> Coded<T> {
         Some(code)
     }
 
-    /// Replaces the table by the rows' values.
+    /// Replaces the table by the rows' values (the room reserved for the
+    /// rows kept).
     fn turn_plain(&mut self, codes: Vec<u32>) {
         let mut rows = Vec::new();
         let _ = rows.try_reserve_exact(codes.capacity());
@@ -188,10 +190,19 @@ impl<T: Copy + Eq + Hash> Coded<T> {
         }
     }
 
-    /// The distinct values in the table (0 for a plain column).
+    /// The values in the table (0 for a plain column): every value the
+    /// column has held, including those of rows a take or a shortening
+    /// left out, so not the distinct values of its rows.
     pub fn table_len(&self) -> usize {
         if matches!(self.codes, Codes::Plain) { 0 } else { self.values.len() }
     }
+}
+
+/// Codes in a wider integer, with the same room for rows.
+fn widen<A: Copy, B: From<A>>(codes: Vec<A>) -> Vec<B> {
+    let mut wide = Vec::with_capacity(codes.capacity());
+    wide.extend(codes.into_iter().map(B::from));
+    wide
 }
 
 impl<T: Copy + Eq + Hash> Index<usize> for Coded<T> {
@@ -345,7 +356,7 @@ impl<T: Copy + PartialEq> Index<usize> for Sparse<T> {
             &self.fill
         } else {
             // The bit is set only for rows kept apart.
-            let at = self.rows.binary_search(&i).unwrap_or_else(|at| at);
+            let at = self.rows.binary_search(&i).expect("a set bit names a row kept apart");
             &self.values[at]
         }
     }

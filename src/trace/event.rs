@@ -390,11 +390,15 @@ impl Events {
             }
         }
         take(&mut self.ts_ns, rows);
-        self.pid = self.pid.take_rows(rows);
+        if !self.pid.is_empty() {
+            self.pid = self.pid.take_rows(rows);
+        }
         take(&mut self.kind, rows);
         take(&mut self.addr, rows);
         take(&mut self.size, rows);
-        self.ret = self.ret.take_rows(rows);
+        if !self.ret.is_empty() {
+            self.ret = self.ret.take_rows(rows);
+        }
         take(&mut self.requested, rows);
         take(&mut self.stack, rows);
         if !self.device_free.is_empty() {

@@ -139,7 +139,7 @@ impl Entry {
 /// One device's trace entries, in chunks of [`Entries::CHUNK`]. A vector
 /// of millions of entries is copied each time it doubles while it is read,
 /// and is held whole until the replay forwards has read its last entry;
-/// chunks are appended without copies and freed one by one as that replay
+/// chunks (past the first) are appended without copies and freed one by one as that replay
 /// consumes them ([`Entries::into_chunks`]). On a 220 MB snapshot the
 /// entries are 160 MB, held beside the events built from them.
 #[derive(Debug, Default)]
@@ -156,7 +156,9 @@ impl Entries {
         match self.chunks.last_mut() {
             Some(c) if c.len() < Self::CHUNK => c.push(e),
             _ => {
-                let mut c = Vec::with_capacity(Self::CHUNK);
+                // The first chunk grows as a vector does (a device with a
+                // few entries holds a few), the next ones are made whole.
+                let mut c = Vec::with_capacity(if self.chunks.is_empty() { 64 } else { Self::CHUNK });
                 c.push(e);
                 self.chunks.push(c);
             }
