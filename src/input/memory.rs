@@ -7,20 +7,21 @@
 
 use std::path::Path;
 
-/// What `analyze` holds per event at its peak, rounded up: 42 bytes on a
-/// synthetic training trace of 100 M events, 60 at 10 M with the fixed
-/// costs (the event columns, 33 bytes, each process's live bytes after
+/// What `analyze` holds per event at its peak, rounded up: 35 bytes on a
+/// synthetic training trace of 100 M events, 50 at 10 M with the fixed
+/// costs (the event columns, 26 bytes, each process's live bytes after
 /// each event and its tokens' positions while iterations are found, the
 /// blocks' lives for the pictures), measured by `scripts/bench-growth`.
-pub const BYTES_PER_EVENT: u64 = 50;
+pub const BYTES_PER_EVENT: u64 = 40;
 
 /// What `analyze` holds per event of `trace`: [`BYTES_PER_EVENT`], and
 /// the width of each optional column it loads besides (PyTorch's
-/// `requested_size`, `stack_id`, `device_free` and `stream`; recorded
-/// stack ids; the device of each call).
+/// `requested_size` and `stack_id`, and its `stream` in a byte;
+/// `device_free` takes a bit; recorded stack ids; the device of each
+/// call).
 pub fn bytes_per_event(trace: &crate::trace::Trace) -> u64 {
     BYTES_PER_EVENT
-        + if trace.pytorch_columns { 8 + 4 + 8 + 8 } else { 0 }
+        + if trace.pytorch_columns { 8 + 4 + 1 } else { 0 }
         + if trace.ustack_ids { 4 } else { 0 }
         + if trace.device_column { 4 } else { 0 }
 }
@@ -115,7 +116,7 @@ mod tests {
         let mut t = crate::trace::Trace::default();
         assert_eq!(bytes_per_event(&t), BYTES_PER_EVENT);
         (t.pytorch_columns, t.device_column) = (true, true);
-        assert_eq!(bytes_per_event(&t), BYTES_PER_EVENT + 28 + 4);
+        assert_eq!(bytes_per_event(&t), BYTES_PER_EVENT + 13 + 4);
     }
 
     #[test]
