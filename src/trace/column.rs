@@ -22,7 +22,34 @@ use std::ops::Index;
 
 use ahash::AHashMap;
 
-use super::event::Row;
+/// A row number (or a position in one series' rows) as a list of them
+/// stores it: 4 bytes while the rows fit, 8 beyond.
+pub trait Row: Copy {
+    fn at(j: usize) -> Self;
+    fn index(self) -> usize;
+}
+
+impl Row for u32 {
+    #[inline]
+    fn at(j: usize) -> u32 {
+        j as u32
+    }
+    #[inline]
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl Row for usize {
+    #[inline]
+    fn at(j: usize) -> usize {
+        j
+    }
+    #[inline]
+    fn index(self) -> usize {
+        self
+    }
+}
 
 /// A column of few distinct values: a code per row into a table.
 #[derive(Clone, Debug)]

@@ -4,10 +4,10 @@
 //! [`Events`].
 
 use std::collections::BTreeMap;
-
-use super::column::{Coded, Sparse};
-
 use std::fmt;
+
+pub use super::column::Row;
+use super::column::{Coded, Sparse};
 
 /// CUDA's out-of-memory return code (`cudaErrorMemoryAllocation` = 2 in the
 /// runtime, `CUDA_ERROR_OUT_OF_MEMORY` = 2 in the driver).
@@ -408,35 +408,6 @@ impl Events {
             self.stream = self.stream.take_rows(rows);
         }
         take(&mut self.device, rows);
-    }
-}
-
-/// A row number (or a position in one series' rows) as a list of them
-/// stores it: 4 bytes while the rows fit, 8 beyond.
-pub trait Row: Copy {
-    fn at(j: usize) -> Self;
-    fn index(self) -> usize;
-}
-
-impl Row for u32 {
-    #[inline]
-    fn at(j: usize) -> u32 {
-        j as u32
-    }
-    #[inline]
-    fn index(self) -> usize {
-        self as usize
-    }
-}
-
-impl Row for usize {
-    #[inline]
-    fn at(j: usize) -> usize {
-        j
-    }
-    #[inline]
-    fn index(self) -> usize {
-        self
     }
 }
 
