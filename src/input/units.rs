@@ -10,20 +10,22 @@
 use std::collections::BTreeMap;
 
 use crate::trace::Trace;
+use crate::trace::column::Coded;
 use crate::trace::event::{EventKind, Events, NO_DEVICE, Row};
 
 /// The first unit id: above any pid.
 pub const FIRST_UNIT: u32 = 1 << 30;
 
 /// The rows after the split (an exit once per unit of its process), and
-/// the unit of each.
+/// the unit of each, as the pid column holds it.
 fn unit_rows<R: Row>(
     events: &Events,
     unit: &BTreeMap<(u32, i32), u32>,
     of_pid: &BTreeMap<u32, Vec<u32>>,
-) -> (Vec<R>, Vec<u32>) {
+) -> (Vec<R>, Coded<u32>) {
     let mut rows = Vec::with_capacity(events.len());
-    let mut pids = Vec::with_capacity(events.len());
+    let mut pids = Coded::default();
+    let _ = pids.try_reserve_exact(events.len());
     for i in 0..events.len() {
         let pid = events.pid[i];
         let Some(units) = of_pid.get(&pid) else {
@@ -77,7 +79,7 @@ pub fn split(trace: &mut Trace, events: &mut Events) {
         events.take_rows(&rows);
         pids
     };
-    events.pid = pids.into();
+    events.pid = pids;
     trace.units = unit.into_iter().map(|((pid, d), id)| (id, (pid, d))).collect();
 }
 

@@ -208,6 +208,7 @@ impl<T: Copy + Eq + Hash> Coded<T> {
 
     /// Bytes a row costs: its code's width, or the value's in a plain
     /// column.
+    #[cfg(test)]
     pub fn row_bytes(&self) -> usize {
         match &self.codes {
             Codes::Narrow(_) => 1,
@@ -220,6 +221,7 @@ impl<T: Copy + Eq + Hash> Coded<T> {
     /// The values in the table (0 for a plain column): every value the
     /// column has held, including those of rows a take or a shortening
     /// left out, so not the distinct values of its rows.
+    #[cfg(test)]
     pub fn table_len(&self) -> usize {
         if matches!(self.codes, Codes::Plain) { 0 } else { self.values.len() }
     }
@@ -286,6 +288,7 @@ impl<T: Copy + PartialEq> Sparse<T> {
         Sparse { fill, len: 0, bits: Vec::new(), rows: Vec::new(), values: Vec::new() }
     }
 
+    #[cfg(test)]
     pub fn from_vec(values: Vec<T>, fill: T) -> Self {
         let mut s = Sparse::new(fill);
         let _ = s.try_reserve_exact(values.len());
@@ -302,6 +305,7 @@ impl<T: Copy + PartialEq> Sparse<T> {
     }
 
     /// The rows that hold another value than `fill`.
+    #[cfg(test)]
     pub fn others(&self) -> usize {
         self.rows.len()
     }
