@@ -369,13 +369,13 @@ fn pinned(a: &Analysis, events: &Events) -> Option<Advice> {
     let mut segments: rangemap::RangeMap<u64, u64> = rangemap::RangeMap::new();
     let mut blocks: BTreeMap<u64, (u64, u32)> = BTreeMap::new();
     for i in 0..events.len() {
-        if events.ts_ns[i] > first.t_ns {
+        if events.ts_ns.at(i) > first.t_ns {
             break;
         }
         if events.pid[i] != device || events.ret[i] != 0 {
             continue;
         }
-        let (addr, size) = (events.addr[i], events.size[i]);
+        let (addr, size) = (events.addr.at(i), events.size.at(i));
         let end = addr.saturating_add(size);
         let stack = events.stack.get(i).copied().unwrap_or(crate::trace::event::NO_STACK);
         match events.kind[i] {
@@ -487,9 +487,9 @@ fn regrown_tensors(events: &Events, stacks: &crate::trace::Stacks) -> Vec<Advice
         if stack == crate::trace::event::NO_STACK {
             continue;
         }
-        let size = events.requested.get(i).copied().filter(|&r| r != u64::MAX && r > 0).unwrap_or(events.size[i]);
+        let size = events.requested.get(i).copied().filter(|&r| r != u64::MAX && r > 0).unwrap_or(events.size.at(i));
         let e = by_stack.entry(stack).or_default();
-        e.0.entry(size).or_insert(events.ts_ns[i]);
+        e.0.entry(size).or_insert(events.ts_ns.at(i));
         e.1 += 1;
     }
     // Merged by call site (one line may be reached through several stacks).

@@ -173,7 +173,7 @@ pub fn detect(
     // trace (a snapshot whose recording started with the program): the
     // stretch before its first optimizer step's end is a whole iteration,
     // the first, with the program's set-up.
-    let begins = rows.first().map(|i| events.ts_ns[i]).filter(|_| rebuilt == Some(0));
+    let begins = rows.first().map(|i| events.ts_ns.at(i)).filter(|_| rebuilt == Some(0));
     // Where something was alive before it, the trace is a window on the
     // run (PyTorch's history keeps its last entries): steps that began
     // before its first entry are not in it. Its first entry is its first
@@ -182,7 +182,7 @@ pub fn detect(
     let window = rows
         .iter()
         .find(|&i| stacks.is_none_or(|st| !outside_row(events, st, i)))
-        .map(|i| events.ts_ns[i])
+        .map(|i| events.ts_ns.at(i))
         .filter(|_| rebuilt.is_some_and(|n| n > 0));
     // A snapshot's allocations repeat per layer as much as per iteration,
     // so only its optimizer steps count; and only those the trace recorded,
@@ -321,7 +321,7 @@ fn from_optimizer_steps(
             if since_step == 0
                 && let Some(b) = bursts.last_mut()
             {
-                b.1 = Some(events.ts_ns[i]);
+                b.1 = Some(events.ts_ns.at(i));
             }
             since_step = since_step.saturating_add(1);
         }
@@ -329,7 +329,7 @@ fn from_optimizer_steps(
     if bursts.is_empty() {
         return None;
     }
-    let ends = bursts.iter().map(|&(last, after)| after.unwrap_or(events.ts_ns[last] + 1)).collect();
+    let ends = bursts.iter().map(|&(last, after)| after.unwrap_or(events.ts_ns.at(last) + 1)).collect();
     Some(Iterations::new(pid, bursts.len(), with_start(begins, ends), IterationSource::CallSites))
 }
 
@@ -406,13 +406,13 @@ fn live_series<V: Level>(events: &Events, idx: Rows<'_>, grain: u64) -> Option<V
             if kind == EventKind::Exit {
                 blocks.clear();
                 now = 0;
-            } else if kind.creates_block() && events.size[i] > 0 {
-                if let Some(old) = blocks.insert(events.addr[i], events.size[i]) {
+            } else if kind.creates_block() && events.size.at(i) > 0 {
+                if let Some(old) = blocks.insert(events.addr.at(i), events.size.at(i)) {
                     now -= old;
                 }
-                now += events.size[i];
+                now += events.size.at(i);
             } else if kind.releases_block()
-                && let Some(size) = blocks.remove(&events.addr[i])
+                && let Some(size) = blocks.remove(&events.addr.at(i))
             {
                 now -= size;
             }
@@ -433,8 +433,8 @@ fn from_periodicity(events: &Events, pid: u32, rows: Rows<'_>) -> Option<Iterati
     // those units, a long series takes 4 bytes an event where it took 8.
     let mut grain = 0u64;
     for i in idx.iter() {
-        if events.kind[i].is_some_and(EventKind::creates_block) && events.ret[i] == 0 && events.size[i] > 0 {
-            grain = gcd(grain, events.size[i]);
+        if events.kind[i].is_some_and(EventKind::creates_block) && events.ret[i] == 0 && events.size.at(i) > 0 {
+            grain = gcd(grain, events.size.at(i));
             if grain == 1 {
                 break;
             }
@@ -578,7 +578,7 @@ fn periodicity_in<V: Level>(events: &Events, pid: u32, idx: Rows<'_>, live: &[V]
     if ratios.get(ratios.len() / 2).is_none_or(|&r| r > 0.5) {
         return None;
     }
-    let boundaries: Vec<u64> = starts.iter().map(|&j| events.ts_ns[idx.get(j)]).collect();
+    let boundaries: Vec<u64> = starts.iter().map(|&j| events.ts_ns.at(idx.get(j))).collect();
     (boundaries.len() >= 2).then(|| Iterations::new(pid, boundaries.len(), boundaries, IterationSource::Periodicity))
 }
 
@@ -597,8 +597,8 @@ fn anchor_in<P: Row, V: Level>(events: &Events, idx: Rows<'_>, live: &[V], grain
     let mut positions: AHashMap<(u8, u64), Vec<P>> = AHashMap::new();
     for (j, i) in idx.iter().enumerate() {
         let key = match events.kind[i] {
-            Some(EventKind::Launch) => (0, events.addr[i]),
-            Some(k) if k.creates_block() && events.ret[i] == 0 => (1 + k as u8, events.size[i]),
+            Some(EventKind::Launch) => (0, events.addr.at(i)),
+            Some(k) if k.creates_block() && events.ret[i] == 0 => (1 + k as u8, events.size.at(i)),
             _ => continue,
         };
         positions.entry(key).or_default().push(P::at(j));
@@ -680,8 +680,8 @@ fn from_launches_in<P: Row>(events: &Events, pid: u32, rows: Rows<'_>) -> Option
     let (mut addrs, mut positions): (Vec<u64>, Vec<Vec<P>>) = (Vec::new(), Vec::new());
     let mut kernels: Vec<P> = Vec::new();
     for i in rows.iter().filter(|&i| is_launch(i)) {
-        let id = *ids.entry(events.addr[i]).or_insert_with(|| {
-            addrs.push(events.addr[i]);
+        let id = *ids.entry(events.addr.at(i)).or_insert_with(|| {
+            addrs.push(events.addr.at(i));
             positions.push(Vec::new());
             P::at(addrs.len() - 1)
         });
@@ -762,7 +762,7 @@ fn from_launches_in<P: Row>(events: &Events, pid: u32, rows: Rows<'_>) -> Option
     let mut boundaries: Vec<u64> = Vec::with_capacity(count);
     for (k, i) in rows.iter().filter(|&i| is_launch(i)).enumerate() {
         if opens.next_if_eq(&k).is_some() {
-            boundaries.push(events.ts_ns[i]);
+            boundaries.push(events.ts_ns.at(i));
         }
     }
     Some(Iterations::new(pid, count, boundaries, IterationSource::Launches))

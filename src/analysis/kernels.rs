@@ -49,7 +49,7 @@ pub fn kernel_table(trace_dir: &Path, events: &Events, returns: bool, process: i
     let mut launches: BTreeMap<Launched, (u64, u64)> = BTreeMap::new();
     for i in 0..events.len() {
         if events.kind[i] == Some(EventKind::Launch) {
-            let c = launches.entry((process(events.pid[i]), events.addr[i])).or_default();
+            let c = launches.entry((process(events.pid[i]), events.addr.at(i))).or_default();
             c.0 += 1;
             c.1 += u64::from(events.ret[i] != 0);
         }

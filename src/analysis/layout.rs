@@ -92,12 +92,12 @@ fn lifetimes_with_streams(events: &Events) -> (Vec<Lifetime>, Vec<(u32, u64)>) {
         }
         out.push(Lifetime { pid, stack: o.stack, addr, size: o.size, start: o.start, end });
     };
-    let last = events.ts_ns.last().copied().unwrap_or(0);
+    let last = events.ts_ns.last().unwrap_or(0);
     for i in 0..events.len() {
         let Some(kind) = events.kind[i] else { continue };
         if kind == crate::trace::event::EventKind::Exit {
             // The process ended: the driver released what it held.
-            let (pid, ts) = (events.pid[i], events.ts_ns[i]);
+            let (pid, ts) = (events.pid[i], events.ts_ns.at(i));
             let mut ended: Vec<(u64, Open)> = Vec::new();
             open.retain(|&(p, addr), o| {
                 if p == pid {
@@ -111,13 +111,13 @@ fn lifetimes_with_streams(events: &Events) -> (Vec<Lifetime>, Vec<(u32, u64)>) {
             }
             continue;
         }
-        if events.ret[i] != 0 || events.addr[i] == 0 {
+        if events.ret[i] != 0 || events.addr.at(i) == 0 {
             continue;
         }
-        let (pid, addr, ts) = (events.pid[i], events.addr[i], events.ts_ns[i]);
-        if kind.creates_block() && events.size[i] > 0 {
+        let (pid, addr, ts) = (events.pid[i], events.addr.at(i), events.ts_ns.at(i));
+        if kind.creates_block() && events.size.at(i) > 0 {
             let new = Open {
-                size: events.size[i],
+                size: events.size.at(i),
                 start: ts,
                 stack: events.stack.get(i).copied().unwrap_or(NO_STACK),
                 stream: events.stream.get(i).unwrap_or(0),
@@ -183,10 +183,10 @@ pub fn segment_lifetimes(events: &Events) -> Vec<Lifetime> {
     // start), so that two segments that touch stay two.
     let mut open: std::collections::BTreeMap<u32, rangemap::RangeMap<u64, (u64, u64)>> = Default::default();
     let mut out = Vec::new();
-    let last = events.ts_ns.last().copied().unwrap_or(0);
+    let last = events.ts_ns.last().unwrap_or(0);
     for i in 0..events.len() {
         let Some(kind) = events.kind[i] else { continue };
-        let (pid, addr, size, ts) = (events.pid[i], events.addr[i], events.size[i], events.ts_ns[i]);
+        let (pid, addr, size, ts) = (events.pid[i], events.addr.at(i), events.size.at(i), events.ts_ns.at(i));
         let end = addr.saturating_add(size);
         match kind {
             EventKind::SegmentAlloc | EventKind::SegmentMap if end > addr => {

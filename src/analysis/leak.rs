@@ -226,13 +226,14 @@ impl LiveBytes {
         if events.ret[i] != 0 || !crate::analysis::replay::tracks(kind, self.allocator_view) {
             return;
         }
-        let addr = events.addr[i];
+        let addr = events.addr.at(i);
         // The program's own bytes: a snapshot's blocks by the size asked
         // for, which no allocator setting changes (rounding and unsplit
         // remainders do).
-        let size = if self.allocator_view { events.requested_at(i).unwrap_or(events.size[i]) } else { events.size[i] };
+        let size =
+            if self.allocator_view { events.requested_at(i).unwrap_or(events.size.at(i)) } else { events.size.at(i) };
         if kind.creates_block() {
-            if events.size[i] == 0 {
+            if events.size.at(i) == 0 {
                 return;
             }
             if !self.allocator_view && (addr == 0 || addr.checked_add(size).is_none()) {
@@ -263,7 +264,7 @@ pub fn floors(events: &Events, pid: u32, allocator_view: bool, spans: &[(u64, u6
         if events.pid[i] != pid {
             continue;
         }
-        let ts = events.ts_ns[i];
+        let ts = events.ts_ns.at(i);
         while k < out.len() && ts >= out[k].end_t_ns {
             if !entered {
                 let start = out[k].start_t_ns;

@@ -51,6 +51,7 @@ use crate::analysis::predict::{PredictConfig, Prediction};
 use crate::analysis::replay::{Footprint, Peak, Replay};
 use crate::input::Loaded;
 use crate::trace::Trace;
+use crate::trace::column::Packed;
 use crate::trace::event::Events;
 
 /// More rows than this is a mistake on the command line, not a wish.
@@ -58,18 +59,18 @@ const MAX_STEPS: u64 = 20_000_000;
 const AUTO_STEPS: u64 = 1000;
 
 /// Step ends as (index one past the step's last event, t_ns).
-pub fn step_bounds(spec: StepSpec, ts: &[u64]) -> Result<Vec<(usize, u64)>> {
+pub fn step_bounds(spec: StepSpec, ts: &Packed) -> Result<Vec<(usize, u64)>> {
     let n = ts.len();
     if n == 0 {
         return Ok(Vec::new());
     }
-    let (t0, t1) = (ts[0], ts[n - 1]);
+    let (t0, t1) = (ts.at(0), ts.at(n - 1));
     let by_time = |d: u64, count: u64| -> Vec<(usize, u64)> {
         (1..=count)
             .map(|k| {
                 let t = t0.saturating_add(k.saturating_mul(d)).min(t1.max(t0 + d.min(1)));
                 let t = if k == count { t1 } else { t };
-                (ts.partition_point(|&x| x <= t), t)
+                (ts.partition_point(|x| x <= t), t)
             })
             .collect()
     };
@@ -95,7 +96,7 @@ pub fn step_bounds(spec: StepSpec, ts: &[u64]) -> Result<Vec<(usize, u64)>> {
             (1..=count)
                 .map(|k| {
                     let end = (k * e).min(n as u64) as usize;
-                    (end, ts[end - 1])
+                    (end, ts.at(end - 1))
                 })
                 .collect()
         }
@@ -270,8 +271,8 @@ pub fn analyze_events(trace: Trace, events: &Events, out_of_order: u64, opts: &O
         failed_allocs,
         null_frees,
         recovered_allocs: recovered,
-        first_ts: events.ts_ns.first().copied().unwrap_or(0),
-        last_ts: events.ts_ns.last().copied().unwrap_or(0),
+        first_ts: events.ts_ns.first().unwrap_or(0),
+        last_ts: events.ts_ns.last().unwrap_or(0),
         step_count: bounds.len(),
         rows,
         ooms,
@@ -563,7 +564,7 @@ fn walk(events: &Events, bounds: &[(usize, u64)], replay: &mut Replay, context: 
         while i < end {
             let kind = events.kind[i];
             w.counts.add(kind);
-            if kind == Some(crate::trace::event::EventKind::Free) && events.addr[i] == 0 {
+            if kind == Some(crate::trace::event::EventKind::Free) && events.addr.at(i) == 0 {
                 w.null_frees += 1;
             } else if kind == Some(crate::trace::event::EventKind::Exit) {
                 exited.insert(events.pid[i]);

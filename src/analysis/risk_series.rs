@@ -162,10 +162,10 @@ fn largest_requests(events: &crate::trace::event::Events, series: &Series, alloc
         if !series.has(events.pid[i]) {
             continue;
         }
-        let size = events.requested_at(i).unwrap_or(events.size[i]);
+        let size = events.requested_at(i).unwrap_or(events.size.at(i));
         if size > max {
             max = size;
-            out.push((events.ts_ns[i], max));
+            out.push((events.ts_ns.at(i), max));
         }
     }
     out

@@ -236,7 +236,7 @@ pub fn grown_sites(
     let blocks: Vec<(u64, u64, u64, u32)> = live
         .blocks
         .into_iter()
-        .filter(|((p, _), b)| *p == pid && events.ts_ns[b.row] > since_ns && events.ts_ns[b.row] < until_ns)
+        .filter(|((p, _), b)| *p == pid && events.ts_ns.at(b.row) > since_ns && events.ts_ns.at(b.row) < until_ns)
         .map(|((_, a), b)| {
             let bytes = if requested { events.requested_at(b.row).unwrap_or(b.size) } else { b.size };
             (a, bytes, bytes, b.stack)
@@ -287,7 +287,7 @@ pub fn allocation_stacks(events: &crate::trace::event::Events, stacks: &Stacks) 
         let id = events.stack.get(i).copied().unwrap_or(NO_STACK);
         if alloc && id != NO_STACK {
             let e = by_id.entry(id).or_default();
-            e.0 += events.size[i];
+            e.0 += events.size.at(i);
             e.1 += 1;
         }
     }

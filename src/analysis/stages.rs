@@ -139,7 +139,7 @@ fn runs(events: &Events, annotations: &[Annotation]) -> (Vec<Run>, Vec<Path>, u3
     // The first entry of each device: runs that began before it are left out.
     let mut first: BTreeMap<u32, u64> = BTreeMap::new();
     for i in 0..events.len() {
-        first.entry(events.pid[i]).or_insert(events.ts_ns[i]);
+        first.entry(events.pid[i]).or_insert(events.ts_ns.at(i));
     }
     let mut paths: Vec<Path> = Vec::new();
     let mut path_ids: ahash::AHashMap<Path, usize> = Default::default();
@@ -167,7 +167,7 @@ fn runs(events: &Events, annotations: &[Annotation]) -> (Vec<Run>, Vec<Path>, u3
                     paths.push(key);
                     paths.len() - 1
                 });
-                let start_i = events.ts_ns.partition_point(|&t| t < a.t_ns);
+                let start_i = events.ts_ns.partition_point(|t| t < a.t_ns);
                 out.push(Run {
                     device,
                     path: id,
@@ -192,7 +192,7 @@ fn runs(events: &Events, annotations: &[Annotation]) -> (Vec<Run>, Vec<Path>, u3
                 && let (_, Some(r)) = open.remove(at)
             {
                 out[r].end_t = Some(a.t_ns);
-                out[r].end_i = Some(events.ts_ns.partition_point(|&t| t <= a.t_ns).max(out[r].start_i));
+                out[r].end_i = Some(events.ts_ns.partition_point(|t| t <= a.t_ns).max(out[r].start_i));
             }
         }
     }
@@ -238,7 +238,7 @@ pub fn find(events: &Events, annotations: &[Annotation], cfg: &MetricsConfig) ->
             first_t_ns: r.start_t,
             spans: Vec::new(),
         });
-        let last = events.ts_ns.last().copied().unwrap_or(r.start_t);
+        let last = events.ts_ns.last().unwrap_or(r.start_t);
         s.spans.push((r.start_t, r.end_t.unwrap_or(last).max(r.start_t)));
         s.runs += 1;
         s.unfinished += u32::from(r.end_i.is_none());
@@ -329,7 +329,7 @@ fn walk(events: &Events, runs: &mut [Run]) {
         if events.ret[i] != 0 {
             continue;
         }
-        let (device, addr, size) = (events.pid[i], events.addr[i], events.size[i]);
+        let (device, addr, size) = (events.pid[i], events.addr.at(i), events.size.at(i));
         let mut freed_birth = None;
         match kind {
             EventKind::BlockAlloc if size > 0 => {
@@ -358,7 +358,7 @@ fn walk(events: &Events, runs: &mut [Run]) {
                 continue;
             }
             if a > run.peak_alloc {
-                (run.peak_alloc, run.peak_i, run.peak_t, run.reserved_at_peak) = (a, Some(i), events.ts_ns[i], res);
+                (run.peak_alloc, run.peak_i, run.peak_t, run.reserved_at_peak) = (a, Some(i), events.ts_ns.at(i), res);
             }
             run.peak_reserved = run.peak_reserved.max(res);
             if kind == EventKind::BlockAlloc {
@@ -397,7 +397,7 @@ fn fragmentation_at(
         if let Some(kind) = events.kind[i].filter(|&k| reads(k))
             && events.ret[i] == 0
         {
-            let (device, addr, size) = (events.pid[i], events.addr[i], events.size[i]);
+            let (device, addr, size) = (events.pid[i], events.addr.at(i), events.size.at(i));
             let segs = segments.entry(device).or_default();
             let live = blocks.entry(device).or_default();
             match kind {

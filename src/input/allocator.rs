@@ -122,7 +122,7 @@ fn block_sizes(
     let mut rounded: HashMap<usize, u64> = HashMap::new();
     for &i in rows.iter().filter(|&&i| rec.ret[i] == 0) {
         let Some(kind) = rec.kind[i] else { continue };
-        let (addr, size) = (rec.addr[i], rec.size[i]);
+        let (addr, size) = (rec.addr.at(i), rec.size.at(i));
         let stream = rec.stream.get(i).unwrap_or(0);
         match kind {
             EventKind::Alloc | EventKind::AllocAsync | EventKind::AllocManaged if pytorch.contains(&i) => {
@@ -149,7 +149,7 @@ fn block_sizes(
     for &i in rows.iter().filter(|&&i| rec.ret[i] == 0) {
         match rec.kind[i] {
             Some(EventKind::BlockAlloc) => {
-                let addr = rec.addr[i];
+                let addr = rec.addr.at(i);
                 if let Some((&a, &row)) = live.range(..addr).next_back()
                     && a + sizes[&row] > addr
                 {
@@ -162,7 +162,7 @@ fn block_sizes(
                 live.insert(addr, i);
             }
             Some(EventKind::BlockFree) => {
-                live.remove(&rec.addr[i]);
+                live.remove(&rec.addr.at(i));
             }
             _ => {}
         }
@@ -217,7 +217,7 @@ pub fn view(recording: Loaded) -> Result<Loaded> {
             let outside = rows
                 .iter()
                 .copied()
-                .filter(|&i| rec.ret[i] == 0 && rec.size[i] > 0)
+                .filter(|&i| rec.ret[i] == 0 && rec.size.at(i) > 0)
                 .filter(|&i| rec.kind[i].is_some_and(EventKind::is_device_alloc) && !pytorch.contains(&i))
                 .collect();
             let id = if several { FIRST_UNIT + n as u32 } else { whose(key).1.max(0) as u32 };
@@ -228,7 +228,7 @@ pub fn view(recording: Loaded) -> Result<Loaded> {
     // The library that made each outside allocation.
     let wanted: HashSet<(u32, u64, u64)> = units
         .iter()
-        .flat_map(|u| u.outside.iter().map(|&i| (real_pid(&recording, rec.pid[i]), rec.ts_ns[i], rec.addr[i])))
+        .flat_map(|u| u.outside.iter().map(|&i| (real_pid(&recording, rec.pid[i]), rec.ts_ns.at(i), rec.addr.at(i))))
         .collect();
     let callers = if wanted.is_empty() { HashMap::new() } else { callers(&recording, &wanted) };
     let mut maps = HashMap::new();
@@ -268,7 +268,7 @@ pub fn view(recording: Loaded) -> Result<Loaded> {
         let mut live_blocks: HashMap<u64, (u64, bool)> = HashMap::new();
         for &i in &u.rows {
             let (Some(kind), Some(mut e)) = (rec.kind[i], rec.get(i)) else { continue };
-            let (addr, size) = (rec.addr[i], rec.size[i]);
+            let (addr, size) = (rec.addr.at(i), rec.size.at(i));
             runtime_calls += u64::from(kind.is_device_alloc() || kind.is_device_free());
             if rec.ret[i] != 0 && !matches!(kind, EventKind::Oom | EventKind::Launch) {
                 continue;
@@ -429,7 +429,7 @@ fn pytorch_segments(rec: &Events, rows: &[usize]) -> HashSet<usize> {
     let mut out = HashSet::new();
     for &i in rows.iter().filter(|&&i| rec.ret[i] == 0) {
         let Some(kind) = rec.kind[i] else { continue };
-        let (addr, size) = (rec.addr[i], rec.size[i]);
+        let (addr, size) = (rec.addr.at(i), rec.size.at(i));
         if kind.is_device_alloc() && size > 0 {
             live.insert(addr, (addr + size, i));
         } else if kind == EventKind::MemUnmap {

@@ -92,8 +92,8 @@ fn join_probed(recording: Loaded, snapshot: Loaded) -> Result<Loaded> {
     };
     let (rec, snap) = (&recording.events, &snapshot.events);
     let allocs: Vec<Alloc> = (0..rec.len())
-        .filter(|&i| rec.kind[i].is_some_and(EventKind::is_device_alloc) && rec.ret[i] == 0 && rec.size[i] > 0)
-        .map(|i| Alloc { row: i, pid: rec.pid[i], addr: rec.addr[i], size: rec.size[i] })
+        .filter(|&i| rec.kind[i].is_some_and(EventKind::is_device_alloc) && rec.ret[i] == 0 && rec.size.at(i) > 0)
+        .map(|i| Alloc { row: i, pid: rec.pid[i], addr: rec.addr.at(i), size: rec.size.at(i) })
         .collect();
     let ends = alloc_ends(rec, &allocs);
     // A first pass without a clock (the earliest unmatched allocation of
@@ -127,16 +127,15 @@ fn join_probed(recording: Loaded, snapshot: Loaded) -> Result<Loaded> {
     // within the snapshot's window (before it, PyTorch's own segments freed
     // before its history began would look like someone else's).
     let on_snapshot_clock = |t: u64| (t as i64).saturating_sub(offset);
-    let (first, last) =
-        (snap.ts_ns.first().copied().unwrap_or(0) as i64, snap.ts_ns.last().copied().unwrap_or(0) as i64);
+    let (first, last) = (snap.ts_ns.first().unwrap_or(0) as i64, snap.ts_ns.last().unwrap_or(0) as i64);
     let outside: Vec<(&Alloc, Option<usize>)> = allocs
         .iter()
         .zip(&ends)
         .filter(|(a, end)| {
             a.pid == pid
                 && !used.contains(&a.row)
-                && on_snapshot_clock(rec.ts_ns[a.row]) <= last
-                && end.is_none_or(|f| on_snapshot_clock(rec.ts_ns[f]) >= first)
+                && on_snapshot_clock(rec.ts_ns.at(a.row)) <= last
+                && end.is_none_or(|f| on_snapshot_clock(rec.ts_ns.at(f)) >= first)
         })
         .map(|(a, end)| (a, *end))
         .collect();
@@ -147,7 +146,7 @@ fn join_probed(recording: Loaded, snapshot: Loaded) -> Result<Loaded> {
     let mut out = snapshot.events.clone();
     let to_snapshot_clock = |t: u64| on_snapshot_clock(t).max(0) as u64;
     let wanted: std::collections::HashSet<(u32, u64, u64)> =
-        outside.iter().map(|(a, _)| (real_pid(&recording, a.pid), rec.ts_ns[a.row], a.addr)).collect();
+        outside.iter().map(|(a, _)| (real_pid(&recording, a.pid), rec.ts_ns.at(a.row), a.addr)).collect();
     let callers = if outside.is_empty() { HashMap::new() } else { callers(&recording, &wanted) };
     let mut maps: HashMap<u32, Option<String>> = HashMap::new();
     let mut spans = Vec::with_capacity(outside.len());
@@ -158,14 +157,14 @@ fn join_probed(recording: Loaded, snapshot: Loaded) -> Result<Loaded> {
             stacks.stacks.push(vec![(stacks.frames.len() - 1) as u32]);
             (stacks.stacks.len() - 1) as u32
         });
-        let t = to_snapshot_clock(rec.ts_ns[a.row]);
+        let t = to_snapshot_clock(rec.ts_ns.at(a.row));
         // Every row of it carries the outside call site: `whatif` leaves
         // such rows out of the requests it replays through the allocator.
         let extra = Extra { requested: Some(a.size), stack: Some(stack), device_free: None };
         let row = |t, kind| Event { stream: Some(0), extra, ..Event::new(t, device, kind, a.addr, a.size) };
         out.push(&row(t, EventKind::SegmentAlloc));
         out.push(&row(t, EventKind::BlockAlloc));
-        let freed = end.map(|f| to_snapshot_clock(rec.ts_ns[f]));
+        let freed = end.map(|f| to_snapshot_clock(rec.ts_ns.at(f)));
         if let Some(t) = freed {
             out.push(&row(t, EventKind::BlockFree));
             out.push(&row(t, EventKind::SegmentFree));
@@ -250,7 +249,7 @@ fn alloc_ends(rec: &Events, allocs: &[Alloc]) -> Vec<Option<usize>> {
     for i in 0..rec.len() {
         let Some(k) = rec.kind[i] else { continue };
         if rec.ret[i] == 0 && (k.is_device_alloc() || k.is_device_free()) {
-            at.entry((rec.pid[i], rec.addr[i])).or_default().push(i);
+            at.entry((rec.pid[i], rec.addr.at(i))).or_default().push(i);
         }
     }
     allocs
@@ -282,7 +281,7 @@ fn clock_offset(
 ) -> i64 {
     let mut start: HashMap<u32, u64> = HashMap::new();
     for i in 0..snap.len() {
-        start.entry(snap.pid[i]).or_insert(snap.ts_ns[i]);
+        start.entry(snap.pid[i]).or_insert(snap.ts_ns.at(i));
     }
     let had_initial = |d: u32| details.reconstruction.iter().any(|r| r.device == d && r.initial_segments > 0);
     let offsets = |all: bool| -> Vec<i64> {
@@ -290,9 +289,9 @@ fn clock_offset(
             .iter()
             .filter(|m| {
                 all || !(had_initial(snap.pid[m.snap_row])
-                    && Some(&snap.ts_ns[m.snap_row]) == start.get(&snap.pid[m.snap_row]))
+                    && Some(&snap.ts_ns.at(m.snap_row)) == start.get(&snap.pid[m.snap_row]))
             })
-            .map(|m| (rec.ts_ns[m.rec_row] as i64).saturating_sub(snap.ts_ns[m.snap_row] as i64))
+            .map(|m| (rec.ts_ns.at(m.rec_row) as i64).saturating_sub(snap.ts_ns.at(m.snap_row) as i64))
             .collect();
         o.sort_unstable();
         o
@@ -331,7 +330,7 @@ fn match_segments(snap: &Events, rec: &Events, allocs: &[Alloc], offset: Option<
             None => free.min(),
             Some(o) => {
                 let at = (t as i64).saturating_add(o);
-                free.min_by_key(|&r| ((rec.ts_ns[r] as i64).saturating_sub(at).unsigned_abs(), r))
+                free.min_by_key(|&r| ((rec.ts_ns.at(r) as i64).saturating_sub(at).unsigned_abs(), r))
             }
         }?;
         used.insert(chosen);
@@ -341,8 +340,8 @@ fn match_segments(snap: &Events, rec: &Events, allocs: &[Alloc], offset: Option<
     for i in 0..snap.len() {
         match snap.kind[i] {
             Some(EventKind::SegmentAlloc) => {
-                if let Some(rows) = whole.get(&(snap.addr[i], snap.size[i]))
-                    && let Some(row) = pick(rows, snap.ts_ns[i], &mut used)
+                if let Some(rows) = whole.get(&(snap.addr.at(i), snap.size.at(i)))
+                    && let Some(row) = pick(rows, snap.ts_ns.at(i), &mut used)
                 {
                     out.push(Matched { snap_row: i, rec_row: row, pages: Vec::new() });
                 }
@@ -350,13 +349,13 @@ fn match_segments(snap: &Events, rec: &Events, allocs: &[Alloc], offset: Option<
             Some(EventKind::SegmentMap) => {
                 // The pages, from the segment's start up; taken only when
                 // they tile it.
-                let (start, end) = (snap.addr[i], snap.addr[i].saturating_add(snap.size[i]));
+                let (start, end) = (snap.addr.at(i), snap.addr.at(i).saturating_add(snap.size.at(i)));
                 let mut at = start;
                 let mut taken = Vec::new();
                 while at < end {
                     let Some(pages) = maps.get(&at) else { break };
                     let rows: Vec<usize> = pages.iter().map(|p| p.0).collect();
-                    let Some(row) = pick(&rows, snap.ts_ns[i], &mut used) else { break };
+                    let Some(row) = pick(&rows, snap.ts_ns.at(i), &mut used) else { break };
                     let size = pages.iter().find(|p| p.0 == row).map_or(0, |p| p.1);
                     taken.push(row);
                     at = at.saturating_add(size.max(1));
@@ -424,7 +423,7 @@ pub(super) fn library_of(
 ) -> String {
     let e = &recording.events;
     let pid = real_pid(recording, e.pid[row]);
-    if let Some(&caller) = callers.get(&(pid, e.ts_ns[row], e.addr[row])) {
+    if let Some(&caller) = callers.get(&(pid, e.ts_ns.at(row), e.addr.at(row))) {
         // Each process's copied maps are read once.
         let text = maps
             .entry(pid)
@@ -474,7 +473,7 @@ mod tests {
         ]);
         let allocs: Vec<super::Alloc> = [0, 2, 3]
             .iter()
-            .map(|&row| super::Alloc { row, pid: 7, addr: rec.addr[row], size: rec.size[row] })
+            .map(|&row| super::Alloc { row, pid: 7, addr: rec.addr.at(row), size: rec.size.at(row) })
             .collect();
         assert_eq!(alloc_ends(&rec, &allocs), vec![Some(1), None, None]);
         // The snapshot saw only the second life of the segment (its clock

@@ -7,12 +7,12 @@
 
 use std::path::Path;
 
-/// What `analyze` holds per event at its peak, rounded up: 35 bytes on a
-/// synthetic training trace of 100 M events, 50 at 10 M with the fixed
-/// costs (the event columns, 26 bytes, each process's live bytes after
+/// What `analyze` holds per event at its peak, rounded up: 25 bytes on a
+/// synthetic training trace of 100 M events, 42 at 10 M with the fixed
+/// costs (the event columns, 15 bytes, each process's live bytes after
 /// each event and its tokens' positions while iterations are found, the
 /// blocks' lives for the pictures), measured by `scripts/bench-growth`.
-pub const BYTES_PER_EVENT: u64 = 40;
+pub const BYTES_PER_EVENT: u64 = 30;
 
 /// What `analyze` holds per event of `trace`: [`BYTES_PER_EVENT`], and
 /// the width of each optional column it loads besides (PyTorch's

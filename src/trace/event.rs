@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 pub use super::column::Row;
-use super::column::{Coded, Sparse};
+use super::column::{Coded, Packed, Sparse};
 
 /// CUDA's out-of-memory return code (`cudaErrorMemoryAllocation` = 2 in the
 /// runtime, `CUDA_ERROR_OUT_OF_MEMORY` = 2 in the driver).
@@ -197,17 +197,19 @@ impl Event {
 }
 
 /// The columns the analyser replays, in time order. `kind` is `None` for a
-/// kind name this version does not know (counted, then ignored). The pid,
-/// the return code, `device_free` and the stream are stored narrower than
-/// their values ([`crate::trace::column`]): 1 byte, a bit, a bit and 1 byte
-/// a row where they were 4, 4, 8 and 8.
+/// kind name this version does not know (counted, then ignored). Most
+/// columns are stored narrower than their values ([`crate::trace::column`]):
+/// the time and the size in 4 bytes a row and the address in 4 or 5 (each
+/// block of rows as offsets, or as lower halves with a code of the upper
+/// half), the pid and the stream in 1 (a code), the return code and
+/// `device_free` in a bit, where they took 8, 8, 8, 4, 8, 4 and 8.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Events {
-    pub ts_ns: Vec<u64>,
+    pub ts_ns: Packed,
     pub pid: Coded<u32>,
     pub kind: Vec<Option<EventKind>>,
-    pub addr: Vec<u64>,
-    pub size: Vec<u64>,
+    pub addr: Packed,
+    pub size: Packed,
     pub ret: Sparse<i32>,
     /// The PyTorch columns, loaded only for traces that have them (then as
     /// long as the others; empty otherwise). Nulls are `u64::MAX` /
@@ -226,11 +228,11 @@ pub struct Events {
 impl Default for Events {
     fn default() -> Self {
         Events {
-            ts_ns: Vec::new(),
+            ts_ns: Packed::default(),
             pid: Coded::default(),
             kind: Vec::new(),
-            addr: Vec::new(),
-            size: Vec::new(),
+            addr: Packed::default(),
+            size: Packed::default(),
             ret: Sparse::new(0),
             requested: Vec::new(),
             stack: Vec::new(),
@@ -329,13 +331,13 @@ impl Events {
     /// Row `i` as an [`Event`] (fields the analyser does not load are zero).
     pub fn get(&self, i: usize) -> Option<Event> {
         Some(Event {
-            ts_ns: self.ts_ns[i],
+            ts_ns: self.ts_ns.at(i),
             duration_ns: 0,
             pid: self.pid[i],
             tid: 0,
             kind: self.kind[i]?,
-            addr: self.addr[i],
-            size: self.size[i],
+            addr: self.addr.at(i),
+            size: self.size.at(i),
             ret: self.ret[i],
             device: None,
             stream: self.stream.get(i),
@@ -363,7 +365,7 @@ impl Events {
     /// sorts stably by timestamp (so equal timestamps keep file order).
     /// Returns the count of out-of-order rows.
     pub fn sort_by_time(&mut self) -> u64 {
-        let out_of_order = self.ts_ns.windows(2).filter(|w| w[1] < w[0]).count() as u64;
+        let out_of_order = self.ts_ns.iter().zip(self.ts_ns.iter().skip(1)).filter(|(a, b)| b < a).count() as u64;
         if out_of_order == 0 {
             return 0;
         }
@@ -371,11 +373,11 @@ impl Events {
         // as the trace).
         if self.len() <= u32::MAX as usize {
             let mut order: Vec<u32> = (0..self.len() as u32).collect();
-            order.sort_by_key(|&i| self.ts_ns[i as usize]);
+            order.sort_by_key(|&i| self.ts_ns.at(i as usize));
             self.take_rows(&order);
         } else {
             let mut order: Vec<usize> = (0..self.len()).collect();
-            order.sort_by_key(|&i| self.ts_ns[i]);
+            order.sort_by_key(|&i| self.ts_ns.at(i));
             self.take_rows(&order);
         }
         out_of_order
@@ -389,13 +391,13 @@ impl Events {
                 *v = rows.iter().map(|&i| v[i.index()]).collect();
             }
         }
-        take(&mut self.ts_ns, rows);
+        self.ts_ns = self.ts_ns.take_rows(rows);
         if !self.pid.is_empty() {
             self.pid = self.pid.take_rows(rows);
         }
         take(&mut self.kind, rows);
-        take(&mut self.addr, rows);
-        take(&mut self.size, rows);
+        self.addr = self.addr.take_rows(rows);
+        self.size = self.size.take_rows(rows);
         if !self.ret.is_empty() {
             self.ret = self.ret.take_rows(rows);
         }
@@ -438,11 +440,11 @@ impl LiveSet {
         if ev.ret[i] != 0 {
             return None;
         }
-        let key = (ev.pid[i], ev.addr[i]);
-        if kind.creates_block() && ev.size[i] > 0 {
+        let key = (ev.pid[i], ev.addr.at(i));
+        if kind.creates_block() && ev.size.at(i) > 0 {
             let stack = ev.stack.get(i).copied().unwrap_or(NO_STACK);
-            let old = self.blocks.insert(key, LiveBlock { size: ev.size[i], stack, row: i });
-            Some((key.0, ev.size[i] as i64 - old.map_or(0, |b| b.size as i64)))
+            let old = self.blocks.insert(key, LiveBlock { size: ev.size.at(i), stack, row: i });
+            Some((key.0, ev.size.at(i) as i64 - old.map_or(0, |b| b.size as i64)))
         } else if kind.releases_block() {
             self.blocks.remove(&key).map(|b| (key.0, -(b.size as i64)))
         } else {

@@ -851,7 +851,7 @@ fn a_joined_oom_counts_pytorchs_cache_and_what_was_held_outside_it() {
     meta.mono_to_wall_offset_ns = Some(-(AHEAD as i64));
     let mut w = TraceWriter::create(&recording, meta, 10_000).unwrap();
     let e = &loaded.events;
-    let first = e.ts_ns[0] + AHEAD;
+    let first = e.ts_ns.at(0) + AHEAD;
     // Called from cuBLAS, as the copied maps of the process say.
     let mut outside = Event::new(first, 4242, EventKind::Alloc, 0x10_0000_0000, 64 << 20);
     outside.cuda.caller = Some(0x7f12_3400_1234);
@@ -864,7 +864,7 @@ fn a_joined_oom_counts_pytorchs_cache_and_what_was_held_outside_it() {
             _ => continue,
         };
         segments += usize::from(kind == EventKind::Alloc);
-        w.push(Event::new(e.ts_ns[i] + AHEAD, 4242, kind, e.addr[i], e.size[i])).unwrap();
+        w.push(Event::new(e.ts_ns.at(i) + AHEAD, 4242, kind, e.addr.at(i), e.size.at(i))).unwrap();
     }
     w.finish().unwrap();
     assert!(segments > 0);

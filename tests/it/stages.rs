@@ -79,20 +79,20 @@ fn stages_of_every_shared_snapshot_match_a_computation_by_hand() {
         for i in 0..n {
             if ev.ret[i] == 0 {
                 match ev.kind[i] {
-                    Some(EventKind::BlockAlloc) if ev.size[i] > 0 => {
-                        a += ev.size[i];
-                        if let Some(old) = born.insert(ev.addr[i], i) {
-                            a -= ev.size[old];
+                    Some(EventKind::BlockAlloc) if ev.size.at(i) > 0 => {
+                        a += ev.size.at(i);
+                        if let Some(old) = born.insert(ev.addr.at(i), i) {
+                            a -= ev.size.at(old);
                         }
                     }
                     Some(EventKind::BlockFree) => {
-                        if let Some(b) = born.remove(&ev.addr[i]) {
-                            a -= ev.size[b];
+                        if let Some(b) = born.remove(&ev.addr.at(i)) {
+                            a -= ev.size.at(b);
                             freed_at.insert(b, i);
                         }
                     }
-                    Some(EventKind::SegmentAlloc | EventKind::SegmentMap) => r += ev.size[i],
-                    Some(EventKind::SegmentFree | EventKind::SegmentUnmap) => r -= ev.size[i],
+                    Some(EventKind::SegmentAlloc | EventKind::SegmentMap) => r += ev.size.at(i),
+                    Some(EventKind::SegmentFree | EventKind::SegmentUnmap) => r -= ev.size.at(i),
                     _ => {}
                 }
             }
@@ -100,7 +100,7 @@ fn stages_of_every_shared_snapshot_match_a_computation_by_hand() {
         }
         let before = |i: usize, v: &[u64]| if i == 0 { 0 } else { v[i - 1] };
         // Runs: a START and the next END of its name.
-        let t0 = ev.ts_ns[0];
+        let t0 = ev.ts_ns.at(0);
         let mut open: HashMap<String, Vec<u64>> = HashMap::new();
         let mut runs: Vec<(String, u64, Option<u64>)> = Vec::new();
         let mut sorted = annotations.clone();
@@ -115,8 +115,8 @@ fn stages_of_every_shared_snapshot_match_a_computation_by_hand() {
         runs.extend(open.into_iter().flat_map(|(name, v)| v.into_iter().map(move |s| (name.clone(), s, None))));
         let mut by_hand: BTreeMap<String, ByHand> = BTreeMap::new();
         for (name, s, e) in runs.into_iter().filter(|r| r.1 >= t0) {
-            let si = ev.ts_ns.partition_point(|&t| t < s);
-            let ei = e.map_or(n, |e| ev.ts_ns.partition_point(|&t| t <= e));
+            let si = ev.ts_ns.partition_point(|t| t < s);
+            let ei = e.map_or(n, |e| ev.ts_ns.partition_point(|t| t <= e));
             let h = by_hand.entry(name).or_default();
             h.runs += 1;
             let start_alloc = before(si, &alloc_after);
@@ -143,7 +143,7 @@ fn stages_of_every_shared_snapshot_match_a_computation_by_hand() {
                 let held: u64 = (si..ei)
                     .filter(|&i| ev.kind[i] == Some(EventKind::BlockAlloc) && ev.ret[i] == 0)
                     .filter(|i| freed_at.get(i).is_none_or(|&f| f >= ei))
-                    .map(|i| ev.size[i])
+                    .map(|i| ev.size.at(i))
                     .sum();
                 h.held = Some(h.held.map_or(held, |x: u64| x.max(held)));
                 let net = before(ei, &alloc_after) as i64 - start_alloc as i64;
@@ -190,7 +190,7 @@ fn fragmentation_from_scratch(ev: &fragscope::trace::event::Events, p: usize) ->
         if ev.ret[i] != 0 {
             continue;
         }
-        let (addr, size) = (ev.addr[i], ev.size[i]);
+        let (addr, size) = (ev.addr.at(i), ev.size.at(i));
         match ev.kind[i] {
             Some(EventKind::BlockAlloc) if size > 0 => {
                 blocks.insert(addr, size);

@@ -338,7 +338,7 @@ pub(super) fn floors_at(
             break;
         }
     }
-    let ts = |k: usize| row.get(&k).map(|&i| events.ts_ns[i]);
+    let ts = |k: usize| row.get(&k).map(|&i| events.ts_ns.at(i));
     // A span that ends with the series ends after its last event.
     let after_last = ts(last.saturating_sub(1)).unwrap_or(0) + 1;
     spans
@@ -350,7 +350,7 @@ pub(super) fn floors_at(
                 start_t_ns: ts(s).unwrap_or(0),
                 end_t_ns: ts(e).filter(|&t| t != 0).unwrap_or(after_last),
                 bytes,
-                at_t_ns: events.ts_ns[i],
+                at_t_ns: events.ts_ns.at(i),
                 after_rows: if entering { i } else { i + 1 },
                 peak_bytes: peak,
             }

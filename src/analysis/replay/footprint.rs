@@ -34,7 +34,7 @@ impl Footprint {
             if !covers || events.ret[i] != 0 {
                 continue;
             }
-            let (addr, size) = (events.addr[i], events.size[i]);
+            let (addr, size) = (events.addr.at(i), events.size.at(i));
             let Some(end) = addr.checked_add(size) else {
                 continue;
             };
@@ -49,7 +49,7 @@ impl Footprint {
             let Some(map) = current.as_deref_mut() else {
                 continue;
             };
-            let ts = if kind.creates_block() { events.ts_ns[i] } else { u64::MAX };
+            let ts = if kind.creates_block() { events.ts_ns.at(i) } else { u64::MAX };
             map.entry(addr).and_modify(|e| e.0 = e.0.max(end)).or_insert((end, ts));
         }
         let procs = per_pid

@@ -243,11 +243,11 @@ impl<'e> DeviceStream<'e> {
 /// Row `row` of `events` as recorded (a snapshot's allocator event).
 #[inline]
 fn recorded(events: &Events, row: usize) -> Req {
-    let size = events.size[row];
+    let size = events.size.at(row);
     Req {
-        ts_ns: events.ts_ns[row],
+        ts_ns: events.ts_ns.at(row),
         kind: events.kind[row].unwrap_or(EventKind::Oom),
-        addr: events.addr[row],
+        addr: events.addr.at(row),
         size,
         requested: events.requested.get(row).copied().filter(|&r| r != u64::MAX).unwrap_or(size),
         stream: events.stream.get(row).unwrap_or(0),
@@ -260,11 +260,11 @@ fn recorded(events: &Events, row: usize) -> Req {
 #[inline]
 fn device_level(events: &Events, row: usize, kind: EventKind) -> Req {
     Req {
-        ts_ns: events.ts_ns[row],
+        ts_ns: events.ts_ns.at(row),
         kind,
-        addr: events.addr[row],
-        size: events.size[row],
-        requested: events.size[row],
+        addr: events.addr.at(row),
+        size: events.size.at(row),
+        requested: events.size.at(row),
         stream: 0,
         device_free: None,
     }
@@ -455,7 +455,7 @@ pub fn device_level_streams<'e>(
     let mut retries = crate::analysis::oom::Retries::of(pytorch.clone());
     for i in 0..events.len() {
         let Some(kind) = events.kind[i] else { continue };
-        match retries.see(kind, events.pid[i], events.size[i], events.ret[i]) {
+        match retries.see(kind, events.pid[i], events.size.at(i), events.ret[i]) {
             Ask::Retry => continue,
             Ask::Recovered => {
                 if let Some(d) = by.get_mut(&events.pid[i]) {

@@ -24,7 +24,7 @@ pub(super) fn busy_from(an: &Analysis, ev: &crate::trace::event::Events) -> Opti
     let mut last = first;
     // Only a gap before the last boundary: an idle stretch after the steps
     // (a checkpoint, the teardown) must not leave them out.
-    for &t in ev.ts_ns.iter().filter(|&&t| t >= first && t <= end) {
+    for t in ev.ts_ns.iter().filter(|&t| t >= first && t <= end) {
         if t - last > idle {
             from = t;
         }

@@ -180,7 +180,7 @@ pub fn memory_viz(l: &Loaded, window: Window) -> Result<(Value, MemoryVizSummary
     }
     for i in 0..ev.len() {
         let Some(kind) = ev.kind[i] else { continue };
-        let t = ev.ts_ns[i];
+        let t = ev.ts_ns.at(i);
         if t > window.end_ns {
             break;
         }
@@ -190,7 +190,7 @@ pub fn memory_viz(l: &Loaded, window: Window) -> Result<(Value, MemoryVizSummary
         *n += 1;
         let before_trace = *n <= initial.get(&pid).copied().unwrap_or(0);
         let emit = !before_trace && window.contains(t);
-        let (addr, size, ok) = (ev.addr[i], ev.size[i], ev.ret[i] == 0);
+        let (addr, size, ok) = (ev.addr.at(i), ev.size.at(i), ev.ret[i] == 0);
         let stream = ev.stream.get(i).unwrap_or(0);
         let stack = column(&ev.stack, i, u32::MAX);
         let requested = Some(column(&ev.requested, i, u64::MAX)).filter(|&r| r != u64::MAX).unwrap_or(size);

@@ -123,7 +123,7 @@ pub fn run(args: &Options) -> Result<u8> {
     // A recording of PyTorch's allocator exports as the snapshot it reads
     // as: memory_viz shows each tensor.
     let loaded = crate::input::allocator_view(crate::input::open(&args.input, args.device)?)?;
-    let first = loaded.events.ts_ns.first().copied().unwrap_or(0);
+    let first = loaded.events.ts_ns.first().unwrap_or(0);
     let window = match &args.time_window {
         Some(spec) => {
             let timed = match loaded.trace.meta.as_ref().map(|m| &m.details) {
@@ -143,10 +143,10 @@ pub fn run(args: &Options) -> Result<u8> {
     if loaded.events.is_empty() {
         bail!("{}: the trace has no events to export", args.input.display());
     }
-    if args.time_window.is_some() && !loaded.events.ts_ns.iter().any(|&t| window.contains(t)) {
+    if args.time_window.is_some() && !loaded.events.ts_ns.iter().any(|t| window.contains(t)) {
         // Said, not refused: a memory_viz slice of an idle stretch still
         // holds the state at its end.
-        let last = loaded.events.ts_ns.iter().max().copied().unwrap_or(first);
+        let last = loaded.events.ts_ns.iter().max().unwrap_or(first);
         eprintln!(
             "warning: {}: no event in --time-window {} (the trace's events span 0 to {:.6} s after its first): the \
              export holds none",
