@@ -407,10 +407,11 @@ fn live_series<V: Level>(events: &Events, idx: Rows<'_>, grain: u64) -> Option<V
                 blocks.clear();
                 now = 0;
             } else if kind.creates_block() && events.size.at(i) > 0 {
-                if let Some(old) = blocks.insert(events.addr.at(i), events.size.at(i)) {
+                let size = events.size.at(i);
+                if let Some(old) = blocks.insert(events.addr.at(i), size) {
                     now -= old;
                 }
-                now += events.size.at(i);
+                now += size;
             } else if kind.releases_block()
                 && let Some(size) = blocks.remove(&events.addr.at(i))
             {

@@ -111,13 +111,14 @@ fn lifetimes_with_streams(events: &Events) -> (Vec<Lifetime>, Vec<(u32, u64)>) {
             }
             continue;
         }
-        if events.ret[i] != 0 || events.addr.at(i) == 0 {
+        let addr = events.addr.at(i);
+        if events.ret[i] != 0 || addr == 0 {
             continue;
         }
-        let (pid, addr, ts) = (events.pid[i], events.addr.at(i), events.ts_ns.at(i));
-        if kind.creates_block() && events.size.at(i) > 0 {
+        let (pid, ts, size) = (events.pid[i], events.ts_ns.at(i), events.size.at(i));
+        if kind.creates_block() && size > 0 {
             let new = Open {
-                size: events.size.at(i),
+                size,
                 start: ts,
                 stack: events.stack.get(i).copied().unwrap_or(NO_STACK),
                 stream: events.stream.get(i).unwrap_or(0),
@@ -186,6 +187,12 @@ pub fn segment_lifetimes(events: &Events) -> Vec<Lifetime> {
     let last = events.ts_ns.last().unwrap_or(0);
     for i in 0..events.len() {
         let Some(kind) = events.kind[i] else { continue };
+        if !matches!(
+            kind,
+            EventKind::SegmentAlloc | EventKind::SegmentMap | EventKind::SegmentFree | EventKind::SegmentUnmap
+        ) {
+            continue;
+        }
         let (pid, addr, size, ts) = (events.pid[i], events.addr.at(i), events.size.at(i), events.ts_ns.at(i));
         let end = addr.saturating_add(size);
         match kind {

@@ -226,14 +226,13 @@ impl LiveBytes {
         if events.ret[i] != 0 || !crate::analysis::replay::tracks(kind, self.allocator_view) {
             return;
         }
-        let addr = events.addr.at(i);
+        let (addr, block) = (events.addr.at(i), events.size.at(i));
         // The program's own bytes: a snapshot's blocks by the size asked
         // for, which no allocator setting changes (rounding and unsplit
         // remainders do).
-        let size =
-            if self.allocator_view { events.requested_at(i).unwrap_or(events.size.at(i)) } else { events.size.at(i) };
+        let size = if self.allocator_view { events.requested_at(i).unwrap_or(block) } else { block };
         if kind.creates_block() {
-            if events.size.at(i) == 0 {
+            if block == 0 {
                 return;
             }
             if !self.allocator_view && (addr == 0 || addr.checked_add(size).is_none()) {

@@ -365,7 +365,7 @@ impl Events {
     /// sorts stably by timestamp (so equal timestamps keep file order).
     /// Returns the count of out-of-order rows.
     pub fn sort_by_time(&mut self) -> u64 {
-        let out_of_order = self.ts_ns.iter().zip(self.ts_ns.iter().skip(1)).filter(|(a, b)| b < a).count() as u64;
+        let (out_of_order, _) = self.ts_ns.iter().fold((0u64, 0u64), |(n, before), t| (n + u64::from(t < before), t));
         if out_of_order == 0 {
             return 0;
         }

@@ -78,7 +78,7 @@ impl Packed {
     #[inline(never)]
     fn seal(&mut self) {
         let rows = &self.open;
-        let (lo, hi) = rows.iter().fold((u64::MAX, 0), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+        let (lo, hi) = (rows.iter().copied().min().unwrap_or(0), rows.iter().copied().max().unwrap_or(0));
         let form = if hi - lo <= u32::MAX as u64 {
             self.lows.extend(rows.iter().map(|&v| (v - lo) as u32));
             Meta { form: Form::Offsets, base: lo, nth: 0 }
@@ -99,9 +99,17 @@ impl Packed {
         self.open.clear();
     }
 
-    pub fn extend_from_slice(&mut self, values: &[u64]) {
-        for &v in values {
-            self.push(v);
+    pub fn extend_from_slice(&mut self, mut values: &[u64]) {
+        while !values.is_empty() {
+            if self.open.capacity() == 0 {
+                self.open.reserve_exact(BLOCK);
+            }
+            let (now, later) = values.split_at(values.len().min(BLOCK - self.open.len()));
+            self.open.extend_from_slice(now);
+            if self.open.len() == BLOCK {
+                self.seal();
+            }
+            values = later;
         }
     }
 
@@ -208,16 +216,24 @@ fn halves(rows: &[u64]) -> Option<(Vec<u32>, Vec<u8>)> {
         let upper = (v >> 32) as u32;
         let code = match last {
             Some((u, c)) if u == upper => c,
-            _ => match index.get(&upper) {
-                Some(&c) => c,
-                None if uppers.len() < HALVES => {
-                    let c = uppers.len() as u8;
-                    uppers.push(upper);
-                    index.insert(upper, c);
-                    c
+            _ => {
+                // A short table is searched, a long one looked up.
+                let known = if uppers.len() <= 16 {
+                    uppers.iter().position(|&u| u == upper).map(|c| c as u8)
+                } else {
+                    index.get(&upper).copied()
+                };
+                match known {
+                    Some(c) => c,
+                    None if uppers.len() < HALVES => {
+                        let c = uppers.len() as u8;
+                        uppers.push(upper);
+                        index.insert(upper, c);
+                        c
+                    }
+                    None => return None,
                 }
-                None => return None,
-            },
+            }
         };
         last = Some((upper, code));
         codes.push(code);
@@ -285,6 +301,13 @@ mod tests {
         assert!(p.iter().rev().eq(want.iter().rev().copied()));
         assert_eq!((p.first(), p.last(), p.get(want.len())), (Some(want[0]), Some(8), None));
         assert_eq!(p, want);
+        // Appended in pieces that straddle the blocks: the same blocks.
+        let mut q = Packed::default();
+        for piece in want.chunks(10_000) {
+            q.extend_from_slice(piece);
+        }
+        assert_eq!((q.forms(), q.len()), (p.forms(), p.len()));
+        assert_eq!(q, p);
         // A sorted column searches as a slice does.
         let sorted = Packed::from(want[..BLOCK].to_vec());
         for t in [0, want[0], want[0] + 977 * 5, want[0] + 977 * 5 + 1, u64::MAX] {
