@@ -117,7 +117,9 @@ impl Packed {
     /// bytes are added when it fills), so the column does not grow by
     /// doubling.
     pub fn try_reserve_exact(&mut self, rows: usize) -> Result<(), std::collections::TryReserveError> {
-        let full = (self.len() + rows) / BLOCK * BLOCK;
+        // Saturating: an impossible count fails in the reservation, as a
+        // Vec's does, instead of wrapping.
+        let full = self.len().saturating_add(rows) / BLOCK * BLOCK;
         self.lows.try_reserve_exact(full.saturating_sub(self.lows.len()))?;
         self.blocks.try_reserve_exact(full / BLOCK - self.blocks.len())
     }
@@ -328,6 +330,15 @@ mod tests {
         let p = Packed::from(fits.clone());
         assert_eq!(p.row_bytes(), 5 * BLOCK);
         assert!(p.iter().eq(fits.iter().copied()));
+    }
+
+    /// A reservation past what memory can address is an error, not a
+    /// wrapped count.
+    #[test]
+    fn a_packed_column_refuses_an_impossible_reservation() {
+        let mut p = Packed::from(vec![7; 10]);
+        assert!(p.try_reserve_exact(usize::MAX).is_err());
+        assert_eq!((p.len(), p.at(9)), (10, 7));
     }
 
     #[test]
