@@ -406,8 +406,9 @@ fn live_series<V: Level>(events: &Events, idx: Rows<'_>, grain: u64) -> Option<V
             if kind == EventKind::Exit {
                 blocks.clear();
                 now = 0;
-            } else if kind.creates_block() && events.size.at(i) > 0 {
-                let size = events.size.at(i);
+            } else if kind.creates_block()
+                && let size @ 1.. = events.size.at(i)
+            {
                 if let Some(old) = blocks.insert(events.addr.at(i), size) {
                     now -= old;
                 }

@@ -79,14 +79,13 @@ impl Packed {
     fn seal(&mut self) {
         let rows = &self.open;
         let (lo, hi) = (rows.iter().copied().min().unwrap_or(0), rows.iter().copied().max().unwrap_or(0));
-        let form = if hi - lo <= u32::MAX as u64 {
+        let meta = if hi - lo <= u32::MAX as u64 {
             self.lows.extend(rows.iter().map(|&v| (v - lo) as u32));
             Meta { form: Form::Offsets, base: lo, nth: 0 }
-        } else if let Some((uppers, codes)) = halves(rows) {
+        } else if let Some(uppers) = halves(rows, &mut self.codes) {
             let nth = (self.uppers.len() / HALVES) as u32;
             self.uppers.extend_from_slice(&uppers);
             self.uppers.resize(self.uppers.len() + HALVES - uppers.len(), 0);
-            self.codes.extend_from_slice(&codes);
             self.lows.extend(rows.iter().map(|&v| v as u32));
             Meta { form: Form::Halves, base: 0, nth }
         } else {
@@ -95,7 +94,7 @@ impl Packed {
             self.lows.extend(rows.iter().map(|&v| v as u32));
             Meta { form: Form::Plain, base: 0, nth }
         };
-        self.blocks.push(form);
+        self.blocks.push(meta);
         self.open.clear();
     }
 
@@ -207,13 +206,13 @@ impl Packed {
     }
 }
 
-/// A block's upper halves (at most [`HALVES`]) and each row's code into
-/// them; None when it has more.
-fn halves(rows: &[u64]) -> Option<(Vec<u32>, Vec<u8>)> {
+/// A block's upper halves (at most [`HALVES`]), each row's code into them
+/// appended to `codes`; None, with `codes` as it was, when it has more.
+fn halves(rows: &[u64], codes: &mut Vec<u8>) -> Option<Vec<u32>> {
     let mut uppers: Vec<u32> = Vec::new();
     let mut index: AHashMap<u32, u8> = AHashMap::new();
     let mut last: Option<(u32, u8)> = None;
-    let mut codes = Vec::with_capacity(rows.len());
+    let before = codes.len();
     for &v in rows {
         let upper = (v >> 32) as u32;
         let code = match last {
@@ -233,14 +232,17 @@ fn halves(rows: &[u64]) -> Option<(Vec<u32>, Vec<u8>)> {
                         index.insert(upper, c);
                         c
                     }
-                    None => return None,
+                    None => {
+                        codes.truncate(before);
+                        return None;
+                    }
                 }
             }
         };
         last = Some((upper, code));
         codes.push(code);
     }
-    Some((uppers, codes))
+    Some(uppers)
 }
 
 #[cold]
