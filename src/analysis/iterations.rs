@@ -152,9 +152,11 @@ impl Iterations {
     }
 }
 
+mod anchor;
 mod rows;
 
 use crate::trace::event::Row;
+use anchor::anchor;
 pub use rows::{RowList, Rows, by_pid as rows_by_pid};
 
 /// Finds the iterations of series `pid` (a process, or a device of an
@@ -339,29 +341,6 @@ const ANCHOR_MAX_CV: f64 = 0.25;
 const ANCHOR_MIN_COUNT: usize = 5;
 /// The least correlation of live memory with itself one period later.
 const MIN_AUTOCORRELATION: f64 = 0.3;
-
-/// Pearson correlation of `v[i]` with `v[i + lag]`, on at most about 50 000
-/// evenly spaced pairs.
-fn autocorrelation<V: Level>(v: &[V], lag: usize, grain: u64) -> f64 {
-    if lag == 0 || lag >= v.len() {
-        return f64::NAN;
-    }
-    let n = v.len() - lag;
-    let stride = (n / 50_000).max(1);
-    let (mut sx, mut sy, mut sxx, mut syy, mut sxy, mut m) = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
-    for i in (0..n).step_by(stride) {
-        let (x, y) = (v[i].bytes(grain) as f64, v[i + lag].bytes(grain) as f64);
-        sx += x;
-        sy += y;
-        sxx += x * x;
-        syy += y * y;
-        sxy += x * y;
-        m += 1.0;
-    }
-    let cov = sxy / m - (sx / m) * (sy / m);
-    let (vx, vy) = (sxx / m - (sx / m).powi(2), syy / m - (sy / m).powi(2));
-    if vx <= 0.0 || vy <= 0.0 { f64::NAN } else { cov / (vx * vy).sqrt() }
-}
 
 /// A level of live memory as the periodicity series stores it: bytes
 /// divided by the series' grain (the greatest common divisor of its block
@@ -582,62 +561,6 @@ fn periodicity_in<V: Level>(events: &Events, pid: u32, idx: Rows<'_>, live: &[V]
     }
     let boundaries: Vec<u64> = starts.iter().map(|&j| events.ts_ns.at(idx.get(j))).collect();
     (boundaries.len() >= 2).then(|| Iterations::new(pid, boundaries.len(), boundaries, IterationSource::Periodicity))
-}
-
-/// Positions (in the pid's event sequence) of the most regular anchor
-/// token: a launch address or a successful allocation size.
-fn anchor<V: Level>(events: &Events, idx: Rows<'_>, live: &[V], grain: u64) -> Option<Vec<usize>> {
-    if idx.len() <= u32::MAX as usize {
-        anchor_in::<u32, V>(events, idx, live, grain)
-    } else {
-        anchor_in::<usize, V>(events, idx, live, grain)
-    }
-}
-
-/// [`anchor`], with positions stored as `P`.
-fn anchor_in<P: Row, V: Level>(events: &Events, idx: Rows<'_>, live: &[V], grain: u64) -> Option<Vec<usize>> {
-    let mut positions: AHashMap<(u8, u64), Vec<P>> = AHashMap::new();
-    for (j, i) in idx.iter().enumerate() {
-        let key = match events.kind[i] {
-            Some(EventKind::Launch) => (0, events.addr.at(i)),
-            Some(k) if k.creates_block() && events.ret[i] == 0 => (1 + k as u8, events.size.at(i)),
-            _ => continue,
-        };
-        positions.entry(key).or_default().push(P::at(j));
-    }
-    // Regular tokens: (count, cv, key).
-    let mut regular: Vec<(usize, f64, (u8, u64))> = Vec::new();
-    for (key, pos) in &positions {
-        // Two or three gaps agree by chance too often to mean anything.
-        if pos.len() < ANCHOR_MIN_COUNT {
-            continue;
-        }
-        let gaps: Vec<f64> = pos.windows(2).map(|w| (w[1].index() - w[0].index()) as f64).collect();
-        let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
-        if mean < 8.0 {
-            continue; // several times per iteration, or noise
-        }
-        let sd = (gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / gaps.len() as f64).sqrt();
-        if sd / mean <= ANCHOR_MAX_CV {
-            regular.push((pos.len(), sd / mean, *key));
-        }
-    }
-    // Regular tokens also come by chance (a few gaps that agree), or twice
-    // per iteration half a period apart: the anchor is the one whose
-    // spacing live memory itself repeats at best (autocorrelation at the
-    // anchor's median gap), then the one that comes most often.
-    let best = regular
-        .iter()
-        .map(|r| {
-            let pos = &positions[&r.2];
-            let mut gaps: Vec<usize> = pos.windows(2).map(|w| w[1].index() - w[0].index()).collect();
-            gaps.sort_unstable();
-            (autocorrelation(live, gaps[gaps.len() / 2], grain), r)
-        })
-        .filter(|(c, _)| *c >= MIN_AUTOCORRELATION)
-        .max_by(|x, y| x.0.total_cmp(&y.0).then(x.1.0.cmp(&y.1.0)).then(y.1.2.cmp(&x.1.2)))
-        .map(|(_, r)| (r.1, r.0, r.2));
-    best.map(|(_, _, key)| positions.remove(&key).unwrap_or_default().into_iter().map(P::index).collect())
 }
 
 /// The fewest times the launch sequence must repeat to count as
