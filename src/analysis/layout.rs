@@ -5,13 +5,14 @@
 use ahash::AHashMap;
 
 use crate::analysis::replay::Footprint;
+use crate::trace::column::{Coded, Packed};
 use crate::trace::event::{EventKind, Events, NO_STACK};
 
 /// What `output::plot` draws: block and segment lives, and the footprint
 /// that collapses their addresses.
 #[derive(Clone, Debug)]
 pub struct Layout {
-    pub lives: Vec<Lifetime>,
+    pub lives: LifeTable,
     pub segments: Vec<Lifetime>,
     pub footprint: Footprint,
     /// The CUDA stream of each life allocated on another stream than the
@@ -31,7 +32,7 @@ impl Layout {
 /// alone (`analyze` finds them beside the replay).
 #[derive(Clone, Debug)]
 pub struct Lives {
-    pub blocks: Vec<Lifetime>,
+    pub blocks: LifeTable,
     pub segments: Vec<Lifetime>,
     pub streams: Vec<(u32, u64)>,
 }
@@ -61,16 +62,187 @@ pub struct Lifetime {
     pub end: u64,
 }
 
+/// Lives kept by column, as the events are: a life takes about 19 bytes
+/// where a [`Lifetime`] takes 40. The pictures keep every block's life
+/// from the analysis to the drawing, on top of the events while the
+/// replay runs: 21 M lives of a 100 M-event training trace took 0.78 GiB
+/// as a vector of `Lifetime`s, and 0.37 GiB so. Times, addresses and sizes
+/// are [`Packed`]; the process and the stack are [`Coded`] (one process,
+/// and no stacks, in most recordings).
+#[derive(Clone, Debug, Default)]
+pub struct LifeTable {
+    pid: Coded<u32>,
+    stack: Coded<u32>,
+    addr: Packed,
+    size: Packed,
+    start: Packed,
+    end: Packed,
+}
+
+impl LifeTable {
+    pub fn len(&self) -> usize {
+        self.size.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn push(&mut self, l: &Lifetime) {
+        self.pid.push(l.pid);
+        self.stack.push(l.stack);
+        self.addr.push(l.addr);
+        self.size.push(l.size);
+        self.start.push(l.start);
+        self.end.push(l.end);
+    }
+
+    /// Room for `n` more lives, reserved once (where it cannot be, each
+    /// column grows as it goes).
+    pub fn reserve_exact(&mut self, n: usize) {
+        let _ = self.pid.try_reserve_exact(n);
+        let _ = self.stack.try_reserve_exact(n);
+        for c in [&mut self.addr, &mut self.size, &mut self.start, &mut self.end] {
+            let _ = c.try_reserve_exact(n);
+        }
+    }
+
+    /// Life `i`. Panics past the end, as a slice does.
+    #[inline(always)]
+    pub fn get(&self, i: usize) -> Lifetime {
+        Lifetime {
+            pid: self.pid[i],
+            stack: self.stack[i],
+            addr: self.addr.at(i),
+            size: self.size.at(i),
+            start: self.start.at(i),
+            end: self.end.at(i),
+        }
+    }
+
+    /// Life `i`'s process, read alone.
+    #[inline]
+    pub fn pid(&self, i: usize) -> u32 {
+        self.pid[i]
+    }
+
+    /// Life `i`'s size, read alone.
+    #[inline]
+    pub fn size(&self, i: usize) -> u64 {
+        self.size.at(i)
+    }
+
+    /// Life `i`'s length, `end - start`, read alone.
+    #[inline]
+    pub fn duration(&self, i: usize) -> u64 {
+        self.end.at(i) - self.start.at(i)
+    }
+
+    /// Every life in order, read a stretch of rows at a time: a pass over
+    /// all lives (the pictures make several) costs about what it did over
+    /// a vector of them, where reading each by [`LifeTable::get`] took
+    /// 1.6× the time of the MDTP's drawing.
+    pub fn iter(&self) -> LifeIter<'_> {
+        LifeIter { table: self, next: 0, at: 0, n: 0, buf: Box::new(Stretch::default()) }
+    }
+}
+
+/// Rows [`LifeIter`] reads at once.
+const STRETCH: usize = 256;
+
+/// A stretch of lives, column by column.
+#[derive(Clone)]
+struct Stretch {
+    pid: [u32; STRETCH],
+    stack: [u32; STRETCH],
+    addr: [u64; STRETCH],
+    size: [u64; STRETCH],
+    start: [u64; STRETCH],
+    end: [u64; STRETCH],
+}
+
+impl Default for Stretch {
+    fn default() -> Self {
+        Stretch {
+            pid: [0; STRETCH],
+            stack: [0; STRETCH],
+            addr: [0; STRETCH],
+            size: [0; STRETCH],
+            start: [0; STRETCH],
+            end: [0; STRETCH],
+        }
+    }
+}
+
+/// The lives of a [`LifeTable`] in order ([`LifeTable::iter`]).
+#[derive(Clone)]
+pub struct LifeIter<'a> {
+    table: &'a LifeTable,
+    /// The first row not yet read into `buf`.
+    next: usize,
+    /// The next life in `buf`, and how many it holds.
+    at: usize,
+    n: usize,
+    buf: Box<Stretch>,
+}
+
+impl Iterator for LifeIter<'_> {
+    type Item = Lifetime;
+
+    #[inline]
+    fn next(&mut self) -> Option<Lifetime> {
+        if self.at == self.n {
+            let n = STRETCH.min(self.table.len() - self.next);
+            if n == 0 {
+                return None;
+            }
+            let (t, b, from) = (self.table, &mut *self.buf, self.next);
+            t.pid.read_into(from, &mut b.pid[..n]);
+            t.stack.read_into(from, &mut b.stack[..n]);
+            t.addr.read_into(from, &mut b.addr[..n]);
+            t.size.read_into(from, &mut b.size[..n]);
+            t.start.read_into(from, &mut b.start[..n]);
+            t.end.read_into(from, &mut b.end[..n]);
+            (self.next, self.at, self.n) = (from + n, 0, n);
+        }
+        let (b, k) = (&*self.buf, self.at);
+        self.at += 1;
+        Some(Lifetime {
+            pid: b.pid[k],
+            stack: b.stack[k],
+            addr: b.addr[k],
+            size: b.size[k],
+            start: b.start[k],
+            end: b.end[k],
+        })
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = self.n - self.at + self.table.len() - self.next;
+        (left, Some(left))
+    }
+}
+
+impl ExactSizeIterator for LifeIter<'_> {}
+
+impl FromIterator<Lifetime> for LifeTable {
+    fn from_iter<I: IntoIterator<Item = Lifetime>>(lives: I) -> Self {
+        let mut t = LifeTable::default();
+        lives.into_iter().for_each(|l| t.push(&l));
+        t
+    }
+}
+
 /// Block lifetimes from time-sorted events (device view: successful
 /// allocations until their free; an allocation at a live address closes
 /// the old block).
-pub fn lifetimes(events: &Events) -> Vec<Lifetime> {
+pub fn lifetimes(events: &Events) -> LifeTable {
     lifetimes_with_streams(events).0
 }
 
 /// [`lifetimes`], and the stream of each life allocated on a stream other
 /// than 0 (index in the lives, stream).
-fn lifetimes_with_streams(events: &Events) -> (Vec<Lifetime>, Vec<(u32, u64)>) {
+fn lifetimes_with_streams(events: &Events) -> (LifeTable, Vec<(u32, u64)>) {
     #[derive(Clone, Copy)]
     struct Open {
         size: u64,
@@ -82,15 +254,14 @@ fn lifetimes_with_streams(events: &Events) -> (Vec<Lifetime>, Vec<(u32, u64)>) {
     // Room for a life per allocation, reserved once: grown by doubling,
     // the lives of a long trace were held twice while they moved, on top
     // of the events. Pages never written cost nothing.
-    let mut out = Vec::new();
-    let allocations = events.kind.iter().filter(|k| k.is_some_and(EventKind::creates_block)).count();
-    let _ = out.try_reserve_exact(allocations);
+    let mut out = LifeTable::default();
+    out.reserve_exact(events.kind.iter().filter(|k| k.is_some_and(EventKind::creates_block)).count());
     let mut streams = Vec::new();
-    let mut close = |out: &mut Vec<Lifetime>, pid: u32, addr: u64, o: Open, end: u64| {
+    let mut close = |out: &mut LifeTable, pid: u32, addr: u64, o: Open, end: u64| {
         if o.stream != 0 {
             streams.push((out.len() as u32, o.stream));
         }
-        out.push(Lifetime { pid, stack: o.stack, addr, size: o.size, start: o.start, end });
+        out.push(&Lifetime { pid, stack: o.stack, addr, size: o.size, start: o.start, end });
     };
     let last = events.ts_ns.last().unwrap_or(0);
     for i in 0..events.len() {
@@ -273,7 +444,8 @@ mod tests {
             events.push(&Event::new(10 + i, 1 + (i % 2) as u32, EventKind::Alloc, addr, 512));
         }
         events.push(&Event::new(1_000, 2, EventKind::Exit, 0, 0));
-        let (a, b) = (lifetimes(&events), lifetimes(&events));
+        let (a, b): (Vec<Lifetime>, Vec<Lifetime>) =
+            (lifetimes(&events).iter().collect(), lifetimes(&events).iter().collect());
         assert_eq!(a, b);
         let (exited, open): (Vec<Lifetime>, Vec<Lifetime>) = a.iter().partition(|l| l.pid == 2);
         assert_eq!((exited.len(), open.len()), (150, 150));

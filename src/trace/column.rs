@@ -207,6 +207,15 @@ impl<T: Copy + Eq + Hash> Coded<T> {
         (0..self.len()).map(|i| self[i])
     }
 
+    /// Rows `from..from + out.len()` into `out`, the codes' width matched
+    /// once. Panics past the end.
+    pub fn read_into(&self, from: usize, out: &mut [T]) {
+        let rows = from..from + out.len();
+        with_codes!(&self.codes, c => {
+            out.iter_mut().zip(&c[rows]).for_each(|(o, &k)| *o = self.values[k as usize]);
+        }, plain => out.copy_from_slice(&self.values[rows]))
+    }
+
     /// The column's `rows`, in that order (a row may be taken twice).
     pub fn take_rows<R: Row>(&self, rows: &[R]) -> Self {
         fn take<C: Copy, R: Row>(c: &[C], rows: &[R]) -> Vec<C> {
@@ -252,7 +261,7 @@ fn widen<A: Copy, B: From<A>>(codes: Vec<A>) -> Vec<B> {
 impl<T: Copy + Eq + Hash> Index<usize> for Coded<T> {
     type Output = T;
 
-    #[inline]
+    #[inline(always)]
     fn index(&self, i: usize) -> &T {
         match &self.codes {
             Codes::Narrow(c) => &self.values[c[i] as usize],
@@ -426,6 +435,9 @@ mod tests {
         assert!(matches!(c.codes, Codes::Mid(_)));
         assert_eq!((c.row_bytes(), c.table_len()), (2, 300));
         assert!(c.iter().eq(want.iter().copied()));
+        let mut stretch = vec![0; 7];
+        c.read_into(2993, &mut stretch);
+        assert_eq!(stretch, want[2993..]);
         assert_eq!(c.get(2999), Some(want[2999]));
         assert_eq!(c.get(3000), None);
         let rows: Vec<u32> = vec![5, 5, 2999, 0];
@@ -470,6 +482,9 @@ mod tests {
         }
         assert_eq!((c.row_bytes(), c.table_len()), (4, 70_000));
         assert!(c.iter().eq(want.iter().copied()));
+        let mut stretch = vec![0; 1000];
+        c.read_into(299_500, &mut stretch);
+        assert_eq!(stretch, want[299_500..300_500]);
         // 100 000 new values in a row: more than one in 4 rows are
         // distinct, so it turns plain.
         for v in 0..100_000u64 {
@@ -478,6 +493,8 @@ mod tests {
         }
         assert_eq!((c.row_bytes(), c.table_len()), (8, 0));
         assert!(c.iter().eq(want.iter().copied()));
+        c.read_into(299_500, &mut stretch);
+        assert_eq!(stretch, want[299_500..300_500]);
         let rows: Vec<usize> = vec![449_999, 0, 350_000];
         assert!(c.take_rows(&rows).iter().eq([want[449_999], want[0], want[350_000]]));
         c.resize(10, 0);

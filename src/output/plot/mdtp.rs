@@ -288,7 +288,7 @@ pub fn render_mdtp(a: &Analysis, layout: &Layout, cfg: &PlotConfig) -> Result<(V
     for p in &panels {
         let collapse = Collapse::new(footprint.regions(p.pid));
         let reserved = segments.iter().any(|s| s.pid == p.pid);
-        raster_panel(&mut buf, w, p, &collapse, lives, segments, reserved, (lmin, lmax));
+        raster_panel(&mut buf, w, p, &collapse, lives.iter(), segments, reserved, (lmin, lmax));
     }
     if let Some(m) = &time {
         draw_breaks(&mut buf, (w, h), &panels, m)?;
@@ -384,7 +384,7 @@ pub(crate) fn raster_panel(
     width: u32,
     p: &PanelGeometry,
     collapse: &Collapse,
-    lives: &[Lifetime],
+    lives: impl Iterator<Item = Lifetime>,
     segments: &[Lifetime],
     reserved: bool,
     log: (f64, f64),
@@ -405,8 +405,8 @@ pub(crate) fn raster_panel(
             }
         }
     }
-    for l in lives.iter().filter(|l| l.pid == p.pid) {
-        let Some((c0, c1, cells)) = placement(l, p, collapse, ns_per_col, bytes_per_row, cols, rows) else {
+    for l in lives.filter(|l| l.pid == p.pid) {
+        let Some((c0, c1, cells)) = placement(&l, p, collapse, ns_per_col, bytes_per_row, cols, rows) else {
             continue;
         };
         let t = if log.1 > log.0 { ((l.size as f64).log2() - log.0) / (log.1 - log.0) } else { 1.0 };

@@ -324,13 +324,13 @@ pub(super) fn time_map(a: &Analysis, pid: Option<u32>, entries: bool) -> TimeMap
     let t0 = a.first_ts;
     let span = (a.last_ts.max(t0 + 1) - t0) as f64;
     let Some(layout) = a.layout.as_ref().filter(|_| !entries) else { return TimeMap::identity(span) };
-    let mine = |l: &&crate::analysis::layout::Lifetime| pid.is_none_or(|p| l.pid == p);
+    let mine = |l: &crate::analysis::layout::Lifetime| pid.is_none_or(|p| l.pid == p);
     // An OOM is an event too: a break must never hide its mark.
     let ooms = a.ooms.iter().filter(|o| pid.is_none_or(|p| o.pid == p)).map(|o| o.t_ns);
     let times = layout
         .lives
         .iter()
-        .chain(&layout.segments)
+        .chain(layout.segments.iter().copied())
         .filter(mine)
         .flat_map(|l| [l.start, l.end])
         .chain(ooms)

@@ -130,7 +130,7 @@ fn fill(a: &Analysis, layout: &Layout, pids: &[u32], staging: &Path) -> Result<V
         let collapse = Collapse::new(layout.footprint.regions(pid));
         let total = collapse.total.max(1);
         // Indices of the panel's lives, 4 bytes each.
-        let lives: Vec<u32> = (0..layout.lives.len() as u32).filter(|&i| layout.lives[i as usize].pid == pid).collect();
+        let lives: Vec<u32> = (0..layout.lives.len() as u32).filter(|&i| layout.lives.pid(i as usize) == pid).collect();
         let segments: Vec<Lifetime> = layout.segments.iter().filter(|s| s.pid == pid).copied().collect();
         let (zt, za) = depth(layout, &lives, (t0, t1), total, budget);
         // The budget left by earlier panels goes to the later ones.
@@ -192,10 +192,8 @@ fn depth(layout: &Layout, lives: &[u32], (t0, t1): (u64, u64), total: u64, budge
         *v.select_nth_unstable(k).1
     };
     // Most blocks: four in five lives, half the sizes.
-    let life =
-        quantile(lives.iter().map(|&i| layout.lives[i as usize].end - layout.lives[i as usize].start).collect(), 0.2)
-            .max(1);
-    let size = quantile(lives.iter().map(|&i| layout.lives[i as usize].size).collect(), 0.5).max(1);
+    let life = quantile(lives.iter().map(|&i| layout.lives.duration(i as usize)).collect(), 0.2).max(1);
+    let size = quantile(lives.iter().map(|&i| layout.lives.size(i as usize)).collect(), 0.5).max(1);
     let levels = |need: f64, max: u32| (need.max(1.0).log2().ceil() as u32).min(max);
     // At least the levels that fill a page's width and height (2, 1).
     let mut zt = levels(MIN_LIFE_PX * (t1 - t0) as f64 / (TILE as f64 * life as f64), MAX_TIME_LEVEL).max(2);
@@ -336,7 +334,7 @@ fn render_pyramid(
     // Each life in every column it crosses.
     let mut by_col: Vec<Vec<u32>> = vec![Vec::new(); cols];
     for &i in lives {
-        let (c0, c1) = columns.of_life(&layout.lives[i as usize]);
+        let (c0, c1) = columns.of_life(&layout.lives.get(i as usize));
         by_col[c0 as usize..=c1 as usize].iter_mut().for_each(|col| col.push(i));
     }
     let mut seg_by_col: Vec<Vec<u32>> = vec![Vec::new(); cols];
@@ -366,10 +364,10 @@ fn render_pyramid(
             time: None,
         };
         col_lives.clear();
-        col_lives.extend(by_col[c].iter().map(|&i| Lifetime { pid: 0, ..layout.lives[i as usize] }));
+        col_lives.extend(by_col[c].iter().map(|&i| Lifetime { pid: 0, ..layout.lives.get(i as usize) }));
         col_segs.clear();
         col_segs.extend(seg_by_col[c].iter().map(|&i| Lifetime { pid: 0, ..segments[i as usize] }));
-        raster_panel(&mut strip, TILE, &p, collapse, &col_lives, &col_segs, reserved, log);
+        raster_panel(&mut strip, TILE, &p, collapse, col_lives.iter().copied(), &col_segs, reserved, log);
         for y in 0..h {
             let from = y * TILE as usize * 3;
             let to = (y * w + c * TILE as usize) * 3;
@@ -519,25 +517,25 @@ fn write_index(
         // the largest size alone are too many (then the first of them).
         // The page says from what size on it can point at blocks.
         let mut ranked = chosen.clone();
-        let cut = layout.lives[*ranked
-            .select_nth_unstable_by_key(max_indexed, |&i| std::cmp::Reverse(layout.lives[i as usize].size))
-            .1 as usize]
-            .size;
+        let cut = layout.lives.size(
+            *ranked.select_nth_unstable_by_key(max_indexed, |&i| std::cmp::Reverse(layout.lives.size(i as usize))).1
+                as usize,
+        );
         drop(ranked);
-        if chosen.iter().any(|&i| layout.lives[i as usize].size > cut) {
-            chosen.retain(|&i| layout.lives[i as usize].size > cut);
+        if chosen.iter().any(|&i| layout.lives.size(i as usize) > cut) {
+            chosen.retain(|&i| layout.lives.size(i as usize) > cut);
         } else {
-            chosen.retain(|&i| layout.lives[i as usize].size == cut);
+            chosen.retain(|&i| layout.lives.size(i as usize) == cut);
             chosen.truncate(max_indexed);
         }
-        min_size = chosen.iter().map(|&i| layout.lives[i as usize].size).min().unwrap_or(0);
+        min_size = chosen.iter().map(|&i| layout.lives.size(i as usize)).min().unwrap_or(0);
     }
     let columns = Columns::new(t0, t1, zt);
     let mut nodes: BTreeMap<(u32, u64), Vec<u32>> = BTreeMap::new();
     // Blocks outside the footprint are not drawn, so not indexed.
-    chosen.retain(|&i| collapse.offset(layout.lives[i as usize].addr).is_some());
+    chosen.retain(|&i| collapse.offset(layout.lives.get(i as usize).addr).is_some());
     for &i in &chosen {
-        let ((mut c0, mut c1), mut k) = (columns.of_life(&layout.lives[i as usize]), zt);
+        let ((mut c0, mut c1), mut k) = (columns.of_life(&layout.lives.get(i as usize)), zt);
         while c0 != c1 {
             c0 >>= 1;
             c1 >>= 1;
@@ -551,14 +549,17 @@ fn write_index(
     let mut listed: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
     let mut packed = Vec::new();
     for ((k, j), blocks) in nodes.iter_mut() {
-        blocks.sort_by_key(|&i| (layout.lives[i as usize].start, layout.lives[i as usize].addr));
+        blocks.sort_by_key(|&i| {
+            let l = layout.lives.get(i as usize);
+            (l.start, l.addr)
+        });
         packed.clear();
         // The node's start, given to the page: its own arithmetic in
         // doubles could differ by a nanosecond on long traces.
         let node_start = Columns::new(t0, t1, *k).edge(*j);
         let mut prev = node_start;
         for &i in blocks.iter() {
-            let l = &layout.lives[i as usize];
+            let l = layout.lives.get(i as usize);
             if l.stack != NO_STACK {
                 stacks.push(l.stack);
             }

@@ -165,6 +165,45 @@ impl Packed {
         (0..self.len()).map(|i| self.at(i))
     }
 
+    /// Rows `from..from + out.len()` into `out`, a block's form read once
+    /// for all its rows there (reading a stretch of rows one by one looks
+    /// the form up at each). Panics past the end.
+    pub fn read_into(&self, from: usize, out: &mut [u64]) {
+        let end = from + out.len();
+        if end > self.len() {
+            beyond_the_end(end - 1, self.len());
+        }
+        let (mut i, mut done) = (from, 0);
+        while i < end {
+            let Some(m) = self.blocks.get(i >> BLOCK_BITS) else {
+                let o = i - self.lows.len();
+                out[done..].copy_from_slice(&self.open[o..o + end - i]);
+                return;
+            };
+            let stop = end.min(((i >> BLOCK_BITS) + 1) << BLOCK_BITS);
+            let (dst, lows) = (&mut out[done..done + stop - i], &self.lows[i..stop]);
+            let at = m.nth as usize * BLOCK + (i & (BLOCK - 1));
+            match m.form {
+                Form::Offsets => dst.iter_mut().zip(lows).for_each(|(d, &l)| *d = m.base + l as u64),
+                Form::Halves => {
+                    let uppers = &self.uppers[m.nth as usize * HALVES..][..HALVES];
+                    let codes = &self.codes[at..at + dst.len()];
+                    for ((d, &l), &c) in dst.iter_mut().zip(lows).zip(codes) {
+                        *d = (uppers[c as usize] as u64) << 32 | l as u64;
+                    }
+                }
+                Form::Plain => {
+                    let highs = &self.highs[at..at + dst.len()];
+                    for ((d, &l), &h) in dst.iter_mut().zip(lows).zip(highs) {
+                        *d = (h as u64) << 32 | l as u64;
+                    }
+                }
+            }
+            done += stop - i;
+            i = stop;
+        }
+    }
+
     /// The first row for which `pred` is false, the column being
     /// partitioned by it (true, then false), as `slice::partition_point`.
     pub fn partition_point(&self, mut pred: impl FnMut(u64) -> bool) -> usize {
@@ -320,6 +359,20 @@ mod tests {
         let rows: Vec<u32> = vec![3 * BLOCK as u32 + 9, 0, BLOCK as u32 + 3, 2 * BLOCK as u32 + 299, 0];
         let taken = p.take_rows(&rows);
         assert!(taken.iter().eq(rows.iter().map(|&r| want[r as usize])));
+        // Read a stretch at a time, stretches that straddle the blocks and
+        // end in the open one.
+        for (from, n) in [(0, want.len()), (BLOCK - 3, 7), (BLOCK + 5, 2 * BLOCK), (3 * BLOCK - 1, 11), (17, 0)] {
+            let mut out = vec![0; n];
+            p.read_into(from, &mut out);
+            assert_eq!(out, want[from..from + n], "{from} + {n}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "row 70000 of a column of 70000 rows")]
+    fn a_packed_column_refuses_a_stretch_beyond_its_end() {
+        let p = Packed::from(vec![1; 70_000]);
+        p.read_into(69_990, &mut [0; 11]);
     }
 
     /// A block of offsets spans at most 2³²-1: one more and it stores halves.
