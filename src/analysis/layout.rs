@@ -62,12 +62,12 @@ pub struct Lifetime {
     pub end: u64,
 }
 
-/// Lives kept by column, as the events are: a life takes 18 to 19 bytes
+/// Lives kept by column, as the events are: a life takes about 19 bytes
 /// where a [`Lifetime`] takes 40. The pictures keep every block's life
 /// from the analysis to the drawing, on top of the events while the
 /// replay runs: 21 M lives of a 100 M-event training trace took 0.78 GiB
-/// as a vector of `Lifetime`s, and 0.35 GiB so (4 bytes for each time and
-/// size, 5 for an address, 1 for process and stack). Times, addresses and sizes
+/// as a vector of `Lifetime`s, and 0.37 GiB so (4 bytes for each time and
+/// size, 5 for an address, 1 each for process and stack). Times, addresses and sizes
 /// are [`Packed`]; the process and the stack are [`Coded`] (one process,
 /// and no stacks, in most recordings).
 #[derive(Clone, Debug, Default)]

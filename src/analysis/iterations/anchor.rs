@@ -8,7 +8,7 @@
 //! integers; a second look collects the positions of the tokens whose sums
 //! pass the tests (with a margin that float rounding cannot cross), and
 //! the tests are made again on those positions as they always were. On a
-//! training trace of 100 M events, 74 M tokens had their positions kept
+//! training trace of 100 M events, 74 M positions were kept
 //! in 4 bytes each (0.32 GiB with the lists' spare room), beside the live
 //! bytes series; most tokens repeat several times per iteration, at
 //! uneven gaps, and are not kept now.
@@ -83,8 +83,9 @@ impl Gaps {
 
     /// Whether the token can pass [`anchor_in`]'s tests: at least
     /// [`ANCHOR_MIN_COUNT`] times, a mean gap of 8 or more and a
-    /// coefficient of variation of at most [`ANCHOR_MAX_CV`], each with a
-    /// margin of a millionth (the tests themselves are made in floats).
+    /// coefficient of variation of at most [`ANCHOR_MAX_CV`]; the mean and
+    /// the square of the cv with a margin of a millionth, which the float
+    /// tests' rounding cannot cross.
     /// With `n` gaps of sum `s` and sum of squares `q`: the mean is `s/n`,
     /// and cv ≤ c exactly when `n·q − s²` ≤ c²·s². A sum too large to test
     /// in 128 bits passes.
