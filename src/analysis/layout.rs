@@ -141,8 +141,8 @@ impl LifeTable {
 
     /// Every life in order, read a stretch of rows at a time: a pass over
     /// all lives (the pictures make several) costs about what it did over
-    /// a vector of them, where reading each by [`LifeTable::get`] took
-    /// 1.6× the time of the MDTP's drawing.
+    /// a vector of them. Read each by [`LifeTable::get`], the MDTP and
+    /// timeline of a 10 M-event trace took 0.54–0.60 s against 0.34–0.45 s.
     pub fn iter(&self) -> LifeIter<'_> {
         LifeIter { table: self, next: 0, at: 0, n: 0, buf: Box::new(Stretch::default()) }
     }
@@ -225,14 +225,6 @@ impl Iterator for LifeIter<'_> {
 }
 
 impl ExactSizeIterator for LifeIter<'_> {}
-
-impl FromIterator<Lifetime> for LifeTable {
-    fn from_iter<I: IntoIterator<Item = Lifetime>>(lives: I) -> Self {
-        let mut t = LifeTable::default();
-        lives.into_iter().for_each(|l| t.push(&l));
-        t
-    }
-}
 
 /// Block lifetimes from time-sorted events (device view: successful
 /// allocations until their free; an allocation at a live address closes
@@ -434,6 +426,37 @@ mod tests {
                 (0x9000_0000, P, 4, 5),
             ]
         );
+    }
+
+    /// Lives read back by row, by field and a stretch at a time, across
+    /// the stretches and the blocks of the columns, with the processes,
+    /// stacks and addresses varying.
+    #[test]
+    fn a_life_table_reads_back_what_was_pushed() {
+        let want: Vec<Lifetime> = (0..70_000u64)
+            .map(|i| Lifetime {
+                pid: (i % 3) as u32,
+                stack: if i % 5 == 0 { NO_STACK } else { (i % 700) as u32 },
+                addr: if i % 2 == 0 { 0x7f00_0000_0000 + i * 512 } else { 0x5555_0000 + i },
+                size: 512 * (1 + i % 97),
+                start: 1_000 + i * 10,
+                end: 1_000 + i * 10 + i % 4_000,
+            })
+            .collect();
+        let mut t = LifeTable::default();
+        t.reserve_exact(want.len());
+        want.iter().for_each(|l| t.push(l));
+        assert_eq!(t.len(), want.len());
+        assert!(t.iter().eq(want.iter().copied()));
+        assert_eq!(t.iter().len(), want.len());
+        let mut it = t.iter();
+        assert_eq!(it.nth(300), Some(want[300]));
+        assert_eq!(it.len(), want.len() - 301);
+        for i in [0, 255, 256, 65_535, 65_536, 69_999] {
+            assert_eq!(t.get(i), want[i]);
+            assert_eq!((t.pid(i), t.size(i), t.duration(i)), (want[i].pid, want[i].size, want[i].end - want[i].start));
+        }
+        assert!(LifeTable::default().iter().next().is_none());
     }
 
     #[test]
