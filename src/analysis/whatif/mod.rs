@@ -26,6 +26,7 @@
 //! scenario); this module runs the sweep and recommends.
 
 mod fidelity;
+mod inert;
 mod needed;
 mod recommend;
 mod replay;
@@ -184,6 +185,25 @@ impl Scenario {
                 != (self.peak_reserved_bytes, self.peak_allocated_bytes, self.reserved_minus_allocated_at_peak)
                 || (h.segment_allocs, h.ooms, h.flushes) != (self.segment_allocs, self.ooms, self.flushes)
         })
+    }
+}
+
+/// One scenario's replays over its devices: at the budget, the memory
+/// needed, and at the high end of the budget interval when there is one.
+#[derive(Clone)]
+struct Replays {
+    outcomes: Vec<Outcome>,
+    needed: Vec<Needed>,
+    at_high: Option<Vec<Outcome>>,
+}
+
+impl Replays {
+    /// The replays of a scenario that replays alike, as this one's.
+    fn named(mut self, name: &str, conf: &[String]) -> Replays {
+        for o in self.outcomes.iter_mut().chain(self.at_high.iter_mut().flatten()) {
+            (o.name, o.conf) = (name.to_string(), conf.to_vec());
+        }
+        self
     }
 }
 
@@ -398,7 +418,9 @@ pub fn run(
             .zip(&gc_budgets)
             .any(|(d, gc)| gc.is_some() || inferred_capacity(d).is_none() && d.flushes.capacity.is_some());
     let from_collection = from_flushes && devices.iter().all(|d| d.flushes.capacity.is_none());
-    let run_all = |name: &str, conf: &[String], s: &Settings| -> Scenario {
+    // One scenario's replays over every device: at the budget, the memory
+    // needed, and at the interval's high end.
+    let replay_all = |name: &str, conf: &[String], s: &Settings| -> Replays {
         let started = std::time::Instant::now();
         let (outcomes, kept): (Vec<Outcome>, Vec<Option<Checkpoints>>) =
             devices.iter().zip(&capacities).map(|(d, &c)| simulate_keeping(d, s, c, name, conf)).unzip();
@@ -406,31 +428,50 @@ pub fn run(
         let started = std::time::Instant::now();
         // A device replayed without a budget is the memory needed's
         // replay with none: not run twice.
-        let scenario_needed = devices
+        let needed = devices
             .iter()
-            .zip(&capacities)
             .zip(outcomes.iter().zip(&kept))
-            .map(|((d, _), (o, kept))| needed(d, s, kept.as_ref().map(|k| (o, k))))
+            .map(|(d, (o, kept))| needed(d, s, kept.as_ref().map(|k| (o, k))))
             .collect::<Vec<_>>();
         tracing::debug!(
             "whatif: {name}: memory needed in {} replays, {:.3} s",
-            scenario_needed.iter().map(|n: &Needed| n.replays).sum::<u32>(),
+            needed.iter().map(|n: &Needed| n.replays).sum::<u32>(),
             started.elapsed().as_secs_f64()
         );
-        let mut scenario = Scenario::of(name, conf, outcomes);
-        if interval {
-            let outcomes = devices
+        let at_high = interval.then(|| {
+            devices
                 .iter()
                 .zip(&highs)
                 .map(|(d, &c)| Outcome { series: Vec::new(), ..simulate(d, s, c, name, conf) })
-                .collect();
-            scenario.at_high = Some(Box::new(Scenario::of(name, conf, outcomes)));
-        }
-        scenario.needed = scenario_needed;
+                .collect()
+        });
+        Replays { outcomes, needed, at_high }
+    };
+    let scenario = |name: &str, conf: &[String], s: &Settings, r: Replays| -> Scenario {
+        let mut scenario = Scenario::of(name, conf, r.outcomes);
+        scenario.at_high = r.at_high.map(|o| Box::new(Scenario::of(name, conf, o)));
+        scenario.needed = r.needed;
         scenario.note = settings_note(s, capacities.iter().all(Option::is_some));
         scenario.unchecked_pair = unchecked_pair(s);
         scenario
     };
+    let names: Vec<String> = runs
+        .iter()
+        .map(|(conf, _)| if conf.is_empty() { "pytorch_defaults".to_string() } else { conf.join(",") })
+        .collect();
+    // A scenario that replays as an earlier one (the recorded settings
+    // first, for a snapshot) takes that one's replays: see [`inert`].
+    // Index 0 is the recorded settings, replayed only for a snapshot.
+    let jobs: Vec<(&str, &[String], &Settings)> = std::iter::once(("recorded", &[][..], recorded))
+        .chain(runs.iter().zip(&names).map(|((conf, s), name)| (name.as_str(), &conf[..], s)))
+        .collect();
+    let replayed = |i: usize| i > 0 || source == Source::Snapshot;
+    let keys: Vec<Settings> = jobs.iter().map(|j| inert::replay_key(devices, j.2)).collect();
+    let same_as: Vec<usize> =
+        (0..jobs.len()).map(|i| (0..i).find(|&j| replayed(j) && keys[j] == keys[i]).unwrap_or(i)).collect();
+    for (i, &j) in same_as.iter().enumerate().filter(|(i, j)| i != *j) {
+        tracing::debug!("whatif: {}: replays as {}, not replayed again", jobs[i].0, jobs[j].0);
+    }
     // Fidelity, the recorded settings and every scenario at once, on
     // threads: none depends on another.
     fn join<T>(h: std::thread::ScopedJoinHandle<'_, T>) -> T {
@@ -441,20 +482,25 @@ pub fn run(
             Source::Snapshot => devices.iter().map(|d| fidelity(d, recorded)).collect::<Vec<Fidelity>>(),
             Source::DeviceLevel => devices.iter().map(device_level_fidelity).collect(),
         });
-        let first = scope.spawn(|| match source {
-            Source::Snapshot => run_all("recorded", &[], recorded),
-            Source::DeviceLevel => Scenario::of("recorded", &[], devices.iter().map(as_recorded).collect()),
-        });
-        let others: Vec<_> = runs
+        let handles: Vec<_> = jobs
             .iter()
-            .map(|(conf, s)| {
-                let run_all = &run_all;
-                let name = if conf.is_empty() { "pytorch_defaults".to_string() } else { conf.join(",") };
-                scope.spawn(move || run_all(&name, conf, s))
+            .enumerate()
+            .map(|(i, &(name, conf, s))| {
+                let replay_all = &replay_all;
+                (replayed(i) && same_as[i] == i).then(|| scope.spawn(move || replay_all(name, conf, s)))
             })
             .collect();
-        let mut scenarios = vec![join(first)];
-        scenarios.extend(others.into_iter().map(join));
+        let replays: Vec<Option<Replays>> = handles.into_iter().map(|h| h.map(join)).collect();
+        let scenarios = jobs
+            .iter()
+            .enumerate()
+            .map(|(i, &(name, conf, s))| match &replays[same_as[i]] {
+                Some(r) if same_as[i] == i => scenario(name, conf, s, r.clone()),
+                Some(r) => scenario(name, conf, s, r.clone().named(name, conf)),
+                None if replayed(i) => scenario(name, conf, s, replay_all(name, conf, s)),
+                None => Scenario::of(name, conf, devices.iter().map(as_recorded).collect()),
+            })
+            .collect::<Vec<Scenario>>();
         (join(fidelity), scenarios)
     });
     tracing::debug!("whatif: fidelity and {} scenarios in {:.3} s", scenarios.len(), started.elapsed().as_secs_f64());
