@@ -90,7 +90,7 @@ mod tests {
                 events.push(req(EventKind::BlockFree, at, 0));
             } else {
                 let size = 1 + (x >> 24) % largest;
-                let kind = if (x >> 8) % 97 == 0 { EventKind::Oom } else { EventKind::BlockAlloc };
+                let kind = if (x >> 8).is_multiple_of(97) { EventKind::Oom } else { EventKind::BlockAlloc };
                 events.push(req(kind, (i + 1) << 32, size));
                 if kind == EventKind::BlockAlloc {
                     live.push((i + 1) << 32);
