@@ -78,6 +78,30 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
             j
         })
         .collect();
+    // The long arrays go in by move: a `Value` inside `json!` is copied.
+    let ooms = a
+        .ooms
+        .iter()
+        .map(|o| {
+            let mut j = json!({
+                "t_ns": o.t_ns,
+                "pid": o.pid,
+                "requested": o.requested,
+                "device_free": o.device_free,
+                "cuda_free": o.cuda_free,
+                // Counted only from a device-level recording's failed calls: a
+                // snapshot's one `oom` entry does not say how often PyTorch asked.
+                "retries": (!a.allocator_view).then_some(o.retries),
+                "inside_pytorch_cache": o.inside_pytorch_cache,
+                "largest_free": o.largest_free,
+                "largest_gap": o.largest_gap,
+                "live_bytes": o.live_bytes,
+                "class": o.class.name(),
+            });
+            j["top_blocks"] = o.top_blocks.iter().map(|b| json!({"addr": b.0, "size": b.1})).collect();
+            j
+        })
+        .collect::<Vec<_>>();
     let mut report = json!({
         "format_version": FORMAT_VERSION,
         "tool_version": env!("CARGO_PKG_VERSION"),
@@ -162,24 +186,7 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
           }
           j
         }).collect::<Vec<_>>(),
-        "processes": processes,
         "prediction": headline(a).map(prediction_json),
-        "ooms": a.ooms.iter().map(|o| json!({
-            "t_ns": o.t_ns,
-            "pid": o.pid,
-            "requested": o.requested,
-            "device_free": o.device_free,
-            "cuda_free": o.cuda_free,
-            // Counted only from a device-level recording's failed calls: a
-            // snapshot's one `oom` entry does not say how often PyTorch asked.
-            "retries": (!a.allocator_view).then_some(o.retries),
-            "inside_pytorch_cache": o.inside_pytorch_cache,
-            "largest_free": o.largest_free,
-            "largest_gap": o.largest_gap,
-            "live_bytes": o.live_bytes,
-            "class": o.class.name(),
-            "top_blocks": o.top_blocks.iter().map(|b| json!({"addr": b.0, "size": b.1})).collect::<Vec<_>>(),
-        })).collect::<Vec<_>>(),
         "oom_classes": s.oom_classes.iter().map(|(c, n)| (c.name().to_string(), json!(n))).collect::<serde_json::Map<String, serde_json::Value>>(),
         "capacity_bytes": a.capacity,
         "iterations": a.iterations.iter().map(|it| json!({
@@ -192,8 +199,10 @@ pub fn report_json(a: &Analysis, panels_not_drawn: usize) -> serde_json::Value {
             "boundaries_t_ns": it.boundaries_t_ns,
             "before_trace": it.before_trace,
         })).collect::<Vec<_>>(),
-        "leaks": a.leaks.iter().map(leak_json).collect::<Vec<_>>(),
     });
+    report["processes"] = processes.into();
+    report["ooms"] = ooms.into();
+    report["leaks"] = a.leaks.iter().map(leak_json).collect();
     report["advice"] = json!(a.advice);
     if let Some(crate::trace::details::Details::Record(d)) = a.trace.meta.as_ref().map(|m| &m.details)
         && !d.devices.is_empty()
