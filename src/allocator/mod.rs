@@ -435,8 +435,10 @@ impl Allocator {
             (e.size, e.allocated) = (size, false);
         }
         pool.insert((b.stream, size, start));
-        if let Some(s) = self.segments.get_mut(&b.segment)
-            && start == b.segment
+        // Only a block that now starts its segment can be all of it: the
+        // segment is looked up for those alone.
+        if start == b.segment
+            && let Some(s) = self.segments.get_mut(&b.segment)
             && size == s.size
         {
             s.freed_at = self.clock;
