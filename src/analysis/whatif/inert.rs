@@ -1,7 +1,15 @@
 //! Scenarios that replay alike: a `max_split_size_mb` that no block of a
-//! device's replay can reach changes no decision of the model, so the
-//! scenario with it replays exactly as the one without it, and is not
-//! replayed twice ([`replay_key`]).
+//! device's replay can reach, or a `roundup_power2_divisions` that rounds
+//! every request as plain rounding does, changes no decision of the
+//! model, so the scenario with it replays exactly as the one without it,
+//! and is not replayed twice ([`replay_key`]).
+//!
+//! Rounding: the model reads `roundup_power2_divisions` only to round a
+//! requested size, and rounds only the requests of the stream (the blocks
+//! carried in from before the trace keep their recorded sizes). When each
+//! of them rounds alike with and without it, every replay is the same.
+//! Requests of a power of two, common in real training runs, round alike
+//! under `roundup_power2_divisions:4`.
 //!
 //! The default sweep picks its split thresholds from the large requests'
 //! sizes, rounded up to a power of two MiB ([`super::default_sweep`]), so
@@ -38,17 +46,32 @@ use crate::allocator::Settings;
 use crate::trace::event::EventKind;
 
 /// The settings a scenario replays as on these devices: `settings`
-/// without `max_split_size_mb` (and its `max_non_split_rounding_mb`) when
-/// no block of any device's replay can reach the threshold, else
-/// `settings` itself. Two scenarios whose keys are equal replay alike,
-/// request for request, at every budget.
+/// without `roundup_power2_divisions` when it rounds no request of any
+/// device otherwise than plain rounding does, and without
+/// `max_split_size_mb` (and its `max_non_split_rounding_mb`) when no
+/// block of any device's replay can reach the threshold. Two scenarios
+/// whose keys are equal replay alike, request for request, at every
+/// budget.
 pub(super) fn replay_key(devices: &[DeviceStream], settings: &Settings) -> Settings {
-    match settings.max_split_size {
-        Some(m) if devices.iter().all(|d| below_split(d, settings, m)) => {
-            Settings { max_split_size: None, max_non_split_rounding: None, ..settings.clone() }
-        }
-        _ => settings.clone(),
+    let mut key = settings.clone();
+    let plain = Settings { roundup_power2_divisions: Settings::default().roundup_power2_divisions, ..settings.clone() };
+    if devices.iter().all(|d| requests(d).all(|r| settings.round(r) == plain.round(r))) {
+        key.roundup_power2_divisions = plain.roundup_power2_divisions;
     }
+    if let Some(m) = settings.max_split_size
+        && devices.iter().all(|d| below_split(d, settings, m))
+    {
+        (key.max_split_size, key.max_non_split_rounding) = (None, None);
+    }
+    key
+}
+
+/// The requested sizes the replay rounds: every allocation after the
+/// state carried in, and every request the recording failed.
+fn requests<'a>(d: &'a DeviceStream) -> impl Iterator<Item = u64> + 'a {
+    d.requests(d.initial..d.len())
+        .filter(|r| matches!(r.kind, EventKind::BlockAlloc | EventKind::Oom))
+        .map(|r| r.requested)
 }
 
 /// Whether every segment of `d`'s replay under `settings` is below `m`,
@@ -62,10 +85,7 @@ fn below_split(d: &DeviceStream, settings: &Settings, m: u64) -> bool {
         EventKind::SegmentAlloc => r.size < m,
         _ => true,
     });
-    carried
-        && d.requests(d.initial..d.len())
-            .filter(|r| matches!(r.kind, EventKind::BlockAlloc | EventKind::Oom))
-            .all(|r| settings.segment_size(settings.round(r.requested)) < m)
+    carried && requests(d).all(|r| settings.segment_size(settings.round(r)) < m)
 }
 
 #[cfg(test)]
@@ -79,6 +99,11 @@ mod tests {
     /// Allocations of sizes up to `largest`, two in five freed again later,
     /// and a few requests the recording failed (`oom`).
     fn stream(seed: u64, largest: u64) -> DeviceStream<'static> {
+        sized(seed, |x| 1 + x % largest)
+    }
+
+    /// [`stream`] with the sizes `size` makes of a random number.
+    fn sized(seed: u64, size: impl Fn(u64) -> u64) -> DeviceStream<'static> {
         let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
         let (mut events, mut live) = (Vec::new(), Vec::new());
         for i in 0..1500u64 {
@@ -89,7 +114,7 @@ mod tests {
                 let at = live.swap_remove(((x >> 20) as usize) % live.len());
                 events.push(req(EventKind::BlockFree, at, 0));
             } else {
-                let size = 1 + (x >> 24) % largest;
+                let size = size(x >> 24);
                 let kind = if (x >> 8).is_multiple_of(97) { EventKind::Oom } else { EventKind::BlockAlloc };
                 events.push(req(kind, (i + 1) << 32, size));
                 if kind == EventKind::BlockAlloc {
@@ -152,6 +177,27 @@ mod tests {
         let d = DeviceStream { device: 0, initial: 1, requests: Requests::Built(mapped), ..Default::default() };
         let split = Settings { max_split_size: Some(1 << 40), ..plain.clone() };
         assert_eq!(replay_key(std::slice::from_ref(&d), &split), split);
+    }
+
+    /// Requests of a power of two round alike under
+    /// `roundup_power2_divisions:4`: the setting replays as none. Sizes
+    /// between powers of two round otherwise, and the setting is kept.
+    #[test]
+    fn a_rounding_that_rounds_every_request_alike_replays_as_none() {
+        let plain = Settings::default();
+        let mut four = plain.clone();
+        four.apply("roundup_power2_divisions:4").unwrap();
+        for seed in 0..4 {
+            let d = sized(seed, |x| 1 << (16 + x % 11));
+            assert_eq!(replay_key(std::slice::from_ref(&d), &four), plain, "seed {seed}");
+            let peak = simulate(&d, &plain, None, "s", &[]).peak_reserved_bytes;
+            for b in [None, Some(peak / 3), Some(peak * 3 / 4)] {
+                assert_eq!(figures(simulate(&d, &four, b, "s", &[])), figures(simulate(&d, &plain, b, "s", &[])));
+            }
+            let d = sized(seed, |x| (3 << 20) + x % (60 << 20));
+            assert_eq!(replay_key(std::slice::from_ref(&d), &four), four, "seed {seed}");
+            assert_ne!(figures(simulate(&d, &four, None, "s", &[])), figures(simulate(&d, &plain, None, "s", &[])));
+        }
     }
 
     /// A scenario that replays as the recorded settings takes their
