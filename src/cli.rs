@@ -503,8 +503,9 @@ pub struct PredictArgs {
     /// Cross-validation origins (one per equal stretch of the series).
     #[arg(long, default_value_t = 50)]
     pub cv_origins: usize,
-    /// The online backtest retrains every this many steps (at most 200 retrainings a series:
-    /// longer series retrain less often).
+    /// The online backtest's model is never more than this many steps old; a cross-validation
+    /// origin's training counts (at most 200 retrainings a series: longer series retrain less
+    /// often).
     #[arg(long, default_value_t = 20)]
     pub retrain_every: usize,
     /// Warn of deterioration when a forecast exceeds the current score by this much...

@@ -17,9 +17,12 @@ pub(super) struct Pass {
 }
 
 /// One pass over the series. The model is trained, in step order, at each
-/// point any consumer needs — every [`retrain_interval`] steps for the
-/// online backtest, at each cross-validation origin, and at the last step
-/// for the forecast — each training warm-started from the one before
+/// point any consumer needs — at each cross-validation origin, at the last
+/// step for the forecast, and for the online backtest whenever its model
+/// would otherwise be more than [`retrain_interval`] steps old (an
+/// origin's training serves the backtest too: with the default 50 origins
+/// over 1 000 steps, 71 trainings where there were 101) — each training
+/// warm-started from the one before
 /// (they differ by a few samples). Every training only sees the samples
 /// whose targets lie at or before its step.
 pub(super) fn run(series: &[Step], cfg: &PredictConfig, period: Option<usize>) -> Pass {
@@ -35,10 +38,14 @@ pub(super) fn run(series: &[Step], cfg: &PredictConfig, period: Option<usize>) -
     let mut tally = CvTally::new();
     let mut next_origin = origins.iter().copied().peekable();
     let mut model: Option<Forecaster> = None;
-    let mut trained_at = None;
+    let (mut trained_at, mut tried_at) = (None, None);
     for t in 0..n {
         let at_origin = next_origin.next_if_eq(&t).is_some();
-        if t % every == 0 || model.is_none() || at_origin || t == n - 1 {
+        // The backtest's model is never more than `every` steps old: a
+        // training made for an origin serves it too.
+        let due = tried_at.is_none_or(|at| t >= at + every);
+        if due || model.is_none() || at_origin || t == n - 1 {
+            tried_at = Some(t);
             if let Some(m) = Forecaster::train(&mut acc, t, cfg, model.as_ref()) {
                 model = Some(m);
                 trained_at = Some(t);
